@@ -1,0 +1,3 @@
+//! Deterministic cluster simulator (in progress).
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]

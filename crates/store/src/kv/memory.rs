@@ -1,0 +1,265 @@
+//! In-memory [`Kv`] with a crash model and failpoints, for deterministic simulation and tests.
+
+use super::{Direction, KeyRange, Keyspace, Kv, KvBatch, KvOp, KvPair};
+use crate::error::{StoreError, StoreResult};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::io;
+
+/// An operation a failpoint can make fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FailOp {
+    /// [`Kv::get_sealed`].
+    Get,
+    /// [`Kv::scan_sealed`].
+    Scan,
+    /// [`Kv::apply`]: a failed apply changes nothing.
+    Apply,
+    /// [`Kv::sync`]: a failed sync makes nothing newly durable.
+    Sync,
+}
+
+type Map = BTreeMap<(Keyspace, Vec<u8>), Vec<u8>>;
+
+#[derive(Default)]
+struct State {
+    /// What readers see: every applied batch.
+    current: Map,
+    /// What survives a crash: every batch applied before the last successful sync.
+    durable: Map,
+    /// Batches applied since the last successful sync, in order.
+    unsynced: Vec<KvBatch>,
+    /// Per operation: how many calls to let through, then how many to fail.
+    failpoints: BTreeMap<FailOp, (u64, u64)>,
+    syncs: u64,
+}
+
+/// An in-memory [`Kv`].
+///
+/// Crash model: [`MemoryKv::crash`] forgets every batch applied since the last successful sync, as a
+/// power loss would; [`MemoryKv::crash_keeping`] keeps a prefix of them, as a backend that wrote some
+/// batches out before dying would. Batches are atomic in both. Failpoints make chosen operations return
+/// an IO error; [`MemoryKv::corrupt`] damages a stored value to exercise checksum paths.
+#[derive(Default)]
+pub struct MemoryKv {
+    state: Mutex<State>,
+}
+
+impl MemoryKv {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Loses every batch applied since the last successful sync.
+    pub fn crash(&self) {
+        self.crash_keeping(0);
+    }
+
+    /// Loses every batch applied since the last successful sync except the first `kept` of them.
+    pub fn crash_keeping(&self, kept: usize) {
+        let mut state = self.state.lock();
+        let unsynced = std::mem::take(&mut state.unsynced);
+        for batch in unsynced.into_iter().take(kept) {
+            apply_to(&mut state.durable, &batch);
+        }
+        state.current = state.durable.clone();
+    }
+
+    /// Number of batches that a crash now would lose.
+    pub fn unsynced_batches(&self) -> usize {
+        self.state.lock().unsynced.len()
+    }
+
+    /// Number of successful syncs so far.
+    pub fn syncs(&self) -> u64 {
+        self.state.lock().syncs
+    }
+
+    /// Lets the next `after` calls of `op` succeed, then fails the following `times` calls.
+    pub fn fail(&self, op: FailOp, after: u64, times: u64) {
+        self.state.lock().failpoints.insert(op, (after, times));
+    }
+
+    /// Removes every failpoint.
+    pub fn clear_failpoints(&self) {
+        self.state.lock().failpoints.clear();
+    }
+
+    /// Flips a bit of the stored value of `key`, in memory and in the durable image. Returns `false` if
+    /// the key does not exist.
+    pub fn corrupt(&self, keyspace: Keyspace, key: &[u8]) -> bool {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let map_key = (keyspace, key.to_vec());
+        let mut found = false;
+        for map in [&mut state.current, &mut state.durable] {
+            if let Some(value) = map.get_mut(&map_key) {
+                if let Some(byte) = value.last_mut() {
+                    *byte ^= 0x01;
+                }
+                found = true;
+            }
+        }
+        found
+    }
+}
+
+impl State {
+    fn check(&mut self, op: FailOp, name: &'static str) -> StoreResult<()> {
+        let Some((after, times)) = self.failpoints.get_mut(&op) else { return Ok(()) };
+        if *after > 0 {
+            *after -= 1;
+            return Ok(());
+        }
+        if *times == 0 {
+            self.failpoints.remove(&op);
+            return Ok(());
+        }
+        *times -= 1;
+        Err(StoreError::io(name, io::Error::other("injected by failpoint")))
+    }
+}
+
+fn apply_to(map: &mut Map, batch: &KvBatch) {
+    for op in batch.ops() {
+        match op {
+            KvOp::Put { keyspace, key, sealed } => {
+                map.insert((*keyspace, key.clone()), sealed.clone());
+            }
+            KvOp::Delete { keyspace, key } => {
+                map.remove(&(*keyspace, key.clone()));
+            }
+        }
+    }
+}
+
+impl Kv for MemoryKv {
+    fn get_sealed(&self, keyspace: Keyspace, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
+        let mut state = self.state.lock();
+        state.check(FailOp::Get, "get")?;
+        Ok(state.current.get(&(keyspace, key.to_vec())).cloned())
+    }
+
+    fn scan_sealed(
+        &self,
+        keyspace: Keyspace,
+        range: &KeyRange,
+        direction: Direction,
+        limit: usize,
+    ) -> StoreResult<Vec<KvPair>> {
+        let mut state = self.state.lock();
+        state.check(FailOp::Scan, "scan")?;
+        let start = (keyspace, range.start.clone());
+        let in_range = state
+            .current
+            .range(start..)
+            .take_while(|((ks, key), _)| *ks == keyspace && range.contains(key))
+            .map(|((_, key), value)| (key.clone(), value.clone()));
+        Ok(match direction {
+            Direction::Forward => in_range.take(limit).collect(),
+            Direction::Reverse => {
+                let all: Vec<KvPair> = in_range.collect();
+                all.into_iter().rev().take(limit).collect()
+            }
+        })
+    }
+
+    fn apply(&self, batch: KvBatch) -> StoreResult<()> {
+        let mut state = self.state.lock();
+        state.check(FailOp::Apply, "apply")?;
+        apply_to(&mut state.current, &batch);
+        state.unsynced.push(batch);
+        Ok(())
+    }
+
+    fn sync(&self) -> StoreResult<()> {
+        let mut state = self.state.lock();
+        state.check(FailOp::Sync, "sync")?;
+        let unsynced = std::mem::take(&mut state.unsynced);
+        for batch in &unsynced {
+            apply_to(&mut state.durable, batch);
+        }
+        state.syncs += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(kv: &MemoryKv, key: &[u8], value: &[u8]) {
+        let mut batch = KvBatch::new();
+        batch.put(Keyspace::Meta, key.to_vec(), value);
+        kv.apply(batch).unwrap();
+    }
+
+    #[test]
+    fn crash_keeps_only_synced_batches() {
+        let kv = MemoryKv::new();
+        put(&kv, b"a", b"1");
+        kv.sync().unwrap();
+        put(&kv, b"b", b"2");
+        put(&kv, b"a", b"3");
+        assert_eq!(kv.unsynced_batches(), 2);
+        kv.crash();
+        assert_eq!(kv.get(Keyspace::Meta, b"a").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(kv.get(Keyspace::Meta, b"b").unwrap(), None);
+    }
+
+    #[test]
+    fn crash_keeping_a_prefix_is_ordered() {
+        let kv = MemoryKv::new();
+        put(&kv, b"a", b"1");
+        put(&kv, b"b", b"2");
+        kv.crash_keeping(1);
+        assert_eq!(kv.get(Keyspace::Meta, b"a").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(kv.get(Keyspace::Meta, b"b").unwrap(), None);
+    }
+
+    #[test]
+    fn failpoints_fail_then_recover_and_change_nothing() {
+        let kv = MemoryKv::new();
+        kv.fail(FailOp::Apply, 1, 1);
+        put(&kv, b"a", b"1");
+        let mut batch = KvBatch::new();
+        batch.put(Keyspace::Meta, b"b".to_vec(), b"2");
+        assert!(matches!(kv.apply(batch), Err(StoreError::Io { op: "apply", .. })));
+        assert_eq!(kv.get(Keyspace::Meta, b"b").unwrap(), None);
+        put(&kv, b"c", b"3");
+        kv.fail(FailOp::Sync, 0, 1);
+        assert!(kv.sync().is_err());
+        kv.crash();
+        assert_eq!(kv.get(Keyspace::Meta, b"a").unwrap(), None, "failed sync made nothing durable");
+    }
+
+    #[test]
+    fn corruption_is_reported_with_location() {
+        let kv = MemoryKv::new();
+        put(&kv, b"k", b"value");
+        assert!(kv.corrupt(Keyspace::Meta, b"k"));
+        match kv.get(Keyspace::Meta, b"k") {
+            Err(StoreError::Corrupt { location, .. }) => {
+                assert_eq!(location, crate::CorruptLocation::Kv { keyspace: Keyspace::Meta, key: b"k".to_vec() })
+            }
+            other => panic!("expected corruption, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn scans_respect_keyspace_range_direction_and_limit() {
+        let kv = MemoryKv::new();
+        for key in [b"a1", b"a2", b"a3", b"b1"] {
+            put(&kv, key, key);
+        }
+        let mut other = KvBatch::new();
+        other.put(Keyspace::Applied, b"a0".to_vec(), b"x");
+        kv.apply(other).unwrap();
+        let range = KeyRange::prefix(b"a");
+        let fwd = kv.scan(Keyspace::Meta, &range, Direction::Forward, 2).unwrap();
+        assert_eq!(fwd.iter().map(|(k, _)| k.as_slice()).collect::<Vec<_>>(), [b"a1", b"a2"]);
+        let rev = kv.scan(Keyspace::Meta, &range, Direction::Reverse, 1).unwrap();
+        assert_eq!(rev[0].0, b"a3");
+    }
+}
