@@ -3,6 +3,7 @@
 
 use crate::error::{CorruptLocation, StoreError, StoreResult};
 use crate::kv::{Direction, KeyRange, Keyspace, Kv, KvBatch, KvPair};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use tidings_types::{GroupId, HashSlot};
 
@@ -168,11 +169,27 @@ impl MetaStore {
     /// Applies `batch` atomically. Visible at once; durable after [`MetaStore::sync`].
     pub fn write(&self, batch: &MetaWriteBatch) -> StoreResult<()> {
         let mut kv_batch = KvBatch::new();
+        // Keys put earlier in this batch: a later ClearSlot must remove them too, as stored keys do not
+        // include them yet.
+        let mut put_here: BTreeSet<Vec<u8>> = BTreeSet::new();
         for op in &batch.ops {
             match op {
-                MetaOp::Put { slot, key, value } => kv_batch.put(Keyspace::Meta, slot_key(*slot, key), value),
+                MetaOp::Put { slot, key, value } => {
+                    let full = slot_key(*slot, key);
+                    kv_batch.put(Keyspace::Meta, full.clone(), value);
+                    put_here.insert(full);
+                }
                 MetaOp::Delete { slot, key } => kv_batch.delete(Keyspace::Meta, slot_key(*slot, key)),
-                MetaOp::ClearSlot { slot } => self.delete_slot_into(*slot, &mut kv_batch)?,
+                MetaOp::ClearSlot { slot } => {
+                    self.delete_slot_into(*slot, &mut kv_batch)?;
+                    let prefix = slot.index().to_be_bytes();
+                    let (cleared, kept): (BTreeSet<_>, BTreeSet<_>) =
+                        put_here.into_iter().partition(|k| k.starts_with(&prefix));
+                    for key in cleared {
+                        kv_batch.delete(Keyspace::Meta, key);
+                    }
+                    put_here = kept;
+                }
             }
         }
         if let Some((group, index)) = batch.applied {

@@ -13,6 +13,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// What one [`SledKv::sync_report`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -34,10 +35,27 @@ pub struct SledKv {
 }
 
 impl SledKv {
+    /// How long [`SledKv::open`] waits for a lock held by a database that is still closing.
+    pub const LOCK_WAIT: Duration = Duration::from_secs(2);
+
     /// Opens (or creates) the database in `dir`, with sled's page cache bounded to `cache_bytes`.
+    ///
+    /// A database closed a moment ago may still be locked while sled's background threads wind down; the
+    /// open is retried for up to [`SledKv::LOCK_WAIT`] before the lock error is returned.
     pub fn open(dir: impl AsRef<Path>, cache_bytes: u64) -> StoreResult<Self> {
         let dir = dir.as_ref().to_path_buf();
-        let db = sled::Config::new().path(&dir).cache_capacity(cache_bytes).open()?;
+        let config = sled::Config::new().path(&dir).cache_capacity(cache_bytes);
+        let mut waited = Duration::ZERO;
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                Err(sled::Error::Io(e)) if is_lock_conflict(&e) && waited < Self::LOCK_WAIT => {
+                    std::thread::sleep(LOCK_RETRY);
+                    waited += LOCK_RETRY;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         let kv = Self { db, dir, synced_blobs: Mutex::new(BTreeSet::new()), syncs: AtomicU64::new(0) };
         // Make the directory entries sled just created durable before anything relies on them.
         sync_path(&kv.dir).map_err(|e| StoreError::io("fsync directory", e))?;
@@ -91,6 +109,13 @@ impl SledKv {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         Ok(SyncReport { bytes_flushed, synced })
     }
+}
+
+const LOCK_RETRY: Duration = Duration::from_millis(10);
+
+/// sled reports a held file lock as an untyped IO error; its message is the only way to tell it apart.
+fn is_lock_conflict(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock")
 }
 
 /// `fsync` of a file or directory by path.
