@@ -27,8 +27,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for group in router.snapshot().hash_to_slot().groups().collect::<Vec<_>>() {
         let leader = NodeId::new(u64::from(group.get()) % 3 + 1);
         let voters = vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)];
-        let observation =
-            GroupObservation { leader: Some(leader), term: Term::new(1), voters, learners: vec![], config_epoch: ConfigEpoch::new(1) };
+        let observation = GroupObservation {
+            leader: Some(leader),
+            term: Term::new(1),
+            voters,
+            learners: vec![],
+            config_epoch: ConfigEpoch::new(1),
+        };
         router.observe(group, observation)?;
     }
 
@@ -62,17 +67,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             batch.set_applied(*group, 1);
             meta.write(&batch)?;
-            let mut conf = ConfState::default();
-            conf.voters = vec![1, 2, 3];
-            raft_logs.create_group(*group, conf)?;
-            let mut entry = Entry::default();
-            entry.index = 1;
-            entry.term = 1;
-            raft_batch.append(*group, vec![entry]);
+            raft_logs.create_group(*group, ConfState { voters: vec![1, 2, 3], ..Default::default() })?;
+            raft_batch.append(*group, vec![Entry { index: 1, term: 1, ..Default::default() }]);
         }
         raft_logs.write(raft_batch)?;
         kv.sync()?; // one real fsync covers every group's metadata and raft log
-        println!("wrote {USERS} users in {} atomic group batches + raft logs + fsync in {:?}", per_group.len(), started.elapsed());
+        println!(
+            "wrote {USERS} users in {} atomic group batches + raft logs + fsync in {:?}",
+            per_group.len(),
+            started.elapsed()
+        );
     }
 
     let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.path(), 64 << 20)?);

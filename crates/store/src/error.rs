@@ -5,6 +5,7 @@ use std::io;
 use tidings_types::GroupId;
 
 use crate::kv::Keyspace;
+use crate::message::LogRefusal;
 
 /// Where corrupt bytes were found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,6 +78,26 @@ pub enum StoreError {
         log_first: u64,
         /// Last index held.
         log_last: u64,
+    },
+    /// A message-log operation was refused; the log is unchanged.
+    #[error(transparent)]
+    Refused(LogRefusal),
+    /// The message log's memory table is full and write-behind did not drain it in time: retry later.
+    #[error("message log is busy: {bytes} bytes wait for write-behind (limit {limit})")]
+    Busy {
+        /// Bytes waiting in memory.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// An IO failure left the journal in a state it could not roll back; reopen the log to recover.
+    #[error("message log is unusable after an earlier IO failure; reopen it")]
+    Unusable,
+    /// A configuration value is out of range; the store was not opened.
+    #[error("bad store configuration: {what}")]
+    BadConfig {
+        /// What is wrong.
+        what: &'static str,
     },
     /// A compaction past the end of a group's log.
     #[error("{group}: cannot compact to {index}, log ends at {last}")]

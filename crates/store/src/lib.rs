@@ -33,7 +33,9 @@
 #![deny(missing_docs)]
 
 mod error;
+mod failpoint;
 pub mod kv;
+pub mod message;
 mod meta;
 mod raft_log;
 

@@ -1,10 +1,10 @@
 //! In-memory [`Kv`] with a crash model and failpoints, for deterministic simulation and tests.
 
 use super::{Direction, KeyRange, Keyspace, Kv, KvBatch, KvOp, KvPair};
-use crate::error::{StoreError, StoreResult};
+use crate::error::StoreResult;
+use crate::failpoint::Failpoints;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::io;
 
 /// An operation a failpoint can make fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -29,8 +29,7 @@ struct State {
     durable: Map,
     /// Batches applied since the last successful sync, in order.
     unsynced: Vec<KvBatch>,
-    /// Per operation: how many calls to let through, then how many to fail.
-    failpoints: BTreeMap<FailOp, (u64, u64)>,
+    failpoints: Failpoints<FailOp>,
     syncs: u64,
 }
 
@@ -78,7 +77,7 @@ impl MemoryKv {
 
     /// Lets the next `after` calls of `op` succeed, then fails the following `times` calls.
     pub fn fail(&self, op: FailOp, after: u64, times: u64) {
-        self.state.lock().failpoints.insert(op, (after, times));
+        self.state.lock().failpoints.arm(op, after, times);
     }
 
     /// Removes every failpoint.
@@ -105,22 +104,6 @@ impl MemoryKv {
     }
 }
 
-impl State {
-    fn check(&mut self, op: FailOp, name: &'static str) -> StoreResult<()> {
-        let Some((after, times)) = self.failpoints.get_mut(&op) else { return Ok(()) };
-        if *after > 0 {
-            *after -= 1;
-            return Ok(());
-        }
-        if *times == 0 {
-            self.failpoints.remove(&op);
-            return Ok(());
-        }
-        *times -= 1;
-        Err(StoreError::io(name, io::Error::other("injected by failpoint")))
-    }
-}
-
 fn apply_to(map: &mut Map, batch: &KvBatch) {
     for op in batch.ops() {
         match op {
@@ -137,7 +120,7 @@ fn apply_to(map: &mut Map, batch: &KvBatch) {
 impl Kv for MemoryKv {
     fn get_sealed(&self, keyspace: Keyspace, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
         let mut state = self.state.lock();
-        state.check(FailOp::Get, "get")?;
+        state.failpoints.check(FailOp::Get, "get")?;
         Ok(state.current.get(&(keyspace, key.to_vec())).cloned())
     }
 
@@ -149,7 +132,7 @@ impl Kv for MemoryKv {
         limit: usize,
     ) -> StoreResult<Vec<KvPair>> {
         let mut state = self.state.lock();
-        state.check(FailOp::Scan, "scan")?;
+        state.failpoints.check(FailOp::Scan, "scan")?;
         let start = (keyspace, range.start.clone());
         let in_range = state
             .current
@@ -167,7 +150,7 @@ impl Kv for MemoryKv {
 
     fn apply(&self, batch: KvBatch) -> StoreResult<()> {
         let mut state = self.state.lock();
-        state.check(FailOp::Apply, "apply")?;
+        state.failpoints.check(FailOp::Apply, "apply")?;
         apply_to(&mut state.current, &batch);
         state.unsynced.push(batch);
         Ok(())
@@ -175,7 +158,7 @@ impl Kv for MemoryKv {
 
     fn sync(&self) -> StoreResult<()> {
         let mut state = self.state.lock();
-        state.check(FailOp::Sync, "sync")?;
+        state.failpoints.check(FailOp::Sync, "sync")?;
         let unsynced = std::mem::take(&mut state.unsynced);
         for batch in &unsynced {
             apply_to(&mut state.durable, batch);
@@ -188,6 +171,7 @@ impl Kv for MemoryKv {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::StoreError;
 
     fn put(kv: &MemoryKv, key: &[u8], value: &[u8]) {
         let mut batch = KvBatch::new();

@@ -33,6 +33,8 @@ pub enum Keyspace {
     MessagePack = b'p',
     /// Per-channel message-log state (epoch history, checkpointed HW, retention).
     MessageState = b'c',
+    /// The message journal's checkpoint: where replay starts after a restart.
+    Journal = b'j',
 }
 
 impl Keyspace {

@@ -1,0 +1,155 @@
+//! Binary encodings of log batches (journal frames) and channel log state (sled), checked on decode.
+
+use super::record::{decode_records, encode_records, Reader};
+use super::state::{ChannelLogState, LogBatch, LogOp};
+use tidings_types::{ChannelId, LeaderEpoch, Seq};
+
+const OP_APPEND: u8 = 1;
+const OP_TRUNCATE_AFTER: u8 = 2;
+const OP_CHECKPOINT_HW: u8 = 3;
+const OP_SET_RETENTION: u8 = 4;
+const OP_START_AFTER: u8 = 5;
+
+/// Appends the encoding of `batch` to `out`.
+pub(crate) fn encode_batch(batch: &LogBatch, out: &mut Vec<u8>) {
+    batch.channel.encode_key(out);
+    out.extend_from_slice(&u32::try_from(batch.ops.len()).unwrap_or(u32::MAX).to_le_bytes());
+    for op in &batch.ops {
+        match op {
+            LogOp::Append(records) => {
+                out.push(OP_APPEND);
+                encode_records(records, out);
+            }
+            LogOp::TruncateAfter(seq) => put_seq(out, OP_TRUNCATE_AFTER, *seq),
+            LogOp::CheckpointHw(seq) => put_seq(out, OP_CHECKPOINT_HW, *seq),
+            LogOp::SetRetention(seq) => put_seq(out, OP_SET_RETENTION, *seq),
+            LogOp::StartAfter { seq, epoch } => {
+                put_seq(out, OP_START_AFTER, *seq);
+                out.extend_from_slice(&epoch.get().to_le_bytes());
+            }
+        }
+    }
+}
+
+fn put_seq(out: &mut Vec<u8>, tag: u8, seq: Seq) {
+    out.push(tag);
+    out.extend_from_slice(&seq.get().to_le_bytes());
+}
+
+/// Decodes a batch written by [`encode_batch`]; `None` if the bytes are not exactly one batch.
+pub(crate) fn decode_batch(bytes: &[u8]) -> Option<LogBatch> {
+    let (channel, rest) = ChannelId::decode_key(bytes)?;
+    let mut input = Reader::new(rest);
+    let count = usize::try_from(input.u32()?).ok()?;
+    // Every op takes at least 9 bytes: a count beyond that is garbage.
+    if count > rest.len() / 9 + 1 {
+        return None;
+    }
+    let mut ops = Vec::with_capacity(count);
+    for _ in 0..count {
+        let op = match input.u8()? {
+            OP_APPEND => LogOp::Append(decode_records(&mut input)?),
+            OP_TRUNCATE_AFTER => LogOp::TruncateAfter(Seq::new(input.u64()?)),
+            OP_CHECKPOINT_HW => LogOp::CheckpointHw(Seq::new(input.u64()?)),
+            OP_SET_RETENTION => LogOp::SetRetention(Seq::new(input.u64()?)),
+            OP_START_AFTER => {
+                let seq = Seq::new(input.u64()?);
+                LogOp::StartAfter { seq, epoch: LeaderEpoch::new(input.u64()?) }
+            }
+            _ => return None,
+        };
+        ops.push(op);
+    }
+    input.is_empty().then_some(LogBatch { channel, ops })
+}
+
+/// Encodes a channel's state and how far its records are in sled.
+pub(crate) fn encode_state(state: &ChannelLogState, sled_through: Seq) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 + state.epochs.len() * 16);
+    for v in [state.last_seq.get(), state.hw.get(), state.retention_through.get(), sled_through.get()] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&u32::try_from(state.epochs.len()).unwrap_or(u32::MAX).to_le_bytes());
+    for (epoch, start) in &state.epochs {
+        out.extend_from_slice(&epoch.get().to_le_bytes());
+        out.extend_from_slice(&start.get().to_le_bytes());
+    }
+    out
+}
+
+/// Decodes [`encode_state`]'s output, checking that it is self-consistent.
+pub(crate) fn decode_state(bytes: &[u8]) -> Option<(ChannelLogState, Seq)> {
+    let mut input = Reader::new(bytes);
+    let last_seq = Seq::new(input.u64()?);
+    let hw = Seq::new(input.u64()?);
+    let retention_through = Seq::new(input.u64()?);
+    let sled_through = Seq::new(input.u64()?);
+    let count = usize::try_from(input.u32()?).ok()?;
+    if count > bytes.len() / 16 {
+        return None;
+    }
+    let mut epochs = Vec::with_capacity(count);
+    for _ in 0..count {
+        epochs.push((LeaderEpoch::new(input.u64()?), Seq::new(input.u64()?)));
+    }
+    let ordered = epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1);
+    let consistent = retention_through <= hw && hw <= last_seq && sled_through <= last_seq;
+    (input.is_empty() && ordered && consistent)
+        .then_some((ChannelLogState { last_seq, epochs, hw, retention_through }, sled_through))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::record::{IdempotencyKey, Record};
+    use bytes::Bytes;
+    use tidings_types::ChannelType;
+
+    fn batch() -> LogBatch {
+        let record = |seq| Record {
+            seq: Seq::new(seq),
+            leader_epoch: LeaderEpoch::new(2),
+            idempotency_key: IdempotencyKey::new(b"u1:9".to_vec()),
+            timestamp_ms: 5,
+            payload: Bytes::from_static(b"hello"),
+        };
+        LogBatch::new(
+            ChannelId::new(ChannelType::GROUP, "g1").unwrap(),
+            vec![
+                LogOp::TruncateAfter(Seq::new(3)),
+                LogOp::Append(vec![record(4), record(5)]),
+                LogOp::CheckpointHw(Seq::new(4)),
+                LogOp::SetRetention(Seq::new(1)),
+                LogOp::StartAfter { seq: Seq::new(9), epoch: LeaderEpoch::new(3) },
+            ],
+        )
+    }
+
+    #[test]
+    fn batch_round_trips_and_every_truncation_is_refused() {
+        let batch = batch();
+        let mut out = Vec::new();
+        encode_batch(&batch, &mut out);
+        assert_eq!(decode_batch(&out).unwrap(), batch);
+        for cut in 0..out.len() {
+            assert!(decode_batch(&out[..cut]).is_none(), "cut at {cut}");
+        }
+        out.push(0);
+        assert!(decode_batch(&out).is_none(), "trailing bytes");
+    }
+
+    #[test]
+    fn state_round_trips_and_inconsistent_state_is_refused() {
+        let state = ChannelLogState {
+            last_seq: Seq::new(10),
+            epochs: vec![(LeaderEpoch::new(1), Seq::new(1)), (LeaderEpoch::new(3), Seq::new(6))],
+            hw: Seq::new(8),
+            retention_through: Seq::new(2),
+        };
+        let bytes = encode_state(&state, Seq::new(7));
+        assert_eq!(decode_state(&bytes), Some((state.clone(), Seq::new(7))));
+        let bad = ChannelLogState { hw: Seq::new(11), ..state };
+        assert!(decode_state(&encode_state(&bad, Seq::new(0))).is_none());
+        assert!(decode_state(&bytes[..bytes.len() - 1]).is_none());
+    }
+}

@@ -1,0 +1,193 @@
+//! The part of a message log that both implementations share: staging and validating batches against the
+//! state they will find, applying durable batches to per-channel state, memory tables and idempotency
+//! windows, and serving reads from memory with older records supplied by the implementation.
+
+use super::record::{IdempotencyKey, Record};
+use super::state::{ChannelLogState, IdempotencyWindow, IdempotentHit, LogBatch, LogOp, LogRefusal, MemTable};
+use super::state::{ReadBudget, ReadLimits};
+use super::LogLimits;
+use crate::error::StoreResult;
+use std::collections::BTreeMap;
+use tidings_types::{ChannelId, Seq};
+
+/// One channel as held in memory.
+#[derive(Debug, Default)]
+pub(crate) struct ChannelEntry {
+    pub(crate) state: ChannelLogState,
+    /// Records after `older_through`, in memory.
+    pub(crate) mem: MemTable,
+    /// Records at or below this seq live in the implementation's older storage (sled), not in `mem`.
+    pub(crate) older_through: Seq,
+    /// Older storage may hold stale records after this seq (left by a truncation); the implementation
+    /// removes them before writing there again.
+    pub(crate) older_dirty_after: Option<Seq>,
+    /// Bumped by every truncation, so write-behind can tell that its snapshot went stale.
+    pub(crate) generation: u64,
+    pub(crate) idempotency: Option<IdempotencyWindow>,
+    /// Count of durable batches applied; write-behind persists the channel when it differs from
+    /// `persisted_changes`.
+    pub(crate) changes: u64,
+    pub(crate) persisted_changes: u64,
+}
+
+/// Shared message-log state. Not thread-safe by itself: implementations hold it behind a lock.
+#[derive(Debug)]
+pub(crate) struct LogCore {
+    pub(crate) channels: BTreeMap<ChannelId, ChannelEntry>,
+    /// State each channel will have once every staged batch is applied.
+    tails: BTreeMap<ChannelId, ChannelLogState>,
+    staged: Vec<LogBatch>,
+    pub(crate) mem_bytes: usize,
+    pub(crate) limits: LogLimits,
+}
+
+impl LogCore {
+    pub(crate) fn new(limits: LogLimits) -> Self {
+        Self { channels: BTreeMap::new(), tails: BTreeMap::new(), staged: Vec::new(), mem_bytes: 0, limits }
+    }
+
+    /// Checks `batch` against the state after every batch staged before it, and stages it.
+    pub(crate) fn stage(&mut self, batch: LogBatch) -> StoreResult<()> {
+        let records = batch.records().count();
+        let bytes = batch.record_bytes();
+        if records > self.limits.batch_records_max || bytes > self.limits.batch_bytes_max {
+            return Err(LogRefusal::BatchTooLarge {
+                records,
+                bytes,
+                records_max: self.limits.batch_records_max,
+                bytes_max: self.limits.batch_bytes_max,
+            }
+            .into());
+        }
+        let mut tail = match self.tails.get(&batch.channel) {
+            Some(tail) => tail.clone(),
+            None => self.channels.get(&batch.channel).map(|e| e.state.clone()).unwrap_or_default(),
+        };
+        for op in &batch.ops {
+            tail.apply(&batch.channel, op)?;
+        }
+        self.tails.insert(batch.channel.clone(), tail);
+        self.staged.push(batch);
+        Ok(())
+    }
+
+    /// `true` if batches are staged and not yet made durable.
+    pub(crate) fn has_staged(&self) -> bool {
+        !self.staged.is_empty()
+    }
+
+    /// Hands over the staged batches (to be made durable and applied, or dropped).
+    pub(crate) fn take_staged(&mut self) -> Vec<LogBatch> {
+        self.tails.clear();
+        std::mem::take(&mut self.staged)
+    }
+
+    /// Applies a durable batch: state, memory table, idempotency window. The batch was checked when staged
+    /// (or is replayed from a checked journal), so a refusal here means the durable log is inconsistent.
+    pub(crate) fn apply_durable(&mut self, batch: &LogBatch) -> Result<(), LogRefusal> {
+        let entry = self.channels.entry(batch.channel.clone()).or_default();
+        entry.changes += 1;
+        for op in &batch.ops {
+            entry.state.apply(&batch.channel, op)?;
+            match op {
+                LogOp::Append(records) => {
+                    for record in records {
+                        if let Some(window) = entry.idempotency.as_mut() {
+                            window.insert(record);
+                        }
+                        self.mem_bytes += record.encoded_len();
+                        entry.mem.push(record.clone());
+                    }
+                }
+                LogOp::TruncateAfter(to) => {
+                    let before = entry.mem.bytes();
+                    entry.mem.truncate_after(*to);
+                    self.mem_bytes -= before - entry.mem.bytes();
+                    if let Some(window) = entry.idempotency.as_mut() {
+                        window.truncate_after(*to);
+                    }
+                    if *to < entry.older_through {
+                        entry.older_through = *to;
+                        entry.older_dirty_after = Some(entry.older_dirty_after.map_or(*to, |d| d.min(*to)));
+                    }
+                    entry.generation += 1;
+                }
+                LogOp::SetRetention(through) => {
+                    let before = entry.mem.bytes();
+                    entry.mem.drop_through(*through);
+                    self.mem_bytes -= before - entry.mem.bytes();
+                }
+                LogOp::StartAfter { seq, .. } => {
+                    entry.older_through = *seq;
+                    entry.generation += 1;
+                }
+                LogOp::CheckpointHw(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The durable state of `channel` (a never-written channel has the default state).
+    pub(crate) fn state(&self, channel: &ChannelId) -> ChannelLogState {
+        self.channels.get(channel).map(|e| e.state.clone()).unwrap_or_default()
+    }
+
+    /// Reads records of `channel` in `[from, through]` (clamped to the readable range) within `limits`;
+    /// `older` supplies records at or below the memory table's start.
+    pub(crate) fn read(
+        &self,
+        channel: &ChannelId,
+        from: Seq,
+        through: Seq,
+        limits: ReadLimits,
+        older: impl FnOnce(Seq, Seq, &mut ReadBudget, &mut Vec<Record>) -> StoreResult<()>,
+    ) -> StoreResult<Vec<Record>> {
+        let Some(entry) = self.channels.get(channel) else { return Ok(Vec::new()) };
+        let from = from.max(entry.state.retention_through.next());
+        let through = through.min(entry.state.last_seq);
+        let mut out = Vec::new();
+        if from > through {
+            return Ok(out);
+        }
+        let mut budget = ReadBudget::new(limits);
+        if from <= entry.older_through {
+            older(from, through.min(entry.older_through), &mut budget, &mut out)?;
+            if budget.exhausted() || out.last().is_some_and(|r| r.seq >= through) {
+                return Ok(out);
+            }
+        }
+        let next = out.last().map_or(from, |r| r.seq.next());
+        entry.mem.read(next, through, &mut budget, &mut out);
+        Ok(out)
+    }
+
+    /// Looks `key` up in `channel`'s idempotency window, building the window first from the channel's last
+    /// records if it is not in memory (`load` reads `[from, through]`).
+    pub(crate) fn idempotency(
+        &mut self,
+        channel: &ChannelId,
+        key: &IdempotencyKey,
+        load: impl FnOnce(&LogCore, Seq, Seq) -> StoreResult<Vec<Record>>,
+    ) -> StoreResult<Option<IdempotentHit>> {
+        let window_size = self.limits.idempotency_window;
+        let Some(entry) = self.channels.get(channel) else { return Ok(None) };
+        if entry.idempotency.is_none() {
+            let last = entry.state.last_seq;
+            let from = Seq::new(last.get().saturating_sub(window_size as u64).saturating_add(1));
+            let records = load(self, from, last)?;
+            let mut window = IdempotencyWindow::new(window_size);
+            for record in &records {
+                window.insert(record);
+            }
+            self.channels.get_mut(channel).expect("checked above").idempotency = Some(window);
+        }
+        Ok(self.channels.get(channel).and_then(|e| e.idempotency.as_ref()).and_then(|w| w.get(key)))
+    }
+
+    /// Drops `channel`'s idempotency window from memory (rebuilt on the next lookup).
+    pub(crate) fn release_caches(&mut self, channel: &ChannelId) {
+        if let Some(entry) = self.channels.get_mut(channel) {
+            entry.idempotency = None;
+        }
+    }
+}

@@ -1,0 +1,592 @@
+//! [`MessageLog`] as a group-committed journal in front of sled.
+//!
+//! Appends of many channels are framed into one journal ([`segment`]) and made durable by ONE real
+//! `fdatasync` per [`MessageLog::sync`] — the ack point. Durable records then sit in per-channel memory
+//! tables and are written behind into sled, packed per channel (key = channel + first seq of the pack),
+//! together with each channel's state and the journal checkpoint in the same sled batch, followed by a
+//! real fsync of sled's files; journal segments before the checkpoint are then deleted. Recovery opens
+//! sled and replays the journal after the checkpoint. Reads look at the memory table, then sled.
+//!
+//! Memory is bounded: past [`JournalConfig::mem_bytes_max`] of records waiting for write-behind, staging
+//! waits up to [`JournalConfig::busy_wait`] for write-behind to drain them, then returns
+//! [`StoreError::Busy`]. Nothing is dropped.
+
+mod segment;
+
+use super::codec::{decode_batch, decode_state, encode_batch, encode_state};
+use super::core::LogCore;
+use super::record::{decode_records, encode_records, IdempotencyKey, Reader, Record};
+use super::state::{ChannelLogState, IdempotentHit, LogBatch, LogRefusal, ReadBudget, ReadLimits};
+use super::{LogLimits, MessageLog};
+use crate::error::{CorruptLocation, StoreError, StoreResult};
+use crate::kv::{Direction, KeyRange, Keyspace, Kv, KvBatch};
+use parking_lot::{Condvar, Mutex};
+use segment::{Journal, Position};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tidings_types::{ChannelId, Seq};
+
+/// Configuration of a [`JournalLog`].
+#[derive(Clone, Debug)]
+pub struct JournalConfig {
+    /// Size of a journal segment file, preallocated. Default 64 MiB; at least twice the largest batch.
+    pub segment_bytes: u64,
+    /// Most record bytes held in memory waiting for write-behind. Default 256 MiB.
+    pub mem_bytes_max: usize,
+    /// The background write-behind runs once this many record bytes wait. Default 32 MiB.
+    pub write_behind_bytes: usize,
+    /// The background write-behind also runs at least this often, to keep the journal short. Default 1 s.
+    pub write_behind_interval: Duration,
+    /// How long staging waits for memory before [`StoreError::Busy`]. Default 1 s.
+    pub busy_wait: Duration,
+    /// Largest pack of one channel's records stored as one sled value. Default 64 KiB.
+    pub pack_bytes_max: usize,
+    /// Batch and idempotency limits.
+    pub limits: LogLimits,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        Self {
+            segment_bytes: 64 << 20,
+            mem_bytes_max: 256 << 20,
+            write_behind_bytes: 32 << 20,
+            write_behind_interval: Duration::from_secs(1),
+            busy_wait: Duration::from_secs(1),
+            pack_bytes_max: 64 << 10,
+            limits: LogLimits::default(),
+        }
+    }
+}
+
+impl JournalConfig {
+    fn validate(&self) -> StoreResult<()> {
+        let largest_frame = self.limits.batch_bytes_max as u64 * 2 + 4096;
+        if self.segment_bytes < largest_frame {
+            return Err(StoreError::BadConfig { what: "segment_bytes must exceed twice batch_bytes_max" });
+        }
+        if self.write_behind_bytes > self.mem_bytes_max || self.mem_bytes_max < self.limits.batch_bytes_max {
+            return Err(StoreError::BadConfig {
+                what: "need batch_bytes_max <= mem_bytes_max and write_behind_bytes <= mem_bytes_max",
+            });
+        }
+        if self.pack_bytes_max == 0 {
+            return Err(StoreError::BadConfig { what: "pack_bytes_max must be positive" });
+        }
+        Ok(())
+    }
+}
+
+/// Counters of a [`JournalLog`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    /// Journal syncs (one `fdatasync` each) that made batches durable.
+    pub syncs: u64,
+    /// Frames (batches) written to the journal.
+    pub frames: u64,
+    /// Write-behind rounds that reached sled (each one sled batch + fsync).
+    pub write_behinds: u64,
+    /// Records written behind into sled.
+    pub records_written_behind: u64,
+    /// Journal segments deleted after a checkpoint.
+    pub segments_deleted: u64,
+    /// Record bytes waiting in memory for write-behind now.
+    pub mem_bytes: usize,
+    /// Journal segment files on disk now.
+    pub segments: usize,
+}
+
+struct Visible {
+    core: LogCore,
+    /// Journal position after the last frame applied to `core`.
+    applied: Position,
+}
+
+/// What write-behind persists of one channel.
+struct WriteBehindItem {
+    channel: ChannelId,
+    records: Vec<Record>,
+    state: ChannelLogState,
+    older_through: Seq,
+    dirty_after: Option<Seq>,
+    generation: u64,
+    changes: u64,
+}
+
+/// The journal + sled message log. See the [module docs](self).
+pub struct JournalLog {
+    kv: Arc<dyn Kv>,
+    config: JournalConfig,
+    /// Lock order: `journal`, then `visible`.
+    journal: Mutex<Journal>,
+    visible: Mutex<Visible>,
+    /// One write-behind at a time; holds the last checkpoint persisted to sled.
+    write_behind: Mutex<Position>,
+    mem_freed: Condvar,
+    write_behind_wanted: Condvar,
+    background: AtomicBool,
+    stop: AtomicBool,
+    unusable: AtomicBool,
+    syncs: AtomicU64,
+    frames: AtomicU64,
+    write_behinds: AtomicU64,
+    records_written_behind: AtomicU64,
+    segments_deleted: AtomicU64,
+}
+
+const CHECKPOINT_KEY: &[u8] = b"checkpoint";
+const SCAN_PAGE: usize = 64;
+
+impl JournalLog {
+    /// Opens the log: the journal in `dir`, older records and the checkpoint in `kv`. Replays the journal
+    /// after the checkpoint.
+    pub fn open(dir: impl AsRef<Path>, kv: Arc<dyn Kv>, config: JournalConfig) -> StoreResult<JournalLog> {
+        config.validate()?;
+        let checkpoint = match kv.get(Keyspace::Journal, CHECKPOINT_KEY)? {
+            None => Position::ORIGIN,
+            Some(bytes) => Position::decode(&bytes).ok_or_else(|| StoreError::Corrupt {
+                location: CorruptLocation::Kv { keyspace: Keyspace::Journal, key: CHECKPOINT_KEY.to_vec() },
+                detail: "journal checkpoint does not decode",
+            })?,
+        };
+        let mut core = LogCore::new(config.limits);
+        load_states(kv.as_ref(), &mut core)?;
+        let journal = Journal::open(dir.as_ref(), config.segment_bytes, checkpoint, |pos, body| {
+            let corrupt = |detail| StoreError::Corrupt {
+                location: CorruptLocation::Journal { segment: pos.segment, offset: pos.offset },
+                detail,
+            };
+            let batch = decode_batch(body).ok_or(corrupt("journal frame does not decode"))?;
+            core.apply_durable(&batch).map_err(|_| corrupt("journal frame does not apply to the log"))
+        })?;
+        let applied = journal.position();
+        Ok(JournalLog {
+            kv,
+            config,
+            journal: Mutex::new(journal),
+            visible: Mutex::new(Visible { core, applied }),
+            write_behind: Mutex::new(checkpoint),
+            mem_freed: Condvar::new(),
+            write_behind_wanted: Condvar::new(),
+            background: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            unusable: AtomicBool::new(false),
+            syncs: AtomicU64::new(0),
+            frames: AtomicU64::new(0),
+            write_behinds: AtomicU64::new(0),
+            records_written_behind: AtomicU64::new(0),
+            segments_deleted: AtomicU64::new(0),
+        })
+    }
+
+    /// Counters and gauges.
+    pub fn stats(&self) -> JournalStats {
+        JournalStats {
+            syncs: self.syncs.load(Ordering::Relaxed),
+            frames: self.frames.load(Ordering::Relaxed),
+            write_behinds: self.write_behinds.load(Ordering::Relaxed),
+            records_written_behind: self.records_written_behind.load(Ordering::Relaxed),
+            segments_deleted: self.segments_deleted.load(Ordering::Relaxed),
+            mem_bytes: self.visible.lock().core.mem_bytes,
+            segments: self.journal.lock().segment_count(),
+        }
+    }
+
+    /// Runs write-behind in a background thread until the returned handle is dropped. Without it,
+    /// write-behind runs inline when memory fills, or when [`JournalLog::write_behind`] is called.
+    pub fn start_write_behind(self: &Arc<Self>) -> WriteBehindThread {
+        self.background.store(true, Ordering::SeqCst);
+        let log = Arc::clone(self);
+        let thread = std::thread::Builder::new()
+            .name("tidings-write-behind".into())
+            .spawn(move || log.write_behind_loop())
+            .expect("spawn write-behind thread");
+        WriteBehindThread { log: Arc::clone(self), thread: Some(thread) }
+    }
+
+    fn write_behind_loop(&self) {
+        while !self.stop.load(Ordering::SeqCst) {
+            {
+                let mut visible = self.visible.lock();
+                if visible.core.mem_bytes < self.config.write_behind_bytes && !self.stop.load(Ordering::SeqCst) {
+                    self.write_behind_wanted.wait_for(&mut visible, self.config.write_behind_interval);
+                }
+            }
+            if self.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            if let Err(error) = self.write_behind() {
+                tracing::error!(%error, "message log write-behind failed; will retry");
+                std::thread::sleep(self.config.write_behind_interval);
+            }
+        }
+    }
+
+    /// Writes every durable record still in memory into sled with the channel states and the journal
+    /// checkpoint (one sled batch + real fsync), then deletes the journal segments before the checkpoint.
+    pub fn write_behind(&self) -> StoreResult<()> {
+        let mut persisted = self.write_behind.lock();
+        let (items, checkpoint) = {
+            let visible = self.visible.lock();
+            let items: Vec<WriteBehindItem> = visible
+                .core
+                .channels
+                .iter()
+                .filter(|(_, e)| e.changes != e.persisted_changes)
+                .map(|(channel, e)| WriteBehindItem {
+                    channel: channel.clone(),
+                    records: e.mem.iter().cloned().collect(),
+                    state: e.state.clone(),
+                    older_through: e.older_through,
+                    dirty_after: e.older_dirty_after,
+                    generation: e.generation,
+                    changes: e.changes,
+                })
+                .collect();
+            (items, visible.applied)
+        };
+        if items.is_empty() && checkpoint == *persisted {
+            return Ok(());
+        }
+        let mut batch = KvBatch::new();
+        for item in &items {
+            self.persist_item(item, &mut batch)?;
+        }
+        batch.put(Keyspace::Journal, CHECKPOINT_KEY.to_vec(), &checkpoint.encode());
+        self.kv.apply(batch)?;
+        self.kv.sync()?;
+        *persisted = checkpoint;
+        let records: usize = items.iter().map(|i| i.records.len()).sum();
+        self.finish_write_behind(items);
+        self.write_behinds.fetch_add(1, Ordering::Relaxed);
+        self.records_written_behind.fetch_add(records as u64, Ordering::Relaxed);
+        let deleted = self.journal.lock().delete_before(checkpoint)?;
+        self.segments_deleted.fetch_add(deleted as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn finish_write_behind(&self, items: Vec<WriteBehindItem>) {
+        let mut visible = self.visible.lock();
+        let core = &mut visible.core;
+        for item in items {
+            let Some(entry) = core.channels.get_mut(&item.channel) else { continue };
+            if entry.generation == item.generation {
+                let through = item.records.last().map_or(item.older_through, |r| r.seq);
+                entry.older_through = through;
+                entry.older_dirty_after = None;
+                entry.persisted_changes = item.changes;
+                let before = entry.mem.bytes();
+                entry.mem.drop_through(through);
+                core.mem_bytes -= before - entry.mem.bytes();
+            } else {
+                // Truncated meanwhile: what was just written past the valid prefix is stale; clean it next time.
+                let valid = entry.older_through;
+                entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
+            }
+        }
+        drop(visible);
+        self.mem_freed.notify_all();
+    }
+
+    /// Adds one channel's packs, cleanups and state to `batch`.
+    fn persist_item(&self, item: &WriteBehindItem, batch: &mut KvBatch) -> StoreResult<()> {
+        let mut prefix = Vec::new();
+        item.channel.encode_key(&mut prefix);
+        if let Some(valid_through) = item.dirty_after {
+            self.clear_after(&prefix, valid_through, batch)?;
+        }
+        let mut pack = Vec::new();
+        let mut start = 0;
+        let mut bytes = 0;
+        for (i, record) in item.records.iter().enumerate() {
+            bytes += record.encoded_len();
+            let last = i + 1 == item.records.len();
+            if bytes >= self.config.pack_bytes_max || last {
+                pack.clear();
+                encode_records(&item.records[start..=i], &mut pack);
+                batch.put(Keyspace::MessagePack, pack_key(&prefix, item.records[start].seq), &pack);
+                start = i + 1;
+                bytes = 0;
+            }
+        }
+        if item.state.retention_through.get() > 0 {
+            self.trim_through(&prefix, item.state.retention_through, batch)?;
+        }
+        let through = item.records.last().map_or(item.older_through, |r| r.seq);
+        batch.put(Keyspace::MessageState, prefix, &encode_state(&item.state, through));
+        Ok(())
+    }
+
+    /// Removes records after `valid_through` from sled: the pack holding it is rewritten, later ones deleted.
+    fn clear_after(&self, prefix: &[u8], valid_through: Seq, batch: &mut KvBatch) -> StoreResult<()> {
+        let up_to =
+            KeyRange { start: pack_key(prefix, Seq::new(0)), end: Some(pack_key(prefix, valid_through.next())) };
+        if let Some((key, value)) = self.kv.scan(Keyspace::MessagePack, &up_to, Direction::Reverse, 1)?.pop() {
+            let records = decode_pack(&key, &value)?;
+            if records.last().is_some_and(|r| r.seq > valid_through) {
+                let kept: Vec<Record> = records.into_iter().filter(|r| r.seq <= valid_through).collect();
+                let mut pack = Vec::new();
+                encode_records(&kept, &mut pack);
+                batch.put(Keyspace::MessagePack, key, &pack);
+            }
+        }
+        let mut after = KeyRange { start: pack_key(prefix, valid_through.next()), end: crate::kv::prefix_end(prefix) };
+        loop {
+            let page = self.kv.scan_sealed(Keyspace::MessagePack, &after, Direction::Forward, SCAN_PAGE)?;
+            let done = page.len() < SCAN_PAGE;
+            for (key, _) in page {
+                after.start = [key.as_slice(), &[0]].concat();
+                batch.delete(Keyspace::MessagePack, key);
+            }
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Deletes packs whose records are all at or below `retention` (a bounded number per round).
+    fn trim_through(&self, prefix: &[u8], retention: Seq, batch: &mut KvBatch) -> StoreResult<()> {
+        let range =
+            KeyRange { start: pack_key(prefix, Seq::new(0)), end: Some(pack_key(prefix, retention.next().next())) };
+        let packs = self.kv.scan_sealed(Keyspace::MessagePack, &range, Direction::Forward, SCAN_PAGE)?;
+        // A pack is wholly retained-away when the next pack starts at or before the first readable seq.
+        for pair in packs.windows(2) {
+            batch.delete(Keyspace::MessagePack, pair[0].0.clone());
+        }
+        Ok(())
+    }
+
+    /// Reads records in `[from, through]` from sled packs.
+    fn read_older(
+        &self,
+        channel: &ChannelId,
+        from: Seq,
+        through: Seq,
+        budget: &mut ReadBudget,
+        out: &mut Vec<Record>,
+    ) -> StoreResult<()> {
+        let mut prefix = Vec::new();
+        channel.encode_key(&mut prefix);
+        let containing = KeyRange { start: pack_key(&prefix, Seq::new(0)), end: Some(pack_key(&prefix, from.next())) };
+        let start = match self.kv.scan_sealed(Keyspace::MessagePack, &containing, Direction::Reverse, 1)?.pop() {
+            Some((key, _)) => key,
+            None => pack_key(&prefix, from),
+        };
+        let mut range = KeyRange { start, end: Some(pack_key(&prefix, through.next())) };
+        let mut expected = from;
+        loop {
+            let page = self.kv.scan(Keyspace::MessagePack, &range, Direction::Forward, SCAN_PAGE)?;
+            let done = page.len() < SCAN_PAGE;
+            for (key, value) in page {
+                for record in decode_pack(&key, &value)? {
+                    if record.seq < expected {
+                        continue;
+                    }
+                    if record.seq != expected {
+                        return Err(corrupt_pack(&key, "hole between packs"));
+                    }
+                    if record.seq > through || !budget.take(&record) {
+                        return Ok(());
+                    }
+                    expected = record.seq.next();
+                    out.push(record);
+                }
+                range.start = [key.as_slice(), &[0]].concat();
+            }
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Waits (bounded) until the memory table has room, running write-behind inline if no background
+    /// thread does it.
+    #[allow(clippy::disallowed_methods)] // An adapter, not a core: a bounded wait needs the clock.
+    fn wait_for_memory(&self) -> StoreResult<()> {
+        let limit = self.config.mem_bytes_max;
+        if self.visible.lock().core.mem_bytes < limit {
+            return Ok(());
+        }
+        if !self.background.load(Ordering::SeqCst) {
+            self.write_behind()?;
+        }
+        let deadline = Instant::now() + self.config.busy_wait;
+        let mut visible = self.visible.lock();
+        while visible.core.mem_bytes >= limit {
+            self.write_behind_wanted.notify_one();
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(StoreError::Busy { bytes: visible.core.mem_bytes, limit });
+            }
+            self.mem_freed.wait_for(&mut visible, deadline - now);
+        }
+        Ok(())
+    }
+
+    /// Fails every batch staged since the last sync: rolls the journal back and drops them.
+    fn fail_staged(&self, journal: &mut Journal) {
+        if let Err(error) = journal.rollback() {
+            tracing::error!(%error, "journal rollback failed; the message log is unusable until reopened");
+            self.unusable.store(true, Ordering::SeqCst);
+        }
+        self.visible.lock().core.take_staged();
+    }
+
+    fn check_usable(&self) -> StoreResult<()> {
+        if self.unusable.load(Ordering::SeqCst) {
+            return Err(StoreError::Unusable);
+        }
+        Ok(())
+    }
+}
+
+impl MessageLog for JournalLog {
+    fn stage(&self, batch: LogBatch) -> StoreResult<()> {
+        self.check_usable()?;
+        self.wait_for_memory()?;
+        let mut body = Vec::with_capacity(64 + batch.record_bytes());
+        encode_batch(&batch, &mut body);
+        let mut journal = self.journal.lock();
+        if body.len() as u64 > journal.body_bytes_max() {
+            let records = batch.records().count();
+            let limits = self.config.limits;
+            return Err(LogRefusal::BatchTooLarge {
+                records,
+                bytes: body.len(),
+                records_max: limits.batch_records_max,
+                bytes_max: limits.batch_bytes_max,
+            }
+            .into());
+        }
+        self.visible.lock().core.stage(batch)?;
+        if let Err(error) = journal.append(&body) {
+            self.fail_staged(&mut journal);
+            return Err(error);
+        }
+        self.frames.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn sync(&self) -> StoreResult<usize> {
+        self.check_usable()?;
+        let mut journal = self.journal.lock();
+        if !self.visible.lock().core.has_staged() {
+            return Ok(0);
+        }
+        let position = match journal.sync() {
+            Ok(position) => position,
+            Err(error) => {
+                self.fail_staged(&mut journal);
+                return Err(error);
+            }
+        };
+        let mut visible = self.visible.lock();
+        let staged = visible.core.take_staged();
+        for batch in &staged {
+            // Cannot fail: each batch was checked at stage time against exactly the state it meets now.
+            visible.core.apply_durable(batch).expect("staged batch applies to the state it was checked against");
+        }
+        visible.applied = position;
+        if visible.core.mem_bytes >= self.config.write_behind_bytes {
+            self.write_behind_wanted.notify_one();
+        }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(staged.len())
+    }
+
+    fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>> {
+        let visible = self.visible.lock();
+        visible.core.read(channel, from, through, limits, |from, through, budget, out| {
+            self.read_older(channel, from, through, budget, out)
+        })
+    }
+
+    fn state(&self, channel: &ChannelId) -> StoreResult<ChannelLogState> {
+        Ok(self.visible.lock().core.state(channel))
+    }
+
+    fn idempotent(&self, channel: &ChannelId, key: &IdempotencyKey) -> StoreResult<Option<IdempotentHit>> {
+        let unlimited = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+        let mut visible = self.visible.lock();
+        visible.core.idempotency(channel, key, |core, from, through| {
+            core.read(channel, from, through, unlimited, |from, through, budget, out| {
+                self.read_older(channel, from, through, budget, out)
+            })
+        })
+    }
+
+    fn release_caches(&self, channel: &ChannelId) {
+        self.visible.lock().core.release_caches(channel);
+    }
+}
+
+/// Stops the background write-behind when dropped (after one last round).
+pub struct WriteBehindThread {
+    log: Arc<JournalLog>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for WriteBehindThread {
+    fn drop(&mut self) {
+        self.log.stop.store(true, Ordering::SeqCst);
+        {
+            let _visible = self.log.visible.lock();
+            self.log.write_behind_wanted.notify_all();
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        self.log.background.store(false, Ordering::SeqCst);
+        if let Err(error) = self.log.write_behind() {
+            tracing::warn!(%error, "final write-behind failed; the journal still holds the records");
+        }
+    }
+}
+
+fn pack_key(prefix: &[u8], first: Seq) -> Vec<u8> {
+    [prefix, &first.get().to_be_bytes()].concat()
+}
+
+fn corrupt_pack(key: &[u8], detail: &'static str) -> StoreError {
+    StoreError::Corrupt { location: CorruptLocation::Kv { keyspace: Keyspace::MessagePack, key: key.to_vec() }, detail }
+}
+
+fn decode_pack(key: &[u8], value: &[u8]) -> StoreResult<Vec<Record>> {
+    let mut reader = Reader::new(value);
+    let records = decode_records(&mut reader).ok_or_else(|| corrupt_pack(key, "pack does not decode"))?;
+    let first = key.get(key.len().saturating_sub(8)..).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
+    if !reader.is_empty() || records.first().map(|r| r.seq.get()) != first {
+        return Err(corrupt_pack(key, "pack does not match its key"));
+    }
+    Ok(records)
+}
+
+fn load_states(kv: &dyn Kv, core: &mut LogCore) -> StoreResult<()> {
+    let mut range = KeyRange::prefix(b"");
+    loop {
+        let page = kv.scan(Keyspace::MessageState, &range, Direction::Forward, 1024)?;
+        let done = page.len() < 1024;
+        for (key, value) in page {
+            let corrupt = |detail| StoreError::Corrupt {
+                location: CorruptLocation::Kv { keyspace: Keyspace::MessageState, key: key.clone() },
+                detail,
+            };
+            let channel = match ChannelId::decode_key(&key) {
+                Some((channel, [])) => channel,
+                _ => return Err(corrupt("channel state key does not decode")),
+            };
+            let (state, older_through) =
+                decode_state(&value).ok_or_else(|| corrupt("channel state does not decode"))?;
+            let entry = core.channels.entry(channel).or_default();
+            entry.state = state;
+            entry.older_through = older_through;
+            range.start = [key.as_slice(), &[0]].concat();
+        }
+        if done {
+            return Ok(());
+        }
+    }
+}

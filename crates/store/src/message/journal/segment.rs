@@ -1,0 +1,429 @@
+//! The journal's files: preallocated segments of CRC-checked frames, one `fdatasync` per sync, and
+//! recovery that replays from a checkpoint and cuts a torn tail at the last good frame.
+//!
+//! Frame: `[body length u32][crc32 u32][frame seq u64][body]`, little endian; the CRC covers the frame
+//! seq and the body. Frame seqs are consecutive across segments and a segment is named after its first
+//! frame seq, so a stale or misplaced frame never passes for the next one. A zero length marks the unused
+//! (preallocated, zeroed) end of a segment.
+
+use crate::error::{CorruptLocation, StoreError, StoreResult};
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Bytes of a frame header.
+pub(crate) const FRAME_HEADER_BYTES: u64 = 16;
+
+/// A point in the journal: a segment (by its first frame seq), a byte offset in it, and the seq of the
+/// frame that starts there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Position {
+    pub(crate) segment: u64,
+    pub(crate) offset: u64,
+    pub(crate) next_frame: u64,
+}
+
+impl Position {
+    /// The start of a journal that never held a frame.
+    pub(crate) const ORIGIN: Position = Position { segment: 1, offset: 0, next_frame: 1 };
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        [self.segment, self.offset, self.next_frame].iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Position> {
+        if bytes.len() != 24 {
+            return None;
+        }
+        let word = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        Some(Position { segment: word(0), offset: word(1), next_frame: word(2) })
+    }
+}
+
+struct Segment {
+    first_frame: u64,
+    file: File,
+    /// Write offset.
+    len: u64,
+}
+
+/// The journal's writer: frames go to the active segment; [`Journal::sync`] makes them durable.
+pub(crate) struct Journal {
+    dir: PathBuf,
+    capacity: u64,
+    active: Segment,
+    /// Segments filled since the last sync: their data still needs an `fdatasync`.
+    closed_unsynced: Vec<File>,
+    /// A segment file was created since the last sync: the directory needs an `fsync`.
+    dir_dirty: bool,
+    next_frame: u64,
+    /// Segment files on disk, by first frame seq.
+    segments: BTreeMap<u64, PathBuf>,
+    synced: Position,
+    buf: Vec<u8>,
+}
+
+impl Journal {
+    /// Opens the journal in `dir`, replays every frame from `checkpoint` on through `replay` (called with
+    /// the frame's position and body), cuts whatever follows the last good frame, and deletes segments that
+    /// end before the checkpoint.
+    pub(crate) fn open(
+        dir: &Path,
+        capacity: u64,
+        checkpoint: Position,
+        mut replay: impl FnMut(Position, &[u8]) -> StoreResult<()>,
+    ) -> StoreResult<Journal> {
+        fs::create_dir_all(dir).map_err(|e| StoreError::io("create journal directory", e))?;
+        let mut segments = list_segments(dir)?;
+        if !segments.contains_key(&checkpoint.segment) {
+            if checkpoint != Position::ORIGIN || !segments.is_empty() {
+                return Err(StoreError::Corrupt {
+                    location: CorruptLocation::Journal { segment: checkpoint.segment, offset: checkpoint.offset },
+                    detail: "the journal segment named by the checkpoint is missing",
+                });
+            }
+            let path = segment_path(dir, checkpoint.segment);
+            create_segment(&path, capacity)?;
+            segments.insert(checkpoint.segment, path);
+        }
+        // Segments before the checkpoint's are all in sled (a crash between the sled batch and their deletion
+        // leaves them behind).
+        let stale: Vec<u64> = segments.range(..checkpoint.segment).map(|(first, _)| *first).collect();
+        for first in stale {
+            let path = segments.remove(&first).expect("listed");
+            fs::remove_file(&path).map_err(|e| StoreError::io("delete journal segment", e))?;
+        }
+        let end = scan(&segments, checkpoint, &mut replay)?;
+        // Cut: zero everything after the last good frame and drop later segments, so garbage left by a torn
+        // write can never be read as frames after new ones are written over part of it.
+        let later: Vec<u64> = segments.range(end.segment + 1..).map(|(first, _)| *first).collect();
+        for first in later {
+            let path = segments.remove(&first).expect("listed");
+            fs::remove_file(&path).map_err(|e| StoreError::io("delete journal segment", e))?;
+        }
+        let path = &segments[&end.segment];
+        let file =
+            OpenOptions::new().read(true).write(true).open(path).map_err(|e| StoreError::io("open segment", e))?;
+        zero_from(&file, end.offset, capacity)?;
+        sync_dir(dir)?;
+        let active = Segment { first_frame: end.segment, file, len: end.offset };
+        Ok(Journal {
+            dir: dir.to_path_buf(),
+            capacity,
+            active,
+            closed_unsynced: Vec::new(),
+            dir_dirty: false,
+            next_frame: end.next_frame,
+            segments,
+            synced: end,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Largest body a frame can carry.
+    pub(crate) fn body_bytes_max(&self) -> u64 {
+        self.capacity - FRAME_HEADER_BYTES
+    }
+
+    /// Writes a frame carrying `body` (not yet durable).
+    pub(crate) fn append(&mut self, body: &[u8]) -> StoreResult<()> {
+        let body_len = u32::try_from(body.len()).ok().filter(|len| u64::from(*len) <= self.body_bytes_max());
+        let Some(body_len) = body_len else {
+            return Err(StoreError::io("journal append", io::Error::other("frame larger than a segment")));
+        };
+        let frame_len = FRAME_HEADER_BYTES + u64::from(body_len);
+        if self.active.len + frame_len > self.capacity {
+            self.roll()?;
+        }
+        let frame_seq = self.next_frame;
+        self.buf.clear();
+        self.buf.extend_from_slice(&body_len.to_le_bytes());
+        self.buf.extend_from_slice(&frame_crc(frame_seq, body).to_le_bytes());
+        self.buf.extend_from_slice(&frame_seq.to_le_bytes());
+        self.buf.extend_from_slice(body);
+        self.active.file.write_all_at(&self.buf, self.active.len).map_err(|e| StoreError::io("journal write", e))?;
+        self.active.len += frame_len;
+        self.next_frame += 1;
+        Ok(())
+    }
+
+    fn roll(&mut self) -> StoreResult<()> {
+        let path = segment_path(&self.dir, self.next_frame);
+        let file = create_segment(&path, self.capacity)?;
+        let old = std::mem::replace(&mut self.active, Segment { first_frame: self.next_frame, file, len: 0 });
+        self.closed_unsynced.push(old.file);
+        self.segments.insert(self.next_frame, path);
+        self.dir_dirty = true;
+        Ok(())
+    }
+
+    /// Makes every appended frame durable: one `fdatasync` of the active segment (plus any segment filled
+    /// since the last sync, and the directory if a segment was created). Returns the position after the last
+    /// frame.
+    pub(crate) fn sync(&mut self) -> StoreResult<Position> {
+        for file in &self.closed_unsynced {
+            file.sync_data().map_err(|e| StoreError::io("journal fdatasync", e))?;
+        }
+        self.active.file.sync_data().map_err(|e| StoreError::io("journal fdatasync", e))?;
+        if self.dir_dirty {
+            sync_dir(&self.dir)?;
+        }
+        self.closed_unsynced.clear();
+        self.dir_dirty = false;
+        self.synced = self.position();
+        Ok(self.synced)
+    }
+
+    /// The position after the last appended frame.
+    pub(crate) fn position(&self) -> Position {
+        Position { segment: self.active.first_frame, offset: self.active.len, next_frame: self.next_frame }
+    }
+
+    /// Undoes every frame appended since the last sync (after a failed write or sync).
+    pub(crate) fn rollback(&mut self) -> StoreResult<()> {
+        let synced = self.synced;
+        let later: Vec<u64> = self.segments.range(synced.segment + 1..).map(|(first, _)| *first).collect();
+        for first in later {
+            let path = self.segments.remove(&first).expect("listed");
+            fs::remove_file(&path).map_err(|e| StoreError::io("delete journal segment", e))?;
+        }
+        if self.active.first_frame != synced.segment {
+            let path = &self.segments[&synced.segment];
+            let file =
+                OpenOptions::new().read(true).write(true).open(path).map_err(|e| StoreError::io("open segment", e))?;
+            self.active = Segment { first_frame: synced.segment, file, len: synced.offset };
+        }
+        zero_from(&self.active.file, synced.offset, self.capacity)?;
+        sync_dir(&self.dir)?;
+        self.active.len = synced.offset;
+        self.next_frame = synced.next_frame;
+        self.closed_unsynced.clear();
+        self.dir_dirty = false;
+        Ok(())
+    }
+
+    /// Deletes every segment that ends before `checkpoint` (their frames are all in sled). Returns how many.
+    pub(crate) fn delete_before(&mut self, checkpoint: Position) -> StoreResult<usize> {
+        let stale: Vec<u64> = self.segments.range(..checkpoint.segment).map(|(first, _)| *first).collect();
+        for first in &stale {
+            let path = self.segments.remove(first).expect("listed");
+            fs::remove_file(&path).map_err(|e| StoreError::io("delete journal segment", e))?;
+        }
+        Ok(stale.len())
+    }
+
+    /// Number of segment files on disk.
+    pub(crate) fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+}
+
+fn frame_crc(frame_seq: u64, body: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&frame_seq.to_le_bytes());
+    hasher.update(body);
+    hasher.finalize()
+}
+
+/// Replays frames from `from` through the last good one; returns the position after it.
+fn scan(
+    segments: &BTreeMap<u64, PathBuf>,
+    from: Position,
+    replay: &mut impl FnMut(Position, &[u8]) -> StoreResult<()>,
+) -> StoreResult<Position> {
+    let mut pos = from;
+    loop {
+        let bytes = fs::read(&segments[&pos.segment]).map_err(|e| StoreError::io("read journal segment", e))?;
+        while let Some(body) = frame_at(&bytes, pos) {
+            replay(pos, body)?;
+            pos.offset += FRAME_HEADER_BYTES + body.len() as u64;
+            pos.next_frame += 1;
+        }
+        // No good frame here: the segment is full or the log ends. It goes on only in a segment that starts
+        // exactly at the next frame.
+        if segments.contains_key(&pos.next_frame) && pos.next_frame != pos.segment {
+            pos = Position { segment: pos.next_frame, offset: 0, next_frame: pos.next_frame };
+        } else {
+            return Ok(pos);
+        }
+    }
+}
+
+/// The body of the frame at `pos`, if a good frame with the expected seq is there.
+fn frame_at(bytes: &[u8], pos: Position) -> Option<&[u8]> {
+    let start = usize::try_from(pos.offset).ok()?;
+    let header = bytes.get(start..start.checked_add(16)?)?;
+    let body_len = usize::try_from(u32::from_le_bytes(header[0..4].try_into().ok()?)).ok()?;
+    let crc = u32::from_le_bytes(header[4..8].try_into().ok()?);
+    let frame_seq = u64::from_le_bytes(header[8..16].try_into().ok()?);
+    if body_len == 0 || frame_seq != pos.next_frame {
+        return None;
+    }
+    let body = bytes.get(start + 16..(start + 16).checked_add(body_len)?)?;
+    (frame_crc(frame_seq, body) == crc).then_some(body)
+}
+
+fn segment_path(dir: &Path, first_frame: u64) -> PathBuf {
+    dir.join(format!("{first_frame:020}.seg"))
+}
+
+fn list_segments(dir: &Path) -> StoreResult<BTreeMap<u64, PathBuf>> {
+    let mut segments = BTreeMap::new();
+    for entry in fs::read_dir(dir).map_err(|e| StoreError::io("list journal", e))? {
+        let entry = entry.map_err(|e| StoreError::io("list journal", e))?;
+        let name = entry.file_name();
+        let first = name.to_str().and_then(|n| n.strip_suffix(".seg")).and_then(|n| n.parse::<u64>().ok());
+        if let Some(first) = first {
+            segments.insert(first, entry.path());
+        }
+    }
+    Ok(segments)
+}
+
+/// Creates a segment and reserves its blocks, so appends do not allocate and an `fdatasync` has no file
+/// size or allocation metadata to write.
+fn create_segment(path: &Path, capacity: u64) -> StoreResult<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| StoreError::io("create journal segment", e))?;
+    preallocate(&file, 0, capacity)?;
+    file.sync_all().map_err(|e| StoreError::io("fsync new segment", e))?;
+    Ok(file)
+}
+
+fn preallocate(file: &File, from: u64, capacity: u64) -> StoreResult<()> {
+    if from >= capacity {
+        return Ok(());
+    }
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), from, capacity - from) {
+        Ok(()) => Ok(()),
+        // A file system without fallocate: a sparse file of the right length still reads as zeros.
+        Err(rustix::io::Errno::OPNOTSUPP) => file.set_len(capacity).map_err(|e| StoreError::io("size segment", e)),
+        Err(e) => Err(StoreError::io("preallocate journal segment", e.into())),
+    }
+}
+
+/// Zeroes `[offset, capacity)` of a segment (truncate, then preallocate again) and makes it durable.
+fn zero_from(file: &File, offset: u64, capacity: u64) -> StoreResult<()> {
+    file.set_len(offset).map_err(|e| StoreError::io("truncate journal segment", e))?;
+    preallocate(file, offset, capacity)?;
+    file.sync_all().map_err(|e| StoreError::io("fsync journal segment", e))
+}
+
+fn sync_dir(dir: &Path) -> StoreResult<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| StoreError::io("fsync journal directory", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(dir: &Path, checkpoint: Position, seen: &mut Vec<Vec<u8>>) -> Journal {
+        Journal::open(dir, 4096, checkpoint, |_, body| {
+            seen.push(body.to_vec());
+            Ok(())
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn frames_survive_reopen_and_roll_across_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = open(dir.path(), Position::ORIGIN, &mut Vec::new());
+        for i in 0..100u32 {
+            journal.append(&[u8::try_from(i % 256).unwrap(); 100]).unwrap();
+        }
+        journal.sync().unwrap();
+        assert!(journal.segment_count() > 2, "100 frames of 116 bytes fill several 4 KiB segments");
+        drop(journal);
+        let mut seen = Vec::new();
+        let journal = open(dir.path(), Position::ORIGIN, &mut seen);
+        assert_eq!(seen.len(), 100);
+        assert!(seen.iter().enumerate().all(|(i, b)| b[0] == u8::try_from(i % 256).unwrap()));
+        assert_eq!(journal.position().next_frame, 101);
+    }
+
+    #[test]
+    fn torn_tail_is_cut_at_the_last_good_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = open(dir.path(), Position::ORIGIN, &mut Vec::new());
+        for _ in 0..5 {
+            journal.append(b"hello journal").unwrap();
+        }
+        journal.sync().unwrap();
+        let end = journal.position();
+        drop(journal);
+        // Tear the last frame: flip a byte of its body.
+        let path = segment_path(dir.path(), 1);
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(b"X", end.offset - 2).unwrap();
+        drop(file);
+        let mut seen = Vec::new();
+        let mut journal = open(dir.path(), Position::ORIGIN, &mut seen);
+        assert_eq!(seen.len(), 4);
+        // New frames continue right after the good ones, and the torn bytes are gone.
+        journal.append(b"after").unwrap();
+        journal.sync().unwrap();
+        drop(journal);
+        let mut seen = Vec::new();
+        open(dir.path(), Position::ORIGIN, &mut seen);
+        assert_eq!(seen.len(), 5);
+        assert_eq!(seen[4], b"after");
+    }
+
+    #[test]
+    fn rollback_undoes_unsynced_frames_across_a_roll() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = open(dir.path(), Position::ORIGIN, &mut Vec::new());
+        journal.append(b"kept").unwrap();
+        journal.sync().unwrap();
+        for _ in 0..60 {
+            journal.append(&[7u8; 100]).unwrap();
+        }
+        assert!(journal.segment_count() > 1);
+        journal.rollback().unwrap();
+        assert_eq!(journal.segment_count(), 1);
+        journal.append(b"next").unwrap();
+        journal.sync().unwrap();
+        drop(journal);
+        let mut seen = Vec::new();
+        open(dir.path(), Position::ORIGIN, &mut seen);
+        assert_eq!(seen, vec![b"kept".to_vec(), b"next".to_vec()]);
+    }
+
+    #[test]
+    fn replay_starts_at_the_checkpoint_and_old_segments_are_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = open(dir.path(), Position::ORIGIN, &mut Vec::new());
+        for _ in 0..80 {
+            journal.append(&[1u8; 100]).unwrap();
+        }
+        let checkpoint = journal.sync().unwrap();
+        journal.append(b"after checkpoint").unwrap();
+        journal.sync().unwrap();
+        let before = journal.segment_count();
+        drop(journal);
+        let mut seen = Vec::new();
+        let journal = open(dir.path(), checkpoint, &mut seen);
+        assert_eq!(seen, vec![b"after checkpoint".to_vec()]);
+        assert!(journal.segment_count() < before);
+        assert_eq!(journal.segment_count(), 1);
+    }
+
+    #[test]
+    fn missing_checkpoint_segment_is_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = open(dir.path(), Position::ORIGIN, &mut Vec::new());
+        journal.append(b"x").unwrap();
+        journal.sync().unwrap();
+        drop(journal);
+        let checkpoint = Position { segment: 500, offset: 0, next_frame: 500 };
+        let result = Journal::open(dir.path(), 4096, checkpoint, |_, _| Ok(()));
+        assert!(matches!(result, Err(StoreError::Corrupt { .. })));
+    }
+}

@@ -1,0 +1,102 @@
+//! The per-channel message log: ordered records per channel, many channels made durable by one sync.
+//!
+//! Use it the way group commit wants: a durable-append worker [`MessageLog::stage`]s the batches of many
+//! channels (each checked against the state it will find: contiguous seqs, leader epochs never going
+//! back, no truncation below the high watermark), then calls [`MessageLog::sync`] once; every staged
+//! batch becomes durable and visible together, and the worker completes all of them. Suffix truncation,
+//! HW checkpoints and retention go through the same ordered path as appends, so a replay can never
+//! resurrect a truncated record or lose a truncation.
+//!
+//! Two implementations share all of that logic: [`JournalLog`] (a journal of CRC-framed segments, one
+//! real `fdatasync` per sync, written behind into sled) and [`MemoryLog`] (in memory, with a crash model
+//! and failpoints, for the simulator).
+//!
+//! ```
+//! use bytes::Bytes;
+//! use tidings_store::message::{LogBatch, LogOp, MemoryLog, MessageLog, ReadLimits, Record};
+//! use tidings_types::{ChannelId, ChannelType, LeaderEpoch, Seq};
+//!
+//! let log = MemoryLog::new(Default::default());
+//! let mut staged = Vec::new();
+//! for name in ["room-1", "room-2"] {
+//!     let channel = ChannelId::new(ChannelType::GROUP, name).unwrap();
+//!     let record = Record {
+//!         seq: Seq::new(1),
+//!         leader_epoch: LeaderEpoch::new(1),
+//!         idempotency_key: None,
+//!         timestamp_ms: 0,
+//!         payload: Bytes::from_static(b"hi"),
+//!     };
+//!     log.stage(LogBatch::new(channel.clone(), vec![LogOp::Append(vec![record])])).unwrap();
+//!     staged.push(channel);
+//! }
+//! log.sync().unwrap(); // one sync makes both channels' appends durable
+//! let limits = ReadLimits { records_max: 10, bytes_max: 1 << 20 };
+//! for channel in &staged {
+//!     assert_eq!(log.read(channel, Seq::new(1), Seq::new(1), limits).unwrap().len(), 1);
+//!     assert_eq!(log.state(channel).unwrap().last_seq, Seq::new(1));
+//! }
+//! ```
+
+mod codec;
+mod core;
+mod journal;
+mod memory;
+mod record;
+mod state;
+
+pub use journal::{JournalConfig, JournalLog, JournalStats};
+pub use memory::{LogFailOp, MemoryLog};
+pub use record::{IdempotencyKey, Record, IDEMPOTENCY_KEY_BYTES_MAX};
+pub use state::{ChannelLogState, IdempotentHit, LogBatch, LogOp, LogRefusal, ReadLimits};
+
+use crate::error::StoreResult;
+use tidings_types::{ChannelId, Seq};
+
+/// Limits every message log enforces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogLimits {
+    /// Most records one batch may append. Default 4,096.
+    pub batch_records_max: usize,
+    /// Most encoded record bytes one batch may append. Default 4 MiB.
+    pub batch_bytes_max: usize,
+    /// Idempotency keys are remembered for the last this many seqs of a channel. Default 1,024. Memory: at
+    /// most this many keys (≤ 64 bytes each) per channel whose window is loaded.
+    pub idempotency_window: usize,
+}
+
+impl Default for LogLimits {
+    fn default() -> Self {
+        Self { batch_records_max: 4096, batch_bytes_max: 4 << 20, idempotency_window: 1024 }
+    }
+}
+
+/// A durable, ordered log per channel. See the [module docs](self) for the calling pattern.
+pub trait MessageLog: Send + Sync {
+    /// Checks `batch` against the channel's state after every batch staged before it and stages it. Not
+    /// durable or visible until [`MessageLog::sync`]. A refused batch changes nothing.
+    fn stage(&self, batch: LogBatch) -> StoreResult<()>;
+
+    /// Makes every staged batch durable, then visible. Returns how many batches it made durable. On error,
+    /// every staged batch failed and none of them is visible or will reappear after a restart.
+    fn sync(&self) -> StoreResult<usize>;
+
+    /// Stages `batch` and syncs.
+    fn commit(&self, batch: LogBatch) -> StoreResult<()> {
+        self.stage(batch)?;
+        self.sync().map(drop)
+    }
+
+    /// Records of `channel` in `[from, through]`, clamped to the readable range (after the retention
+    /// boundary, up to the last seq), within `limits` (at least one record when any is in range).
+    fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>>;
+
+    /// Durable state of `channel`: last seq and epoch, epoch history, checkpointed HW, retention.
+    fn state(&self, channel: &ChannelId) -> StoreResult<ChannelLogState>;
+
+    /// The record appended with `key` among the channel's last [`LogLimits::idempotency_window`] seqs.
+    fn idempotent(&self, channel: &ChannelId, key: &IdempotencyKey) -> StoreResult<Option<IdempotentHit>>;
+
+    /// Drops caches held for `channel` (e.g. when its runtime is evicted); durable data is unaffected.
+    fn release_caches(&self, channel: &ChannelId);
+}

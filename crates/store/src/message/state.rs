@@ -1,0 +1,553 @@
+//! Per-channel log state shared by every message-log implementation: the checks and transitions of log
+//! operations, the epoch history, the in-memory table of recent records, and the idempotency window.
+
+use super::record::{IdempotencyKey, Record};
+use crate::error::StoreError;
+use std::collections::{BTreeMap, VecDeque};
+use tidings_types::{ChannelId, LeaderEpoch, Seq};
+
+/// One operation on a channel log. Operations of a batch apply in order, atomically.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogOp {
+    /// Appends records with consecutive seqs following the log's last seq; leader epochs never decrease.
+    Append(Vec<Record>),
+    /// Removes every record after `seq` (a divergent suffix). Never below the checkpointed HW.
+    TruncateAfter(Seq),
+    /// Checkpoints the high watermark. Never beyond the last seq, never backwards.
+    CheckpointHw(Seq),
+    /// Moves the logical retention boundary: records at or below it are no longer readable and may be
+    /// removed physically. Never beyond the checkpointed HW, never backwards.
+    SetRetention(Seq),
+    /// Starts an empty log after `seq` (a replica that joins after the leader trimmed its history): sets
+    /// last seq, HW and retention to `seq`, with `epoch` as the epoch in force.
+    StartAfter {
+        /// Last seq the log skips.
+        seq: Seq,
+        /// The leader epoch in force at `seq`.
+        epoch: LeaderEpoch,
+    },
+}
+
+/// Operations on one channel's log, applied atomically and in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogBatch {
+    /// The channel.
+    pub channel: ChannelId,
+    /// The operations.
+    pub ops: Vec<LogOp>,
+}
+
+impl LogBatch {
+    /// A batch of `ops` for `channel`.
+    pub fn new(channel: ChannelId, ops: Vec<LogOp>) -> Self {
+        Self { channel, ops }
+    }
+
+    /// Encoded size of the records this batch appends.
+    pub fn record_bytes(&self) -> usize {
+        self.records().map(Record::encoded_len).sum()
+    }
+
+    /// The records this batch appends, in order.
+    pub fn records(&self) -> impl Iterator<Item = &Record> {
+        self.ops.iter().flat_map(|op| match op {
+            LogOp::Append(records) => records.as_slice(),
+            _ => &[],
+        })
+    }
+}
+
+/// Why a log operation was refused. The log is unchanged.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogRefusal {
+    /// An appended record does not follow the log's last seq.
+    #[error("{channel}: record {got} does not follow last seq {last}")]
+    NotContiguous {
+        /// The channel.
+        channel: ChannelId,
+        /// The log's last seq.
+        last: Seq,
+        /// The refused record's seq.
+        got: Seq,
+    },
+    /// An appended record carries an older leader epoch than the log's last record.
+    #[error("{channel}: record {seq} has leader epoch {got}, older than the log's {last}")]
+    EpochRegression {
+        /// The channel.
+        channel: ChannelId,
+        /// The refused record's seq.
+        seq: Seq,
+        /// The log's last leader epoch.
+        last: LeaderEpoch,
+        /// The refused record's epoch.
+        got: LeaderEpoch,
+    },
+    /// A truncation would remove records at or below the checkpointed high watermark.
+    #[error("{channel}: truncation after {to} would remove records below HW {hw}")]
+    TruncateBelowHw {
+        /// The channel.
+        channel: ChannelId,
+        /// Requested last kept seq.
+        to: Seq,
+        /// Checkpointed HW.
+        hw: Seq,
+    },
+    /// A high watermark beyond the log's end, or below the checkpointed one.
+    #[error("{channel}: HW {got} is outside [{hw}, {last}]")]
+    BadHw {
+        /// The channel.
+        channel: ChannelId,
+        /// Refused HW.
+        got: Seq,
+        /// Checkpointed HW.
+        hw: Seq,
+        /// The log's last seq.
+        last: Seq,
+    },
+    /// A retention boundary beyond the HW, or below the current boundary.
+    #[error("{channel}: retention {got} is outside [{current}, {hw}]")]
+    BadRetention {
+        /// The channel.
+        channel: ChannelId,
+        /// Refused boundary.
+        got: Seq,
+        /// Current boundary.
+        current: Seq,
+        /// Checkpointed HW.
+        hw: Seq,
+    },
+    /// `StartAfter` on a log that still holds readable records, or that would move it backwards.
+    #[error("{channel}: cannot start after {seq}: log holds records through {last}")]
+    NotEmpty {
+        /// The channel.
+        channel: ChannelId,
+        /// Requested start.
+        seq: Seq,
+        /// The log's last seq.
+        last: Seq,
+    },
+    /// The batch exceeds the configured record count or byte limit.
+    #[error("batch of {records} records / {bytes} bytes exceeds the limit of {records_max} / {bytes_max}")]
+    BatchTooLarge {
+        /// Records in the batch.
+        records: usize,
+        /// Record bytes in the batch.
+        bytes: usize,
+        /// Record limit.
+        records_max: usize,
+        /// Byte limit.
+        bytes_max: usize,
+    },
+}
+
+/// Durable state of one channel log, apart from its records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChannelLogState {
+    /// Seq of the last record (0 when none was ever written). The log end offset is `last_seq + 1`.
+    pub last_seq: Seq,
+    /// `(leader_epoch, start_seq)` for each epoch that wrote records, ascending. Consistent with
+    /// truncation: no entry starts after `last_seq`.
+    pub epochs: Vec<(LeaderEpoch, Seq)>,
+    /// Checkpointed high watermark.
+    pub hw: Seq,
+    /// Records at or below this seq are no longer readable.
+    pub retention_through: Seq,
+}
+
+impl ChannelLogState {
+    /// Leader epoch of the last record (0 if the log never held one).
+    pub fn last_epoch(&self) -> LeaderEpoch {
+        self.epochs.last().map_or(LeaderEpoch::new(0), |(epoch, _)| *epoch)
+    }
+
+    /// For divergence checks (KIP-101/279): the largest epoch in this log at or below `epoch`, and the
+    /// last seq written under it (the seq before the next epoch starts, or the log's last seq).
+    /// `(0, 0)` when this log has no epoch at or below `epoch`.
+    pub fn end_of_epoch(&self, epoch: LeaderEpoch) -> (LeaderEpoch, Seq) {
+        let at = self.epochs.partition_point(|(e, _)| *e <= epoch);
+        if at == 0 {
+            return (LeaderEpoch::new(0), Seq::new(0));
+        }
+        let found = self.epochs[at - 1].0;
+        let end = match self.epochs.get(at) {
+            Some((_, next_start)) => Seq::new(next_start.get() - 1),
+            None => self.last_seq,
+        };
+        (found, end)
+    }
+
+    /// The leader epoch that wrote `seq`, if `seq` is in the log's range.
+    pub fn epoch_of(&self, seq: Seq) -> Option<LeaderEpoch> {
+        if seq > self.last_seq || seq.get() == 0 {
+            return None;
+        }
+        let at = self.epochs.partition_point(|(_, start)| *start <= seq);
+        at.checked_sub(1).map(|i| self.epochs[i].0)
+    }
+
+    /// Checks `op` against this state and applies it. On refusal, the state is unchanged.
+    pub(crate) fn apply(&mut self, channel: &ChannelId, op: &LogOp) -> Result<(), LogRefusal> {
+        match op {
+            LogOp::Append(records) => self.append(channel, records),
+            LogOp::TruncateAfter(to) => {
+                if *to >= self.last_seq {
+                    return Ok(());
+                }
+                if *to < self.hw {
+                    return Err(LogRefusal::TruncateBelowHw { channel: channel.clone(), to: *to, hw: self.hw });
+                }
+                self.last_seq = *to;
+                // An epoch whose first record is gone no longer exists in this log.
+                self.epochs.retain(|(_, start)| *start <= *to);
+                Ok(())
+            }
+            LogOp::CheckpointHw(hw) => {
+                if *hw < self.hw || *hw > self.last_seq {
+                    return Err(LogRefusal::BadHw {
+                        channel: channel.clone(),
+                        got: *hw,
+                        hw: self.hw,
+                        last: self.last_seq,
+                    });
+                }
+                self.hw = *hw;
+                Ok(())
+            }
+            LogOp::SetRetention(through) => {
+                if *through < self.retention_through || *through > self.hw {
+                    return Err(LogRefusal::BadRetention {
+                        channel: channel.clone(),
+                        got: *through,
+                        current: self.retention_through,
+                        hw: self.hw,
+                    });
+                }
+                self.retention_through = *through;
+                // Keep the epoch in force at the first readable record and every later one.
+                let first_readable = through.next();
+                let keep_from = self.epochs.partition_point(|(_, start)| *start <= first_readable).saturating_sub(1);
+                self.epochs.drain(..keep_from);
+                Ok(())
+            }
+            LogOp::StartAfter { seq, epoch } => {
+                if self.last_seq > self.retention_through || *seq < self.last_seq {
+                    return Err(LogRefusal::NotEmpty { channel: channel.clone(), seq: *seq, last: self.last_seq });
+                }
+                self.last_seq = *seq;
+                self.hw = *seq;
+                self.retention_through = *seq;
+                self.epochs = vec![(*epoch, *seq)];
+                Ok(())
+            }
+        }
+    }
+
+    fn append(&mut self, channel: &ChannelId, records: &[Record]) -> Result<(), LogRefusal> {
+        let mut last = self.last_seq;
+        let mut last_epoch = self.last_epoch();
+        for record in records {
+            if record.seq != last.next() {
+                return Err(LogRefusal::NotContiguous { channel: channel.clone(), last, got: record.seq });
+            }
+            if record.leader_epoch < last_epoch {
+                return Err(LogRefusal::EpochRegression {
+                    channel: channel.clone(),
+                    seq: record.seq,
+                    last: last_epoch,
+                    got: record.leader_epoch,
+                });
+            }
+            last = record.seq;
+            last_epoch = record.leader_epoch;
+        }
+        for record in records {
+            if record.leader_epoch > self.last_epoch() || self.epochs.is_empty() {
+                self.epochs.push((record.leader_epoch, record.seq));
+            }
+        }
+        self.last_seq = last;
+        Ok(())
+    }
+}
+
+/// Consecutive records held in memory, oldest first.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MemTable {
+    records: VecDeque<Record>,
+    bytes: usize,
+}
+
+impl MemTable {
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub(crate) fn first_seq(&self) -> Option<Seq> {
+        self.records.front().map(|r| r.seq)
+    }
+
+    pub(crate) fn push(&mut self, record: Record) {
+        debug_assert!(self.records.back().is_none_or(|last| last.seq.next() == record.seq));
+        self.bytes += record.encoded_len();
+        self.records.push_back(record);
+    }
+
+    /// Drops records after `seq`.
+    pub(crate) fn truncate_after(&mut self, seq: Seq) {
+        while self.records.back().is_some_and(|r| r.seq > seq) {
+            let r = self.records.pop_back().expect("checked non-empty");
+            self.bytes -= r.encoded_len();
+        }
+    }
+
+    /// Drops records at or before `seq`.
+    pub(crate) fn drop_through(&mut self, seq: Seq) {
+        while self.records.front().is_some_and(|r| r.seq <= seq) {
+            let r = self.records.pop_front().expect("checked non-empty");
+            self.bytes -= r.encoded_len();
+        }
+    }
+
+    /// Records from `from` on, within `limits`; `budget` carries what earlier reads already used.
+    pub(crate) fn read(&self, from: Seq, through: Seq, budget: &mut ReadBudget, out: &mut Vec<Record>) {
+        let Some(first) = self.first_seq() else { return };
+        let skip = usize::try_from(from.get().saturating_sub(first.get())).unwrap_or(usize::MAX);
+        for record in self.records.iter().skip(skip).take_while(|r| r.seq <= through) {
+            if !budget.take(record) {
+                return;
+            }
+            out.push(record.clone());
+        }
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Record> {
+        self.records.iter()
+    }
+}
+
+/// Limits of one read: at most `records_max` records and, beyond the first record, `bytes_max` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// Most records returned.
+    pub records_max: usize,
+    /// Most encoded bytes returned (at least one record is returned if any is available).
+    pub bytes_max: usize,
+}
+
+/// What is left of a read's limits.
+#[derive(Debug)]
+pub(crate) struct ReadBudget {
+    records: usize,
+    bytes: usize,
+    taken: usize,
+}
+
+impl ReadBudget {
+    pub(crate) fn new(limits: ReadLimits) -> Self {
+        Self { records: limits.records_max, bytes: limits.bytes_max, taken: 0 }
+    }
+
+    /// Takes `record` from the budget, or refuses it when the budget is spent.
+    pub(crate) fn take(&mut self, record: &Record) -> bool {
+        let len = record.encoded_len();
+        if self.records == 0 || (self.taken > 0 && len > self.bytes) {
+            self.records = 0;
+            return false;
+        }
+        self.records -= 1;
+        self.bytes = self.bytes.saturating_sub(len);
+        self.taken += 1;
+        true
+    }
+
+    pub(crate) fn exhausted(&self) -> bool {
+        self.records == 0
+    }
+}
+
+/// A previous append found by its idempotency key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdempotentHit {
+    /// Seq of the original record.
+    pub seq: Seq,
+    /// CRC-32 of the original payload, to tell a true retry from a conflicting reuse of the key.
+    pub payload_crc32: u32,
+}
+
+/// The idempotency keys among the last `window` seqs of one channel.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct IdempotencyWindow {
+    by_key: BTreeMap<IdempotencyKey, IdempotentHit>,
+    order: VecDeque<(Seq, IdempotencyKey)>,
+    window: usize,
+}
+
+impl IdempotencyWindow {
+    pub(crate) fn new(window: usize) -> Self {
+        Self { window, ..Self::default() }
+    }
+
+    pub(crate) fn insert(&mut self, record: &Record) {
+        let Some(key) = &record.idempotency_key else { return };
+        if self.window == 0 {
+            return;
+        }
+        let hit = IdempotentHit { seq: record.seq, payload_crc32: crc32fast::hash(&record.payload) };
+        // The first record with a key wins: a later duplicate would have been refused by the machine.
+        if self.by_key.contains_key(key) {
+            return;
+        }
+        self.by_key.insert(key.clone(), hit);
+        self.order.push_back((record.seq, key.clone()));
+        // The window covers the last `window` seqs of the channel, keyed or not.
+        let window = self.window as u64;
+        while self.order.front().is_some_and(|(seq, _)| seq.get() + window <= record.seq.get()) {
+            let (_, old) = self.order.pop_front().expect("checked non-empty");
+            self.by_key.remove(&old);
+        }
+    }
+
+    pub(crate) fn truncate_after(&mut self, seq: Seq) {
+        while self.order.back().is_some_and(|(s, _)| *s > seq) {
+            let (_, key) = self.order.pop_back().expect("checked non-empty");
+            self.by_key.remove(&key);
+        }
+    }
+
+    pub(crate) fn get(&self, key: &IdempotencyKey) -> Option<IdempotentHit> {
+        self.by_key.get(key).copied()
+    }
+}
+
+impl From<LogRefusal> for StoreError {
+    fn from(refusal: LogRefusal) -> Self {
+        StoreError::Refused(refusal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use tidings_types::ChannelType;
+
+    fn channel() -> ChannelId {
+        ChannelId::new(ChannelType::GROUP, "c").unwrap()
+    }
+
+    fn rec(seq: u64, epoch: u64) -> Record {
+        Record {
+            seq: Seq::new(seq),
+            leader_epoch: LeaderEpoch::new(epoch),
+            idempotency_key: None,
+            timestamp_ms: 0,
+            payload: Bytes::from_static(b"p"),
+        }
+    }
+
+    fn state_with(records: &[(u64, u64)]) -> ChannelLogState {
+        let mut state = ChannelLogState::default();
+        let records: Vec<Record> = records.iter().map(|(s, e)| rec(*s, *e)).collect();
+        state.apply(&channel(), &LogOp::Append(records)).unwrap();
+        state
+    }
+
+    #[test]
+    fn epoch_history_follows_appends_and_truncation() {
+        let mut state = state_with(&[(1, 1), (2, 1), (3, 2), (4, 4), (5, 4)]);
+        let e = LeaderEpoch::new;
+        assert_eq!(state.epochs, vec![(e(1), Seq::new(1)), (e(2), Seq::new(3)), (e(4), Seq::new(4))]);
+        assert_eq!(state.end_of_epoch(e(1)), (e(1), Seq::new(2)));
+        assert_eq!(state.end_of_epoch(e(3)), (e(2), Seq::new(3)));
+        assert_eq!(state.end_of_epoch(e(9)), (e(4), Seq::new(5)));
+        assert_eq!(state.end_of_epoch(e(0)), (e(0), Seq::new(0)));
+        assert_eq!(state.epoch_of(Seq::new(3)), Some(e(2)));
+        state.apply(&channel(), &LogOp::TruncateAfter(Seq::new(3))).unwrap();
+        assert_eq!(state.epochs.len(), 2);
+        assert_eq!(state.last_epoch(), e(2));
+        assert_eq!(state.epoch_of(Seq::new(4)), None);
+    }
+
+    #[test]
+    fn refusals_change_nothing() {
+        let mut state = state_with(&[(1, 2), (2, 2)]);
+        let before = state.clone();
+        let c = channel();
+        assert!(matches!(state.apply(&c, &LogOp::Append(vec![rec(4, 2)])), Err(LogRefusal::NotContiguous { .. })));
+        assert!(matches!(
+            state.apply(&c, &LogOp::Append(vec![rec(3, 2), rec(4, 1)])),
+            Err(LogRefusal::EpochRegression { .. })
+        ));
+        assert!(matches!(state.apply(&c, &LogOp::CheckpointHw(Seq::new(3))), Err(LogRefusal::BadHw { .. })));
+        assert!(matches!(state.apply(&c, &LogOp::SetRetention(Seq::new(1))), Err(LogRefusal::BadRetention { .. })));
+        assert_eq!(state, before);
+        state.apply(&c, &LogOp::CheckpointHw(Seq::new(2))).unwrap();
+        assert!(matches!(state.apply(&c, &LogOp::TruncateAfter(Seq::new(1))), Err(LogRefusal::TruncateBelowHw { .. })));
+        assert!(matches!(state.apply(&c, &LogOp::CheckpointHw(Seq::new(1))), Err(LogRefusal::BadHw { .. })));
+        assert!(matches!(
+            state.apply(&c, &LogOp::StartAfter { seq: Seq::new(9), epoch: LeaderEpoch::new(3) }),
+            Err(LogRefusal::NotEmpty { .. })
+        ));
+    }
+
+    #[test]
+    fn retention_keeps_the_epoch_in_force() {
+        let mut state = state_with(&[(1, 1), (2, 1), (3, 2), (4, 2), (5, 3)]);
+        let c = channel();
+        state.apply(&c, &LogOp::CheckpointHw(Seq::new(5))).unwrap();
+        state.apply(&c, &LogOp::SetRetention(Seq::new(3))).unwrap();
+        // Seq 4 (first readable) was written in epoch 2, which started at 3.
+        assert_eq!(state.epochs, vec![(LeaderEpoch::new(2), Seq::new(3)), (LeaderEpoch::new(3), Seq::new(5))]);
+        assert_eq!(state.epoch_of(Seq::new(4)), Some(LeaderEpoch::new(2)));
+    }
+
+    #[test]
+    fn start_after_on_an_empty_log() {
+        let mut state = ChannelLogState::default();
+        let c = channel();
+        state.apply(&c, &LogOp::StartAfter { seq: Seq::new(100), epoch: LeaderEpoch::new(5) }).unwrap();
+        assert_eq!((state.last_seq, state.hw, state.retention_through), (Seq::new(100), Seq::new(100), Seq::new(100)));
+        state.apply(&c, &LogOp::Append(vec![rec(101, 5)])).unwrap();
+        assert_eq!(state.epochs, vec![(LeaderEpoch::new(5), Seq::new(100))]);
+    }
+
+    #[test]
+    fn idempotency_window_is_bounded_and_follows_truncation() {
+        let mut window = IdempotencyWindow::new(2);
+        let keyed = |seq: u64, key: &str| Record {
+            idempotency_key: IdempotencyKey::new(key.as_bytes().to_vec()),
+            ..rec(seq, 1)
+        };
+        for (seq, key) in [(1, "a"), (2, "b"), (3, "c")] {
+            window.insert(&keyed(seq, key));
+        }
+        let key = |k: &str| IdempotencyKey::new(k.as_bytes().to_vec()).unwrap();
+        assert_eq!(window.get(&key("a")), None, "evicted beyond the window");
+        assert_eq!(window.get(&key("c")).unwrap().seq, Seq::new(3));
+        window.truncate_after(Seq::new(2));
+        assert_eq!(window.get(&key("c")), None);
+        assert_eq!(window.get(&key("b")).unwrap().seq, Seq::new(2));
+    }
+
+    #[test]
+    fn memtable_reads_within_budget() {
+        let mut mem = MemTable::default();
+        for seq in 1..=10 {
+            mem.push(rec(seq, 1));
+        }
+        let one = rec(1, 1).encoded_len();
+        let mut out = Vec::new();
+        let mut budget = ReadBudget::new(ReadLimits { records_max: 100, bytes_max: one * 3 });
+        mem.read(Seq::new(4), Seq::new(10), &mut budget, &mut out);
+        assert_eq!(out.iter().map(|r| r.seq.get()).collect::<Vec<_>>(), vec![4, 5, 6]);
+        let mut out = Vec::new();
+        let mut budget = ReadBudget::new(ReadLimits { records_max: 100, bytes_max: 0 });
+        mem.read(Seq::new(9), Seq::new(10), &mut budget, &mut out);
+        assert_eq!(out.len(), 1, "at least one record");
+        mem.truncate_after(Seq::new(5));
+        mem.drop_through(Seq::new(2));
+        assert_eq!(mem.first_seq(), Some(Seq::new(3)));
+        assert_eq!(mem.bytes(), one * 3);
+    }
+}
