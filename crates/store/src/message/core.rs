@@ -103,9 +103,8 @@ impl LogCore {
                     let before = entry.mem.bytes();
                     entry.mem.truncate_after(*to);
                     self.mem_bytes -= before - entry.mem.bytes();
-                    if let Some(window) = entry.idempotency.as_mut() {
-                        window.truncate_after(*to);
-                    }
+                    // The window must cover the last seqs of the shortened log: rebuild it on the next lookup.
+                    entry.idempotency = None;
                     if *to < entry.older_through {
                         entry.older_through = *to;
                         entry.older_dirty_after = Some(entry.older_dirty_after.map_or(*to, |d| d.min(*to)));

@@ -100,3 +100,29 @@ pub trait MessageLog: Send + Sync {
     /// Drops caches held for `channel` (e.g. when its runtime is evicted); durable data is unaffected.
     fn release_caches(&self, channel: &ChannelId);
 }
+
+impl<T: MessageLog + ?Sized> MessageLog for std::sync::Arc<T> {
+    fn stage(&self, batch: LogBatch) -> StoreResult<()> {
+        (**self).stage(batch)
+    }
+
+    fn sync(&self) -> StoreResult<usize> {
+        (**self).sync()
+    }
+
+    fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>> {
+        (**self).read(channel, from, through, limits)
+    }
+
+    fn state(&self, channel: &ChannelId) -> StoreResult<ChannelLogState> {
+        (**self).state(channel)
+    }
+
+    fn idempotent(&self, channel: &ChannelId, key: &IdempotencyKey) -> StoreResult<Option<IdempotentHit>> {
+        (**self).idempotent(channel, key)
+    }
+
+    fn release_caches(&self, channel: &ChannelId) {
+        (**self).release_caches(channel)
+    }
+}

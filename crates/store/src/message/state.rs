@@ -408,13 +408,6 @@ impl IdempotencyWindow {
         }
     }
 
-    pub(crate) fn truncate_after(&mut self, seq: Seq) {
-        while self.order.back().is_some_and(|(s, _)| *s > seq) {
-            let (_, key) = self.order.pop_back().expect("checked non-empty");
-            self.by_key.remove(&key);
-        }
-    }
-
     pub(crate) fn get(&self, key: &IdempotencyKey) -> Option<IdempotentHit> {
         self.by_key.get(key).copied()
     }
@@ -513,7 +506,7 @@ mod tests {
     }
 
     #[test]
-    fn idempotency_window_is_bounded_and_follows_truncation() {
+    fn idempotency_window_covers_the_last_seqs() {
         let mut window = IdempotencyWindow::new(2);
         let keyed = |seq: u64, key: &str| Record {
             idempotency_key: IdempotencyKey::new(key.as_bytes().to_vec()),
@@ -525,8 +518,6 @@ mod tests {
         let key = |k: &str| IdempotencyKey::new(k.as_bytes().to_vec()).unwrap();
         assert_eq!(window.get(&key("a")), None, "evicted beyond the window");
         assert_eq!(window.get(&key("c")).unwrap().seq, Seq::new(3));
-        window.truncate_after(Seq::new(2));
-        assert_eq!(window.get(&key("c")), None);
         assert_eq!(window.get(&key("b")).unwrap().seq, Seq::new(2));
     }
 

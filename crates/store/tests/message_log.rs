@@ -1,0 +1,475 @@
+//! The message log against a model, with restarts, for both implementations; plus the journal's crash
+//! cases (torn tail, crash between the sled batch and segment deletion), group commit and backpressure.
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tidings_store::message::{
+    IdempotencyKey, JournalConfig, JournalLog, LogBatch, LogLimits, LogOp, MemoryLog, MessageLog, ReadLimits, Record,
+};
+use tidings_store::{FailOp, Kv, MemoryKv, SledKv, StoreError};
+use tidings_types::{ChannelId, ChannelType, LeaderEpoch, Seq};
+
+const ALL: ReadLimits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+
+fn channel(i: usize) -> ChannelId {
+    ChannelId::new(ChannelType::GROUP, &format!("room-{i}")).unwrap()
+}
+
+fn record(ch: usize, seq: u64, epoch: u64) -> Record {
+    Record {
+        seq: Seq::new(seq),
+        leader_epoch: LeaderEpoch::new(epoch),
+        idempotency_key: (seq % 3 == 0).then(|| key(ch, seq, epoch)),
+        timestamp_ms: seq * 10,
+        payload: Bytes::from(format!(
+            "ch{ch} seq{seq} epoch{epoch} {}",
+            "x".repeat(usize::try_from(seq % 40).unwrap())
+        )),
+    }
+}
+
+fn key(ch: usize, seq: u64, epoch: u64) -> IdempotencyKey {
+    IdempotencyKey::new(format!("k{ch}:{seq}:{epoch}").into_bytes()).unwrap()
+}
+
+fn small_config() -> JournalConfig {
+    JournalConfig {
+        segment_bytes: 64 << 10,
+        mem_bytes_max: 1 << 20,
+        write_behind_bytes: 256 << 10,
+        pack_bytes_max: 512,
+        limits: LogLimits { batch_records_max: 64, batch_bytes_max: 16 << 10, idempotency_window: 16 },
+        ..JournalConfig::default()
+    }
+}
+
+/// Model of one channel.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct ChannelModel {
+    records: Vec<Record>,
+    hw: u64,
+    retention: u64,
+}
+
+impl ChannelModel {
+    fn last(&self) -> u64 {
+        self.records.last().map_or(self.retention, |r| r.seq.get())
+    }
+
+    fn last_epoch(&self) -> u64 {
+        self.records.last().map_or(1, |r| r.leader_epoch.get())
+    }
+
+    fn apply(&mut self, op: &LogOp) {
+        match op {
+            LogOp::Append(records) => self.records.extend(records.iter().cloned()),
+            LogOp::TruncateAfter(seq) => self.records.retain(|r| r.seq <= *seq),
+            LogOp::CheckpointHw(seq) => self.hw = seq.get(),
+            LogOp::SetRetention(seq) => {
+                self.retention = seq.get();
+                self.records.retain(|r| r.seq > *seq);
+            }
+            LogOp::StartAfter { .. } => unreachable!("not generated"),
+        }
+    }
+}
+
+type Model = BTreeMap<usize, ChannelModel>;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Append { ch: usize, count: u64, bump: bool },
+    Truncate { ch: usize, back: u64 },
+    Hw { ch: usize, fraction: u8 },
+    Retention { ch: usize, fraction: u8 },
+    Sync,
+    WriteBehind,
+    Restart,
+}
+
+const CHANNELS: usize = 3;
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0..CHANNELS, 1u64..20, proptest::bool::weighted(0.2)).prop_map(|(ch, count, bump)| Op::Append { ch, count, bump }),
+        2 => (0..CHANNELS, 0u64..10).prop_map(|(ch, back)| Op::Truncate { ch, back }),
+        2 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Hw { ch, fraction }),
+        1 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Retention { ch, fraction }),
+        4 => Just(Op::Sync),
+        2 => Just(Op::WriteBehind),
+        1 => Just(Op::Restart),
+    ]
+}
+
+/// The batch `op` stages against the tail model `tail`, if it is a staging op.
+fn batch_for(op: &Op, tail: &Model) -> Option<LogBatch> {
+    let ch = match op {
+        Op::Append { ch, .. } | Op::Truncate { ch, .. } | Op::Hw { ch, .. } | Op::Retention { ch, .. } => *ch,
+        _ => return None,
+    };
+    let m = tail.get(&ch).cloned().unwrap_or_default();
+    let log_op = match *op {
+        Op::Append { count, bump, .. } => {
+            let epoch = m.last_epoch() + u64::from(bump);
+            LogOp::Append((m.last() + 1..=m.last() + count).map(|s| record(ch, s, epoch)).collect())
+        }
+        Op::Truncate { back, .. } => LogOp::TruncateAfter(Seq::new(m.last().saturating_sub(back).max(m.hw))),
+        Op::Hw { fraction, .. } => LogOp::CheckpointHw(Seq::new(m.hw + (m.last() - m.hw) * u64::from(fraction) / 100)),
+        Op::Retention { fraction, .. } => {
+            LogOp::SetRetention(Seq::new(m.retention + (m.hw - m.retention) * u64::from(fraction) / 100))
+        }
+        _ => unreachable!(),
+    };
+    Some(LogBatch::new(channel(ch), vec![log_op]))
+}
+
+fn apply_model(model: &mut Model, batch: &LogBatch) {
+    let ch = (0..CHANNELS).find(|i| channel(*i) == batch.channel).unwrap();
+    let m = model.entry(ch).or_default();
+    for op in &batch.ops {
+        m.apply(op);
+    }
+}
+
+/// Everything observable of the log equals the model.
+fn check(log: &impl MessageLog, model: &Model) {
+    for ch in 0..CHANNELS {
+        let m = model.get(&ch).cloned().unwrap_or_default();
+        let state = log.state(&channel(ch)).unwrap();
+        assert_eq!(state.last_seq.get(), m.last(), "ch{ch} last seq");
+        assert_eq!(state.hw.get(), m.hw, "ch{ch} hw");
+        assert_eq!(state.retention_through.get(), m.retention, "ch{ch} retention");
+        let records = log.read(&channel(ch), Seq::new(1), Seq::new(u64::MAX), ALL).unwrap();
+        assert_eq!(records, m.records, "ch{ch} records");
+        if let Some(last) = m.records.last() {
+            assert_eq!(state.last_epoch(), last.leader_epoch, "ch{ch} last epoch");
+        }
+        for r in &m.records {
+            assert_eq!(state.epoch_of(r.seq), Some(r.leader_epoch), "ch{ch} epoch of {}", r.seq);
+        }
+        // A partial read within limits is a prefix of the full one.
+        let two = log
+            .read(&channel(ch), Seq::new(1), Seq::new(u64::MAX), ReadLimits { records_max: 2, bytes_max: usize::MAX })
+            .unwrap();
+        assert_eq!(two.as_slice(), &m.records[..m.records.len().min(2)]);
+        // Idempotency keys of the last 16 seqs are found with their seq.
+        for r in m.records.iter().filter(|r| r.seq.get() + 16 > m.last()) {
+            if let Some(k) = &r.idempotency_key {
+                let hit = log.idempotent(&channel(ch), k).unwrap().expect("key in window");
+                assert_eq!(hit.seq, r.seq);
+                assert_eq!(hit.payload_crc32, crc32fast::hash(&r.payload));
+            }
+        }
+    }
+}
+
+/// What the log shows of every channel, as a model.
+fn observe(log: &impl MessageLog) -> Model {
+    let mut model = BTreeMap::new();
+    for ch in 0..CHANNELS {
+        let state = log.state(&channel(ch)).unwrap();
+        let records = log.read(&channel(ch), Seq::new(1), Seq::new(u64::MAX), ALL).unwrap();
+        let m = ChannelModel { records, hw: state.hw.get(), retention: state.retention_through.get() };
+        if m != ChannelModel::default() {
+            model.insert(ch, m);
+        }
+    }
+    model
+}
+
+fn normalized(model: &Model) -> Model {
+    model.iter().filter(|(_, m)| **m != ChannelModel::default()).map(|(k, v)| (*k, v.clone())).collect()
+}
+
+/// Runs `ops` against a log. `restart` returns the log after a restart; `staged_may_survive` says whether
+/// batches staged but not synced may reappear after one (a journal frame in the page cache survives a
+/// process restart, unlike a power loss).
+fn run<L: MessageLog>(
+    ops: &[Op],
+    mut log: L,
+    mut restart: impl FnMut(L) -> L,
+    mut write_behind: impl FnMut(&L),
+    staged_may_survive: bool,
+) {
+    let mut durable: Model = BTreeMap::new();
+    let mut staged: Vec<LogBatch> = Vec::new();
+    for op in ops {
+        let mut tail = durable.clone();
+        staged.iter().for_each(|b| apply_model(&mut tail, b));
+        if let Some(batch) = batch_for(op, &tail) {
+            log.stage(batch.clone()).unwrap();
+            staged.push(batch);
+            continue;
+        }
+        match op {
+            Op::Sync => {
+                assert_eq!(log.sync().unwrap(), staged.len());
+                durable = tail;
+                staged.clear();
+            }
+            Op::WriteBehind => write_behind(&log),
+            Op::Restart => {
+                log = restart(log);
+                // The recovered log is the durable model plus some prefix of the staged batches.
+                let survivors = if staged_may_survive { staged.len() } else { 0 };
+                let observed = observe(&log);
+                let mut candidate = durable.clone();
+                let mut matched = (normalized(&candidate) == observed).then(|| candidate.clone());
+                for batch in &staged[..survivors] {
+                    apply_model(&mut candidate, batch);
+                    if normalized(&candidate) == observed {
+                        matched = Some(candidate.clone());
+                    }
+                }
+                let Some(found) = matched else {
+                    panic!("recovered {observed:#?}\nis not durable {durable:#?} plus a prefix of {staged:#?}");
+                };
+                durable = found;
+                staged.clear();
+            }
+            _ => unreachable!(),
+        }
+        check(&log, &durable);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn memory_log_matches_model(ops in proptest::collection::vec(op(), 1..60)) {
+        let log = Arc::new(MemoryLog::new(small_config().limits));
+        run(&ops, log, |log| { log.crash(); log }, |_| {}, false);
+    }
+
+    #[test]
+    fn journal_log_matches_model(ops in proptest::collection::vec(op(), 1..60)) {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Arc::new(MemoryKv::new());
+        let path = dir.path().to_path_buf();
+        let open = |kv: &Arc<MemoryKv>| JournalLog::open(&path, kv.clone(), small_config()).unwrap();
+        let log = open(&kv);
+        run(&ops, log, |log| { drop(log); kv.crash(); open(&kv) }, |log| log.write_behind().unwrap(), true);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+
+    /// The production pairing: journal + sled, both reopened from their directories at random points.
+    #[test]
+    fn journal_on_sled_matches_model_across_reopens(ops in proptest::collection::vec(op(), 1..50)) {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || {
+            let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.path().join("sled"), 4 << 20).unwrap());
+            JournalLog::open(dir.path().join("journal"), kv, small_config()).unwrap()
+        };
+        run(&ops, open(), |log| { drop(log); open() }, |log| log.write_behind().unwrap(), true);
+    }
+}
+
+fn append_batch(ch: usize, from: u64, count: u64, epoch: u64) -> LogBatch {
+    LogBatch::new(channel(ch), vec![LogOp::Append((from..from + count).map(|s| record(ch, s, epoch)).collect())])
+}
+
+fn segment_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn group_commit_makes_many_channels_durable_with_one_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.path().join("sled"), 8 << 20).unwrap());
+    let journal_dir = dir.path().join("journal");
+    let log = JournalLog::open(&journal_dir, kv.clone(), JournalConfig::default()).unwrap();
+    for ch in 0..1000 {
+        log.stage(append_batch(ch, 1, 2, 1)).unwrap();
+    }
+    assert_eq!(log.sync().unwrap(), 1000);
+    let stats = log.stats();
+    assert_eq!((stats.syncs, stats.frames), (1, 1000), "one fdatasync for 1000 channels");
+    drop(log);
+    let log = JournalLog::open(&journal_dir, kv, JournalConfig::default()).unwrap();
+    for ch in [0, 499, 999] {
+        let records = log.read(&channel(ch), Seq::new(1), Seq::new(9), ALL).unwrap();
+        assert_eq!(records, vec![record(ch, 1, 1), record(ch, 2, 1)]);
+    }
+}
+
+#[test]
+fn write_behind_moves_records_into_sled_and_deletes_old_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.path().join("sled"), 8 << 20).unwrap());
+    let journal_dir = dir.path().join("journal");
+    let log = JournalLog::open(&journal_dir, kv.clone(), small_config()).unwrap();
+    let mut next = [1u64; 4];
+    for round in 0..200 {
+        let ch = round % 4;
+        log.stage(append_batch(ch, next[ch], 10, 1)).unwrap();
+        next[ch] += 10;
+        log.sync().unwrap();
+    }
+    let before = log.stats();
+    assert!(before.segments > 2, "{before:?}");
+    log.write_behind().unwrap();
+    let after = log.stats();
+    assert_eq!(after.mem_bytes, 0);
+    assert_eq!(after.records_written_behind, 2000);
+    assert_eq!(after.segments, 1, "segments before the checkpoint are deleted: {after:?}");
+    // Reads now come from sled packs, across pack boundaries, within limits.
+    let got =
+        log.read(&channel(2), Seq::new(95), Seq::new(400), ReadLimits { records_max: 300, bytes_max: usize::MAX });
+    let expected: Vec<Record> = (95..=394).map(|s| record(2, s, 1)).collect();
+    assert_eq!(got.unwrap(), expected);
+    drop(log);
+    let log = JournalLog::open(&journal_dir, kv, small_config()).unwrap();
+    assert_eq!(log.read(&channel(3), Seq::new(1), Seq::new(500), ALL).unwrap().len(), 500);
+    assert_eq!(log.state(&channel(3)).unwrap().last_seq, Seq::new(500));
+}
+
+#[test]
+fn truncated_records_never_come_back_after_write_behind_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = Arc::new(MemoryKv::new());
+    let log = JournalLog::open(dir.path(), kv.clone(), small_config()).unwrap();
+    for from in (1..100).step_by(10) {
+        log.commit(append_batch(0, from, 10, 1)).unwrap();
+    }
+    log.write_behind().unwrap();
+    log.commit(LogBatch::new(channel(0), vec![LogOp::TruncateAfter(Seq::new(42))])).unwrap();
+    log.commit(append_batch(0, 43, 5, 2)).unwrap();
+    let expect: Vec<Record> = (1..=42).map(|s| record(0, s, 1)).chain((43..=47).map(|s| record(0, s, 2))).collect();
+    assert_eq!(log.read(&channel(0), Seq::new(1), Seq::new(200), ALL).unwrap(), expect);
+    drop(log);
+    let log = JournalLog::open(dir.path(), kv.clone(), small_config()).unwrap();
+    assert_eq!(log.read(&channel(0), Seq::new(1), Seq::new(200), ALL).unwrap(), expect);
+    log.write_behind().unwrap();
+    drop(log);
+    let log = JournalLog::open(dir.path(), kv, small_config()).unwrap();
+    assert_eq!(log.read(&channel(0), Seq::new(1), Seq::new(200), ALL).unwrap(), expect);
+    let state = log.state(&channel(0)).unwrap();
+    assert_eq!(state.epochs, vec![(LeaderEpoch::new(1), Seq::new(1)), (LeaderEpoch::new(2), Seq::new(43))]);
+}
+
+#[test]
+fn torn_journal_tail_is_cut_and_earlier_batches_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = Arc::new(MemoryKv::new());
+    let log = JournalLog::open(dir.path(), kv.clone(), small_config()).unwrap();
+    log.commit(append_batch(0, 1, 5, 1)).unwrap();
+    log.commit(append_batch(0, 6, 5, 1)).unwrap();
+    drop(log);
+    // Tear the last frame: its last bytes never reached the disk.
+    let segment = segment_files(dir.path()).pop().unwrap();
+    let bytes = std::fs::read(&segment).unwrap();
+    let end = bytes.iter().rposition(|b| *b != 0).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&segment).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &[0u8; 8], u64::try_from(end - 7).unwrap()).unwrap();
+    drop(file);
+    let log = JournalLog::open(dir.path(), kv, small_config()).unwrap();
+    assert_eq!(log.state(&channel(0)).unwrap().last_seq, Seq::new(5));
+    assert_eq!(log.read(&channel(0), Seq::new(1), Seq::new(99), ALL).unwrap().len(), 5);
+    log.commit(append_batch(0, 6, 1, 1)).unwrap();
+}
+
+#[test]
+fn crash_between_sled_batch_and_segment_deletion_replays_nothing_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = Arc::new(MemoryKv::new());
+    let log = JournalLog::open(dir.path(), kv.clone(), small_config()).unwrap();
+    for from in (1..1200).step_by(20) {
+        log.commit(append_batch(1, from, 20, 1)).unwrap();
+    }
+    let saved: Vec<(std::path::PathBuf, Vec<u8>)> = segment_files(dir.path())
+        .into_iter()
+        .map(|p| {
+            let b = std::fs::read(&p).unwrap();
+            (p, b)
+        })
+        .collect();
+    assert!(saved.len() > 1);
+    log.write_behind().unwrap();
+    log.commit(LogBatch::new(channel(1), vec![LogOp::TruncateAfter(Seq::new(1190))])).unwrap();
+    drop(log);
+    // The crash: the segment deletions never happened.
+    for (path, bytes) in &saved {
+        if !path.exists() {
+            std::fs::write(path, bytes).unwrap();
+        }
+    }
+    let log = JournalLog::open(dir.path(), kv, small_config()).unwrap();
+    let records = log.read(&channel(1), Seq::new(1), Seq::new(5000), ALL).unwrap();
+    assert_eq!(records, (1..=1190).map(|s| record(1, s, 1)).collect::<Vec<_>>());
+    assert_eq!(log.stats().segments, 1, "stale segments are deleted at open");
+}
+
+#[test]
+fn full_memory_table_waits_then_reports_busy_and_drops_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = Arc::new(MemoryKv::new());
+    let config = JournalConfig {
+        mem_bytes_max: 16 << 10,
+        write_behind_bytes: 8 << 10,
+        busy_wait: std::time::Duration::from_millis(50),
+        write_behind_interval: std::time::Duration::from_millis(5),
+        ..small_config()
+    };
+    let log = Arc::new(JournalLog::open(dir.path(), kv.clone(), config.clone()).unwrap());
+    let background = log.start_write_behind();
+    kv.fail(FailOp::Apply, 0, u64::MAX); // write-behind cannot reach sled
+    let mut next = 1;
+    let busy = loop {
+        match log.commit(append_batch(0, next, 20, 1)) {
+            Ok(()) => next += 20,
+            Err(e) => break e,
+        }
+        assert!(next < 10_000, "memory never filled");
+    };
+    assert!(matches!(busy, StoreError::Busy { .. }), "{busy:?}");
+    kv.clear_failpoints();
+    log.commit(append_batch(0, next, 20, 1)).unwrap();
+    drop(background);
+    assert_eq!(log.read(&channel(0), Seq::new(1), Seq::new(u64::MAX), ALL).unwrap().len() as u64, next + 19);
+}
+
+#[test]
+fn memory_twin_failed_sync_fails_every_staged_batch() {
+    let log = MemoryLog::new(LogLimits::default());
+    log.commit(append_batch(0, 1, 3, 1)).unwrap();
+    log.stage(append_batch(0, 4, 3, 1)).unwrap();
+    log.stage(append_batch(1, 1, 3, 1)).unwrap();
+    log.fail(tidings_store::message::LogFailOp::Sync, 0, 1);
+    assert!(matches!(log.sync(), Err(StoreError::Io { .. })));
+    assert_eq!(log.state(&channel(0)).unwrap().last_seq, Seq::new(3));
+    assert_eq!(log.state(&channel(1)).unwrap().last_seq, Seq::new(0));
+    // The failed batches can be staged again.
+    log.commit(append_batch(0, 4, 3, 1)).unwrap();
+    log.stage(append_batch(0, 7, 1, 1)).unwrap();
+    log.crash();
+    assert_eq!(log.sync().unwrap(), 0, "crash forgot the staged batch");
+    assert_eq!(log.state(&channel(0)).unwrap().last_seq, Seq::new(6));
+}
+
+#[test]
+fn refused_batches_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = JournalLog::open(dir.path(), Arc::new(MemoryKv::new()), small_config()).unwrap();
+    log.commit(append_batch(0, 1, 3, 2)).unwrap();
+    let gap = log.stage(append_batch(0, 5, 1, 2));
+    assert!(matches!(gap, Err(StoreError::Refused(tidings_store::message::LogRefusal::NotContiguous { .. }))));
+    let old_epoch = log.stage(append_batch(0, 4, 1, 1));
+    assert!(matches!(old_epoch, Err(StoreError::Refused(tidings_store::message::LogRefusal::EpochRegression { .. }))));
+    let too_many = log.stage(append_batch(0, 4, 65, 2));
+    assert!(matches!(too_many, Err(StoreError::Refused(tidings_store::message::LogRefusal::BatchTooLarge { .. }))));
+    assert_eq!(log.sync().unwrap(), 0);
+    assert_eq!(log.stats().frames, 1);
+    assert_eq!(log.state(&channel(0)).unwrap().last_seq, Seq::new(3));
+}
