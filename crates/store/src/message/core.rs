@@ -7,7 +7,7 @@ use super::state::{ChannelLogState, IdempotencyWindow, IdempotentHit, LogBatch, 
 use super::state::{ReadBudget, ReadLimits};
 use super::LogLimits;
 use crate::error::StoreResult;
-use std::collections::BTreeMap;
+use rustc_hash::FxHashMap;
 use tidings_types::{ChannelId, Seq};
 
 /// One channel as held in memory.
@@ -33,9 +33,10 @@ pub(crate) struct ChannelEntry {
 /// Shared message-log state. Not thread-safe by itself: implementations hold it behind a lock.
 #[derive(Debug)]
 pub(crate) struct LogCore {
-    pub(crate) channels: BTreeMap<ChannelId, ChannelEntry>,
+    /// Fx hashing: deterministic (no random seed), and cheap for the short ids channels have.
+    pub(crate) channels: FxHashMap<ChannelId, ChannelEntry>,
     /// State each channel will have once every staged batch is applied.
-    tails: BTreeMap<ChannelId, ChannelLogState>,
+    tails: FxHashMap<ChannelId, ChannelLogState>,
     staged: Vec<LogBatch>,
     pub(crate) mem_bytes: usize,
     pub(crate) limits: LogLimits,
@@ -43,7 +44,7 @@ pub(crate) struct LogCore {
 
 impl LogCore {
     pub(crate) fn new(limits: LogLimits) -> Self {
-        Self { channels: BTreeMap::new(), tails: BTreeMap::new(), staged: Vec::new(), mem_bytes: 0, limits }
+        Self { channels: FxHashMap::default(), tails: FxHashMap::default(), staged: Vec::new(), mem_bytes: 0, limits }
     }
 
     /// Checks `batch` against the state after every batch staged before it, and stages it.
@@ -59,14 +60,21 @@ impl LogCore {
             }
             .into());
         }
-        let mut tail = match self.tails.get(&batch.channel) {
-            Some(tail) => tail.clone(),
-            None => self.channels.get(&batch.channel).map(|e| e.state.clone()).unwrap_or_default(),
-        };
-        for op in &batch.ops {
+        let channels = &self.channels;
+        let tail = self
+            .tails
+            .entry(batch.channel.clone())
+            .or_insert_with(|| channels.get(&batch.channel).map(|e| e.state.clone()).unwrap_or_default());
+        if let [op] = batch.ops.as_slice() {
+            // One op: `apply` changes nothing when it refuses, so no copy is needed.
             tail.apply(&batch.channel, op)?;
+        } else {
+            let mut next = tail.clone();
+            for op in &batch.ops {
+                next.apply(&batch.channel, op)?;
+            }
+            *tail = next;
         }
-        self.tails.insert(batch.channel.clone(), tail);
         self.staged.push(batch);
         Ok(())
     }
@@ -85,7 +93,10 @@ impl LogCore {
     /// Applies a durable batch: state, memory table, idempotency window. The batch was checked when staged
     /// (or is replayed from a checked journal), so a refusal here means the durable log is inconsistent.
     pub(crate) fn apply_durable(&mut self, batch: &LogBatch) -> Result<(), LogRefusal> {
-        let entry = self.channels.entry(batch.channel.clone()).or_default();
+        let entry = match self.channels.get_mut(&batch.channel) {
+            Some(entry) => entry,
+            None => self.channels.entry(batch.channel.clone()).or_default(),
+        };
         entry.changes += 1;
         for op in &batch.ops {
             entry.state.apply(&batch.channel, op)?;

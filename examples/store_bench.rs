@@ -1,0 +1,164 @@
+//! Message-log figures, measured in one run on this machine: `cargo run --release --example store_bench`.
+//!
+//! 1. the physical ceiling: sequential append + `fdatasync`, 128-byte records, 1,000 per sync, and the
+//!    disk's `fdatasync` latency;
+//! 2. the journal's durable append rate: group commits of 1,000 records spread over 1,000 and over 10,000
+//!    channels (one record per channel per commit), write-behind idle;
+//! 3. the sustained rate with sled write-behind running in the background (steady state);
+//! 4. sled alone with one key per record and a real fsync per batch of 1,000, for contrast;
+//!
+//! and the ratios to the ceiling. `--quick` runs each part shorter.
+#![allow(clippy::disallowed_methods)] // A benchmark tool reads the clock.
+
+use bytes::Bytes;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tidings::store::message::{JournalConfig, JournalLog, LogBatch, LogOp, MessageLog, Record};
+use tidings::store::{Keyspace, Kv, KvBatch, SledKv};
+use tidings::types::{ChannelId, ChannelType, LeaderEpoch, Seq};
+
+const RECORD_BYTES: usize = 128;
+const PER_SYNC: usize = 1000;
+
+struct Figures {
+    rate: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+/// The `per_mille`-th per-mille of sorted latencies (500 = median).
+fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
+    sorted[(sorted.len() - 1) * per_mille / 1000]
+}
+
+fn figures(records: usize, elapsed: Duration, mut latencies: Vec<Duration>) -> Figures {
+    latencies.sort();
+    Figures {
+        rate: records as f64 / elapsed.as_secs_f64(),
+        p50: percentile(&latencies, 500),
+        p99: percentile(&latencies, 990),
+    }
+}
+
+fn ceiling(dir: &std::path::Path, syncs: usize) -> std::io::Result<Figures> {
+    let mut file = OpenOptions::new().create(true).append(true).open(dir.join("ceiling.log"))?;
+    let chunk = vec![0x5au8; RECORD_BYTES * PER_SYNC];
+    let mut latencies = Vec::with_capacity(syncs);
+    let started = Instant::now();
+    for _ in 0..syncs {
+        file.write_all(&chunk)?;
+        let t = Instant::now();
+        file.sync_data()?;
+        latencies.push(t.elapsed());
+    }
+    Ok(figures(syncs * PER_SYNC, started.elapsed(), latencies))
+}
+
+fn channel(i: usize) -> ChannelId {
+    ChannelId::new(ChannelType::GROUP, &format!("bench-{i}")).expect("valid id")
+}
+
+/// Group commits of `PER_SYNC` records, one per channel, cycling through `channels` channels.
+fn journal_run(log: &JournalLog, channels: &[ChannelId], next_seq: &mut [u64], commits: usize) -> Figures {
+    let payload = Bytes::from(vec![0x42u8; RECORD_BYTES]);
+    let mut latencies = Vec::with_capacity(commits);
+    let mut cursor = 0;
+    let started = Instant::now();
+    for _ in 0..commits {
+        let t = Instant::now();
+        for _ in 0..PER_SYNC {
+            let i = cursor % channels.len();
+            cursor += 1;
+            let record = Record {
+                seq: Seq::new(next_seq[i]),
+                leader_epoch: LeaderEpoch::new(1),
+                idempotency_key: None,
+                timestamp_ms: 0,
+                payload: payload.clone(),
+            };
+            next_seq[i] += 1;
+            log.stage(LogBatch::new(channels[i].clone(), vec![LogOp::Append(vec![record])])).expect("stage");
+        }
+        log.sync().expect("sync");
+        latencies.push(t.elapsed());
+    }
+    figures(commits * PER_SYNC, started.elapsed(), latencies)
+}
+
+fn sled_alone(dir: &std::path::Path, batches: usize) -> Figures {
+    let kv = SledKv::open(dir.join("sled-alone"), 64 << 20).expect("open sled");
+    let payload = vec![0x42u8; RECORD_BYTES];
+    let mut latencies = Vec::with_capacity(batches);
+    let started = Instant::now();
+    for b in 0..batches {
+        let t = Instant::now();
+        let mut batch = KvBatch::new();
+        for r in 0..PER_SYNC {
+            let key = [&(r as u64).to_be_bytes()[..], &(b as u64).to_be_bytes()].concat();
+            batch.put(Keyspace::MessagePack, key, &payload);
+        }
+        kv.apply(batch).expect("apply");
+        kv.sync().expect("sync");
+        latencies.push(t.elapsed());
+    }
+    figures(batches * PER_SYNC, started.elapsed(), latencies)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let scale = if quick { 1 } else { 4 };
+    let dir = tempfile::tempdir()?;
+    println!("store_bench: {RECORD_BYTES}-byte records, {PER_SYNC} per sync, data in {}", dir.path().display());
+
+    let ceiling = ceiling(dir.path(), 100 * scale)?;
+    println!(
+        "ceiling  (append + fdatasync)          {:>10.0} records/s   fdatasync p50 {:>7.1?} p99 {:>7.1?}",
+        ceiling.rate, ceiling.p50, ceiling.p99
+    );
+
+    let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.path().join("sled"), 256 << 20)?);
+    let config = JournalConfig { write_behind_interval: Duration::from_secs(3600), ..JournalConfig::default() };
+    let log = Arc::new(JournalLog::open(dir.path().join("journal"), kv.clone(), config)?);
+    let mut rows = Vec::new();
+    for count in [1_000usize, 10_000] {
+        let channels: Vec<ChannelId> = (0..count).map(|i| channel(count * 10 + i)).collect();
+        let mut next = vec![1u64; count];
+        let f = journal_run(&log, &channels, &mut next, 50 * scale);
+        println!(
+            "journal  ({count:>6} channels)           {:>10.0} records/s   commit    p50 {:>7.1?} p99 {:>7.1?}",
+            f.rate, f.p50, f.p99
+        );
+        rows.push((count, f.rate));
+        log.write_behind()?;
+    }
+
+    let sustained_channels: Vec<ChannelId> = (0..10_000).map(|i| channel(1_000_000 + i)).collect();
+    let mut next = vec![1u64; sustained_channels.len()];
+    let background = log.start_write_behind();
+    let sustained = journal_run(&log, &sustained_channels, &mut next, 500 * scale);
+    drop(background);
+    let stats = log.stats();
+    println!(
+        "sustained (10,000 channels, sled w-b)  {:>10.0} records/s   commit    p50 {:>7.1?} p99 {:>7.1?}   ({} write-behinds, {} segments deleted)",
+        sustained.rate, sustained.p50, sustained.p99, stats.write_behinds, stats.segments_deleted
+    );
+
+    let sled = sled_alone(dir.path(), 10 * scale);
+    println!(
+        "sled alone (key per record + fsync)    {:>10.0} records/s   batch     p50 {:>7.1?} p99 {:>7.1?}",
+        sled.rate, sled.p50, sled.p99
+    );
+
+    println!();
+    for (count, rate) in rows {
+        println!("journal at {count:>6} channels / ceiling   = {:>5.1}%  (target >= 50%)", 100.0 * rate / ceiling.rate);
+    }
+    println!(
+        "sustained at 10,000 channels / ceiling = {:>5.1}%  (target >= 25%)",
+        100.0 * sustained.rate / ceiling.rate
+    );
+    println!("sled alone / ceiling                   = {:>5.1}%", 100.0 * sled.rate / ceiling.rate);
+    Ok(())
+}
