@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::sync::Arc;
-use tidings::store::message::{JournalConfig, JournalLog, LogBatch, LogOp, MemoryLog, MessageLog, Record};
+use tidings::store::message::{JournalConfig, JournalLog, LogBatch, LogOp, MemoryLog, MessageLog, Record, RecordKind};
 use tidings::store::{Kv, SledKv};
 use tidings::types::{ChannelId, ChannelType, LeaderEpoch, Seq};
 
@@ -13,6 +13,7 @@ fn group_commit(log: &dyn MessageLog, channels: &[ChannelId], next: &mut [u64], 
     for (i, channel) in channels.iter().enumerate() {
         let record = Record {
             seq: Seq::new(next[i]),
+            kind: RecordKind::Message,
             leader_epoch: LeaderEpoch::new(1),
             idempotency_key: None,
             timestamp_ms: 0,

@@ -15,7 +15,7 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidings::store::message::{JournalConfig, JournalLog, LogBatch, LogOp, MessageLog, Record};
+use tidings::store::message::{JournalConfig, JournalLog, LogBatch, LogOp, MessageLog, Record, RecordKind};
 use tidings::store::{Keyspace, Kv, KvBatch, SledKv};
 use tidings::types::{ChannelId, ChannelType, LeaderEpoch, Seq};
 
@@ -73,6 +73,7 @@ fn journal_run(log: &JournalLog, channels: &[ChannelId], next_seq: &mut [u64], c
             cursor += 1;
             let record = Record {
                 seq: Seq::new(next_seq[i]),
+                kind: RecordKind::Message,
                 leader_epoch: LeaderEpoch::new(1),
                 idempotency_key: None,
                 timestamp_ms: 0,

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tidings_store::message::{
     IdempotencyKey, JournalConfig, JournalLog, LogBatch, LogLimits, LogOp, MemoryLog, MessageLog, ReadLimits, Record,
+    RecordKind,
 };
 use tidings_store::{FailOp, Kv, MemoryKv, SledKv, StoreError};
 use tidings_types::{ChannelId, ChannelType, LeaderEpoch, Seq};
@@ -20,6 +21,7 @@ fn channel(i: usize) -> ChannelId {
 fn record(ch: usize, seq: u64, epoch: u64) -> Record {
     Record {
         seq: Seq::new(seq),
+        kind: RecordKind::Message,
         leader_epoch: LeaderEpoch::new(epoch),
         idempotency_key: (seq % 3 == 0).then(|| key(ch, seq, epoch)),
         timestamp_ms: seq * 10,

@@ -19,10 +19,16 @@
 #![deny(missing_docs)]
 
 mod channel;
+mod meta;
 mod numeric;
+mod rng;
+mod time;
 
 pub use channel::{ChannelId, ChannelIdError, ChannelType, CHANNEL_ID_BYTES_MAX};
+pub use meta::{ChannelRuntimeMeta, MetaError, WriteFence};
 pub use numeric::{
     ConfigEpoch, Epoch, GroupId, HashSlot, HashToSlotVersion, LeaderEpoch, NodeId, RouteRevision, Seq, Term,
     HASH_SLOT_COUNT,
 };
+pub use rng::DetRng;
+pub use time::Time;

@@ -101,13 +101,14 @@ pub(crate) fn decode_state(bytes: &[u8]) -> Option<(ChannelLogState, Seq)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::record::{IdempotencyKey, Record};
+    use crate::message::record::{IdempotencyKey, Record, RecordKind};
     use bytes::Bytes;
     use tidings_types::ChannelType;
 
     fn batch() -> LogBatch {
         let record = |seq| Record {
             seq: Seq::new(seq),
+            kind: RecordKind::Message,
             leader_epoch: LeaderEpoch::new(2),
             idempotency_key: IdempotencyKey::new(b"u1:9".to_vec()),
             timestamp_ms: 5,

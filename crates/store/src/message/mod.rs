@@ -13,7 +13,7 @@
 //!
 //! ```
 //! use bytes::Bytes;
-//! use tidings_store::message::{LogBatch, LogOp, MemoryLog, MessageLog, ReadLimits, Record};
+//! use tidings_store::message::{LogBatch, LogOp, MemoryLog, MessageLog, ReadLimits, Record, RecordKind};
 //! use tidings_types::{ChannelId, ChannelType, LeaderEpoch, Seq};
 //!
 //! let log = MemoryLog::new(Default::default());
@@ -22,6 +22,7 @@
 //!     let channel = ChannelId::new(ChannelType::GROUP, name).unwrap();
 //!     let record = Record {
 //!         seq: Seq::new(1),
+//!         kind: RecordKind::Message,
 //!         leader_epoch: LeaderEpoch::new(1),
 //!         idempotency_key: None,
 //!         timestamp_ms: 0,
@@ -47,7 +48,7 @@ mod state;
 
 pub use journal::{JournalConfig, JournalLog, JournalStats};
 pub use memory::{LogFailOp, MemoryLog};
-pub use record::{IdempotencyKey, Record, IDEMPOTENCY_KEY_BYTES_MAX};
+pub use record::{IdempotencyKey, Record, RecordKind, IDEMPOTENCY_KEY_BYTES_MAX};
 pub use state::{ChannelLogState, IdempotentHit, LogBatch, LogOp, LogRefusal, ReadLimits};
 
 use crate::error::StoreResult;

@@ -1,6 +1,7 @@
 //! Records of a channel log and their binary encoding, shared by journal frames and sled packs.
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use tidings_types::{LeaderEpoch, Seq};
 
@@ -9,8 +10,16 @@ pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 64;
 
 /// A key that makes an append idempotent, e.g. sender id + client message number. Stored with the record,
 /// so every replica can answer a retry with the original seq.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
 pub struct IdempotencyKey(Bytes);
+
+impl<'de> Deserialize<'de> for IdempotencyKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let bytes = Bytes::deserialize(d)?;
+        IdempotencyKey::new(bytes).ok_or_else(|| serde::de::Error::custom("idempotency key is empty or too long"))
+    }
+}
 
 impl IdempotencyKey {
     /// Wraps `bytes`, refusing empty keys and keys longer than [`IDEMPOTENCY_KEY_BYTES_MAX`].
@@ -31,11 +40,40 @@ impl fmt::Debug for IdempotencyKey {
     }
 }
 
-/// One message in a channel log.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What a record is: a message, or a control record the log writes for itself and reads skip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecordKind {
+    /// A message appended by a client.
+    Message,
+    /// The barrier a new leader writes at the start of its epoch: it commits nothing until a record of
+    /// its own epoch is committed (Raft's no-op entry).
+    Barrier,
+}
+
+impl RecordKind {
+    fn tag(self) -> u8 {
+        match self {
+            RecordKind::Message => 0,
+            RecordKind::Barrier => 1,
+        }
+    }
+
+    fn from_tag(tag: u8) -> Option<Self> {
+        match tag {
+            0 => Some(RecordKind::Message),
+            1 => Some(RecordKind::Barrier),
+            _ => None,
+        }
+    }
+}
+
+/// One record in a channel log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     /// Position in the channel log; consecutive from 1.
     pub seq: Seq,
+    /// Message or control record.
+    pub kind: RecordKind,
     /// Leader epoch of the leader that assigned `seq`.
     pub leader_epoch: LeaderEpoch,
     /// Idempotency key of the append, if it had one.
@@ -46,8 +84,8 @@ pub struct Record {
     pub payload: Bytes,
 }
 
-/// Fixed part of an encoded record: seq, leader epoch, timestamp, key length, payload length.
-pub(crate) const RECORD_HEADER_BYTES: usize = 8 + 8 + 8 + 1 + 4;
+/// Fixed part of an encoded record: seq, kind, leader epoch, timestamp, key length, payload length.
+pub(crate) const RECORD_HEADER_BYTES: usize = 8 + 1 + 8 + 8 + 1 + 4;
 
 impl Record {
     /// Bytes this record takes when encoded.
@@ -58,6 +96,7 @@ impl Record {
     /// Appends the encoding of this record to `out`.
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.seq.get().to_le_bytes());
+        out.push(self.kind.tag());
         out.extend_from_slice(&self.leader_epoch.get().to_le_bytes());
         out.extend_from_slice(&self.timestamp_ms.to_le_bytes());
         let key = self.idempotency_key.as_ref().map_or(&[][..], |k| k.as_bytes());
@@ -72,6 +111,7 @@ impl Record {
     /// Decodes one record from the front of `input`, advancing it. `None` if the bytes are not a record.
     pub(crate) fn decode(input: &mut Reader<'_>) -> Option<Record> {
         let seq = Seq::new(input.u64()?);
+        let kind = RecordKind::from_tag(input.u8()?)?;
         let leader_epoch = LeaderEpoch::new(input.u64()?);
         let timestamp_ms = input.u64()?;
         let key_len = usize::from(input.u8()?);
@@ -81,7 +121,7 @@ impl Record {
         };
         let payload_len = usize::try_from(input.u32()?).ok()?;
         let payload = Bytes::copy_from_slice(input.bytes(payload_len)?);
-        Some(Record { seq, leader_epoch, idempotency_key, timestamp_ms, payload })
+        Some(Record { seq, kind, leader_epoch, idempotency_key, timestamp_ms, payload })
     }
 }
 
@@ -158,6 +198,7 @@ mod tests {
     fn record(seq: u64, key: Option<&str>, payload: &str) -> Record {
         Record {
             seq: Seq::new(seq),
+            kind: RecordKind::Message,
             leader_epoch: LeaderEpoch::new(3),
             idempotency_key: key.map(|k| IdempotencyKey::new(k.as_bytes().to_vec()).unwrap()),
             timestamp_ms: 1_700_000_000_000,

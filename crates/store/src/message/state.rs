@@ -422,6 +422,7 @@ impl From<LogRefusal> for StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::record::RecordKind;
     use bytes::Bytes;
     use tidings_types::ChannelType;
 
@@ -432,6 +433,7 @@ mod tests {
     fn rec(seq: u64, epoch: u64) -> Record {
         Record {
             seq: Seq::new(seq),
+            kind: RecordKind::Message,
             leader_epoch: LeaderEpoch::new(epoch),
             idempotency_key: None,
             timestamp_ms: 0,
