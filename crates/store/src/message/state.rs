@@ -187,7 +187,7 @@ impl ChannelLogState {
     }
 
     /// Checks `op` against this state and applies it. On refusal, the state is unchanged.
-    pub(crate) fn apply(&mut self, channel: &ChannelId, op: &LogOp) -> Result<(), LogRefusal> {
+    pub fn apply(&mut self, channel: &ChannelId, op: &LogOp) -> Result<(), LogRefusal> {
         match op {
             LogOp::Append(records) => self.append(channel, records),
             LogOp::TruncateAfter(to) => {

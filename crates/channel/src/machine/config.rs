@@ -1,0 +1,80 @@
+//! Limits and timings of a channel replica machine.
+
+use std::time::Duration;
+
+/// Configuration of a [`super::ChannelMachine`]. Every queue it keeps is bounded by one of these.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineConfig {
+    /// Most records one append request may carry. Default 256.
+    pub request_records_max: usize,
+    /// Most records assigned a seq but not yet committed; beyond it appends get `Busy`. Default 8,192.
+    pub pending_records_max: usize,
+    /// Post-commit handoff slots (records committed but not yet taken by fanout). Reserved at admission;
+    /// none free: `ChannelBusy` before anything is written. Default 16,384.
+    pub handoff_slots: usize,
+    /// Most records in one durable append. Default 1,024.
+    pub persist_records_max: usize,
+    /// Most payload bytes in one durable append. Default 1 MiB.
+    pub persist_bytes_max: usize,
+    /// Most record bytes in one pull response. Default 1 MiB.
+    pub pull_bytes_max: usize,
+    /// Recent records kept in memory to serve pulls without a store read. Default 4 MiB.
+    pub cache_bytes_max: usize,
+    /// Idempotency keys are remembered for this many recent seqs. Default 1,024.
+    pub idempotency_window: usize,
+    /// How long the leader parks a pull that has nothing new (long poll). Default 500 ms.
+    pub pull_park: Duration,
+    /// A follower resends a pull that got no answer after this long. Default 2 s (more than `pull_park`).
+    pub pull_timeout: Duration,
+    /// After this many empty pulls in a row a follower waits `idle_pull_interval` between pulls. Default 4.
+    pub idle_after_empty_pulls: u32,
+    /// Pull interval of an idle follower; a `PullHint` cuts it short. Default 2 s.
+    pub idle_pull_interval: Duration,
+    /// An ISR follower not caught up for this long is proposed for removal from the ISR. Default 10 s.
+    pub isr_lag: Duration,
+    /// An ISR follower not heard from for this long does not count as alive for admission. Default 6 s.
+    pub isr_alive: Duration,
+    /// An append not committed after this long completes with `Timeout` (its outcome is unknown). Default 10 s.
+    pub append_timeout: Duration,
+    /// A meta proposal with no answer after this long may be proposed again. Default 5 s.
+    pub proposal_timeout: Duration,
+}
+
+impl Default for MachineConfig {
+    fn default() -> Self {
+        Self {
+            request_records_max: 256,
+            pending_records_max: 8192,
+            handoff_slots: 16_384,
+            persist_records_max: 1024,
+            persist_bytes_max: 1 << 20,
+            pull_bytes_max: 1 << 20,
+            cache_bytes_max: 4 << 20,
+            idempotency_window: 1024,
+            pull_park: Duration::from_millis(500),
+            pull_timeout: Duration::from_secs(2),
+            idle_after_empty_pulls: 4,
+            idle_pull_interval: Duration::from_secs(2),
+            isr_lag: Duration::from_secs(10),
+            isr_alive: Duration::from_secs(6),
+            append_timeout: Duration::from_secs(10),
+            proposal_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl MachineConfig {
+    /// Checks the relationships between limits that the machine relies on.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if self.request_records_max == 0 || self.persist_records_max == 0 || self.pull_bytes_max == 0 {
+            return Err("record and byte limits must be positive");
+        }
+        if self.request_records_max > self.pending_records_max || self.request_records_max > self.handoff_slots {
+            return Err("one request must fit in the pending and handoff bounds");
+        }
+        if self.pull_timeout <= self.pull_park {
+            return Err("pull_timeout must exceed pull_park, or every parked pull would be resent");
+        }
+        Ok(())
+    }
+}

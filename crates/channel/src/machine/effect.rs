@@ -1,0 +1,151 @@
+//! What a channel machine asks its runtime to do, and the requests it accepts.
+
+use super::message::ChannelMessage;
+use bytes::Bytes;
+use tidings_store::message::{IdempotencyKey, LogBatch};
+use tidings_types::{ChannelRuntimeMeta, NodeId, Seq};
+
+/// Identifies an append request; chosen by the caller, echoed in [`Effect::AppendDone`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId(pub u64);
+
+/// One message to append.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendRecord {
+    /// Makes the append idempotent: a retry with the same key and payload returns the original seq.
+    pub idempotency_key: Option<IdempotencyKey>,
+    /// The message body.
+    pub payload: Bytes,
+}
+
+/// Messages of one channel to append, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendRequest {
+    /// Echoed in the completion.
+    pub id: RequestId,
+    /// The messages.
+    pub records: Vec<AppendRecord>,
+}
+
+/// Why an admitted append did not complete with its seqs. Its records may or may not be committed later:
+/// retry with the same idempotency keys to find out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AppendAborted {
+    /// Leadership or meta generation changed before the records were committed.
+    #[error("leadership changed before commit; the outcome is unknown")]
+    LeaderChanged,
+    /// Not committed within the configured append timeout.
+    #[error("not committed in time; the outcome is unknown")]
+    Timeout,
+    /// The leader's storage failed.
+    #[error("the leader's storage failed; the outcome is unknown")]
+    StorageFailed,
+}
+
+/// Identifies one durable append: the machine incarnation, generation and sequence number it was issued
+/// under. A completion whose token is not the one in flight is ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PersistToken {
+    /// Incarnation of the machine (unique per activation, chosen by the runtime).
+    pub incarnation: u64,
+    /// Meta generation when issued.
+    pub generation: u64,
+    /// Sequence number of the persist within the incarnation.
+    pub id: u64,
+}
+
+/// Identifies a store read the leader needs to answer a pull.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReadToken {
+    /// Incarnation of the machine.
+    pub incarnation: u64,
+    /// Meta generation when issued.
+    pub generation: u64,
+    /// The follower that pulled.
+    pub follower: NodeId,
+    /// The pull being answered.
+    pub pull_id: u64,
+}
+
+/// Why the machine proposes a meta change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetaChangeReason {
+    /// `node` has not been caught up for longer than the ISR lag bound.
+    ShrinkIsr {
+        /// The lagging follower.
+        node: NodeId,
+    },
+    /// `node` proved its progress under the current leader and epoch.
+    ExpandIsr {
+        /// The caught-up replica.
+        node: NodeId,
+        /// Proof: its durable match...
+        match_seq: Seq,
+        /// ...at the leader's high watermark at that time.
+        hw: Seq,
+    },
+}
+
+/// An effect for the runtime to carry out. Drained with [`super::ChannelMachine::poll_effect`].
+#[derive(Clone, Debug, PartialEq)]
+#[must_use]
+pub enum Effect {
+    /// Make `batch` durable (stage + sync in a group commit), then call
+    /// [`super::ChannelMachine::handle_persisted`] with `token`.
+    Persist {
+        /// Echo in the completion.
+        token: PersistToken,
+        /// Operations for the channel's log.
+        batch: LogBatch,
+    },
+    /// Send `message` to `to`.
+    Send {
+        /// Destination node.
+        to: NodeId,
+        /// The message.
+        message: ChannelMessage,
+    },
+    /// Read records `[from, through]` (at most `max_bytes`) from the log, then call
+    /// [`super::ChannelMachine::handle_read`] with `token`.
+    Read {
+        /// Echo in the completion.
+        token: ReadToken,
+        /// First seq.
+        from: Seq,
+        /// Last seq.
+        through: Seq,
+        /// Byte budget.
+        max_bytes: usize,
+    },
+    /// An admitted append finished.
+    AppendDone {
+        /// The request.
+        id: RequestId,
+        /// Its seqs (one per record, in order), or why it did not complete.
+        result: Result<Vec<Seq>, AppendAborted>,
+    },
+    /// Records `first..=last` are committed: hand them to post-commit fanout, then release `slots` with
+    /// [`super::ChannelMachine::release_handoff`].
+    Committed {
+        /// First newly committed seq.
+        first: Seq,
+        /// Last newly committed seq.
+        last: Seq,
+        /// Handoff slots these records hold.
+        slots: usize,
+    },
+    /// Propose `meta` to the slot layer as a compare-and-set on `expected_version`.
+    ProposeMeta {
+        /// The version the change is based on.
+        expected_version: u64,
+        /// The proposed meta.
+        meta: ChannelRuntimeMeta,
+        /// Why.
+        reason: MetaChangeReason,
+    },
+    /// A peer acts under a newer leader epoch than this replica's meta: fetch the authoritative meta.
+    RefreshMeta,
+    /// The local log failed to persist; this replica stopped serving as leader. Fail over.
+    StorageFailed,
+}

@@ -1,0 +1,209 @@
+//! The follower's (and learner's) side: pulling from the leader, acknowledging only what is durable,
+//! truncating a divergent suffix, following the leader's high watermark.
+
+use super::message::{ChannelMessage, PullBody, PullHint, PullRequest, PullResponse};
+use super::{ChannelMachine, MachineConfig, PendingOp, Role};
+use tidings_store::message::Record;
+use tidings_types::{LeaderEpoch, NodeId, Seq, Time};
+
+/// A pull sent and not yet answered.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Outstanding {
+    pull_id: u64,
+    next_seq: Seq,
+    sent_at: Time,
+}
+
+/// Follower-only state.
+#[derive(Debug)]
+pub(super) struct FollowerState {
+    leader: NodeId,
+    next_pull_id: u64,
+    pub(super) outstanding: Option<Outstanding>,
+    /// Do not pull before this time (idle back-off, or after an error); `None`: pull when settled.
+    pub(super) next_pull_at: Option<Time>,
+    empty_pulls: u32,
+    leader_hw: Seq,
+}
+
+impl FollowerState {
+    pub(super) fn new(leader: NodeId, _now: Time) -> Self {
+        Self { leader, next_pull_id: 1, outstanding: None, next_pull_at: None, empty_pulls: 0, leader_hw: Seq::new(0) }
+    }
+
+    pub(super) fn next_timeout(&self, config: &MachineConfig, now: Time) -> Option<Time> {
+        let resend = self.outstanding.map(|o| o.sent_at + config.pull_timeout);
+        // A back-off that already ended waits for storage to settle, which triggers the pull itself.
+        let next = self.next_pull_at.filter(|at| self.outstanding.is_none() && *at > now);
+        [resend, next].into_iter().flatten().min()
+    }
+}
+
+impl ChannelMachine {
+    fn follower(&mut self) -> Option<&mut FollowerState> {
+        match &mut self.role {
+            Role::Follower(follower) => Some(follower),
+            _ => None,
+        }
+    }
+
+    /// Sends a pull if none is out, everything received is durable, and no back-off is running.
+    pub(super) fn follower_maybe_pull(&mut self) {
+        let settled = self.log.settled();
+        let now = self.now;
+        let next_seq = self.log.durable.last_seq.next();
+        let last_epoch = self.log.durable.last_epoch();
+        let max_bytes = u32::try_from(self.config.pull_bytes_max).unwrap_or(u32::MAX);
+        let Some(meta) = &self.meta else { return };
+        let (channel, leader_epoch) = (meta.channel.clone(), meta.leader_epoch);
+        let Some(follower) = self.follower() else { return };
+        if follower.outstanding.is_some() || !settled || follower.next_pull_at.is_some_and(|at| at > now) {
+            return;
+        }
+        let pull_id = follower.next_pull_id;
+        follower.next_pull_id += 1;
+        follower.next_pull_at = None;
+        follower.outstanding = Some(Outstanding { pull_id, next_seq, sent_at: now });
+        let leader = follower.leader;
+        let request = PullRequest { channel, pull_id, leader_epoch, next_seq, last_epoch, max_bytes };
+        self.send(leader, ChannelMessage::Pull(request));
+    }
+
+    pub(super) fn follower_timeout(&mut self) {
+        let now = self.now;
+        let timeout = self.config.pull_timeout;
+        if let Some(follower) = self.follower() {
+            if follower.outstanding.is_some_and(|o| o.sent_at + timeout <= now) {
+                // Lost request or response: pull again (a late answer is ignored by its id).
+                follower.outstanding = None;
+            }
+        }
+        self.follower_maybe_pull();
+    }
+
+    pub(super) fn follower_hint(&mut self, from: NodeId, hint: PullHint) {
+        let Some(meta) = &self.meta else { return };
+        if hint.leader_epoch != meta.leader_epoch {
+            return;
+        }
+        let Some(follower) = self.follower() else { return };
+        if from != follower.leader {
+            return;
+        }
+        follower.next_pull_at = None;
+        follower.empty_pulls = 0;
+        self.follower_maybe_pull();
+    }
+
+    pub(super) fn follower_response(&mut self, from: NodeId, response: PullResponse) {
+        let Some(meta) = &self.meta else { return };
+        let leader_epoch = meta.leader_epoch;
+        if response.leader_epoch > leader_epoch {
+            self.effects.push_back(super::Effect::RefreshMeta);
+            return;
+        }
+        let Some(follower) = self.follower() else { return };
+        let expected = follower.outstanding.filter(|o| o.pull_id == response.pull_id);
+        if from != follower.leader || response.leader_epoch < leader_epoch || expected.is_none() {
+            return; // Stale, duplicated or misdirected.
+        }
+        follower.outstanding = None;
+        let next_seq = expected.map(|o| o.next_seq).expect("checked above");
+        match response.body {
+            PullBody::Records { records, hw } => self.follower_records(next_seq, records, hw, leader_epoch),
+            PullBody::Diverging { epoch, end_seq } => self.follower_diverging(epoch, end_seq),
+            PullBody::StartAfter { seq, epoch, hw } => self.follower_start_after(seq, epoch, hw),
+            PullBody::StaleEpoch | PullBody::NotLeader => self.follower_back_off(true),
+        }
+        self.follower_maybe_pull();
+    }
+
+    fn follower_records(&mut self, next_seq: Seq, records: Vec<Record>, hw: Seq, leader_epoch: LeaderEpoch) {
+        let mut expected = next_seq;
+        let mut epoch = self.log.last_epoch();
+        for record in &records {
+            // The leader never sends a gap, a decreasing epoch, or an epoch newer than its own.
+            if record.seq != expected || record.leader_epoch < epoch || record.leader_epoch > leader_epoch {
+                self.follower_back_off(false);
+                return;
+            }
+            expected = record.seq.next();
+            epoch = record.leader_epoch;
+        }
+        let empty = records.is_empty();
+        for record in records {
+            self.idempotency.insert(&record);
+            self.log.push_record(record);
+        }
+        let idle_after = self.config.idle_after_empty_pulls;
+        let idle_interval = self.config.idle_pull_interval;
+        let now = self.now;
+        if let Some(follower) = self.follower() {
+            follower.leader_hw = follower.leader_hw.max(hw);
+            if empty {
+                follower.empty_pulls += 1;
+                if follower.empty_pulls >= idle_after {
+                    follower.next_pull_at = Some(now + idle_interval);
+                }
+            } else {
+                follower.empty_pulls = 0;
+            }
+        }
+        self.follower_update_hw();
+    }
+
+    fn follower_diverging(&mut self, epoch: LeaderEpoch, end_seq: Seq) {
+        let (_, own_end) = self.log.end_of_epoch(epoch);
+        let truncate_to = end_seq.min(own_end);
+        if truncate_to < self.log.hw {
+            // Committed records cannot diverge: the leader answering is not authoritative. Ask for meta.
+            self.follower_back_off(true);
+            return;
+        }
+        if truncate_to < self.log.end {
+            self.log.truncate_after(truncate_to);
+            self.idempotency.truncate_after(truncate_to);
+        }
+    }
+
+    fn follower_start_after(&mut self, seq: Seq, epoch: LeaderEpoch, hw: Seq) {
+        let readable = self.log.end > self.log.durable.retention_through;
+        if readable || self.log.end > seq {
+            // Only an empty replica can restart its log; this one needs an operator to re-add it.
+            self.follower_back_off(true);
+            return;
+        }
+        self.log.end = seq;
+        self.log.epochs = vec![(epoch, seq)];
+        self.log.cache.clear();
+        self.log.unpersisted.push_back(PendingOp::StartAfter { seq, epoch });
+        if let Some(follower) = self.follower() {
+            follower.leader_hw = follower.leader_hw.max(hw);
+        }
+    }
+
+    fn follower_back_off(&mut self, refresh_meta: bool) {
+        if refresh_meta {
+            self.effects.push_back(super::Effect::RefreshMeta);
+        }
+        let at = self.now + self.config.idle_pull_interval;
+        if let Some(follower) = self.follower() {
+            follower.next_pull_at = Some(at);
+        }
+    }
+
+    /// Follower HW = min(own durable end, leader HW); it never goes back.
+    fn follower_update_hw(&mut self) {
+        let durable = self.log.durable.last_seq;
+        let Some(follower) = self.follower() else { return };
+        let candidate = follower.leader_hw.min(durable);
+        if candidate > self.log.hw {
+            self.log.hw = candidate;
+        }
+    }
+
+    pub(super) fn follower_persisted(&mut self) {
+        self.follower_update_hw();
+        self.follower_maybe_pull();
+    }
+}

@@ -1,0 +1,568 @@
+//! The leader's side: admission, seq assignment, serving pulls (with long polls), the high watermark,
+//! and ISR maintenance.
+
+use super::effect::{AppendAborted, AppendRequest, Effect, MetaChangeReason, ReadToken, RequestId};
+use super::error::AppendError;
+use super::message::{ChannelMessage, PullBody, PullHint, PullRequest, PullResponse};
+use super::{ChannelMachine, MachineConfig, Role};
+use std::collections::{BTreeMap, VecDeque};
+use tidings_store::message::{Record, RecordKind};
+use tidings_store::StoreError;
+use tidings_types::{ChannelRuntimeMeta, NodeId, Seq, Time};
+
+/// What the leader knows of one other replica.
+#[derive(Debug)]
+pub(super) struct Progress {
+    /// Last seq the replica acknowledged as durable (its pull's `next_seq - 1`), once its log was found
+    /// consistent with ours.
+    match_seq: Seq,
+    last_pull_at: Time,
+    /// Last time its acknowledgement reached our log end.
+    caught_up_at: Time,
+    /// A pull with nothing new, answered when records arrive, HW moves, or the deadline passes.
+    parked: Option<Parked>,
+    /// A store read is running to answer this replica's pull.
+    reading: bool,
+    /// The last answer carried no records: the replica may be idling, so new records earn it a hint.
+    idle: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Parked {
+    pull_id: u64,
+    next_seq: Seq,
+    deadline: Time,
+    max_bytes: usize,
+}
+
+/// An admitted append waiting for HW.
+#[derive(Debug)]
+pub(super) struct PendingAppend {
+    id: RequestId,
+    seqs: Vec<Seq>,
+    /// Completes when HW reaches this seq.
+    through: Seq,
+    admitted_at: Time,
+}
+
+/// Leader-only state.
+#[derive(Debug)]
+pub(super) struct LeaderState {
+    /// Seq of this leader's barrier record: nothing counts as committed before it is.
+    barrier_seq: Seq,
+    progress: BTreeMap<NodeId, Progress>,
+    pub(super) pending: VecDeque<PendingAppend>,
+    /// Message records this leader assigned, not yet committed: each holds a handoff slot.
+    pub(super) reserved: VecDeque<Seq>,
+    /// HW up to which `Committed` was reported.
+    reported: Seq,
+    /// A meta change proposed and not yet answered: (when, version it was based on).
+    proposal: Option<(Time, u64)>,
+    became_at: Time,
+}
+
+impl LeaderState {
+    pub(super) fn new(meta: &ChannelRuntimeMeta, me: NodeId, now: Time) -> Self {
+        let progress = meta.replicas.iter().filter(|n| **n != me).map(|n| (*n, Progress::new(now))).collect();
+        Self {
+            barrier_seq: Seq::new(0),
+            progress,
+            pending: VecDeque::new(),
+            reserved: VecDeque::new(),
+            reported: Seq::new(0),
+            proposal: None,
+            became_at: now,
+        }
+    }
+
+    pub(super) fn next_timeout(&self, config: &MachineConfig, now: Time) -> Option<Time> {
+        let parked = self.progress.values().filter_map(|p| p.parked.map(|parked| parked.deadline)).min();
+        let append = self.pending.front().map(|p| p.admitted_at + config.append_timeout);
+        let proposal = self.proposal.map(|(at, _)| at + config.proposal_timeout);
+        // ISR checks are due when a follower's lag bound expires; one already past was checked then.
+        let isr = self
+            .progress
+            .values()
+            .map(|p| (p.caught_up_at + config.isr_lag).max(self.became_at + config.isr_lag))
+            .filter(|at| *at > now)
+            .min();
+        [parked, append, isr, proposal].into_iter().flatten().min()
+    }
+
+    /// The lowest durable match among ISR members (the leader's own durable end included).
+    pub(super) fn lowest_isr_match(&self, meta: &ChannelRuntimeMeta, me: NodeId, own: Seq) -> Seq {
+        meta.isr
+            .iter()
+            .map(|n| if *n == me { own } else { self.progress.get(n).map_or(Seq::new(0), |p| p.match_seq) })
+            .min()
+            .unwrap_or(Seq::new(0))
+    }
+}
+
+impl Progress {
+    fn new(now: Time) -> Self {
+        // A fresh leader gives every replica one lag period of grace before judging it.
+        Progress {
+            match_seq: Seq::new(0),
+            last_pull_at: now,
+            caught_up_at: now,
+            parked: None,
+            reading: false,
+            idle: false,
+        }
+    }
+}
+
+impl ChannelMachine {
+    fn leader(&mut self) -> Option<&mut LeaderState> {
+        match &mut self.role {
+            Role::Leader(leader) => Some(leader),
+            _ => None,
+        }
+    }
+
+    /// Becoming leader: write the barrier record of this leader epoch.
+    pub(super) fn leader_start(&mut self) {
+        let meta = self.meta.as_ref().expect("a leader has meta");
+        let barrier = Record {
+            seq: self.log.end.next(),
+            kind: RecordKind::Barrier,
+            leader_epoch: meta.leader_epoch,
+            idempotency_key: None,
+            timestamp_ms: self.now.as_millis(),
+            payload: bytes::Bytes::new(),
+        };
+        let seq = barrier.seq;
+        self.log.push_record(barrier);
+        let hw = self.log.hw;
+        if let Some(leader) = self.leader() {
+            leader.barrier_seq = seq;
+            // Records at or below the HW we start with were committed (and handed off) under an earlier leader.
+            leader.reported = hw;
+        }
+    }
+
+    /// Stepping down (or failing): pending appends end with `reason`; parked pulls learn we are not the leader.
+    pub(super) fn leader_stop(&mut self, reason: AppendAborted) {
+        let Role::Leader(leader) = &mut self.role else { return };
+        let pending: Vec<RequestId> = leader.pending.drain(..).map(|p| p.id).collect();
+        let unreleased = leader.reserved.len();
+        leader.reserved.clear();
+        let parked: Vec<(NodeId, u64)> = leader
+            .progress
+            .iter_mut()
+            .filter_map(|(n, p)| p.parked.take().map(|parked| (*n, parked.pull_id)))
+            .collect();
+        self.handoff_held = self.handoff_held.saturating_sub(unreleased);
+        for id in pending {
+            self.effects.push_back(Effect::AppendDone { id, result: Err(reason) });
+        }
+        let leader_epoch = self.meta.as_ref().map(|m| m.leader_epoch).unwrap_or_default();
+        for (node, pull_id) in parked {
+            let response =
+                PullResponse { channel: self.channel.clone(), pull_id, leader_epoch, body: PullBody::NotLeader };
+            self.send(node, ChannelMessage::PullResponse(response));
+        }
+    }
+
+    /// The meta changed without a leader change: ISR or replicas, fence, retention.
+    pub(super) fn leader_meta_changed(&mut self) {
+        let now = self.now;
+        let meta = self.meta.clone().expect("a leader has meta");
+        let me = self.me;
+        let Some(leader) = self.leader() else { return };
+        leader.progress.retain(|n, _| meta.is_replica(*n));
+        for node in meta.replicas.iter().filter(|n| **n != me) {
+            leader.progress.entry(*node).or_insert_with(|| Progress::new(now));
+        }
+        if leader.proposal.is_some_and(|(_, version)| meta.version > version) {
+            leader.proposal = None;
+        }
+        self.leader_recompute_hw();
+    }
+
+    pub(super) fn leader_append(&mut self, request: AppendRequest) -> Result<(), AppendError> {
+        self.check_admission(&request)?;
+        let meta = self.meta.as_ref().expect("admission checked meta");
+        let leader_epoch = meta.leader_epoch;
+        // Resolve idempotency first, so a conflict refuses the request before anything is written.
+        let mut plan: Vec<Planned> = Vec::with_capacity(request.records.len());
+        let mut keys_here: Vec<(&tidings_store::message::IdempotencyKey, u32, usize)> = Vec::new();
+        for (index, record) in request.records.iter().enumerate() {
+            let Some(key) = &record.idempotency_key else {
+                plan.push(Planned::New);
+                continue;
+            };
+            let crc = crc32fast::hash(&record.payload);
+            if let Some(found) = self.idempotency.get(key) {
+                if found.payload_crc32 != crc {
+                    return Err(AppendError::IdempotencyConflict);
+                }
+                plan.push(Planned::Existing(found.seq));
+            } else if let Some((_, first_crc, first)) = keys_here.iter().find(|(k, _, _)| *k == key) {
+                if *first_crc != crc {
+                    return Err(AppendError::IdempotencyConflict);
+                }
+                plan.push(Planned::SameAs(*first));
+            } else {
+                keys_here.push((key, crc, index));
+                plan.push(Planned::New);
+            }
+        }
+        let mut seqs: Vec<Seq> = Vec::with_capacity(plan.len());
+        let mut assigned = Vec::new();
+        for (record, planned) in request.records.into_iter().zip(plan) {
+            let seq = match planned {
+                Planned::Existing(seq) => seq,
+                Planned::SameAs(first) => seqs[first],
+                Planned::New => {
+                    let record = Record {
+                        seq: self.log.end.next(),
+                        kind: RecordKind::Message,
+                        leader_epoch,
+                        idempotency_key: record.idempotency_key,
+                        timestamp_ms: self.now.as_millis(),
+                        payload: record.payload,
+                    };
+                    let seq = record.seq;
+                    self.idempotency.insert(&record);
+                    self.log.push_record(record);
+                    assigned.push(seq);
+                    seq
+                }
+            };
+            seqs.push(seq);
+        }
+        let through = seqs.iter().copied().max().unwrap_or(Seq::new(0));
+        self.handoff_held += assigned.len();
+        let now = self.now;
+        let hw = self.log.hw;
+        let leader = self.leader().expect("admission checked role");
+        leader.reserved.extend(assigned.iter().copied());
+        if through <= hw {
+            // Every record is a retry of a committed one.
+            self.effects.push_back(Effect::AppendDone { id: request.id, result: Ok(seqs) });
+        } else {
+            leader.pending.push_back(PendingAppend { id: request.id, seqs, through, admitted_at: now });
+        }
+        if !assigned.is_empty() {
+            self.leader_new_records();
+        }
+        Ok(())
+    }
+
+    fn check_admission(&self, request: &AppendRequest) -> Result<(), AppendError> {
+        if self.broken {
+            return Err(AppendError::StorageFailed);
+        }
+        let Some(meta) = &self.meta else { return Err(AppendError::NotReady) };
+        let Role::Leader(leader) = &self.role else {
+            return Err(AppendError::NotLeader { leader: Some(meta.leader).filter(|l| *l != self.me) });
+        };
+        if let Some(fence) = meta.write_fence {
+            return Err(AppendError::Fenced { task: fence.task });
+        }
+        let records = request.records.len();
+        if records == 0 {
+            return Err(AppendError::Empty);
+        }
+        if records > self.config.request_records_max {
+            return Err(AppendError::TooLarge { records, max: self.config.request_records_max });
+        }
+        let alive_after = self.now - self.config.isr_alive;
+        let alive = 1 + meta
+            .isr
+            .iter()
+            .filter(|n| **n != self.me)
+            .filter(|n| leader.progress.get(n).is_some_and(|p| p.last_pull_at >= alive_after))
+            .count();
+        if alive < usize::from(meta.min_isr) {
+            return Err(AppendError::NotEnoughReplicas { alive, min_isr: meta.min_isr });
+        }
+        if leader.reserved.len() + records > self.config.pending_records_max {
+            return Err(AppendError::Busy);
+        }
+        if self.handoff_held + records > self.config.handoff_slots {
+            return Err(AppendError::ChannelBusy);
+        }
+        Ok(())
+    }
+
+    /// New records in the log: answer parked pulls, hint idle replicas.
+    fn leader_new_records(&mut self) {
+        let leader_epoch = self.meta.as_ref().expect("leader has meta").leader_epoch;
+        let Some(leader) = self.leader() else { return };
+        let mut answer = Vec::new();
+        let mut hint = Vec::new();
+        for (node, progress) in leader.progress.iter_mut() {
+            if let Some(parked) = progress.parked.take() {
+                answer.push((*node, parked));
+            } else if progress.idle {
+                progress.idle = false;
+                hint.push(*node);
+            }
+        }
+        for (node, parked) in answer {
+            self.answer_pull(node, parked.pull_id, parked.next_seq, parked.max_bytes);
+        }
+        for node in hint {
+            let message = ChannelMessage::Hint(PullHint { channel: self.channel.clone(), leader_epoch });
+            self.send(node, message);
+        }
+    }
+
+    pub(super) fn leader_pull(&mut self, from: NodeId, request: PullRequest) {
+        let Some(meta) = &self.meta else { return };
+        if !meta.is_replica(from) || from == self.me {
+            return;
+        }
+        let leader_epoch = meta.leader_epoch;
+        let respond = |body| {
+            ChannelMessage::PullResponse(PullResponse {
+                channel: request.channel.clone(),
+                pull_id: request.pull_id,
+                leader_epoch,
+                body,
+            })
+        };
+        if request.leader_epoch > leader_epoch {
+            // The follower knows a newer leader: our meta is stale.
+            self.effects.push_back(Effect::RefreshMeta);
+            return;
+        }
+        if !matches!(self.role, Role::Leader(_)) || self.broken {
+            self.send(from, respond(PullBody::NotLeader));
+            return;
+        }
+        if request.leader_epoch < leader_epoch {
+            self.send(from, respond(PullBody::StaleEpoch));
+            return;
+        }
+        // Divergence check (KIP-279): the follower's last record must lie within the same epoch of ours.
+        let follower_last = Seq::new(request.next_seq.get().saturating_sub(1));
+        if follower_last.get() > 0 {
+            let (epoch, end) = self.log.end_of_epoch(request.last_epoch);
+            if epoch != request.last_epoch || end < follower_last {
+                self.send(from, respond(PullBody::Diverging { epoch, end_seq: end }));
+                return;
+            }
+        }
+        let now = self.now;
+        let log_end = self.log.end;
+        let max_bytes = usize::try_from(request.max_bytes).unwrap_or(usize::MAX).min(self.config.pull_bytes_max);
+        let Some(leader) = self.leader() else { return };
+        let Some(progress) = leader.progress.get_mut(&from) else { return };
+        progress.match_seq = follower_last;
+        progress.last_pull_at = now;
+        progress.parked = None;
+        if follower_last >= log_end {
+            progress.caught_up_at = now;
+        }
+        self.leader_recompute_hw();
+        self.maybe_propose_expansion(from);
+        if request.next_seq <= self.log.end {
+            self.answer_pull(from, request.pull_id, request.next_seq, max_bytes);
+        } else {
+            let deadline = now + self.config.pull_park;
+            if let Some(progress) = self.leader().and_then(|l| l.progress.get_mut(&from)) {
+                progress.parked =
+                    Some(Parked { pull_id: request.pull_id, next_seq: request.next_seq, deadline, max_bytes });
+            }
+        }
+    }
+
+    /// Answers a pull with records from `next_seq` (from the cache, or through a store read).
+    fn answer_pull(&mut self, to: NodeId, pull_id: u64, next_seq: Seq, max_bytes: usize) {
+        let leader_epoch = self.meta.as_ref().expect("leader has meta").leader_epoch;
+        let retention = self.log.durable.retention_through;
+        let body = if next_seq <= retention {
+            let epoch = self.log.durable.epoch_of(retention).unwrap_or(leader_epoch);
+            PullBody::StartAfter { seq: retention, epoch, hw: self.log.hw }
+        } else if next_seq > self.log.end {
+            PullBody::Records { records: Vec::new(), hw: self.log.hw }
+        } else if let Some(records) = self.log.cache.range(next_seq, max_bytes) {
+            PullBody::Records { records, hw: self.log.hw }
+        } else {
+            let token = ReadToken { incarnation: self.incarnation, generation: self.generation, follower: to, pull_id };
+            let through = self.log.durable.last_seq;
+            if let Some(progress) = self.leader().and_then(|l| l.progress.get_mut(&to)) {
+                if progress.reading {
+                    return;
+                }
+                progress.reading = true;
+            }
+            self.effects.push_back(Effect::Read { token, from: next_seq, through, max_bytes });
+            return;
+        };
+        let idle = matches!(&body, PullBody::Records { records, .. } if records.is_empty());
+        if let Some(progress) = self.leader().and_then(|l| l.progress.get_mut(&to)) {
+            progress.idle = idle;
+        }
+        let response = PullResponse { channel: self.channel.clone(), pull_id, leader_epoch, body };
+        self.send(to, ChannelMessage::PullResponse(response));
+    }
+
+    pub(super) fn leader_read_done(&mut self, token: ReadToken, result: Result<Vec<Record>, StoreError>) {
+        let leader_epoch = match &self.meta {
+            Some(meta) => meta.leader_epoch,
+            None => return,
+        };
+        let Some(progress) = self.leader().and_then(|l| l.progress.get_mut(&token.follower)) else { return };
+        progress.reading = false;
+        // A failed read only affects this follower: it pulls again after its timeout.
+        let Ok(records) = result else { return };
+        let consecutive = records.windows(2).all(|w| w[0].seq.next() == w[1].seq);
+        if records.is_empty() || !consecutive {
+            return;
+        }
+        let body = PullBody::Records { records, hw: self.log.hw };
+        let response = PullResponse { channel: self.channel.clone(), pull_id: token.pull_id, leader_epoch, body };
+        self.send(token.follower, ChannelMessage::PullResponse(response));
+    }
+
+    /// HW = the MinISR-th highest durable match among ISR members, but only once this leader's barrier is
+    /// covered.
+    pub(super) fn leader_recompute_hw(&mut self) {
+        let Some(meta) = self.meta.clone() else { return };
+        let own = self.log.durable.last_seq;
+        let end = self.log.end;
+        let me = self.me;
+        let Some(leader) = self.leader() else { return };
+        let mut matches: Vec<Seq> = meta
+            .isr
+            .iter()
+            .map(|n| if *n == me { own } else { leader.progress.get(n).map_or(Seq::new(0), |p| p.match_seq) })
+            .collect();
+        matches.sort_unstable_by(|a, b| b.cmp(a));
+        let Some(candidate) = matches.get(usize::from(meta.min_isr) - 1).copied() else { return };
+        let candidate = candidate.min(end);
+        if candidate < leader.barrier_seq {
+            return;
+        }
+        if candidate > self.log.hw {
+            self.log.hw = candidate;
+            self.leader_hw_advanced();
+        }
+    }
+
+    fn leader_hw_advanced(&mut self) {
+        let hw = self.log.hw;
+        let Some(leader) = self.leader() else { return };
+        let mut done = Vec::new();
+        while leader.pending.front().is_some_and(|p| p.through <= hw) {
+            done.push(leader.pending.pop_front().expect("checked non-empty"));
+        }
+        let mut slots = 0;
+        while leader.reserved.front().is_some_and(|seq| *seq <= hw) {
+            leader.reserved.pop_front();
+            slots += 1;
+        }
+        let first = leader.reported.next();
+        leader.reported = hw;
+        let parked: Vec<(NodeId, Parked)> =
+            leader.progress.iter_mut().filter_map(|(n, p)| p.parked.take().map(|parked| (*n, parked))).collect();
+        for pending in done {
+            self.effects.push_back(Effect::AppendDone { id: pending.id, result: Ok(pending.seqs) });
+        }
+        if first <= hw {
+            self.effects.push_back(Effect::Committed { first, last: hw, slots });
+        }
+        // Followers learn the new HW right away.
+        for (node, parked) in parked {
+            self.answer_pull(node, parked.pull_id, parked.next_seq, parked.max_bytes);
+        }
+    }
+
+    pub(super) fn leader_timeout(&mut self) {
+        let now = self.now;
+        let append_timeout = self.config.append_timeout;
+        let proposal_timeout = self.config.proposal_timeout;
+        let Some(leader) = self.leader() else { return };
+        let expired: Vec<(NodeId, Parked)> = leader
+            .progress
+            .iter_mut()
+            .filter(|(_, p)| p.parked.is_some_and(|parked| parked.deadline <= now))
+            .filter_map(|(n, p)| p.parked.take().map(|parked| (*n, parked)))
+            .collect();
+        let mut timed_out = Vec::new();
+        while leader.pending.front().is_some_and(|p| p.admitted_at + append_timeout <= now) {
+            timed_out.push(leader.pending.pop_front().expect("checked non-empty").id);
+        }
+        if leader.proposal.is_some_and(|(at, _)| at + proposal_timeout <= now) {
+            leader.proposal = None;
+        }
+        for (node, parked) in expired {
+            self.answer_pull(node, parked.pull_id, parked.next_seq, parked.max_bytes);
+        }
+        for id in timed_out {
+            self.effects.push_back(Effect::AppendDone { id, result: Err(AppendAborted::Timeout) });
+        }
+        self.maybe_propose_shrink();
+    }
+
+    /// Proposes removing an ISR follower that has not caught up for longer than the lag bound — never
+    /// below MinISR, one proposal at a time.
+    fn maybe_propose_shrink(&mut self) {
+        let Some(meta) = self.meta.clone() else { return };
+        let now = self.now;
+        let lag = self.config.isr_lag;
+        let me = self.me;
+        let Some(leader) = self.leader() else { return };
+        if leader.proposal.is_some() || meta.isr.len() <= usize::from(meta.min_isr) || meta.write_fence.is_some() {
+            return;
+        }
+        let lagging = meta.isr.iter().filter(|n| **n != me).find(|n| {
+            leader.progress.get(n).is_some_and(|p| p.caught_up_at + lag <= now && leader.became_at + lag <= now)
+        });
+        let Some(&node) = lagging else { return };
+        let mut next = meta.clone();
+        next.isr.retain(|n| *n != node);
+        next.version += 1;
+        next.epoch = next.epoch.next();
+        leader.proposal = Some((now, meta.version));
+        self.effects.push_back(Effect::ProposeMeta {
+            expected_version: meta.version,
+            meta: next,
+            reason: MetaChangeReason::ShrinkIsr { node },
+        });
+    }
+
+    /// Proposes adding a replica to the ISR once it proved, under this leader and epoch, that it holds
+    /// everything committed and has caught up with our log end.
+    fn maybe_propose_expansion(&mut self, node: NodeId) {
+        let Some(meta) = self.meta.clone() else { return };
+        if meta.in_isr(node) || meta.write_fence.is_some() {
+            return;
+        }
+        let now = self.now;
+        let hw = self.log.hw;
+        let end = self.log.end;
+        let Some(leader) = self.leader() else { return };
+        let Some(progress) = leader.progress.get(&node) else { return };
+        let proven = progress.match_seq >= hw && progress.match_seq >= end && hw >= leader.barrier_seq;
+        if leader.proposal.is_some() || !proven {
+            return;
+        }
+        let match_seq = progress.match_seq;
+        let mut next = meta.clone();
+        next.isr.push(node);
+        next.version += 1;
+        next.epoch = next.epoch.next();
+        leader.proposal = Some((now, meta.version));
+        self.effects.push_back(Effect::ProposeMeta {
+            expected_version: meta.version,
+            meta: next,
+            reason: MetaChangeReason::ExpandIsr { node, match_seq, hw },
+        });
+    }
+}
+
+/// How one record of a request is appended.
+enum Planned {
+    /// A new record.
+    New,
+    /// A retry of a record already in the log.
+    Existing(Seq),
+    /// The same key and payload as an earlier record of this request.
+    SameAs(usize),
+}

@@ -1,0 +1,598 @@
+//! The channel replica machine: one instance per replica of one channel, pure and deterministic.
+//!
+//! # Calling contract
+//!
+//! Inputs are `handle_*` calls, each taking the current logical [`Time`] (never earlier than the last
+//! one). Outputs are [`Effect`]s drained with [`ChannelMachine::poll_effect`] until `None` after every
+//! input; [`ChannelMachine::poll_timeout`] says when to call [`ChannelMachine::handle_timeout`] next.
+//! The machine never calls the host: the runtime carries out effects and feeds the results back
+//! (`handle_persisted`, `handle_read`), so the same code runs in production and in the simulator.
+//!
+//! # The rules it keeps
+//!
+//! * **Commit.** HW is the MinISR-th highest durable match among ISR members, the leader's own durable log
+//!   included; learners never count. A follower's match is what its pull acknowledges (`next_seq - 1`),
+//!   and it pulls only once what it received is durable. Appends complete, in seq order, when HW covers
+//!   them. HW never goes back; reads are bounded by it.
+//! * **New-leader barrier.** A new leader first appends a barrier record of its own epoch and counts
+//!   nothing as committed until the barrier is. Without it, quorum commit has Raft's "figure 8" hazard: a
+//!   leader could count replicas for a record of an earlier epoch, crash, and be followed by a leader
+//!   chosen on a higher last epoch that never had the record — which would then be overwritten although
+//!   acknowledged. Committing the barrier proves MinISR replicas hold the new leader's log through it.
+//! * **Divergence** (KIP-101/279): a pull carries the follower's last epoch; the leader answers with the
+//!   end of that epoch in its own history when the follower's log goes beyond it, and the follower
+//!   truncates there. Never by HW alone.
+//! * **Generations.** A meta that changes the leader or this replica's role starts a new generation: the
+//!   old generation's pending appends end as `LeaderChanged`, and completions are matched by token.
+//!
+//! See `crates/channel/tests/` for the scenarios each rule prevents (KIP-101's two, and figure 8).
+
+mod cache;
+mod config;
+mod effect;
+mod error;
+mod follower;
+mod idempotency;
+mod leader;
+mod message;
+
+pub use config::MachineConfig;
+pub use effect::{
+    AppendAborted, AppendRecord, AppendRequest, Effect, MetaChangeReason, PersistToken, ReadToken, RequestId,
+};
+pub use error::{AppendError, ApplyMetaError};
+pub use message::{ChannelMessage, PullBody, PullHint, PullRequest, PullResponse};
+
+use cache::RecordCache;
+use follower::FollowerState;
+use idempotency::IdempotencyIndex;
+use leader::LeaderState;
+use std::collections::VecDeque;
+use tidings_store::message::{ChannelLogState, LogBatch, LogOp, Record};
+use tidings_store::StoreError;
+use tidings_types::{ChannelId, ChannelRuntimeMeta, LeaderEpoch, MetaError, NodeId, Seq, Time};
+
+/// This replica's role under its current meta.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoleKind {
+    /// No meta yet, or this node is not a replica.
+    None,
+    /// Accepts appends and serves pulls.
+    Leader,
+    /// Pulls from the leader and counts toward HW.
+    Follower,
+    /// Pulls from the leader; does not count and cannot lead.
+    Learner,
+}
+
+/// Whether the channel is drained (before a leader transfer): nothing pending and HW at the log end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainStatus {
+    /// Appends admitted and not completed.
+    pub pending_appends: usize,
+    /// The high watermark.
+    pub hw: Seq,
+    /// Last seq of the local log (durable or not).
+    pub log_end: Seq,
+    /// Last durable seq.
+    pub durable_last: Seq,
+    /// `true` when nothing is pending and HW, log end and durable end are equal.
+    pub drained: bool,
+}
+
+/// Durable evidence a controller gathers to pick a new leader after a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Evidence {
+    /// The replica.
+    pub node: NodeId,
+    /// Leader epoch of its last durable record.
+    pub last_epoch: LeaderEpoch,
+    /// Its last durable seq.
+    pub last_seq: Seq,
+    /// Its checkpointed high watermark.
+    pub hw: Seq,
+}
+
+/// Operations not yet handed to storage, in log order.
+#[derive(Clone, Debug)]
+enum PendingOp {
+    Append(Record),
+    Truncate(Seq),
+    StartAfter { seq: Seq, epoch: LeaderEpoch },
+}
+
+/// The durable append in flight (at most one per channel: batches grow while it runs).
+#[derive(Debug)]
+struct InFlight {
+    token: PersistToken,
+    /// Durable state once it completes.
+    next: ChannelLogState,
+}
+
+/// The local log as the machine sees it.
+#[derive(Debug)]
+struct LocalLog {
+    /// Mirror of the store's durable state.
+    durable: ChannelLogState,
+    /// Last seq of the whole local log: durable, in flight, and not yet handed to storage.
+    end: Seq,
+    /// Epoch history of the whole local log.
+    epochs: Vec<(LeaderEpoch, Seq)>,
+    /// High watermark in memory (the checkpoint in `durable.hw` may trail it).
+    hw: Seq,
+    cache: RecordCache,
+    unpersisted: VecDeque<PendingOp>,
+    persisting: Option<InFlight>,
+    next_persist_id: u64,
+    /// When HW was last checkpointed (to bound how stale the checkpoint gets when idle).
+    hw_checkpointed_at: Time,
+}
+
+impl LocalLog {
+    fn last_epoch(&self) -> LeaderEpoch {
+        self.epochs.last().map_or(LeaderEpoch::new(0), |(e, _)| *e)
+    }
+
+    /// Largest epoch at or below `epoch` in the local log, and its last seq.
+    fn end_of_epoch(&self, epoch: LeaderEpoch) -> (LeaderEpoch, Seq) {
+        let view = ChannelLogState { last_seq: self.end, epochs: self.epochs.clone(), ..ChannelLogState::default() };
+        view.end_of_epoch(epoch)
+    }
+
+    /// `true` when everything received or assigned is durable.
+    fn settled(&self) -> bool {
+        self.persisting.is_none() && self.unpersisted.is_empty()
+    }
+
+    fn push_record(&mut self, record: Record) {
+        if self.epochs.last().is_none_or(|(e, _)| record.leader_epoch > *e) {
+            self.epochs.push((record.leader_epoch, record.seq));
+        }
+        self.end = record.seq;
+        self.cache.push(record.clone());
+        self.unpersisted.push_back(PendingOp::Append(record));
+    }
+
+    fn truncate_after(&mut self, seq: Seq) {
+        self.end = seq;
+        self.epochs.retain(|(_, start)| *start <= seq);
+        self.cache.truncate_after(seq);
+        self.unpersisted.push_back(PendingOp::Truncate(seq));
+    }
+}
+
+/// What the machine is doing in its role.
+#[derive(Debug)]
+enum Role {
+    None,
+    Leader(Box<LeaderState>),
+    Follower(FollowerState),
+}
+
+/// One replica of one channel. See the [module docs](self) for the calling contract.
+#[derive(Debug)]
+pub struct ChannelMachine {
+    channel: ChannelId,
+    me: NodeId,
+    config: MachineConfig,
+    incarnation: u64,
+    now: Time,
+    meta: Option<ChannelRuntimeMeta>,
+    generation: u64,
+    log: LocalLog,
+    idempotency: IdempotencyIndex,
+    role: Role,
+    effects: VecDeque<Effect>,
+    /// Handoff slots held by admitted records not yet released by the runtime.
+    handoff_held: usize,
+    /// The local log failed: no more leading until a new incarnation.
+    broken: bool,
+}
+
+impl ChannelMachine {
+    /// A machine for `channel` on node `me`, over a log whose durable state is `durable` and whose last
+    /// records (up to the idempotency window; at least none) are `recent`. `incarnation` must differ from
+    /// every earlier machine of this channel on this node (completions of those are then ignored).
+    pub fn new(
+        channel: ChannelId,
+        me: NodeId,
+        config: MachineConfig,
+        incarnation: u64,
+        now: Time,
+        durable: ChannelLogState,
+        recent: Vec<Record>,
+    ) -> Self {
+        let mut cache = RecordCache::default();
+        let mut idempotency = IdempotencyIndex::new(config.idempotency_window);
+        let suffix_ok = recent.last().is_none_or(|r| r.seq == durable.last_seq);
+        for record in recent.into_iter().filter(|_| suffix_ok) {
+            idempotency.insert(&record);
+            cache.push(record);
+        }
+        let log = LocalLog {
+            end: durable.last_seq,
+            epochs: durable.epochs.clone(),
+            hw: durable.hw,
+            durable,
+            cache,
+            unpersisted: VecDeque::new(),
+            persisting: None,
+            next_persist_id: 0,
+            hw_checkpointed_at: now,
+        };
+        Self {
+            channel,
+            me,
+            config,
+            incarnation,
+            now,
+            meta: None,
+            generation: 0,
+            log,
+            idempotency,
+            role: Role::None,
+            effects: VecDeque::new(),
+            handoff_held: 0,
+            broken: false,
+        }
+    }
+
+    /// The channel.
+    pub fn channel(&self) -> &ChannelId {
+        &self.channel
+    }
+
+    /// The meta in force.
+    pub fn meta(&self) -> Option<&ChannelRuntimeMeta> {
+        self.meta.as_ref()
+    }
+
+    /// This replica's role.
+    pub fn role(&self) -> RoleKind {
+        match (&self.role, &self.meta) {
+            (Role::Leader(_), _) => RoleKind::Leader,
+            (Role::Follower(_), Some(meta)) if meta.in_isr(self.me) => RoleKind::Follower,
+            (Role::Follower(_), _) => RoleKind::Learner,
+            (Role::None, _) => RoleKind::None,
+        }
+    }
+
+    /// The high watermark: reads never go beyond it.
+    pub fn hw(&self) -> Seq {
+        self.log.hw
+    }
+
+    /// Last seq of the local log (durable or not).
+    pub fn log_end(&self) -> Seq {
+        self.log.end
+    }
+
+    /// Last durable seq of the local log.
+    pub fn durable_last(&self) -> Seq {
+        self.log.durable.last_seq
+    }
+
+    /// The durable state of the local log as last confirmed by storage.
+    pub fn durable_state(&self) -> &ChannelLogState {
+        &self.log.durable
+    }
+
+    /// Meta generation (bumped by leader and role changes).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Drain status, for a leader transfer.
+    pub fn drain_status(&self) -> DrainStatus {
+        let pending_appends = match &self.role {
+            Role::Leader(leader) => leader.pending.len(),
+            _ => 0,
+        };
+        let drained = pending_appends == 0 && self.log.hw == self.log.end && self.log.durable.last_seq == self.log.end;
+        DrainStatus {
+            pending_appends,
+            hw: self.log.hw,
+            log_end: self.log.end,
+            durable_last: self.log.durable.last_seq,
+            drained,
+        }
+    }
+
+    /// Durable evidence for choosing a new leader.
+    pub fn evidence(&self) -> Evidence {
+        Evidence {
+            node: self.me,
+            last_epoch: self.log.durable.last_epoch(),
+            last_seq: self.log.durable.last_seq,
+            hw: self.log.durable.hw,
+        }
+    }
+
+    /// Approximate memory held by this machine's caches, in bytes.
+    pub fn cached_bytes(&self) -> usize {
+        self.log.cache.bytes() + self.idempotency.len() * 96
+    }
+
+    /// `true` if the machine can be evicted without losing anything: no meta-dependent work pending,
+    /// everything durable, nothing waiting for commit or handoff.
+    pub fn is_quiescent(&self) -> bool {
+        let leader_idle = match &self.role {
+            Role::Leader(leader) => leader.pending.is_empty() && leader.reserved.is_empty(),
+            _ => true,
+        };
+        leader_idle && self.log.settled() && self.handoff_held == 0 && self.log.hw == self.log.end
+    }
+
+    /// Next effect to carry out, if any.
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.effects.pop_front()
+    }
+
+    /// When [`ChannelMachine::handle_timeout`] should next be called, if at all.
+    ///
+    /// Every deadline returned is one that `handle_timeout` acts on, so a runtime that calls it at that time
+    /// always makes progress (no timer stays due).
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let role = match &self.role {
+            Role::Leader(leader) => leader.next_timeout(&self.config, self.now),
+            Role::Follower(follower) => follower.next_timeout(&self.config, self.now),
+            Role::None => None,
+        };
+        let checkpoint_due =
+            self.log.persisting.is_none() && self.log.hw.min(self.log.durable.last_seq) > self.log.durable.hw;
+        let checkpoint = checkpoint_due.then(|| (self.log.hw_checkpointed_at + HW_CHECKPOINT_EVERY).max(self.now));
+        [role, checkpoint].into_iter().flatten().min()
+    }
+
+    /// Timers: parked pulls, append timeouts, ISR checks, follower pulls, HW checkpoints.
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.advance(now);
+        match self.role {
+            Role::Leader(_) => self.leader_timeout(),
+            Role::Follower(_) => self.follower_timeout(),
+            Role::None => {}
+        }
+        self.maybe_persist();
+    }
+
+    /// Applies a new meta. Invalid metas and metas that are not valid successors are refused and change
+    /// nothing.
+    pub fn handle_meta(&mut self, now: Time, meta: ChannelRuntimeMeta) -> Result<(), ApplyMetaError> {
+        self.advance(now);
+        if meta.channel != self.channel {
+            return Err(MetaError::WrongChannel.into());
+        }
+        match &self.meta {
+            Some(current) => current.check_successor(&meta)?,
+            None => meta.validate()?,
+        }
+        let previous = self.meta.replace(meta);
+        let meta = self.meta.as_ref().expect("just set");
+        let leader_changed =
+            previous.as_ref().is_none_or(|p| p.leader != meta.leader || p.leader_epoch != meta.leader_epoch);
+        let was_replica = previous.as_ref().is_some_and(|p| p.is_replica(self.me));
+        let replica_changed = was_replica != meta.is_replica(self.me);
+        if leader_changed || replica_changed {
+            self.generation += 1;
+            self.leave_role();
+            self.enter_role();
+        } else if let Role::Leader(_) = self.role {
+            self.leader_meta_changed();
+        }
+        self.maybe_persist();
+        Ok(())
+    }
+
+    /// Admits an append (leader only). The result arrives later as [`Effect::AppendDone`].
+    pub fn handle_append(&mut self, now: Time, request: AppendRequest) -> Result<(), AppendError> {
+        self.advance(now);
+        let result = self.leader_append(request);
+        self.maybe_persist();
+        result
+    }
+
+    /// A message from another replica of this channel.
+    pub fn handle_message(&mut self, now: Time, from: NodeId, message: ChannelMessage) {
+        self.advance(now);
+        match message {
+            ChannelMessage::Pull(request) => self.leader_pull(from, request),
+            ChannelMessage::PullResponse(response) => self.follower_response(from, response),
+            ChannelMessage::Hint(hint) => self.follower_hint(from, hint),
+        }
+        self.maybe_persist();
+    }
+
+    /// Completion of a durable append. A token that is not the one in flight is ignored.
+    pub fn handle_persisted(&mut self, now: Time, token: PersistToken, result: Result<(), StoreError>) {
+        self.advance(now);
+        let matches = self.log.persisting.as_ref().is_some_and(|inflight| inflight.token == token);
+        if !matches {
+            return;
+        }
+        let inflight = self.log.persisting.take().expect("checked above");
+        match result {
+            Ok(()) => {
+                if inflight.next.hw > self.log.durable.hw {
+                    self.log.hw_checkpointed_at = self.now;
+                }
+                self.log.durable = inflight.next;
+                match self.role {
+                    Role::Leader(_) => self.leader_recompute_hw(),
+                    Role::Follower(_) => self.follower_persisted(),
+                    Role::None => {}
+                }
+            }
+            Err(_) => self.persist_failed(),
+        }
+        self.evict_cache();
+        self.maybe_persist();
+    }
+
+    /// Records read from storage to answer a pull (after an [`Effect::Read`]).
+    pub fn handle_read(&mut self, now: Time, token: ReadToken, result: Result<Vec<Record>, StoreError>) {
+        self.advance(now);
+        if token.incarnation != self.incarnation || token.generation != self.generation {
+            return;
+        }
+        self.leader_read_done(token, result);
+    }
+
+    /// The runtime handed `slots` committed records to fanout.
+    pub fn release_handoff(&mut self, slots: usize) {
+        self.handoff_held = self.handoff_held.saturating_sub(slots);
+    }
+
+    fn advance(&mut self, now: Time) {
+        debug_assert!(now >= self.now, "time went backwards: {now} after {}", self.now);
+        self.now = self.now.max(now);
+    }
+
+    fn enter_role(&mut self) {
+        let Some(meta) = &self.meta else { return };
+        self.role = if meta.leader == self.me {
+            Role::Leader(Box::new(LeaderState::new(meta, self.me, self.now)))
+        } else if meta.is_replica(self.me) {
+            Role::Follower(FollowerState::new(meta.leader, self.now))
+        } else {
+            Role::None
+        };
+        match self.role {
+            Role::Leader(_) => self.leader_start(),
+            Role::Follower(_) => self.follower_maybe_pull(),
+            Role::None => {}
+        }
+    }
+
+    fn leave_role(&mut self) {
+        if let Role::Leader(_) = self.role {
+            self.leader_stop(AppendAborted::LeaderChanged);
+        }
+        self.role = Role::None;
+    }
+
+    /// Builds the next durable append from the pending operations, if none is in flight.
+    fn maybe_persist(&mut self) {
+        if self.log.persisting.is_some() || self.broken {
+            return;
+        }
+        let mut ops = Vec::new();
+        let mut records: Vec<Record> = Vec::new();
+        let mut bytes = 0usize;
+        while let Some(op) = self.log.unpersisted.front() {
+            match op {
+                PendingOp::Append(record) => {
+                    let full = records.len() >= self.config.persist_records_max
+                        || (!records.is_empty() && bytes + record.payload.len() > self.config.persist_bytes_max);
+                    if full {
+                        break;
+                    }
+                    bytes += record.payload.len();
+                    let Some(PendingOp::Append(record)) = self.log.unpersisted.pop_front() else { unreachable!() };
+                    records.push(record);
+                }
+                PendingOp::Truncate(seq) => {
+                    let seq = *seq;
+                    flush_records(&mut ops, &mut records);
+                    ops.push(LogOp::TruncateAfter(seq));
+                    self.log.unpersisted.pop_front();
+                }
+                PendingOp::StartAfter { seq, epoch } => {
+                    let (seq, epoch) = (*seq, *epoch);
+                    flush_records(&mut ops, &mut records);
+                    ops.push(LogOp::StartAfter { seq, epoch });
+                    self.log.unpersisted.pop_front();
+                }
+            }
+        }
+        flush_records(&mut ops, &mut records);
+        let mut next = self.log.durable.clone();
+        for op in &ops {
+            if next.apply(&self.channel, op).is_err() {
+                // The machine only builds operations its own log accepts: reaching this is a bug, and the
+                // safe reaction is to stop writing.
+                debug_assert!(false, "machine built an operation its log refuses: {op:?}");
+                self.persist_failed();
+                return;
+            }
+        }
+        self.append_bookkeeping_ops(&mut ops, &mut next);
+        if ops.is_empty() {
+            return;
+        }
+        let token =
+            PersistToken { incarnation: self.incarnation, generation: self.generation, id: self.log.next_persist_id };
+        self.log.next_persist_id += 1;
+        self.log.persisting = Some(InFlight { token, next });
+        self.effects.push_back(Effect::Persist { token, batch: LogBatch::new(self.channel.clone(), ops) });
+    }
+
+    /// Adds an HW checkpoint and a retention move to a batch when they are due.
+    fn append_bookkeeping_ops(&mut self, ops: &mut Vec<LogOp>, next: &mut ChannelLogState) {
+        let checkpoint = self.log.hw.min(next.last_seq);
+        let due = !ops.is_empty() || self.now >= self.log.hw_checkpointed_at + HW_CHECKPOINT_EVERY;
+        if checkpoint > next.hw && due {
+            let op = LogOp::CheckpointHw(checkpoint);
+            if next.apply(&self.channel, &op).is_ok() {
+                ops.push(op);
+            }
+        }
+        if let Some(target) = self.retention_target(next) {
+            let op = LogOp::SetRetention(target);
+            if next.apply(&self.channel, &op).is_ok() {
+                ops.push(op);
+            }
+        }
+    }
+
+    /// Physical retention moves only at or below HW, the checkpointed HW, and (leader) the lowest ISR match.
+    fn retention_target(&self, next: &ChannelLogState) -> Option<Seq> {
+        let wanted = self.meta.as_ref()?.retention_through;
+        let mut target = wanted.min(next.hw).min(self.log.hw);
+        if let Role::Leader(leader) = &self.role {
+            target = target.min(leader.lowest_isr_match(self.meta.as_ref()?, self.me, next.last_seq));
+        }
+        (target > next.retention_through).then_some(target)
+    }
+
+    fn persist_failed(&mut self) {
+        match self.role {
+            Role::Leader(_) => {
+                self.broken = true;
+                self.leader_stop(AppendAborted::StorageFailed);
+                self.role = Role::None;
+                self.effects.push_back(Effect::StorageFailed);
+            }
+            _ => {
+                // Storage rolled the failed batch back: forget everything not durable and pull it again.
+                let durable = self.log.durable.clone();
+                self.log.unpersisted.clear();
+                self.log.end = durable.last_seq;
+                self.log.epochs = durable.epochs.clone();
+                self.log.cache.truncate_after(durable.last_seq);
+                self.idempotency.truncate_after(durable.last_seq);
+                if let Role::Follower(follower) = &mut self.role {
+                    follower.outstanding = None;
+                    follower.next_pull_at = Some(self.now + self.config.idle_pull_interval);
+                }
+            }
+        }
+    }
+
+    fn evict_cache(&mut self) {
+        let keep_after = self.log.durable.last_seq.min(self.log.hw);
+        self.log.cache.evict(self.config.cache_bytes_max, keep_after);
+    }
+
+    fn send(&mut self, to: NodeId, message: ChannelMessage) {
+        self.effects.push_back(Effect::Send { to, message });
+    }
+}
+
+/// How long an advanced HW may go without a checkpoint when no append carries one.
+const HW_CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn flush_records(ops: &mut Vec<LogOp>, records: &mut Vec<Record>) {
+    if !records.is_empty() {
+        ops.push(LogOp::Append(std::mem::take(records)));
+    }
+}

@@ -1,0 +1,506 @@
+//! A small cluster of channel replicas in one thread, on virtual time: seeded network faults (loss,
+//! duplication, delay and so reordering, partitions), storage with latency and a crash model, a stand-in
+//! for the slot layer (authoritative meta, compare-and-set proposals, failover with evidence), and a
+//! client-side oracle with invariant checks after every step.
+#![allow(dead_code, clippy::disallowed_methods)]
+
+use bytes::Bytes;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use tidings_channel::machine::{
+    AppendAborted, AppendError, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, MachineConfig,
+    PersistToken, ReadToken, RequestId,
+};
+use tidings_store::message::{
+    IdempotencyKey, LogBatch, LogLimits, MemoryLog, MessageLog, ReadLimits, Record, RecordKind,
+};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, ChannelType, DetRng, Epoch, LeaderEpoch, NodeId, Seq, Time};
+
+pub fn node(i: u64) -> NodeId {
+    NodeId::new(i)
+}
+
+pub fn channel() -> ChannelId {
+    ChannelId::new(ChannelType::GROUP, "room").unwrap()
+}
+
+/// Fault rates, per million.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    pub loss: u32,
+    pub duplicate: u32,
+    /// Network delay range, ms.
+    pub delay_ms: (u64, u64),
+    /// Storage latency range, ms.
+    pub disk_ms: (u64, u64),
+}
+
+#[derive(Debug)]
+enum Event {
+    Deliver { from: NodeId, to: NodeId, message: ChannelMessage },
+    Persisted { node: NodeId, incarnation: u64, token: PersistToken, batch: LogBatch },
+    Read { node: NodeId, incarnation: u64, token: ReadToken, from: Seq, through: Seq, max_bytes: usize },
+    Meta { node: NodeId, meta: ChannelRuntimeMeta },
+}
+
+pub struct Replica {
+    pub machine: Option<ChannelMachine>,
+    pub log: MemoryLog,
+    pub incarnation: u64,
+    /// Highest HW seen since the last restart (HW never goes back on a replica that did not crash).
+    pub hw_seen: Seq,
+}
+
+/// What the client was told.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Pending,
+    Acked(Vec<Seq>),
+    Aborted(AppendAborted),
+}
+
+pub struct Submitted {
+    pub payloads: Vec<Bytes>,
+    pub keys: Vec<Option<IdempotencyKey>>,
+    pub outcome: Outcome,
+}
+
+pub struct Cluster {
+    pub now: Time,
+    pub rng: DetRng,
+    pub faults: Faults,
+    pub config: MachineConfig,
+    pub replicas: BTreeMap<NodeId, Replica>,
+    /// The authoritative meta (what the slot layer holds).
+    pub meta: ChannelRuntimeMeta,
+    events: BinaryHeap<Reverse<(Time, u64, usize)>>,
+    event_bodies: Vec<Option<Event>>,
+    next_event: u64,
+    /// One-way blocked links (from, to).
+    pub blocked: BTreeSet<(NodeId, NodeId)>,
+    next_incarnation: u64,
+    next_request: u64,
+    pub requests: BTreeMap<RequestId, Submitted>,
+    /// First committed record seen at each seq (by any replica, at or below its HW).
+    pub committed: BTreeMap<Seq, Record>,
+    pub trace: Vec<String>,
+    /// Whether the slot-layer stand-in applies meta proposals from leaders.
+    pub accept_proposals: bool,
+}
+
+impl Cluster {
+    /// `n` replicas, all in the ISR, node 1 leading, with `min_isr`.
+    pub fn new(seed: u64, n: u64, min_isr: u8, faults: Faults, config: MachineConfig) -> Self {
+        let nodes: Vec<NodeId> = (1..=n).map(node).collect();
+        let meta = ChannelRuntimeMeta {
+            channel: channel(),
+            version: 1,
+            leader: node(1),
+            replicas: nodes.clone(),
+            isr: nodes.clone(),
+            min_isr,
+            epoch: Epoch::new(1),
+            leader_epoch: LeaderEpoch::new(1),
+            write_fence: None,
+            retention_through: Seq::new(0),
+        };
+        let mut cluster = Cluster {
+            now: Time::ZERO,
+            rng: DetRng::new(seed),
+            faults,
+            config,
+            replicas: BTreeMap::new(),
+            meta: meta.clone(),
+            events: BinaryHeap::new(),
+            event_bodies: Vec::new(),
+            next_event: 0,
+            blocked: BTreeSet::new(),
+            next_incarnation: 1,
+            next_request: 1,
+            requests: BTreeMap::new(),
+            committed: BTreeMap::new(),
+            trace: Vec::new(),
+            accept_proposals: true,
+        };
+        for id in nodes {
+            cluster.replicas.insert(
+                id,
+                Replica {
+                    machine: None,
+                    log: MemoryLog::new(LogLimits::default()),
+                    incarnation: 0,
+                    hw_seen: Seq::new(0),
+                },
+            );
+            cluster.start(id);
+        }
+        cluster
+    }
+
+    fn schedule(&mut self, at: Time, event: Event) {
+        let index = self.event_bodies.len();
+        self.event_bodies.push(Some(event));
+        self.events.push(Reverse((at, self.next_event, index)));
+        self.next_event += 1;
+    }
+
+    fn random_delay(&mut self, (low, high): (u64, u64)) -> std::time::Duration {
+        std::time::Duration::from_millis(self.rng.range(low, high.max(low)))
+    }
+
+    /// (Re)starts `id` from its durable log, with the authoritative meta.
+    pub fn start(&mut self, id: NodeId) {
+        let incarnation = self.next_incarnation;
+        self.next_incarnation += 1;
+        let replica = self.replicas.get_mut(&id).unwrap();
+        let state = replica.log.state(&channel()).unwrap();
+        let from = Seq::new(state.last_seq.get().saturating_sub(1024).max(1));
+        let recent = replica
+            .log
+            .read(&channel(), from, state.last_seq, ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX })
+            .unwrap();
+        let mut machine = ChannelMachine::new(channel(), id, self.config.clone(), incarnation, self.now, state, recent);
+        machine.handle_meta(self.now, self.meta.clone()).unwrap();
+        replica.machine = Some(machine);
+        replica.incarnation = incarnation;
+        replica.hw_seen = Seq::new(0);
+        self.trace.push(format!("{} start {id} inc {incarnation}", self.now));
+        self.drain(id);
+    }
+
+    /// Crashes `id`: its machine is gone and every write not yet durable is lost.
+    pub fn crash(&mut self, id: NodeId) {
+        let replica = self.replicas.get_mut(&id).unwrap();
+        replica.machine = None;
+        replica.log.crash();
+        self.trace.push(format!("{} crash {id}", self.now));
+    }
+
+    pub fn is_up(&self, id: NodeId) -> bool {
+        self.replicas[&id].machine.is_some()
+    }
+
+    pub fn machine(&self, id: NodeId) -> &ChannelMachine {
+        self.replicas[&id].machine.as_ref().expect("replica is up")
+    }
+
+    /// Submits an append to `to`; returns the request id, or the synchronous refusal.
+    pub fn append(&mut self, to: NodeId, payloads: &[&str], keys: &[Option<&str>]) -> Result<RequestId, AppendError> {
+        let id = RequestId(self.next_request);
+        self.next_request += 1;
+        let payloads: Vec<Bytes> = payloads.iter().map(|p| Bytes::from(p.to_string())).collect();
+        let keys: Vec<Option<IdempotencyKey>> = (0..payloads.len())
+            .map(|i| keys.get(i).copied().flatten().map(|k| IdempotencyKey::new(k.as_bytes().to_vec()).unwrap()))
+            .collect();
+        let records = payloads
+            .iter()
+            .zip(&keys)
+            .map(|(payload, key)| AppendRecord { idempotency_key: key.clone(), payload: payload.clone() })
+            .collect();
+        let now = self.now;
+        let Some(machine) = self.replicas.get_mut(&to).and_then(|r| r.machine.as_mut()) else {
+            return Err(AppendError::NotReady);
+        };
+        machine.handle_append(now, AppendRequest { id, records })?;
+        self.requests.insert(id, Submitted { payloads, keys, outcome: Outcome::Pending });
+        self.drain(to);
+        Ok(id)
+    }
+
+    /// Carries out every effect `id` produced.
+    fn drain(&mut self, id: NodeId) {
+        loop {
+            let Some(effect) =
+                self.replicas.get_mut(&id).and_then(|r| r.machine.as_mut()).and_then(|m| m.poll_effect())
+            else {
+                break;
+            };
+            self.carry_out(id, effect);
+        }
+        self.check_invariants();
+    }
+
+    fn carry_out(&mut self, id: NodeId, effect: Effect) {
+        let incarnation = self.replicas[&id].incarnation;
+        match effect {
+            Effect::Persist { token, batch } => {
+                let at = self.now + self.random_delay(self.faults.disk_ms);
+                self.schedule(at, Event::Persisted { node: id, incarnation, token, batch });
+            }
+            Effect::Send { to, message } => self.send(id, to, message),
+            Effect::Read { token, from, through, max_bytes } => {
+                let at = self.now + self.random_delay(self.faults.disk_ms);
+                self.schedule(at, Event::Read { node: id, incarnation, token, from, through, max_bytes });
+            }
+            Effect::AppendDone { id: request, result } => {
+                let outcome = match result {
+                    Ok(seqs) => Outcome::Acked(seqs),
+                    Err(reason) => Outcome::Aborted(reason),
+                };
+                self.trace.push(format!("{} done {request:?} {outcome:?}", self.now));
+                if let Some(submitted) = self.requests.get_mut(&request) {
+                    assert_eq!(submitted.outcome, Outcome::Pending, "request completed twice");
+                    submitted.outcome = outcome;
+                }
+            }
+            Effect::Committed { slots, .. } => {
+                if let Some(machine) = self.replicas.get_mut(&id).and_then(|r| r.machine.as_mut()) {
+                    machine.release_handoff(slots);
+                }
+            }
+            Effect::ProposeMeta { expected_version, meta, reason } => {
+                if self.accept_proposals && expected_version == self.meta.version {
+                    self.trace.push(format!("{} meta cas ok {reason:?}", self.now));
+                    self.publish(meta);
+                }
+            }
+            Effect::RefreshMeta => {
+                let meta = self.meta.clone();
+                let at = self.now + self.random_delay(self.faults.delay_ms);
+                self.schedule(at, Event::Meta { node: id, meta });
+            }
+            Effect::StorageFailed => self.trace.push(format!("{} storage failed on {id}", self.now)),
+        }
+    }
+
+    fn send(&mut self, from: NodeId, to: NodeId, message: ChannelMessage) {
+        // Every message crosses the wire encoding.
+        let bytes = postcard::to_allocvec(&message).unwrap();
+        let message: ChannelMessage = postcard::from_bytes(&bytes).unwrap();
+        if self.blocked.contains(&(from, to)) || self.rng.chance(self.faults.loss) {
+            return;
+        }
+        let copies = if self.rng.chance(self.faults.duplicate) { 2 } else { 1 };
+        for _ in 0..copies {
+            let at = self.now + self.random_delay(self.faults.delay_ms);
+            self.schedule(at, Event::Deliver { from, to, message: message.clone() });
+        }
+    }
+
+    /// Makes `meta` authoritative and delivers it to every replica (old and new members).
+    pub fn publish(&mut self, meta: ChannelRuntimeMeta) {
+        self.trace.push(format!(
+            "{} publish v{} leader {} le {} isr {:?}",
+            self.now, meta.version, meta.leader, meta.leader_epoch, meta.isr
+        ));
+        self.meta = meta.clone();
+        let targets: Vec<NodeId> = self.replicas.keys().copied().collect();
+        for id in targets {
+            let at = self.now + self.random_delay(self.faults.delay_ms);
+            self.schedule(at, Event::Meta { node: id, meta: meta.clone() });
+        }
+    }
+
+    /// Delivers the authoritative meta to `id` right away.
+    pub fn deliver_meta_now(&mut self, id: NodeId) {
+        let (now, meta) = (self.now, self.meta.clone());
+        if let Some(machine) = self.replicas.get_mut(&id).and_then(|r| r.machine.as_mut()) {
+            let _ = machine.handle_meta(now, meta);
+        }
+        self.drain(id);
+    }
+
+    /// Failover with evidence: gathers (last epoch, last seq) from reachable live ISR members — at least
+    /// |ISR| − MinISR + 1 of them — and makes the most advanced the leader under a new leader epoch.
+    /// `isr`/`min_isr` optionally replace the ISR (e.g. dropping a dead member). Returns the new leader, or
+    /// `None` when the evidence is insufficient (the channel stays as it is: fail closed).
+    pub fn failover(&mut self, exclude: &[NodeId], isr: Option<Vec<NodeId>>, min_isr: Option<u8>) -> Option<NodeId> {
+        let needed = self.meta.isr.len() - usize::from(self.meta.min_isr) + 1;
+        let evidence: Vec<_> = self
+            .meta
+            .isr
+            .iter()
+            .filter(|n| !exclude.contains(n))
+            .filter_map(|n| self.replicas[n].machine.as_ref().map(|m| m.evidence()))
+            .collect();
+        if evidence.len() < needed {
+            self.trace.push(format!("{} failover refused: {} of {needed} evidences", self.now, evidence.len()));
+            return None;
+        }
+        let best = evidence.iter().max_by_key(|e| (e.last_epoch, e.last_seq, Reverse(e.node)))?;
+        let mut next = self.meta.clone();
+        next.version += 1;
+        next.leader = best.node;
+        next.leader_epoch = next.leader_epoch.next();
+        if let Some(isr) = isr {
+            next.isr = isr;
+            next.epoch = next.epoch.next();
+        }
+        if let Some(min_isr) = min_isr {
+            next.min_isr = min_isr;
+        }
+        let leader = best.node;
+        self.publish(next);
+        Some(leader)
+    }
+
+    /// Runs until `deadline`, processing events and timers in time order.
+    pub fn run_until(&mut self, deadline: Time) {
+        while let Some(at) = self.next_time() {
+            if at > deadline {
+                break;
+            }
+            self.step_at(at);
+        }
+        self.now = self.now.max(deadline);
+    }
+
+    /// Runs for `ms` milliseconds.
+    pub fn run_for(&mut self, ms: u64) {
+        let deadline = self.now + std::time::Duration::from_millis(ms);
+        self.run_until(deadline);
+    }
+
+    fn next_time(&self) -> Option<Time> {
+        let event = self.events.peek().map(|Reverse((at, _, _))| *at);
+        let timer = self.replicas.values().filter_map(|r| r.machine.as_ref()?.poll_timeout()).min();
+        [event, timer].into_iter().flatten().min()
+    }
+
+    fn step_at(&mut self, at: Time) {
+        self.now = self.now.max(at);
+        let event_due = self.events.peek().is_some_and(|Reverse((t, _, _))| *t <= self.now);
+        if event_due {
+            let Reverse((_, _, index)) = self.events.pop().unwrap();
+            let event = self.event_bodies[index].take().unwrap();
+            self.handle_event(event);
+            return;
+        }
+        let due: Vec<NodeId> = self
+            .replicas
+            .iter()
+            .filter(|(_, r)| r.machine.as_ref().and_then(|m| m.poll_timeout()).is_some_and(|t| t <= self.now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            let now = self.now;
+            if let Some(machine) = self.replicas.get_mut(&id).and_then(|r| r.machine.as_mut()) {
+                machine.handle_timeout(now);
+            }
+            self.drain(id);
+        }
+    }
+
+    fn handle_event(&mut self, event: Event) {
+        let now = self.now;
+        match event {
+            Event::Deliver { from, to, message } => {
+                let Some(machine) = self.replicas.get_mut(&to).and_then(|r| r.machine.as_mut()) else { return };
+                machine.handle_message(now, from, message);
+                self.drain(to);
+            }
+            Event::Persisted { node, incarnation, token, batch } => {
+                let replica = self.replicas.get_mut(&node).unwrap();
+                if replica.incarnation != incarnation || replica.machine.is_none() {
+                    return; // Crashed before the write became durable: it is lost.
+                }
+                let result = replica.log.commit(batch);
+                replica.machine.as_mut().unwrap().handle_persisted(now, token, result);
+                self.drain(node);
+            }
+            Event::Read { node, incarnation, token, from, through, max_bytes } => {
+                let replica = self.replicas.get_mut(&node).unwrap();
+                if replica.incarnation != incarnation || replica.machine.is_none() {
+                    return;
+                }
+                let limits = ReadLimits { records_max: usize::MAX, bytes_max: max_bytes };
+                let result = replica.log.read(&channel(), from, through, limits);
+                replica.machine.as_mut().unwrap().handle_read(now, token, result);
+                self.drain(node);
+            }
+            Event::Meta { node, meta } => {
+                if let Some(machine) = self.replicas.get_mut(&node).and_then(|r| r.machine.as_mut()) {
+                    // Stale or repeated metas are refused by the machine; that is expected here.
+                    let _ = machine.handle_meta(now, meta);
+                }
+                self.drain(node);
+            }
+        }
+    }
+
+    /// The durable records of `id`, from seq 1.
+    pub fn durable_records(&self, id: NodeId) -> Vec<Record> {
+        let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+        self.replicas[&id].log.read(&channel(), Seq::new(1), Seq::new(u64::MAX), limits).unwrap()
+    }
+
+    /// Invariants checked after every step.
+    pub fn check_invariants(&mut self) {
+        let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+        let ids: Vec<NodeId> = self.replicas.keys().copied().collect();
+        for id in ids {
+            let replica = self.replicas.get_mut(&id).unwrap();
+            let Some(machine) = &replica.machine else { continue };
+            let hw = machine.hw();
+            assert!(
+                hw >= replica.hw_seen,
+                "HW went back on {id}: {hw} < {}\n{}",
+                replica.hw_seen,
+                self.trace.join("\n")
+            );
+            replica.hw_seen = hw;
+            // Every replica agrees on every seq at or below its HW (what is durable of it so far).
+            let records = replica.log.read(&channel(), Seq::new(1), hw, limits).unwrap();
+            for record in records {
+                match self.committed.get(&record.seq) {
+                    Some(first) => assert_eq!(
+                        first,
+                        &record,
+                        "replica {id} disagrees at committed seq {}\n{}",
+                        record.seq,
+                        self.trace.join("\n")
+                    ),
+                    None => {
+                        self.committed.insert(record.seq, record);
+                    }
+                }
+            }
+        }
+        // Every acknowledged record is committed with its payload.
+        for submitted in self.requests.values() {
+            let Outcome::Acked(seqs) = &submitted.outcome else { continue };
+            for (seq, payload) in seqs.iter().zip(&submitted.payloads) {
+                if let Some(record) = self.committed.get(seq) {
+                    assert_eq!(&record.payload, payload, "acked payload changed at {seq}\n{}", self.trace.join("\n"));
+                }
+            }
+        }
+    }
+
+    /// After healing: every acknowledged record is at its seq on every live ISR replica, and all live ISR
+    /// replicas hold the same log through the leader's HW.
+    pub fn check_converged(&self) {
+        let isr: Vec<NodeId> = self.meta.isr.iter().copied().filter(|n| self.is_up(*n)).collect();
+        for submitted in self.requests.values() {
+            let Outcome::Acked(seqs) = &submitted.outcome else { continue };
+            for (seq, payload) in seqs.iter().zip(&submitted.payloads) {
+                for id in &isr {
+                    let records = self.durable_records(*id);
+                    let found = records.iter().find(|r| r.seq == *seq);
+                    assert_eq!(
+                        found.map(|r| &r.payload),
+                        Some(payload),
+                        "acked seq {seq} missing or changed on {id}\n{}",
+                        self.trace.join("\n")
+                    );
+                }
+            }
+        }
+        let leader_hw = self.machine(self.meta.leader).hw();
+        let reference = self.durable_records(self.meta.leader);
+        for id in &isr {
+            let records = self.durable_records(*id);
+            let upto = |rs: &[Record]| rs.iter().filter(|r| r.seq <= leader_hw).cloned().collect::<Vec<_>>();
+            assert_eq!(upto(&records), upto(&reference), "{id} differs from the leader through HW {leader_hw}");
+        }
+    }
+
+    /// Messages (records that are not barriers) committed, in seq order.
+    pub fn committed_messages(&self) -> Vec<(Seq, Bytes)> {
+        self.committed.values().filter(|r| r.kind == RecordKind::Message).map(|r| (r.seq, r.payload.clone())).collect()
+    }
+
+    pub fn outcome(&self, id: RequestId) -> &Outcome {
+        &self.requests[&id].outcome
+    }
+}

@@ -1,0 +1,217 @@
+//! The channel replica machine in a small in-process cluster on virtual time.
+
+mod harness;
+
+use harness::{node, Cluster, Faults, Outcome};
+use std::time::Duration;
+use tidings_channel::machine::{AppendError, MachineConfig, RoleKind};
+use tidings_types::{Seq, WriteFence};
+
+fn quiet() -> Faults {
+    Faults { loss: 0, duplicate: 0, delay_ms: (1, 3), disk_ms: (1, 2) }
+}
+
+fn config() -> MachineConfig {
+    MachineConfig {
+        isr_lag: Duration::from_secs(3),
+        isr_alive: Duration::from_secs(2),
+        append_timeout: Duration::from_secs(5),
+        pull_park: Duration::from_millis(200),
+        pull_timeout: Duration::from_millis(600),
+        idle_pull_interval: Duration::from_millis(500),
+        proposal_timeout: Duration::from_millis(1_000),
+        ..MachineConfig::default()
+    }
+}
+
+fn acked(cluster: &Cluster, id: tidings_channel::machine::RequestId) -> Vec<Seq> {
+    match cluster.outcome(id) {
+        Outcome::Acked(seqs) => seqs.clone(),
+        other => panic!("request {id:?} not acked: {other:?}\n{}", cluster.trace.join("\n")),
+    }
+}
+
+#[test]
+fn single_replica_commits_through_the_same_path() {
+    let mut cluster = Cluster::new(1, 1, 1, quiet(), config());
+    cluster.run_for(50);
+    let id = cluster.append(node(1), &["hello", "world"], &[]).unwrap();
+    cluster.run_for(50);
+    // Seq 1 is the leader's barrier; messages follow it.
+    assert_eq!(acked(&cluster, id), vec![Seq::new(2), Seq::new(3)]);
+    assert_eq!(cluster.machine(node(1)).hw(), Seq::new(3));
+    let messages = cluster.committed_messages();
+    assert_eq!(messages.iter().map(|(s, _)| s.get()).collect::<Vec<_>>(), vec![2, 3]);
+}
+
+#[test]
+fn three_replicas_commit_in_order_and_converge() {
+    let mut cluster = Cluster::new(2, 3, 2, quiet(), config());
+    cluster.run_for(100);
+    let mut ids = Vec::new();
+    for i in 0..50 {
+        let payload = format!("m{i}");
+        ids.push(cluster.append(node(1), &[payload.as_str()], &[]).unwrap());
+        cluster.run_for(2);
+    }
+    cluster.run_for(500);
+    let mut last = Seq::new(0);
+    for id in ids {
+        let seq = acked(&cluster, id)[0];
+        assert!(seq > last, "acks out of submission order");
+        last = seq;
+    }
+    for n in 1..=3 {
+        assert_eq!(cluster.machine(node(n)).hw(), last, "replica {n} HW");
+    }
+    cluster.check_converged();
+}
+
+#[test]
+fn non_leaders_refuse_with_a_leader_hint() {
+    let mut cluster = Cluster::new(3, 3, 2, quiet(), config());
+    cluster.run_for(100);
+    assert_eq!(cluster.append(node(2), &["x"], &[]), Err(AppendError::NotLeader { leader: Some(node(1)) }));
+    assert_eq!(cluster.machine(node(2)).role(), RoleKind::Follower);
+}
+
+#[test]
+fn admission_refusals_change_nothing() {
+    let mut config = config();
+    config.request_records_max = 4;
+    config.pending_records_max = 6;
+    config.handoff_slots = 8;
+    let mut cluster = Cluster::new(4, 3, 2, quiet(), config);
+    cluster.run_for(100);
+    assert_eq!(cluster.append(node(1), &[], &[]), Err(AppendError::Empty));
+    assert!(matches!(cluster.append(node(1), &["a"; 5], &[]), Err(AppendError::TooLarge { .. })));
+    // Followers unreachable: nothing commits, so the pending bound fills up.
+    cluster.blocked.insert((node(2), node(1)));
+    cluster.blocked.insert((node(3), node(1)));
+    cluster.append(node(1), &["a"; 4], &[]).unwrap();
+    let end = cluster.machine(node(1)).log_end();
+    assert_eq!(cluster.append(node(1), &["b"; 3], &[]), Err(AppendError::Busy));
+    assert_eq!(cluster.machine(node(1)).log_end(), end, "a refused append assigns nothing");
+    // After the alive window, the leader refuses outright: fewer than MinISR ISR members alive.
+    cluster.run_for(2_500);
+    assert!(matches!(
+        cluster.append(node(1), &["c"], &[]),
+        Err(AppendError::NotEnoughReplicas { alive: 1, min_isr: 2 })
+    ));
+}
+
+#[test]
+fn handoff_capacity_is_reserved_before_anything_is_written() {
+    let mut config = config();
+    config.request_records_max = 4;
+    config.handoff_slots = 4;
+    let mut cluster = Cluster::new(5, 1, 1, quiet(), config);
+    cluster.run_for(20);
+    // The harness releases handoff slots as soon as records commit; hold them by not running.
+    cluster.append(node(1), &["a"; 4], &[]).unwrap();
+    let end = cluster.machine(node(1)).log_end();
+    assert_eq!(cluster.append(node(1), &["b"], &[]), Err(AppendError::ChannelBusy));
+    assert_eq!(cluster.machine(node(1)).log_end(), end);
+    cluster.run_for(20);
+    assert!(cluster.append(node(1), &["b"], &[]).is_ok(), "slots return once fanout takes the records");
+}
+
+#[test]
+fn write_fence_refuses_appends_until_newer_meta_clears_it() {
+    let mut cluster = Cluster::new(6, 3, 2, quiet(), config());
+    cluster.run_for(100);
+    let before = cluster.append(node(1), &["before"], &[]).unwrap();
+    let mut fenced = cluster.meta.clone();
+    fenced.version += 1;
+    fenced.write_fence = Some(WriteFence { task: 7, since_version: fenced.version });
+    cluster.publish(fenced);
+    cluster.deliver_meta_now(node(1));
+    assert_eq!(cluster.append(node(1), &["x"], &[]), Err(AppendError::Fenced { task: 7 }));
+    // In-flight work drains under the fence.
+    cluster.run_for(200);
+    acked(&cluster, before);
+    assert!(cluster.machine(node(1)).drain_status().drained);
+    // Time alone never reopens writes.
+    cluster.run_for(60_000);
+    assert_eq!(cluster.append(node(1), &["x"], &[]), Err(AppendError::Fenced { task: 7 }));
+    let mut open = cluster.meta.clone();
+    open.version += 1;
+    open.write_fence = None;
+    cluster.publish(open);
+    cluster.deliver_meta_now(node(1));
+    let after = cluster.append(node(1), &["after"], &[]).unwrap();
+    cluster.run_for(200);
+    acked(&cluster, after);
+}
+
+#[test]
+fn idempotent_retries_return_the_original_seq_even_after_failover() {
+    let mut cluster = Cluster::new(7, 3, 2, quiet(), config());
+    cluster.run_for(100);
+    let first = cluster.append(node(1), &["hello"], &[Some("alice:1")]).unwrap();
+    cluster.run_for(100);
+    let seq = acked(&cluster, first)[0];
+    let retry = cluster.append(node(1), &["hello"], &[Some("alice:1")]).unwrap();
+    cluster.run_for(10);
+    assert_eq!(acked(&cluster, retry), vec![seq]);
+    assert_eq!(cluster.append(node(1), &["other"], &[Some("alice:1")]), Err(AppendError::IdempotencyConflict));
+    // Same key twice inside one request: one record.
+    let twice = cluster.append(node(1), &["x", "x"], &[Some("bob:1"), Some("bob:1")]).unwrap();
+    cluster.run_for(100);
+    let seqs = acked(&cluster, twice);
+    assert_eq!(seqs[0], seqs[1]);
+    // Failover: the new leader knows the key from its own copy of the log.
+    cluster.crash(node(1));
+    let leader = cluster.failover(&[node(1)], None, None).unwrap();
+    cluster.run_for(300);
+    let after = cluster.append(leader, &["hello"], &[Some("alice:1")]).unwrap();
+    cluster.run_for(300);
+    assert_eq!(acked(&cluster, after), vec![seq]);
+    assert_eq!(cluster.committed_messages().len(), 2, "no duplicate record");
+}
+
+#[test]
+fn learners_replicate_but_never_count_and_expand_with_proof() {
+    let mut cluster = Cluster::new(8, 3, 2, quiet(), config());
+    cluster.accept_proposals = false;
+    // Node 3 is a learner: replica, not in ISR.
+    let mut meta = cluster.meta.clone();
+    meta.version += 1;
+    meta.isr.retain(|n| *n != node(3));
+    meta.epoch = meta.epoch.next();
+    cluster.publish(meta);
+    cluster.run_for(100);
+    assert_eq!(cluster.machine(node(3)).role(), RoleKind::Learner);
+    // With node 2 cut off, the learner's copy must not commit anything (MinISR 2 of ISR {1, 2}).
+    cluster.blocked.insert((node(2), node(1)));
+    cluster.blocked.insert((node(1), node(2)));
+    let id = cluster.append(node(1), &["m"], &[]).unwrap();
+    cluster.run_for(1_000);
+    assert_eq!(*cluster.outcome(id), Outcome::Pending);
+    let end = cluster.machine(node(1)).log_end();
+    assert_eq!(cluster.machine(node(3)).durable_last(), end, "learner replicated everything");
+    assert!(cluster.machine(node(1)).hw() < end);
+    // Once the slot layer accepts the leader's proposal (the learner proved it holds the whole log under
+    // this leader), it counts, and the append commits even with node 2 still cut off.
+    cluster.accept_proposals = true;
+    cluster.run_for(6_000);
+    assert!(cluster.meta.in_isr(node(3)), "learner not expanded into ISR: {:?}", cluster.meta);
+    acked(&cluster, id);
+}
+
+#[test]
+fn lagging_follower_is_shrunk_out_of_the_isr_never_below_min_isr() {
+    let mut cluster = Cluster::new(9, 3, 2, quiet(), config());
+    cluster.run_for(100);
+    cluster.crash(node(3));
+    for i in 0..10 {
+        let payload = format!("m{i}");
+        cluster.append(node(1), &[payload.as_str()], &[]).unwrap();
+        cluster.run_for(500);
+    }
+    assert_eq!(cluster.meta.isr.len(), 2, "node 3 shrunk out: {:?}", cluster.meta.isr);
+    assert!(!cluster.meta.in_isr(node(3)));
+    cluster.crash(node(2));
+    cluster.run_for(10_000);
+    assert_eq!(cluster.meta.isr.len(), 2, "never below MinISR");
+}
