@@ -123,7 +123,7 @@ fn write_fence_refuses_appends_until_newer_meta_clears_it() {
     let before = cluster.append(node(1), &["before"], &[]).unwrap();
     let mut fenced = cluster.meta.clone();
     fenced.version += 1;
-    fenced.write_fence = Some(WriteFence { task: 7, since_version: fenced.version });
+    fenced.write_fence = Some(WriteFence { task: 7, since_version: fenced.version, freeze_replication: false });
     cluster.publish(fenced);
     cluster.deliver_meta_now(node(1));
     assert_eq!(cluster.append(node(1), &["x"], &[]), Err(AppendError::Fenced { task: 7 }));

@@ -12,6 +12,18 @@ pub struct WriteFence {
     pub task: u64,
     /// Meta version at which the fence was set.
     pub since_version: u64,
+    /// Replicas also stop replicating from (and acknowledging to) the current leader. A failover sets it
+    /// before gathering evidence: once |ISR| − MinISR + 1 replicas froze, a leader cut off from the
+    /// controller can no longer commit anything the evidence does not show. A leader transfer leaves it
+    /// unset so the old leader can drain.
+    pub freeze_replication: bool,
+}
+
+impl ChannelRuntimeMeta {
+    /// `true` while a failover fence freezes replication.
+    pub fn replication_frozen(&self) -> bool {
+        self.write_fence.is_some_and(|f| f.freeze_replication)
+    }
 }
 
 /// Runtime metadata of one channel.

@@ -38,6 +38,19 @@ pub struct MachineConfig {
     pub append_timeout: Duration,
     /// A meta proposal with no answer after this long may be proposed again. Default 5 s.
     pub proposal_timeout: Duration,
+    /// Switches that break safety on purpose, so tests and the simulator can show their checks catch the
+    /// loss. All off by default; never turn one on outside a test.
+    pub unsafe_test_switches: UnsafeTestSwitches,
+}
+
+/// Safety rules a test may disable to prove that the invariant checks notice. See
+/// [`MachineConfig::unsafe_test_switches`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnsafeTestSwitches {
+    /// Count replicas toward HW for records of earlier epochs (no new-leader barrier rule).
+    pub skip_barrier_rule: bool,
+    /// Followers acknowledge records as soon as they receive them, before they are durable.
+    pub ack_before_durable: bool,
 }
 
 impl Default for MachineConfig {
@@ -59,6 +72,7 @@ impl Default for MachineConfig {
             isr_alive: Duration::from_secs(6),
             append_timeout: Duration::from_secs(10),
             proposal_timeout: Duration::from_secs(5),
+            unsafe_test_switches: UnsafeTestSwitches::default(),
         }
     }
 }

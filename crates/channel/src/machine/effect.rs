@@ -148,4 +148,8 @@ pub enum Effect {
     RefreshMeta,
     /// The local log failed to persist; this replica stopped serving as leader. Fail over.
     StorageFailed,
+    /// The meta names this replica leader under a leader epoch its log already holds: it restarted after
+    /// leading in that epoch and may have lost records its followers have, so it must not lead again in
+    /// it. The controller must fail over with evidence (which may pick this replica under a new epoch).
+    NeedsFailover,
 }

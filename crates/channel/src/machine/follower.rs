@@ -49,15 +49,21 @@ impl ChannelMachine {
 
     /// Sends a pull if none is out, everything received is durable, and no back-off is running.
     pub(super) fn follower_maybe_pull(&mut self) {
-        let settled = self.log.settled();
+        let ack_early = self.config.unsafe_test_switches.ack_before_durable;
+        let settled = self.log.settled() || ack_early;
         let now = self.now;
-        let next_seq = self.log.durable.last_seq.next();
-        let last_epoch = self.log.durable.last_epoch();
+        // The pull acknowledges everything before `next_seq`: only what is durable (unless a test switch
+        // breaks that rule on purpose).
+        let (next_seq, last_epoch) = if ack_early {
+            (self.log.end.next(), self.log.last_epoch())
+        } else {
+            (self.log.durable.last_seq.next(), self.log.durable.last_epoch())
+        };
         let max_bytes = u32::try_from(self.config.pull_bytes_max).unwrap_or(u32::MAX);
         let Some(meta) = &self.meta else { return };
-        let (channel, leader_epoch) = (meta.channel.clone(), meta.leader_epoch);
+        let (channel, leader_epoch, frozen) = (meta.channel.clone(), meta.leader_epoch, meta.replication_frozen());
         let Some(follower) = self.follower() else { return };
-        if follower.outstanding.is_some() || !settled || follower.next_pull_at.is_some_and(|at| at > now) {
+        if frozen || follower.outstanding.is_some() || !settled || follower.next_pull_at.is_some_and(|at| at > now) {
             return;
         }
         let pull_id = follower.next_pull_id;
@@ -98,6 +104,13 @@ impl ChannelMachine {
     pub(super) fn follower_response(&mut self, from: NodeId, response: PullResponse) {
         let Some(meta) = &self.meta else { return };
         let leader_epoch = meta.leader_epoch;
+        if meta.replication_frozen() {
+            // A failover froze replication: take nothing more from the current leader.
+            if let Some(follower) = self.follower() {
+                follower.outstanding = None;
+            }
+            return;
+        }
         if response.leader_epoch > leader_epoch {
             self.effects.push_back(super::Effect::RefreshMeta);
             return;
@@ -194,7 +207,7 @@ impl ChannelMachine {
 
     /// Follower HW = min(own durable end, leader HW); it never goes back.
     fn follower_update_hw(&mut self) {
-        let durable = self.log.durable.last_seq;
+        let durable = self.log.consistent_durable_end();
         let Some(follower) = self.follower() else { return };
         let candidate = follower.leader_hw.min(durable);
         if candidate > self.log.hw {

@@ -50,6 +50,9 @@ pub(super) struct PendingAppend {
 pub(super) struct LeaderState {
     /// Seq of this leader's barrier record: nothing counts as committed before it is.
     barrier_seq: Seq,
+    /// The barrier is durable locally: only then are records sent to followers, so a leader epoch that
+    /// reached any follower is always on the leader's own disk.
+    barrier_durable: bool,
     progress: BTreeMap<NodeId, Progress>,
     pub(super) pending: VecDeque<PendingAppend>,
     /// Message records this leader assigned, not yet committed: each holds a handoff slot.
@@ -66,6 +69,7 @@ impl LeaderState {
         let progress = meta.replicas.iter().filter(|n| **n != me).map(|n| (*n, Progress::new(now))).collect();
         Self {
             barrier_seq: Seq::new(0),
+            barrier_durable: false,
             progress,
             pending: VecDeque::new(),
             reserved: VecDeque::new(),
@@ -292,6 +296,9 @@ impl ChannelMachine {
     fn leader_new_records(&mut self) {
         let leader_epoch = self.meta.as_ref().expect("leader has meta").leader_epoch;
         let Some(leader) = self.leader() else { return };
+        if !leader.barrier_durable {
+            return;
+        }
         let mut answer = Vec::new();
         let mut hint = Vec::new();
         for (node, progress) in leader.progress.iter_mut() {
@@ -334,6 +341,9 @@ impl ChannelMachine {
             self.send(from, respond(PullBody::NotLeader));
             return;
         }
+        if meta.replication_frozen() {
+            return; // A failover is gathering evidence: count no acknowledgement, send no record.
+        }
         if request.leader_epoch < leader_epoch {
             self.send(from, respond(PullBody::StaleEpoch));
             return;
@@ -360,7 +370,8 @@ impl ChannelMachine {
         }
         self.leader_recompute_hw();
         self.maybe_propose_expansion(from);
-        if request.next_seq <= self.log.end {
+        let barrier_durable = self.leader().is_some_and(|l| l.barrier_durable);
+        if request.next_seq <= self.log.end && barrier_durable {
             self.answer_pull(from, request.pull_id, request.next_seq, max_bytes);
         } else {
             let deadline = now + self.config.pull_park;
@@ -375,10 +386,12 @@ impl ChannelMachine {
     fn answer_pull(&mut self, to: NodeId, pull_id: u64, next_seq: Seq, max_bytes: usize) {
         let leader_epoch = self.meta.as_ref().expect("leader has meta").leader_epoch;
         let retention = self.log.durable.retention_through;
+        // Nothing leaves this leader before its barrier is on its own disk (see `barrier_durable`).
+        let barrier_durable = self.leader().is_some_and(|l| l.barrier_durable);
         let body = if next_seq <= retention {
             let epoch = self.log.durable.epoch_of(retention).unwrap_or(leader_epoch);
             PullBody::StartAfter { seq: retention, epoch, hw: self.log.hw }
-        } else if next_seq > self.log.end {
+        } else if next_seq > self.log.end || !barrier_durable {
             PullBody::Records { records: Vec::new(), hw: self.log.hw }
         } else if let Some(records) = self.log.cache.range(next_seq, max_bytes) {
             PullBody::Records { records, hw: self.log.hw }
@@ -424,7 +437,18 @@ impl ChannelMachine {
     /// covered.
     pub(super) fn leader_recompute_hw(&mut self) {
         let Some(meta) = self.meta.clone() else { return };
-        let own = self.log.durable.last_seq;
+        if meta.replication_frozen() {
+            // This leader reported evidence for a failover: what it commits now, the evidence cannot show.
+            return;
+        }
+        // Our own match: the durable log, cut at any truncation not yet durable.
+        let own = self.log.consistent_durable_end();
+        if let Some(leader) = self.leader() {
+            if !leader.barrier_durable && own >= leader.barrier_seq {
+                leader.barrier_durable = true;
+                self.leader_new_records();
+            }
+        }
         let end = self.log.end;
         let me = self.me;
         let Some(leader) = self.leader() else { return };
@@ -436,7 +460,9 @@ impl ChannelMachine {
         matches.sort_unstable_by(|a, b| b.cmp(a));
         let Some(candidate) = matches.get(usize::from(meta.min_isr) - 1).copied() else { return };
         let candidate = candidate.min(end);
-        if candidate < leader.barrier_seq {
+        let barrier_rule = !self.config.unsafe_test_switches.skip_barrier_rule;
+        let Some(leader) = self.leader() else { return };
+        if barrier_rule && candidate < leader.barrier_seq {
             return;
         }
         if candidate > self.log.hw {

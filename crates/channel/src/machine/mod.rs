@@ -22,6 +22,11 @@
 //! * **Divergence** (KIP-101/279): a pull carries the follower's last epoch; the leader answers with the
 //!   end of that epoch in its own history when the follower's log goes beyond it, and the follower
 //!   truncates there. Never by HW alone.
+//! * **One leadership per leader epoch.** A new leader sends nothing to followers before its barrier is
+//!   durable locally, and a replica whose durable log already holds the leader epoch it is named leader
+//!   in refuses to lead ([`Effect::NeedsFailover`]): after a restart it may have lost records of that
+//!   epoch that followers hold, and writing new ones at the same seqs under the same epoch would hide the
+//!   divergence from the epoch check.
 //! * **Generations.** A meta that changes the leader or this replica's role starts a new generation: the
 //!   old generation's pending appends end as `LeaderChanged`, and completions are matched by token.
 //!
@@ -36,7 +41,7 @@ mod idempotency;
 mod leader;
 mod message;
 
-pub use config::MachineConfig;
+pub use config::{MachineConfig, UnsafeTestSwitches};
 pub use effect::{
     AppendAborted, AppendRecord, AppendRequest, Effect, MetaChangeReason, PersistToken, ReadToken, RequestId,
 };
@@ -107,6 +112,8 @@ struct InFlight {
     token: PersistToken,
     /// Durable state once it completes.
     next: ChannelLogState,
+    /// Lowest truncation point in the batch, if it truncates.
+    truncated_to: Option<Seq>,
 }
 
 /// The local log as the machine sees it.
@@ -137,6 +144,21 @@ impl LocalLog {
     fn end_of_epoch(&self, epoch: LeaderEpoch) -> (LeaderEpoch, Seq) {
         let view = ChannelLogState { last_seq: self.end, epochs: self.epochs.clone(), ..ChannelLogState::default() };
         view.end_of_epoch(epoch)
+    }
+
+    /// The end of the longest durable prefix that agrees with the log as the machine sees it: a truncation
+    /// not yet durable cuts it, because the durable records after that point are about to go.
+    fn consistent_durable_end(&self) -> Seq {
+        let mut end = self.durable.last_seq;
+        if let Some(seq) = self.persisting.as_ref().and_then(|p| p.truncated_to) {
+            end = end.min(seq);
+        }
+        for op in &self.unpersisted {
+            if let PendingOp::Truncate(seq) = op {
+                end = end.min(*seq);
+            }
+        }
+        end
     }
 
     /// `true` when everything received or assigned is durable.
@@ -299,11 +321,15 @@ impl ChannelMachine {
     }
 
     /// Durable evidence for choosing a new leader.
+    ///
+    /// Only the durable prefix that agrees with the machine's view counts: records a pending truncation
+    /// is about to remove are not evidence.
     pub fn evidence(&self) -> Evidence {
+        let last_seq = self.log.consistent_durable_end();
         Evidence {
             node: self.me,
-            last_epoch: self.log.durable.last_epoch(),
-            last_seq: self.log.durable.last_seq,
+            last_epoch: self.log.durable.epoch_of(last_seq).unwrap_or_default(),
+            last_seq,
             hw: self.log.durable.hw,
         }
     }
@@ -378,6 +404,9 @@ impl ChannelMachine {
             self.enter_role();
         } else if let Role::Leader(_) = self.role {
             self.leader_meta_changed();
+        } else if let Role::Follower(_) = self.role {
+            // A fence may have been lifted (or set): pull if allowed.
+            self.follower_maybe_pull();
         }
         self.maybe_persist();
         Ok(())
@@ -449,6 +478,13 @@ impl ChannelMachine {
 
     fn enter_role(&mut self) {
         let Some(meta) = &self.meta else { return };
+        // A leader epoch is led once: never again after a restart that may have lost its records.
+        let led_before = self.log.durable.epochs.iter().any(|(epoch, _)| *epoch >= meta.leader_epoch);
+        if meta.leader == self.me && led_before {
+            self.role = Role::None;
+            self.effects.push_back(Effect::NeedsFailover);
+            return;
+        }
         self.role = if meta.leader == self.me {
             Role::Leader(Box::new(LeaderState::new(meta, self.me, self.now)))
         } else if meta.is_replica(self.me) {
@@ -522,7 +558,14 @@ impl ChannelMachine {
         let token =
             PersistToken { incarnation: self.incarnation, generation: self.generation, id: self.log.next_persist_id };
         self.log.next_persist_id += 1;
-        self.log.persisting = Some(InFlight { token, next });
+        let truncated_to = ops
+            .iter()
+            .filter_map(|op| match op {
+                LogOp::TruncateAfter(seq) => Some(*seq),
+                _ => None,
+            })
+            .min();
+        self.log.persisting = Some(InFlight { token, next, truncated_to });
         self.effects.push_back(Effect::Persist { token, batch: LogBatch::new(self.channel.clone(), ops) });
     }
 
@@ -549,7 +592,8 @@ impl ChannelMachine {
         let wanted = self.meta.as_ref()?.retention_through;
         let mut target = wanted.min(next.hw).min(self.log.hw);
         if let Role::Leader(leader) = &self.role {
-            target = target.min(leader.lowest_isr_match(self.meta.as_ref()?, self.me, next.last_seq));
+            let own = self.log.consistent_durable_end().min(next.last_seq);
+            target = target.min(leader.lowest_isr_match(self.meta.as_ref()?, self.me, own));
         }
         (target > next.retention_through).then_some(target)
     }

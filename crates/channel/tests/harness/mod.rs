@@ -14,7 +14,9 @@ use tidings_channel::machine::{
 use tidings_store::message::{
     IdempotencyKey, LogBatch, LogLimits, MemoryLog, MessageLog, ReadLimits, Record, RecordKind,
 };
-use tidings_types::{ChannelId, ChannelRuntimeMeta, ChannelType, DetRng, Epoch, LeaderEpoch, NodeId, Seq, Time};
+use tidings_types::{
+    ChannelId, ChannelRuntimeMeta, ChannelType, DetRng, Epoch, LeaderEpoch, NodeId, Seq, Time, WriteFence,
+};
 
 pub fn node(i: u64) -> NodeId {
     NodeId::new(i)
@@ -57,9 +59,12 @@ pub enum Outcome {
     Pending,
     Acked(Vec<Seq>),
     Aborted(AppendAborted),
+    /// The node holding the request crashed: the client never hears back (outcome unknown).
+    Lost,
 }
 
 pub struct Submitted {
+    pub to: NodeId,
     pub payloads: Vec<Bytes>,
     pub keys: Vec<Option<IdempotencyKey>>,
     pub outcome: Outcome,
@@ -173,6 +178,9 @@ impl Cluster {
         let replica = self.replicas.get_mut(&id).unwrap();
         replica.machine = None;
         replica.log.crash();
+        for submitted in self.requests.values_mut().filter(|r| r.to == id && r.outcome == Outcome::Pending) {
+            submitted.outcome = Outcome::Lost;
+        }
         self.trace.push(format!("{} crash {id}", self.now));
     }
 
@@ -202,7 +210,7 @@ impl Cluster {
             return Err(AppendError::NotReady);
         };
         machine.handle_append(now, AppendRequest { id, records })?;
-        self.requests.insert(id, Submitted { payloads, keys, outcome: Outcome::Pending });
+        self.requests.insert(id, Submitted { to, payloads, keys, outcome: Outcome::Pending });
         self.drain(to);
         Ok(id)
     }
@@ -260,6 +268,15 @@ impl Cluster {
                 self.schedule(at, Event::Meta { node: id, meta });
             }
             Effect::StorageFailed => self.trace.push(format!("{} storage failed on {id}", self.now)),
+            Effect::NeedsFailover => {
+                // The controller's repair loop: fail over with evidence from every live ISR member.
+                if self.meta.leader == id {
+                    let down: Vec<NodeId> =
+                        self.replicas.iter().filter(|(_, r)| r.machine.is_none()).map(|(n, _)| *n).collect();
+                    self.trace.push(format!("{} {id} needs failover", self.now));
+                    self.failover(&down, None, None);
+                }
+            }
         }
     }
 
@@ -300,28 +317,51 @@ impl Cluster {
         self.drain(id);
     }
 
-    /// Failover with evidence: gathers (last epoch, last seq) from reachable live ISR members — at least
-    /// |ISR| − MinISR + 1 of them — and makes the most advanced the leader under a new leader epoch.
-    /// `isr`/`min_isr` optionally replace the ISR (e.g. dropping a dead member). Returns the new leader, or
-    /// `None` when the evidence is insufficient (the channel stays as it is: fail closed).
+    /// Failover with evidence, as the controller runs it: first a durable fence that freezes replication
+    /// (delivered to every reachable live ISR member before it reports), then evidence (last epoch, last
+    /// seq) from at least |ISR| − MinISR + 1 of them, then the most advanced becomes leader under a new
+    /// leader epoch with the fence lifted. `isr`/`min_isr` optionally replace the ISR (e.g. dropping a dead
+    /// member). Returns the new leader, or `None` when the evidence is insufficient: the channel then stays
+    /// fenced (fail closed) until a later failover succeeds.
     pub fn failover(&mut self, exclude: &[NodeId], isr: Option<Vec<NodeId>>, min_isr: Option<u8>) -> Option<NodeId> {
-        let needed = self.meta.isr.len() - usize::from(self.meta.min_isr) + 1;
-        let evidence: Vec<_> = self
+        let reporters: Vec<NodeId> = self
             .meta
             .isr
             .iter()
-            .filter(|n| !exclude.contains(n))
-            .filter_map(|n| self.replicas[n].machine.as_ref().map(|m| m.evidence()))
+            .copied()
+            .filter(|n| !exclude.contains(n) && self.replicas[n].machine.is_some())
             .collect();
+        let needed = self.meta.isr.len() - usize::from(self.meta.min_isr) + 1;
+        if !self.meta.replication_frozen() {
+            let mut fenced = self.meta.clone();
+            fenced.version += 1;
+            fenced.write_fence =
+                Some(WriteFence { task: fenced.version, since_version: fenced.version, freeze_replication: true });
+            self.publish(fenced);
+        }
+        for id in &reporters {
+            self.deliver_meta_now(*id);
+        }
+        let evidence: Vec<_> = reporters.iter().map(|n| self.machine(*n).evidence()).collect();
         if evidence.len() < needed {
             self.trace.push(format!("{} failover refused: {} of {needed} evidences", self.now, evidence.len()));
             return None;
         }
         let best = evidence.iter().max_by_key(|e| (e.last_epoch, e.last_seq, Reverse(e.node)))?;
+        self.trace.push(format!(
+            "{} evidence (min_isr {}): {:?}",
+            self.now,
+            self.meta.min_isr,
+            evidence
+                .iter()
+                .map(|e| (e.node.get(), e.last_epoch.get(), e.last_seq.get(), e.hw.get()))
+                .collect::<Vec<_>>()
+        ));
         let mut next = self.meta.clone();
         next.version += 1;
         next.leader = best.node;
         next.leader_epoch = next.leader_epoch.next();
+        next.write_fence = None;
         if let Some(isr) = isr {
             next.isr = isr;
             next.epoch = next.epoch.next();
@@ -343,6 +383,25 @@ impl Cluster {
             self.step_at(at);
         }
         self.now = self.now.max(deadline);
+    }
+
+    /// Runs in 1 ms steps until `done` holds; panics after `limit_ms`.
+    pub fn run_until_cond(&mut self, limit_ms: u64, mut done: impl FnMut(&Cluster) -> bool) {
+        for _ in 0..limit_ms {
+            if done(self) {
+                return;
+            }
+            self.run_for(1);
+        }
+        assert!(done(self), "condition not reached in {limit_ms} ms\n{}", self.trace.join("\n"));
+    }
+
+    /// Blocks both directions between `a` and each of `others`.
+    pub fn isolate(&mut self, a: NodeId, others: &[NodeId]) {
+        for b in others {
+            self.blocked.insert((a, *b));
+            self.blocked.insert((*b, a));
+        }
     }
 
     /// Runs for `ms` milliseconds.
@@ -438,6 +497,17 @@ impl Cluster {
                 replica.hw_seen,
                 self.trace.join("\n")
             );
+            if hw > replica.hw_seen {
+                let m = replica.machine.as_ref().unwrap();
+                self.trace.push(format!(
+                    "{} hw {id} -> {hw} (role {:?}, end {}, durable {}, le {:?})",
+                    self.now,
+                    m.role(),
+                    m.log_end(),
+                    m.durable_last(),
+                    m.meta().map(|m| m.leader_epoch)
+                ));
+            }
             replica.hw_seen = hw;
             // Every replica agrees on every seq at or below its HW (what is durable of it so far).
             let records = replica.log.read(&channel(), Seq::new(1), hw, limits).unwrap();
