@@ -42,9 +42,14 @@ impl RecordCache {
         }
     }
 
-    /// Evicts the oldest records while over `max_bytes`, never past `keep_after` (records after it stay).
-    pub(crate) fn evict(&mut self, max_bytes: usize, keep_after: Seq) {
-        while self.bytes > max_bytes && self.records.front().is_some_and(|r| r.seq <= keep_after) {
+    /// Drops every record at or below `unneeded_through`, then the oldest records while over `max_bytes`,
+    /// never past `keep_after` (records after it stay whatever their size).
+    pub(crate) fn evict(&mut self, unneeded_through: Seq, max_bytes: usize, keep_after: Seq) {
+        while self
+            .records
+            .front()
+            .is_some_and(|r| r.seq <= unneeded_through || (self.bytes > max_bytes && r.seq <= keep_after))
+        {
             let r = self.records.pop_front().expect("checked non-empty");
             self.bytes -= r.encoded_len();
         }

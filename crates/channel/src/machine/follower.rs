@@ -212,6 +212,7 @@ impl ChannelMachine {
         let candidate = follower.leader_hw.min(durable);
         if candidate > self.log.hw {
             self.log.hw = candidate;
+            self.evict_cache();
         }
     }
 

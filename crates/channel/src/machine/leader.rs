@@ -93,6 +93,17 @@ impl LeaderState {
         [parked, append, isr, proposal].into_iter().flatten().min()
     }
 
+    /// The lowest match among every other replica (learners included): records at or below it are needed
+    /// by no pull.
+    pub(super) fn lowest_replica_match(&self, meta: &ChannelRuntimeMeta, me: NodeId) -> Seq {
+        meta.replicas
+            .iter()
+            .filter(|n| **n != me)
+            .map(|n| self.progress.get(n).map_or(Seq::new(0), |p| p.match_seq))
+            .min()
+            .unwrap_or(Seq::new(u64::MAX))
+    }
+
     /// The lowest durable match among ISR members (the leader's own durable end included).
     pub(super) fn lowest_isr_match(&self, meta: &ChannelRuntimeMeta, me: NodeId, own: Seq) -> Seq {
         meta.isr
@@ -490,6 +501,7 @@ impl ChannelMachine {
         for pending in done {
             self.effects.push_back(Effect::AppendDone { id: pending.id, result: Ok(pending.seqs) });
         }
+        self.evict_cache();
         if first <= hw {
             self.effects.push_back(Effect::Committed { first, last: hw, slots });
         }

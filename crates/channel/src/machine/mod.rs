@@ -622,9 +622,15 @@ impl ChannelMachine {
         }
     }
 
+    /// Keeps the cache to what pulls may still need: a leader drops what every replica holds, a follower
+    /// what is durable and committed (it serves no pulls; a new leader reads older records from storage).
     fn evict_cache(&mut self) {
-        let keep_after = self.log.durable.last_seq.min(self.log.hw);
-        self.log.cache.evict(self.config.cache_bytes_max, keep_after);
+        let keep_after = self.log.consistent_durable_end().min(self.log.hw);
+        let unneeded_through = match (&self.role, &self.meta) {
+            (Role::Leader(leader), Some(meta)) => keep_after.min(leader.lowest_replica_match(meta, self.me)),
+            _ => keep_after,
+        };
+        self.log.cache.evict(unneeded_through, self.config.cache_bytes_max, keep_after);
     }
 
     fn send(&mut self, to: NodeId, message: ChannelMessage) {

@@ -1,0 +1,208 @@
+//! A single machine driven by hand: meta validation, stale completions, storage failure, retention,
+//! drain and evidence.
+
+use bytes::Bytes;
+use tidings_channel::machine::{
+    AppendAborted, AppendError, AppendRecord, AppendRequest, ApplyMetaError, ChannelMachine, ChannelMessage, Effect,
+    MachineConfig, PullRequest, RequestId, RoleKind,
+};
+use tidings_store::message::{ChannelLogState, LogLimits, MemoryLog, MessageLog};
+use tidings_store::StoreError;
+use tidings_types::{ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, LeaderEpoch, MetaError, NodeId, Seq, Time};
+
+fn channel() -> ChannelId {
+    ChannelId::new(ChannelType::GROUP, "unit").unwrap()
+}
+
+fn meta(leader: u64, leader_epoch: u64, version: u64) -> ChannelRuntimeMeta {
+    ChannelRuntimeMeta {
+        channel: channel(),
+        version,
+        leader: NodeId::new(leader),
+        replicas: vec![NodeId::new(1), NodeId::new(2)],
+        isr: vec![NodeId::new(1), NodeId::new(2)],
+        min_isr: 1,
+        epoch: Epoch::new(1),
+        leader_epoch: LeaderEpoch::new(leader_epoch),
+        write_fence: None,
+        retention_through: Seq::new(0),
+    }
+}
+
+fn t(ms: u64) -> Time {
+    Time::from_millis(ms)
+}
+
+fn machine() -> ChannelMachine {
+    ChannelMachine::new(
+        channel(),
+        NodeId::new(1),
+        MachineConfig::default(),
+        1,
+        t(0),
+        ChannelLogState::default(),
+        vec![],
+    )
+}
+
+/// Carries out persists against `log` until none is left; returns every other effect.
+fn settle(machine: &mut ChannelMachine, log: &MemoryLog, now: Time) -> Vec<Effect> {
+    let mut others = Vec::new();
+    while let Some(effect) = machine.poll_effect() {
+        match effect {
+            Effect::Persist { token, batch } => {
+                let result = log.commit(batch);
+                machine.handle_persisted(now, token, result);
+            }
+            other => others.push(other),
+        }
+    }
+    others
+}
+
+fn request(id: u64, payloads: &[&str]) -> AppendRequest {
+    AppendRequest {
+        id: RequestId(id),
+        records: payloads
+            .iter()
+            .map(|p| AppendRecord { idempotency_key: None, payload: Bytes::from(p.to_string()) })
+            .collect(),
+    }
+}
+
+#[test]
+fn invalid_or_older_meta_is_refused_and_changes_nothing() {
+    let mut m = machine();
+    assert!(matches!(m.handle_append(t(1), request(1, &["x"])), Err(AppendError::NotReady)));
+    m.handle_meta(t(1), meta(1, 2, 5)).unwrap();
+    let generation = m.generation();
+    assert_eq!(
+        m.handle_meta(t(2), meta(1, 2, 5)),
+        Err(ApplyMetaError::Invalid(MetaError::StaleVersion { offered: 5, current: 5 }))
+    );
+    assert!(matches!(
+        m.handle_meta(t(2), meta(2, 1, 6)),
+        Err(ApplyMetaError::Invalid(MetaError::EpochRegression { .. }))
+    ));
+    assert!(matches!(
+        m.handle_meta(t(2), meta(2, 2, 6)),
+        Err(ApplyMetaError::Invalid(MetaError::LeaderChangeWithoutEpoch { .. }))
+    ));
+    let mut bad = meta(1, 3, 6);
+    bad.min_isr = 3;
+    assert!(matches!(m.handle_meta(t(2), bad), Err(ApplyMetaError::Invalid(MetaError::BadSizes { .. }))));
+    let mut other = meta(1, 3, 6);
+    other.channel = ChannelId::new(ChannelType::PERSON, "unit").unwrap();
+    assert_eq!(m.handle_meta(t(2), other), Err(ApplyMetaError::Invalid(MetaError::WrongChannel)));
+    assert_eq!(m.generation(), generation);
+    assert_eq!(m.meta().unwrap().version, 5);
+    assert_eq!(m.role(), RoleKind::Leader);
+}
+
+#[test]
+fn stale_persist_completions_are_ignored() {
+    let mut m = machine();
+    m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    let Some(Effect::Persist { token, batch }) = m.poll_effect() else { panic!("barrier persist expected") };
+    let mut stale = token;
+    stale.id += 7;
+    m.handle_persisted(t(2), stale, Ok(()));
+    assert_eq!(m.durable_last(), Seq::new(0), "a completion that is not in flight changes nothing");
+    let mut old_incarnation = token;
+    old_incarnation.incarnation = 0;
+    m.handle_persisted(t(2), old_incarnation, Ok(()));
+    assert_eq!(m.durable_last(), Seq::new(0));
+    let log = MemoryLog::new(LogLimits::default());
+    log.commit(batch).unwrap();
+    m.handle_persisted(t(3), token, Ok(()));
+    assert_eq!(m.durable_last(), Seq::new(1));
+}
+
+#[test]
+fn leader_storage_failure_aborts_pending_appends_and_stops_leading() {
+    let mut m = machine();
+    let log = MemoryLog::new(LogLimits::default());
+    m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    // Node 2 pulls once so admission sees two live ISR members.
+    let pull = PullRequest {
+        channel: channel(),
+        pull_id: 1,
+        leader_epoch: LeaderEpoch::new(1),
+        next_seq: Seq::new(1),
+        last_epoch: LeaderEpoch::new(0),
+        max_bytes: 1 << 20,
+    };
+    m.handle_message(t(1), NodeId::new(2), ChannelMessage::Pull(pull));
+    settle(&mut m, &log, t(1));
+    m.handle_append(t(2), request(9, &["a"])).unwrap();
+    let Some(Effect::Persist { token, .. }) = m.poll_effect() else { panic!("persist expected") };
+    m.handle_persisted(t(3), token, Err(StoreError::io("test", std::io::Error::other("disk gone"))));
+    let effects: Vec<Effect> = std::iter::from_fn(|| m.poll_effect()).collect();
+    assert!(effects.contains(&Effect::AppendDone { id: RequestId(9), result: Err(AppendAborted::StorageFailed) }));
+    assert!(effects.contains(&Effect::StorageFailed));
+    assert_eq!(m.handle_append(t(4), request(10, &["b"])), Err(AppendError::StorageFailed));
+}
+
+#[test]
+fn drain_and_evidence_report_the_durable_log() {
+    let mut m = machine();
+    let log = MemoryLog::new(LogLimits::default());
+    let mut single = meta(1, 1, 1);
+    single.replicas = vec![NodeId::new(1)];
+    single.isr = vec![NodeId::new(1)];
+    m.handle_meta(t(1), single).unwrap();
+    settle(&mut m, &log, t(1));
+    m.handle_append(t(2), request(1, &["a", "b"])).unwrap();
+    assert!(!m.drain_status().drained);
+    let effects = settle(&mut m, &log, t(3));
+    assert!(effects.iter().any(|e| matches!(e, Effect::AppendDone { id: RequestId(1), result: Ok(_) })));
+    let drain = m.drain_status();
+    assert!(drain.drained, "{drain:?}");
+    assert_eq!(drain.hw, Seq::new(3));
+    let evidence = m.evidence();
+    assert_eq!((evidence.last_epoch, evidence.last_seq), (LeaderEpoch::new(1), Seq::new(3)));
+}
+
+#[test]
+fn retention_moves_only_within_hw_and_reads_start_after_it() {
+    let mut m = machine();
+    let log = MemoryLog::new(LogLimits::default());
+    let mut single = meta(1, 1, 1);
+    single.replicas = vec![NodeId::new(1)];
+    single.isr = vec![NodeId::new(1)];
+    m.handle_meta(t(1), single.clone()).unwrap();
+    settle(&mut m, &log, t(1));
+    m.handle_append(t(2), request(1, &["a", "b", "c"])).unwrap();
+    settle(&mut m, &log, t(2));
+    // Retention far beyond HW: the log moves only to HW.
+    let mut retained = single;
+    retained.version += 1;
+    retained.retention_through = Seq::new(100);
+    m.handle_meta(t(3), retained).unwrap();
+    settle(&mut m, &log, t(3));
+    m.handle_timeout(t(2_000));
+    settle(&mut m, &log, t(2_000));
+    let state = log.state(&channel()).unwrap();
+    assert_eq!(state.retention_through, m.hw());
+    assert!(state.retention_through <= state.hw);
+    let limits = tidings_store::message::ReadLimits { records_max: 10, bytes_max: 1 << 20 };
+    assert!(log.read(&channel(), Seq::new(1), Seq::new(10), limits).unwrap().is_empty());
+}
+
+#[test]
+fn pulls_from_nodes_outside_the_replica_set_are_ignored() {
+    let mut m = machine();
+    let log = MemoryLog::new(LogLimits::default());
+    m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    settle(&mut m, &log, t(1));
+    let pull = PullRequest {
+        channel: channel(),
+        pull_id: 1,
+        leader_epoch: LeaderEpoch::new(1),
+        next_seq: Seq::new(1),
+        last_epoch: LeaderEpoch::new(0),
+        max_bytes: 1 << 20,
+    };
+    m.handle_message(t(2), NodeId::new(42), ChannelMessage::Pull(pull));
+    assert!(settle(&mut m, &log, t(2)).is_empty());
+}
