@@ -1,0 +1,164 @@
+//! The metadata the slot layer stores: users, devices, channels, subscribers, allow and deny lists,
+//! memberships, CMD bindings, channel runtime meta, migration tasks, plugin bindings and a bounded
+//! projection of message events. Message bodies never live here.
+
+use serde::{Deserialize, Serialize};
+use tidings_types::{ChannelId, LeaderEpoch, NodeId, Seq};
+
+/// Longest user id accepted, in bytes.
+pub const UID_BYTES_MAX: usize = 128;
+
+/// A user id (a chat backend's UID). Non-empty, at most [`UID_BYTES_MAX`] bytes.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct Uid(String);
+
+impl Uid {
+    /// A uid, or `None` if empty or too long.
+    pub fn new(uid: impl Into<String>) -> Option<Self> {
+        let uid = uid.into();
+        (!uid.is_empty() && uid.len() <= UID_BYTES_MAX).then_some(Self(uid))
+    }
+
+    /// The uid as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Uid {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(d)?;
+        Uid::new(raw).ok_or_else(|| serde::de::Error::custom("uid is empty or too long"))
+    }
+}
+
+/// A user.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    /// The user's id.
+    pub uid: Uid,
+    /// Display name.
+    pub name: String,
+    /// Banned users cannot send.
+    pub banned: bool,
+}
+
+/// One device of a user (a device flag such as app / web / pc, and its login token).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Device {
+    /// Owner.
+    pub uid: Uid,
+    /// Device kind (host-defined).
+    pub device_flag: u8,
+    /// Login token.
+    pub token: String,
+    /// Device level (master or slave, host-defined).
+    pub level: u8,
+}
+
+/// Business flags of a channel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelFlags {
+    /// The channel is banned: nobody can send.
+    pub ban: bool,
+    /// The channel is disbanded.
+    pub disband: bool,
+    /// Only allow-listed members can send.
+    pub send_ban: bool,
+    /// A large group: fanout pages through subscribers.
+    pub large: bool,
+}
+
+/// A channel definition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelInfo {
+    /// The channel.
+    pub channel: ChannelId,
+    /// Its flags.
+    pub flags: ChannelFlags,
+}
+
+/// Per-user state of a channel membership (UID-owned: stored in the user's slot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Membership {
+    /// Seq of the channel when the user joined.
+    pub join_seq: Seq,
+    /// Last seq the user read.
+    pub read_seq: Seq,
+    /// Messages at or below this seq are deleted for this user.
+    pub deleted_to_seq: Seq,
+    /// The conversation is hidden in the user's list.
+    pub hidden: bool,
+    /// The membership is active (not left).
+    pub active: bool,
+}
+
+/// A CMD-channel binding of a user, separate from the normal membership, with its acknowledged seq.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmdBinding {
+    /// Last CMD message seq the user acknowledged.
+    pub ack_seq: Seq,
+}
+
+/// A plugin bound to a user (e.g. a bot or an AI handler).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginBinding {
+    /// The user.
+    pub uid: Uid,
+    /// Plugin number (host-defined).
+    pub plugin: String,
+}
+
+/// The phase a channel migration task is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MigrationPhase {
+    /// Created, nothing done yet.
+    Created,
+    /// Write fence set.
+    Fenced,
+    /// Old leader drained / evidence gathered.
+    Drained,
+    /// The switch was committed.
+    Switched,
+    /// Done; fence cleared.
+    Done,
+    /// Failed; membership left as it was.
+    Failed,
+}
+
+/// A channel migration task (leader transfer, replica replacement, failover).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrationTask {
+    /// Task id.
+    pub id: u64,
+    /// The channel.
+    pub channel: ChannelId,
+    /// Current phase.
+    pub phase: MigrationPhase,
+    /// Target leader, if the task moves leadership.
+    pub target_leader: Option<NodeId>,
+}
+
+/// A bounded projection of one message event (for conversation lists), not the message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageEvent {
+    /// Seq of the message.
+    pub seq: Seq,
+    /// Sender.
+    pub sender: Uid,
+    /// A short summary (bounded by the command limits).
+    pub summary: String,
+}
+
+/// Proof attached to a leader or ISR switch: the task, the epochs it expects, and the durable evidence
+/// gathered from replicas.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwitchProof {
+    /// The migration task.
+    pub task: u64,
+    /// Leader epoch the switch is based on.
+    pub expected_leader_epoch: LeaderEpoch,
+    /// `(replica, last leader epoch, last seq)` evidence.
+    pub evidence: Vec<(NodeId, LeaderEpoch, Seq)>,
+}

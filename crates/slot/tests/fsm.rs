@@ -1,0 +1,237 @@
+//! The slot FSM: every command and outcome, slot ownership, atomicity under a failpoint, exactly-once
+//! replay, and the reads that see the result.
+
+use std::sync::Arc;
+use tidings_router::{hash_slot, HashToSlot};
+use tidings_slot::command::{Command, DecodeError, MemberList, COMMAND_VERSION};
+use tidings_slot::fsm::{FsmLimits, Outcome, Refusal, SlotFsm};
+use tidings_slot::model::{ChannelFlags, ChannelInfo, Membership, MessageEvent, SwitchProof, Uid, User};
+use tidings_slot::query::SlotReader;
+use tidings_store::{FailOp, MemoryKv, MetaStore};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, GroupId, LeaderEpoch, NodeId, Seq};
+
+fn uid(s: &str) -> Uid {
+    Uid::new(s).unwrap()
+}
+
+fn channel(s: &str) -> ChannelId {
+    ChannelId::new(ChannelType::GROUP, s).unwrap()
+}
+
+/// One group owns every slot.
+fn setup() -> (Arc<MemoryKv>, SlotFsm, SlotReader, HashToSlot) {
+    let kv = Arc::new(MemoryKv::new());
+    let store = MetaStore::new(kv.clone());
+    let fsm = SlotFsm::new(
+        GroupId::new(1),
+        store.clone(),
+        FsmLimits { members_per_command_max: 3, events_per_channel_max: 2, ..FsmLimits::default() },
+    );
+    (kv, fsm, SlotReader::new(store), HashToSlot::even_split(1).unwrap())
+}
+
+fn apply(fsm: &SlotFsm, table: &HashToSlot, first_index: u64, commands: &[Command]) -> Vec<Outcome> {
+    let encoded: Vec<Vec<u8>> = commands.iter().map(Command::encode).collect();
+    let entries: Vec<(u64, &[u8])> =
+        encoded.iter().enumerate().map(|(i, e)| (first_index + i as u64, e.as_slice())).collect();
+    fsm.apply(table, &entries).unwrap().into_iter().map(Option::unwrap).collect()
+}
+
+fn meta(ch: &ChannelId, version: u64, leader: u64, leader_epoch: u64) -> ChannelRuntimeMeta {
+    ChannelRuntimeMeta {
+        channel: ch.clone(),
+        version,
+        leader: NodeId::new(leader),
+        replicas: vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)],
+        isr: vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)],
+        min_isr: 2,
+        epoch: Epoch::new(1),
+        leader_epoch: LeaderEpoch::new(leader_epoch),
+        write_fence: None,
+        retention_through: Seq::new(0),
+    }
+}
+
+#[test]
+fn users_channels_and_lists() {
+    let (_, fsm, reader, table) = setup();
+    let alice = User { uid: uid("alice"), name: "Alice".into(), banned: false };
+    let room = ChannelInfo { channel: channel("room"), flags: ChannelFlags::default() };
+    let outcomes = apply(
+        &fsm,
+        &table,
+        1,
+        &[
+            Command::PutUser(alice.clone()),
+            Command::CreateChannel(room.clone()),
+            Command::CreateChannel(room.clone()),
+            Command::UpdateChannelFlags { channel: channel("nope"), flags: ChannelFlags::default() },
+            Command::AddMembers {
+                channel: channel("room"),
+                list: MemberList::Subscribers,
+                uids: vec![uid("a"), uid("b"), uid("c")],
+            },
+            Command::AddMembers { channel: channel("room"), list: MemberList::Deny, uids: vec![uid("x"); 4] },
+            Command::RemoveMembers { channel: channel("room"), list: MemberList::Subscribers, uids: vec![uid("b")] },
+        ],
+    );
+    assert_eq!(outcomes[..4], [Outcome::Applied, Outcome::Applied, Outcome::AlreadyExists, Outcome::NotFound]);
+    assert_eq!(outcomes[5], Outcome::Refused(Refusal::TooMany { count: 4, max: 3 }));
+    assert_eq!(reader.user(&uid("alice")).unwrap(), Some(alice));
+    assert_eq!(reader.channel(&channel("room")).unwrap(), Some(room));
+    let page = reader.members(&channel("room"), MemberList::Subscribers, None, 1).unwrap();
+    assert_eq!(page.items, vec![uid("a")]);
+    let rest = reader.members(&channel("room"), MemberList::Subscribers, page.cursor.as_deref(), 10).unwrap();
+    assert_eq!(rest.items, vec![uid("c")]);
+    assert!(!reader.is_member(&channel("room"), MemberList::Deny, &uid("x")).unwrap());
+    assert_eq!(fsm.applied_index().unwrap(), 7);
+}
+
+#[test]
+fn memberships_are_user_owned_and_paged() {
+    let (_, fsm, reader, table) = setup();
+    let state = Membership {
+        join_seq: Seq::new(3),
+        read_seq: Seq::new(9),
+        hidden: true,
+        active: true,
+        ..Membership::default()
+    };
+    let mut commands = Vec::new();
+    for c in ["c1", "c2", "c3"] {
+        commands.push(Command::PutMembership { uid: uid("bob"), channel: channel(c), membership: state });
+    }
+    apply(&fsm, &table, 1, &commands);
+    assert_eq!(reader.membership(&uid("bob"), &channel("c2")).unwrap(), Some(state));
+    let page = reader.memberships(&uid("bob"), None, 2).unwrap();
+    assert_eq!(page.items.len(), 2);
+    let rest = reader.memberships(&uid("bob"), page.cursor.as_deref(), 2).unwrap();
+    assert_eq!(rest.items.iter().map(|(c, _)| c.id().to_owned()).collect::<Vec<_>>(), vec!["c3"]);
+}
+
+#[test]
+fn runtime_meta_cas_and_switch_proofs() {
+    let (_, fsm, reader, table) = setup();
+    let ch = channel("room");
+    let m1 = meta(&ch, 1, 1, 1);
+    let mut isr_shrink = meta(&ch, 2, 1, 1);
+    isr_shrink.isr = vec![NodeId::new(1), NodeId::new(2)];
+    isr_shrink.epoch = Epoch::new(2);
+    let outcomes = apply(
+        &fsm,
+        &table,
+        1,
+        &[
+            Command::CreateRuntimeMeta(m1.clone()),
+            Command::CreateRuntimeMeta(m1.clone()),
+            Command::CasRuntimeMeta { expected_version: 7, meta: isr_shrink.clone(), proof: None },
+            Command::CasRuntimeMeta { expected_version: 1, meta: isr_shrink.clone(), proof: None },
+        ],
+    );
+    assert_eq!(
+        outcomes,
+        vec![Outcome::Applied, Outcome::AlreadyExists, Outcome::VersionMismatch { current: 1 }, Outcome::Applied]
+    );
+    // Leader switch: needs a proof with |ISR| - MinISR + 1 = 1 evidence, new leader most advanced.
+    let mut switch = isr_shrink.clone();
+    switch.version = 3;
+    switch.leader = NodeId::new(2);
+    switch.leader_epoch = LeaderEpoch::new(2);
+    let le = LeaderEpoch::new;
+    let weak = SwitchProof {
+        task: 9,
+        expected_leader_epoch: le(1),
+        evidence: vec![(NodeId::new(2), le(1), Seq::new(5)), (NodeId::new(1), le(1), Seq::new(6))],
+    };
+    let good =
+        SwitchProof { task: 9, expected_leader_epoch: le(1), evidence: vec![(NodeId::new(2), le(1), Seq::new(6))] };
+    let outcomes = apply(
+        &fsm,
+        &table,
+        5,
+        &[
+            Command::CasRuntimeMeta { expected_version: 2, meta: switch.clone(), proof: None },
+            Command::CasRuntimeMeta { expected_version: 2, meta: switch.clone(), proof: Some(weak) },
+            Command::CasRuntimeMeta { expected_version: 2, meta: switch.clone(), proof: Some(good) },
+        ],
+    );
+    assert!(matches!(outcomes[0], Outcome::Refused(Refusal::BadProof(_))));
+    assert!(matches!(outcomes[1], Outcome::Refused(Refusal::BadProof(_))));
+    assert_eq!(outcomes[2], Outcome::Applied);
+    assert_eq!(reader.runtime_meta(&ch).unwrap(), Some(switch));
+    // An invalid successor (leader epoch back) is refused, deterministically.
+    let mut back = meta(&ch, 4, 2, 1);
+    back.isr = vec![NodeId::new(1), NodeId::new(2)];
+    back.epoch = Epoch::new(2);
+    let outcomes = apply(&fsm, &table, 8, &[Command::CasRuntimeMeta { expected_version: 3, meta: back, proof: None }]);
+    assert!(matches!(outcomes[0], Outcome::Refused(Refusal::InvalidMeta(_))));
+}
+
+#[test]
+fn commands_for_slots_of_other_groups_are_refused() {
+    let kv = Arc::new(MemoryKv::new());
+    let store = MetaStore::new(kv);
+    let table = HashToSlot::even_split(2).unwrap();
+    let user = User { uid: uid("carol"), name: String::new(), banned: false };
+    let owner = table.group_of(hash_slot(b"carol"));
+    let other = if owner == GroupId::new(1) { GroupId::new(2) } else { GroupId::new(1) };
+    let fsm = SlotFsm::new(other, store.clone(), FsmLimits::default());
+    let outcomes = apply(&fsm, &table, 1, &[Command::PutUser(user)]);
+    assert_eq!(outcomes, vec![Outcome::Refused(Refusal::WrongSlot { slot: hash_slot(b"carol"), owner })]);
+    assert_eq!(SlotReader::new(store).user(&uid("carol")).unwrap(), None);
+    assert_eq!(fsm.applied_index().unwrap(), 1, "a refused command still advances the applied index");
+}
+
+#[test]
+fn a_batch_is_applied_whole_or_not_at_all_and_replay_applies_once() {
+    let (kv, fsm, reader, table) = setup();
+    let commands = [
+        Command::PutUser(User { uid: uid("u1"), name: "one".into(), banned: false }),
+        Command::PutUser(User { uid: uid("u2"), name: "two".into(), banned: false }),
+    ];
+    kv.fail(FailOp::Apply, 0, 1);
+    let encoded: Vec<Vec<u8>> = commands.iter().map(Command::encode).collect();
+    let entries: Vec<(u64, &[u8])> = vec![(1, &encoded[0]), (2, &encoded[1])];
+    assert!(fsm.apply(&table, &entries).is_err());
+    assert_eq!(reader.user(&uid("u1")).unwrap(), None);
+    assert_eq!(fsm.applied_index().unwrap(), 0);
+    assert!(fsm.apply(&table, &entries).unwrap().iter().all(Option::is_some));
+    // Replay after a restart: entries at or below the applied index are skipped.
+    let events = [Command::AppendMessageEvent {
+        channel: channel("r"),
+        event: MessageEvent { seq: Seq::new(1), sender: uid("u1"), summary: "hi".into() },
+    }];
+    apply(&fsm, &table, 3, &events);
+    let again = fsm.apply(&table, &[(3, &events[0].encode())]).unwrap();
+    assert_eq!(again, vec![None]);
+    assert_eq!(reader.events(&channel("r"), 10).unwrap().len(), 1);
+}
+
+#[test]
+fn event_projection_is_bounded() {
+    let (_, fsm, reader, table) = setup();
+    let event = |seq: u64| Command::AppendMessageEvent {
+        channel: channel("r"),
+        event: MessageEvent { seq: Seq::new(seq), sender: uid("u"), summary: format!("m{seq}") },
+    };
+    apply(&fsm, &table, 1, &[event(1), event(2), event(3)]);
+    apply(&fsm, &table, 4, &[event(4)]);
+    let kept: Vec<u64> = reader.events(&channel("r"), 10).unwrap().iter().map(|e| e.seq.get()).collect();
+    assert_eq!(kept, vec![3, 4]);
+}
+
+#[test]
+fn garbage_and_newer_commands_are_refused_with_types() {
+    let (_, fsm, _, table) = setup();
+    let mut newer = postcard::to_allocvec(&(COMMAND_VERSION + 1, 0u8)).unwrap();
+    newer.extend_from_slice(&[1, 2, 3]);
+    let outcomes = fsm.apply(&table, &[(1, &[0xff, 0xff, 0xff][..]), (2, &newer[..])]).unwrap();
+    assert_eq!(outcomes[0], Some(Outcome::Refused(Refusal::Decode(DecodeError::Malformed))));
+    assert_eq!(
+        outcomes[1],
+        Some(Outcome::Refused(Refusal::Decode(DecodeError::UnsupportedVersion {
+            got: COMMAND_VERSION + 1,
+            max: COMMAND_VERSION
+        })))
+    );
+}
