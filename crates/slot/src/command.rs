@@ -196,7 +196,7 @@ impl Command {
 }
 
 /// Why bytes are not a command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum DecodeError {
     /// Not a command of any version.

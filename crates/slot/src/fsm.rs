@@ -9,7 +9,7 @@
 use crate::command::{Command, DecodeError, MemberList};
 use crate::keys::{Key, Kind};
 use crate::model::SwitchProof;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tidings_router::{hash_slot, HashToSlot};
 use tidings_store::{MetaStore, MetaWriteBatch, StoreResult};
@@ -33,7 +33,7 @@ impl Default for FsmLimits {
 }
 
 /// The result of applying one command. The same on every replica.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Outcome {
     /// The change was applied.
@@ -52,7 +52,7 @@ pub enum Outcome {
 }
 
 /// Why a command was refused.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Refusal {
     /// The command's hash slot belongs to another group under the current table.
@@ -74,18 +74,41 @@ pub enum Refusal {
         /// The limit.
         max: usize,
     },
-    /// A field exceeds its size limit.
-    #[error("{what} too large")]
-    TooLarge {
-        /// Which field.
-        what: &'static str,
+    /// A message event's summary exceeds its size limit.
+    #[error("event summary of {len} bytes exceeds {max}")]
+    SummaryTooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
     },
     /// The meta is invalid on its own or as a successor.
     #[error(transparent)]
     InvalidMeta(#[from] MetaError),
     /// A leader switch without a valid proof.
     #[error("leader switch refused: {0}")]
-    BadProof(&'static str),
+    BadProof(ProofError),
+}
+
+/// What is wrong with a leader switch's proof.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum ProofError {
+    /// No proof was given.
+    #[error("a leader switch needs a proof")]
+    Missing,
+    /// The proof is based on another leader epoch.
+    #[error("proof is based on another leader epoch")]
+    WrongLeaderEpoch,
+    /// Fewer than |ISR| − MinISR + 1 ISR members gave evidence.
+    #[error("not enough evidence from the ISR")]
+    NotEnoughEvidence,
+    /// The new leader is not among the evidence.
+    #[error("the new leader gave no evidence")]
+    LeaderGaveNoEvidence,
+    /// Another replica is more advanced than the new leader.
+    #[error("the new leader is not the most advanced replica")]
+    LeaderNotMostAdvanced,
 }
 
 /// Applies committed commands of one group.
@@ -287,7 +310,8 @@ impl SlotFsm {
             }
             AppendMessageEvent { channel, event } => {
                 if event.summary.len() > self.limits.event_summary_bytes_max {
-                    return Ok(Outcome::Refused(Refusal::TooLarge { what: "event summary" }));
+                    let (len, max) = (event.summary.len(), self.limits.event_summary_bytes_max);
+                    return Ok(Outcome::Refused(Refusal::SummaryTooLarge { len, max }));
                 }
                 overlay.put(slot, Key::new(Kind::Event).channel(channel).seq(event.seq).build(), event);
                 self.trim_events(slot, overlay, channel)?;
@@ -374,19 +398,19 @@ fn check_switch_proof(
     current: &ChannelRuntimeMeta,
     next: &ChannelRuntimeMeta,
     proof: Option<&SwitchProof>,
-) -> Result<(), &'static str> {
-    let proof = proof.ok_or("a leader switch needs a proof")?;
+) -> Result<(), ProofError> {
+    let proof = proof.ok_or(ProofError::Missing)?;
     if proof.expected_leader_epoch != current.leader_epoch {
-        return Err("proof is based on another leader epoch");
+        return Err(ProofError::WrongLeaderEpoch);
     }
     let needed = current.isr.len() - usize::from(current.min_isr) + 1;
     let from_isr = proof.evidence.iter().filter(|(n, _, _)| current.isr.contains(n)).count();
     if from_isr < needed {
-        return Err("not enough evidence from the ISR");
+        return Err(ProofError::NotEnoughEvidence);
     }
-    let leader = proof.evidence.iter().find(|(n, _, _)| *n == next.leader).ok_or("the new leader gave no evidence")?;
+    let leader = proof.evidence.iter().find(|(n, _, _)| *n == next.leader).ok_or(ProofError::LeaderGaveNoEvidence)?;
     if proof.evidence.iter().any(|(_, epoch, seq)| (*epoch, *seq) > (leader.1, leader.2)) {
-        return Err("the new leader is not the most advanced replica");
+        return Err(ProofError::LeaderNotMostAdvanced);
     }
     Ok(())
 }

@@ -52,7 +52,7 @@ pub struct ChannelRuntimeMeta {
 }
 
 /// Why a meta, or a change from one meta to another, was refused.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum MetaError {
     /// A node is listed twice in replicas or ISR.

@@ -1,1 +1,687 @@
-//! placeholder
+//! Many raft-rs groups on one node, driven sans-IO.
+//!
+//! # Calling contract
+//!
+//! Inputs: [`MultiRaft::handle_tick`] (the logical time), [`MultiRaft::handle_message`] (from another
+//! node), [`MultiRaft::propose`] / [`MultiRaft::read_index`] (API calls), and
+//! [`MultiRaft::handle_synced`] (the runtime made the stores durable). Outputs: [`SlotEffect`]s drained
+//! with [`MultiRaft::poll_effect`] after every input.
+//!
+//! The driver writes raft entries and applied metadata to the stores it was given (visible at once, as
+//! raft-rs requires of its `Storage`), but never syncs: it asks for a sync with [`SlotEffect::Sync`] and
+//! releases what depends on durability — raft-rs's `persisted_messages` (votes, acknowledgements) and
+//! `on_persist_ready` — only when [`MultiRaft::handle_synced`] confirms it. One sync covers the writes of
+//! every group. Committed entries are applied in bounded batches, each one atomic write with the group's
+//! applied index; raft-rs hands out only entries persisted locally, so the applied index is never ahead of
+//! the durable log.
+//!
+//! Elections are deterministic: each group's election timeout is drawn from the configured seed and
+//! pinned (`min_election_tick = election_tick`, `max_election_tick = election_tick + 1`), so raft-rs's own
+//! random draw has one value to pick. Pre-vote and check-quorum are on; `batch_append` is on.
+
+mod config;
+mod effect;
+mod message;
+mod snapshot;
+
+pub use config::MultiRaftConfig;
+pub use effect::{ProposalId, ProposeError, ReadId, SlotEffect};
+pub use message::{SlotBody, SlotMessage};
+
+use crate::command::Command;
+use crate::fsm::{Outcome, SlotFsm};
+use parking_lot::RwLock;
+use protobuf::Message as _;
+use raft::prelude::{ConfChangeV2, Entry, EntryType, Message, Snapshot};
+use raft::{RawNode, StateRole, Storage};
+use snapshot::{Reassembly, SlotSnapshots};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use tidings_router::{GroupObservation, HashToSlot};
+use tidings_store::{GroupStorage, MetaStore, RaftLogBatch, RaftLogStore, StoreError};
+use tidings_types::{ConfigEpoch, DetRng, GroupId, NodeId, Term, Time};
+
+/// What raft status shows of one group on this node (for operators and the controller).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupStatus {
+    /// The group.
+    pub group: GroupId,
+    /// The leader this node knows.
+    pub leader: Option<NodeId>,
+    /// Current term.
+    pub term: u64,
+    /// Commit index.
+    pub commit: u64,
+    /// Applied index.
+    pub applied: u64,
+    /// Voters and learners of the applied configuration.
+    pub voters: Vec<NodeId>,
+    /// Learners of the applied configuration.
+    pub learners: Vec<NodeId>,
+    /// On the leader: each peer's match index and whether it was recently active.
+    pub peers: Vec<(NodeId, u64, bool)>,
+}
+
+/// A proposal of this node waiting for its outcome.
+#[derive(Debug)]
+struct PendingProposal {
+    group: GroupId,
+    deadline: Time,
+}
+
+/// An authoritative read waiting for the apply to reach its index.
+#[derive(Debug)]
+struct PendingRead {
+    id: ReadId,
+    deadline: Time,
+    index: Option<u64>,
+}
+
+/// Writes of one ready awaiting a sync.
+#[derive(Debug)]
+struct AwaitingSync {
+    token: u64,
+    group: GroupId,
+    number: u64,
+    messages: Vec<Message>,
+    /// Index of a snapshot installed by this ready: the group counts as applied through it once durable.
+    snapshot_index: Option<u64>,
+}
+
+struct Group {
+    raw: RawNode<GroupStorage>,
+    fsm: SlotFsm,
+    reads: VecDeque<PendingRead>,
+    observed: Option<GroupObservation>,
+}
+
+/// The multi-raft driver of one node. See the [module docs](self).
+pub struct MultiRaft {
+    config: MultiRaftConfig,
+    now: Time,
+    last_tick: Time,
+    logs: Arc<RaftLogStore>,
+    meta: MetaStore,
+    table: Arc<RwLock<Arc<HashToSlot>>>,
+    groups: BTreeMap<GroupId, Group>,
+    effects: VecDeque<SlotEffect>,
+    proposals: BTreeMap<u64, PendingProposal>,
+    next_proposal: u64,
+    next_read: u64,
+    next_transfer: u64,
+    awaiting: Vec<AwaitingSync>,
+    next_sync: u64,
+    sync_requested: bool,
+    reassembly: Reassembly,
+    logger: slog::Logger,
+}
+
+/// Proposal context carried in raft entries: who proposed and under which id.
+fn encode_context(origin: NodeId, id: u64) -> Vec<u8> {
+    [origin.get().to_le_bytes(), id.to_le_bytes()].concat()
+}
+
+fn decode_context(context: &[u8]) -> Option<(NodeId, u64)> {
+    if context.len() != 16 {
+        return None;
+    }
+    let origin = u64::from_le_bytes(context[..8].try_into().ok()?);
+    let id = u64::from_le_bytes(context[8..].try_into().ok()?);
+    Some((NodeId::new(origin), id))
+}
+
+impl MultiRaft {
+    /// A driver over `logs` and `meta` (which share one durable backend, so one sync covers both) for the
+    /// given groups and their initial voters. Groups already in the raft log store keep their state.
+    pub fn open(
+        config: MultiRaftConfig,
+        logs: Arc<RaftLogStore>,
+        meta: MetaStore,
+        table: HashToSlot,
+        groups: &[(GroupId, Vec<NodeId>)],
+        now: Time,
+    ) -> Result<Self, StoreError> {
+        let table = Arc::new(RwLock::new(Arc::new(table)));
+        logs.set_snapshot_source(Arc::new(SlotSnapshots {
+            meta: meta.clone(),
+            logs: Arc::downgrade(&logs),
+            table: Arc::clone(&table),
+            bytes_max: config.reassembly_bytes_max,
+        }));
+        let reassembly = Reassembly::new(config.reassembly_bytes_max, config.reassemblies_max);
+        let mut driver = MultiRaft {
+            now,
+            last_tick: now,
+            logs,
+            meta,
+            table,
+            groups: BTreeMap::new(),
+            effects: VecDeque::new(),
+            proposals: BTreeMap::new(),
+            next_proposal: 1,
+            next_read: 1,
+            next_transfer: 1,
+            awaiting: Vec::new(),
+            next_sync: 1,
+            sync_requested: false,
+            reassembly,
+            logger: slog::Logger::root(slog::Discard, slog::o!()),
+            config,
+        };
+        let rng = DetRng::new(driver.config.seed);
+        for (group, voters) in groups {
+            let election = driver.config.election_ticks_min
+                + usize::try_from(rng.child(u64::from(group.get())).below(driver.config.election_ticks_min as u64))
+                    .unwrap_or(0);
+            driver.add_group(*group, voters, election)?;
+        }
+        Ok(driver)
+    }
+
+    fn add_group(&mut self, group: GroupId, voters: &[NodeId], election_tick: usize) -> Result<(), StoreError> {
+        let conf = raft::prelude::ConfState { voters: voters.iter().map(|n| n.get()).collect(), ..Default::default() };
+        self.logs.create_group(group, conf)?;
+        let applied = self.meta.applied_index(group)?;
+        let raft_config = raft::Config {
+            id: self.config.node.get(),
+            election_tick,
+            heartbeat_tick: self.config.heartbeat_ticks,
+            min_election_tick: election_tick,
+            max_election_tick: election_tick + 1,
+            applied,
+            max_size_per_msg: self.config.max_size_per_msg,
+            max_inflight_msgs: self.config.max_inflight_msgs,
+            check_quorum: true,
+            pre_vote: true,
+            batch_append: true,
+            ..Default::default()
+        };
+        let storage = self.logs.group(group)?;
+        let raw = RawNode::new(&raft_config, storage, &self.logger).map_err(raft_error)?;
+        let fsm = SlotFsm::new(group, self.meta.clone(), self.config.fsm);
+        self.groups.insert(group, Group { raw, fsm, reads: VecDeque::new(), observed: None });
+        Ok(())
+    }
+
+    /// The groups this node serves.
+    pub fn groups(&self) -> impl Iterator<Item = GroupId> + '_ {
+        self.groups.keys().copied()
+    }
+
+    /// The hash-slot table the FSMs check commands against.
+    pub fn table(&self) -> Arc<HashToSlot> {
+        Arc::clone(&self.table.read())
+    }
+
+    /// Replaces the hash-slot table (after a hash-slot migration committed it).
+    pub fn set_table(&mut self, table: HashToSlot) {
+        *self.table.write() = Arc::new(table);
+    }
+
+    /// The leader this node knows for `group`.
+    pub fn leader(&self, group: GroupId) -> Option<NodeId> {
+        let raw = &self.groups.get(&group)?.raw;
+        (raw.raft.leader_id != 0).then(|| NodeId::new(raw.raft.leader_id))
+    }
+
+    /// `true` if this node leads `group`.
+    pub fn is_leader(&self, group: GroupId) -> bool {
+        self.groups.get(&group).is_some_and(|g| g.raw.raft.state == StateRole::Leader)
+    }
+
+    /// The last index applied by `group`'s FSM on this node.
+    pub fn applied_index(&self, group: GroupId) -> Option<u64> {
+        self.groups.get(&group).map(|g| g.raw.raft.raft_log.applied)
+    }
+
+    /// Raft status of `group` on this node.
+    pub fn status(&self, group: GroupId) -> Option<GroupStatus> {
+        let raw = &self.groups.get(&group)?.raw;
+        let conf = raw.store().initial_state().map(|s| s.conf_state).unwrap_or_default();
+        let mut peers: Vec<(NodeId, u64, bool)> = if raw.raft.state == StateRole::Leader {
+            raw.raft.prs().iter().map(|(id, p)| (NodeId::new(*id), p.matched, p.recent_active)).collect()
+        } else {
+            Vec::new()
+        };
+        peers.sort();
+        Some(GroupStatus {
+            group,
+            leader: (raw.raft.leader_id != 0).then(|| NodeId::new(raw.raft.leader_id)),
+            term: raw.raft.term,
+            commit: raw.raft.raft_log.committed,
+            applied: raw.raft.raft_log.applied,
+            voters: conf.voters.iter().copied().map(NodeId::new).collect(),
+            learners: conf.learners.iter().copied().map(NodeId::new).collect(),
+            peers,
+        })
+    }
+
+    /// Proposes `command` through `leader`, for a group this node does not serve (the caller resolved the
+    /// leader with its route table). The outcome arrives as [`SlotEffect::ProposalDone`]; a `NotLeader`
+    /// answer carries the hint to follow.
+    pub fn propose_remote(&mut self, now: Time, command: &Command, leader: NodeId) -> Result<ProposalId, ProposeError> {
+        self.advance(now);
+        let slot = tidings_router::hash_slot(command.routing_key().bytes());
+        let group = self.table.read().group_of(slot);
+        let data = command.encode();
+        if data.len() > self.config.proposal_bytes_max {
+            return Err(ProposeError::TooLarge { bytes: data.len(), max: self.config.proposal_bytes_max });
+        }
+        if self.proposals.values().filter(|p| p.group == group).count() >= self.config.pending_proposals_max {
+            return Err(ProposeError::Busy { group });
+        }
+        let id = self.next_proposal;
+        self.next_proposal += 1;
+        self.send(leader, group, SlotBody::Forward { origin: self.config.node, id, command: data });
+        let deadline = self.now + self.config.request_timeout;
+        self.proposals.insert(id, PendingProposal { group, deadline });
+        Ok(ProposalId(id))
+    }
+
+    /// Next effect to carry out.
+    pub fn poll_effect(&mut self) -> Option<SlotEffect> {
+        self.effects.pop_front()
+    }
+
+    /// When [`MultiRaft::handle_tick`] should next be called.
+    pub fn poll_timeout(&self) -> Time {
+        self.last_tick + self.config.tick_interval
+    }
+
+    /// Advances logical time: ticks every group once per elapsed tick interval (at most a few at a time),
+    /// and fails requests past their deadline.
+    pub fn handle_tick(&mut self, now: Time) {
+        self.advance(now);
+        let mut ticks = 0;
+        while self.last_tick + self.config.tick_interval <= self.now && ticks < 8 {
+            self.last_tick = self.last_tick + self.config.tick_interval;
+            for group in self.groups.values_mut() {
+                group.raw.tick();
+            }
+            ticks += 1;
+        }
+        if self.last_tick + self.config.tick_interval <= self.now {
+            self.last_tick = self.now; // Far behind: do not replay the missed ticks.
+        }
+        self.expire_requests();
+        self.process_all();
+    }
+
+    /// Proposes `command` to the group that owns its hash slot. The outcome arrives as
+    /// [`SlotEffect::ProposalDone`]. On a follower (or a node outside the group) the proposal is forwarded
+    /// to the leader this node knows.
+    pub fn propose(&mut self, now: Time, command: &Command) -> Result<ProposalId, ProposeError> {
+        self.advance(now);
+        let slot = tidings_router::hash_slot(command.routing_key().bytes());
+        let group = self.table.read().group_of(slot);
+        let data = command.encode();
+        if data.len() > self.config.proposal_bytes_max {
+            return Err(ProposeError::TooLarge { bytes: data.len(), max: self.config.proposal_bytes_max });
+        }
+        let waiting = self.proposals.values().filter(|p| p.group == group).count();
+        if waiting >= self.config.pending_proposals_max {
+            return Err(ProposeError::Busy { group });
+        }
+        let id = self.next_proposal;
+        let me = self.config.node;
+        match self.groups.get_mut(&group) {
+            Some(g) if g.raw.raft.state == StateRole::Leader => {
+                g.raw.propose(encode_context(me, id), data).map_err(|_| ProposeError::Dropped)?;
+            }
+            Some(g) if g.raw.raft.leader_id != 0 => {
+                let leader = NodeId::new(g.raw.raft.leader_id);
+                self.send(leader, group, SlotBody::Forward { origin: me, id, command: data });
+            }
+            Some(_) => return Err(ProposeError::NotReady { group }),
+            None => return Err(ProposeError::UnknownGroup { group }),
+        }
+        self.next_proposal += 1;
+        let deadline = self.now + self.config.request_timeout;
+        self.proposals.insert(id, PendingProposal { group, deadline });
+        self.process_all();
+        Ok(ProposalId(id))
+    }
+
+    /// Starts an authoritative read of `group` (raft ReadIndex, never a lease). [`SlotEffect::ReadReady`]
+    /// says when the local store reflects every write committed before this call.
+    pub fn read_index(&mut self, now: Time, group: GroupId) -> Result<ReadId, ProposeError> {
+        self.advance(now);
+        let deadline = self.now + self.config.request_timeout;
+        let max = self.config.pending_reads_max;
+        let g = self.groups.get_mut(&group).ok_or(ProposeError::UnknownGroup { group })?;
+        if g.raw.raft.leader_id == 0 {
+            return Err(ProposeError::NotReady { group });
+        }
+        if g.reads.len() >= max {
+            return Err(ProposeError::Busy { group });
+        }
+        let id = ReadId(self.next_read);
+        self.next_read += 1;
+        g.raw.read_index(id.0.to_le_bytes().to_vec());
+        g.reads.push_back(PendingRead { id, deadline, index: None });
+        self.process_all();
+        Ok(id)
+    }
+
+    /// A message from another node's driver. Messages for unknown groups and undecodable raft payloads are
+    /// dropped (and change nothing).
+    pub fn handle_message(&mut self, now: Time, from: NodeId, message: SlotMessage) {
+        self.advance(now);
+        let group = message.group;
+        match message.body {
+            SlotBody::Raft(bytes) => self.step_raft(group, &bytes),
+            SlotBody::Chunk { transfer, index, count, bytes } => {
+                let chunk = snapshot::Chunk { transfer, index, count, bytes };
+                if let Some(whole) = self.reassembly.add(self.now, from, group, chunk) {
+                    self.step_raft(group, &whole);
+                }
+            }
+            SlotBody::Forward { origin, id, command } => self.forwarded(from, group, origin, id, command),
+            SlotBody::ForwardDone { id, outcome } => self.complete(id, Ok(outcome)),
+            SlotBody::NotLeader { id, hint } => self.complete(id, Err(ProposeError::NotLeader { group, hint })),
+        }
+        self.process_all();
+    }
+
+    /// The runtime made every write up to the [`SlotEffect::Sync`] with `token` durable.
+    pub fn handle_synced(&mut self, now: Time, token: u64) {
+        self.advance(now);
+        let (done, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.awaiting).into_iter().partition(|a| a.token <= token);
+        self.awaiting = waiting;
+        for awaiting in done {
+            if let Some(group) = self.groups.get_mut(&awaiting.group) {
+                group.raw.on_persist_ready(awaiting.number);
+                if let Some(index) = awaiting.snapshot_index {
+                    group.raw.advance_apply_to(index);
+                }
+            }
+            for message in awaiting.messages {
+                self.send_raft(awaiting.group, message);
+            }
+        }
+        self.process_all();
+    }
+
+    fn advance(&mut self, now: Time) {
+        debug_assert!(now >= self.now, "time went backwards");
+        self.now = self.now.max(now);
+    }
+
+    fn step_raft(&mut self, group: GroupId, bytes: &[u8]) {
+        let Ok(message) = Message::parse_from_bytes(bytes) else { return };
+        if let Some(g) = self.groups.get_mut(&group) {
+            // raft-rs refuses local-only message types from the wire; other errors are stale messages.
+            let _ = g.raw.step(message);
+        }
+    }
+
+    fn forwarded(&mut self, from: NodeId, group: GroupId, origin: NodeId, id: u64, command: Vec<u8>) {
+        let Some(g) = self.groups.get_mut(&group) else {
+            self.send(from, group, SlotBody::NotLeader { id, hint: None });
+            return;
+        };
+        if g.raw.raft.state != StateRole::Leader || command.len() > self.config.proposal_bytes_max {
+            let hint = (g.raw.raft.leader_id != 0).then(|| NodeId::new(g.raw.raft.leader_id));
+            self.send(from, group, SlotBody::NotLeader { id, hint });
+            return;
+        }
+        if g.raw.propose(encode_context(origin, id), command).is_err() {
+            self.send(from, group, SlotBody::NotLeader { id, hint: None });
+        }
+    }
+
+    fn complete(&mut self, id: u64, result: Result<Outcome, ProposeError>) {
+        if self.proposals.remove(&id).is_some() {
+            self.effects.push_back(SlotEffect::ProposalDone { id: ProposalId(id), result });
+        }
+    }
+
+    fn expire_requests(&mut self) {
+        let now = self.now;
+        let expired: Vec<u64> = self.proposals.iter().filter(|(_, p)| p.deadline <= now).map(|(id, _)| *id).collect();
+        for id in expired {
+            self.complete(id, Err(ProposeError::Timeout));
+        }
+        for group in self.groups.values_mut() {
+            while group.reads.front().is_some_and(|r| r.deadline <= now) {
+                let read = group.reads.pop_front().expect("checked non-empty");
+                self.effects.push_back(SlotEffect::ReadFailed { id: read.id, error: ProposeError::Timeout });
+            }
+        }
+    }
+
+    /// Handles every group's ready, then asks for one sync covering all their writes.
+    fn process_all(&mut self) {
+        let ids: Vec<GroupId> = self.groups.keys().copied().collect();
+        for id in ids {
+            // A group may produce several readies in a row (e.g. after applying).
+            for _ in 0..4 {
+                if !self.groups.get(&id).is_some_and(|g| g.raw.has_ready()) {
+                    break;
+                }
+                if let Err(error) = self.process_ready(id) {
+                    tracing::error!(%error, group = %id, "slot group storage failed");
+                    break;
+                }
+            }
+            self.observe(id);
+        }
+        if self.sync_requested {
+            self.sync_requested = false;
+            let token = self.next_sync;
+            self.next_sync += 1;
+            for awaiting in self.awaiting.iter_mut().filter(|a| a.token == 0) {
+                awaiting.token = token;
+            }
+            self.effects.push_back(SlotEffect::Sync { token });
+        }
+    }
+
+    fn process_ready(&mut self, id: GroupId) -> Result<(), StoreError> {
+        let table = self.table();
+        let group = self.groups.get_mut(&id).expect("group exists");
+        let mut ready = group.raw.ready();
+        let messages = ready.take_messages();
+        let mut batch = RaftLogBatch::new();
+        let snapshot: Snapshot = ready.snapshot().clone();
+        let snapshot_index = (!snapshot.is_empty()).then(|| snapshot.get_metadata().index);
+        if !snapshot.is_empty() {
+            let index = snapshot.get_metadata().index;
+            if let Err(error) = snapshot::install(&self.meta, &table, id, index, &snapshot.data) {
+                tracing::error!(%error, group = %id, "snapshot install failed");
+            }
+            batch.apply_snapshot(id, snapshot.get_metadata().clone());
+        }
+        let entries = ready.take_entries();
+        let wrote = !snapshot.is_empty() || !entries.is_empty() || ready.hs().is_some();
+        batch.append(id, entries);
+        if let Some(hs) = ready.hs() {
+            batch.set_hard_state(id, hs.clone());
+        }
+        if !batch.is_empty() {
+            self.logs.write(batch)?;
+        }
+        let committed = ready.take_committed_entries();
+        let persisted_messages = ready.take_persisted_messages();
+        let number = ready.number();
+        for message in messages {
+            self.send_raft(id, message);
+        }
+        let read_states = ready.take_read_states();
+        let group = self.groups.get_mut(&id).expect("group exists");
+        for state in read_states {
+            let read_id = state.request_ctx.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+            if let Some(read) = group.reads.iter_mut().find(|r| Some(r.id.0) == read_id) {
+                read.index = Some(state.index);
+            }
+        }
+        group.raw.advance_append_async(ready);
+        if wrote {
+            let awaiting = AwaitingSync { token: 0, group: id, number, messages: persisted_messages, snapshot_index };
+            self.awaiting.push(awaiting);
+            self.sync_requested = true;
+        } else {
+            group.raw.on_persist_ready(number);
+            for message in persisted_messages {
+                self.send_raft(id, message);
+            }
+        }
+        self.apply_committed(id, &table, committed)?;
+        self.finish_reads(id);
+        Ok(())
+    }
+
+    fn apply_committed(&mut self, id: GroupId, table: &HashToSlot, entries: Vec<Entry>) -> Result<(), StoreError> {
+        let mut start = 0;
+        while start < entries.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < entries.len() && end - start < self.config.apply_batch_records_max {
+                bytes += entries[end].data.len();
+                if end > start && bytes > self.config.apply_batch_bytes_max {
+                    break;
+                }
+                end += 1;
+            }
+            self.apply_batch(id, table, &entries[start..end])?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    fn apply_batch(&mut self, id: GroupId, table: &HashToSlot, entries: &[Entry]) -> Result<(), StoreError> {
+        let me = self.config.node;
+        let mut commands: Vec<(u64, &[u8])> = Vec::with_capacity(entries.len());
+        for entry in entries {
+            match entry.get_entry_type() {
+                EntryType::EntryNormal => commands.push((entry.index, &entry.data)),
+                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
+                    self.apply_conf_change(id, entry)?;
+                    commands.push((entry.index, &[]));
+                }
+            }
+        }
+        let group = self.groups.get_mut(&id).expect("group exists");
+        let outcomes = group.fsm.apply(table, &commands)?;
+        let leader = group.raw.raft.state == StateRole::Leader;
+        let last = entries.last().map(|e| e.index);
+        let mut forwarded = Vec::new();
+        let mut local = Vec::new();
+        for (entry, outcome) in entries.iter().zip(outcomes) {
+            let (Some(outcome), Some((origin, pid))) = (outcome, decode_context(&entry.context)) else { continue };
+            if origin == me {
+                local.push((pid, outcome));
+            } else if leader {
+                forwarded.push((origin, pid, outcome));
+            }
+        }
+        if let Some(last) = last {
+            group.raw.advance_apply_to(last);
+        }
+        for (pid, outcome) in local {
+            self.complete(pid, Ok(outcome));
+        }
+        for (origin, pid, outcome) in forwarded {
+            self.send(origin, id, SlotBody::ForwardDone { id: pid, outcome });
+        }
+        self.maybe_compact(id)
+    }
+
+    fn apply_conf_change(&mut self, id: GroupId, entry: &Entry) -> Result<(), StoreError> {
+        let group = self.groups.get_mut(&id).expect("group exists");
+        let conf = match entry.get_entry_type() {
+            EntryType::EntryConfChangeV2 => ConfChangeV2::parse_from_bytes(&entry.data)
+                .ok()
+                .and_then(|change| group.raw.apply_conf_change(&change).ok()),
+            _ => raft::prelude::ConfChange::parse_from_bytes(&entry.data)
+                .ok()
+                .and_then(|change| group.raw.apply_conf_change(&change).ok()),
+        };
+        if let Some(conf) = conf {
+            let mut batch = RaftLogBatch::new();
+            batch.set_conf_state(id, conf);
+            self.logs.write(batch)?;
+        }
+        Ok(())
+    }
+
+    fn maybe_compact(&mut self, id: GroupId) -> Result<(), StoreError> {
+        let group = self.groups.get(&id).expect("group exists");
+        let applied = group.raw.raft.raft_log.applied;
+        let first = group.raw.store().first_index().unwrap_or(1);
+        if applied.saturating_sub(first) > self.config.compact_after_entries {
+            let keep_from = applied - self.config.compact_after_entries / 2;
+            let mut batch = RaftLogBatch::new();
+            batch.compact(id, keep_from);
+            self.logs.write(batch)?;
+        }
+        Ok(())
+    }
+
+    fn finish_reads(&mut self, id: GroupId) {
+        let group = self.groups.get_mut(&id).expect("group exists");
+        let applied = group.raw.raft.raft_log.applied;
+        let mut ready = Vec::new();
+        group.reads.retain(|read| match read.index {
+            Some(index) if index <= applied => {
+                ready.push(read.id);
+                false
+            }
+            _ => true,
+        });
+        for read in ready {
+            self.effects.push_back(SlotEffect::ReadReady { id: read, group: id });
+        }
+    }
+
+    /// Publishes what raft status shows of the group when it changed.
+    fn observe(&mut self, id: GroupId) {
+        let group = self.groups.get_mut(&id).expect("group exists");
+        let conf = group.raw.store().initial_state().map(|s| s.conf_state).unwrap_or_default();
+        let leader = (group.raw.raft.leader_id != 0).then(|| NodeId::new(group.raw.raft.leader_id));
+        let observation = GroupObservation {
+            leader,
+            term: Term::new(group.raw.raft.term),
+            voters: conf.voters.iter().copied().map(NodeId::new).collect(),
+            learners: conf.learners.iter().copied().map(NodeId::new).collect(),
+            config_epoch: ConfigEpoch::new(0),
+        };
+        if group.observed.as_ref() != Some(&observation) {
+            group.observed = Some(observation.clone());
+            self.effects.push_back(SlotEffect::Observed { group: id, observation });
+        }
+    }
+
+    fn send_raft(&mut self, group: GroupId, message: Message) {
+        let to = NodeId::new(message.to);
+        // Cannot fail: raft-rs messages encode into memory.
+        let bytes = message.write_to_bytes().expect("raft message encodes");
+        if bytes.len() <= self.config.chunk_bytes {
+            self.send(to, group, SlotBody::Raft(bytes));
+            return;
+        }
+        let transfer = self.next_transfer;
+        self.next_transfer += 1;
+        let chunks: Vec<&[u8]> = bytes.chunks(self.config.chunk_bytes).collect();
+        let count = u32::try_from(chunks.len()).unwrap_or(u32::MAX);
+        for (index, chunk) in chunks.into_iter().enumerate() {
+            let index = u32::try_from(index).unwrap_or(u32::MAX);
+            self.send(to, group, SlotBody::Chunk { transfer, index, count, bytes: chunk.to_vec() });
+        }
+    }
+
+    fn send(&mut self, to: NodeId, group: GroupId, body: SlotBody) {
+        self.effects.push_back(SlotEffect::Send { to, message: SlotMessage { group, body } });
+    }
+}
+
+fn raft_error(error: raft::Error) -> StoreError {
+    match error {
+        raft::Error::Store(raft::StorageError::Other(inner)) => match inner.downcast::<StoreError>() {
+            Ok(store) => *store,
+            Err(other) => StoreError::io("raft", std::io::Error::other(other.to_string())),
+        },
+        other => StoreError::io("raft", std::io::Error::other(other.to_string())),
+    }
+}

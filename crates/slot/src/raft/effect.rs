@@ -1,0 +1,108 @@
+//! What the multi-raft driver asks its runtime to do, and its typed refusals.
+
+use super::message::SlotMessage;
+use crate::fsm::Outcome;
+use tidings_router::GroupObservation;
+use tidings_types::{GroupId, NodeId};
+
+/// Identifies a proposal of this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProposalId(pub u64);
+
+/// Identifies an authoritative read of this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReadId(pub u64);
+
+/// Why a proposal or read was refused or failed. Nothing was proposed when refused synchronously.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProposeError {
+    /// The group is not served by this node.
+    #[error("{group} is not on this node")]
+    UnknownGroup {
+        /// The group.
+        group: GroupId,
+    },
+    /// No leader is known for the group (election in progress): retry later.
+    #[error("{group} has no known leader")]
+    NotReady {
+        /// The group.
+        group: GroupId,
+    },
+    /// The node asked is not the leader; send to `hint` if known.
+    #[error("not the leader of {group}; leader is {hint:?}")]
+    NotLeader {
+        /// The group.
+        group: GroupId,
+        /// The leader known to the refusing node.
+        hint: Option<NodeId>,
+    },
+    /// The group's proposal (or read) queue is full: retry later.
+    #[error("{group} is busy")]
+    Busy {
+        /// The group.
+        group: GroupId,
+    },
+    /// The command exceeds the size limit.
+    #[error("command of {bytes} bytes exceeds {max}")]
+    TooLarge {
+        /// Its size.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Not answered in time; the proposal may still be applied (its outcome is unknown).
+    #[error("timed out; outcome unknown")]
+    Timeout,
+    /// Leadership changed and the proposal was dropped before commit; it was not applied.
+    #[error("proposal dropped by a leadership change")]
+    Dropped,
+}
+
+/// An effect of the multi-raft driver, drained with [`super::MultiRaft::poll_effect`].
+#[derive(Clone, Debug, PartialEq)]
+#[must_use]
+pub enum SlotEffect {
+    /// Send `message` to `to`.
+    Send {
+        /// Destination node.
+        to: NodeId,
+        /// The message.
+        message: SlotMessage,
+    },
+    /// Make every write to the raft log and metadata stores durable (one fsync for all groups), then call
+    /// [`super::MultiRaft::handle_synced`] with `token`.
+    Sync {
+        /// Echo in the completion.
+        token: u64,
+    },
+    /// A proposal of this node finished.
+    ProposalDone {
+        /// The proposal.
+        id: ProposalId,
+        /// The FSM's outcome, or why it did not apply.
+        result: Result<Outcome, ProposeError>,
+    },
+    /// An authoritative read may now read the local store: it reflects every write committed before the
+    /// read was requested.
+    ReadReady {
+        /// The read.
+        id: ReadId,
+        /// The group.
+        group: GroupId,
+    },
+    /// An authoritative read failed.
+    ReadFailed {
+        /// The read.
+        id: ReadId,
+        /// Why.
+        error: ProposeError,
+    },
+    /// What raft status shows of a group changed: publish it in the route table.
+    Observed {
+        /// The group.
+        group: GroupId,
+        /// Leader, term, members.
+        observation: GroupObservation,
+    },
+}

@@ -1,0 +1,71 @@
+//! Messages between the multi-raft drivers of different nodes.
+
+use crate::fsm::Outcome;
+use serde::{Deserialize, Serialize};
+use tidings_types::{GroupId, NodeId};
+
+/// A message for one group on another node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotMessage {
+    /// The group.
+    pub group: GroupId,
+    /// What it carries.
+    pub body: SlotBody,
+}
+
+/// Body of a [`SlotMessage`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SlotBody {
+    /// A raft-rs message (protobuf).
+    Raft(#[serde(with = "serde_bytes_vec")] Vec<u8>),
+    /// One chunk of a raft message too large for one frame (a snapshot).
+    Chunk {
+        /// Identifies the chunked message among the sender's.
+        transfer: u64,
+        /// Index of this chunk.
+        index: u32,
+        /// Number of chunks.
+        count: u32,
+        /// Bytes of the chunk.
+        #[serde(with = "serde_bytes_vec")]
+        bytes: Vec<u8>,
+    },
+    /// A proposal forwarded by a follower (or a non-member) to the leader.
+    Forward {
+        /// The node that proposed it and waits for the outcome.
+        origin: NodeId,
+        /// The origin's proposal id.
+        id: u64,
+        /// The encoded command.
+        #[serde(with = "serde_bytes_vec")]
+        command: Vec<u8>,
+    },
+    /// The leader applied a forwarded proposal.
+    ForwardDone {
+        /// The origin's proposal id.
+        id: u64,
+        /// Its outcome.
+        outcome: Outcome,
+    },
+    /// The receiver is not the leader; `hint` is the leader it knows.
+    NotLeader {
+        /// The origin's proposal id.
+        id: u64,
+        /// The leader the receiver knows, if any.
+        hint: Option<NodeId>,
+    },
+}
+
+/// Serializes `Vec<u8>` as bytes (compact in postcard).
+mod serde_bytes_vec {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(bytes)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let bytes: &[u8] = Deserialize::deserialize(d)?;
+        Ok(bytes.to_vec())
+    }
+}

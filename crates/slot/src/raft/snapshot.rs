@@ -1,0 +1,188 @@
+//! Snapshots of a slot group (an export of its hash slots at its applied index) and the reassembly of
+//! raft messages sent in chunks.
+
+use parking_lot::RwLock;
+use raft::prelude::Snapshot;
+use raft::Storage;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use tidings_router::HashToSlot;
+use tidings_store::{MetaStore, MetaWriteBatch, RaftLogStore, SnapshotSource, StoreResult};
+use tidings_types::{GroupId, HashSlot, NodeId, Time};
+
+/// The data of a slot-group snapshot.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct SnapshotData {
+    pub(crate) entries: Vec<(HashSlot, Vec<u8>, Vec<u8>)>,
+}
+
+/// Builds snapshots for raft-rs from the metadata store.
+pub(crate) struct SlotSnapshots {
+    pub(crate) meta: MetaStore,
+    pub(crate) logs: Weak<RaftLogStore>,
+    pub(crate) table: Arc<RwLock<Arc<HashToSlot>>>,
+    pub(crate) bytes_max: usize,
+}
+
+const EXPORT_CHUNK: usize = 1 << 20;
+
+impl SnapshotSource for SlotSnapshots {
+    fn snapshot(&self, group: GroupId, request_index: u64) -> StoreResult<Option<Snapshot>> {
+        let Some(logs) = self.logs.upgrade() else { return Ok(None) };
+        let applied = self.meta.applied_index(group)?;
+        if applied < request_index {
+            return Ok(None); // Not applied that far yet: raft-rs asks again later.
+        }
+        let storage = logs.group(group)?;
+        let (Ok(term), Ok(state)) = (storage.term(applied), storage.initial_state()) else { return Ok(None) };
+        let slots: Vec<HashSlot> = self.table.read().slots_of(group).collect();
+        let mut data = SnapshotData::default();
+        let mut bytes = 0usize;
+        let mut cursor = None;
+        loop {
+            let chunk = self.meta.export_slots(&slots, cursor.as_ref(), EXPORT_CHUNK)?;
+            for entry in chunk.entries {
+                bytes += entry.key.len() + entry.value.len();
+                data.entries.push((entry.slot, entry.key, entry.value));
+            }
+            if bytes > self.bytes_max {
+                // Larger than any receiver reassembles: sending it cannot help. The follower stays behind,
+                // and the log says why.
+                tracing::warn!(%group, bytes, max = self.bytes_max, "snapshot exceeds the reassembly bound");
+                return Ok(None);
+            }
+            match chunk.next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        let mut snapshot = Snapshot::default();
+        let metadata = snapshot.mut_metadata();
+        metadata.index = applied;
+        metadata.term = term;
+        metadata.set_conf_state(state.conf_state);
+        // Cannot fail: plain data into memory.
+        snapshot.data = postcard::to_allocvec(&data).expect("snapshot data encodes").into();
+        Ok(Some(snapshot))
+    }
+}
+
+/// Writes a received snapshot's data over the group's hash slots, with its applied index, atomically.
+pub(crate) fn install(
+    meta: &MetaStore,
+    table: &HashToSlot,
+    group: GroupId,
+    index: u64,
+    data: &[u8],
+) -> Result<(), InstallError> {
+    let data: SnapshotData = postcard::from_bytes(data).map_err(|_| InstallError::Malformed)?;
+    let mut batch = MetaWriteBatch::new();
+    for slot in table.slots_of(group) {
+        batch.clear_slot(slot);
+    }
+    for (slot, key, value) in data.entries {
+        if table.group_of(slot) != group {
+            return Err(InstallError::ForeignSlot(slot));
+        }
+        batch.put(slot, key, value);
+    }
+    batch.set_applied(group, index);
+    meta.write(&batch).map_err(InstallError::Store)
+}
+
+/// Why a snapshot could not be installed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum InstallError {
+    #[error("snapshot data does not decode")]
+    Malformed,
+    #[error("snapshot holds {0}, which this group does not own")]
+    ForeignSlot(HashSlot),
+    #[error(transparent)]
+    Store(tidings_store::StoreError),
+}
+
+/// A message arriving in chunks.
+struct Partial {
+    chunks: Vec<Option<Vec<u8>>>,
+    bytes: usize,
+    started: Time,
+}
+
+/// One received chunk of a message.
+pub(crate) struct Chunk {
+    pub(crate) transfer: u64,
+    pub(crate) index: u32,
+    pub(crate) count: u32,
+    pub(crate) bytes: Vec<u8>,
+}
+
+/// Reassembles chunked raft messages, bounded in count and bytes.
+pub(crate) struct Reassembly {
+    partials: BTreeMap<(NodeId, GroupId), (u64, Partial)>,
+    bytes_max: usize,
+    count_max: usize,
+}
+
+impl Reassembly {
+    pub(crate) fn new(bytes_max: usize, count_max: usize) -> Self {
+        Self { partials: BTreeMap::new(), bytes_max, count_max }
+    }
+
+    /// Adds a chunk; returns the whole message once every chunk arrived. A newer transfer from the same
+    /// sender for the same group replaces an older one; limits drop the chunk.
+    pub(crate) fn add(&mut self, now: Time, from: NodeId, group: GroupId, chunk: Chunk) -> Option<Vec<u8>> {
+        let Chunk { transfer, index, count, bytes } = chunk;
+        let count = usize::try_from(count).ok().filter(|c| *c > 0 && *c <= self.bytes_max)?;
+        let index = usize::try_from(index).ok().filter(|i| *i < count)?;
+        let key = (from, group);
+        let fresh = match self.partials.get(&key) {
+            Some((current, _)) => transfer > *current,
+            None => true,
+        };
+        if fresh {
+            if !self.partials.contains_key(&key) && self.partials.len() >= self.count_max {
+                // Make room by dropping the oldest transfer.
+                let oldest = self.partials.iter().min_by_key(|(_, (_, p))| p.started).map(|(k, _)| *k)?;
+                self.partials.remove(&oldest);
+            }
+            let partial = Partial { chunks: vec![None; count], bytes: 0, started: now };
+            self.partials.insert(key, (transfer, partial));
+        }
+        let (current, partial) = self.partials.get_mut(&key)?;
+        if *current != transfer || partial.chunks.len() != count {
+            return None;
+        }
+        if partial.chunks[index].is_none() {
+            partial.bytes += bytes.len();
+            if partial.bytes > self.bytes_max {
+                self.partials.remove(&key);
+                return None;
+            }
+            partial.chunks[index] = Some(bytes);
+        }
+        if partial.chunks.iter().any(Option::is_none) {
+            return None;
+        }
+        let (_, partial) = self.partials.remove(&key)?;
+        Some(partial.chunks.into_iter().flatten().flatten().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reassembles_in_any_order_and_bounds_bytes() {
+        let mut r = Reassembly::new(10, 2);
+        let (n, g) = (NodeId::new(1), GroupId::new(1));
+        let chunk = |transfer, index, count, bytes| Chunk { transfer, index, count, bytes };
+        assert_eq!(r.add(Time::ZERO, n, g, chunk(1, 1, 2, vec![3, 4])), None);
+        assert_eq!(r.add(Time::ZERO, n, g, chunk(1, 1, 2, vec![3, 4])), None, "duplicate chunk ignored");
+        assert_eq!(r.add(Time::ZERO, n, g, chunk(1, 0, 2, vec![1, 2])), Some(vec![1, 2, 3, 4]));
+        assert_eq!(r.add(Time::ZERO, n, g, chunk(2, 0, 2, vec![0; 8])), None);
+        assert_eq!(r.add(Time::ZERO, n, g, chunk(2, 1, 2, vec![0; 8])), None, "over the byte bound: dropped");
+        assert_eq!(r.add(Time::ZERO, n, g, chunk(3, 5, 2, vec![1])), None, "index out of range");
+    }
+}
