@@ -438,13 +438,11 @@ impl GroupStorage {
         self.group
     }
 
-    fn log(&self) -> raft::Result<GroupLog> {
-        self.store
-            .groups
-            .read()
-            .get(&self.group)
-            .cloned()
-            .ok_or_else(|| to_raft(StoreError::UnknownGroup { group: self.group }))
+    /// Runs `f` on the cached state of the group, without copying it.
+    fn with_log<T>(&self, f: impl FnOnce(&GroupLog) -> T) -> raft::Result<T> {
+        let groups = self.store.groups.read();
+        let log = groups.get(&self.group).ok_or_else(|| to_raft(StoreError::UnknownGroup { group: self.group }))?;
+        Ok(f(log))
     }
 }
 
@@ -454,8 +452,7 @@ fn to_raft(e: StoreError) -> raft::Error {
 
 impl raft::Storage for GroupStorage {
     fn initial_state(&self) -> raft::Result<RaftState> {
-        let log = self.log()?;
-        Ok(RaftState::new(log.hard_state, log.conf_state))
+        self.with_log(|log| RaftState::new(log.hard_state.clone(), log.conf_state.clone()))
     }
 
     fn entries(
@@ -465,39 +462,39 @@ impl raft::Storage for GroupStorage {
         max_size: impl Into<Option<u64>>,
         _context: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
-        let log = self.log()?;
-        if low < log.first_index() {
+        let (first, last) = self.with_log(|log| (log.first_index(), log.last.0))?;
+        if low < first {
             return Err(raft::Error::Store(RaftStorageError::Compacted));
         }
-        if high > log.last.0 + 1 || low > high {
+        if high > last + 1 || low > high {
             return Err(raft::Error::Store(RaftStorageError::Unavailable));
         }
         self.store.read_entries(self.group, low, high, max_size.into()).map_err(to_raft)
     }
 
     fn term(&self, idx: u64) -> raft::Result<u64> {
-        let log = self.log()?;
-        if idx == log.truncated.0 {
-            return Ok(log.truncated.1);
+        let (truncated, last) = self.with_log(|log| (log.truncated, log.last))?;
+        if idx == truncated.0 {
+            return Ok(truncated.1);
         }
-        if idx < log.truncated.0 {
+        if idx < truncated.0 {
             return Err(raft::Error::Store(RaftStorageError::Compacted));
         }
-        if idx > log.last.0 {
+        if idx > last.0 {
             return Err(raft::Error::Store(RaftStorageError::Unavailable));
         }
-        if idx == log.last.0 {
-            return Ok(log.last.1);
+        if idx == last.0 {
+            return Ok(last.1);
         }
         self.store.read_term(self.group, idx).map_err(to_raft)
     }
 
     fn first_index(&self) -> raft::Result<u64> {
-        Ok(self.log()?.first_index())
+        self.with_log(GroupLog::first_index)
     }
 
     fn last_index(&self) -> raft::Result<u64> {
-        Ok(self.log()?.last.0)
+        self.with_log(|log| log.last.0)
     }
 
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {

@@ -106,10 +106,15 @@ pub struct MultiRaft {
     groups: BTreeMap<GroupId, Group>,
     effects: VecDeque<SlotEffect>,
     proposals: BTreeMap<u64, PendingProposal>,
+    /// Pending proposals per group (the bound is per group).
+    pending_per_group: BTreeMap<GroupId, usize>,
     next_proposal: u64,
     next_read: u64,
     next_transfer: u64,
-    awaiting: Vec<AwaitingSync>,
+    /// Readies whose writes wait for a sync, in token order (0 = not yet covered by a requested sync).
+    awaiting: VecDeque<AwaitingSync>,
+    /// Inputs arrived since the last processing round: [`MultiRaft::poll_effect`] runs one first.
+    dirty: bool,
     next_sync: u64,
     sync_requested: bool,
     reassembly: Reassembly,
@@ -158,10 +163,12 @@ impl MultiRaft {
             groups: BTreeMap::new(),
             effects: VecDeque::new(),
             proposals: BTreeMap::new(),
+            pending_per_group: BTreeMap::new(),
             next_proposal: 1,
             next_read: 1,
             next_transfer: 1,
-            awaiting: Vec::new(),
+            awaiting: VecDeque::new(),
+            dirty: false,
             next_sync: 1,
             sync_requested: false,
             reassembly,
@@ -267,7 +274,7 @@ impl MultiRaft {
         if data.len() > self.config.proposal_bytes_max {
             return Err(ProposeError::TooLarge { bytes: data.len(), max: self.config.proposal_bytes_max });
         }
-        if self.proposals.values().filter(|p| p.group == group).count() >= self.config.pending_proposals_max {
+        if self.pending(group) >= self.config.pending_proposals_max {
             return Err(ProposeError::Busy { group });
         }
         let id = self.next_proposal;
@@ -275,11 +282,17 @@ impl MultiRaft {
         self.send(leader, group, SlotBody::Forward { origin: self.config.node, id, command: data });
         let deadline = self.now + self.config.request_timeout;
         self.proposals.insert(id, PendingProposal { group, deadline });
+        *self.pending_per_group.entry(group).or_default() += 1;
         Ok(ProposalId(id))
     }
 
-    /// Next effect to carry out.
+    /// Next effect to carry out. Inputs are processed in one round the first time this is called after
+    /// them, so a burst of proposals becomes one raft batch and one sync.
     pub fn poll_effect(&mut self) -> Option<SlotEffect> {
+        if self.effects.is_empty() && self.dirty {
+            self.dirty = false;
+            self.process_all();
+        }
         self.effects.pop_front()
     }
 
@@ -304,7 +317,7 @@ impl MultiRaft {
             self.last_tick = self.now; // Far behind: do not replay the missed ticks.
         }
         self.expire_requests();
-        self.process_all();
+        self.dirty = true;
     }
 
     /// Proposes `command` to the group that owns its hash slot. The outcome arrives as
@@ -318,8 +331,7 @@ impl MultiRaft {
         if data.len() > self.config.proposal_bytes_max {
             return Err(ProposeError::TooLarge { bytes: data.len(), max: self.config.proposal_bytes_max });
         }
-        let waiting = self.proposals.values().filter(|p| p.group == group).count();
-        if waiting >= self.config.pending_proposals_max {
+        if self.pending(group) >= self.config.pending_proposals_max {
             return Err(ProposeError::Busy { group });
         }
         let id = self.next_proposal;
@@ -338,7 +350,8 @@ impl MultiRaft {
         self.next_proposal += 1;
         let deadline = self.now + self.config.request_timeout;
         self.proposals.insert(id, PendingProposal { group, deadline });
-        self.process_all();
+        *self.pending_per_group.entry(group).or_default() += 1;
+        self.dirty = true;
         Ok(ProposalId(id))
     }
 
@@ -359,7 +372,7 @@ impl MultiRaft {
         self.next_read += 1;
         g.raw.read_index(id.0.to_le_bytes().to_vec());
         g.reads.push_back(PendingRead { id, deadline, index: None });
-        self.process_all();
+        self.dirty = true;
         Ok(id)
     }
 
@@ -380,16 +393,14 @@ impl MultiRaft {
             SlotBody::ForwardDone { id, outcome } => self.complete(id, Ok(outcome)),
             SlotBody::NotLeader { id, hint } => self.complete(id, Err(ProposeError::NotLeader { group, hint })),
         }
-        self.process_all();
+        self.dirty = true;
     }
 
     /// The runtime made every write up to the [`SlotEffect::Sync`] with `token` durable.
     pub fn handle_synced(&mut self, now: Time, token: u64) {
         self.advance(now);
-        let (done, waiting): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.awaiting).into_iter().partition(|a| a.token <= token);
-        self.awaiting = waiting;
-        for awaiting in done {
+        while self.awaiting.front().is_some_and(|a| a.token != 0 && a.token <= token) {
+            let awaiting = self.awaiting.pop_front().expect("checked non-empty");
             if let Some(group) = self.groups.get_mut(&awaiting.group) {
                 group.raw.on_persist_ready(awaiting.number);
                 if let Some(index) = awaiting.snapshot_index {
@@ -400,7 +411,7 @@ impl MultiRaft {
                 self.send_raft(awaiting.group, message);
             }
         }
-        self.process_all();
+        self.dirty = true;
     }
 
     fn advance(&mut self, now: Time) {
@@ -431,8 +442,15 @@ impl MultiRaft {
         }
     }
 
+    fn pending(&self, group: GroupId) -> usize {
+        self.pending_per_group.get(&group).copied().unwrap_or(0)
+    }
+
     fn complete(&mut self, id: u64, result: Result<Outcome, ProposeError>) {
-        if self.proposals.remove(&id).is_some() {
+        if let Some(proposal) = self.proposals.remove(&id) {
+            if let Some(count) = self.pending_per_group.get_mut(&proposal.group) {
+                *count = count.saturating_sub(1);
+            }
             self.effects.push_back(SlotEffect::ProposalDone { id: ProposalId(id), result });
         }
     }
@@ -519,7 +537,7 @@ impl MultiRaft {
         group.raw.advance_append_async(ready);
         if wrote {
             let awaiting = AwaitingSync { token: 0, group: id, number, messages: persisted_messages, snapshot_index };
-            self.awaiting.push(awaiting);
+            self.awaiting.push_back(awaiting);
             self.sync_requested = true;
         } else {
             group.raw.on_persist_ready(number);

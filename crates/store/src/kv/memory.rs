@@ -21,14 +21,16 @@ pub enum FailOp {
 
 type Map = BTreeMap<(Keyspace, Vec<u8>), Vec<u8>>;
 
+/// How to undo one applied batch: the previous value of every key it touched, in the order touched.
+type Undo = Vec<((Keyspace, Vec<u8>), Option<Vec<u8>>)>;
+
 #[derive(Default)]
 struct State {
     /// What readers see: every applied batch.
     current: Map,
-    /// What survives a crash: every batch applied before the last successful sync.
-    durable: Map,
-    /// Batches applied since the last successful sync, in order.
-    unsynced: Vec<KvBatch>,
+    /// One undo record per batch applied since the last successful sync, oldest first. Rolling them back
+    /// yields exactly the durable image, so a sync costs nothing and a crash replays only what it loses.
+    unsynced: Vec<Undo>,
     failpoints: Failpoints<FailOp>,
     syncs: u64,
 }
@@ -58,11 +60,17 @@ impl MemoryKv {
     /// Loses every batch applied since the last successful sync except the first `kept` of them.
     pub fn crash_keeping(&self, kept: usize) {
         let mut state = self.state.lock();
-        let unsynced = std::mem::take(&mut state.unsynced);
-        for batch in unsynced.into_iter().take(kept) {
-            apply_to(&mut state.durable, &batch);
+        while state.unsynced.len() > kept {
+            let undo = state.unsynced.pop().expect("longer than kept");
+            for (key, previous) in undo.into_iter().rev() {
+                match previous {
+                    Some(value) => state.current.insert(key, value),
+                    None => state.current.remove(&key),
+                };
+            }
         }
-        state.current = state.durable.clone();
+        // What survived is now on "disk".
+        state.unsynced.clear();
     }
 
     /// Number of batches that a crash now would lose.
@@ -85,36 +93,40 @@ impl MemoryKv {
         self.state.lock().failpoints.clear();
     }
 
-    /// Flips a bit of the stored value of `key`, in memory and in the durable image. Returns `false` if
-    /// the key does not exist.
+    /// Flips a bit of the stored value of `key` (call it on synced data: the durable image is the value).
+    /// Returns `false` if the key does not exist.
     pub fn corrupt(&self, keyspace: Keyspace, key: &[u8]) -> bool {
-        let mut guard = self.state.lock();
-        let state = &mut *guard;
-        let map_key = (keyspace, key.to_vec());
-        let mut found = false;
-        for map in [&mut state.current, &mut state.durable] {
-            if let Some(value) = map.get_mut(&map_key) {
+        let mut state = self.state.lock();
+        match state.current.get_mut(&(keyspace, key.to_vec())) {
+            Some(value) => {
                 if let Some(byte) = value.last_mut() {
                     *byte ^= 0x01;
                 }
-                found = true;
+                true
             }
+            None => false,
         }
-        found
     }
 }
 
-fn apply_to(map: &mut Map, batch: &KvBatch) {
-    for op in batch.ops() {
+/// Applies `batch` to `map`, returning how to undo it.
+fn apply_to(map: &mut Map, batch: KvBatch) -> Undo {
+    let mut undo = Vec::with_capacity(batch.len());
+    for op in batch.into_ops() {
         match op {
             KvOp::Put { keyspace, key, sealed } => {
-                map.insert((*keyspace, key.clone()), sealed.clone());
+                let key = (keyspace, key);
+                let previous = map.insert(key.clone(), sealed);
+                undo.push((key, previous));
             }
             KvOp::Delete { keyspace, key } => {
-                map.remove(&(*keyspace, key.clone()));
+                let key = (keyspace, key);
+                let previous = map.remove(&key);
+                undo.push((key, previous));
             }
         }
     }
+    undo
 }
 
 impl Kv for MemoryKv {
@@ -151,18 +163,15 @@ impl Kv for MemoryKv {
     fn apply(&self, batch: KvBatch) -> StoreResult<()> {
         let mut state = self.state.lock();
         state.failpoints.check(FailOp::Apply, "apply")?;
-        apply_to(&mut state.current, &batch);
-        state.unsynced.push(batch);
+        let undo = apply_to(&mut state.current, batch);
+        state.unsynced.push(undo);
         Ok(())
     }
 
     fn sync(&self) -> StoreResult<()> {
         let mut state = self.state.lock();
         state.failpoints.check(FailOp::Sync, "sync")?;
-        let unsynced = std::mem::take(&mut state.unsynced);
-        for batch in &unsynced {
-            apply_to(&mut state.durable, batch);
-        }
+        state.unsynced.clear();
         state.syncs += 1;
         Ok(())
     }

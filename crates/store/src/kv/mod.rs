@@ -111,6 +111,11 @@ impl KvBatch {
         &self.ops
     }
 
+    /// The changes, by value.
+    pub fn into_ops(self) -> Vec<KvOp> {
+        self.ops
+    }
+
     /// Appends every change of `other` after this batch's changes.
     pub fn extend(&mut self, other: KvBatch) {
         self.ops.extend(other.ops);
