@@ -1,7 +1,8 @@
 //! tidings: the replicated core of a chat backend, as a library.
 //!
-//! This facade re-exports the building blocks that exist today: identifiers, hash-slot routing and the
-//! metadata / raft-log stores. The node runtime (`Node`, `Transport`) lands on top of them.
+//! This facade re-exports the building blocks that exist today: identifiers, hash-slot routing, the
+//! stores (metadata, raft logs, message log), the channel replica machine and the slot metadata layer.
+//! The node runtime (`Node`, `Transport`) lands on top of them.
 //!
 //! ```
 //! use tidings::router::{hash_slot, HashToSlot};
@@ -12,6 +13,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub use tidings_channel as channel;
 pub use tidings_router as router;
+pub use tidings_slot as slot;
 pub use tidings_store as store;
 pub use tidings_types as types;
