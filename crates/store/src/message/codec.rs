@@ -10,6 +10,21 @@ const OP_CHECKPOINT_HW: u8 = 3;
 const OP_SET_RETENTION: u8 = 4;
 const OP_START_AFTER: u8 = 5;
 
+/// Exact length of [`encode_batch`]'s output for `batch`.
+pub(crate) fn encoded_batch_len(batch: &LogBatch) -> usize {
+    let channel = 2 + batch.channel.id().len();
+    let ops: usize = batch
+        .ops
+        .iter()
+        .map(|op| match op {
+            LogOp::Append(records) => 1 + 4 + records.iter().map(|r| r.encoded_len()).sum::<usize>(),
+            LogOp::StartAfter { .. } => 1 + 16,
+            _ => 1 + 8,
+        })
+        .sum();
+    channel + 4 + ops
+}
+
 /// Appends the encoding of `batch` to `out`.
 pub(crate) fn encode_batch(batch: &LogBatch, out: &mut Vec<u8>) {
     batch.channel.encode_key(out);
@@ -131,6 +146,7 @@ mod tests {
         let batch = batch();
         let mut out = Vec::new();
         encode_batch(&batch, &mut out);
+        assert_eq!(out.len(), encoded_batch_len(&batch));
         assert_eq!(decode_batch(&out).unwrap(), batch);
         for cut in 0..out.len() {
             assert!(decode_batch(&out[..cut]).is_none(), "cut at {cut}");

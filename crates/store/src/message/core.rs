@@ -79,6 +79,11 @@ impl LogCore {
         Ok(())
     }
 
+    /// The batch staged last.
+    pub(crate) fn last_staged(&self) -> Option<&LogBatch> {
+        self.staged.last()
+    }
+
     /// `true` if batches are staged and not yet made durable.
     pub(crate) fn has_staged(&self) -> bool {
         !self.staged.is_empty()
@@ -92,43 +97,46 @@ impl LogCore {
 
     /// Applies a durable batch: state, memory table, idempotency window. The batch was checked when staged
     /// (or is replayed from a checked journal), so a refusal here means the durable log is inconsistent.
-    pub(crate) fn apply_durable(&mut self, batch: &LogBatch) -> Result<(), LogRefusal> {
-        let entry = match self.channels.get_mut(&batch.channel) {
+    ///
+    /// Takes the batch by value: its records move into the memory table (no copy on the hot path).
+    pub(crate) fn apply_durable(&mut self, batch: LogBatch) -> Result<(), LogRefusal> {
+        let LogBatch { channel, ops } = batch;
+        let entry = match self.channels.get_mut(&channel) {
             Some(entry) => entry,
-            None => self.channels.entry(batch.channel.clone()).or_default(),
+            None => self.channels.entry(channel.clone()).or_default(),
         };
         entry.changes += 1;
-        for op in &batch.ops {
-            entry.state.apply(&batch.channel, op)?;
+        for op in ops {
+            entry.state.apply(&channel, &op)?;
             match op {
                 LogOp::Append(records) => {
                     for record in records {
                         if let Some(window) = entry.idempotency.as_mut() {
-                            window.insert(record);
+                            window.insert(&record);
                         }
                         self.mem_bytes += record.encoded_len();
-                        entry.mem.push(record.clone());
+                        entry.mem.push(record);
                     }
                 }
                 LogOp::TruncateAfter(to) => {
                     let before = entry.mem.bytes();
-                    entry.mem.truncate_after(*to);
+                    entry.mem.truncate_after(to);
                     self.mem_bytes -= before - entry.mem.bytes();
                     // The window must cover the last seqs of the shortened log: rebuild it on the next lookup.
                     entry.idempotency = None;
-                    if *to < entry.older_through {
-                        entry.older_through = *to;
-                        entry.older_dirty_after = Some(entry.older_dirty_after.map_or(*to, |d| d.min(*to)));
+                    if to < entry.older_through {
+                        entry.older_through = to;
+                        entry.older_dirty_after = Some(entry.older_dirty_after.map_or(to, |d| d.min(to)));
                     }
                     entry.generation += 1;
                 }
                 LogOp::SetRetention(through) => {
                     let before = entry.mem.bytes();
-                    entry.mem.drop_through(*through);
+                    entry.mem.drop_through(through);
                     self.mem_bytes -= before - entry.mem.bytes();
                 }
                 LogOp::StartAfter { seq, .. } => {
-                    entry.older_through = *seq;
+                    entry.older_through = seq;
                     entry.generation += 1;
                 }
                 LogOp::CheckpointHw(_) => {}

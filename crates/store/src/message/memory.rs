@@ -67,11 +67,12 @@ impl MessageLog for MemoryLog {
         let failed = self.failpoints.lock().check(LogFailOp::Sync, "sync");
         let staged = core.take_staged();
         failed?;
-        for batch in &staged {
+        let count = staged.len();
+        for batch in staged {
             // Cannot fail: each batch was checked at stage time against exactly the state it meets now.
             core.apply_durable(batch).expect("staged batch applies to the state it was checked against");
         }
-        Ok(staged.len())
+        Ok(count)
     }
 
     fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>> {

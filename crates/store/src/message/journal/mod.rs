@@ -13,7 +13,7 @@
 
 mod segment;
 
-use super::codec::{decode_batch, decode_state, encode_batch, encode_state};
+use super::codec::{decode_batch, decode_state, encode_batch, encode_state, encoded_batch_len};
 use super::core::LogCore;
 use super::record::{decode_records, encode_records, IdempotencyKey, Reader, Record};
 use super::state::{ChannelLogState, IdempotentHit, LogBatch, LogRefusal, ReadBudget, ReadLimits};
@@ -161,7 +161,7 @@ impl JournalLog {
                 detail,
             };
             let batch = decode_batch(body).ok_or(corrupt("journal frame does not decode"))?;
-            core.apply_durable(&batch).map_err(|_| corrupt("journal frame does not apply to the log"))
+            core.apply_durable(batch).map_err(|_| corrupt("journal frame does not apply to the log"))
         })?;
         let applied = journal.position();
         Ok(JournalLog {
@@ -449,22 +449,27 @@ impl MessageLog for JournalLog {
     fn stage(&self, batch: LogBatch) -> StoreResult<()> {
         self.check_usable()?;
         self.wait_for_memory()?;
-        let mut body = Vec::with_capacity(64 + batch.record_bytes());
-        encode_batch(&batch, &mut body);
+        let body_len = encoded_batch_len(&batch);
         let mut journal = self.journal.lock();
-        if body.len() as u64 > journal.body_bytes_max() {
+        if body_len as u64 > journal.body_bytes_max() {
             let records = batch.records().count();
             let limits = self.config.limits;
             return Err(LogRefusal::BatchTooLarge {
                 records,
-                bytes: body.len(),
+                bytes: body_len,
                 records_max: limits.batch_records_max,
                 bytes_max: limits.batch_bytes_max,
             }
             .into());
         }
-        self.visible.lock().core.stage(batch)?;
-        if let Err(error) = journal.append(&body) {
+        // Check and stage it first (a refusal writes nothing), then frame it straight into the journal's
+        // buffer. Lock order: journal, then visible.
+        let mut visible = self.visible.lock();
+        visible.core.stage(batch)?;
+        let staged = visible.core.last_staged().expect("just staged");
+        let appended = journal.append_encoded(body_len, |out| encode_batch(staged, out));
+        drop(visible);
+        if let Err(error) = appended {
             self.fail_staged(&mut journal);
             return Err(error);
         }
@@ -487,7 +492,8 @@ impl MessageLog for JournalLog {
         };
         let mut visible = self.visible.lock();
         let staged = visible.core.take_staged();
-        for batch in &staged {
+        let count = staged.len();
+        for batch in staged {
             // Cannot fail: each batch was checked at stage time against exactly the state it meets now.
             visible.core.apply_durable(batch).expect("staged batch applies to the state it was checked against");
         }
@@ -496,7 +502,7 @@ impl MessageLog for JournalLog {
             self.write_behind_wanted.notify_one();
         }
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        Ok(staged.len())
+        Ok(count)
     }
 
     fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>> {

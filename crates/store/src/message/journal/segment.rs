@@ -147,20 +147,37 @@ impl Journal {
     }
 
     /// Appends a frame carrying `body` (not yet durable; possibly not yet written to the file).
+    #[cfg(test)]
     pub(crate) fn append(&mut self, body: &[u8]) -> StoreResult<()> {
-        let body_len = u32::try_from(body.len()).ok().filter(|len| u64::from(*len) <= self.body_bytes_max());
-        let Some(body_len) = body_len else {
+        self.append_encoded(body.len(), |out| out.extend_from_slice(body))
+    }
+
+    /// Appends a frame whose body `encode` writes straight into the journal's buffer; the body must be
+    /// exactly `body_len` bytes.
+    pub(crate) fn append_encoded(&mut self, body_len: usize, encode: impl FnOnce(&mut Vec<u8>)) -> StoreResult<()> {
+        let len = u32::try_from(body_len).ok().filter(|len| u64::from(*len) <= self.body_bytes_max());
+        let Some(len) = len else {
             return Err(StoreError::io("journal append", io::Error::other("frame larger than a segment")));
         };
-        let frame_len = FRAME_HEADER_BYTES + u64::from(body_len);
+        let frame_len = FRAME_HEADER_BYTES + u64::from(len);
         if self.active.len + frame_len > self.capacity {
             self.roll()?;
         }
         let frame_seq = self.next_frame;
-        self.buf.extend_from_slice(&body_len.to_le_bytes());
-        self.buf.extend_from_slice(&frame_crc(frame_seq, body).to_le_bytes());
+        let start = self.buf.len();
+        self.buf.extend_from_slice(&len.to_le_bytes());
+        self.buf.extend_from_slice(&[0; 4]); // CRC, filled in below
         self.buf.extend_from_slice(&frame_seq.to_le_bytes());
-        self.buf.extend_from_slice(body);
+        encode(&mut self.buf);
+        let body_start = start + 16;
+        // The length was promised up front (it decides the segment roll): a mismatch is a bug, and writing
+        // such a frame would corrupt the journal, so it is refused.
+        if self.buf.len() - body_start != body_len {
+            self.buf.truncate(start);
+            return Err(StoreError::io("journal append", io::Error::other("encoded frame length differs")));
+        }
+        let crc = frame_crc(frame_seq, &self.buf[body_start..]);
+        self.buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
         self.active.len += frame_len;
         self.next_frame += 1;
         if self.buf.len() >= WRITE_BUFFER_BYTES {
