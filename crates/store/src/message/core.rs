@@ -38,13 +38,25 @@ pub(crate) struct LogCore {
     /// State each channel will have once every staged batch is applied.
     tails: FxHashMap<ChannelId, ChannelLogState>,
     staged: Vec<LogBatch>,
+    /// Batches a running sync is making durable (staged before it began).
+    in_flight: Vec<LogBatch>,
+    /// Bumped whenever unsynced batches are dropped, so a sync that began before knows its batches are gone.
+    drop_epoch: u64,
     pub(crate) mem_bytes: usize,
     pub(crate) limits: LogLimits,
 }
 
 impl LogCore {
     pub(crate) fn new(limits: LogLimits) -> Self {
-        Self { channels: FxHashMap::default(), tails: FxHashMap::default(), staged: Vec::new(), mem_bytes: 0, limits }
+        Self {
+            channels: FxHashMap::default(),
+            tails: FxHashMap::default(),
+            staged: Vec::new(),
+            in_flight: Vec::new(),
+            drop_epoch: 0,
+            mem_bytes: 0,
+            limits,
+        }
     }
 
     /// Checks `batch` against the state after every batch staged before it, and stages it.
@@ -84,15 +96,43 @@ impl LogCore {
         self.staged.last()
     }
 
-    /// `true` if batches are staged and not yet made durable.
+    /// `true` if batches are staged and not yet handed to a sync.
     pub(crate) fn has_staged(&self) -> bool {
         !self.staged.is_empty()
     }
 
-    /// Hands over the staged batches (to be made durable and applied, or dropped).
-    pub(crate) fn take_staged(&mut self) -> Vec<LogBatch> {
+    /// A sync begins: every staged batch is now in flight. Returns the epoch to hand to
+    /// [`LogCore::finish_sync`] and how many batches are in flight.
+    pub(crate) fn begin_sync(&mut self) -> (u64, usize) {
+        debug_assert!(self.in_flight.is_empty(), "one sync at a time");
+        self.in_flight = std::mem::take(&mut self.staged);
+        (self.drop_epoch, self.in_flight.len())
+    }
+
+    /// The sync that began at `epoch` succeeded: its batches become visible. `None` if they were dropped
+    /// meanwhile (a failed write rolled the journal back).
+    pub(crate) fn finish_sync(&mut self, epoch: u64) -> Option<usize> {
+        if epoch != self.drop_epoch {
+            return None;
+        }
+        let in_flight = std::mem::take(&mut self.in_flight);
+        let count = in_flight.len();
+        for batch in in_flight {
+            // Cannot fail: each batch was checked at stage time against exactly the state it meets now.
+            self.apply_durable(batch).expect("staged batch applies to the state it was checked against");
+        }
+        if self.staged.is_empty() {
+            self.tails.clear();
+        }
+        Some(count)
+    }
+
+    /// Drops every batch not yet durable (staged or in flight): they failed.
+    pub(crate) fn drop_unsynced(&mut self) {
+        self.staged.clear();
+        self.in_flight.clear();
         self.tails.clear();
-        std::mem::take(&mut self.staged)
+        self.drop_epoch += 1;
     }
 
     /// Applies a durable batch: state, memory table, idempotency window. The batch was checked when staged

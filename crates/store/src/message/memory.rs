@@ -38,7 +38,7 @@ impl MemoryLog {
     /// Forgets every unsynced batch and every cache.
     pub fn crash(&self) {
         let mut core = self.core.lock();
-        core.take_staged();
+        core.drop_unsynced();
         let channels: Vec<ChannelId> = core.channels.keys().cloned().collect();
         for channel in &channels {
             core.release_caches(channel);
@@ -64,15 +64,12 @@ impl MessageLog for MemoryLog {
 
     fn sync(&self) -> StoreResult<usize> {
         let mut core = self.core.lock();
-        let failed = self.failpoints.lock().check(LogFailOp::Sync, "sync");
-        let staged = core.take_staged();
-        failed?;
-        let count = staged.len();
-        for batch in staged {
-            // Cannot fail: each batch was checked at stage time against exactly the state it meets now.
-            core.apply_durable(batch).expect("staged batch applies to the state it was checked against");
+        if let Err(error) = self.failpoints.lock().check(LogFailOp::Sync, "sync") {
+            core.drop_unsynced();
+            return Err(error);
         }
-        Ok(count)
+        let (epoch, _) = core.begin_sync();
+        Ok(core.finish_sync(epoch).expect("nothing dropped it: the core was locked throughout"))
     }
 
     fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>> {

@@ -124,6 +124,8 @@ pub struct JournalLog {
     /// Lock order: `journal`, then `visible`.
     journal: Mutex<Journal>,
     visible: Mutex<Visible>,
+    /// Serializes syncs (each runs its fdatasync outside `journal`).
+    sync_lock: Mutex<()>,
     /// One write-behind at a time; holds the last checkpoint persisted to sled.
     write_behind: Mutex<Position>,
     mem_freed: Condvar,
@@ -169,6 +171,7 @@ impl JournalLog {
             config,
             journal: Mutex::new(journal),
             visible: Mutex::new(Visible { core, applied }),
+            sync_lock: Mutex::new(()),
             write_behind: Mutex::new(checkpoint),
             mem_freed: Condvar::new(),
             write_behind_wanted: Condvar::new(),
@@ -434,7 +437,7 @@ impl JournalLog {
             tracing::error!(%error, "journal rollback failed; the message log is unusable until reopened");
             self.unusable.store(true, Ordering::SeqCst);
         }
-        self.visible.lock().core.take_staged();
+        self.visible.lock().core.drop_unsynced();
     }
 
     fn check_usable(&self) -> StoreResult<()> {
@@ -479,25 +482,37 @@ impl MessageLog for JournalLog {
 
     fn sync(&self) -> StoreResult<usize> {
         self.check_usable()?;
-        let mut journal = self.journal.lock();
-        if !self.visible.lock().core.has_staged() {
-            return Ok(0);
-        }
-        let position = match journal.sync() {
-            Ok(position) => position,
-            Err(error) => {
-                self.fail_staged(&mut journal);
-                return Err(error);
+        // One sync at a time; stagers keep framing the next group while this one's fdatasync runs.
+        let _one_sync = self.sync_lock.lock();
+        let (job, epoch) = {
+            let mut journal = self.journal.lock();
+            if !self.visible.lock().core.has_staged() {
+                return Ok(0);
             }
+            let job = match journal.prepare_sync() {
+                Ok(job) => job,
+                Err(error) => {
+                    self.fail_staged(&mut journal);
+                    return Err(error);
+                }
+            };
+            let (epoch, _) = self.visible.lock().core.begin_sync();
+            (job, epoch)
         };
-        let mut visible = self.visible.lock();
-        let staged = visible.core.take_staged();
-        let count = staged.len();
-        for batch in staged {
-            // Cannot fail: each batch was checked at stage time against exactly the state it meets now.
-            visible.core.apply_durable(batch).expect("staged batch applies to the state it was checked against");
+        let synced = job.run();
+        let mut journal = self.journal.lock();
+        if let Err(error) = synced {
+            self.fail_staged(&mut journal);
+            return Err(error);
         }
-        visible.applied = position;
+        let mut visible = self.visible.lock();
+        let Some(count) = visible.core.finish_sync(epoch) else {
+            // A write failed while the fdatasync ran: the journal was rolled back past these batches, so
+            // the job's position means nothing any more.
+            return Err(StoreError::io("journal sync", std::io::Error::other("batches rolled back by a failed write")));
+        };
+        journal.complete_sync(&job);
+        visible.applied = job.position;
         if visible.core.mem_bytes >= self.config.write_behind_bytes {
             self.write_behind_wanted.notify_one();
         }

@@ -18,6 +18,31 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// One sync of the journal, run outside its lock: `fdatasync` of the segments written since the last
+/// sync, and of the directory if segments were created.
+pub(crate) struct SyncJob {
+    files: Vec<Arc<File>>,
+    dir: Option<PathBuf>,
+    closed: usize,
+    dir_changes: u64,
+    /// The position after the last frame this job makes durable.
+    pub(crate) position: Position,
+}
+
+impl SyncJob {
+    /// Carries out the `fdatasync`s.
+    pub(crate) fn run(&self) -> StoreResult<()> {
+        for file in &self.files {
+            file.sync_data().map_err(|e| StoreError::io("journal fdatasync", e))?;
+        }
+        if let Some(dir) = &self.dir {
+            sync_dir(dir)?;
+        }
+        Ok(())
+    }
+}
 
 /// Bytes of a frame header.
 pub(crate) const FRAME_HEADER_BYTES: u64 = 16;
@@ -50,7 +75,8 @@ impl Position {
 
 struct Segment {
     first_frame: u64,
-    file: File,
+    /// Shared with sync jobs, which `fdatasync` it outside the journal's lock.
+    file: Arc<File>,
     /// Write offset.
     len: u64,
 }
@@ -61,9 +87,10 @@ pub(crate) struct Journal {
     capacity: u64,
     active: Segment,
     /// Segments filled since the last sync: their data still needs an `fdatasync`.
-    closed_unsynced: Vec<File>,
-    /// A segment file was created since the last sync: the directory needs an `fsync`.
-    dir_dirty: bool,
+    closed_unsynced: Vec<Arc<File>>,
+    /// Segment files created so far, and how many of those creations a directory `fsync` covered.
+    dir_changes: u64,
+    dir_synced: u64,
     next_frame: u64,
     /// Segment files on disk, by first frame seq.
     segments: BTreeMap<u64, PathBuf>,
@@ -125,13 +152,14 @@ impl Journal {
             OpenOptions::new().read(true).write(true).open(path).map_err(|e| StoreError::io("open segment", e))?;
         zero_from(&file, end.offset, capacity)?;
         sync_dir(dir)?;
-        let active = Segment { first_frame: end.segment, file, len: end.offset };
+        let active = Segment { first_frame: end.segment, file: Arc::new(file), len: end.offset };
         Ok(Journal {
             dir: dir.to_path_buf(),
             capacity,
             active,
             closed_unsynced: Vec::new(),
-            dir_dirty: false,
+            dir_changes: 0,
+            dir_synced: 0,
             next_frame: end.next_frame,
             segments,
             synced: end,
@@ -209,10 +237,11 @@ impl Journal {
             }
             None => create_segment(&path, self.capacity)?,
         };
-        let old = std::mem::replace(&mut self.active, Segment { first_frame: self.next_frame, file, len: 0 });
+        let old =
+            std::mem::replace(&mut self.active, Segment { first_frame: self.next_frame, file: Arc::new(file), len: 0 });
         self.closed_unsynced.push(old.file);
         self.segments.insert(self.next_frame, path);
-        self.dir_dirty = true;
+        self.dir_changes += 1;
         self.buf_offset = 0;
         Ok(())
     }
@@ -220,19 +249,41 @@ impl Journal {
     /// Makes every appended frame durable: one `fdatasync` of the active segment (plus any segment filled
     /// since the last sync, and the directory if a segment was created). Returns the position after the last
     /// frame.
+    #[cfg(test)]
     pub(crate) fn sync(&mut self) -> StoreResult<Position> {
+        let job = self.prepare_sync()?;
+        job.run()?;
+        self.complete_sync(&job);
+        Ok(job.position)
+    }
+
+    /// Writes the buffered frames out and describes the sync that makes them durable. The job runs
+    /// without the journal (frames appended meanwhile wait for the next sync); [`Journal::complete_sync`]
+    /// records its success.
+    pub(crate) fn prepare_sync(&mut self) -> StoreResult<SyncJob> {
         self.write_buffer()?;
-        for file in &self.closed_unsynced {
-            file.sync_data().map_err(|e| StoreError::io("journal fdatasync", e))?;
+        let mut files = self.closed_unsynced.clone();
+        files.push(Arc::clone(&self.active.file));
+        let dir = (self.dir_changes > self.dir_synced).then(|| self.dir.clone());
+        Ok(SyncJob {
+            files,
+            dir,
+            closed: self.closed_unsynced.len(),
+            dir_changes: self.dir_changes,
+            position: self.position(),
+        })
+    }
+
+    /// Records that `job` succeeded.
+    pub(crate) fn complete_sync(&mut self, job: &SyncJob) {
+        let closed = job.closed.min(self.closed_unsynced.len());
+        self.closed_unsynced.drain(..closed);
+        if job.dir.is_some() {
+            self.dir_synced = self.dir_synced.max(job.dir_changes);
         }
-        self.active.file.sync_data().map_err(|e| StoreError::io("journal fdatasync", e))?;
-        if self.dir_dirty {
-            sync_dir(&self.dir)?;
+        if (job.position.segment, job.position.offset) > (self.synced.segment, self.synced.offset) {
+            self.synced = job.position;
         }
-        self.closed_unsynced.clear();
-        self.dir_dirty = false;
-        self.synced = self.position();
-        Ok(self.synced)
     }
 
     /// The position after the last appended frame.
@@ -252,7 +303,7 @@ impl Journal {
             let path = &self.segments[&synced.segment];
             let file =
                 OpenOptions::new().read(true).write(true).open(path).map_err(|e| StoreError::io("open segment", e))?;
-            self.active = Segment { first_frame: synced.segment, file, len: synced.offset };
+            self.active = Segment { first_frame: synced.segment, file: Arc::new(file), len: synced.offset };
         }
         self.buf.clear();
         self.buf_offset = synced.offset;
@@ -261,7 +312,7 @@ impl Journal {
         self.active.len = synced.offset;
         self.next_frame = synced.next_frame;
         self.closed_unsynced.clear();
-        self.dir_dirty = false;
+        self.dir_synced = self.dir_changes;
         Ok(())
     }
 
