@@ -13,6 +13,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod frame;
+
 pub use tidings_channel as channel;
 pub use tidings_router as router;
 pub use tidings_slot as slot;
