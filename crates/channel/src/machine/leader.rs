@@ -553,16 +553,21 @@ impl ChannelMachine {
             leader.progress.get(n).is_some_and(|p| p.caught_up_at + lag <= now && leader.became_at + lag <= now)
         });
         let Some(&node) = lagging else { return };
+        let mut isr = meta.isr.clone();
+        isr.retain(|n| *n != node);
+        self.propose_isr(&meta, isr, MetaChangeReason::ShrinkIsr { node });
+    }
+
+    /// Proposes `meta` with `isr` as the next version and membership epoch (one proposal at a time).
+    fn propose_isr(&mut self, meta: &ChannelRuntimeMeta, isr: Vec<NodeId>, reason: MetaChangeReason) {
+        let now = self.now;
+        let Some(leader) = self.leader() else { return };
+        leader.proposal = Some((now, meta.version));
         let mut next = meta.clone();
-        next.isr.retain(|n| *n != node);
+        next.isr = isr;
         next.version += 1;
         next.epoch = next.epoch.next();
-        leader.proposal = Some((now, meta.version));
-        self.effects.push_back(Effect::ProposeMeta {
-            expected_version: meta.version,
-            meta: next,
-            reason: MetaChangeReason::ShrinkIsr { node },
-        });
+        self.effects.push_back(Effect::ProposeMeta { expected_version: meta.version, meta: next, reason });
     }
 
     /// Proposes adding a replica to the ISR once it proved, under this leader and epoch, that it holds
@@ -572,7 +577,6 @@ impl ChannelMachine {
         if meta.in_isr(node) || meta.write_fence.is_some() {
             return;
         }
-        let now = self.now;
         let hw = self.log.hw;
         let end = self.log.end;
         let Some(leader) = self.leader() else { return };
@@ -582,16 +586,9 @@ impl ChannelMachine {
             return;
         }
         let match_seq = progress.match_seq;
-        let mut next = meta.clone();
-        next.isr.push(node);
-        next.version += 1;
-        next.epoch = next.epoch.next();
-        leader.proposal = Some((now, meta.version));
-        self.effects.push_back(Effect::ProposeMeta {
-            expected_version: meta.version,
-            meta: next,
-            reason: MetaChangeReason::ExpandIsr { node, match_seq, hw },
-        });
+        let mut isr = meta.isr.clone();
+        isr.push(node);
+        self.propose_isr(&meta, isr, MetaChangeReason::ExpandIsr { node, match_seq, hw });
     }
 }
 

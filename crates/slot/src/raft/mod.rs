@@ -268,6 +268,14 @@ impl MultiRaft {
     /// answer carries the hint to follow.
     pub fn propose_remote(&mut self, now: Time, command: &Command, leader: NodeId) -> Result<ProposalId, ProposeError> {
         self.advance(now);
+        let (group, data) = self.prepare(command)?;
+        let id = self.track(group);
+        self.send(leader, group, SlotBody::Forward { origin: self.config.node, id, command: data });
+        Ok(ProposalId(id))
+    }
+
+    /// Routes and encodes a command, checking its size and the group's pending bound.
+    fn prepare(&self, command: &Command) -> Result<(GroupId, Vec<u8>), ProposeError> {
         let slot = tidings_router::hash_slot(command.routing_key().bytes());
         let group = self.table.read().group_of(slot);
         let data = command.encode();
@@ -277,13 +285,17 @@ impl MultiRaft {
         if self.pending(group) >= self.config.pending_proposals_max {
             return Err(ProposeError::Busy { group });
         }
+        Ok((group, data))
+    }
+
+    /// Registers a proposal of `group` waiting for its outcome; returns its id.
+    fn track(&mut self, group: GroupId) -> u64 {
         let id = self.next_proposal;
         self.next_proposal += 1;
-        self.send(leader, group, SlotBody::Forward { origin: self.config.node, id, command: data });
         let deadline = self.now + self.config.request_timeout;
         self.proposals.insert(id, PendingProposal { group, deadline });
         *self.pending_per_group.entry(group).or_default() += 1;
-        Ok(ProposalId(id))
+        id
     }
 
     /// Next effect to carry out. Inputs are processed in one round the first time this is called after
@@ -325,15 +337,7 @@ impl MultiRaft {
     /// to the leader this node knows.
     pub fn propose(&mut self, now: Time, command: &Command) -> Result<ProposalId, ProposeError> {
         self.advance(now);
-        let slot = tidings_router::hash_slot(command.routing_key().bytes());
-        let group = self.table.read().group_of(slot);
-        let data = command.encode();
-        if data.len() > self.config.proposal_bytes_max {
-            return Err(ProposeError::TooLarge { bytes: data.len(), max: self.config.proposal_bytes_max });
-        }
-        if self.pending(group) >= self.config.pending_proposals_max {
-            return Err(ProposeError::Busy { group });
-        }
+        let (group, data) = self.prepare(command)?;
         let id = self.next_proposal;
         let me = self.config.node;
         match self.groups.get_mut(&group) {
@@ -347,10 +351,8 @@ impl MultiRaft {
             Some(_) => return Err(ProposeError::NotReady { group }),
             None => return Err(ProposeError::UnknownGroup { group }),
         }
-        self.next_proposal += 1;
-        let deadline = self.now + self.config.request_timeout;
-        self.proposals.insert(id, PendingProposal { group, deadline });
-        *self.pending_per_group.entry(group).or_default() += 1;
+        let tracked = self.track(group);
+        debug_assert_eq!(tracked, id);
         self.dirty = true;
         Ok(ProposalId(id))
     }
