@@ -167,6 +167,17 @@ impl SlotFsm {
     /// entries without a command). Entries at or below the applied index are skipped (replay after a crash
     /// applies each entry exactly once).
     pub fn apply(&self, table: &HashToSlot, entries: &[(u64, &[u8])]) -> StoreResult<Vec<Option<Outcome>>> {
+        self.apply_reporting_metas(table, entries).map(|(outcomes, _)| outcomes)
+    }
+
+    /// [`SlotFsm::apply`], also returning every channel runtime meta the batch created or replaced (so the
+    /// node can hand it to the channel's replicas).
+    pub fn apply_reporting_metas(
+        &self,
+        table: &HashToSlot,
+        entries: &[(u64, &[u8])],
+    ) -> StoreResult<(Vec<Option<Outcome>>, Vec<ChannelRuntimeMeta>)> {
+        let mut metas = Vec::new();
         let applied = self.applied_index()?;
         let mut overlay = Overlay { store: &self.store, pending: BTreeMap::new(), batch: MetaWriteBatch::new() };
         let mut outcomes = Vec::with_capacity(entries.len());
@@ -182,7 +193,15 @@ impl SlotFsm {
                 continue;
             }
             let outcome = match Command::decode(data) {
-                Ok(command) => self.apply_one(table, &mut overlay, &command)?,
+                Ok(command) => {
+                    let outcome = self.apply_one(table, &mut overlay, &command)?;
+                    if let (Outcome::Applied, Command::CreateRuntimeMeta(meta) | Command::CasRuntimeMeta { meta, .. }) =
+                        (&outcome, command)
+                    {
+                        metas.push(meta);
+                    }
+                    outcome
+                }
                 Err(e) => Outcome::Refused(Refusal::Decode(e)),
             };
             outcomes.push(Some(outcome));
@@ -191,7 +210,7 @@ impl SlotFsm {
             overlay.batch.set_applied(self.group, last);
             self.store.write(&overlay.batch)?;
         }
-        Ok(outcomes)
+        Ok((outcomes, metas))
     }
 
     fn apply_one(&self, table: &HashToSlot, overlay: &mut Overlay<'_>, command: &Command) -> StoreResult<Outcome> {

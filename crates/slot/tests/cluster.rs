@@ -150,6 +150,7 @@ impl Cluster {
                 SlotEffect::ReadFailed { id: read, .. } => {
                     self.reads.insert((id, read), false);
                 }
+                SlotEffect::MetaChanged { .. } => {}
                 SlotEffect::Observed { group, observation } => {
                     self.trace.push(format!(
                         "{} {id} sees {group} leader {:?} term {}",

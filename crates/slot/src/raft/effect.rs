@@ -98,6 +98,15 @@ pub enum SlotEffect {
         /// Why.
         error: ProposeError,
     },
+    /// A channel's runtime meta was created or replaced by a command this node applied.
+    MetaChanged {
+        /// The group that applied it.
+        group: GroupId,
+        /// The new meta.
+        meta: tidings_types::ChannelRuntimeMeta,
+        /// `true` if this node leads the group (it pushes the meta to the channel's replicas).
+        leader: bool,
+    },
     /// What raft status shows of a group changed: publish it in the route table.
     Observed {
         /// The group.

@@ -583,8 +583,11 @@ impl MultiRaft {
             }
         }
         let group = self.groups.get_mut(&id).expect("group exists");
-        let outcomes = group.fsm.apply(table, &commands)?;
+        let (outcomes, metas) = group.fsm.apply_reporting_metas(table, &commands)?;
         let leader = group.raw.raft.state == StateRole::Leader;
+        for meta in metas {
+            self.effects.push_back(SlotEffect::MetaChanged { group: id, meta, leader });
+        }
         let last = entries.last().map(|e| e.index);
         let mut forwarded = Vec::new();
         let mut local = Vec::new();
