@@ -50,6 +50,8 @@ pub enum FrameBody {
     Slot(SlotMessage),
     /// A message between channel replicas.
     Channel(ChannelMessage),
+    /// A message between node cores (meta propagation, append forwarding).
+    Node(crate::node::NodeMessage),
 }
 
 /// A frame between two nodes of one cluster.

@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 pub mod frame;
+pub mod node;
 
 pub use tidings_channel as channel;
 pub use tidings_router as router;

@@ -29,7 +29,7 @@ pub struct AppendRequest {
 
 /// Why an admitted append did not complete with its seqs. Its records may or may not be committed later:
 /// retry with the same idempotency keys to find out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum AppendAborted {
     /// Leadership or meta generation changed before the records were committed.

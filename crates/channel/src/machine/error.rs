@@ -3,7 +3,7 @@
 use tidings_types::{MetaError, NodeId};
 
 /// Why an append was refused at admission. Nothing was written.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum AppendError {
     /// This replica is not the leader; `leader` is where to send it (if known).

@@ -1,0 +1,119 @@
+//! Cluster and node configuration, and the deterministic placement derived from it.
+
+use std::time::Duration;
+use tidings_channel::machine::MachineConfig;
+use tidings_router::HashToSlot;
+use tidings_types::{ChannelId, GroupId, NodeId};
+
+/// Everything a node needs to join a cluster. Every node of a cluster must be given the same cluster
+/// description (`cluster`, `nodes`, `slot_groups`, `slot_replicas`).
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// This node.
+    pub node: NodeId,
+    /// Identifies the cluster; frames of other clusters are refused.
+    pub cluster: u64,
+    /// Every node of the cluster, this one included.
+    pub nodes: Vec<NodeId>,
+    /// Number of slot groups the 256 hash slots are split into (contiguously).
+    pub slot_groups: u32,
+    /// Replicas (raft voters) per slot group.
+    pub slot_replicas: usize,
+    /// Replicas per new channel.
+    pub channel_replicas: usize,
+    /// MinISR of new channels.
+    pub channel_min_isr: u8,
+    /// Seed of every random choice (elections).
+    pub seed: u64,
+    /// Raft tick interval of the slot layer.
+    pub tick_interval: Duration,
+    /// Channel replica machine limits and timings.
+    pub machine: MachineConfig,
+    /// Largest inbound frame body, in bytes.
+    pub frame_bytes_max: usize,
+    /// Appends waiting for a channel's meta to arrive, per channel.
+    pub waiting_appends_max: usize,
+}
+
+impl NodeConfig {
+    /// A configuration for `node` in a cluster of `nodes`, with defaults: 8 slot groups of up to 3
+    /// replicas, channels of up to 3 replicas with MinISR 2 (1 and 1 on a single node).
+    pub fn new(node: NodeId, nodes: Vec<NodeId>) -> Self {
+        let replicas = nodes.len().min(3);
+        Self {
+            node,
+            cluster: 1,
+            slot_groups: 8,
+            slot_replicas: replicas,
+            channel_replicas: replicas,
+            channel_min_isr: if replicas >= 3 { 2 } else { 1 },
+            seed: node.get(),
+            tick_interval: Duration::from_millis(100),
+            machine: MachineConfig::default(),
+            frame_bytes_max: 16 << 20,
+            waiting_appends_max: 1024,
+            nodes,
+        }
+    }
+
+    /// Checks the configuration.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if !self.nodes.contains(&self.node) {
+            return Err("this node is not among the cluster's nodes");
+        }
+        if self.nodes.iter().any(|n| n.get() == 0) {
+            return Err("node id 0 is reserved");
+        }
+        if self.slot_replicas == 0 || self.slot_replicas > self.nodes.len() {
+            return Err("slot_replicas must be between 1 and the number of nodes");
+        }
+        if self.channel_replicas == 0 || self.channel_replicas > self.nodes.len() {
+            return Err("channel_replicas must be between 1 and the number of nodes");
+        }
+        if self.channel_min_isr == 0 || usize::from(self.channel_min_isr) > self.channel_replicas {
+            return Err("channel_min_isr must be between 1 and channel_replicas");
+        }
+        HashToSlot::even_split(self.slot_groups).map_err(|_| "slot_groups must be between 1 and 256")?;
+        self.machine.validate()
+    }
+
+    /// The initial slot → group table.
+    pub fn table(&self) -> HashToSlot {
+        // Cannot fail: validated.
+        HashToSlot::even_split(self.slot_groups).expect("slot_groups validated")
+    }
+
+    /// Members of every slot group: `slot_replicas` consecutive nodes (sorted by id), starting at a rotating
+    /// offset so leaders spread.
+    pub fn slot_group_members(&self) -> Vec<(GroupId, Vec<NodeId>)> {
+        let mut nodes = self.nodes.clone();
+        nodes.sort_unstable();
+        self.table()
+            .groups()
+            .map(|group| {
+                let start = usize::try_from(group.get() - 1).unwrap_or(0) % nodes.len();
+                let members = (0..self.slot_replicas).map(|i| nodes[(start + i) % nodes.len()]).collect();
+                (group, members)
+            })
+            .collect()
+    }
+
+    /// Replicas of a new channel, first one leading: the nodes with the highest rendezvous hash of
+    /// (channel, node), so placement is stable and spread.
+    pub fn channel_placement(&self, channel: &ChannelId) -> Vec<NodeId> {
+        let mut key = Vec::new();
+        channel.encode_key(&mut key);
+        let mut ranked: Vec<(u32, NodeId)> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let mut hasher = crc32fast::Hasher::new();
+                hasher.update(&key);
+                hasher.update(&node.get().to_le_bytes());
+                (hasher.finalize(), *node)
+            })
+            .collect();
+        ranked.sort_unstable_by(|a, b| b.cmp(a));
+        ranked.into_iter().take(self.channel_replicas).map(|(_, node)| node).collect()
+    }
+}

@@ -1,0 +1,648 @@
+//! `NodeCore`: the sans-IO core of one node — its slot groups (multi-raft), its channel replica machines,
+//! the route table, and the plumbing between them (meta propagation, append forwarding). The runtime
+//! feeds it time, frames, storage completions and API calls, and carries out its effects; the simulator
+//! drives the same code.
+
+use super::config::NodeConfig;
+use super::error::NodeError;
+use super::message::{NodeMessage, RemoteAppendError};
+use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
+use bytes::Bytes;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use tidings_channel::machine::{
+    AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken, ReadToken, RequestId,
+};
+use tidings_router::Router;
+use tidings_slot::command::Command;
+use tidings_slot::fsm::Outcome;
+use tidings_slot::model::ChannelInfo;
+use tidings_slot::query::SlotReader;
+use tidings_slot::raft::{MultiRaft, MultiRaftConfig, ProposalId, ProposeError, SlotEffect};
+use tidings_store::message::{LogBatch, MessageLog, ReadLimits, Record};
+use tidings_store::{MetaStore, RaftLogStore, StoreError};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, Epoch, LeaderEpoch, NodeId, Seq, Time};
+
+/// Identifies an API call; chosen by the runtime, echoed in [`NodeEffect::Done`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ApiId(pub u64);
+
+/// The result of an API call.
+#[derive(Debug)]
+pub enum ApiResult {
+    /// A metadata write: applied, or why not.
+    Meta(Result<(), NodeError>),
+    /// An append: one seq per record, or why not.
+    Appended(Result<Vec<Seq>, NodeError>),
+}
+
+/// An effect for the runtime.
+#[derive(Debug)]
+#[must_use]
+pub enum NodeEffect {
+    /// Send an encoded frame to `to` (non-blocking; a lost frame is retried by the protocols).
+    Send {
+        /// Destination.
+        to: NodeId,
+        /// The encoded frame.
+        frame: Bytes,
+    },
+    /// Make every write to the metadata and raft-log stores durable (one fsync), then call
+    /// [`NodeCore::handle_slots_synced`].
+    SyncSlots {
+        /// Echo it.
+        token: u64,
+    },
+    /// Make `batch` durable in the message log (stage + group-committed sync), then call
+    /// [`NodeCore::handle_persisted`].
+    Persist {
+        /// Echo it.
+        token: PersistToken,
+        /// The channel's operations.
+        batch: LogBatch,
+    },
+    /// Read records for a pull, then call [`NodeCore::handle_read`].
+    Read {
+        /// The channel.
+        channel: ChannelId,
+        /// Echo it.
+        token: ReadToken,
+        /// First seq.
+        from: Seq,
+        /// Last seq.
+        through: Seq,
+        /// Byte budget.
+        max_bytes: usize,
+    },
+    /// An API call finished.
+    Done {
+        /// The call.
+        id: ApiId,
+        /// Its result.
+        result: ApiResult,
+    },
+}
+
+/// Who waits for an append the local machine admitted.
+#[derive(Debug, Clone, Copy)]
+enum AppendOrigin {
+    Local(ApiId),
+    Remote { node: NodeId, id: u64 },
+}
+
+/// What a metadata proposal of this node is for.
+#[derive(Debug)]
+enum ProposalPurpose {
+    Api(ApiId),
+    /// Step one of channel creation; step two proposes the runtime meta.
+    CreateChannel {
+        api: ApiId,
+        meta: ChannelRuntimeMeta,
+    },
+    /// A channel leader's meta change (ISR shrink or expand); nobody waits.
+    Internal,
+}
+
+/// An append waiting for its channel's meta.
+#[derive(Debug)]
+struct Waiting {
+    api: ApiId,
+    records: Vec<AppendRecord>,
+    deadline: Time,
+}
+
+/// How long an append waits for its channel's meta before failing with `UnknownChannel`.
+const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The sans-IO core of one node. Drive it like a channel machine: `handle_*` with the current time, then
+/// drain [`NodeCore::poll_effect`]; call [`NodeCore::handle_tick`] at [`NodeCore::poll_timeout`].
+pub struct NodeCore {
+    config: NodeConfig,
+    now: Time,
+    slot: MultiRaft,
+    reader: SlotReader,
+    router: Arc<Router>,
+    log: Arc<dyn MessageLog>,
+    channels: BTreeMap<ChannelId, ChannelMachine>,
+    metas: BTreeMap<ChannelId, ChannelRuntimeMeta>,
+    waiting: BTreeMap<ChannelId, Vec<Waiting>>,
+    proposals: BTreeMap<ProposalId, ProposalPurpose>,
+    appends: BTreeMap<u64, AppendOrigin>,
+    forwarded: BTreeMap<u64, ApiId>,
+    next_id: u64,
+    next_incarnation: u64,
+    effects: VecDeque<NodeEffect>,
+    frame_limits: FrameLimits,
+}
+
+impl NodeCore {
+    /// The core of `config.node`, over its stores: `logs` and `meta` share one durable backend (one sync
+    /// covers both), `log` is the message log.
+    pub fn new(
+        config: NodeConfig,
+        logs: Arc<RaftLogStore>,
+        meta: MetaStore,
+        log: Arc<dyn MessageLog>,
+        router: Arc<Router>,
+        now: Time,
+    ) -> Result<Self, StoreError> {
+        let members: Vec<_> =
+            config.slot_group_members().into_iter().filter(|(_, m)| m.contains(&config.node)).collect();
+        let mut raft_config = MultiRaftConfig::new(config.node);
+        raft_config.seed = config.seed;
+        raft_config.tick_interval = config.tick_interval;
+        let slot = MultiRaft::open(raft_config, logs, meta.clone(), config.table(), &members, now)?;
+        let frame_limits = FrameLimits { frame_bytes_max: config.frame_bytes_max };
+        Ok(Self {
+            now,
+            slot,
+            reader: SlotReader::new(meta),
+            router,
+            log,
+            channels: BTreeMap::new(),
+            metas: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            proposals: BTreeMap::new(),
+            appends: BTreeMap::new(),
+            forwarded: BTreeMap::new(),
+            next_id: 1,
+            next_incarnation: now.as_millis().wrapping_mul(1 << 20) + 1,
+            effects: VecDeque::new(),
+            frame_limits,
+            config,
+        })
+    }
+
+    /// This node.
+    pub fn node(&self) -> NodeId {
+        self.config.node
+    }
+
+    /// The slot driver (status, leadership).
+    pub fn slot(&self) -> &MultiRaft {
+        &self.slot
+    }
+
+    /// The channel machine of `channel`, if active here.
+    pub fn channel(&self, channel: &ChannelId) -> Option<&ChannelMachine> {
+        self.channels.get(channel)
+    }
+
+    /// Local metadata reads (applied state of the slot groups this node serves).
+    pub fn reader(&self) -> &SlotReader {
+        &self.reader
+    }
+
+    /// Next effect to carry out.
+    pub fn poll_effect(&mut self) -> Option<NodeEffect> {
+        if self.effects.is_empty() {
+            self.pump();
+        }
+        self.effects.pop_front()
+    }
+
+    /// When to call [`NodeCore::handle_tick`] next.
+    pub fn poll_timeout(&self) -> Time {
+        let machines = self.channels.values().filter_map(ChannelMachine::poll_timeout).min();
+        machines.map_or(self.slot.poll_timeout(), |t| t.min(self.slot.poll_timeout()))
+    }
+
+    /// Advances time: raft ticks, channel timers, appends that waited too long for a meta.
+    pub fn handle_tick(&mut self, now: Time) {
+        self.advance(now);
+        self.slot.handle_tick(self.now);
+        let expired: Vec<ChannelId> = self
+            .waiting
+            .iter()
+            .filter(|(_, queue)| queue.iter().any(|w| w.deadline <= now))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in expired {
+            self.fail_waiting(&channel, |w| w.deadline <= now);
+        }
+        let due: Vec<ChannelId> = self
+            .channels
+            .iter()
+            .filter(|(_, m)| m.poll_timeout().is_some_and(|t| t <= self.now))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in due {
+            if let Some(machine) = self.channels.get_mut(&channel) {
+                machine.handle_timeout(self.now);
+            }
+        }
+    }
+
+    /// An inbound frame from `from`. Bad frames are refused with a typed error and change nothing.
+    pub fn handle_frame(&mut self, now: Time, from: NodeId, bytes: &[u8]) -> Result<(), FrameError> {
+        self.advance(now);
+        let nodes = &self.config.nodes;
+        let frame = decode_from(bytes, from, self.config.cluster, |n| nodes.contains(&n), &self.frame_limits)?;
+        match frame.body {
+            FrameBody::Slot(message) => self.slot.handle_message(self.now, from, message),
+            FrameBody::Channel(message) => self.channel_message(from, message),
+            FrameBody::Node(message) => self.node_message(from, message),
+        }
+        Ok(())
+    }
+
+    /// The runtime made the slot stores durable through the `SyncSlots` with `token`.
+    pub fn handle_slots_synced(&mut self, now: Time, token: u64) {
+        self.advance(now);
+        self.slot.handle_synced(self.now, token);
+    }
+
+    /// A durable append of a channel finished.
+    pub fn handle_persisted(
+        &mut self,
+        now: Time,
+        channel: &ChannelId,
+        token: PersistToken,
+        result: Result<(), StoreError>,
+    ) {
+        self.advance(now);
+        if let Some(machine) = self.channels.get_mut(channel) {
+            machine.handle_persisted(self.now, token, result);
+        }
+    }
+
+    /// A read for a pull finished.
+    pub fn handle_read(
+        &mut self,
+        now: Time,
+        channel: &ChannelId,
+        token: ReadToken,
+        result: Result<Vec<Record>, StoreError>,
+    ) {
+        self.advance(now);
+        if let Some(machine) = self.channels.get_mut(channel) {
+            machine.handle_read(self.now, token, result);
+        }
+    }
+
+    /// Proposes a metadata command; [`NodeEffect::Done`] with [`ApiResult::Meta`] follows.
+    pub fn propose(&mut self, now: Time, id: ApiId, command: Command) {
+        self.advance(now);
+        if let Err(error) = self.propose_for(&command, ProposalPurpose::Api(id)) {
+            self.done(id, ApiResult::Meta(Err(error.into())));
+        }
+    }
+
+    /// Creates a channel: its definition, then its runtime meta (replicas placed by
+    /// [`NodeConfig::channel_placement`], all in the ISR, the first leading).
+    pub fn create_channel(&mut self, now: Time, id: ApiId, info: ChannelInfo) {
+        self.advance(now);
+        let replicas = self.config.channel_placement(&info.channel);
+        let meta = ChannelRuntimeMeta {
+            channel: info.channel.clone(),
+            version: 1,
+            leader: replicas[0],
+            isr: replicas.clone(),
+            replicas,
+            min_isr: self.config.channel_min_isr,
+            epoch: Epoch::new(1),
+            leader_epoch: LeaderEpoch::new(1),
+            write_fence: None,
+            retention_through: Seq::new(0),
+        };
+        if let Err(error) =
+            self.propose_for(&Command::CreateChannel(info), ProposalPurpose::CreateChannel { api: id, meta })
+        {
+            self.done(id, ApiResult::Meta(Err(error.into())));
+        }
+    }
+
+    /// Appends records to a channel; any node may be called (non-leaders forward). [`NodeEffect::Done`]
+    /// with [`ApiResult::Appended`] follows once the records are committed.
+    pub fn append(&mut self, now: Time, id: ApiId, channel: ChannelId, records: Vec<AppendRecord>) {
+        self.advance(now);
+        let Some(meta) = self.metas.get(&channel).cloned() else {
+            self.wait_for_meta(id, channel, records);
+            return;
+        };
+        if meta.leader == self.config.node {
+            self.append_locally(AppendOrigin::Local(id), &channel, records);
+        } else {
+            let forward = self.next_id();
+            self.forwarded.insert(forward, id);
+            let records = records.into_iter().map(|r| (r.idempotency_key, r.payload)).collect();
+            self.send_node(meta.leader, NodeMessage::AppendForward { id: forward, channel, records });
+        }
+    }
+
+    /// Reads committed messages of `channel` from `from` (at most `limit`), bounded by the high watermark
+    /// this replica knows; barrier records are skipped.
+    pub fn read(&mut self, channel: &ChannelId, from: Seq, limit: usize) -> Result<Vec<Record>, NodeError> {
+        self.activate(channel);
+        let Some(machine) = self.channels.get(channel) else { return Err(NodeError::NotReplica(channel.clone())) };
+        let hw = machine.hw();
+        let limits = ReadLimits { records_max: limit, bytes_max: usize::MAX };
+        let records = self.log.read(channel, from, hw, limits)?;
+        Ok(records.into_iter().filter(|r| r.kind == tidings_store::message::RecordKind::Message).collect())
+    }
+
+    fn advance(&mut self, now: Time) {
+        self.now = self.now.max(now);
+    }
+
+    fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    fn done(&mut self, id: ApiId, result: ApiResult) {
+        self.effects.push_back(NodeEffect::Done { id, result });
+    }
+
+    /// Proposes through this node's group replica, or through the leader the route table names.
+    fn propose_for(&mut self, command: &Command, purpose: ProposalPurpose) -> Result<(), ProposeError> {
+        let proposal = match self.slot.propose(self.now, command) {
+            Err(ProposeError::UnknownGroup { group }) => {
+                let route = self.router.snapshot();
+                let leader = route
+                    .group(group)
+                    .and_then(|g| g.leader)
+                    .or_else(|| {
+                        self.config.slot_group_members().into_iter().find(|(g, _)| *g == group).map(|(_, m)| m[0])
+                    })
+                    .ok_or(ProposeError::NotReady { group })?;
+                self.slot.propose_remote(self.now, command, leader)?
+            }
+            other => other?,
+        };
+        self.proposals.insert(proposal, purpose);
+        Ok(())
+    }
+
+    fn wait_for_meta(&mut self, api: ApiId, channel: ChannelId, records: Vec<AppendRecord>) {
+        let queue = self.waiting.entry(channel.clone()).or_default();
+        if queue.len() >= self.config.waiting_appends_max {
+            self.done(api, ApiResult::Appended(Err(NodeError::Busy(channel))));
+            return;
+        }
+        let first = queue.is_empty();
+        queue.push(Waiting { api, records, deadline: self.now + META_WAIT });
+        if first {
+            self.fetch_meta(&channel);
+        }
+    }
+
+    /// Asks the channel's slot group for its meta (this node's replica if it serves the group).
+    fn fetch_meta(&mut self, channel: &ChannelId) {
+        let group = self.slot.table().group_of_key(channel.route_key());
+        if self.serves_group_of(channel) {
+            if let Ok(Some(meta)) = self.reader.runtime_meta(channel) {
+                self.learn_meta(meta);
+                return;
+            }
+        }
+        let target = self
+            .router
+            .snapshot()
+            .group(group)
+            .and_then(|g| g.leader)
+            .or_else(|| self.config.slot_group_members().into_iter().find(|(g, _)| *g == group).map(|(_, m)| m[0]));
+        if let Some(target) = target.filter(|t| *t != self.config.node) {
+            self.send_node(target, NodeMessage::MetaFetch(channel.clone()));
+        }
+    }
+
+    /// A meta arrived (pushed, fetched or applied here): keep the newest, hand it to the local replica,
+    /// release appends that waited for it.
+    fn learn_meta(&mut self, meta: ChannelRuntimeMeta) {
+        let channel = meta.channel.clone();
+        let newer = self.metas.get(&channel).is_none_or(|known| meta.version > known.version);
+        if newer {
+            self.metas.insert(channel.clone(), meta.clone());
+            if let Some(machine) = self.channels.get_mut(&channel) {
+                // A meta that is not a valid successor is refused by the machine; it keeps the one it has.
+                let _ = machine.handle_meta(self.now, meta);
+            } else {
+                self.activate(&channel);
+            }
+        }
+        for waiting in self.waiting.remove(&channel).unwrap_or_default() {
+            self.append(self.now, waiting.api, channel.clone(), waiting.records);
+        }
+    }
+
+    /// Creates the local replica of `channel` if this node is one and the meta is known: open the log
+    /// state, load the recent records, apply the full meta, then accept traffic.
+    fn activate(&mut self, channel: &ChannelId) {
+        if self.channels.contains_key(channel) {
+            return;
+        }
+        let Some(meta) = self.metas.get(channel).cloned() else { return };
+        if !meta.is_replica(self.config.node) {
+            return;
+        }
+        let Ok(state) = self.log.state(channel) else { return };
+        let window = self.config.machine.idempotency_window as u64;
+        let from = Seq::new(state.last_seq.get().saturating_sub(window).saturating_add(1));
+        let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+        let recent = self.log.read(channel, from, state.last_seq, limits).unwrap_or_default();
+        let incarnation = self.next_incarnation;
+        self.next_incarnation += 1;
+        let mut machine = ChannelMachine::new(
+            channel.clone(),
+            self.config.node,
+            self.config.machine.clone(),
+            incarnation,
+            self.now,
+            state,
+            recent,
+        );
+        let _ = machine.handle_meta(self.now, meta);
+        self.channels.insert(channel.clone(), machine);
+    }
+
+    /// Fails the appends waiting for `channel`'s meta that `expired` selects.
+    fn fail_waiting(&mut self, channel: &ChannelId, expired: impl Fn(&Waiting) -> bool) {
+        let Some(queue) = self.waiting.remove(channel) else { return };
+        let (failed, kept): (Vec<Waiting>, Vec<Waiting>) = queue.into_iter().partition(|w| expired(w));
+        if !kept.is_empty() {
+            self.waiting.insert(channel.clone(), kept);
+        }
+        for waiting in failed {
+            self.done(waiting.api, ApiResult::Appended(Err(NodeError::UnknownChannel(channel.clone()))));
+        }
+    }
+
+    fn serves_group_of(&self, channel: &ChannelId) -> bool {
+        let group = self.slot.table().group_of_key(channel.route_key());
+        self.slot.groups().any(|g| g == group)
+    }
+
+    fn append_locally(&mut self, origin: AppendOrigin, channel: &ChannelId, records: Vec<AppendRecord>) {
+        self.activate(channel);
+        let request = self.next_id();
+        let Some(machine) = self.channels.get_mut(channel) else {
+            self.fail_append(origin, RemoteAppendError::NotReplica);
+            return;
+        };
+        match machine.handle_append(self.now, AppendRequest { id: RequestId(request), records }) {
+            Ok(()) => {
+                self.appends.insert(request, origin);
+            }
+            Err(error) => self.fail_append(origin, RemoteAppendError::Refused(error)),
+        }
+    }
+
+    fn fail_append(&mut self, origin: AppendOrigin, error: RemoteAppendError) {
+        match origin {
+            AppendOrigin::Local(api) => {
+                let error = match error {
+                    RemoteAppendError::Refused(e) => NodeError::Append(e),
+                    RemoteAppendError::Aborted(e) => NodeError::Aborted(e),
+                    other => NodeError::Remote(other),
+                };
+                self.done(api, ApiResult::Appended(Err(error)));
+            }
+            AppendOrigin::Remote { node, id } => {
+                self.send_node(node, NodeMessage::AppendReply { id, result: Err(error) })
+            }
+        }
+    }
+
+    fn channel_message(&mut self, from: NodeId, message: ChannelMessage) {
+        let channel = message.channel().clone();
+        self.activate(&channel);
+        match self.channels.get_mut(&channel) {
+            Some(machine) => machine.handle_message(self.now, from, message),
+            None => self.fetch_meta(&channel),
+        }
+    }
+
+    fn node_message(&mut self, from: NodeId, message: NodeMessage) {
+        match message {
+            NodeMessage::MetaPush(meta) => self.learn_meta(meta),
+            NodeMessage::MetaFetch(channel) => match self.reader.runtime_meta(&channel) {
+                Ok(Some(meta)) => self.send_node(from, NodeMessage::MetaPush(meta)),
+                // Only a member that applied its group's log can say the channel does not exist.
+                Ok(None) if self.serves_group_of(&channel) => self.send_node(from, NodeMessage::MetaMissing(channel)),
+                _ => {}
+            },
+            NodeMessage::MetaMissing(channel) => self.fail_waiting(&channel, |_| true),
+            NodeMessage::AppendForward { id, channel, records } => {
+                let records =
+                    records.into_iter().map(|(key, payload)| AppendRecord { idempotency_key: key, payload }).collect();
+                self.append_locally(AppendOrigin::Remote { node: from, id }, &channel, records);
+            }
+            NodeMessage::AppendReply { id, result } => {
+                if let Some(api) = self.forwarded.remove(&id) {
+                    let result = result.map_err(|e| match e {
+                        RemoteAppendError::Refused(e) => NodeError::Append(e),
+                        RemoteAppendError::Aborted(e) => NodeError::Aborted(e),
+                        other => NodeError::Remote(other),
+                    });
+                    self.done(api, ApiResult::Appended(result));
+                }
+            }
+        }
+    }
+
+    fn send_node(&mut self, to: NodeId, message: NodeMessage) {
+        self.send(to, FrameBody::Node(message));
+    }
+
+    fn send(&mut self, to: NodeId, body: FrameBody) {
+        let frame = encode(&Frame { cluster: self.config.cluster, from: self.config.node, body });
+        self.effects.push_back(NodeEffect::Send { to, frame });
+    }
+
+    /// Moves effects of the slot driver and the channel machines into node effects.
+    fn pump(&mut self) {
+        while let Some(effect) = self.slot.poll_effect() {
+            self.slot_effect(effect);
+        }
+        let channels: Vec<ChannelId> = self.channels.keys().cloned().collect();
+        for channel in channels {
+            while let Some(effect) = self.channels.get_mut(&channel).and_then(ChannelMachine::poll_effect) {
+                self.channel_effect(&channel, effect);
+            }
+        }
+        // Channel effects may have produced slot proposals (meta changes): drain those too.
+        while let Some(effect) = self.slot.poll_effect() {
+            self.slot_effect(effect);
+        }
+    }
+
+    fn slot_effect(&mut self, effect: SlotEffect) {
+        match effect {
+            SlotEffect::Send { to, message } => self.send(to, FrameBody::Slot(message)),
+            SlotEffect::Sync { token } => self.effects.push_back(NodeEffect::SyncSlots { token }),
+            SlotEffect::ProposalDone { id, result } => self.proposal_done(id, result),
+            SlotEffect::ReadReady { .. } | SlotEffect::ReadFailed { .. } => {}
+            SlotEffect::MetaChanged { meta, leader, .. } => {
+                if leader {
+                    let me = self.config.node;
+                    for replica in meta.replicas.iter().copied().filter(|n| *n != me) {
+                        self.send_node(replica, NodeMessage::MetaPush(meta.clone()));
+                    }
+                }
+                self.learn_meta(meta);
+            }
+            SlotEffect::Observed { group, observation } => {
+                // A stale or conflicting observation is refused by the router; the newer one stands.
+                let _ = self.router.observe(group, observation);
+            }
+        }
+    }
+
+    fn proposal_done(&mut self, id: ProposalId, result: Result<Outcome, ProposeError>) {
+        let Some(purpose) = self.proposals.remove(&id) else { return };
+        let applied = match result {
+            Ok(Outcome::Applied) => Ok(()),
+            Ok(other) => Err(NodeError::NotApplied(other)),
+            Err(e) => Err(NodeError::Propose(e)),
+        };
+        match purpose {
+            ProposalPurpose::Api(api) => self.done(api, ApiResult::Meta(applied)),
+            ProposalPurpose::CreateChannel { api, meta } => match applied {
+                Ok(()) => {
+                    if let Err(error) = self.propose_for(&Command::CreateRuntimeMeta(meta), ProposalPurpose::Api(api)) {
+                        self.done(api, ApiResult::Meta(Err(error.into())));
+                    }
+                }
+                Err(error) => self.done(api, ApiResult::Meta(Err(error))),
+            },
+            ProposalPurpose::Internal => {}
+        }
+    }
+
+    fn channel_effect(&mut self, channel: &ChannelId, effect: Effect) {
+        match effect {
+            Effect::Persist { token, batch } => self.effects.push_back(NodeEffect::Persist { token, batch }),
+            Effect::Send { to, message } => self.send(to, FrameBody::Channel(message)),
+            Effect::Read { token, from, through, max_bytes } => {
+                self.effects.push_back(NodeEffect::Read { channel: channel.clone(), token, from, through, max_bytes })
+            }
+            Effect::AppendDone { id, result } => {
+                let Some(origin) = self.appends.remove(&id.0) else { return };
+                match (origin, result) {
+                    (AppendOrigin::Local(api), Ok(seqs)) => self.done(api, ApiResult::Appended(Ok(seqs))),
+                    (AppendOrigin::Remote { node, id }, Ok(seqs)) => {
+                        self.send_node(node, NodeMessage::AppendReply { id, result: Ok(seqs) })
+                    }
+                    (origin, Err(aborted)) => self.fail_append(origin, RemoteAppendError::Aborted(aborted)),
+                }
+            }
+            Effect::Committed { slots, .. } => {
+                // Post-commit fanout is not wired yet: the handoff is released at once.
+                if let Some(machine) = self.channels.get_mut(channel) {
+                    machine.release_handoff(slots);
+                }
+            }
+            Effect::ProposeMeta { expected_version, meta, .. } => {
+                let command = Command::CasRuntimeMeta { expected_version, meta, proof: None };
+                // A refused proposal is retried by the machine after its proposal timeout.
+                let _ = self.propose_for(&command, ProposalPurpose::Internal);
+            }
+            Effect::RefreshMeta => self.fetch_meta(channel),
+            Effect::StorageFailed | Effect::NeedsFailover => {
+                tracing::warn!(%channel, node = %self.config.node, "channel replica needs a failover");
+            }
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! Errors of the node API: typed so a caller can retry, redirect or give up.
+
+use super::message::RemoteAppendError;
+use tidings_channel::machine::{AppendAborted, AppendError};
+use tidings_slot::fsm::Outcome;
+use tidings_slot::raft::ProposeError;
+use tidings_store::StoreError;
+use tidings_types::ChannelId;
+
+/// Why a node API call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The metadata write was not applied (no leader, busy, timeout...).
+    #[error(transparent)]
+    Propose(#[from] ProposeError),
+    /// The metadata command was applied with an outcome other than `Applied` (already exists, version
+    /// mismatch, refused).
+    #[error("metadata command not applied: {0:?}")]
+    NotApplied(Outcome),
+    /// The append was refused at admission; nothing was written.
+    #[error(transparent)]
+    Append(#[from] AppendError),
+    /// The append was admitted but not committed (outcome unknown: retry with the same idempotency keys).
+    #[error(transparent)]
+    Aborted(#[from] AppendAborted),
+    /// The leader that was forwarded the append could not take it.
+    #[error(transparent)]
+    Remote(#[from] RemoteAppendError),
+    /// No runtime meta is known for the channel yet (it does not exist, or its meta is still travelling).
+    #[error("no meta known for {0}")]
+    UnknownChannel(ChannelId),
+    /// Too many appends wait for the channel's meta: retry later.
+    #[error("too many appends wait for the meta of {0}")]
+    Busy(ChannelId),
+    /// This node keeps no replica of the channel (reads are served by replicas).
+    #[error("this node keeps no replica of {0}")]
+    NotReplica(ChannelId),
+    /// Local storage failed.
+    #[error(transparent)]
+    Storage(#[from] StoreError),
+    /// The node is shutting down.
+    #[error("node stopped")]
+    Stopped,
+}

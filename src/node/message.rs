@@ -1,0 +1,48 @@
+//! Messages between the node cores of one cluster (beside slot and channel messages).
+
+use serde::{Deserialize, Serialize};
+use tidings_channel::machine::{AppendAborted, AppendError};
+use tidings_store::message::IdempotencyKey;
+use tidings_types::{ChannelId, ChannelRuntimeMeta, Seq};
+
+/// A node-to-node message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum NodeMessage {
+    /// The authoritative runtime meta of a channel, pushed by the slot group's leader (or answering a fetch).
+    MetaPush(ChannelRuntimeMeta),
+    /// Asks a node of the channel's slot group for the channel's runtime meta.
+    MetaFetch(ChannelId),
+    /// Answer to a fetch: the slot group holds no meta for the channel (it was never created).
+    MetaMissing(ChannelId),
+    /// An append forwarded to the node that leads the channel.
+    AppendForward {
+        /// The forwarding node's id for it.
+        id: u64,
+        /// The channel.
+        channel: ChannelId,
+        /// The records: idempotency key and payload.
+        records: Vec<(Option<IdempotencyKey>, bytes::Bytes)>,
+    },
+    /// The result of a forwarded append.
+    AppendReply {
+        /// The forwarding node's id.
+        id: u64,
+        /// Seqs, or why not.
+        result: Result<Vec<Seq>, RemoteAppendError>,
+    },
+}
+
+/// Why a forwarded append did not complete, as the leader tells it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteAppendError {
+    /// Refused at admission; nothing was written.
+    #[error(transparent)]
+    Refused(#[from] AppendError),
+    /// Admitted, then not committed (outcome unknown: retry with the same idempotency keys).
+    #[error(transparent)]
+    Aborted(#[from] AppendAborted),
+    /// The receiving node has no replica of the channel, or no meta for it yet.
+    #[error("the receiving node has no replica of the channel")]
+    NotReplica,
+}
