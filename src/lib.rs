@@ -15,6 +15,9 @@
 
 pub mod frame;
 pub mod node;
+mod runtime;
+
+pub use runtime::{AppendHandle, Node, StorageOptions, Transport};
 
 pub use tidings_channel as channel;
 pub use tidings_router as router;

@@ -187,7 +187,7 @@ fn appends_to_unknown_channels_and_bad_frames_are_refused() {
     cluster.run_for(6_000);
     assert!(!cluster.appended.contains_key(&id), "no append to a channel that does not exist");
     assert!(cluster.results[&id].contains("UnknownChannel"), "{:?}", cluster.results.get(&id));
-    assert!(matches!(cluster.core(1).read(&ghost, Seq::new(1), 10), Err(NodeError::NotReplica(_))));
+    assert!(matches!(cluster.core(1).read(&ghost, Seq::new(1), 10), Err(NodeError::UnknownChannel(_))));
     assert!(matches!(
         cluster.core(1).handle_frame(now, NodeId::new(2), b"garbage"),
         Err(FrameError::Truncated { .. } | FrameError::BadMagic)

@@ -334,7 +334,14 @@ impl NodeCore {
     /// this replica knows; barrier records are skipped.
     pub fn read(&mut self, channel: &ChannelId, from: Seq, limit: usize) -> Result<Vec<Record>, NodeError> {
         self.activate(channel);
-        let Some(machine) = self.channels.get(channel) else { return Err(NodeError::NotReplica(channel.clone())) };
+        let Some(machine) = self.channels.get(channel) else {
+            if !self.metas.contains_key(channel) {
+                // Learn the meta for next time (a restarted replica activates this way too).
+                self.fetch_meta(channel);
+                return Err(NodeError::UnknownChannel(channel.clone()));
+            }
+            return Err(NodeError::NotReplica(channel.clone()));
+        };
         let hw = machine.hw();
         let limits = ReadLimits { records_max: limit, bytes_max: usize::MAX };
         let records = self.log.read(channel, from, hw, limits)?;

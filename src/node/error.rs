@@ -39,6 +39,9 @@ pub enum NodeError {
     /// Local storage failed.
     #[error(transparent)]
     Storage(#[from] StoreError),
+    /// The node's inbox is full: retry later.
+    #[error("node is overloaded")]
+    Overloaded,
     /// The node is shutting down.
     #[error("node stopped")]
     Stopped,

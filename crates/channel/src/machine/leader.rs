@@ -25,6 +25,8 @@ pub(super) struct Progress {
     reading: bool,
     /// The last answer carried no records: the replica may be idling, so new records earn it a hint.
     idle: bool,
+    /// The highest HW this replica was told; a pull is parked only when it already knows the current HW.
+    told_hw: Seq,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -124,6 +126,7 @@ impl Progress {
             parked: None,
             reading: false,
             idle: false,
+            told_hw: Seq::new(0),
         }
     }
 }
@@ -382,7 +385,11 @@ impl ChannelMachine {
         self.leader_recompute_hw();
         self.maybe_propose_expansion(from);
         let barrier_durable = self.leader().is_some_and(|l| l.barrier_durable);
-        if request.next_seq <= self.log.end && barrier_durable {
+        let hw = self.log.hw;
+        let knows_hw = self.leader().and_then(|l| l.progress.get(&from)).is_some_and(|p| p.told_hw >= hw);
+        // Answer at once when there are records to send, or when the replica has not heard the current HW
+        // (its own acknowledgement may just have advanced it): followers learn commits within one round trip.
+        if (request.next_seq <= self.log.end && barrier_durable) || !knows_hw {
             self.answer_pull(from, request.pull_id, request.next_seq, max_bytes);
         } else {
             let deadline = now + self.config.pull_park;
@@ -419,8 +426,10 @@ impl ChannelMachine {
             return;
         };
         let idle = matches!(&body, PullBody::Records { records, .. } if records.is_empty());
+        let hw = self.log.hw;
         if let Some(progress) = self.leader().and_then(|l| l.progress.get_mut(&to)) {
             progress.idle = idle;
+            progress.told_hw = progress.told_hw.max(hw);
         }
         let response = PullResponse { channel: self.channel.clone(), pull_id, leader_epoch, body };
         self.send(to, ChannelMessage::PullResponse(response));

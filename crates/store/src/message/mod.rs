@@ -46,7 +46,7 @@ mod memory;
 mod record;
 mod state;
 
-pub use journal::{JournalConfig, JournalLog, JournalStats};
+pub use journal::{JournalConfig, JournalLog, JournalStats, WriteBehindThread};
 pub use memory::{LogFailOp, MemoryLog};
 pub use record::{IdempotencyKey, Record, RecordKind, IDEMPOTENCY_KEY_BYTES_MAX};
 pub use state::{ChannelLogState, IdempotentHit, LogBatch, LogOp, LogRefusal, ReadLimits};

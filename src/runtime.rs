@@ -1,0 +1,378 @@
+//! The threaded runtime around [`NodeCore`]: the production shell. It only moves inputs to the core and
+//! carries out its effects; every protocol decision is in the core.
+//!
+//! Threads: one core thread (owns the `NodeCore`, its timers and the API calls), one slot-sync worker
+//! (one fsync of the metadata/raft store for every sync asked since the last), one durable-append worker
+//! (stages every queued channel batch and makes them durable with one journal sync: group commit across
+//! channels), one reader (store reads for pulls), and the message log's write-behind thread. Storage IO
+//! never runs on the core thread except a channel's activation (loading its log state). Every queue is
+//! bounded: a full inbox drops inbound frames (the protocols resend) and refuses API calls with
+//! `Overloaded`.
+//!
+//! Simplified for now (see the issue notes): one core thread drives every channel of the node (reactors
+//! that hash channels onto several threads come next), idle channels are not evicted yet, and
+//! post-commit fanout releases its handoff at once.
+#![allow(clippy::disallowed_methods)] // The runtime shell is where the clock is read.
+
+use crate::node::{ApiId, ApiResult, NodeConfig, NodeCore, NodeEffect, NodeError};
+use bytes::Bytes;
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tidings_channel::machine::{AppendRecord, PersistToken, ReadToken};
+use tidings_router::Router;
+use tidings_slot::command::Command;
+use tidings_slot::model::ChannelInfo;
+use tidings_store::message::{JournalConfig, JournalLog, LogBatch, MessageLog, ReadLimits, Record, WriteBehindThread};
+use tidings_store::{Kv, MetaStore, RaftLogStore, SledKv, StoreError};
+use tidings_types::{ChannelId, NodeId, Seq, Time};
+
+/// How a node sends frames to its peers. Implemented by the host (its network stack).
+pub trait Transport: Send + Sync + 'static {
+    /// Sends `frame` to `to` without blocking. Frames may be lost; the protocols resend what matters.
+    fn send(&self, to: NodeId, frame: Bytes);
+}
+
+/// Where a node keeps its data, and storage limits.
+#[derive(Clone, Debug)]
+pub struct StorageOptions {
+    /// Directory of the node's sled database and message journal.
+    pub data_dir: PathBuf,
+    /// sled page cache, bytes. Default 64 MiB.
+    pub sled_cache_bytes: u64,
+    /// Message journal configuration.
+    pub journal: JournalConfig,
+}
+
+impl StorageOptions {
+    /// Defaults in `data_dir`.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self { data_dir: data_dir.into(), sled_cache_bytes: 64 << 20, journal: JournalConfig::default() }
+    }
+}
+
+/// Capacity of the core thread's inbox. Full: inbound frames are dropped, API calls get `Busy`.
+const INBOX_CAPACITY: usize = 65_536;
+/// Most channel batches one durable-append round stages before its sync.
+const GROUP_COMMIT_MAX: usize = 4096;
+/// How long an API call waits for its result.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+enum Input {
+    Frame { from: NodeId, bytes: Bytes },
+    Call { call: Call, reply: Sender<ApiResult> },
+    Read { channel: ChannelId, from: Seq, limit: usize, reply: Sender<Result<Vec<Record>, NodeError>> },
+    SlotsSynced { token: u64 },
+    Persisted { channel: ChannelId, token: PersistToken, result: Result<(), StoreError> },
+    ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
+    Stop,
+}
+
+enum Call {
+    Propose(Command),
+    CreateChannel(ChannelInfo),
+    Append { channel: ChannelId, records: Vec<AppendRecord> },
+}
+
+/// A running node. Dropping it stops its threads (after a last write-behind).
+pub struct Node {
+    id: NodeId,
+    inbox: Sender<Input>,
+    threads: Vec<JoinHandle<()>>,
+    _write_behind: WriteBehindThread,
+    kv: Arc<dyn Kv>,
+    dropped_frames: Arc<AtomicU64>,
+}
+
+/// A pending append: wait for its seqs.
+pub struct AppendHandle {
+    reply: Receiver<ApiResult>,
+}
+
+impl AppendHandle {
+    /// Waits for the append to commit (or fail).
+    pub fn wait(self) -> Result<Vec<Seq>, NodeError> {
+        match self.reply.recv_timeout(CALL_TIMEOUT) {
+            Ok(ApiResult::Appended(result)) => result,
+            Ok(ApiResult::Meta(_)) | Err(_) => Err(NodeError::Stopped),
+        }
+    }
+}
+
+impl Node {
+    /// Starts a node: opens (or creates) its stores in `storage.data_dir`, then its threads.
+    pub fn start(
+        config: NodeConfig,
+        storage: StorageOptions,
+        transport: Arc<dyn Transport>,
+    ) -> Result<Node, NodeError> {
+        config.validate().map_err(|what| NodeError::Storage(StoreError::BadConfig { what }))?;
+        std::fs::create_dir_all(&storage.data_dir).map_err(|e| StoreError::io("create data directory", e))?;
+        let kv: Arc<dyn Kv> = Arc::new(SledKv::open(storage.data_dir.join("sled"), storage.sled_cache_bytes)?);
+        let logs = Arc::new(RaftLogStore::open(kv.clone())?);
+        let journal =
+            Arc::new(JournalLog::open(storage.data_dir.join("journal"), kv.clone(), storage.journal.clone())?);
+        let write_behind = journal.start_write_behind();
+        let log: Arc<dyn MessageLog> = journal.clone();
+        let router = Arc::new(Router::new(config.table()));
+        let started = Instant::now();
+        let id = config.node;
+        let core = NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), router, Time::ZERO)?;
+        let (inbox, inputs) = bounded(INBOX_CAPACITY);
+        let (sync_tx, sync_rx) = bounded::<u64>(1024);
+        let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(GROUP_COMMIT_MAX * 4);
+        let (read_tx, read_rx) = bounded::<(ChannelId, ReadToken, Seq, Seq, usize)>(4096);
+        let mut threads = Vec::new();
+        threads.push(spawn("tidings-slot-sync", {
+            let (kv, inbox) = (kv.clone(), inbox.clone());
+            move || slot_sync_worker(&kv, &sync_rx, &inbox)
+        }));
+        threads.push(spawn("tidings-durable", {
+            let (log, inbox) = (log.clone(), inbox.clone());
+            move || durable_worker(log.as_ref(), &persist_rx, &inbox)
+        }));
+        threads.push(spawn("tidings-reader", {
+            let (log, inbox) = (log.clone(), inbox.clone());
+            move || reader_worker(log.as_ref(), &read_rx, &inbox)
+        }));
+        threads.push(spawn("tidings-core", move || {
+            let mut shell =
+                Shell { core, started, transport, sync_tx, persist_tx, read_tx, calls: BTreeMap::new(), next_call: 1 };
+            shell.run(&inputs);
+        }));
+        Ok(Node { id, inbox, threads, _write_behind: write_behind, kv, dropped_frames: Arc::new(AtomicU64::new(0)) })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Hands an inbound frame from `from` to the node. Never blocks: when the inbox is full the frame is
+    /// dropped and counted (the protocols resend).
+    pub fn handle_frame(&self, from: NodeId, bytes: Bytes) {
+        if self.inbox.try_send(Input::Frame { from, bytes }).is_err() {
+            self.dropped_frames.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Frames dropped because the inbox was full.
+    pub fn dropped_frames(&self) -> u64 {
+        self.dropped_frames.load(Ordering::Relaxed)
+    }
+
+    /// Applies a metadata command through the slot layer (any node may be called).
+    pub fn propose(&self, command: Command) -> Result<(), NodeError> {
+        self.call(Call::Propose(command))
+    }
+
+    /// Creates a channel and its runtime meta (replicas, leader, ISR, MinISR).
+    pub fn create_channel(&self, info: ChannelInfo) -> Result<(), NodeError> {
+        self.call(Call::CreateChannel(info))
+    }
+
+    /// Starts an append (any node may be called: non-leaders forward); wait on the handle.
+    pub fn append(&self, channel: ChannelId, records: Vec<AppendRecord>) -> Result<AppendHandle, NodeError> {
+        let (reply, receiver) = bounded(1);
+        self.send_input(Input::Call { call: Call::Append { channel, records }, reply })?;
+        Ok(AppendHandle { reply: receiver })
+    }
+
+    /// Reads committed messages of a channel this node replicates, bounded by its high watermark.
+    pub fn read(&self, channel: &ChannelId, from: Seq, limit: usize) -> Result<Vec<Record>, NodeError> {
+        let (reply, receiver) = bounded(1);
+        self.send_input(Input::Read { channel: channel.clone(), from, limit, reply })?;
+        receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)?
+    }
+
+    fn call(&self, call: Call) -> Result<(), NodeError> {
+        let (reply, receiver) = bounded(1);
+        self.send_input(Input::Call { call, reply })?;
+        match receiver.recv_timeout(CALL_TIMEOUT) {
+            Ok(ApiResult::Meta(result)) => result,
+            Ok(ApiResult::Appended(result)) => result.map(drop),
+            Err(_) => Err(NodeError::Stopped),
+        }
+    }
+
+    fn send_input(&self, input: Input) -> Result<(), NodeError> {
+        match self.inbox.try_send(input) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(NodeError::Overloaded),
+            Err(TrySendError::Disconnected(_)) => Err(NodeError::Stopped),
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.inbox.send(Input::Stop);
+        // The core thread exits on Stop and drops its senders; the workers exit when their queues close.
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+        if let Err(error) = self.kv.sync() {
+            tracing::warn!(%error, "final metadata sync failed");
+        }
+    }
+}
+
+fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
+    std::thread::Builder::new().name(name.into()).spawn(body).expect("spawn runtime thread")
+}
+
+/// The core thread's state.
+struct Shell {
+    core: NodeCore,
+    started: Instant,
+    transport: Arc<dyn Transport>,
+    sync_tx: Sender<u64>,
+    persist_tx: Sender<(PersistToken, LogBatch)>,
+    read_tx: Sender<(ChannelId, ReadToken, Seq, Seq, usize)>,
+    calls: BTreeMap<ApiId, Sender<ApiResult>>,
+    next_call: u64,
+}
+
+impl Shell {
+    fn now(&self) -> Time {
+        Time::from_millis(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX))
+    }
+
+    fn run(&mut self, inputs: &Receiver<Input>) {
+        loop {
+            let wait = self.core.poll_timeout().as_millis().saturating_sub(self.now().as_millis());
+            match inputs.recv_timeout(Duration::from_millis(wait.min(100))) {
+                Ok(Input::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(input) => {
+                    self.handle(input);
+                    // Take whatever else is queued before carrying out effects: bigger batches.
+                    for _ in 0..1024 {
+                        match inputs.try_recv() {
+                            Ok(Input::Stop) => return,
+                            Ok(input) => self.handle(input),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            let now = self.now();
+            if self.core.poll_timeout() <= now {
+                self.core.handle_tick(now);
+            }
+            self.carry_out();
+        }
+    }
+
+    fn handle(&mut self, input: Input) {
+        let now = self.now();
+        match input {
+            Input::Frame { from, bytes } => {
+                if let Err(error) = self.core.handle_frame(now, from, &bytes) {
+                    tracing::debug!(%error, %from, "refused a frame");
+                }
+            }
+            Input::Call { call, reply } => {
+                let id = ApiId(self.next_call);
+                self.next_call += 1;
+                self.calls.insert(id, reply);
+                match call {
+                    Call::Propose(command) => self.core.propose(now, id, command),
+                    Call::CreateChannel(info) => self.core.create_channel(now, id, info),
+                    Call::Append { channel, records } => self.core.append(now, id, channel, records),
+                }
+            }
+            Input::Read { channel, from, limit, reply } => {
+                let _ = reply.send(self.core.read(&channel, from, limit));
+            }
+            Input::SlotsSynced { token } => self.core.handle_slots_synced(now, token),
+            Input::Persisted { channel, token, result } => self.core.handle_persisted(now, &channel, token, result),
+            Input::ReadDone { channel, token, result } => self.core.handle_read(now, &channel, token, result),
+            Input::Stop => {}
+        }
+    }
+
+    fn carry_out(&mut self) {
+        while let Some(effect) = self.core.poll_effect() {
+            match effect {
+                NodeEffect::Send { to, frame } => self.transport.send(to, frame),
+                NodeEffect::SyncSlots { token } => {
+                    // Bounded wait when the worker is behind: never an unbounded queue.
+                    let _ = self.sync_tx.send(token);
+                }
+                NodeEffect::Persist { token, batch } => {
+                    let _ = self.persist_tx.send((token, batch));
+                }
+                NodeEffect::Read { channel, token, from, through, max_bytes } => {
+                    if self.read_tx.try_send((channel, token, from, through, max_bytes)).is_err() {
+                        tracing::debug!("reader busy; the follower pulls again");
+                    }
+                }
+                NodeEffect::Done { id, result } => {
+                    if let Some(reply) = self.calls.remove(&id) {
+                        let _ = reply.send(result);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn slot_sync_worker(kv: &Arc<dyn Kv>, tokens: &Receiver<u64>, inbox: &Sender<Input>) {
+    while let Ok(first) = tokens.recv() {
+        // One fsync covers every sync asked for meanwhile.
+        let token = tokens.try_iter().fold(first, u64::max);
+        match kv.sync() {
+            Ok(()) => {
+                if inbox.send(Input::SlotsSynced { token }).is_err() {
+                    return;
+                }
+            }
+            Err(error) => tracing::error!(%error, "metadata sync failed; raft will not make progress past it"),
+        }
+    }
+}
+
+fn durable_worker(log: &dyn MessageLog, jobs: &Receiver<(PersistToken, LogBatch)>, inbox: &Sender<Input>) {
+    while let Ok(first) = jobs.recv() {
+        let mut round = vec![first];
+        round.extend(jobs.try_iter().take(GROUP_COMMIT_MAX - 1));
+        let mut staged = Vec::with_capacity(round.len());
+        for (token, batch) in round {
+            let channel = batch.channel.clone();
+            match log.stage(batch) {
+                Ok(()) => staged.push((channel, token)),
+                Err(error) => {
+                    let _ = inbox.send(Input::Persisted { channel, token, result: Err(error) });
+                }
+            }
+        }
+        let synced = log.sync();
+        for (channel, token) in staged {
+            let result = match &synced {
+                Ok(_) => Ok(()),
+                Err(error) => Err(StoreError::io("group commit", std::io::Error::other(error.to_string()))),
+            };
+            if inbox.send(Input::Persisted { channel, token, result }).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn reader_worker(
+    log: &dyn MessageLog,
+    reads: &Receiver<(ChannelId, ReadToken, Seq, Seq, usize)>,
+    inbox: &Sender<Input>,
+) {
+    while let Ok((channel, token, from, through, max_bytes)) = reads.recv() {
+        let result = log.read(&channel, from, through, ReadLimits { records_max: usize::MAX, bytes_max: max_bytes });
+        if inbox.send(Input::ReadDone { channel, token, result }).is_err() {
+            return;
+        }
+    }
+}
