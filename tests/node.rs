@@ -1,6 +1,9 @@
 //! The public API on real nodes (threads, sled, in-process transport): single node, three nodes with
 //! forwarding from non-leaders, typed errors, and restart from the data directory.
 
+// These tests drive real threaded nodes: waiting on them needs the wall clock.
+#![allow(clippy::disallowed_methods)]
+
 use bytes::Bytes;
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
