@@ -125,7 +125,7 @@ fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
         Ok(read)
     });
     for (seq, text) in &acked {
-        assert!(read.iter().any(|r| r.seq == *seq && r.payload == Bytes::from(text.clone())), "lost {seq} {text}");
+        assert!(read.iter().any(|r| r.seq == *seq && r.payload.as_ref() == text.as_bytes()), "lost {seq} {text}");
     }
 }
 
