@@ -14,7 +14,7 @@
 //! post-commit fanout releases its handoff at once.
 #![allow(clippy::disallowed_methods)] // The runtime shell is where the clock is read.
 
-use crate::node::{ApiId, ApiResult, NodeConfig, NodeCore, NodeEffect, NodeError};
+use crate::node::{ApiId, ApiResult, NodeConfig, NodeCore, NodeEffect, NodeError, NodeStatus};
 use bytes::Bytes;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::collections::BTreeMap;
@@ -66,6 +66,7 @@ enum Input {
     Frame { from: NodeId, bytes: Bytes },
     Call { call: Call, reply: Sender<ApiResult> },
     Read { channel: ChannelId, from: Seq, limit: usize, reply: Sender<Result<Vec<Record>, NodeError>> },
+    Status { reply: Sender<NodeStatus> },
     SlotsSynced { token: u64 },
     Persisted { channel: ChannelId, token: PersistToken, result: Result<(), StoreError> },
     ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
@@ -189,6 +190,14 @@ impl Node {
         receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)?
     }
 
+    /// Operator status: slot groups (leader, term, commit, applied, members, peer progress) and channel
+    /// replicas (role, epochs, ISR, HW, log end).
+    pub fn status(&self) -> Result<NodeStatus, NodeError> {
+        let (reply, receiver) = bounded(1);
+        self.send_input(Input::Status { reply })?;
+        receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)
+    }
+
     fn call(&self, call: Call) -> Result<(), NodeError> {
         let (reply, receiver) = bounded(1);
         self.send_input(Input::Call { call, reply })?;
@@ -288,6 +297,9 @@ impl Shell {
             }
             Input::Read { channel, from, limit, reply } => {
                 let _ = reply.send(self.core.read(&channel, from, limit));
+            }
+            Input::Status { reply } => {
+                let _ = reply.send(self.core.status());
             }
             Input::SlotsSynced { token } => self.core.handle_slots_synced(now, token),
             Input::Persisted { channel, token, result } => self.core.handle_persisted(now, &channel, token, result),

@@ -89,6 +89,12 @@ fn single_node_goes_through_the_same_path() {
     let seqs = eventually(|| node.append(ch.clone(), record("hello"))?.wait());
     let read = node.read(&ch, Seq::new(1), 10).unwrap();
     assert_eq!(read.len(), 1);
+    let status = node.status().unwrap();
+    assert_eq!(status.groups.len(), 2);
+    assert!(status.groups.iter().any(|g| g.leader == Some(ids[0])), "{status:?}");
+    let replica = status.channels.iter().find(|c| c.channel == ch).unwrap();
+    assert_eq!(replica.role, tidings::channel::machine::RoleKind::Leader);
+    assert!(replica.hw >= seqs[0]);
     assert_eq!(read[0].seq, seqs[0]);
     assert_eq!(read[0].payload, Bytes::from_static(b"hello"));
 }

@@ -83,6 +83,42 @@ pub enum NodeEffect {
     },
 }
 
+/// Operator view of one channel replica on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelStatus {
+    /// The channel.
+    pub channel: ChannelId,
+    /// This replica's role.
+    pub role: tidings_channel::machine::RoleKind,
+    /// Meta version, leader, leader epoch and membership epoch in force here.
+    pub meta_version: u64,
+    /// The leader named by the meta.
+    pub leader: NodeId,
+    /// Leader epoch.
+    pub leader_epoch: LeaderEpoch,
+    /// Membership epoch.
+    pub epoch: Epoch,
+    /// ISR.
+    pub isr: Vec<NodeId>,
+    /// High watermark.
+    pub hw: Seq,
+    /// Last seq of the local log.
+    pub log_end: Seq,
+    /// Last durable seq.
+    pub durable_last: Seq,
+}
+
+/// Operator view of a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// The node.
+    pub node: NodeId,
+    /// Raft status of the slot groups it serves.
+    pub groups: Vec<tidings_slot::raft::GroupStatus>,
+    /// Its active channel replicas.
+    pub channels: Vec<ChannelStatus>,
+}
+
 /// Who waits for an append the local machine admitted.
 #[derive(Debug, Clone, Copy)]
 enum AppendOrigin {
@@ -186,6 +222,31 @@ impl NodeCore {
     /// The channel machine of `channel`, if active here.
     pub fn channel(&self, channel: &ChannelId) -> Option<&ChannelMachine> {
         self.channels.get(channel)
+    }
+
+    /// Status of the node, its slot groups and its active channel replicas (role, epochs, HW, log end, ISR).
+    pub fn status(&self) -> NodeStatus {
+        let groups = self.slot.groups().filter_map(|g| self.slot.status(g)).collect();
+        let channels = self
+            .channels
+            .iter()
+            .filter_map(|(channel, machine)| {
+                let meta = machine.meta()?;
+                Some(ChannelStatus {
+                    channel: channel.clone(),
+                    role: machine.role(),
+                    meta_version: meta.version,
+                    leader: meta.leader,
+                    leader_epoch: meta.leader_epoch,
+                    epoch: meta.epoch,
+                    isr: meta.isr.clone(),
+                    hw: machine.hw(),
+                    log_end: machine.log_end(),
+                    durable_last: machine.durable_last(),
+                })
+            })
+            .collect();
+        NodeStatus { node: self.config.node, groups, channels }
     }
 
     /// Local metadata reads (applied state of the slot groups this node serves).
