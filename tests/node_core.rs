@@ -27,10 +27,15 @@ struct Cluster {
 
 impl Cluster {
     fn new(n: u64) -> Self {
+        Self::with(n, |_| {})
+    }
+
+    fn with(n: u64, tweak: impl Fn(&mut NodeConfig)) -> Self {
         let ids: Vec<NodeId> = (1..=n).map(NodeId::new).collect();
         let mut nodes = BTreeMap::new();
         for id in &ids {
-            let config = NodeConfig { slot_groups: 4, ..NodeConfig::new(*id, ids.clone()) };
+            let mut config = NodeConfig { slot_groups: 4, ..NodeConfig::new(*id, ids.clone()) };
+            tweak(&mut config);
             let kv = Arc::new(MemoryKv::new());
             let dyn_kv: Arc<dyn Kv> = kv.clone();
             let logs = Arc::new(RaftLogStore::open(dyn_kv.clone()).unwrap());
@@ -198,4 +203,41 @@ fn appends_to_unknown_channels_and_bad_frames_are_refused() {
         body: tidings::frame::FrameBody::Node(tidings::node::NodeMessage::MetaFetch(ghost)),
     });
     assert_eq!(cluster.core(1).handle_frame(now, NodeId::new(9), &frame), Err(FrameError::UnknownNode(NodeId::new(9))));
+}
+
+#[test]
+fn idle_channels_are_evicted_and_reactivate_without_loss() {
+    let mut cluster = Cluster::with(3, |config| config.channel_idle_evict = Duration::from_secs(3));
+    cluster.run_for(5_000);
+    let channel = ChannelId::new(ChannelType::GROUP, "sleepy").unwrap();
+    let create = cluster.api();
+    let now = cluster.now;
+    cluster.core(1).create_channel(
+        now,
+        create,
+        ChannelInfo { channel: channel.clone(), flags: ChannelFlags::default() },
+    );
+    cluster.run_for(2_000);
+    let first = cluster.api();
+    let now = cluster.now;
+    cluster.core(2).append(now, first, channel.clone(), records(&["before"]));
+    cluster.run_for(1_000);
+    assert!(cluster.appended.contains_key(&first));
+    // Idle for longer than the eviction bound: every replica leaves memory, its log stays.
+    cluster.run_for(8_000);
+    for n in 1..=3 {
+        assert!(cluster.core(n).channel(&channel).is_none(), "node {n} kept an idle channel");
+    }
+    // The next append reactivates the leader (resuming its epoch: it left quiescent) and the followers.
+    let second = cluster.api();
+    let now = cluster.now;
+    cluster.core(3).append(now, second, channel.clone(), records(&["after"]));
+    cluster.run_for(2_000);
+    let (a, b) = (cluster.appended[&first][0], cluster.appended.get(&second).expect("append after eviction")[0]);
+    assert!(b > a);
+    for n in 1..=3 {
+        let texts: Vec<Vec<u8>> =
+            cluster.core(n).read(&channel, Seq::new(1), 10).unwrap().iter().map(|r| r.payload.to_vec()).collect();
+        assert_eq!(texts, vec![b"before".to_vec(), b"after".to_vec()], "node {n}");
+    }
 }

@@ -33,6 +33,9 @@ pub struct NodeConfig {
     pub frame_bytes_max: usize,
     /// Appends waiting for a channel's meta to arrive, per channel.
     pub waiting_appends_max: usize,
+    /// A channel replica idle (no input) this long and quiescent is evicted from memory; its log stays.
+    /// Default 30 s.
+    pub channel_idle_evict: Duration,
 }
 
 impl NodeConfig {
@@ -52,6 +55,7 @@ impl NodeConfig {
             machine: MachineConfig::default(),
             frame_bytes_max: 16 << 20,
             waiting_appends_max: 1024,
+            channel_idle_evict: Duration::from_secs(30),
             nodes,
         }
     }

@@ -160,6 +160,10 @@ pub struct NodeCore {
     router: Arc<Router>,
     log: Arc<dyn MessageLog>,
     channels: BTreeMap<ChannelId, ChannelMachine>,
+    /// When each active channel last had an input (for eviction).
+    last_used: BTreeMap<ChannelId, Time>,
+    /// Channels evicted while leading and quiescent: the leader epoch their next incarnation may resume.
+    resumable: BTreeMap<ChannelId, LeaderEpoch>,
     metas: BTreeMap<ChannelId, ChannelRuntimeMeta>,
     waiting: BTreeMap<ChannelId, Vec<Waiting>>,
     proposals: BTreeMap<ProposalId, ProposalPurpose>,
@@ -196,6 +200,8 @@ impl NodeCore {
             router,
             log,
             channels: BTreeMap::new(),
+            last_used: BTreeMap::new(),
+            resumable: BTreeMap::new(),
             metas: BTreeMap::new(),
             waiting: BTreeMap::new(),
             proposals: BTreeMap::new(),
@@ -292,6 +298,7 @@ impl NodeCore {
                 machine.handle_timeout(self.now);
             }
         }
+        self.evict_idle();
     }
 
     /// An inbound frame from `from`. Bad frames are refused with a typed error and change nothing.
@@ -395,6 +402,7 @@ impl NodeCore {
     /// this replica knows; barrier records are skipped.
     pub fn read(&mut self, channel: &ChannelId, from: Seq, limit: usize) -> Result<Vec<Record>, NodeError> {
         self.activate(channel);
+        self.touch(channel);
         let Some(machine) = self.channels.get(channel) else {
             if !self.metas.contains_key(channel) {
                 // Learn the meta for next time (a restarted replica activates this way too).
@@ -495,6 +503,33 @@ impl NodeCore {
         }
     }
 
+    /// Evicts channel replicas idle for the configured time and quiescent (nothing pending, everything
+    /// durable and committed). Their logs stay; the next input activates them again.
+    fn evict_idle(&mut self) {
+        let idle_since = self.now - self.config.channel_idle_evict;
+        let evictable: Vec<ChannelId> = self
+            .channels
+            .iter()
+            .filter(|(c, m)| m.is_quiescent() && self.last_used.get(*c).is_none_or(|t| *t <= idle_since))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in evictable {
+            let Some(machine) = self.channels.remove(&channel) else { continue };
+            self.last_used.remove(&channel);
+            if machine.role() == tidings_channel::machine::RoleKind::Leader {
+                if let Some(meta) = machine.meta() {
+                    self.resumable.insert(channel.clone(), meta.leader_epoch);
+                }
+            }
+            self.log.release_caches(&channel);
+        }
+    }
+
+    /// Number of channel replicas active in memory.
+    pub fn active_channels(&self) -> usize {
+        self.channels.len()
+    }
+
     /// Creates the local replica of `channel` if this node is one and the meta is known: open the log
     /// state, load the recent records, apply the full meta, then accept traffic.
     fn activate(&mut self, channel: &ChannelId) {
@@ -521,8 +556,12 @@ impl NodeCore {
             state,
             recent,
         );
+        if let Some(epoch) = self.resumable.remove(channel) {
+            machine.resume_leadership(epoch);
+        }
         let _ = machine.handle_meta(self.now, meta);
         self.channels.insert(channel.clone(), machine);
+        self.last_used.insert(channel.clone(), self.now);
     }
 
     /// Fails the appends waiting for `channel`'s meta that `expired` selects.
@@ -542,8 +581,16 @@ impl NodeCore {
         self.slot.groups().any(|g| g == group)
     }
 
+    /// Marks `channel` as in use (eviction waits for it to be idle).
+    fn touch(&mut self, channel: &ChannelId) {
+        if self.channels.contains_key(channel) {
+            self.last_used.insert(channel.clone(), self.now);
+        }
+    }
+
     fn append_locally(&mut self, origin: AppendOrigin, channel: &ChannelId, records: Vec<AppendRecord>) {
         self.activate(channel);
+        self.touch(channel);
         let request = self.next_id();
         let Some(machine) = self.channels.get_mut(channel) else {
             self.fail_append(origin, RemoteAppendError::NotReplica);
@@ -575,6 +622,22 @@ impl NodeCore {
 
     fn channel_message(&mut self, from: NodeId, message: ChannelMessage) {
         let channel = message.channel().clone();
+        // New data keeps a channel in memory; replication keep-alives (empty answers to long polls) do
+        // not, and do not bring an evicted replica back either.
+        let news = match &message {
+            ChannelMessage::Hint(_) => true,
+            ChannelMessage::PullResponse(response) => {
+                !matches!(&response.body, tidings_channel::machine::PullBody::Records { records, .. } if records.is_empty())
+            }
+            ChannelMessage::Pull(_) => false,
+        };
+        let evicted = !self.channels.contains_key(&channel);
+        if evicted && matches!(&message, ChannelMessage::PullResponse(_)) && !news {
+            return;
+        }
+        if news {
+            self.touch(&channel);
+        }
         self.activate(&channel);
         match self.channels.get_mut(&channel) {
             Some(machine) => machine.handle_message(self.now, from, message),

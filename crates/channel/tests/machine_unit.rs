@@ -103,7 +103,8 @@ fn invalid_or_older_meta_is_refused_and_changes_nothing() {
 fn stale_persist_completions_are_ignored() {
     let mut m = machine();
     m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
-    let Some(Effect::Persist { token, batch }) = m.poll_effect() else { panic!("barrier persist expected") };
+    let persist = std::iter::from_fn(|| m.poll_effect()).find(|e| matches!(e, Effect::Persist { .. }));
+    let Some(Effect::Persist { token, batch }) = persist else { panic!("barrier persist expected") };
     let mut stale = token;
     stale.id += 7;
     m.handle_persisted(t(2), stale, Ok(()));
@@ -135,7 +136,8 @@ fn leader_storage_failure_aborts_pending_appends_and_stops_leading() {
     m.handle_message(t(1), NodeId::new(2), ChannelMessage::Pull(pull));
     settle(&mut m, &log, t(1));
     m.handle_append(t(2), request(9, &["a"])).unwrap();
-    let Some(Effect::Persist { token, .. }) = m.poll_effect() else { panic!("persist expected") };
+    let persist = std::iter::from_fn(|| m.poll_effect()).find(|e| matches!(e, Effect::Persist { .. }));
+    let Some(Effect::Persist { token, .. }) = persist else { panic!("persist expected") };
     m.handle_persisted(t(3), token, Err(StoreError::io("test", std::io::Error::other("disk gone"))));
     let effects: Vec<Effect> = std::iter::from_fn(|| m.poll_effect()).collect();
     assert!(effects.contains(&Effect::AppendDone { id: RequestId(9), result: Err(AppendAborted::StorageFailed) }));

@@ -153,10 +153,16 @@ impl ChannelMachine {
         let seq = barrier.seq;
         self.log.push_record(barrier);
         let hw = self.log.hw;
+        let replicas: Vec<NodeId> = meta.replicas.iter().copied().filter(|n| *n != self.me).collect();
+        let hint = PullHint { channel: self.channel.clone(), leader_epoch: meta.leader_epoch };
         if let Some(leader) = self.leader() {
             leader.barrier_seq = seq;
             // Records at or below the HW we start with were committed (and handed off) under an earlier leader.
             leader.reported = hw;
+        }
+        // Wake every replica: idle or evicted followers start pulling from this leader now.
+        for replica in replicas {
+            self.send(replica, ChannelMessage::Hint(hint.clone()));
         }
     }
 

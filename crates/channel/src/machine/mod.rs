@@ -209,6 +209,8 @@ pub struct ChannelMachine {
     handoff_held: usize,
     /// The local log failed: no more leading until a new incarnation.
     broken: bool,
+    /// A leader epoch this incarnation may lead although its log holds it (see `resume_leadership`).
+    resumable_epoch: Option<LeaderEpoch>,
 }
 
 impl ChannelMachine {
@@ -256,7 +258,16 @@ impl ChannelMachine {
             effects: VecDeque::new(),
             handoff_held: 0,
             broken: false,
+            resumable_epoch: None,
         }
+    }
+
+    /// Lets this incarnation lead in `epoch` although its log already holds that epoch. Only for a runtime
+    /// that evicted the previous incarnation of this replica while it led `epoch` and was quiescent
+    /// ([`ChannelMachine::is_quiescent`]): everything it ever assigned was durable then, so no follower
+    /// holds a record of `epoch` that this log lacks. Never after a crash.
+    pub fn resume_leadership(&mut self, epoch: LeaderEpoch) {
+        self.resumable_epoch = Some(epoch);
     }
 
     /// The channel.
@@ -479,7 +490,8 @@ impl ChannelMachine {
     fn enter_role(&mut self) {
         let Some(meta) = &self.meta else { return };
         // A leader epoch is led once: never again after a restart that may have lost its records.
-        let led_before = self.log.durable.epochs.iter().any(|(epoch, _)| *epoch >= meta.leader_epoch);
+        let led_before = self.log.durable.epochs.iter().any(|(epoch, _)| *epoch >= meta.leader_epoch)
+            && self.resumable_epoch != Some(meta.leader_epoch);
         if meta.leader == self.me && led_before {
             self.role = Role::None;
             self.effects.push_back(Effect::NeedsFailover);
