@@ -4,20 +4,23 @@
 //! transport. Creates users and channels, appends messages over many channels concurrently and prints
 //! throughput and commit latency, stops one node while load continues on the channels it does not lead
 //! (slot groups re-elect through raft; channels commit with MinISR = 2 of 3), restarts it from its
-//! directory, shows it caught up, and reads every acknowledged message back in order.
+//! directory, shows it caught up, and reads every acknowledged message back in order. A toy gateway
+//! (half the users online, on node 1 or 2) counts the post-commit fanout deliveries.
 #![allow(clippy::disallowed_methods)] // An example is a runtime shell: it reads the clock to report figures.
 
 use bytes::Bytes;
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+use tidings::channel::fanout::DeliveryPlan;
 use tidings::channel::machine::AppendRecord;
 use tidings::node::NodeConfig;
 use tidings::slot::command::{Command, MemberList};
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
-use tidings::{AppendHandle, Node, StorageOptions, Transport};
+use tidings::{AppendHandle, FanoutHost, Node, StorageOptions, Transport};
 
 const CHANNELS: usize = 200;
 const MESSAGES: usize = 20_000;
@@ -43,11 +46,37 @@ impl Transport for LocalTransport {
     }
 }
 
-fn start(id: NodeId, ids: &[NodeId], root: &std::path::Path, mesh: &Arc<Mesh>) -> Arc<Node> {
+/// The host's presence and delivery: even-numbered users are online (on node 1 or 2), the rest offline.
+/// Counts what it is asked to deliver.
+#[derive(Default)]
+struct Gateway {
+    plans: AtomicU64,
+    deliveries: AtomicU64,
+}
+
+impl FanoutHost for Gateway {
+    fn locate(&self, uids: &[String]) -> Vec<Option<NodeId>> {
+        uids.iter()
+            .map(|uid| {
+                let n: u64 = uid.trim_start_matches("user-").parse().unwrap_or(1);
+                (n % 2 == 0).then(|| NodeId::new(1 + (n / 2) % 2))
+            })
+            .collect()
+    }
+
+    fn deliver(&self, plan: &DeliveryPlan) -> bool {
+        self.plans.fetch_add(1, Ordering::Relaxed);
+        self.deliveries.fetch_add(plan.members.len() as u64, Ordering::Relaxed);
+        true
+    }
+}
+
+fn start(id: NodeId, ids: &[NodeId], root: &std::path::Path, mesh: &Arc<Mesh>, gateway: &Arc<Gateway>) -> Arc<Node> {
     let config = NodeConfig::new(id, ids.to_vec());
     let storage = StorageOptions::new(root.join(format!("node-{id}")));
     let transport = Arc::new(LocalTransport { from: id, mesh: Arc::clone(mesh) });
-    let node = Arc::new(Node::start(config, storage, transport).expect("node starts"));
+    let fanout: Arc<dyn FanoutHost> = gateway.clone();
+    let node = Arc::new(Node::start_with_fanout(config, storage, transport, fanout).expect("node starts"));
     mesh.nodes.write().insert(id, Arc::downgrade(&node));
     node
 }
@@ -98,9 +127,10 @@ fn main() {
     let root = tempfile::tempdir().expect("temp dir");
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
     let mesh = Arc::new(Mesh::default());
+    let gateway = Arc::new(Gateway::default());
     println!("tidings quickstart: 3 nodes, data under {}", root.path().display());
     let mut nodes: BTreeMap<NodeId, Arc<Node>> =
-        ids.iter().map(|id| (*id, start(*id, &ids, root.path(), &mesh))).collect();
+        ids.iter().map(|id| (*id, start(*id, &ids, root.path(), &mesh, &gateway))).collect();
     let first = Arc::clone(&nodes[&ids[0]]);
 
     // Metadata through the slot layer: users and channels with subscribers.
@@ -132,6 +162,19 @@ fn main() {
         percentile(&latencies, 999),
     );
 
+    // Every committed message fans out to its 5 online subscribers (after the commit, off the append path).
+    let t = Instant::now();
+    let expected_deliveries = MESSAGES as u64 * 5;
+    while gateway.deliveries.load(Ordering::Relaxed) < expected_deliveries && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!(
+        "fanout: {} member deliveries in {} plans (expected {expected_deliveries}: 5 online subscribers per message)",
+        gateway.deliveries.load(Ordering::Relaxed),
+        gateway.plans.load(Ordering::Relaxed),
+    );
+    assert_eq!(gateway.deliveries.load(Ordering::Relaxed), expected_deliveries, "fanout lost or repeated deliveries");
+
     // Stop node 3; keep appending to the channels it does not lead (the others wait for a failover).
     let stopped = ids[2];
     mesh.nodes.write().remove(&stopped);
@@ -153,7 +196,7 @@ fn main() {
     acked.extend(more);
 
     // Restart it from its directory and let it catch up.
-    let restarted = start(stopped, &ids, root.path(), &mesh);
+    let restarted = start(stopped, &ids, root.path(), &mesh, &gateway);
     nodes.insert(stopped, Arc::clone(&restarted));
     let config = NodeConfig::new(stopped, ids.clone());
     let replicated: Vec<&ChannelId> =

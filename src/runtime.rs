@@ -4,17 +4,17 @@
 //! Threads: one core thread (owns the `NodeCore`, its timers and the API calls), one slot-sync worker
 //! (one fsync of the metadata/raft store for every sync asked since the last), one durable-append worker
 //! (stages every queued channel batch and makes them durable with one journal sync: group commit across
-//! channels), one reader (store reads for pulls), and the message log's write-behind thread. Storage IO
-//! never runs on the core thread except a channel's activation (loading its log state). Every queue is
+//! channels), one reader (store reads for pulls), one fanout worker (subscriber pages, and the host's
+//! presence and delivery calls), and the message log's write-behind thread. Storage IO never runs on the
+//! core thread except a channel's activation (loading its log state). Every queue is
 //! bounded: a full inbox drops inbound frames (the protocols resend) and refuses API calls with
 //! `Overloaded`.
 //!
 //! Simplified for now (see the issue notes): one core thread drives every channel of the node (reactors
-//! that hash channels onto several threads come next), idle channels are not evicted yet, and
-//! post-commit fanout releases its handoff at once.
+//! that hash channels onto several threads come next).
 #![allow(clippy::disallowed_methods)] // The runtime shell is where the clock is read.
 
-use crate::node::{ApiId, ApiResult, NodeConfig, NodeCore, NodeEffect, NodeError, NodeStatus};
+use crate::node::{subscriber_page, ApiId, ApiResult, NodeConfig, NodeCore, NodeEffect, NodeError, NodeStatus};
 use bytes::Bytes;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::collections::BTreeMap;
@@ -23,10 +23,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tidings_channel::fanout::{DeliveryPlan, JobId, Member};
 use tidings_channel::machine::{AppendRecord, PersistToken, ReadToken};
 use tidings_router::Router;
 use tidings_slot::command::Command;
 use tidings_slot::model::ChannelInfo;
+use tidings_slot::query::SlotReader;
 use tidings_store::message::{JournalConfig, JournalLog, LogBatch, MessageLog, ReadLimits, Record, WriteBehindThread};
 use tidings_store::{Kv, MetaStore, RaftLogStore, SledKv, StoreError};
 use tidings_types::{ChannelId, NodeId, Seq, Time};
@@ -35,6 +37,34 @@ use tidings_types::{ChannelId, NodeId, Seq, Time};
 pub trait Transport: Send + Sync + 'static {
     /// Sends `frame` to `to` without blocking. Frames may be lost; the protocols resend what matters.
     fn send(&self, to: NodeId, frame: Bytes);
+}
+
+/// The host's side of post-commit fanout: presence (where members are online) and delivery. Called on the
+/// node's fanout worker thread, one call at a time; a slow call slows fanout only (never appends), and the
+/// planner holds a bounded number of plans meanwhile.
+pub trait FanoutHost: Send + Sync + 'static {
+    /// Where each member is online (`None`: offline). One answer per uid, in order.
+    fn locate(&self, uids: &[String]) -> Vec<Option<NodeId>>;
+    /// Takes a delivery plan; `false` if it could not be taken now (it is retried, a bounded number of times).
+    fn deliver(&self, plan: &DeliveryPlan) -> bool;
+    /// A plan failed after every attempt. The message stays committed.
+    fn delivery_failed(&self, plan: &DeliveryPlan) {
+        let _ = plan;
+    }
+}
+
+/// A host without online sessions: every member is offline, nothing is delivered.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoFanout;
+
+impl FanoutHost for NoFanout {
+    fn locate(&self, uids: &[String]) -> Vec<Option<NodeId>> {
+        vec![None; uids.len()]
+    }
+
+    fn deliver(&self, _plan: &DeliveryPlan) -> bool {
+        true
+    }
 }
 
 /// Where a node keeps its data, and storage limits.
@@ -70,7 +100,18 @@ enum Input {
     SlotsSynced { token: u64 },
     Persisted { channel: ChannelId, token: PersistToken, result: Result<(), StoreError> },
     ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
+    Page { job: JobId, members: Vec<Member>, next: Option<Vec<u8>> },
+    Located { job: JobId, targets: Vec<Option<NodeId>> },
+    Delivered { plan: u64, delivered: bool },
     Stop,
+}
+
+/// Work for the fanout worker.
+enum FanoutWork {
+    Page { job: JobId, channel: ChannelId, cursor: Option<Vec<u8>>, limit: usize },
+    Locate { job: JobId, uids: Vec<String> },
+    Deliver(DeliveryPlan),
+    Failed(DeliveryPlan),
 }
 
 enum Call {
@@ -105,11 +146,23 @@ impl AppendHandle {
 }
 
 impl Node {
-    /// Starts a node: opens (or creates) its stores in `storage.data_dir`, then its threads.
+    /// Starts a node without fanout (see [`Node::start_with_fanout`]).
     pub fn start(
         config: NodeConfig,
         storage: StorageOptions,
         transport: Arc<dyn Transport>,
+    ) -> Result<Node, NodeError> {
+        let config = NodeConfig { fanout_enabled: false, ..config };
+        Self::start_with_fanout(config, storage, transport, Arc::new(NoFanout))
+    }
+
+    /// Starts a node: opens (or creates) its stores in `storage.data_dir`, then its threads. Committed
+    /// messages fan out to their channels' online subscribers through `fanout`.
+    pub fn start_with_fanout(
+        config: NodeConfig,
+        storage: StorageOptions,
+        transport: Arc<dyn Transport>,
+        fanout: Arc<dyn FanoutHost>,
     ) -> Result<Node, NodeError> {
         config.validate().map_err(|what| NodeError::Storage(StoreError::BadConfig { what }))?;
         std::fs::create_dir_all(&storage.data_dir).map_err(|e| StoreError::io("create data directory", e))?;
@@ -127,6 +180,8 @@ impl Node {
         let (sync_tx, sync_rx) = bounded::<u64>(1024);
         let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(GROUP_COMMIT_MAX * 4);
         let (read_tx, read_rx) = bounded::<(ChannelId, ReadToken, Seq, Seq, usize)>(4096);
+        // The planner bounds its outstanding requests (plans in flight plus one page or locate per job).
+        let (fanout_tx, fanout_rx) = bounded::<FanoutWork>(4096);
         let mut threads = Vec::new();
         threads.push(spawn("tidings-slot-sync", {
             let (kv, inbox) = (kv.clone(), inbox.clone());
@@ -140,9 +195,22 @@ impl Node {
             let (log, inbox) = (log.clone(), inbox.clone());
             move || reader_worker(log.as_ref(), &read_rx, &inbox)
         }));
+        threads.push(spawn("tidings-fanout", {
+            let (reader, inbox) = (SlotReader::new(MetaStore::new(kv.clone())), inbox.clone());
+            move || fanout_worker(&reader, fanout.as_ref(), &fanout_rx, &inbox)
+        }));
         threads.push(spawn("tidings-core", move || {
-            let mut shell =
-                Shell { core, started, transport, sync_tx, persist_tx, read_tx, calls: BTreeMap::new(), next_call: 1 };
+            let mut shell = Shell {
+                core,
+                started,
+                transport,
+                sync_tx,
+                persist_tx,
+                read_tx,
+                fanout_tx,
+                calls: BTreeMap::new(),
+                next_call: 1,
+            };
             shell.run(&inputs);
         }));
         Ok(Node { id, inbox, threads, _write_behind: write_behind, kv, dropped_frames: Arc::new(AtomicU64::new(0)) })
@@ -242,6 +310,7 @@ struct Shell {
     sync_tx: Sender<u64>,
     persist_tx: Sender<(PersistToken, LogBatch)>,
     read_tx: Sender<(ChannelId, ReadToken, Seq, Seq, usize)>,
+    fanout_tx: Sender<FanoutWork>,
     calls: BTreeMap<ApiId, Sender<ApiResult>>,
     next_call: u64,
 }
@@ -304,6 +373,9 @@ impl Shell {
             Input::SlotsSynced { token } => self.core.handle_slots_synced(now, token),
             Input::Persisted { channel, token, result } => self.core.handle_persisted(now, &channel, token, result),
             Input::ReadDone { channel, token, result } => self.core.handle_read(now, &channel, token, result),
+            Input::Page { job, members, next } => self.core.handle_page(now, job, members, next),
+            Input::Located { job, targets } => self.core.handle_located(now, job, targets),
+            Input::Delivered { plan, delivered } => self.core.handle_delivered(now, plan, delivered),
             Input::Stop => {}
         }
     }
@@ -324,12 +396,45 @@ impl Shell {
                         tracing::debug!("reader busy; the follower pulls again");
                     }
                 }
+                NodeEffect::FetchSubscribers { job, channel, cursor, limit } => {
+                    self.to_fanout(FanoutWork::Page { job, channel, cursor, limit });
+                }
+                NodeEffect::Locate { job, uids } => self.to_fanout(FanoutWork::Locate { job, uids }),
+                NodeEffect::Deliver(plan) => self.to_fanout(FanoutWork::Deliver(plan)),
+                NodeEffect::DeliveryFailed(plan) => self.to_fanout(FanoutWork::Failed(plan)),
                 NodeEffect::Done { id, result } => {
                     if let Some(reply) = self.calls.remove(&id) {
                         let _ = reply.send(result);
                     }
                 }
             }
+        }
+    }
+}
+
+impl Shell {
+    /// Bounded wait when the fanout worker is behind (the planner bounds what it asks for).
+    fn to_fanout(&self, work: FanoutWork) {
+        let _ = self.fanout_tx.send(work);
+    }
+}
+
+fn fanout_worker(reader: &SlotReader, host: &dyn FanoutHost, work: &Receiver<FanoutWork>, inbox: &Sender<Input>) {
+    while let Ok(item) = work.recv() {
+        let answer = match item {
+            FanoutWork::Page { job, channel, cursor, limit } => {
+                let (members, next) = subscriber_page(reader, &channel, cursor.as_deref(), limit);
+                Input::Page { job, members, next }
+            }
+            FanoutWork::Locate { job, uids } => Input::Located { job, targets: host.locate(&uids) },
+            FanoutWork::Deliver(plan) => Input::Delivered { plan: plan.id, delivered: host.deliver(&plan) },
+            FanoutWork::Failed(plan) => {
+                host.delivery_failed(&plan);
+                continue;
+            }
+        };
+        if inbox.send(answer).is_err() {
+            return;
         }
     }
 }

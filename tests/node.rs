@@ -7,13 +7,17 @@
 use bytes::Bytes;
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+use tidings::channel::fanout::DeliveryPlan;
 use tidings::channel::machine::{AppendError, AppendRecord};
 use tidings::node::{NodeConfig, NodeError};
+use tidings::slot::command::{Command, MemberList};
+use tidings::slot::model::Uid;
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
-use tidings::{Node, StorageOptions, Transport};
+use tidings::{FanoutHost, Node, StorageOptions, Transport};
 
 #[derive(Default)]
 struct Mesh {
@@ -41,15 +45,27 @@ fn start(
     mesh: &Arc<Mesh>,
     tweak: impl Fn(&mut NodeConfig),
 ) -> Arc<Node> {
+    start_with_host(id, ids, dir, mesh, tweak, None)
+}
+
+fn start_with_host(
+    id: NodeId,
+    ids: &[NodeId],
+    dir: &std::path::Path,
+    mesh: &Arc<Mesh>,
+    tweak: impl Fn(&mut NodeConfig),
+    host: Option<Arc<dyn FanoutHost>>,
+) -> Arc<Node> {
     let mut config = NodeConfig::new(id, ids.to_vec());
     config.slot_groups = 2;
     tweak(&mut config);
+    let storage = StorageOptions::new(dir.join(id.to_string()));
+    let transport = Arc::new(LocalTransport { from: id, mesh: mesh.clone() });
     let node = Arc::new(
-        Node::start(
-            config,
-            StorageOptions::new(dir.join(id.to_string())),
-            Arc::new(LocalTransport { from: id, mesh: mesh.clone() }),
-        )
+        match host {
+            Some(host) => Node::start_with_fanout(config, storage, transport, host),
+            None => Node::start(config, storage, transport),
+        }
         .unwrap(),
     );
     mesh.nodes.write().insert(id, Arc::downgrade(&node));
@@ -159,4 +175,65 @@ fn a_flood_gets_typed_busy_errors_not_unbounded_queues() {
         }
     }
     assert!(ok > 0 && busy > 0, "ok {ok}, busy {busy}");
+}
+
+/// Presence: `user-0` .. `user-3` online on node 1, the rest offline. Refuses every plan's first offer so
+/// the retry path runs, and records what it took.
+#[derive(Default)]
+struct RecordingHost {
+    offered: parking_lot::Mutex<BTreeSet<u64>>,
+    taken: parking_lot::Mutex<Vec<(Seq, String)>>,
+}
+
+impl FanoutHost for RecordingHost {
+    fn locate(&self, uids: &[String]) -> Vec<Option<NodeId>> {
+        uids.iter()
+            .map(|uid| ["user-0", "user-1", "user-2", "user-3"].contains(&uid.as_str()).then_some(NodeId::new(1)))
+            .collect()
+    }
+
+    fn deliver(&self, plan: &DeliveryPlan) -> bool {
+        if self.offered.lock().insert(plan.id) {
+            return false;
+        }
+        self.taken.lock().extend(plan.members.iter().map(|m| (plan.message.seq, m.uid.clone())));
+        true
+    }
+}
+
+#[test]
+fn committed_messages_fan_out_once_to_online_allowed_subscribers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = Arc::new(Mesh::default());
+    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+    let host = Arc::new(RecordingHost::default());
+    let nodes: Vec<Arc<Node>> = ids
+        .iter()
+        .map(|id| start_with_host(*id, &ids, dir.path(), &mesh, |_| {}, Some(host.clone() as Arc<dyn FanoutHost>)))
+        .collect();
+    let ch = channel("fanout");
+    eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let uids: Vec<Uid> = (0..6).map(|u| Uid::new(format!("user-{u}")).unwrap()).collect();
+    let add = Command::AddMembers { channel: ch.clone(), list: MemberList::Subscribers, uids };
+    eventually(|| nodes[0].propose(add.clone()));
+    let deny =
+        Command::AddMembers { channel: ch.clone(), list: MemberList::Deny, uids: vec![Uid::new("user-1").unwrap()] };
+    eventually(|| nodes[0].propose(deny.clone()));
+    // Every replica must know the subscribers before the leader plans (pages come from its local store).
+    std::thread::sleep(Duration::from_millis(300));
+    let mut seqs = Vec::new();
+    for i in 0..10 {
+        seqs.push(eventually(|| nodes[i % 3].append(ch.clone(), record(&format!("m{i}")))?.wait())[0]);
+    }
+    let expected: BTreeSet<(Seq, String)> =
+        seqs.iter().flat_map(|seq| ["user-0", "user-2", "user-3"].map(|uid| (*seq, uid.to_owned()))).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while host.taken.lock().len() < expected.len() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200)); // Anything extra would show up by now.
+    let taken = host.taken.lock().clone();
+    let distinct: BTreeSet<(Seq, String)> = taken.iter().cloned().collect();
+    assert_eq!(distinct.len(), taken.len(), "a member got a message twice: {taken:?}");
+    assert_eq!(distinct, expected, "offline, denied or missing members");
 }

@@ -86,6 +86,17 @@ impl Cluster {
                             let result = log.read(&channel, from, through, limits);
                             core.handle_read(self.now, &channel, token, result);
                         }
+                        NodeEffect::FetchSubscribers { job, channel, cursor, limit } => {
+                            let (members, next) =
+                                tidings::node::subscriber_page(core.reader(), &channel, cursor.as_deref(), limit);
+                            core.handle_page(self.now, job, members, next);
+                        }
+                        NodeEffect::Locate { job, uids } => {
+                            let targets = vec![None; uids.len()];
+                            core.handle_located(self.now, job, targets);
+                        }
+                        NodeEffect::Deliver(plan) => core.handle_delivered(self.now, plan.id, true),
+                        NodeEffect::DeliveryFailed(_) => {}
                         NodeEffect::Done { id: api, result } => match result {
                             ApiResult::Appended(Ok(seqs)) => {
                                 self.appended.insert(api, seqs);

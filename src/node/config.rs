@@ -1,6 +1,7 @@
 //! Cluster and node configuration, and the deterministic placement derived from it.
 
 use std::time::Duration;
+use tidings_channel::fanout::FanoutConfig;
 use tidings_channel::machine::MachineConfig;
 use tidings_router::HashToSlot;
 use tidings_types::{ChannelId, GroupId, NodeId};
@@ -36,6 +37,10 @@ pub struct NodeConfig {
     /// A channel replica idle (no input) this long and quiescent is evicted from memory; its log stays.
     /// Default 30 s.
     pub channel_idle_evict: Duration,
+    /// Post-commit fanout limits.
+    pub fanout: FanoutConfig,
+    /// Fan committed messages out to online subscribers (off for a host without sessions).
+    pub fanout_enabled: bool,
 }
 
 impl NodeConfig {
@@ -56,6 +61,8 @@ impl NodeConfig {
             frame_bytes_max: 16 << 20,
             waiting_appends_max: 1024,
             channel_idle_evict: Duration::from_secs(30),
+            fanout: FanoutConfig::default(),
+            fanout_enabled: true,
             nodes,
         }
     }

@@ -10,11 +10,12 @@ use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimit
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use tidings_channel::fanout::{DeliveryPlan, FanoutEffect, FanoutPlanner, JobId, Member, MessageRef, Target};
 use tidings_channel::machine::{
     AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken, ReadToken, RequestId,
 };
 use tidings_router::Router;
-use tidings_slot::command::Command;
+use tidings_slot::command::{Command, MemberList};
 use tidings_slot::fsm::Outcome;
 use tidings_slot::model::ChannelInfo;
 use tidings_slot::query::SlotReader;
@@ -74,6 +75,29 @@ pub enum NodeEffect {
         /// Byte budget.
         max_bytes: usize,
     },
+    /// Read a page of the channel's subscribers with their state (off the core thread, see
+    /// [`subscriber_page`]), then call [`NodeCore::handle_page`].
+    FetchSubscribers {
+        /// The fanout job.
+        job: JobId,
+        /// The channel.
+        channel: ChannelId,
+        /// Continue after this cursor.
+        cursor: Option<Vec<u8>>,
+        /// Page size.
+        limit: usize,
+    },
+    /// Ask the host's presence where these members are online, then call [`NodeCore::handle_located`].
+    Locate {
+        /// The fanout job.
+        job: JobId,
+        /// Members to locate.
+        uids: Vec<String>,
+    },
+    /// Hand a delivery plan to the host, then call [`NodeCore::handle_delivered`].
+    Deliver(DeliveryPlan),
+    /// A delivery plan failed after every attempt (the message stays committed).
+    DeliveryFailed(DeliveryPlan),
     /// An API call finished.
     Done {
         /// The call.
@@ -173,6 +197,11 @@ pub struct NodeCore {
     next_incarnation: u64,
     effects: VecDeque<NodeEffect>,
     frame_limits: FrameLimits,
+    fanout: FanoutPlanner,
+    /// Committed messages waiting for room in the fanout queue (each still holds its channel's handoff slot).
+    fanout_waiting: VecDeque<(ChannelId, Seq)>,
+    /// Which channel each fanout job belongs to (to release its handoff slot when done).
+    fanout_jobs: BTreeMap<JobId, ChannelId>,
 }
 
 impl NodeCore {
@@ -211,6 +240,9 @@ impl NodeCore {
             next_incarnation: now.as_millis().wrapping_mul(1 << 20) + 1,
             effects: VecDeque::new(),
             frame_limits,
+            fanout: FanoutPlanner::new(config.fanout),
+            fanout_waiting: VecDeque::new(),
+            fanout_jobs: BTreeMap::new(),
             config,
         })
     }
@@ -346,6 +378,25 @@ impl NodeCore {
         if let Some(machine) = self.channels.get_mut(channel) {
             machine.handle_read(self.now, token, result);
         }
+    }
+
+    /// A page of subscribers for a fanout job (`next`: where the following page starts, `None` at the end).
+    pub fn handle_page(&mut self, now: Time, job: JobId, members: Vec<Member>, next: Option<Vec<u8>>) {
+        self.advance(now);
+        self.fanout.handle_page(job, members, next);
+    }
+
+    /// The host's presence located the members of a fanout job (`targets[i]` for `uids[i]`).
+    pub fn handle_located(&mut self, now: Time, job: JobId, targets: Vec<Option<NodeId>>) {
+        self.advance(now);
+        let targets = targets.into_iter().map(|t| t.map(|node| Target { node })).collect();
+        self.fanout.handle_located(job, targets);
+    }
+
+    /// The host delivered (or failed to deliver) a fanout plan.
+    pub fn handle_delivered(&mut self, now: Time, plan: u64, delivered: bool) {
+        self.advance(now);
+        self.fanout.handle_delivered(plan, delivered);
     }
 
     /// Proposes a metadata command; [`NodeEffect::Done`] with [`ApiResult::Meta`] follows.
@@ -682,6 +733,51 @@ impl NodeCore {
         self.effects.push_back(NodeEffect::Send { to, frame });
     }
 
+    /// Hands committed messages to the fanout planner while it has room.
+    fn feed_fanout(&mut self) {
+        while self.fanout.capacity() > 0 {
+            let Some((channel, seq)) = self.fanout_waiting.pop_front() else { return };
+            let person = channel.kind().is_person().then(|| channel.id().split_once('@')).flatten();
+            let members = person.map(|(a, b)| [a.to_owned(), b.to_owned()]);
+            let message = MessageRef { channel: channel.clone(), seq, sender: None };
+            match self.fanout.submit(message, members) {
+                Ok(job) => {
+                    self.fanout_jobs.insert(job, channel);
+                }
+                Err(_) => {
+                    self.fanout_waiting.push_front((channel, seq));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn fanout_effect(&mut self, effect: FanoutEffect) {
+        match effect {
+            FanoutEffect::FetchPage { job, channel, cursor, limit } => {
+                if self.serves_group_of(&channel) {
+                    self.effects.push_back(NodeEffect::FetchSubscribers { job, channel, cursor, limit });
+                } else {
+                    // No local copy of the channel's subscribers: nothing fans out from here (documented
+                    // limitation; pages from a remote slot replica come with the controller work).
+                    tracing::warn!(%channel, "fanout: subscribers live in a slot group this node does not serve");
+                    self.fanout.handle_page(job, Vec::new(), None);
+                }
+            }
+            FanoutEffect::Locate { job, uids } => self.effects.push_back(NodeEffect::Locate { job, uids }),
+            FanoutEffect::Deliver(plan) => self.effects.push_back(NodeEffect::Deliver(plan)),
+            FanoutEffect::Failed(plan) => self.effects.push_back(NodeEffect::DeliveryFailed(plan)),
+            FanoutEffect::Finished { job, .. } => {
+                if let Some(channel) = self.fanout_jobs.remove(&job) {
+                    if let Some(machine) = self.channels.get_mut(&channel) {
+                        machine.release_handoff(1);
+                    }
+                }
+                self.feed_fanout();
+            }
+        }
+    }
+
     /// Moves effects of the slot driver and the channel machines into node effects.
     fn pump(&mut self) {
         while let Some(effect) = self.slot.poll_effect() {
@@ -696,6 +792,9 @@ impl NodeCore {
         // Channel effects may have produced slot proposals (meta changes): drain those too.
         while let Some(effect) = self.slot.poll_effect() {
             self.slot_effect(effect);
+        }
+        while let Some(effect) = self.fanout.poll_effect() {
+            self.fanout_effect(effect);
         }
     }
 
@@ -759,10 +858,12 @@ impl NodeCore {
                     (origin, Err(aborted)) => self.fail_append(origin, RemoteAppendError::Aborted(aborted)),
                 }
             }
-            Effect::Committed { slots, .. } => {
-                // Post-commit fanout is not wired yet: the handoff is released at once.
-                if let Some(machine) = self.channels.get_mut(channel) {
-                    machine.release_handoff(slots);
+            Effect::Committed { messages, .. } => {
+                if self.config.fanout_enabled {
+                    self.fanout_waiting.extend(messages.into_iter().map(|seq| (channel.clone(), seq)));
+                    self.feed_fanout();
+                } else if let Some(machine) = self.channels.get_mut(channel) {
+                    machine.release_handoff(messages.len());
                 }
             }
             Effect::ProposeMeta { expected_version, meta, .. } => {
@@ -776,4 +877,30 @@ impl NodeCore {
             }
         }
     }
+}
+
+/// A page of `channel`'s subscribers with the state fanout needs (left, hidden, denied), read from the
+/// local slot store. The runtime calls it off the core thread for [`NodeEffect::FetchSubscribers`].
+pub fn subscriber_page(
+    reader: &SlotReader,
+    channel: &ChannelId,
+    cursor: Option<&[u8]>,
+    limit: usize,
+) -> (Vec<Member>, Option<Vec<u8>>) {
+    let Ok(page) = reader.members(channel, MemberList::Subscribers, cursor, limit) else { return (Vec::new(), None) };
+    let members = page
+        .items
+        .into_iter()
+        .map(|uid| {
+            let denied = reader.is_member(channel, MemberList::Deny, &uid).unwrap_or(false);
+            let membership = reader.membership(&uid, channel).ok().flatten();
+            Member {
+                uid: uid.as_str().to_owned(),
+                left: membership.is_some_and(|m| !m.active),
+                hidden: membership.is_some_and(|m| m.hidden),
+                denied,
+            }
+        })
+        .collect();
+    (members, page.cursor)
 }

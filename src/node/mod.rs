@@ -6,7 +6,7 @@ mod core;
 mod error;
 mod message;
 
-pub use self::core::{ApiId, ApiResult, ChannelStatus, NodeCore, NodeEffect, NodeStatus};
+pub use self::core::{subscriber_page, ApiId, ApiResult, ChannelStatus, NodeCore, NodeEffect, NodeStatus};
 pub use config::NodeConfig;
 pub use error::NodeError;
 pub use message::{NodeMessage, RemoteAppendError};

@@ -73,7 +73,7 @@ impl Trio {
                     self.machines[target].handle_message(self.now, sender, message);
                 }
                 Effect::AppendDone { .. } => done += 1,
-                Effect::Committed { slots, .. } => self.machines[i].release_handoff(slots),
+                Effect::Committed { messages, .. } => self.machines[i].release_handoff(messages.len()),
                 _ => {}
             }
         }

@@ -21,4 +21,5 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod fanout;
 pub mod machine;

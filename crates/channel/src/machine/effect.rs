@@ -125,15 +125,15 @@ pub enum Effect {
         /// Its seqs (one per record, in order), or why it did not complete.
         result: Result<Vec<Seq>, AppendAborted>,
     },
-    /// Records `first..=last` are committed: hand them to post-commit fanout, then release `slots` with
-    /// [`super::ChannelMachine::release_handoff`].
+    /// Records `first..=last` are committed. `messages` are the ones this leader admitted: each holds a
+    /// handoff slot until post-commit fanout took it ([`super::ChannelMachine::release_handoff`]).
     Committed {
         /// First newly committed seq.
         first: Seq,
         /// Last newly committed seq.
         last: Seq,
-        /// Handoff slots these records hold.
-        slots: usize,
+        /// Message records among them admitted by this leader (barriers and earlier leaders' records are not).
+        messages: Vec<Seq>,
     },
     /// Propose `meta` to the slot layer as a compare-and-set on `expected_version`.
     ProposeMeta {

@@ -504,10 +504,9 @@ impl ChannelMachine {
         while leader.pending.front().is_some_and(|p| p.through <= hw) {
             done.push(leader.pending.pop_front().expect("checked non-empty"));
         }
-        let mut slots = 0;
+        let mut messages = Vec::new();
         while leader.reserved.front().is_some_and(|seq| *seq <= hw) {
-            leader.reserved.pop_front();
-            slots += 1;
+            messages.push(leader.reserved.pop_front().expect("checked non-empty"));
         }
         let first = leader.reported.next();
         leader.reported = hw;
@@ -518,7 +517,7 @@ impl ChannelMachine {
         }
         self.evict_cache();
         if first <= hw {
-            self.effects.push_back(Effect::Committed { first, last: hw, slots });
+            self.effects.push_back(Effect::Committed { first, last: hw, messages });
         }
         // Followers learn the new HW right away.
         for (node, parked) in parked {

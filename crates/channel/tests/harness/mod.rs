@@ -251,9 +251,9 @@ impl Cluster {
                     submitted.outcome = outcome;
                 }
             }
-            Effect::Committed { slots, .. } => {
+            Effect::Committed { messages, .. } => {
                 if let Some(machine) = self.replicas.get_mut(&id).and_then(|r| r.machine.as_mut()) {
-                    machine.release_handoff(slots);
+                    machine.release_handoff(messages.len());
                 }
             }
             Effect::ProposeMeta { expected_version, meta, reason } => {

@@ -1,0 +1,392 @@
+//! Post-commit fanout: one committed copy of a message, delivered to a channel's online members by a
+//! bounded, sans-IO planner.
+//!
+//! For each committed message the planner pages through the channel's subscribers (one bounded page at a
+//! time, cursor-based — never the whole member list in memory), asks the host where each member is online
+//! ([`FanoutEffect::Locate`]), and emits per-target delivery plans of bounded size
+//! ([`FanoutEffect::Deliver`]). Person (1:1) channels skip paging: their two members come from the
+//! channel id. "Committed" and "delivered" are separate events: a failed delivery is retried a bounded
+//! number of times and then reported ([`FanoutEffect::Failed`]); it never touches the log. When too many
+//! plans are in flight the planner waits (it slows down, it does not drop), and the queue of committed
+//! messages waiting for fanout is bounded: the channel reserves that capacity before it appends.
+//!
+//! Members that left are skipped, and so are members on the channel's deny list; a member whose
+//! conversation is hidden is delivered with `unhide` set. Every plan entry carries what the host needs
+//! to update conversation lists and unread badges without another read: the message's seq and sender,
+//! and whether the member is the sender (no unread increment).
+//!
+//! Subscribers added while a message fans out are delivered if the page holding them has not been read
+//! yet; subscribers removed are skipped if their page has not been read yet. Either way each member gets
+//! at most one plan entry per message.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+use tidings_types::{ChannelId, NodeId, Seq};
+
+/// Limits of a [`FanoutPlanner`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FanoutConfig {
+    /// Subscribers read per page. Default 1,000.
+    pub page_size: usize,
+    /// Members in one delivery plan. Default 500.
+    pub plan_members_max: usize,
+    /// Delivery plans handed to the host and not yet acknowledged; beyond it the planner waits. Default 64.
+    pub plans_in_flight_max: usize,
+    /// Committed messages waiting for fanout (the handoff capacity). Default 10,000.
+    pub queue_max: usize,
+    /// Delivery attempts per plan before it is reported failed. Default 3.
+    pub attempts_max: u32,
+}
+
+impl Default for FanoutConfig {
+    fn default() -> Self {
+        Self { page_size: 1000, plan_members_max: 500, plans_in_flight_max: 64, queue_max: 10_000, attempts_max: 3 }
+    }
+}
+
+/// A committed message to fan out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageRef {
+    /// The channel.
+    pub channel: ChannelId,
+    /// Its seq.
+    pub seq: Seq,
+    /// The sender's uid, if known.
+    pub sender: Option<String>,
+}
+
+/// A subscriber as a page lists it, with the state fanout needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// The member's uid.
+    pub uid: String,
+    /// The member left the channel (skipped).
+    pub left: bool,
+    /// The member hid the conversation (delivered with `unhide`).
+    pub hidden: bool,
+    /// The member is on the channel's deny list (skipped).
+    pub denied: bool,
+}
+
+/// Where a member is online, as the host's presence says.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Target {
+    /// The node (or gateway) holding the member's session.
+    pub node: NodeId,
+}
+
+/// One member in a delivery plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanEntry {
+    /// The member.
+    pub uid: String,
+    /// The member is the sender: no unread increment.
+    pub is_sender: bool,
+    /// The member's conversation was hidden: show it again.
+    pub unhide: bool,
+}
+
+/// A bounded delivery plan for one target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryPlan {
+    /// Identifies the plan in acknowledgements.
+    pub id: u64,
+    /// Where to deliver.
+    pub target: Target,
+    /// The message (one committed copy; the host reads it by reference).
+    pub message: MessageRef,
+    /// Who to deliver to there.
+    pub members: Vec<PlanEntry>,
+}
+
+/// Identifies one message's fanout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobId(pub u64);
+
+/// Why a message could not be queued for fanout.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FanoutError {
+    /// The fanout queue is full; the channel must not append until capacity returns.
+    #[error("fanout queue full ({max} messages)")]
+    Full {
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// What the planner asks the runtime to do.
+#[derive(Clone, Debug, PartialEq)]
+#[must_use]
+pub enum FanoutEffect {
+    /// Read up to `limit` subscribers of `channel` after `cursor`, then call
+    /// [`FanoutPlanner::handle_page`].
+    FetchPage {
+        /// The job.
+        job: JobId,
+        /// The channel.
+        channel: ChannelId,
+        /// Continue after this cursor (`None`: from the start).
+        cursor: Option<Vec<u8>>,
+        /// Page size.
+        limit: usize,
+    },
+    /// Ask the host's presence where these members are online, then call
+    /// [`FanoutPlanner::handle_located`].
+    Locate {
+        /// The job.
+        job: JobId,
+        /// Members to locate.
+        uids: Vec<String>,
+    },
+    /// Hand this plan to the host's delivery, then call [`FanoutPlanner::handle_delivered`].
+    Deliver(DeliveryPlan),
+    /// A plan failed after every attempt; the message stays committed.
+    Failed(DeliveryPlan),
+    /// The job finished: every online member was planned. Its handoff slot is free again.
+    Finished {
+        /// The job.
+        job: JobId,
+        /// The message.
+        message: MessageRef,
+    },
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Waiting for a page.
+    Page,
+    /// The next page starts after this cursor; it is fetched once the current page's plans are handed out.
+    NextPage(Vec<u8>),
+    /// Waiting for presence of the page's members.
+    Locate { members: Vec<Member>, next: Option<Vec<u8>>, last_page: bool },
+}
+
+#[derive(Debug)]
+struct Job {
+    id: JobId,
+    message: MessageRef,
+    /// Person channels: the two members, no paging.
+    fixed_members: Option<Vec<Member>>,
+}
+
+#[derive(Debug)]
+struct Active {
+    job: Job,
+    phase: Phase,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    plan: DeliveryPlan,
+    attempts: u32,
+}
+
+/// The fanout planner of one node. Calling contract as for the channel machine: `handle_*`, then drain
+/// [`FanoutPlanner::poll_effect`].
+#[derive(Debug)]
+pub struct FanoutPlanner {
+    config: FanoutConfig,
+    queue: VecDeque<Job>,
+    active: Option<Active>,
+    /// Plans built but not yet handed out (waiting for in-flight capacity).
+    ready: VecDeque<DeliveryPlan>,
+    in_flight: BTreeMap<u64, InFlight>,
+    effects: VecDeque<FanoutEffect>,
+    next_job: u64,
+    next_plan: u64,
+}
+
+impl FanoutPlanner {
+    /// A planner with `config`.
+    pub fn new(config: FanoutConfig) -> Self {
+        Self {
+            config,
+            queue: VecDeque::new(),
+            active: None,
+            ready: VecDeque::new(),
+            in_flight: BTreeMap::new(),
+            effects: VecDeque::new(),
+            next_job: 1,
+            next_plan: 1,
+        }
+    }
+
+    /// Free handoff capacity (messages that can still be queued).
+    pub fn capacity(&self) -> usize {
+        self.config.queue_max.saturating_sub(self.queue.len() + usize::from(self.active.is_some()))
+    }
+
+    /// Queues a committed message. Person channels (`person_members`: the two uids) fan out without paging.
+    pub fn submit(&mut self, message: MessageRef, person_members: Option<[String; 2]>) -> Result<JobId, FanoutError> {
+        if self.capacity() == 0 {
+            return Err(FanoutError::Full { max: self.config.queue_max });
+        }
+        let id = JobId(self.next_job);
+        self.next_job += 1;
+        let fixed_members = person_members.map(|uids| {
+            uids.into_iter().map(|uid| Member { uid, left: false, hidden: false, denied: false }).collect()
+        });
+        self.queue.push_back(Job { id, message, fixed_members });
+        self.advance();
+        Ok(id)
+    }
+
+    /// A page of subscribers arrived (`next` is `None` on the last page).
+    pub fn handle_page(&mut self, job: JobId, members: Vec<Member>, next: Option<Vec<u8>>) {
+        let Some(active) = self.active.as_mut().filter(|a| a.job.id == job && matches!(a.phase, Phase::Page)) else {
+            return;
+        };
+        let members: Vec<Member> = members.into_iter().filter(|m| !m.left && !m.denied).collect();
+        let uids = members.iter().map(|m| m.uid.clone()).collect();
+        let last_page = next.is_none();
+        active.phase = Phase::Locate { members, next, last_page };
+        self.effects.push_back(FanoutEffect::Locate { job, uids });
+    }
+
+    /// Presence answered: `targets[i]` is where `uids[i]` of the `Locate` is online (`None`: offline).
+    pub fn handle_located(&mut self, job: JobId, targets: Vec<Option<Target>>) {
+        let Some(active) = self.active.as_mut().filter(|a| a.job.id == job) else { return };
+        let Phase::Locate { members, next, last_page } = std::mem::replace(&mut active.phase, Phase::Page) else {
+            return;
+        };
+        let message = active.job.message.clone();
+        let mut by_target: BTreeMap<Target, Vec<PlanEntry>> = BTreeMap::new();
+        for (member, target) in members.into_iter().zip(targets) {
+            let Some(target) = target else { continue };
+            let is_sender = message.sender.as_deref() == Some(member.uid.as_str());
+            by_target.entry(target).or_default().push(PlanEntry { uid: member.uid, is_sender, unhide: member.hidden });
+        }
+        for (target, entries) in by_target {
+            for chunk in entries.chunks(self.config.plan_members_max) {
+                let id = self.next_plan;
+                self.next_plan += 1;
+                self.ready.push_back(DeliveryPlan {
+                    id,
+                    target: target.clone(),
+                    message: message.clone(),
+                    members: chunk.to_vec(),
+                });
+            }
+        }
+        match next {
+            Some(cursor) if !last_page => active.phase = Phase::NextPage(cursor),
+            _ => {
+                let active = self.active.take().expect("checked above");
+                self.effects.push_back(FanoutEffect::Finished { job, message: active.job.message });
+            }
+        }
+        self.advance();
+    }
+
+    /// The host delivered (or failed to deliver) plan `id`.
+    pub fn handle_delivered(&mut self, id: u64, delivered: bool) {
+        let Some(mut flight) = self.in_flight.remove(&id) else { return };
+        if !delivered {
+            if flight.attempts < self.config.attempts_max {
+                flight.attempts += 1;
+                self.effects.push_back(FanoutEffect::Deliver(flight.plan.clone()));
+                self.in_flight.insert(id, flight);
+                return;
+            }
+            self.effects.push_back(FanoutEffect::Failed(flight.plan));
+        }
+        self.advance();
+    }
+
+    /// Next effect to carry out.
+    pub fn poll_effect(&mut self) -> Option<FanoutEffect> {
+        self.effects.pop_front()
+    }
+
+    /// Plans built and not yet acknowledged (memory held is bounded by this and one page).
+    pub fn plans_pending(&self) -> usize {
+        self.ready.len() + self.in_flight.len()
+    }
+
+    /// Hands out ready plans within the in-flight bound, and starts the next job when the current one is
+    /// done and plans have drained (so a huge group never builds more than a page of plans ahead).
+    fn advance(&mut self) {
+        while self.in_flight.len() < self.config.plans_in_flight_max {
+            let Some(plan) = self.ready.pop_front() else { break };
+            self.effects.push_back(FanoutEffect::Deliver(plan.clone()));
+            self.in_flight.insert(plan.id, InFlight { plan, attempts: 1 });
+        }
+        if !self.ready.is_empty() {
+            return; // One page of plans at a time: memory stays bounded by the page size.
+        }
+        if let Some(active) = self.active.as_mut() {
+            // The current job goes on with its next page, if it is waiting for one.
+            if matches!(active.phase, Phase::NextPage(_)) {
+                let Phase::NextPage(cursor) = std::mem::replace(&mut active.phase, Phase::Page) else { unreachable!() };
+                let (job, channel, limit) = (active.job.id, active.job.message.channel.clone(), self.config.page_size);
+                self.effects.push_back(FanoutEffect::FetchPage { job, channel, cursor: Some(cursor), limit });
+            }
+            return;
+        }
+        let Some(job) = self.queue.pop_front() else { return };
+        let id = job.id;
+        match job.fixed_members.clone() {
+            Some(members) => {
+                let uids = members.iter().map(|m| m.uid.clone()).collect();
+                self.active = Some(Active { job, phase: Phase::Locate { members, next: None, last_page: true } });
+                self.effects.push_back(FanoutEffect::Locate { job: id, uids });
+            }
+            None => {
+                let channel = job.message.channel.clone();
+                self.active = Some(Active { job, phase: Phase::Page });
+                self.effects.push_back(FanoutEffect::FetchPage {
+                    job: id,
+                    channel,
+                    cursor: None,
+                    limit: self.config.page_size,
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings_types::ChannelType;
+
+    fn message(seq: u64) -> MessageRef {
+        MessageRef {
+            channel: ChannelId::new(ChannelType::GROUP, "g").unwrap(),
+            seq: Seq::new(seq),
+            sender: Some("u0".into()),
+        }
+    }
+
+    #[test]
+    fn full_queue_is_a_typed_refusal() {
+        let mut planner = FanoutPlanner::new(FanoutConfig { queue_max: 2, ..FanoutConfig::default() });
+        planner.submit(message(1), None).unwrap();
+        planner.submit(message(2), None).unwrap();
+        assert_eq!(planner.submit(message(3), None), Err(FanoutError::Full { max: 2 }));
+    }
+
+    #[test]
+    fn failed_deliveries_retry_then_report() {
+        let config = FanoutConfig { attempts_max: 2, ..FanoutConfig::default() };
+        let mut planner = FanoutPlanner::new(config);
+        let job = planner.submit(message(1), Some(["a".into(), "b".into()])).unwrap();
+        let Some(FanoutEffect::Locate { .. }) = planner.poll_effect() else { panic!("locate expected") };
+        planner.handle_located(job, vec![Some(Target { node: NodeId::new(1) }), None]);
+        let effects: Vec<FanoutEffect> = std::iter::from_fn(|| planner.poll_effect()).collect();
+        let plan = effects
+            .iter()
+            .find_map(|e| match e {
+                FanoutEffect::Deliver(p) => Some(p.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(plan.members.len(), 1, "offline member not planned");
+        planner.handle_delivered(plan.id, false);
+        assert!(matches!(planner.poll_effect(), Some(FanoutEffect::Deliver(_))));
+        planner.handle_delivered(plan.id, false);
+        assert!(matches!(planner.poll_effect(), Some(FanoutEffect::Failed(_))));
+        assert_eq!(planner.plans_pending(), 0);
+    }
+}
