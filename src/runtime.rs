@@ -27,7 +27,7 @@ use tidings_channel::fanout::{DeliveryPlan, JobId, Member};
 use tidings_channel::machine::{AppendRecord, PersistToken, ReadToken};
 use tidings_router::Router;
 use tidings_slot::command::Command;
-use tidings_slot::model::ChannelInfo;
+use tidings_slot::model::{ChannelInfo, Uid};
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{JournalConfig, JournalLog, LogBatch, MessageLog, ReadLimits, Record, WriteBehindThread};
 use tidings_store::{Kv, MetaStore, RaftLogStore, SledKv, StoreError};
@@ -117,7 +117,7 @@ enum FanoutWork {
 enum Call {
     Propose(Command),
     CreateChannel(ChannelInfo),
-    Append { channel: ChannelId, records: Vec<AppendRecord> },
+    Append { channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord> },
 }
 
 /// A running node. Dropping it stops its threads (after a last write-behind).
@@ -247,7 +247,21 @@ impl Node {
     /// Starts an append (any node may be called: non-leaders forward); wait on the handle.
     pub fn append(&self, channel: ChannelId, records: Vec<AppendRecord>) -> Result<AppendHandle, NodeError> {
         let (reply, receiver) = bounded(1);
-        self.send_input(Input::Call { call: Call::Append { channel, records }, reply })?;
+        self.send_input(Input::Call { call: Call::Append { channel, sender: None, records }, reply })?;
+        Ok(AppendHandle { reply: receiver })
+    }
+
+    /// Appends records sent by user `sender`: refused with `SenderBanned` / `SenderDenied` when the user is
+    /// banned or on the channel's deny list, and fanout marks the sender's own entry (no unread
+    /// increment). See [`NodeCore::append_from`].
+    pub fn append_from(
+        &self,
+        channel: ChannelId,
+        sender: Uid,
+        records: Vec<AppendRecord>,
+    ) -> Result<AppendHandle, NodeError> {
+        let (reply, receiver) = bounded(1);
+        self.send_input(Input::Call { call: Call::Append { channel, sender: Some(sender), records }, reply })?;
         Ok(AppendHandle { reply: receiver })
     }
 
@@ -361,7 +375,10 @@ impl Shell {
                 match call {
                     Call::Propose(command) => self.core.propose(now, id, command),
                     Call::CreateChannel(info) => self.core.create_channel(now, id, info),
-                    Call::Append { channel, records } => self.core.append(now, id, channel, records),
+                    Call::Append { channel, sender: None, records } => self.core.append(now, id, channel, records),
+                    Call::Append { channel, sender: Some(sender), records } => {
+                        self.core.append_from(now, id, channel, sender, records)
+                    }
                 }
             }
             Input::Read { channel, from, limit, reply } => {

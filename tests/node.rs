@@ -14,8 +14,8 @@ use tidings::channel::fanout::DeliveryPlan;
 use tidings::channel::machine::{AppendError, AppendRecord};
 use tidings::node::{NodeConfig, NodeError};
 use tidings::slot::command::{Command, MemberList};
-use tidings::slot::model::Uid;
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
+use tidings::slot::model::{Uid, User};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
 use tidings::{FanoutHost, Node, StorageOptions, Transport};
 
@@ -183,6 +183,7 @@ fn a_flood_gets_typed_busy_errors_not_unbounded_queues() {
 struct RecordingHost {
     offered: parking_lot::Mutex<BTreeSet<u64>>,
     taken: parking_lot::Mutex<Vec<(Seq, String)>>,
+    own_messages: parking_lot::Mutex<Vec<(Seq, String)>>,
 }
 
 impl FanoutHost for RecordingHost {
@@ -197,12 +198,14 @@ impl FanoutHost for RecordingHost {
             return false;
         }
         self.taken.lock().extend(plan.members.iter().map(|m| (plan.message.seq, m.uid.clone())));
+        let own = plan.members.iter().filter(|m| m.is_sender).map(|m| (plan.message.seq, m.uid.clone()));
+        self.own_messages.lock().extend(own);
         true
     }
 }
 
 #[test]
-fn committed_messages_fan_out_once_to_online_allowed_subscribers() {
+fn committed_messages_fan_out_once_to_online_allowed_subscribers_and_senders_are_checked() {
     let dir = tempfile::tempdir().unwrap();
     let mesh = Arc::new(Mesh::default());
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
@@ -221,10 +224,24 @@ fn committed_messages_fan_out_once_to_online_allowed_subscribers() {
     eventually(|| nodes[0].propose(deny.clone()));
     // Every replica must know the subscribers before the leader plans (pages come from its local store).
     std::thread::sleep(Duration::from_millis(300));
+    let banned = User { uid: Uid::new("user-5").unwrap(), name: "Banned".into(), banned: true };
+    eventually(|| nodes[0].propose(Command::PutUser(banned.clone())));
+    std::thread::sleep(Duration::from_millis(300));
     let mut seqs = Vec::new();
     for i in 0..10 {
         seqs.push(eventually(|| nodes[i % 3].append(ch.clone(), record(&format!("m{i}")))?.wait())[0]);
     }
+    // user-2 sends two messages from different nodes: its own entries are marked.
+    let mut sent_by_user_2 = Vec::new();
+    for node in &nodes[..2] {
+        let sender = Uid::new("user-2").unwrap();
+        sent_by_user_2.push(eventually(|| node.append_from(ch.clone(), sender.clone(), record("mine"))?.wait())[0]);
+    }
+    seqs.extend(&sent_by_user_2);
+    let refused = nodes[1].append_from(ch.clone(), Uid::new("user-5").unwrap(), record("x")).unwrap().wait();
+    assert!(matches!(refused, Err(NodeError::SenderBanned(_))), "{refused:?}");
+    let refused = nodes[2].append_from(ch.clone(), Uid::new("user-1").unwrap(), record("x")).unwrap().wait();
+    assert!(matches!(refused, Err(NodeError::SenderDenied(_))), "{refused:?}");
     let expected: BTreeSet<(Seq, String)> =
         seqs.iter().flat_map(|seq| ["user-0", "user-2", "user-3"].map(|uid| (*seq, uid.to_owned()))).collect();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -236,4 +253,7 @@ fn committed_messages_fan_out_once_to_online_allowed_subscribers() {
     let distinct: BTreeSet<(Seq, String)> = taken.iter().cloned().collect();
     assert_eq!(distinct.len(), taken.len(), "a member got a message twice: {taken:?}");
     assert_eq!(distinct, expected, "offline, denied or missing members");
+    let own: BTreeSet<(Seq, String)> = host.own_messages.lock().iter().cloned().collect();
+    let expected_own: BTreeSet<(Seq, String)> = sent_by_user_2.iter().map(|seq| (*seq, "user-2".to_owned())).collect();
+    assert_eq!(own, expected_own, "only the sender's own entries are marked");
 }

@@ -15,9 +15,9 @@ use tidings_channel::machine::{
     AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken, ReadToken, RequestId,
 };
 use tidings_router::Router;
-use tidings_slot::command::{Command, MemberList};
+use tidings_slot::command::{Command, MemberList, RoutingKey};
 use tidings_slot::fsm::Outcome;
-use tidings_slot::model::ChannelInfo;
+use tidings_slot::model::{ChannelInfo, Uid};
 use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, MultiRaftConfig, ProposalId, ProposeError, SlotEffect};
 use tidings_store::message::{LogBatch, MessageLog, ReadLimits, Record};
@@ -167,6 +167,7 @@ enum ProposalPurpose {
 #[derive(Debug)]
 struct Waiting {
     api: ApiId,
+    sender: Option<String>,
     records: Vec<AppendRecord>,
     deadline: Time,
 }
@@ -191,7 +192,9 @@ pub struct NodeCore {
     metas: BTreeMap<ChannelId, ChannelRuntimeMeta>,
     waiting: BTreeMap<ChannelId, Vec<Waiting>>,
     proposals: BTreeMap<ProposalId, ProposalPurpose>,
-    appends: BTreeMap<u64, AppendOrigin>,
+    appends: BTreeMap<u64, (AppendOrigin, Option<String>)>,
+    /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
+    senders: BTreeMap<(ChannelId, Seq), String>,
     forwarded: BTreeMap<u64, ApiId>,
     next_id: u64,
     next_incarnation: u64,
@@ -199,7 +202,7 @@ pub struct NodeCore {
     frame_limits: FrameLimits,
     fanout: FanoutPlanner,
     /// Committed messages waiting for room in the fanout queue (each still holds its channel's handoff slot).
-    fanout_waiting: VecDeque<(ChannelId, Seq)>,
+    fanout_waiting: VecDeque<(ChannelId, Seq, Option<String>)>,
     /// Which channel each fanout job belongs to (to release its handoff slot when done).
     fanout_jobs: BTreeMap<JobId, ChannelId>,
 }
@@ -235,6 +238,7 @@ impl NodeCore {
             waiting: BTreeMap::new(),
             proposals: BTreeMap::new(),
             appends: BTreeMap::new(),
+            senders: BTreeMap::new(),
             forwarded: BTreeMap::new(),
             next_id: 1,
             next_incarnation: now.as_millis().wrapping_mul(1 << 20) + 1,
@@ -435,17 +439,48 @@ impl NodeCore {
     /// with [`ApiResult::Appended`] follows once the records are committed.
     pub fn append(&mut self, now: Time, id: ApiId, channel: ChannelId, records: Vec<AppendRecord>) {
         self.advance(now);
+        self.route_append(id, channel, None, records);
+    }
+
+    /// Appends records sent by user `sender`: like [`NodeCore::append`], after checking that the sender
+    /// may send (not banned, not on the channel's deny list), and fanout marks the sender's own entry
+    /// (`is_sender`: no unread increment). The check reads this node's slot replicas and fails closed
+    /// with [`NodeError::SenderUnverified`] on a node that serves neither the user's nor the channel's
+    /// slot group.
+    pub fn append_from(&mut self, now: Time, id: ApiId, channel: ChannelId, sender: Uid, records: Vec<AppendRecord>) {
+        self.advance(now);
+        match self.check_sender(&channel, &sender) {
+            Ok(()) => self.route_append(id, channel, Some(sender.as_str().to_owned()), records),
+            Err(error) => self.done(id, ApiResult::Appended(Err(error))),
+        }
+    }
+
+    fn check_sender(&self, channel: &ChannelId, sender: &Uid) -> Result<(), NodeError> {
+        let user_group = self.slot.table().group_of_key(RoutingKey::Uid(sender).bytes());
+        if !self.slot.groups().any(|g| g == user_group) || !self.serves_group_of(channel) {
+            return Err(NodeError::SenderUnverified(sender.clone()));
+        }
+        if self.reader.user(sender)?.is_some_and(|user| user.banned) {
+            return Err(NodeError::SenderBanned(sender.clone()));
+        }
+        if self.reader.is_member(channel, MemberList::Deny, sender)? {
+            return Err(NodeError::SenderDenied(sender.clone()));
+        }
+        Ok(())
+    }
+
+    fn route_append(&mut self, id: ApiId, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord>) {
         let Some(meta) = self.metas.get(&channel).cloned() else {
-            self.wait_for_meta(id, channel, records);
+            self.wait_for_meta(id, channel, sender, records);
             return;
         };
         if meta.leader == self.config.node {
-            self.append_locally(AppendOrigin::Local(id), &channel, records);
+            self.append_locally(AppendOrigin::Local(id), &channel, sender, records);
         } else {
             let forward = self.next_id();
             self.forwarded.insert(forward, id);
             let records = records.into_iter().map(|r| (r.idempotency_key, r.payload)).collect();
-            self.send_node(meta.leader, NodeMessage::AppendForward { id: forward, channel, records });
+            self.send_node(meta.leader, NodeMessage::AppendForward { id: forward, channel, sender, records });
         }
     }
 
@@ -502,14 +537,14 @@ impl NodeCore {
         Ok(())
     }
 
-    fn wait_for_meta(&mut self, api: ApiId, channel: ChannelId, records: Vec<AppendRecord>) {
+    fn wait_for_meta(&mut self, api: ApiId, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord>) {
         let queue = self.waiting.entry(channel.clone()).or_default();
         if queue.len() >= self.config.waiting_appends_max {
             self.done(api, ApiResult::Appended(Err(NodeError::Busy(channel))));
             return;
         }
         let first = queue.is_empty();
-        queue.push(Waiting { api, records, deadline: self.now + META_WAIT });
+        queue.push(Waiting { api, sender, records, deadline: self.now + META_WAIT });
         if first {
             self.fetch_meta(&channel);
         }
@@ -550,7 +585,7 @@ impl NodeCore {
             }
         }
         for waiting in self.waiting.remove(&channel).unwrap_or_default() {
-            self.append(self.now, waiting.api, channel.clone(), waiting.records);
+            self.route_append(waiting.api, channel.clone(), waiting.sender, waiting.records);
         }
     }
 
@@ -639,7 +674,13 @@ impl NodeCore {
         }
     }
 
-    fn append_locally(&mut self, origin: AppendOrigin, channel: &ChannelId, records: Vec<AppendRecord>) {
+    fn append_locally(
+        &mut self,
+        origin: AppendOrigin,
+        channel: &ChannelId,
+        sender: Option<String>,
+        records: Vec<AppendRecord>,
+    ) {
         self.activate(channel);
         self.touch(channel);
         let request = self.next_id();
@@ -649,7 +690,7 @@ impl NodeCore {
         };
         match machine.handle_append(self.now, AppendRequest { id: RequestId(request), records }) {
             Ok(()) => {
-                self.appends.insert(request, origin);
+                self.appends.insert(request, (origin, sender));
             }
             Err(error) => self.fail_append(origin, RemoteAppendError::Refused(error)),
         }
@@ -706,10 +747,10 @@ impl NodeCore {
                 _ => {}
             },
             NodeMessage::MetaMissing(channel) => self.fail_waiting(&channel, |_| true),
-            NodeMessage::AppendForward { id, channel, records } => {
+            NodeMessage::AppendForward { id, channel, sender, records } => {
                 let records =
                     records.into_iter().map(|(key, payload)| AppendRecord { idempotency_key: key, payload }).collect();
-                self.append_locally(AppendOrigin::Remote { node: from, id }, &channel, records);
+                self.append_locally(AppendOrigin::Remote { node: from, id }, &channel, sender, records);
             }
             NodeMessage::AppendReply { id, result } => {
                 if let Some(api) = self.forwarded.remove(&id) {
@@ -736,16 +777,17 @@ impl NodeCore {
     /// Hands committed messages to the fanout planner while it has room.
     fn feed_fanout(&mut self) {
         while self.fanout.capacity() > 0 {
-            let Some((channel, seq)) = self.fanout_waiting.pop_front() else { return };
+            let Some((channel, seq, sender)) = self.fanout_waiting.pop_front() else { return };
             let person = channel.kind().is_person().then(|| channel.id().split_once('@')).flatten();
             let members = person.map(|(a, b)| [a.to_owned(), b.to_owned()]);
-            let message = MessageRef { channel: channel.clone(), seq, sender: None };
+            let message = MessageRef { channel: channel.clone(), seq, sender: sender.clone() };
             match self.fanout.submit(message, members) {
                 Ok(job) => {
                     self.fanout_jobs.insert(job, channel);
                 }
                 Err(_) => {
-                    self.fanout_waiting.push_front((channel, seq));
+                    // Submit refuses only when full (checked above); the message waits its turn.
+                    self.fanout_waiting.push_front((channel, seq, sender));
                     return;
                 }
             }
@@ -849,7 +891,13 @@ impl NodeCore {
                 self.effects.push_back(NodeEffect::Read { channel: channel.clone(), token, from, through, max_bytes })
             }
             Effect::AppendDone { id, result } => {
-                let Some(origin) = self.appends.remove(&id.0) else { return };
+                let Some((origin, sender)) = self.appends.remove(&id.0) else { return };
+                if let (Some(sender), Ok(seqs), true) = (sender, &result, self.config.fanout_enabled) {
+                    // AppendDone comes before the `Committed` that hands these seqs to fanout.
+                    for seq in seqs {
+                        self.senders.insert((channel.clone(), *seq), sender.clone());
+                    }
+                }
                 match (origin, result) {
                     (AppendOrigin::Local(api), Ok(seqs)) => self.done(api, ApiResult::Appended(Ok(seqs))),
                     (AppendOrigin::Remote { node, id }, Ok(seqs)) => {
@@ -858,9 +906,21 @@ impl NodeCore {
                     (origin, Err(aborted)) => self.fail_append(origin, RemoteAppendError::Aborted(aborted)),
                 }
             }
-            Effect::Committed { messages, .. } => {
+            Effect::Committed { last, messages, .. } => {
                 if self.config.fanout_enabled {
-                    self.fanout_waiting.extend(messages.into_iter().map(|seq| (channel.clone(), seq)));
+                    for seq in messages {
+                        let sender = self.senders.remove(&(channel.clone(), seq));
+                        self.fanout_waiting.push_back((channel.clone(), seq, sender));
+                    }
+                    // Senders of retries answered from committed records have no `Committed` of their own.
+                    let stale: Vec<_> = self
+                        .senders
+                        .range((channel.clone(), Seq::new(0))..=(channel.clone(), last))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for key in stale {
+                        self.senders.remove(&key);
+                    }
                     self.feed_fanout();
                 } else if let Some(machine) = self.channels.get_mut(channel) {
                     machine.release_handoff(messages.len());

@@ -3,6 +3,7 @@
 use super::message::RemoteAppendError;
 use tidings_channel::machine::{AppendAborted, AppendError};
 use tidings_slot::fsm::Outcome;
+use tidings_slot::model::Uid;
 use tidings_slot::raft::ProposeError;
 use tidings_store::StoreError;
 use tidings_types::ChannelId;
@@ -39,6 +40,16 @@ pub enum NodeError {
     /// Local storage failed.
     #[error(transparent)]
     Storage(#[from] StoreError),
+    /// The sender is banned: the append was refused.
+    #[error("user {} is banned from sending", .0.as_str())]
+    SenderBanned(Uid),
+    /// The sender is on the channel's deny list: the append was refused.
+    #[error("user {} may not send to this channel", .0.as_str())]
+    SenderDenied(Uid),
+    /// This node keeps no replica of the sender's or the channel's slot group, so it cannot check the
+    /// sender: send through a node that does.
+    #[error("cannot check sender {} here: no local replica of its slot group or the channel's", .0.as_str())]
+    SenderUnverified(Uid),
     /// The node's inbox is full: retry later.
     #[error("node is overloaded")]
     Overloaded,

@@ -20,6 +20,8 @@ pub enum NodeMessage {
         id: u64,
         /// The channel.
         channel: ChannelId,
+        /// The sending user, when the host named one (it was checked on the forwarding node).
+        sender: Option<String>,
         /// The records: idempotency key and payload.
         records: Vec<(Option<IdempotencyKey>, bytes::Bytes)>,
     },
