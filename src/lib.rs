@@ -17,7 +17,7 @@ pub mod frame;
 pub mod node;
 mod runtime;
 
-pub use runtime::{AppendHandle, FanoutHost, NoFanout, Node, StorageOptions, Transport};
+pub use runtime::{AppendHandle, FanoutHost, NoFanout, Node, RouteKey, StorageOptions, Transport};
 
 pub use tidings_channel as channel;
 pub use tidings_router as router;

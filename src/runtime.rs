@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use tidings_channel::fanout::{DeliveryPlan, JobId, Member};
 use tidings_channel::machine::{AppendRecord, PersistToken, ReadToken};
 use tidings_router::Router;
-use tidings_slot::command::Command;
+use tidings_slot::command::{Command, RoutingKey};
 use tidings_slot::model::{ChannelInfo, Uid};
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{JournalConfig, JournalLog, LogBatch, MessageLog, ReadLimits, Record, WriteBehindThread};
@@ -67,6 +67,15 @@ impl FanoutHost for NoFanout {
     }
 }
 
+/// Names the slot group a metadata read is about: the one owning a user or a channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouteKey {
+    /// The group owning this user's records.
+    Uid(Uid),
+    /// The group owning this channel's records.
+    Channel(ChannelId),
+}
+
 /// Where a node keeps its data, and storage limits.
 #[derive(Clone, Debug)]
 pub struct StorageOptions {
@@ -96,6 +105,7 @@ enum Input {
     Frame { from: NodeId, bytes: Bytes },
     Call { call: Call, reply: Sender<ApiResult> },
     Read { channel: ChannelId, from: Seq, limit: usize, reply: Sender<Result<Vec<Record>, NodeError>> },
+    Latest { channel: ChannelId, reply: Sender<Result<Seq, NodeError>> },
     Status { reply: Sender<NodeStatus> },
     SlotsSynced { token: u64 },
     Persisted { channel: ChannelId, token: PersistToken, result: Result<(), StoreError> },
@@ -118,6 +128,7 @@ enum Call {
     Propose(Command),
     CreateChannel(ChannelInfo),
     Append { channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord> },
+    ReadBarrier(RouteKey),
 }
 
 /// A running node. Dropping it stops its threads (after a last write-behind).
@@ -265,6 +276,35 @@ impl Node {
         Ok(AppendHandle { reply: receiver })
     }
 
+    /// The latest committed seq (high watermark) of a channel this node replicates.
+    pub fn latest(&self, channel: &ChannelId) -> Result<Seq, NodeError> {
+        let (reply, receiver) = bounded(1);
+        self.send_input(Input::Latest { channel: channel.clone(), reply })?;
+        receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)?
+    }
+
+    /// Local metadata reads: this node's slot replicas as they are (possibly behind their group's
+    /// leader). For a read that sees every acknowledged write, call [`Node::authoritative_reader`].
+    ///
+    /// ```no_run
+    /// # fn demo(node: &tidings::Node) -> Result<(), Box<dyn std::error::Error>> {
+    /// use tidings::slot::model::Uid;
+    /// let uid = Uid::new("alice")?;
+    /// let user = node.authoritative_reader(tidings::RouteKey::Uid(uid.clone()))?.user(&uid)?;
+    /// # let _ = user; Ok(()) }
+    /// ```
+    pub fn local_reader(&self) -> SlotReader {
+        SlotReader::new(MetaStore::new(self.kv.clone()))
+    }
+
+    /// An authoritative metadata reader for the slot group that owns `key`: waits for a raft ReadIndex
+    /// through the group's leader, then reads the local replica, which by then reflects every write
+    /// acknowledged before this call. Only on nodes that replicate the group (`NotServed` otherwise).
+    pub fn authoritative_reader(&self, key: RouteKey) -> Result<SlotReader, NodeError> {
+        self.call(Call::ReadBarrier(key))?;
+        Ok(self.local_reader())
+    }
+
     /// Reads committed messages of a channel this node replicates, bounded by its high watermark.
     pub fn read(&self, channel: &ChannelId, from: Seq, limit: usize) -> Result<Vec<Record>, NodeError> {
         let (reply, receiver) = bounded(1);
@@ -375,6 +415,10 @@ impl Shell {
                 match call {
                     Call::Propose(command) => self.core.propose(now, id, command),
                     Call::CreateChannel(info) => self.core.create_channel(now, id, info),
+                    Call::ReadBarrier(RouteKey::Uid(uid)) => self.core.read_barrier(now, id, RoutingKey::Uid(&uid)),
+                    Call::ReadBarrier(RouteKey::Channel(channel)) => {
+                        self.core.read_barrier(now, id, RoutingKey::Channel(&channel))
+                    }
                     Call::Append { channel, sender: None, records } => self.core.append(now, id, channel, records),
                     Call::Append { channel, sender: Some(sender), records } => {
                         self.core.append_from(now, id, channel, sender, records)
@@ -383,6 +427,9 @@ impl Shell {
             }
             Input::Read { channel, from, limit, reply } => {
                 let _ = reply.send(self.core.read(&channel, from, limit));
+            }
+            Input::Latest { channel, reply } => {
+                let _ = reply.send(self.core.latest(&channel));
             }
             Input::Status { reply } => {
                 let _ = reply.send(self.core.status());

@@ -17,7 +17,7 @@ use tidings::slot::command::{Command, MemberList};
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
 use tidings::slot::model::{Uid, User};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
-use tidings::{FanoutHost, Node, StorageOptions, Transport};
+use tidings::{FanoutHost, Node, RouteKey, StorageOptions, Transport};
 
 #[derive(Default)]
 struct Mesh {
@@ -256,4 +256,31 @@ fn committed_messages_fan_out_once_to_online_allowed_subscribers_and_senders_are
     let own: BTreeSet<(Seq, String)> = host.own_messages.lock().iter().cloned().collect();
     let expected_own: BTreeSet<(Seq, String)> = sent_by_user_2.iter().map(|seq| (*seq, "user-2".to_owned())).collect();
     assert_eq!(own, expected_own, "only the sender's own entries are marked");
+}
+
+#[test]
+fn authoritative_metadata_reads_see_acknowledged_writes_and_latest_is_the_hw() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = Arc::new(Mesh::default());
+    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+    let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
+    for round in 0..5 {
+        let uid = Uid::new(format!("reader-{round}")).unwrap();
+        let user = User { uid: uid.clone(), name: format!("round {round}"), banned: false };
+        eventually(|| nodes[round % 3].propose(Command::PutUser(user.clone())));
+        // Right after the acknowledgement, on another node: the authoritative read sees it.
+        let other = &nodes[(round + 1) % 3];
+        let read = eventually(|| other.authoritative_reader(RouteKey::Uid(uid.clone())));
+        assert_eq!(read.user(&uid).unwrap(), Some(user), "round {round}");
+    }
+    let ch = channel("latest");
+    eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let mut last = Seq::new(0);
+    for i in 0..5 {
+        last = eventually(|| nodes[i % 3].append(ch.clone(), record("x"))?.wait())[0];
+    }
+    let leader = NodeConfig::new(ids[0], ids.clone()).channel_placement(&ch)[0];
+    let on_leader = nodes[usize::try_from(leader.get() - 1).unwrap()].latest(&ch).unwrap();
+    assert_eq!(on_leader, last);
+    assert!(nodes[0].local_reader().channel(&ch).unwrap().is_some());
 }

@@ -19,7 +19,7 @@ use tidings_slot::command::{Command, MemberList, RoutingKey};
 use tidings_slot::fsm::Outcome;
 use tidings_slot::model::{ChannelInfo, Uid};
 use tidings_slot::query::SlotReader;
-use tidings_slot::raft::{MultiRaft, MultiRaftConfig, ProposalId, ProposeError, SlotEffect};
+use tidings_slot::raft::{MultiRaft, MultiRaftConfig, ProposalId, ProposeError, ReadId, SlotEffect};
 use tidings_store::message::{LogBatch, MessageLog, ReadLimits, Record};
 use tidings_store::{MetaStore, RaftLogStore, StoreError};
 use tidings_types::{ChannelId, ChannelRuntimeMeta, Epoch, LeaderEpoch, NodeId, Seq, Time};
@@ -196,6 +196,8 @@ pub struct NodeCore {
     /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
     senders: BTreeMap<(ChannelId, Seq), String>,
     forwarded: BTreeMap<u64, ApiId>,
+    /// Authoritative metadata reads waiting for their ReadIndex.
+    meta_reads: BTreeMap<ReadId, ApiId>,
     next_id: u64,
     next_incarnation: u64,
     effects: VecDeque<NodeEffect>,
@@ -240,6 +242,7 @@ impl NodeCore {
             appends: BTreeMap::new(),
             senders: BTreeMap::new(),
             forwarded: BTreeMap::new(),
+            meta_reads: BTreeMap::new(),
             next_id: 1,
             next_incarnation: now.as_millis().wrapping_mul(1 << 20) + 1,
             effects: VecDeque::new(),
@@ -408,6 +411,40 @@ impl NodeCore {
         self.advance(now);
         if let Err(error) = self.propose_for(&command, ProposalPurpose::Api(id)) {
             self.done(id, ApiResult::Meta(Err(error.into())));
+        }
+    }
+
+    /// Starts an authoritative metadata read of the slot group that owns `key` (raft ReadIndex, confirmed
+    /// by the group's leader, never a lease). [`NodeEffect::Done`] with `ApiResult::Meta(Ok(()))` says the
+    /// local store ([`NodeCore::reader`]) now reflects every metadata write acknowledged before this call.
+    /// Fails with [`NodeError::NotServed`] on a node that keeps no replica of the group.
+    pub fn read_barrier(&mut self, now: Time, id: ApiId, key: RoutingKey<'_>) {
+        self.advance(now);
+        let group = self.slot.table().group_of_key(key.bytes());
+        if !self.slot.groups().any(|g| g == group) {
+            self.done(id, ApiResult::Meta(Err(NodeError::NotServed(group))));
+            return;
+        }
+        match self.slot.read_index(now, group) {
+            Ok(read) => {
+                self.meta_reads.insert(read, id);
+            }
+            Err(error) => self.done(id, ApiResult::Meta(Err(error.into()))),
+        }
+    }
+
+    /// The high watermark of a channel this node replicates: every seq up to it is committed and readable
+    /// here.
+    pub fn latest(&mut self, channel: &ChannelId) -> Result<Seq, NodeError> {
+        self.activate(channel);
+        self.touch(channel);
+        match self.channels.get(channel) {
+            Some(machine) => Ok(machine.hw()),
+            None if self.metas.contains_key(channel) => Err(NodeError::NotReplica(channel.clone())),
+            None => {
+                self.fetch_meta(channel);
+                Err(NodeError::UnknownChannel(channel.clone()))
+            }
         }
     }
 
@@ -845,7 +882,16 @@ impl NodeCore {
             SlotEffect::Send { to, message } => self.send(to, FrameBody::Slot(message)),
             SlotEffect::Sync { token } => self.effects.push_back(NodeEffect::SyncSlots { token }),
             SlotEffect::ProposalDone { id, result } => self.proposal_done(id, result),
-            SlotEffect::ReadReady { .. } | SlotEffect::ReadFailed { .. } => {}
+            SlotEffect::ReadReady { id, .. } => {
+                if let Some(api) = self.meta_reads.remove(&id) {
+                    self.done(api, ApiResult::Meta(Ok(())));
+                }
+            }
+            SlotEffect::ReadFailed { id, error } => {
+                if let Some(api) = self.meta_reads.remove(&id) {
+                    self.done(api, ApiResult::Meta(Err(error.into())));
+                }
+            }
             SlotEffect::MetaChanged { meta, leader, .. } => {
                 if leader {
                     let me = self.config.node;

@@ -6,7 +6,7 @@ use tidings_slot::fsm::Outcome;
 use tidings_slot::model::Uid;
 use tidings_slot::raft::ProposeError;
 use tidings_store::StoreError;
-use tidings_types::ChannelId;
+use tidings_types::{ChannelId, GroupId};
 
 /// Why a node API call failed.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +37,9 @@ pub enum NodeError {
     /// This node keeps no replica of the channel (reads are served by replicas).
     #[error("this node keeps no replica of {0}")]
     NotReplica(ChannelId),
+    /// This node keeps no replica of the slot group (authoritative reads run on its members).
+    #[error("this node keeps no replica of slot group {0}")]
+    NotServed(GroupId),
     /// Local storage failed.
     #[error(transparent)]
     Storage(#[from] StoreError),
