@@ -289,7 +289,7 @@ impl Node {
     /// ```no_run
     /// # fn demo(node: &tidings::Node) -> Result<(), Box<dyn std::error::Error>> {
     /// use tidings::slot::model::Uid;
-    /// let uid = Uid::new("alice")?;
+    /// let uid = Uid::new("alice").ok_or("bad uid")?;
     /// let user = node.authoritative_reader(tidings::RouteKey::Uid(uid.clone()))?.user(&uid)?;
     /// # let _ = user; Ok(()) }
     /// ```
