@@ -9,42 +9,22 @@
 #![allow(clippy::disallowed_methods)] // An example is a runtime shell: it reads the clock to report figures.
 
 use bytes::Bytes;
-use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidings::channel::fanout::DeliveryPlan;
 use tidings::channel::machine::AppendRecord;
+use tidings::mesh::InProcessMesh;
 use tidings::node::NodeConfig;
 use tidings::slot::command::{Command, MemberList};
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
-use tidings::{AppendHandle, FanoutHost, Node, StorageOptions, Transport};
+use tidings::{AppendHandle, FanoutHost, Node, StorageOptions};
 
 const CHANNELS: usize = 200;
 const MESSAGES: usize = 20_000;
 const IN_FLIGHT: usize = 256;
-
-/// Delivers frames between the nodes of this process.
-#[derive(Default)]
-struct Mesh {
-    nodes: RwLock<BTreeMap<NodeId, Weak<Node>>>,
-}
-
-struct LocalTransport {
-    from: NodeId,
-    mesh: Arc<Mesh>,
-}
-
-impl Transport for LocalTransport {
-    fn send(&self, to: NodeId, frame: Bytes) {
-        let target = self.mesh.nodes.read().get(&to).and_then(Weak::upgrade);
-        if let Some(node) = target {
-            node.handle_frame(self.from, frame);
-        }
-    }
-}
 
 /// The host's presence and delivery: even-numbered users are online (on node 1 or 2), the rest offline.
 /// Counts what it is asked to deliver.
@@ -71,13 +51,18 @@ impl FanoutHost for Gateway {
     }
 }
 
-fn start(id: NodeId, ids: &[NodeId], root: &std::path::Path, mesh: &Arc<Mesh>, gateway: &Arc<Gateway>) -> Arc<Node> {
+fn start(
+    id: NodeId,
+    ids: &[NodeId],
+    root: &std::path::Path,
+    mesh: &Arc<InProcessMesh>,
+    gateway: &Arc<Gateway>,
+) -> Arc<Node> {
     let config = NodeConfig::new(id, ids.to_vec());
     let storage = StorageOptions::new(root.join(format!("node-{id}")));
-    let transport = Arc::new(LocalTransport { from: id, mesh: Arc::clone(mesh) });
     let fanout: Arc<dyn FanoutHost> = gateway.clone();
-    let node = Arc::new(Node::start_with_fanout(config, storage, transport, fanout).expect("node starts"));
-    mesh.nodes.write().insert(id, Arc::downgrade(&node));
+    let node = Arc::new(Node::start_with_fanout(config, storage, mesh.transport(id), fanout).expect("node starts"));
+    mesh.attach(&node);
     node
 }
 
@@ -126,7 +111,7 @@ fn load(node: &Node, channels: &[ChannelId], count: usize, tag: &str) -> (Vec<(C
 fn main() {
     let root = tempfile::tempdir().expect("temp dir");
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
-    let mesh = Arc::new(Mesh::default());
+    let mesh = InProcessMesh::new();
     let gateway = Arc::new(Gateway::default());
     println!("tidings quickstart: 3 nodes, data under {}", root.path().display());
     let mut nodes: BTreeMap<NodeId, Arc<Node>> =
@@ -177,7 +162,7 @@ fn main() {
 
     // Stop node 3; keep appending to the channels it does not lead (the others wait for a failover).
     let stopped = ids[2];
-    mesh.nodes.write().remove(&stopped);
+    mesh.detach(stopped);
     drop(nodes.remove(&stopped));
     println!("stopped {stopped}");
     let leads = |channel: &ChannelId| {

@@ -10,51 +10,16 @@
 //! and the ratios to the ceiling. `--quick` runs each part shorter.
 #![allow(clippy::disallowed_methods)] // A benchmark tool reads the clock.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use bytes::Bytes;
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::{ceiling, figures, Figures, PER_SYNC, RECORD_BYTES};
 use tidings::store::message::{JournalConfig, JournalLog, LogBatch, LogOp, MessageLog, Record, RecordKind};
 use tidings::store::{Keyspace, Kv, KvBatch, SledKv};
 use tidings::types::{ChannelId, ChannelType, LeaderEpoch, Seq};
-
-const RECORD_BYTES: usize = 128;
-const PER_SYNC: usize = 1000;
-
-struct Figures {
-    rate: f64,
-    p50: Duration,
-    p99: Duration,
-}
-
-/// The `per_mille`-th per-mille of sorted latencies (500 = median).
-fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
-    sorted[(sorted.len() - 1) * per_mille / 1000]
-}
-
-fn figures(records: usize, elapsed: Duration, mut latencies: Vec<Duration>) -> Figures {
-    latencies.sort();
-    Figures {
-        rate: records as f64 / elapsed.as_secs_f64(),
-        p50: percentile(&latencies, 500),
-        p99: percentile(&latencies, 990),
-    }
-}
-
-fn ceiling(dir: &std::path::Path, syncs: usize) -> std::io::Result<Figures> {
-    let mut file = OpenOptions::new().create(true).append(true).open(dir.join("ceiling.log"))?;
-    let chunk = vec![0x5au8; RECORD_BYTES * PER_SYNC];
-    let mut latencies = Vec::with_capacity(syncs);
-    let started = Instant::now();
-    for _ in 0..syncs {
-        file.write_all(&chunk)?;
-        let t = Instant::now();
-        file.sync_data()?;
-        latencies.push(t.elapsed());
-    }
-    Ok(figures(syncs * PER_SYNC, started.elapsed(), latencies))
-}
 
 fn channel(i: usize) -> ChannelId {
     ChannelId::new(ChannelType::GROUP, &format!("bench-{i}")).expect("valid id")

@@ -1,8 +1,10 @@
 //! tidings: the replicated core of a chat backend, as a library.
 //!
-//! This facade re-exports the building blocks that exist today: identifiers, hash-slot routing, the
-//! stores (metadata, raft logs, message log), the channel replica machine and the slot metadata layer.
-//! The node runtime (`Node`, `Transport`) lands on top of them.
+//! A host starts a [`Node`] per process with its [`Transport`] (or several nodes in one process over an
+//! [`mesh::InProcessMesh`]), then creates channels, appends and reads through it; committed messages
+//! fan out through its [`FanoutHost`]. The building blocks are re-exported: identifiers, hash-slot
+//! routing, the stores (metadata, raft logs, message log), the channel replica machine and fanout
+//! planner, and the slot metadata layer.
 //!
 //! ```
 //! use tidings::router::{hash_slot, HashToSlot};
@@ -14,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod frame;
+pub mod mesh;
 pub mod node;
 mod runtime;
 

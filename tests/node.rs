@@ -5,44 +5,24 @@
 #![allow(clippy::disallowed_methods)]
 
 use bytes::Bytes;
-use parking_lot::RwLock;
-use std::collections::BTreeMap;
 use std::collections::BTreeSet;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidings::channel::fanout::DeliveryPlan;
 use tidings::channel::machine::{AppendError, AppendRecord};
+use tidings::mesh::InProcessMesh;
 use tidings::node::{NodeConfig, NodeError};
 use tidings::slot::command::{Command, MemberList};
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
 use tidings::slot::model::{Uid, User};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
-use tidings::{FanoutHost, Node, RouteKey, StorageOptions, Transport};
-
-#[derive(Default)]
-struct Mesh {
-    nodes: RwLock<BTreeMap<NodeId, Weak<Node>>>,
-}
-
-struct LocalTransport {
-    from: NodeId,
-    mesh: Arc<Mesh>,
-}
-
-impl Transport for LocalTransport {
-    fn send(&self, to: NodeId, frame: Bytes) {
-        let node = self.mesh.nodes.read().get(&to).and_then(Weak::upgrade);
-        if let Some(node) = node {
-            node.handle_frame(self.from, frame);
-        }
-    }
-}
+use tidings::{FanoutHost, Node, RouteKey, StorageOptions};
 
 fn start(
     id: NodeId,
     ids: &[NodeId],
     dir: &std::path::Path,
-    mesh: &Arc<Mesh>,
+    mesh: &Arc<InProcessMesh>,
     tweak: impl Fn(&mut NodeConfig),
 ) -> Arc<Node> {
     start_with_host(id, ids, dir, mesh, tweak, None)
@@ -52,7 +32,7 @@ fn start_with_host(
     id: NodeId,
     ids: &[NodeId],
     dir: &std::path::Path,
-    mesh: &Arc<Mesh>,
+    mesh: &Arc<InProcessMesh>,
     tweak: impl Fn(&mut NodeConfig),
     host: Option<Arc<dyn FanoutHost>>,
 ) -> Arc<Node> {
@@ -60,7 +40,7 @@ fn start_with_host(
     config.slot_groups = 2;
     tweak(&mut config);
     let storage = StorageOptions::new(dir.join(id.to_string()));
-    let transport = Arc::new(LocalTransport { from: id, mesh: mesh.clone() });
+    let transport = mesh.transport(id);
     let node = Arc::new(
         match host {
             Some(host) => Node::start_with_fanout(config, storage, transport, host),
@@ -68,7 +48,7 @@ fn start_with_host(
         }
         .unwrap(),
     );
-    mesh.nodes.write().insert(id, Arc::downgrade(&node));
+    mesh.attach(&node);
     node
 }
 
@@ -97,7 +77,7 @@ fn channel(name: &str) -> ChannelId {
 #[test]
 fn single_node_goes_through_the_same_path() {
     let dir = tempfile::tempdir().unwrap();
-    let mesh = Arc::new(Mesh::default());
+    let mesh = InProcessMesh::new();
     let ids = [NodeId::new(1)];
     let node = start(ids[0], &ids, dir.path(), &mesh, |_| {});
     let ch = channel("solo");
@@ -118,7 +98,7 @@ fn single_node_goes_through_the_same_path() {
 #[test]
 fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let mesh = Arc::new(Mesh::default());
+    let mesh = InProcessMesh::new();
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
     let mut nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
     let ch = channel("shared");
@@ -134,7 +114,7 @@ fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
     // (that takes a failover), so the acknowledged messages are read from a follower, bounded by the HW it
     // checkpointed.
     std::thread::sleep(Duration::from_millis(2_500));
-    mesh.nodes.write().clear();
+    ids.iter().for_each(|id| mesh.detach(*id));
     nodes.clear();
     let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
     let leader = NodeConfig::new(ids[0], ids.clone()).channel_placement(&ch);
@@ -154,7 +134,7 @@ fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
 #[test]
 fn a_flood_gets_typed_busy_errors_not_unbounded_queues() {
     let dir = tempfile::tempdir().unwrap();
-    let mesh = Arc::new(Mesh::default());
+    let mesh = InProcessMesh::new();
     let ids = [NodeId::new(1)];
     let node = start(ids[0], &ids, dir.path(), &mesh, |config| {
         config.machine.pending_records_max = 8;
@@ -207,7 +187,7 @@ impl FanoutHost for RecordingHost {
 #[test]
 fn committed_messages_fan_out_once_to_online_allowed_subscribers_and_senders_are_checked() {
     let dir = tempfile::tempdir().unwrap();
-    let mesh = Arc::new(Mesh::default());
+    let mesh = InProcessMesh::new();
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
     let host = Arc::new(RecordingHost::default());
     let nodes: Vec<Arc<Node>> = ids
@@ -261,7 +241,7 @@ fn committed_messages_fan_out_once_to_online_allowed_subscribers_and_senders_are
 #[test]
 fn authoritative_metadata_reads_see_acknowledged_writes_and_latest_is_the_hw() {
     let dir = tempfile::tempdir().unwrap();
-    let mesh = Arc::new(Mesh::default());
+    let mesh = InProcessMesh::new();
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
     let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
     for round in 0..5 {

@@ -8,7 +8,7 @@ use super::error::NodeError;
 use super::message::{NodeMessage, RemoteAppendError};
 use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
 use bytes::Bytes;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use tidings_channel::fanout::{DeliveryPlan, FanoutEffect, FanoutPlanner, JobId, Member, MessageRef, Target};
 use tidings_channel::machine::{
@@ -174,6 +174,8 @@ struct Waiting {
 
 /// How long an append waits for its channel's meta before failing with `UnknownChannel`.
 const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Idle eviction looks at every active replica: at most this often.
+const EVICT_SCAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The sans-IO core of one node. Drive it like a channel machine: `handle_*` with the current time, then
 /// drain [`NodeCore::poll_effect`]; call [`NodeCore::handle_tick`] at [`NodeCore::poll_timeout`].
@@ -185,6 +187,14 @@ pub struct NodeCore {
     router: Arc<Router>,
     log: Arc<dyn MessageLog>,
     channels: BTreeMap<ChannelId, ChannelMachine>,
+    /// Channels whose machines took an input since their effects were last drained: only these are
+    /// polled, so the cost of an input does not grow with the number of active channels.
+    dirty: BTreeSet<ChannelId>,
+    /// Each active machine's next timer, indexed by time (`timer_of` is the reverse map).
+    timers: BTreeSet<(Time, ChannelId)>,
+    timer_of: BTreeMap<ChannelId, Time>,
+    /// Idle eviction scans every replica: at most once per `EVICT_SCAN_INTERVAL`.
+    next_evict_scan: Time,
     /// When each active channel last had an input (for eviction).
     last_used: BTreeMap<ChannelId, Time>,
     /// Channels evicted while leading and quiescent: the leader epoch their next incarnation may resume.
@@ -234,6 +244,10 @@ impl NodeCore {
             router,
             log,
             channels: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            timers: BTreeSet::new(),
+            timer_of: BTreeMap::new(),
+            next_evict_scan: now,
             last_used: BTreeMap::new(),
             resumable: BTreeMap::new(),
             metas: BTreeMap::new(),
@@ -309,8 +323,10 @@ impl NodeCore {
 
     /// When to call [`NodeCore::handle_tick`] next.
     pub fn poll_timeout(&self) -> Time {
-        let machines = self.channels.values().filter_map(ChannelMachine::poll_timeout).min();
-        machines.map_or(self.slot.poll_timeout(), |t| t.min(self.slot.poll_timeout()))
+        // Machines touched since the last drain may have moved their timer earlier than the index says.
+        let touched = self.dirty.iter().filter_map(|c| self.channels.get(c)?.poll_timeout());
+        let indexed = self.timers.first().map(|(t, _)| *t);
+        touched.chain(indexed).fold(self.slot.poll_timeout(), Time::min)
     }
 
     /// Advances time: raft ticks, channel timers, appends that waited too long for a meta.
@@ -326,18 +342,25 @@ impl NodeCore {
         for channel in expired {
             self.fail_waiting(&channel, |w| w.deadline <= now);
         }
-        let due: Vec<ChannelId> = self
-            .channels
-            .iter()
-            .filter(|(_, m)| m.poll_timeout().is_some_and(|t| t <= self.now))
-            .map(|(c, _)| c.clone())
-            .collect();
-        for channel in due {
-            if let Some(machine) = self.channels.get_mut(&channel) {
-                machine.handle_timeout(self.now);
+        let dirty: Vec<ChannelId> = self.dirty.iter().cloned().collect();
+        for channel in dirty {
+            self.reschedule(&channel);
+        }
+        while let Some((at, channel)) = self.timers.first().cloned() {
+            if at > self.now {
+                break;
+            }
+            self.timers.remove(&(at, channel.clone()));
+            self.timer_of.remove(&channel);
+            let now = self.now;
+            if let Some(machine) = self.machine_mut(&channel) {
+                machine.handle_timeout(now);
             }
         }
-        self.evict_idle();
+        if self.now >= self.next_evict_scan {
+            self.next_evict_scan = self.now + EVICT_SCAN_INTERVAL;
+            self.evict_idle();
+        }
     }
 
     /// An inbound frame from `from`. Bad frames are refused with a typed error and change nothing.
@@ -368,8 +391,9 @@ impl NodeCore {
         result: Result<(), StoreError>,
     ) {
         self.advance(now);
-        if let Some(machine) = self.channels.get_mut(channel) {
-            machine.handle_persisted(self.now, token, result);
+        let now = self.now;
+        if let Some(machine) = self.machine_mut(channel) {
+            machine.handle_persisted(now, token, result);
         }
     }
 
@@ -382,8 +406,9 @@ impl NodeCore {
         result: Result<Vec<Record>, StoreError>,
     ) {
         self.advance(now);
-        if let Some(machine) = self.channels.get_mut(channel) {
-            machine.handle_read(self.now, token, result);
+        let now = self.now;
+        if let Some(machine) = self.machine_mut(channel) {
+            machine.handle_read(now, token, result);
         }
     }
 
@@ -614,9 +639,10 @@ impl NodeCore {
         let newer = self.metas.get(&channel).is_none_or(|known| meta.version > known.version);
         if newer {
             self.metas.insert(channel.clone(), meta.clone());
-            if let Some(machine) = self.channels.get_mut(&channel) {
+            let now = self.now;
+            if let Some(machine) = self.machine_mut(&channel) {
                 // A meta that is not a valid successor is refused by the machine; it keeps the one it has.
-                let _ = machine.handle_meta(self.now, meta);
+                let _ = machine.handle_meta(now, meta);
             } else {
                 self.activate(&channel);
             }
@@ -639,6 +665,10 @@ impl NodeCore {
         for channel in evictable {
             let Some(machine) = self.channels.remove(&channel) else { continue };
             self.last_used.remove(&channel);
+            self.dirty.remove(&channel);
+            if let Some(at) = self.timer_of.remove(&channel) {
+                self.timers.remove(&(at, channel.clone()));
+            }
             if machine.role() == tidings_channel::machine::RoleKind::Leader {
                 if let Some(meta) = machine.meta() {
                     self.resumable.insert(channel.clone(), meta.leader_epoch);
@@ -684,6 +714,7 @@ impl NodeCore {
         }
         let _ = machine.handle_meta(self.now, meta);
         self.channels.insert(channel.clone(), machine);
+        self.dirty.insert(channel.clone());
         self.last_used.insert(channel.clone(), self.now);
     }
 
@@ -721,11 +752,12 @@ impl NodeCore {
         self.activate(channel);
         self.touch(channel);
         let request = self.next_id();
-        let Some(machine) = self.channels.get_mut(channel) else {
+        let now = self.now;
+        let Some(machine) = self.machine_mut(channel) else {
             self.fail_append(origin, RemoteAppendError::NotReplica);
             return;
         };
-        match machine.handle_append(self.now, AppendRequest { id: RequestId(request), records }) {
+        match machine.handle_append(now, AppendRequest { id: RequestId(request), records }) {
             Ok(()) => {
                 self.appends.insert(request, (origin, sender));
             }
@@ -768,8 +800,9 @@ impl NodeCore {
             self.touch(&channel);
         }
         self.activate(&channel);
-        match self.channels.get_mut(&channel) {
-            Some(machine) => machine.handle_message(self.now, from, message),
+        let now = self.now;
+        match self.machine_mut(&channel) {
+            Some(machine) => machine.handle_message(now, from, message),
             None => self.fetch_meta(&channel),
         }
     }
@@ -848,7 +881,7 @@ impl NodeCore {
             FanoutEffect::Failed(plan) => self.effects.push_back(NodeEffect::DeliveryFailed(plan)),
             FanoutEffect::Finished { job, .. } => {
                 if let Some(channel) = self.fanout_jobs.remove(&job) {
-                    if let Some(machine) = self.channels.get_mut(&channel) {
+                    if let Some(machine) = self.machine_mut(&channel) {
                         machine.release_handoff(1);
                     }
                 }
@@ -862,11 +895,12 @@ impl NodeCore {
         while let Some(effect) = self.slot.poll_effect() {
             self.slot_effect(effect);
         }
-        let channels: Vec<ChannelId> = self.channels.keys().cloned().collect();
-        for channel in channels {
+        // Effects may touch further channels (or this one again): drain until nothing is dirty.
+        while let Some(channel) = self.dirty.pop_first() {
             while let Some(effect) = self.channels.get_mut(&channel).and_then(ChannelMachine::poll_effect) {
                 self.channel_effect(&channel, effect);
             }
+            self.reschedule(&channel);
         }
         // Channel effects may have produced slot proposals (meta changes): drain those too.
         while let Some(effect) = self.slot.poll_effect() {
@@ -874,6 +908,32 @@ impl NodeCore {
         }
         while let Some(effect) = self.fanout.poll_effect() {
             self.fanout_effect(effect);
+        }
+    }
+
+    /// The channel machine `channel`, marked for draining.
+    fn machine_mut(&mut self, channel: &ChannelId) -> Option<&mut ChannelMachine> {
+        let machine = self.channels.get_mut(channel)?;
+        if !self.dirty.contains(channel) {
+            self.dirty.insert(channel.clone());
+        }
+        Some(machine)
+    }
+
+    /// Files the machine's next timer in the index.
+    fn reschedule(&mut self, channel: &ChannelId) {
+        let next = self.channels.get(channel).and_then(ChannelMachine::poll_timeout);
+        let filed = self.timer_of.get(channel).copied();
+        if next == filed {
+            return;
+        }
+        if let Some(at) = filed {
+            self.timers.remove(&(at, channel.clone()));
+            self.timer_of.remove(channel);
+        }
+        if let Some(at) = next {
+            self.timers.insert((at, channel.clone()));
+            self.timer_of.insert(channel.clone(), at);
         }
     }
 
@@ -968,7 +1028,7 @@ impl NodeCore {
                         self.senders.remove(&key);
                     }
                     self.feed_fanout();
-                } else if let Some(machine) = self.channels.get_mut(channel) {
+                } else if let Some(machine) = self.machine_mut(channel) {
                     machine.release_handoff(messages.len());
                 }
             }

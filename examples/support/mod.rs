@@ -1,0 +1,49 @@
+//! Measurement helpers shared by the benchmark examples (`#[path]`-included; not an example itself).
+#![allow(dead_code)] // Each example uses part of it.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+/// Record size of the message benchmarks.
+pub const RECORD_BYTES: usize = 128;
+/// Records per sync in the ceiling and journal runs.
+pub const PER_SYNC: usize = 1000;
+
+/// A rate and latency percentiles.
+pub struct Figures {
+    pub rate: f64,
+    pub p50: Duration,
+    pub p99: Duration,
+}
+
+/// The `per_mille`-th per-mille of sorted latencies (500 = median).
+pub fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
+    sorted[(sorted.len() - 1) * per_mille / 1000]
+}
+
+/// `records` in `elapsed`, with the percentiles of `latencies`.
+pub fn figures(records: usize, elapsed: Duration, mut latencies: Vec<Duration>) -> Figures {
+    latencies.sort();
+    Figures {
+        rate: records as f64 / elapsed.as_secs_f64(),
+        p50: percentile(&latencies, 500),
+        p99: percentile(&latencies, 990),
+    }
+}
+
+/// The disk's physical ceiling: sequential append + `fdatasync` of `PER_SYNC` records of `RECORD_BYTES`,
+/// `syncs` times. Latencies are the `fdatasync` calls alone.
+pub fn ceiling(dir: &std::path::Path, syncs: usize) -> std::io::Result<Figures> {
+    let mut file = OpenOptions::new().create(true).append(true).open(dir.join("ceiling.log"))?;
+    let chunk = vec![0x5au8; RECORD_BYTES * PER_SYNC];
+    let mut latencies = Vec::with_capacity(syncs);
+    let started = Instant::now();
+    for _ in 0..syncs {
+        file.write_all(&chunk)?;
+        let t = Instant::now();
+        file.sync_data()?;
+        latencies.push(t.elapsed());
+    }
+    Ok(figures(syncs * PER_SYNC, started.elapsed(), latencies))
+}
