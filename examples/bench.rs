@@ -7,6 +7,10 @@
 //! rate (open loop: latency counts from the scheduled send time, so queueing shows). Reported next to the
 //! disk's raw group-commit ceiling and its `fdatasync` p99, measured first in the same run. Three copies
 //! share one disk here, so the fair reference for throughput is ceiling / 3.
+//!
+//! `--channels N` runs only the scenario with N channels; `--tuned` runs with quieter idle channels
+//! (longer long polls, followers idle after one empty pull) and a 30 s write-behind interval, which
+//! matter when thousands of channels each see a few messages per second.
 #![allow(clippy::disallowed_methods)] // A benchmark tool reads the clock.
 
 #[path = "support/mod.rs"]
@@ -35,14 +39,26 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start(root: &std::path::Path) -> Cluster {
+    fn start(root: &std::path::Path, tuned: bool) -> Cluster {
         let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
         let mesh = InProcessMesh::new();
         let nodes = ids
             .iter()
             .map(|id| {
-                let config = NodeConfig::new(*id, ids.clone());
-                let storage = StorageOptions::new(root.join(format!("node-{id}")));
+                let mut config = NodeConfig::new(*id, ids.clone());
+                if tuned {
+                    // Quieter idle channels: long polls park longer, followers go idle after one empty
+                    // pull and then pull every 4 s (a hint wakes them at once when data arrives).
+                    config.machine.pull_park = Duration::from_secs(3);
+                    config.machine.pull_timeout = Duration::from_secs(5);
+                    config.machine.idle_after_empty_pulls = 1;
+                    config.machine.idle_pull_interval = Duration::from_secs(4);
+                }
+                let mut storage = StorageOptions::new(root.join(format!("node-{id}")));
+                if tuned {
+                    // Fewer, larger sled packs when each channel gets a few messages per second.
+                    storage.journal.write_behind_interval = Duration::from_secs(30);
+                }
                 let node = Arc::new(Node::start(config, storage, mesh.transport(*id)).expect("node starts"));
                 mesh.attach(&node);
                 node
@@ -133,6 +149,7 @@ fn max_rate(cluster: &Cluster, channels: &[ChannelId], messages: usize, in_fligh
 /// Open loop at `rate` messages/s for `duration`: latency from each message's scheduled send time.
 fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Duration) -> Figures {
     let payload = Bytes::from(vec![0x42u8; RECORD_BYTES]);
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A few hundred thousand at most.
     let total = (rate * duration.as_secs_f64()) as usize;
     let interval = Duration::from_secs_f64(1.0 / rate);
     let (to_waiter, handles) = bounded::<(Instant, AppendHandle)>(1 << 20);
@@ -172,9 +189,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         disk.rate, disk.p50, disk.p99
     );
 
-    let cluster = Cluster::start(dir.path());
+    let tuned = std::env::args().any(|a| a == "--tuned");
+    let cluster = Cluster::start(dir.path(), tuned);
     let mut summary = Vec::new();
+    let only: Option<usize> = std::env::args().skip_while(|a| a != "--channels").nth(1).and_then(|n| n.parse().ok());
     for (count, messages) in [(1usize, 20_000usize), (100, 50_000), (10_000, 60_000)] {
+        if only.is_some_and(|only| only != count) {
+            continue;
+        }
         let channels: Vec<ChannelId> = (0..count)
             .map(|i| ChannelId::new(ChannelType::GROUP, &format!("c{count}-{i}")).expect("channel id"))
             .collect();
