@@ -176,6 +176,8 @@ impl Node {
         fanout: Arc<dyn FanoutHost>,
     ) -> Result<Node, NodeError> {
         config.validate().map_err(|what| NodeError::Storage(StoreError::BadConfig { what }))?;
+        let boot_nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let config = NodeConfig { boot_id: u64::from(boot_nanos.subsec_nanos()) ^ boot_nanos.as_secs(), ..config };
         std::fs::create_dir_all(&storage.data_dir).map_err(|e| StoreError::io("create data directory", e))?;
         let kv: Arc<dyn Kv> = Arc::new(SledKv::open(storage.data_dir.join("sled"), storage.sled_cache_bytes)?);
         let logs = Arc::new(RaftLogStore::open(kv.clone())?);

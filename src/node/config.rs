@@ -24,7 +24,7 @@ pub struct NodeConfig {
     pub channel_replicas: usize,
     /// MinISR of new channels.
     pub channel_min_isr: u8,
-    /// Seed of every random choice (elections).
+    /// Seed of every random choice (elections). Mixed with the node id, so nodes may share it.
     pub seed: u64,
     /// Raft tick interval of the slot layer.
     pub tick_interval: Duration,
@@ -41,6 +41,11 @@ pub struct NodeConfig {
     pub fanout: FanoutConfig,
     /// Fan committed messages out to online subscribers (off for a host without sessions).
     pub fanout_enabled: bool,
+    /// Distinguishes this start of the node from its earlier ones: request ids that cross the network
+    /// (forwarded appends) carry it, so a reply addressed to an earlier start is never taken for a new
+    /// request. `Node::start` sets it from the wall clock; a host driving `NodeCore` itself must give
+    /// each start a different value (low 32 bits). Default 0.
+    pub boot_id: u64,
 }
 
 impl NodeConfig {
@@ -63,6 +68,7 @@ impl NodeConfig {
             channel_idle_evict: Duration::from_secs(30),
             fanout: FanoutConfig::default(),
             fanout_enabled: true,
+            boot_id: 0,
             nodes,
         }
     }

@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use tidings_channel::fanout::{DeliveryPlan, FanoutEffect, FanoutPlanner, JobId, Member, MessageRef, Target};
 use tidings_channel::machine::{
-    AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken, ReadToken, RequestId,
+    AppendAborted, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken, ReadToken,
+    RequestId,
 };
 use tidings_router::Router;
 use tidings_slot::command::{Command, MemberList, RoutingKey};
@@ -22,7 +23,7 @@ use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, MultiRaftConfig, ProposalId, ProposeError, ReadId, SlotEffect};
 use tidings_store::message::{LogBatch, MessageLog, ReadLimits, Record};
 use tidings_store::{MetaStore, RaftLogStore, StoreError};
-use tidings_types::{ChannelId, ChannelRuntimeMeta, Epoch, LeaderEpoch, NodeId, Seq, Time};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, Epoch, GroupId, LeaderEpoch, NodeId, Seq, Time};
 
 /// Identifies an API call; chosen by the runtime, echoed in [`NodeEffect::Done`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -174,6 +175,8 @@ struct Waiting {
 
 /// How long an append waits for its channel's meta before failing with `UnknownChannel`.
 const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Extra wait for a forwarded append's reply beyond the leader's append timeout.
+const FORWARD_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
 /// Idle eviction looks at every active replica: at most this often.
 const EVICT_SCAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -206,6 +209,10 @@ pub struct NodeCore {
     /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
     senders: BTreeMap<(ChannelId, Seq), String>,
     forwarded: BTreeMap<u64, ApiId>,
+    /// When each forwarded append stops waiting for its reply (deadlines are increasing: one timeout).
+    forward_deadlines: VecDeque<(Time, u64)>,
+    /// Leaders of slot groups this node does not serve, as `NotLeader` hints named them.
+    remote_leaders: BTreeMap<GroupId, NodeId>,
     /// Authoritative metadata reads waiting for their ReadIndex.
     meta_reads: BTreeMap<ReadId, ApiId>,
     next_id: u64,
@@ -233,7 +240,9 @@ impl NodeCore {
         let members: Vec<_> =
             config.slot_group_members().into_iter().filter(|(_, m)| m.contains(&config.node)).collect();
         let mut raft_config = MultiRaftConfig::new(config.node);
-        raft_config.seed = config.seed;
+        // Mixed with the node id: members of a group sharing a seed would otherwise draw the same pinned
+        // election timeout and split their votes forever when their clocks tick in step.
+        raft_config.seed = config.seed ^ config.node.get().wrapping_mul(0x9e37_79b9_7f4a_7c15);
         raft_config.tick_interval = config.tick_interval;
         let slot = MultiRaft::open(raft_config, logs, meta.clone(), config.table(), &members, now)?;
         let frame_limits = FrameLimits { frame_bytes_max: config.frame_bytes_max };
@@ -256,8 +265,11 @@ impl NodeCore {
             appends: BTreeMap::new(),
             senders: BTreeMap::new(),
             forwarded: BTreeMap::new(),
+            forward_deadlines: VecDeque::new(),
+            remote_leaders: BTreeMap::new(),
             meta_reads: BTreeMap::new(),
-            next_id: 1,
+            // Ids of this start live in their own range: see `NodeConfig::boot_id`.
+            next_id: ((config.boot_id & 0xffff_ffff) << 32) | 1,
             next_incarnation: now.as_millis().wrapping_mul(1 << 20) + 1,
             effects: VecDeque::new(),
             frame_limits,
@@ -355,6 +367,15 @@ impl NodeCore {
             let now = self.now;
             if let Some(machine) = self.machine_mut(&channel) {
                 machine.handle_timeout(now);
+            }
+        }
+        while let Some((deadline, forward)) = self.forward_deadlines.front().copied() {
+            if deadline > self.now {
+                break;
+            }
+            self.forward_deadlines.pop_front();
+            if let Some(api) = self.forwarded.remove(&forward) {
+                self.done(api, ApiResult::Appended(Err(NodeError::Aborted(AppendAborted::Timeout))));
             }
         }
         if self.now >= self.next_evict_scan {
@@ -541,6 +562,11 @@ impl NodeCore {
         } else {
             let forward = self.next_id();
             self.forwarded.insert(forward, id);
+            // A lost forward or reply must not leave the caller waiting forever: after the leader's own
+            // append timeout (plus slack for the round trip) the caller gets `Aborted(Timeout)`, outcome
+            // unknown, and retries with the same idempotency keys.
+            let deadline = self.now + self.config.machine.append_timeout + FORWARD_SLACK;
+            self.forward_deadlines.push_back((deadline, forward));
             let records = records.into_iter().map(|r| (r.idempotency_key, r.payload)).collect();
             self.send_node(meta.leader, NodeMessage::AppendForward { id: forward, channel, sender, records });
         }
@@ -587,6 +613,7 @@ impl NodeCore {
                 let leader = route
                     .group(group)
                     .and_then(|g| g.leader)
+                    .or_else(|| self.remote_leaders.get(&group).copied())
                     .or_else(|| {
                         self.config.slot_group_members().into_iter().find(|(g, _)| *g == group).map(|(_, m)| m[0])
                     })
@@ -970,6 +997,11 @@ impl NodeCore {
 
     fn proposal_done(&mut self, id: ProposalId, result: Result<Outcome, ProposeError>) {
         let Some(purpose) = self.proposals.remove(&id) else { return };
+        if let Err(ProposeError::NotLeader { group, hint: Some(leader) }) = &result {
+            if !self.slot.groups().any(|g| g == *group) {
+                self.remote_leaders.insert(*group, *leader);
+            }
+        }
         let applied = match result {
             Ok(Outcome::Applied) => Ok(()),
             Ok(other) => Err(NodeError::NotApplied(other)),

@@ -15,9 +15,11 @@
 //! applied index; raft-rs hands out only entries persisted locally, so the applied index is never ahead of
 //! the durable log.
 //!
-//! Elections are deterministic: each group's election timeout is drawn from the configured seed and
-//! pinned (`min_election_tick = election_tick`, `max_election_tick = election_tick + 1`), so raft-rs's own
-//! random draw has one value to pick. Pre-vote and check-quorum are on; `batch_append` is on.
+//! Elections are deterministic yet randomized: every time raft-rs resets a group's election clock, its
+//! own (thread-local) draw is replaced by one from the group's seeded stream in
+//! `[election_ticks_min, 2 * election_ticks_min)`, so the same seed gives the same run and members whose
+//! timeouts once coincided (a split vote) draw apart. Pre-vote and check-quorum are on; `batch_append`
+//! is on.
 
 mod config;
 mod effect;
@@ -93,6 +95,24 @@ struct Group {
     fsm: SlotFsm,
     reads: VecDeque<PendingRead>,
     observed: Option<GroupObservation>,
+    /// Draws the election timeouts of this group on this node.
+    election_rng: DetRng,
+    /// Election timeouts are drawn in `[election_tick, 2 * election_tick)`.
+    election_tick: usize,
+}
+
+impl Group {
+    /// raft-rs draws a new election timeout from a thread-local RNG whenever it resets its election
+    /// clock; each draw is replaced by one from the group's seeded stream, so a run is reproducible and
+    /// members that once timed out together (a split vote) draw different timeouts next round.
+    fn seed_election_timeout(&mut self) {
+        let raft = &mut self.raw.raft;
+        if raft.state != StateRole::Leader && raft.election_elapsed == 0 {
+            let spread = u64::try_from(self.election_tick).unwrap_or(1).max(1);
+            let extra = usize::try_from(self.election_rng.below(spread)).unwrap_or(0);
+            raft.set_randomized_election_timeout(self.election_tick + extra);
+        }
+    }
 }
 
 /// The multi-raft driver of one node. See the [module docs](self).
@@ -177,15 +197,13 @@ impl MultiRaft {
         };
         let rng = DetRng::new(driver.config.seed);
         for (group, voters) in groups {
-            let election = driver.config.election_ticks_min
-                + usize::try_from(rng.child(u64::from(group.get())).below(driver.config.election_ticks_min as u64))
-                    .unwrap_or(0);
-            driver.add_group(*group, voters, election)?;
+            driver.add_group(*group, voters, rng.child(u64::from(group.get())))?;
         }
         Ok(driver)
     }
 
-    fn add_group(&mut self, group: GroupId, voters: &[NodeId], election_tick: usize) -> Result<(), StoreError> {
+    fn add_group(&mut self, group: GroupId, voters: &[NodeId], election_rng: DetRng) -> Result<(), StoreError> {
+        let election_tick = self.config.election_ticks_min;
         let conf = raft::prelude::ConfState { voters: voters.iter().map(|n| n.get()).collect(), ..Default::default() };
         self.logs.create_group(group, conf)?;
         let applied = self.meta.applied_index(group)?;
@@ -194,7 +212,7 @@ impl MultiRaft {
             election_tick,
             heartbeat_tick: self.config.heartbeat_ticks,
             min_election_tick: election_tick,
-            max_election_tick: election_tick + 1,
+            max_election_tick: 2 * election_tick,
             applied,
             max_size_per_msg: self.config.max_size_per_msg,
             max_inflight_msgs: self.config.max_inflight_msgs,
@@ -206,7 +224,9 @@ impl MultiRaft {
         let storage = self.logs.group(group)?;
         let raw = RawNode::new(&raft_config, storage, &self.logger).map_err(raft_error)?;
         let fsm = SlotFsm::new(group, self.meta.clone(), self.config.fsm);
-        self.groups.insert(group, Group { raw, fsm, reads: VecDeque::new(), observed: None });
+        let mut g = Group { raw, fsm, reads: VecDeque::new(), observed: None, election_rng, election_tick };
+        g.seed_election_timeout();
+        self.groups.insert(group, g);
         Ok(())
     }
 
@@ -322,6 +342,7 @@ impl MultiRaft {
             self.last_tick = self.last_tick + self.config.tick_interval;
             for group in self.groups.values_mut() {
                 group.raw.tick();
+                group.seed_election_timeout();
             }
             ticks += 1;
         }
@@ -426,6 +447,7 @@ impl MultiRaft {
         if let Some(g) = self.groups.get_mut(&group) {
             // raft-rs refuses local-only message types from the wire; other errors are stale messages.
             let _ = g.raw.step(message);
+            g.seed_election_timeout();
         }
     }
 

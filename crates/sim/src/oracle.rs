@@ -1,0 +1,195 @@
+//! The client-side oracle: every request and its answer, and the invariants over them.
+
+use bytes::Bytes;
+use std::collections::{BTreeMap, BTreeSet};
+use tidings::node::{ApiId, ApiResult};
+use tidings::store::message::{IdempotencyKey, Record, RecordKind};
+use tidings::types::{ChannelId, DetRng, NodeId, Seq};
+
+/// The channel machine's default idempotency window, in seqs.
+const IDEMPOTENCY_WINDOW: u64 = 1024;
+
+enum Expect {
+    Create(ChannelId),
+    Append { channel: ChannelId, payload: Bytes, key: Option<IdempotencyKey> },
+}
+
+/// Requests, answers and violations.
+#[derive(Default)]
+pub struct Oracle {
+    expected: BTreeMap<ApiId, (NodeId, Expect)>,
+    created: BTreeSet<ChannelId>,
+    /// Acknowledged appends: channel → seq → payload.
+    acked: BTreeMap<ChannelId, BTreeMap<Seq, Bytes>>,
+    /// The seq an idempotency key was first acknowledged at.
+    key_seq: BTreeMap<(ChannelId, IdempotencyKey), Seq>,
+    /// Keyed appends to retry: channel, key, payload.
+    keyed: Vec<(ChannelId, IdempotencyKey, Bytes)>,
+    violations: Vec<String>,
+}
+
+impl Oracle {
+    pub fn expect_create(&mut self, api: ApiId, node: NodeId, channel: ChannelId) {
+        self.expected.insert(api, (node, Expect::Create(channel)));
+    }
+
+    pub fn expect_append(
+        &mut self,
+        api: ApiId,
+        node: NodeId,
+        channel: ChannelId,
+        payload: Bytes,
+        key: Option<IdempotencyKey>,
+    ) {
+        if let Some(key) = &key {
+            if !self.keyed.iter().any(|(c, k, _)| *c == channel && k == key) && self.keyed.len() < 1_000 {
+                self.keyed.push((channel.clone(), key.clone(), payload.clone()));
+            }
+        }
+        self.expected.insert(api, (node, Expect::Append { channel, payload, key }));
+    }
+
+    pub fn pick_retry(&self, rng: &mut DetRng) -> Option<(ChannelId, IdempotencyKey, Bytes)> {
+        rng.pick(&self.keyed).cloned()
+    }
+
+    pub fn created(&self) -> impl Iterator<Item = ChannelId> + '_ {
+        self.created.iter().cloned()
+    }
+
+    pub fn violation(&mut self, what: String) {
+        self.violations.push(what);
+    }
+
+    /// Requests in a crashed node die with it (a real client sees its connection drop).
+    pub fn node_crashed(&mut self, node: NodeId) {
+        self.expected.retain(|_, (n, _)| *n != node);
+    }
+
+    pub fn answered(&mut self, api: ApiId, result: ApiResult) {
+        let Some((_, expect)) = self.expected.remove(&api) else { return };
+        match (expect, result) {
+            (Expect::Create(channel), ApiResult::Meta(Ok(()))) => {
+                self.created.insert(channel);
+            }
+            (Expect::Create(channel), other) if std::env::var("SIM_DEBUG").is_ok() => {
+                eprintln!("create {channel}: {other:?}");
+            }
+            (Expect::Append { channel, payload, key }, ApiResult::Appended(Ok(seqs))) => {
+                let Some(seq) = seqs.first().copied() else {
+                    self.violation(format!("{channel}: append acknowledged without a seq"));
+                    return;
+                };
+                if let Some(key) = key {
+                    match self.key_seq.get(&(channel.clone(), key.clone())) {
+                        // Keys are remembered for the channel's last `IDEMPOTENCY_WINDOW` seqs; an older key
+                        // may legitimately append again.
+                        Some(first) if *first != seq && seq.get().saturating_sub(first.get()) < IDEMPOTENCY_WINDOW => {
+                            self.violation(format!(
+                                "{channel}: idempotent retry acknowledged at {seq}, first at {first} (two records)"
+                            ))
+                        }
+                        Some(_) => {}
+                        None => {
+                            self.key_seq.insert((channel.clone(), key), seq);
+                        }
+                    }
+                }
+                if std::env::var("SIM_DEBUG_CHANNEL").is_ok_and(|c| c == channel.to_string()) {
+                    eprintln!("ack {channel} {seq} {api:?} {payload:?}");
+                }
+                let acked = self.acked.entry(channel.clone()).or_default();
+                match acked.get(&seq) {
+                    Some(other) if *other != payload => {
+                        if std::env::var("SIM_DEBUG").is_ok() {
+                            eprintln!("conflict at {seq}: had {other:?}, now {payload:?} (api {api:?})");
+                        }
+                        self.violations.push(format!("{channel}: seq {seq} acknowledged for two payloads"));
+                    }
+                    _ => {
+                        acked.insert(seq, payload);
+                    }
+                }
+            }
+            // Refusals and aborts are answers: the client may retry.
+            _ => {}
+        }
+    }
+
+    /// Records a read returned must match what was acknowledged at their seqs.
+    pub fn check_read(&mut self, node: NodeId, channel: &ChannelId, records: &[Record]) {
+        let Some(acked) = self.acked.get(channel) else { return };
+        for record in records {
+            if let Some(payload) = acked.get(&record.seq) {
+                if *payload != record.payload {
+                    self.violations
+                        .push(format!("{node}: read of {channel} at {} differs from the acknowledged one", record.seq));
+                }
+            }
+        }
+    }
+
+    /// Every acknowledged append is on some replica's durable log unchanged; replicas agree at every seq at
+    /// or below both their HWs.
+    pub fn check_durable(&mut self, channel: &ChannelId, logs: &[(NodeId, Seq, Vec<Record>)]) {
+        let messages = |records: &[Record]| -> BTreeMap<Seq, Bytes> {
+            records.iter().filter(|r| r.kind == RecordKind::Message).map(|r| (r.seq, r.payload.clone())).collect()
+        };
+        let held: Vec<(NodeId, Seq, BTreeMap<Seq, Bytes>)> =
+            logs.iter().map(|(id, hw, records)| (*id, *hw, messages(records))).collect();
+        for (seq, payload) in self.acked.get(channel).into_iter().flatten() {
+            if !held.iter().any(|(_, _, log)| log.get(seq) == Some(payload)) {
+                self.violations.push(format!("{channel}: acknowledged seq {seq} lost or changed on every replica"));
+            }
+        }
+        for (i, (a, hw_a, log_a)) in held.iter().enumerate() {
+            for (b, hw_b, log_b) in &held[i + 1..] {
+                let through = (*hw_a).min(*hw_b);
+                for (seq, payload) in log_a.range(..=through) {
+                    if log_b.get(seq).is_some_and(|other| other != payload) {
+                        self.violations.push(format!("{channel}: {a} and {b} differ at {seq} below HW {through}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every request was answered, except those on channels that wait for a failover.
+    pub fn check_answered(&mut self, stuck: &BTreeSet<ChannelId>) {
+        let unanswered: Vec<String> = self
+            .expected
+            .values()
+            .filter_map(|(_, e)| match e {
+                Expect::Append { channel, .. } if !stuck.contains(channel) => Some(channel.to_string()),
+                Expect::Create(channel) => Some(channel.to_string()),
+                Expect::Append { .. } => None,
+            })
+            .collect();
+        if std::env::var("SIM_DEBUG").is_ok() {
+            for (api, (node, e)) in &self.expected {
+                if let Expect::Append { channel, payload, key } = e {
+                    eprintln!("unanswered {api:?} on {node}: {channel} {payload:?} key {key:?}");
+                }
+            }
+        }
+        if !unanswered.is_empty() {
+            self.violations.push(format!(
+                "liveness: {} requests never answered ({:?}...)",
+                unanswered.len(),
+                unanswered.first()
+            ));
+        }
+    }
+
+    pub fn acked_count(&self) -> usize {
+        self.acked.values().map(BTreeMap::len).sum()
+    }
+
+    pub fn unanswered(&self) -> usize {
+        self.expected.len()
+    }
+
+    pub fn into_violations(self) -> Vec<String> {
+        self.violations
+    }
+}

@@ -1,0 +1,102 @@
+//! Everything a seed decides about a run, drawn from the seed and printed with it.
+
+use std::fmt;
+use tidings::types::DetRng;
+
+/// Parameters of one simulated run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimParams {
+    /// The seed everything derives from.
+    pub seed: u64,
+    /// Nodes in the cluster (1 to 5).
+    pub nodes: u64,
+    /// Slot groups.
+    pub slot_groups: u32,
+    /// Replicas per channel (at most `nodes`, at most 3).
+    pub channel_replicas: usize,
+    /// MinISR of the channels.
+    pub min_isr: u8,
+    /// Channels the workload uses.
+    pub channels: usize,
+    /// Virtual milliseconds of the safety phase (faults on).
+    pub safety_ms: u64,
+    /// Virtual milliseconds of the liveness phase (faults healed).
+    pub liveness_ms: u64,
+    /// Per million per frame: lost.
+    pub loss_ppm: u32,
+    /// Per million per frame: delivered twice.
+    pub dup_ppm: u32,
+    /// Most network delay, ms (delays are uniform in 0..=max, so frames reorder).
+    pub delay_max_ms: u64,
+    /// Most storage completion delay, ms (slow disk).
+    pub disk_delay_max_ms: u64,
+    /// Per million per ms: a node crashes (and restarts `restart_ms` later).
+    pub crash_ppm: u32,
+    /// Down time of a crashed node, ms.
+    pub restart_ms: u64,
+    /// Per million per ms: a one-way partition between two nodes starts (it heals `partition_ms` later).
+    pub partition_ppm: u32,
+    /// Length of a partition, ms.
+    pub partition_ms: u64,
+    /// Per million per ms: a client request (append, retry or read) is issued.
+    pub request_ppm: u32,
+    /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
+    pub unsafe_lying_disk: bool,
+}
+
+impl SimParams {
+    /// The parameters `seed` draws.
+    pub fn from_seed(seed: u64) -> Self {
+        let mut rng = DetRng::new(seed ^ 0x5eed_5eed_5eed_5eed);
+        let nodes = rng.range(1, 5);
+        let channel_replicas = usize::try_from(nodes.min(3)).unwrap_or(3);
+        let min_isr = u8::try_from(rng.range(1, channel_replicas as u64)).unwrap_or(1);
+        SimParams {
+            seed,
+            nodes,
+            slot_groups: u32::try_from(rng.range(1, 4)).unwrap_or(1),
+            channel_replicas,
+            min_isr,
+            channels: usize::try_from(rng.range(1, 6)).unwrap_or(1),
+            safety_ms: rng.range(3_000, 8_000),
+            liveness_ms: 15_000,
+            loss_ppm: u32::try_from(rng.range(0, 50_000)).unwrap_or(0),
+            dup_ppm: u32::try_from(rng.range(0, 20_000)).unwrap_or(0),
+            delay_max_ms: rng.range(0, 20),
+            disk_delay_max_ms: rng.range(0, 5),
+            crash_ppm: u32::try_from(rng.range(0, 300)).unwrap_or(0),
+            restart_ms: rng.range(100, 2_000),
+            partition_ppm: u32::try_from(rng.range(0, 500)).unwrap_or(0),
+            partition_ms: rng.range(50, 3_000),
+            request_ppm: u32::try_from(rng.range(20_000, 300_000)).unwrap_or(100_000),
+            unsafe_lying_disk: false,
+        }
+    }
+}
+
+impl fmt::Display for SimParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
+             delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms requests={}ppm/ms{}",
+            self.seed,
+            self.nodes,
+            self.slot_groups,
+            self.channel_replicas,
+            self.min_isr,
+            self.channels,
+            self.safety_ms,
+            self.loss_ppm,
+            self.dup_ppm,
+            self.delay_max_ms,
+            self.disk_delay_max_ms,
+            self.crash_ppm,
+            self.restart_ms,
+            self.partition_ppm,
+            self.partition_ms,
+            self.request_ppm,
+            if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" }
+        )
+    }
+}

@@ -1,0 +1,540 @@
+//! The simulated cluster: every node's real `NodeCore` on in-memory stores, a seeded network and disk,
+//! faults, a client workload, and the checks. One thread, virtual time in 1 ms steps.
+
+use crate::oracle::Oracle;
+use crate::params::SimParams;
+use bytes::Bytes;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tidings::channel::machine::AppendRecord;
+use tidings::node::{subscriber_page, ApiId, NodeConfig, NodeCore, NodeEffect};
+use tidings::router::Router;
+use tidings::slot::model::{ChannelFlags, ChannelInfo};
+use tidings::store::message::{IdempotencyKey, LogBatch, LogLimits, MemoryLog, MessageLog, ReadLimits, Record};
+use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
+use tidings::types::{ChannelId, ChannelType, DetRng, NodeId, Seq, Time};
+
+/// What a run did, and what it found.
+#[derive(Clone, Debug)]
+pub struct SimReport {
+    /// The parameters (print them with the seed).
+    pub params: SimParams,
+    /// Virtual milliseconds simulated.
+    pub steps: u64,
+    /// Faults injected: frames lost, frames duplicated, crashes, partitions.
+    pub faults: Faults,
+    /// Appends acknowledged.
+    pub acked: usize,
+    /// Requests still unanswered at the end.
+    pub unanswered: usize,
+    /// Hash of every delivered frame and answer: the same seed gives the same hash.
+    pub trace_hash: u64,
+    /// Invariant violations (empty: the seed passed).
+    pub violations: Vec<String>,
+}
+
+impl SimReport {
+    /// No invariant was violated.
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// The command that replays this seed.
+    pub fn replay_command(&self) -> String {
+        format!("cargo run --release -p tidings-sim -- --seed {}", self.params.seed)
+    }
+}
+
+/// Fault counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Frames lost.
+    pub lost: u64,
+    /// Frames delivered twice.
+    pub duplicated: u64,
+    /// Node crashes.
+    pub crashes: u64,
+    /// One-way partitions.
+    pub partitions: u64,
+}
+
+enum Event {
+    Frame {
+        from: NodeId,
+        to: NodeId,
+        bytes: Bytes,
+    },
+    SlotsSynced {
+        node: NodeId,
+        incarnation: u64,
+        token: u64,
+    },
+    Persisted {
+        node: NodeId,
+        incarnation: u64,
+        token: tidings::channel::machine::PersistToken,
+        batch: LogBatch,
+    },
+    ReadDone {
+        node: NodeId,
+        incarnation: u64,
+        channel: ChannelId,
+        token: tidings::channel::machine::ReadToken,
+        from: Seq,
+        through: Seq,
+        max_bytes: usize,
+    },
+    Restart {
+        node: NodeId,
+    },
+}
+
+struct SimNode {
+    config: NodeConfig,
+    kv: Arc<MemoryKv>,
+    log: Arc<MemoryLog>,
+    core: Option<NodeCore>,
+    /// Bumped at every crash: completions of an older incarnation are dropped (the work died with it).
+    incarnation: u64,
+}
+
+/// One simulated cluster.
+pub struct World {
+    params: SimParams,
+    rng: DetRng,
+    now: Time,
+    nodes: BTreeMap<NodeId, SimNode>,
+    events: BTreeMap<(Time, u64), Event>,
+    next_event: u64,
+    /// One-way partitions: (from, to) → heals at.
+    cut: BTreeMap<(NodeId, NodeId), Time>,
+    faulty: bool,
+    /// The client workload runs (off while the liveness phase drains).
+    requests_on: bool,
+    channels: Vec<ChannelId>,
+    oracle: Oracle,
+    faults: Faults,
+    trace: u64,
+    next_api: u64,
+    /// Last HW seen per (node, channel) since the node's last crash.
+    hw_seen: BTreeMap<(NodeId, ChannelId), Seq>,
+    /// Channels whose leader crashed at some point (they wait for a failover, which needs the controller).
+    leader_crashed: BTreeSet<ChannelId>,
+}
+
+impl World {
+    /// A cluster for `params`, not started.
+    pub fn new(params: SimParams) -> World {
+        let ids: Vec<NodeId> = (1..=params.nodes).map(NodeId::new).collect();
+        let mut nodes = BTreeMap::new();
+        for id in &ids {
+            let mut config = NodeConfig::new(*id, ids.clone());
+            config.slot_groups = params.slot_groups;
+            config.channel_replicas = params.channel_replicas;
+            config.channel_min_isr = params.min_isr;
+            config.seed = params.seed;
+            config.fanout_enabled = false;
+            let kv = Arc::new(MemoryKv::new());
+            let log = Arc::new(MemoryLog::new(LogLimits::default()));
+            nodes.insert(*id, SimNode { config, kv, log, core: None, incarnation: 0 });
+        }
+        let channels = (0..params.channels)
+            .map(|i| ChannelId::new(ChannelType::GROUP, &format!("sim-{i}")).expect("valid channel id"))
+            .collect();
+        World {
+            rng: DetRng::new(params.seed),
+            params,
+            now: Time::ZERO,
+            nodes,
+            events: BTreeMap::new(),
+            next_event: 0,
+            cut: BTreeMap::new(),
+            faulty: false,
+            requests_on: false,
+            channels,
+            oracle: Oracle::default(),
+            faults: Faults::default(),
+            trace: 0xcbf2_9ce4_8422_2325,
+            next_api: 1,
+            hw_seen: BTreeMap::new(),
+            leader_crashed: BTreeSet::new(),
+        }
+    }
+
+    /// Runs setup, the safety phase and the liveness phase, then the final checks.
+    pub fn run(mut self) -> SimReport {
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for id in &ids {
+            self.boot(*id);
+        }
+        // Setup, fault-free: elections, then the channels.
+        self.run_for(2_000);
+        let mut created = BTreeSet::new();
+        for _ in 0..20 {
+            for channel in self.channels.clone() {
+                if created.contains(&channel) {
+                    continue;
+                }
+                let api = self.api();
+                let info = ChannelInfo { channel: channel.clone(), flags: ChannelFlags::default() };
+                let first = ids[0];
+                let now = self.now;
+                if let Some(core) = self.nodes.get_mut(&first).and_then(|n| n.core.as_mut()) {
+                    core.create_channel(now, api, info);
+                }
+                self.oracle.expect_create(api, first, channel);
+            }
+            self.run_for(500);
+            created.extend(self.oracle.created());
+            if created.len() == self.channels.len() {
+                break;
+            }
+        }
+        if created.len() < self.channels.len() {
+            self.oracle.violation(format!("setup: only {} of {} channels created", created.len(), self.channels.len()));
+        }
+        self.run_for(1_000);
+
+        self.faulty = true;
+        self.requests_on = true;
+        self.run_for(self.params.safety_ms);
+        self.faulty = false;
+        // Liveness: everything healed, no new requests; every request must be answered in time (an
+        // append commits or times out within the leader's append timeout plus the forward slack).
+        self.requests_on = false;
+        self.heal();
+        self.run_for(self.params.liveness_ms);
+        self.final_checks();
+        let steps = self.now.as_millis();
+        SimReport {
+            acked: self.oracle.acked_count(),
+            unanswered: self.oracle.unanswered(),
+            params: self.params,
+            steps,
+            faults: self.faults,
+            trace_hash: self.trace,
+            violations: self.oracle.into_violations(),
+        }
+    }
+
+    fn api(&mut self) -> ApiId {
+        self.next_api += 1;
+        ApiId(self.next_api)
+    }
+
+    fn boot(&mut self, id: NodeId) {
+        let boot_id = self.rng.next_u64();
+        let node = self.nodes.get_mut(&id).expect("known node");
+        node.config.boot_id = boot_id;
+        let kv: Arc<dyn Kv> = node.kv.clone();
+        let logs = Arc::new(RaftLogStore::open(kv.clone()).expect("memory raft log opens"));
+        let router = Arc::new(Router::new(node.config.table()));
+        let log: Arc<dyn MessageLog> = node.log.clone();
+        let core = NodeCore::new(node.config.clone(), logs, MetaStore::new(kv), log, router, self.now)
+            .expect("node core starts");
+        node.core = Some(core);
+    }
+
+    fn crash(&mut self, id: NodeId) {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        let Some(core) = node.core.take() else { return };
+        for channel in core.status().channels {
+            if channel.leader == id {
+                self.leader_crashed.insert(channel.channel);
+            }
+        }
+        node.incarnation += 1;
+        if std::env::var("SIM_DEBUG").is_ok() {
+            eprintln!("{:?} crash {id}", self.now);
+        }
+        node.kv.crash();
+        node.log.crash();
+        self.hw_seen.retain(|(n, _), _| *n != id);
+        self.faults.crashes += 1;
+        self.oracle.node_crashed(id);
+        let at = self.now + Duration::from_millis(self.params.restart_ms);
+        self.schedule(at, Event::Restart { node: id });
+    }
+
+    fn heal(&mut self) {
+        self.cut.clear();
+        let down: Vec<NodeId> = self.nodes.iter().filter(|(_, n)| n.core.is_none()).map(|(id, _)| *id).collect();
+        for id in down {
+            self.boot(id);
+        }
+    }
+
+    fn schedule(&mut self, at: Time, event: Event) {
+        self.next_event += 1;
+        self.events.insert((at, self.next_event), event);
+    }
+
+    fn mix(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.trace ^= u64::from(*b);
+            self.trace = self.trace.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn run_for(&mut self, ms: u64) {
+        for _ in 0..ms {
+            self.step();
+        }
+    }
+
+    /// One virtual millisecond.
+    fn step(&mut self) {
+        self.now = self.now + Duration::from_millis(1);
+        let now = self.now;
+        if self.faulty {
+            self.inject_faults();
+        }
+        self.cut.retain(|_, heals| *heals > now);
+        while let Some(entry) = self.events.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let event = entry.remove();
+            self.deliver(event);
+        }
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for id in &ids {
+            if let Some(core) = self.nodes.get_mut(id).and_then(|n| n.core.as_mut()) {
+                if core.poll_timeout() <= now {
+                    core.handle_tick(now);
+                }
+            }
+        }
+        if self.requests_on && self.rng.chance(self.params.request_ppm) {
+            self.request();
+        }
+        for id in &ids {
+            self.drain(*id);
+        }
+        if now.as_millis() % 100 == 0 {
+            self.check_hw_monotonic();
+        }
+    }
+
+    fn inject_faults(&mut self) {
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        if self.rng.chance(self.params.crash_ppm) {
+            let id = *self.rng.pick(&ids).expect("nodes");
+            self.crash(id);
+        }
+        if ids.len() > 1 && self.rng.chance(self.params.partition_ppm) {
+            let from = *self.rng.pick(&ids).expect("nodes");
+            let to = *self.rng.pick(&ids).expect("nodes");
+            if from != to {
+                self.cut.insert((from, to), self.now + Duration::from_millis(self.params.partition_ms));
+                self.faults.partitions += 1;
+            }
+        }
+    }
+
+    fn deliver(&mut self, event: Event) {
+        let now = self.now;
+        match event {
+            Event::Frame { from, to, bytes } => {
+                if self.cut.contains_key(&(from, to)) {
+                    return;
+                }
+                let Some(core) = self.nodes.get_mut(&to).and_then(|n| n.core.as_mut()) else { return };
+                // Every frame a node sends is well formed: a refusal here is a bug.
+                if let Err(error) = core.handle_frame(now, from, &bytes) {
+                    self.oracle.violation(format!("{to} refused a frame from {from}: {error}"));
+                }
+                self.mix(&now.as_millis().to_le_bytes());
+                self.mix(&bytes);
+            }
+            Event::SlotsSynced { node, incarnation, token } => {
+                let n = self.nodes.get_mut(&node).expect("known node");
+                if n.incarnation != incarnation {
+                    return;
+                }
+                n.kv.sync().expect("memory kv syncs");
+                if let Some(core) = n.core.as_mut() {
+                    core.handle_slots_synced(now, token);
+                }
+            }
+            Event::Persisted { node, incarnation, token, batch } => {
+                let lying = self.params.unsafe_lying_disk;
+                let n = self.nodes.get_mut(&node).expect("known node");
+                if n.incarnation != incarnation {
+                    return;
+                }
+                let channel = batch.channel.clone();
+                let result = if lying { Ok(()) } else { n.log.commit(batch) };
+                if let Some(core) = n.core.as_mut() {
+                    core.handle_persisted(now, &channel, token, result);
+                }
+            }
+            Event::ReadDone { node, incarnation, channel, token, from, through, max_bytes } => {
+                let n = self.nodes.get_mut(&node).expect("known node");
+                if n.incarnation != incarnation {
+                    return;
+                }
+                let limits = ReadLimits { records_max: usize::MAX, bytes_max: max_bytes };
+                let result = n.log.read(&channel, from, through, limits);
+                if let Some(core) = n.core.as_mut() {
+                    core.handle_read(now, &channel, token, result);
+                }
+            }
+            Event::Restart { node } => {
+                if self.nodes[&node].core.is_none() {
+                    self.boot(node);
+                }
+            }
+        }
+    }
+
+    /// Carries out every effect of node `id`.
+    fn drain(&mut self, id: NodeId) {
+        loop {
+            let now = self.now;
+            let Some(node) = self.nodes.get_mut(&id) else { return };
+            let incarnation = node.incarnation;
+            let Some(core) = node.core.as_mut() else { return };
+            let Some(effect) = core.poll_effect() else { return };
+            match effect {
+                NodeEffect::Send { to, frame } => self.send(id, to, frame),
+                NodeEffect::SyncSlots { token } => {
+                    let at = now + self.disk_delay();
+                    self.schedule(at, Event::SlotsSynced { node: id, incarnation, token });
+                }
+                NodeEffect::Persist { token, batch } => {
+                    let at = now + self.disk_delay();
+                    self.schedule(at, Event::Persisted { node: id, incarnation, token, batch });
+                }
+                NodeEffect::Read { channel, token, from, through, max_bytes } => {
+                    let at = now + self.disk_delay();
+                    self.schedule(
+                        at,
+                        Event::ReadDone { node: id, incarnation, channel, token, from, through, max_bytes },
+                    );
+                }
+                NodeEffect::FetchSubscribers { job, channel, cursor, limit } => {
+                    let (members, next) = subscriber_page(core.reader(), &channel, cursor.as_deref(), limit);
+                    core.handle_page(now, job, members, next);
+                }
+                NodeEffect::Locate { job, uids } => core.handle_located(now, job, vec![None; uids.len()]),
+                NodeEffect::Deliver(plan) => core.handle_delivered(now, plan.id, true),
+                NodeEffect::DeliveryFailed(_) => {}
+                NodeEffect::Done { id: api, result } => {
+                    if std::env::var("SIM_DEBUG").is_ok() {
+                        if let tidings::node::ApiResult::Appended(Ok(seqs)) = &result {
+                            eprintln!("{now:?} {id} acked {api:?} {seqs:?}");
+                        }
+                    }
+                    self.mix(&api.0.to_le_bytes());
+                    self.mix(format!("{result:?}").as_bytes());
+                    self.oracle.answered(api, result);
+                }
+            }
+        }
+    }
+
+    fn disk_delay(&mut self) -> Duration {
+        Duration::from_millis(self.rng.range(0, self.params.disk_delay_max_ms))
+    }
+
+    fn send(&mut self, from: NodeId, to: NodeId, frame: Bytes) {
+        let copies = if !self.faulty {
+            1
+        } else if self.rng.chance(self.params.loss_ppm) {
+            self.faults.lost += 1;
+            0
+        } else if self.rng.chance(self.params.dup_ppm) {
+            self.faults.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let delay = if self.faulty { self.rng.range(0, self.params.delay_max_ms) } else { 0 };
+            let at = self.now + Duration::from_millis(delay.max(1));
+            self.schedule(at, Event::Frame { from, to, bytes: frame.clone() });
+        }
+    }
+
+    /// One client request: an append (half with an idempotency key), a retry of an earlier keyed
+    /// append with the same key and payload, or a read.
+    fn request(&mut self) {
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        let node = *self.rng.pick(&ids).expect("nodes");
+        let api = self.api();
+        let now = self.now;
+        let roll = self.rng.below(100);
+        if roll < 15 {
+            if let Some((channel, key, payload)) = self.oracle.pick_retry(&mut self.rng) {
+                let record = AppendRecord { idempotency_key: Some(key.clone()), payload: payload.clone() };
+                if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
+                    core.append(now, api, channel.clone(), vec![record]);
+                    self.oracle.expect_append(api, node, channel, payload, Some(key));
+                }
+                return;
+            }
+        }
+        let channel = self.channels[usize::try_from(self.rng.below(self.channels.len() as u64)).unwrap_or(0)].clone();
+        if roll < 30 {
+            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
+                if let Ok(records) = core.read(&channel, Seq::new(1), 1_000) {
+                    self.oracle.check_read(node, &channel, &records);
+                }
+            }
+            return;
+        }
+        let payload = Bytes::from(format!("{}-{}", self.params.seed, api.0));
+        let key = self.rng.chance(500_000).then(|| IdempotencyKey::new(format!("k{}", api.0)).expect("valid key"));
+        let record = AppendRecord { idempotency_key: key.clone(), payload: payload.clone() };
+        if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
+            core.append(now, api, channel.clone(), vec![record]);
+            self.oracle.expect_append(api, node, channel, payload, key);
+        }
+    }
+
+    fn check_hw_monotonic(&mut self) {
+        for (id, node) in &self.nodes {
+            let Some(core) = node.core.as_ref() else { continue };
+            for channel in core.status().channels {
+                let key = (*id, channel.channel.clone());
+                if let Some(seen) = self.hw_seen.get(&key) {
+                    if channel.hw < *seen {
+                        self.oracle.violation(format!(
+                            "{id}: HW of {} went back from {seen} to {}",
+                            channel.channel, channel.hw
+                        ));
+                    }
+                }
+                self.hw_seen.insert(key, channel.hw);
+            }
+        }
+    }
+
+    /// No acknowledged append lost or changed; replicas agree at every seq at or below their HW; every
+    /// request answered unless its channel waits for a failover.
+    fn final_checks(&mut self) {
+        let placement = NodeConfig::new(NodeId::new(1), self.nodes.keys().copied().collect());
+        let mut placement = placement;
+        placement.channel_replicas = self.params.channel_replicas;
+        for channel in self.channels.clone() {
+            let replicas = placement.channel_placement(&channel);
+            let mut logs: Vec<(NodeId, Seq, Vec<Record>)> = Vec::new();
+            for id in &replicas {
+                let node = &self.nodes[id];
+                let hw = node
+                    .core
+                    .as_ref()
+                    .and_then(|c| c.status().channels.into_iter().find(|s| s.channel == channel))
+                    .map_or(Seq::new(0), |s| s.hw);
+                let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+                let records = node.log.read(&channel, Seq::new(1), Seq::new(u64::MAX), limits).unwrap_or_default();
+                logs.push((*id, hw, records));
+            }
+            self.oracle.check_durable(&channel, &logs);
+        }
+        let stuck = self.leader_crashed.clone();
+        self.oracle.check_answered(&stuck);
+    }
+}
