@@ -1,9 +1,14 @@
 //! `cargo run --release -p tidings-sim -- --seeds N [--from S]` runs N seeds and prints a summary;
-//! `-- --seed S` replays one seed and prints its report.
+//! `-- --seed S` replays one seed and prints its report. `--metadata` adds the metadata workload.
 #![allow(clippy::disallowed_methods)] // The command-line tool reads the clock to report speed.
 
 use std::time::Instant;
-use tidings_sim::run_seed;
+use tidings_sim::{run, SimParams};
+
+fn params(seed: u64) -> SimParams {
+    let metadata = std::env::args().any(|a| a == "--metadata");
+    SimParams { metadata_workload: metadata, ..SimParams::from_seed(seed) }
+}
 
 fn arg(name: &str) -> Option<u64> {
     let args: Vec<String> = std::env::args().collect();
@@ -12,8 +17,8 @@ fn arg(name: &str) -> Option<u64> {
 
 fn main() {
     if let Some(seed) = arg("--seed") {
-        let report = run_seed(seed);
-        println!("{}", report.params);
+        println!("{}", params(seed));
+        let report = run(params(seed));
         println!(
             "steps {} acked {} unanswered {} faults {:?} trace {:016x}",
             report.steps, report.acked, report.unanswered, report.faults, report.trace_hash
@@ -29,7 +34,7 @@ fn main() {
     let (mut steps, mut acked, mut failures) = (0u64, 0usize, 0u64);
     let mut faults = tidings_sim::Faults::default();
     for seed in from..from + seeds {
-        let report = run_seed(seed);
+        let report = run(params(seed));
         steps += report.steps;
         acked += report.acked;
         faults.lost += report.faults.lost;

@@ -8,12 +8,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tidings::channel::machine::AppendRecord;
-use tidings::node::{subscriber_page, ApiId, NodeConfig, NodeCore, NodeEffect};
+use tidings::node::{subscriber_page, ApiId, ApiResult, NodeConfig, NodeCore, NodeEffect};
 use tidings::router::Router;
+use tidings::slot::command::{Command, RoutingKey};
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
+use tidings::slot::model::{Uid, User};
 use tidings::store::message::{IdempotencyKey, LogBatch, LogLimits, MemoryLog, MessageLog, ReadLimits, Record};
 use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
-use tidings::types::{ChannelId, ChannelType, DetRng, NodeId, Seq, Time};
+use tidings::types::{ChannelId, ChannelType, DetRng, GroupId, NodeId, Seq, Time};
 
 /// What a run did, and what it found.
 #[derive(Clone, Debug)]
@@ -42,7 +44,8 @@ impl SimReport {
 
     /// The command that replays this seed.
     pub fn replay_command(&self) -> String {
-        format!("cargo run --release -p tidings-sim -- --seed {}", self.params.seed)
+        let metadata = if self.params.metadata_workload { " --metadata" } else { "" };
+        format!("cargo run --release -p tidings-sim -- --seed {}{metadata}", self.params.seed)
     }
 }
 
@@ -121,6 +124,12 @@ pub struct World {
     hw_seen: BTreeMap<(NodeId, ChannelId), Seq>,
     /// Channels whose leader crashed at some point (they wait for a failover, which needs the controller).
     leader_crashed: BTreeSet<ChannelId>,
+    /// Metadata writes in flight: request → the user written.
+    user_writes: BTreeMap<ApiId, Uid>,
+    /// Users whose write was acknowledged, by slot group.
+    users_acked: BTreeMap<GroupId, Vec<Uid>>,
+    /// Authoritative reads in flight: request → the users acknowledged in its group before it was issued.
+    barriers: BTreeMap<ApiId, Vec<Uid>>,
 }
 
 impl World {
@@ -159,6 +168,9 @@ impl World {
             next_api: 1,
             hw_seen: BTreeMap::new(),
             leader_crashed: BTreeSet::new(),
+            user_writes: BTreeMap::new(),
+            users_acked: BTreeMap::new(),
+            barriers: BTreeMap::new(),
         }
     }
 
@@ -422,8 +434,27 @@ impl World {
                 NodeEffect::Deliver(plan) => core.handle_delivered(now, plan.id, true),
                 NodeEffect::DeliveryFailed(_) => {}
                 NodeEffect::Done { id: api, result } => {
+                    if let Some(uid) = self.user_writes.remove(&api) {
+                        if matches!(result, ApiResult::Meta(Ok(()))) {
+                            let group = self.group_of_user(&uid);
+                            self.users_acked.entry(group).or_default().push(uid);
+                        }
+                    }
+                    if let Some(expected) = self.barriers.remove(&api) {
+                        if matches!(result, ApiResult::Meta(Ok(()))) {
+                            let core = self.nodes[&id].core.as_ref().expect("answered by a live core");
+                            for uid in expected {
+                                if !matches!(core.reader().user(&uid), Ok(Some(_))) {
+                                    self.oracle.violation(format!(
+                                        "{id}: authoritative read misses acknowledged user {}",
+                                        uid.as_str()
+                                    ));
+                                }
+                            }
+                        }
+                    }
                     if std::env::var("SIM_DEBUG").is_ok() {
-                        if let tidings::node::ApiResult::Appended(Ok(seqs)) = &result {
+                        if let ApiResult::Appended(Ok(seqs)) = &result {
                             eprintln!("{now:?} {id} acked {api:?} {seqs:?}");
                         }
                     }
@@ -476,6 +507,23 @@ impl World {
                 return;
             }
         }
+        if roll >= 92 && self.params.metadata_workload {
+            // Metadata: write a new user, or read authoritatively in the group of one written before.
+            let acked: Vec<Uid> = self.users_acked.values().flatten().cloned().collect();
+            let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return };
+            if roll >= 96 || acked.is_empty() {
+                let uid = Uid::new(format!("u{}", api.0)).expect("valid uid");
+                let user = User { uid: uid.clone(), name: format!("user {}", api.0), banned: false };
+                core.propose(now, api, Command::PutUser(user));
+                self.user_writes.insert(api, uid);
+            } else {
+                let uid = acked[usize::try_from(self.rng.below(acked.len() as u64)).unwrap_or(0)].clone();
+                core.read_barrier(now, api, RoutingKey::Uid(&uid));
+                let group = self.group_of_user(&uid);
+                self.barriers.insert(api, self.users_acked.get(&group).cloned().unwrap_or_default());
+            }
+            return;
+        }
         let channel = self.channels[usize::try_from(self.rng.below(self.channels.len() as u64)).unwrap_or(0)].clone();
         if roll < 30 {
             if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
@@ -492,6 +540,11 @@ impl World {
             core.append(now, api, channel.clone(), vec![record]);
             self.oracle.expect_append(api, node, channel, payload, key);
         }
+    }
+
+    fn group_of_user(&self, uid: &Uid) -> GroupId {
+        let config = &self.nodes.values().next().expect("nodes").config;
+        config.table().group_of_key(RoutingKey::Uid(uid).bytes())
     }
 
     fn check_hw_monotonic(&mut self) {
@@ -533,6 +586,20 @@ impl World {
                 logs.push((*id, hw, records));
             }
             self.oracle.check_durable(&channel, &logs);
+        }
+        // Every acknowledged metadata write is on every replica of its group once healed.
+        for (group, uids) in &self.users_acked {
+            for (id, node) in &self.nodes {
+                let Some(core) = node.core.as_ref() else { continue };
+                if !core.status().groups.iter().any(|g| g.group == *group) {
+                    continue;
+                }
+                for uid in uids {
+                    if !matches!(core.reader().user(uid), Ok(Some(_))) {
+                        self.oracle.violation(format!("{id}: acknowledged user {} missing in {group}", uid.as_str()));
+                    }
+                }
+            }
         }
         let stuck = self.leader_crashed.clone();
         self.oracle.check_answered(&stuck);
