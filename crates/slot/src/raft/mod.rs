@@ -559,7 +559,12 @@ impl MultiRaft {
             }
         }
         group.raw.advance_append_async(ready);
-        if wrote {
+        // A ready that wrote nothing still waits behind this group's earlier readies that await a sync:
+        // `on_persist_ready(number)` declares every ready up to `number` persisted, and its messages (an
+        // append response for entries already in the log, say) must not overtake their sync. (Found by the
+        // simulator: a follower acknowledged entries before they were durable.)
+        let behind_unsynced = self.awaiting.iter().any(|a| a.group == id);
+        if wrote || behind_unsynced {
             let awaiting = AwaitingSync { token: 0, group: id, number, messages: persisted_messages, snapshot_index };
             self.awaiting.push_back(awaiting);
             self.sync_requested = true;
