@@ -55,9 +55,12 @@ fn a_disk_that_lies_about_persisting_is_caught() {
     assert!(caught.is_some(), "acknowledged appends that were never stored went unnoticed for 16 seeds");
 }
 
-/// Open finding: with metadata writes under faults, seed 83 drives raft-rs into "to_commit out of range"
-/// (a follower is told to commit past its last index) without any crash. Kept as a failing reproduction
-/// until the slot-layer driver is fixed: `cargo test -p tidings-sim -- --ignored`.
+/// Open finding: with metadata writes under faults (loss + duplication + delay + slow disk; no crash
+/// needed), seed 83 drives raft-rs into "to_commit out of range": the group's leader sends the follower an
+/// empty MsgAppend at index 21 with log_term 0 while the follower's log ends at 20; raft-rs reads the term
+/// of an index past the end as 0, so the follower matches it, acknowledges 21, and a later heartbeat tells
+/// it to commit 21. Why the leader's progress for that peer ran past what it replicated is not found yet.
+/// Kept as a failing reproduction: `cargo test -p tidings-sim -- --ignored`.
 #[test]
 #[ignore = "open raft-driver bug found by the simulator; see the issue notes"]
 fn metadata_workload_seed_83() {
