@@ -244,6 +244,7 @@ impl NodeCore {
         // election timeout and split their votes forever when their clocks tick in step.
         raft_config.seed = config.seed ^ config.node.get().wrapping_mul(0x9e37_79b9_7f4a_7c15);
         raft_config.tick_interval = config.tick_interval;
+        raft_config.boot_id = config.boot_id;
         let slot = MultiRaft::open(raft_config, logs, meta.clone(), config.table(), &members, now)?;
         let frame_limits = FrameLimits { frame_bytes_max: config.frame_bytes_max };
         Ok(Self {

@@ -5,10 +5,12 @@
 //! ([`SimParams`]). A run boots the nodes on in-memory stores, creates the channels, then runs a safety
 //! phase with faults — frame loss, duplication, reordering and delay, one-way partitions, node crashes that
 //! lose every unsynced write, slow disk — under a client workload (appends with and without idempotency
-//! keys, retries of keyed appends, reads), then a liveness phase with every fault healed. The oracle
+//! keys, retries of keyed appends, reads, user writes, authoritative metadata reads), then a liveness phase with every fault healed. The oracle
 //! checks, as it goes and at the end: no acknowledged append lost or changed, an idempotent retry never
 //! yields a second record, reads match what was acknowledged, HW never goes back on a replica that did
-//! not crash, replicas agree at every seq at or below their HWs, and every request is answered.
+//! not crash, replicas agree at every seq at or below their HWs, an authoritative read sees every user
+//! write acknowledged before it, every acknowledged user write is on every replica of its group once
+//! healed, and every request is answered.
 //!
 //! ```
 //! let report = tidings_sim::run_seed(7);
@@ -17,8 +19,7 @@
 //!
 //! Simplified for now: no failovers, leader transfers or slot-replica moves (they need the controller),
 //! so requests on a channel whose leader crashed are exempt from the liveness check (the restarted leader
-//! waits for a failover); no storage IO errors yet; the metadata workload (`--metadata`) is off by default
-//! while the raft-driver bug it found is open.
+//! waits for a failover); no storage IO errors yet.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

@@ -1,13 +1,13 @@
 //! `cargo run --release -p tidings-sim -- --seeds N [--from S]` runs N seeds and prints a summary;
-//! `-- --seed S` replays one seed and prints its report. `--metadata` adds the metadata workload.
+//! `-- --seed S` replays one seed and prints its report. `--no-metadata` runs appends only.
 #![allow(clippy::disallowed_methods)] // The command-line tool reads the clock to report speed.
 
 use std::time::Instant;
 use tidings_sim::{run, SimParams};
 
 fn params(seed: u64) -> SimParams {
-    let metadata = std::env::args().any(|a| a == "--metadata");
-    SimParams { metadata_workload: metadata, ..SimParams::from_seed(seed) }
+    let appends_only = std::env::args().any(|a| a == "--no-metadata");
+    SimParams { metadata_workload: !appends_only, ..SimParams::from_seed(seed) }
 }
 
 fn arg(name: &str) -> Option<u64> {

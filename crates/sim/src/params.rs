@@ -40,8 +40,7 @@ pub struct SimParams {
     pub partition_ms: u64,
     /// Per million per ms: a client request (append, retry or read) is issued.
     pub request_ppm: u32,
-    /// Metadata workload (user writes, authoritative reads). Off by default: it currently finds an open
-    /// raft-driver bug (seed 83 panics in raft-rs, "to_commit out of range"), see the issue notes.
+    /// Metadata workload: user writes and authoritative reads beside the appends.
     pub metadata_workload: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
@@ -72,7 +71,7 @@ impl SimParams {
             partition_ppm: u32::try_from(rng.range(0, 500)).unwrap_or(0),
             partition_ms: rng.range(50, 3_000),
             request_ppm: u32::try_from(rng.range(20_000, 300_000)).unwrap_or(100_000),
-            metadata_workload: false,
+            metadata_workload: true,
             unsafe_lying_disk: false,
         }
     }
@@ -100,7 +99,7 @@ impl fmt::Display for SimParams {
             self.partition_ppm,
             self.partition_ms,
             self.request_ppm,
-            if self.metadata_workload { " metadata" } else { "" },
+            if self.metadata_workload { "" } else { " appends-only" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" }
         )
     }

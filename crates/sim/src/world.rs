@@ -44,7 +44,7 @@ impl SimReport {
 
     /// The command that replays this seed.
     pub fn replay_command(&self) -> String {
-        let metadata = if self.params.metadata_workload { " --metadata" } else { "" };
+        let metadata = if self.params.metadata_workload { "" } else { " --no-metadata" };
         format!("cargo run --release -p tidings-sim -- --seed {}{metadata}", self.params.seed)
     }
 }

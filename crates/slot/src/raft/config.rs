@@ -11,6 +11,10 @@ pub struct MultiRaftConfig {
     pub node: NodeId,
     /// Seed of every random choice (each group's election timeout).
     pub seed: u64,
+    /// Distinguishes this start of the node from earlier ones (low 32 bits): proposal and read ids travel
+    /// to other nodes and back, so answers addressed to an earlier start must never match a new request.
+    /// Set it differently at every start. Default 0.
+    pub boot_id: u64,
     /// One raft tick per this interval. Default 100 ms.
     pub tick_interval: Duration,
     /// Election timeout, in ticks, is drawn per group in `[election_ticks_min, 2 * election_ticks_min)`.
@@ -52,6 +56,7 @@ impl MultiRaftConfig {
         Self {
             node,
             seed: node.get(),
+            boot_id: 0,
             tick_interval: Duration::from_millis(100),
             election_ticks_min: 10,
             heartbeat_ticks: 2,
