@@ -109,11 +109,12 @@ fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
         let seq = eventually(|| node.append(ch.clone(), record(&text))?.wait())[0];
         acked.push((seq, text));
     }
-    // Let followers learn and checkpoint the final HW (idle checkpoint within 1 s), then stop every node
+    // Let followers learn the final HW (an idle follower pulls every 2 s) and checkpoint it (within 1 s
+    // when idle), then stop every node
     // and restart from the data directories. The channel's old leader will not lead its old epoch again
     // (that takes a failover), so the acknowledged messages are read from a follower, bounded by the HW it
     // checkpointed.
-    std::thread::sleep(Duration::from_millis(2_500));
+    std::thread::sleep(Duration::from_millis(4_000));
     ids.iter().for_each(|id| mesh.detach(*id));
     nodes.clear();
     let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
