@@ -22,12 +22,11 @@ pub struct MachineConfig {
     pub cache_bytes_max: usize,
     /// Idempotency keys are remembered for this many recent seqs. Default 1,024.
     pub idempotency_window: usize,
-    /// How long the leader parks a pull that has nothing new (long poll). Default 2 s: with thousands of
-    /// channels, keep-alive pulls compete with data (measured by `examples/bench.rs`).
+    /// How long the leader parks a pull that has nothing new (long poll). Default 500 ms.
     pub pull_park: Duration,
-    /// A follower resends a pull that got no answer after this long. Default 4 s (more than `pull_park`).
+    /// A follower resends a pull that got no answer after this long. Default 2 s (more than `pull_park`).
     pub pull_timeout: Duration,
-    /// After this many empty pulls in a row a follower waits `idle_pull_interval` between pulls. Default 1.
+    /// After this many empty pulls in a row a follower waits `idle_pull_interval` between pulls. Default 4.
     pub idle_after_empty_pulls: u32,
     /// Pull interval of an idle follower; a `PullHint` cuts it short. Default 2 s.
     pub idle_pull_interval: Duration,
@@ -65,9 +64,9 @@ impl Default for MachineConfig {
             pull_bytes_max: 1 << 20,
             cache_bytes_max: 4 << 20,
             idempotency_window: 1024,
-            pull_park: Duration::from_secs(2),
-            pull_timeout: Duration::from_secs(4),
-            idle_after_empty_pulls: 1,
+            pull_park: Duration::from_millis(500),
+            pull_timeout: Duration::from_secs(2),
+            idle_after_empty_pulls: 4,
             idle_pull_interval: Duration::from_secs(2),
             isr_lag: Duration::from_secs(10),
             isr_alive: Duration::from_secs(6),
