@@ -4,7 +4,7 @@
 //! A seed draws the cluster (1–5 nodes, slot groups, replicas, MinISR, channels) and the fault rates
 //! ([`SimParams`]). A run boots the nodes on in-memory stores, creates the channels, then runs a safety
 //! phase with faults — frame loss, duplication, reordering and delay, one-way partitions, node crashes that
-//! lose every unsynced write, slow disk — under a client workload (appends with and without idempotency
+//! lose every unsynced write, slow disk, storage IO errors (failed syncs and reads) — under a client workload (appends with and without idempotency
 //! keys, retries of keyed appends, reads, user writes, authoritative metadata reads), then a liveness phase with every fault healed. The oracle
 //! checks, as it goes and at the end: no acknowledged append lost or changed, an idempotent retry never
 //! yields a second record, reads match what was acknowledged, HW never goes back on a replica that did
@@ -19,7 +19,7 @@
 //!
 //! Simplified for now: no failovers, leader transfers or slot-replica moves (they need the controller),
 //! so requests on a channel whose leader crashed are exempt from the liveness check (the restarted leader
-//! waits for a failover); no storage IO errors yet.
+//! waits for a failover).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

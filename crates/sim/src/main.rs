@@ -41,6 +41,7 @@ fn main() {
         faults.duplicated += report.faults.duplicated;
         faults.crashes += report.faults.crashes;
         faults.partitions += report.faults.partitions;
+        faults.io_errors += report.faults.io_errors;
         if !report.passed() {
             failures += 1;
             println!("FAILED {}", report.params);

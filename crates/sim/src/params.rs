@@ -38,6 +38,9 @@ pub struct SimParams {
     pub partition_ppm: u32,
     /// Length of a partition, ms.
     pub partition_ms: u64,
+    /// Per million per ms: a storage IO error is armed on a node (its message log's next few syncs or
+    /// reads; one of them fails).
+    pub io_error_ppm: u32,
     /// Per million per ms: a client request (append, retry or read) is issued.
     pub request_ppm: u32,
     /// Metadata workload: user writes and authoritative reads beside the appends.
@@ -71,6 +74,7 @@ impl SimParams {
             partition_ppm: u32::try_from(rng.range(0, 500)).unwrap_or(0),
             partition_ms: rng.range(50, 3_000),
             request_ppm: u32::try_from(rng.range(20_000, 300_000)).unwrap_or(100_000),
+            io_error_ppm: u32::try_from(rng.range(0, 200)).unwrap_or(0),
             metadata_workload: true,
             unsafe_lying_disk: false,
         }
@@ -82,7 +86,8 @@ impl fmt::Display for SimParams {
         write!(
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
-             delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms requests={}ppm/ms{}{}",
+             delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
+             requests={}ppm/ms{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -98,6 +103,7 @@ impl fmt::Display for SimParams {
             self.restart_ms,
             self.partition_ppm,
             self.partition_ms,
+            self.io_error_ppm,
             self.request_ppm,
             if self.metadata_workload { "" } else { " appends-only" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" }

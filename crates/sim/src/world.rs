@@ -13,7 +13,9 @@ use tidings::router::Router;
 use tidings::slot::command::{Command, RoutingKey};
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
 use tidings::slot::model::{Uid, User};
-use tidings::store::message::{IdempotencyKey, LogBatch, LogLimits, MemoryLog, MessageLog, ReadLimits, Record};
+use tidings::store::message::{
+    IdempotencyKey, LogBatch, LogFailOp, LogLimits, MemoryLog, MessageLog, ReadLimits, Record,
+};
 use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
 use tidings::types::{ChannelId, ChannelType, DetRng, GroupId, NodeId, Seq, Time};
 
@@ -60,6 +62,8 @@ pub struct Faults {
     pub crashes: u64,
     /// One-way partitions.
     pub partitions: u64,
+    /// Storage IO errors armed.
+    pub io_errors: u64,
 }
 
 enum Event {
@@ -271,6 +275,9 @@ impl World {
 
     fn heal(&mut self) {
         self.cut.clear();
+        for node in self.nodes.values() {
+            node.log.clear_failpoints();
+        }
         let down: Vec<NodeId> = self.nodes.iter().filter(|(_, n)| n.core.is_none()).map(|(id, _)| *id).collect();
         for id in down {
             self.boot(id);
@@ -334,6 +341,13 @@ impl World {
         if self.rng.chance(self.params.crash_ppm) {
             let id = *self.rng.pick(&ids).expect("nodes");
             self.crash(id);
+        }
+        if self.rng.chance(self.params.io_error_ppm) {
+            let id = *self.rng.pick(&ids).expect("nodes");
+            let op = if self.rng.chance(500_000) { LogFailOp::Sync } else { LogFailOp::Read };
+            let after = self.rng.below(3);
+            self.nodes[&id].log.fail(op, after, 1);
+            self.faults.io_errors += 1;
         }
         if ids.len() > 1 && self.rng.chance(self.params.partition_ppm) {
             let from = *self.rng.pick(&ids).expect("nodes");
