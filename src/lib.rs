@@ -20,7 +20,8 @@ pub mod mesh;
 pub mod node;
 mod runtime;
 
-pub use runtime::{AppendHandle, FanoutHost, NoFanout, Node, RouteKey, StorageOptions, Transport};
+pub use node::{FanoutHost, NoFanout};
+pub use runtime::{AppendHandle, Node, RouteKey, StorageOptions, Transport};
 
 pub use tidings_channel as channel;
 pub use tidings_router as router;

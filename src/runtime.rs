@@ -14,7 +14,10 @@
 //! that hash channels onto several threads come next).
 #![allow(clippy::disallowed_methods)] // The runtime shell is where the clock is read.
 
-use crate::node::{subscriber_page, ApiId, ApiResult, NodeConfig, NodeCore, NodeEffect, NodeError, NodeStatus};
+use crate::node::{
+    carry_out_fanout, ApiId, ApiResult, FanoutAnswer, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeEffect,
+    NodeError, NodeStatus,
+};
 use bytes::Bytes;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::collections::BTreeMap;
@@ -23,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tidings_channel::fanout::{DeliveryPlan, JobId, Member};
+use tidings_channel::fanout::FanoutEffect;
 use tidings_channel::machine::{AppendRecord, PersistToken, ReadToken};
 use tidings_router::Router;
 use tidings_slot::command::{Command, RoutingKey};
@@ -37,34 +40,6 @@ use tidings_types::{ChannelId, NodeId, Seq, Time};
 pub trait Transport: Send + Sync + 'static {
     /// Sends `frame` to `to` without blocking. Frames may be lost; the protocols resend what matters.
     fn send(&self, to: NodeId, frame: Bytes);
-}
-
-/// The host's side of post-commit fanout: presence (where members are online) and delivery. Called on the
-/// node's fanout worker thread, one call at a time; a slow call slows fanout only (never appends), and the
-/// planner holds a bounded number of plans meanwhile.
-pub trait FanoutHost: Send + Sync + 'static {
-    /// Where each member is online (`None`: offline). One answer per uid, in order.
-    fn locate(&self, uids: &[String]) -> Vec<Option<NodeId>>;
-    /// Takes a delivery plan; `false` if it could not be taken now (it is retried, a bounded number of times).
-    fn deliver(&self, plan: &DeliveryPlan) -> bool;
-    /// A plan failed after every attempt. The message stays committed.
-    fn delivery_failed(&self, plan: &DeliveryPlan) {
-        let _ = plan;
-    }
-}
-
-/// A host without online sessions: every member is offline, nothing is delivered.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoFanout;
-
-impl FanoutHost for NoFanout {
-    fn locate(&self, uids: &[String]) -> Vec<Option<NodeId>> {
-        vec![None; uids.len()]
-    }
-
-    fn deliver(&self, _plan: &DeliveryPlan) -> bool {
-        true
-    }
 }
 
 /// Names the slot group a metadata read is about: the one owning a user or a channel.
@@ -110,18 +85,8 @@ enum Input {
     SlotsSynced { token: u64 },
     Persisted { channel: ChannelId, token: PersistToken, result: Result<(), StoreError> },
     ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
-    Page { job: JobId, members: Vec<Member>, next: Option<Vec<u8>> },
-    Located { job: JobId, targets: Vec<Option<NodeId>> },
-    Delivered { plan: u64, delivered: bool },
+    Fanout(FanoutAnswer),
     Stop,
-}
-
-/// Work for the fanout worker.
-enum FanoutWork {
-    Page { job: JobId, channel: ChannelId, cursor: Option<Vec<u8>>, limit: usize },
-    Locate { job: JobId, uids: Vec<String> },
-    Deliver(DeliveryPlan),
-    Failed(DeliveryPlan),
 }
 
 enum Call {
@@ -194,7 +159,7 @@ impl Node {
         let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(GROUP_COMMIT_MAX * 4);
         let (read_tx, read_rx) = bounded::<(ChannelId, ReadToken, Seq, Seq, usize)>(4096);
         // The planner bounds its outstanding requests (plans in flight plus one page or locate per job).
-        let (fanout_tx, fanout_rx) = bounded::<FanoutWork>(4096);
+        let (fanout_tx, fanout_rx) = bounded::<FanoutEffect>(4096);
         let mut threads = Vec::new();
         threads.push(spawn("tidings-slot-sync", {
             let (kv, inbox) = (kv.clone(), inbox.clone());
@@ -366,7 +331,7 @@ struct Shell {
     sync_tx: Sender<u64>,
     persist_tx: Sender<(PersistToken, LogBatch)>,
     read_tx: Sender<(ChannelId, ReadToken, Seq, Seq, usize)>,
-    fanout_tx: Sender<FanoutWork>,
+    fanout_tx: Sender<FanoutEffect>,
     calls: BTreeMap<ApiId, Sender<ApiResult>>,
     next_call: u64,
 }
@@ -439,9 +404,7 @@ impl Shell {
             Input::SlotsSynced { token } => self.core.handle_slots_synced(now, token),
             Input::Persisted { channel, token, result } => self.core.handle_persisted(now, &channel, token, result),
             Input::ReadDone { channel, token, result } => self.core.handle_read(now, &channel, token, result),
-            Input::Page { job, members, next } => self.core.handle_page(now, job, members, next),
-            Input::Located { job, targets } => self.core.handle_located(now, job, targets),
-            Input::Delivered { plan, delivered } => self.core.handle_delivered(now, plan, delivered),
+            Input::Fanout(answer) => self.core.handle_fanout(now, answer),
             Input::Stop => {}
         }
     }
@@ -462,12 +425,10 @@ impl Shell {
                         tracing::debug!("reader busy; the follower pulls again");
                     }
                 }
-                NodeEffect::FetchSubscribers { job, channel, cursor, limit } => {
-                    self.to_fanout(FanoutWork::Page { job, channel, cursor, limit });
+                // Bounded wait when the fanout worker is behind (the planner bounds what it asks for).
+                NodeEffect::Fanout(work) => {
+                    let _ = self.fanout_tx.send(work);
                 }
-                NodeEffect::Locate { job, uids } => self.to_fanout(FanoutWork::Locate { job, uids }),
-                NodeEffect::Deliver(plan) => self.to_fanout(FanoutWork::Deliver(plan)),
-                NodeEffect::DeliveryFailed(plan) => self.to_fanout(FanoutWork::Failed(plan)),
                 NodeEffect::Done { id, result } => {
                     if let Some(reply) = self.calls.remove(&id) {
                         let _ = reply.send(result);
@@ -478,29 +439,12 @@ impl Shell {
     }
 }
 
-impl Shell {
-    /// Bounded wait when the fanout worker is behind (the planner bounds what it asks for).
-    fn to_fanout(&self, work: FanoutWork) {
-        let _ = self.fanout_tx.send(work);
-    }
-}
-
-fn fanout_worker(reader: &SlotReader, host: &dyn FanoutHost, work: &Receiver<FanoutWork>, inbox: &Sender<Input>) {
+fn fanout_worker(reader: &SlotReader, host: &dyn FanoutHost, work: &Receiver<FanoutEffect>, inbox: &Sender<Input>) {
     while let Ok(item) = work.recv() {
-        let answer = match item {
-            FanoutWork::Page { job, channel, cursor, limit } => {
-                let (members, next) = subscriber_page(reader, &channel, cursor.as_deref(), limit);
-                Input::Page { job, members, next }
+        if let Some(answer) = carry_out_fanout(reader, host, item) {
+            if inbox.send(Input::Fanout(answer)).is_err() {
+                return;
             }
-            FanoutWork::Locate { job, uids } => Input::Located { job, targets: host.locate(&uids) },
-            FanoutWork::Deliver(plan) => Input::Delivered { plan: plan.id, delivered: host.deliver(&plan) },
-            FanoutWork::Failed(plan) => {
-                host.delivery_failed(&plan);
-                continue;
-            }
-        };
-        if inbox.send(answer).is_err() {
-            return;
         }
     }
 }

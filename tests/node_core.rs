@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidings::channel::machine::AppendRecord;
 use tidings::frame::FrameError;
-use tidings::node::{ApiId, ApiResult, NodeConfig, NodeCore, NodeEffect, NodeError};
+use tidings::node::{carry_out_fanout, ApiId, ApiResult, NoFanout, NodeConfig, NodeCore, NodeEffect, NodeError};
 use tidings::router::Router;
 use tidings::slot::command::Command;
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
@@ -86,17 +86,11 @@ impl Cluster {
                             let result = log.read(&channel, from, through, limits);
                             core.handle_read(self.now, &channel, token, result);
                         }
-                        NodeEffect::FetchSubscribers { job, channel, cursor, limit } => {
-                            let (members, next) =
-                                tidings::node::subscriber_page(core.reader(), &channel, cursor.as_deref(), limit);
-                            core.handle_page(self.now, job, members, next);
+                        NodeEffect::Fanout(work) => {
+                            if let Some(answer) = carry_out_fanout(core.reader(), &NoFanout, work) {
+                                core.handle_fanout(self.now, answer);
+                            }
                         }
-                        NodeEffect::Locate { job, uids } => {
-                            let targets = vec![None; uids.len()];
-                            core.handle_located(self.now, job, targets);
-                        }
-                        NodeEffect::Deliver(plan) => core.handle_delivered(self.now, plan.id, true),
-                        NodeEffect::DeliveryFailed(_) => {}
                         NodeEffect::Done { id: api, result } => match result {
                             ApiResult::Appended(Ok(seqs)) => {
                                 self.appended.insert(api, seqs);

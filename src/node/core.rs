@@ -5,12 +5,13 @@
 
 use super::config::NodeConfig;
 use super::error::NodeError;
+use super::fanout::FanoutAnswer;
 use super::message::{NodeMessage, RemoteAppendError};
 use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
-use tidings_channel::fanout::{DeliveryPlan, FanoutEffect, FanoutPlanner, JobId, Member, MessageRef, Target};
+use tidings_channel::fanout::{FanoutEffect, FanoutPlanner, JobId, MessageRef, Target};
 use tidings_channel::machine::{
     AppendAborted, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken, ReadToken,
     RequestId,
@@ -76,29 +77,10 @@ pub enum NodeEffect {
         /// Byte budget.
         max_bytes: usize,
     },
-    /// Read a page of the channel's subscribers with their state (off the core thread, see
-    /// [`subscriber_page`]), then call [`NodeCore::handle_page`].
-    FetchSubscribers {
-        /// The fanout job.
-        job: JobId,
-        /// The channel.
-        channel: ChannelId,
-        /// Continue after this cursor.
-        cursor: Option<Vec<u8>>,
-        /// Page size.
-        limit: usize,
-    },
-    /// Ask the host's presence where these members are online, then call [`NodeCore::handle_located`].
-    Locate {
-        /// The fanout job.
-        job: JobId,
-        /// Members to locate.
-        uids: Vec<String>,
-    },
-    /// Hand a delivery plan to the host, then call [`NodeCore::handle_delivered`].
-    Deliver(DeliveryPlan),
-    /// A delivery plan failed after every attempt (the message stays committed).
-    DeliveryFailed(DeliveryPlan),
+    /// Post-commit fanout work (`FetchPage`, `Locate`, `Deliver`, `Failed`; never `Finished`, which the
+    /// core handles): carry it out with [`carry_out_fanout`](crate::node::carry_out_fanout), off the core thread, and hand the answer to
+    /// [`NodeCore::handle_fanout`].
+    Fanout(FanoutEffect),
     /// An API call finished.
     Done {
         /// The call.
@@ -434,23 +416,17 @@ impl NodeCore {
         }
     }
 
-    /// A page of subscribers for a fanout job (`next`: where the following page starts, `None` at the end).
-    pub fn handle_page(&mut self, now: Time, job: JobId, members: Vec<Member>, next: Option<Vec<u8>>) {
+    /// The answer to a [`NodeEffect::Fanout`] (see [`carry_out_fanout`](crate::node::carry_out_fanout)).
+    pub fn handle_fanout(&mut self, now: Time, answer: FanoutAnswer) {
         self.advance(now);
-        self.fanout.handle_page(job, members, next);
-    }
-
-    /// The host's presence located the members of a fanout job (`targets[i]` for `uids[i]`).
-    pub fn handle_located(&mut self, now: Time, job: JobId, targets: Vec<Option<NodeId>>) {
-        self.advance(now);
-        let targets = targets.into_iter().map(|t| t.map(|node| Target { node })).collect();
-        self.fanout.handle_located(job, targets);
-    }
-
-    /// The host delivered (or failed to deliver) a fanout plan.
-    pub fn handle_delivered(&mut self, now: Time, plan: u64, delivered: bool) {
-        self.advance(now);
-        self.fanout.handle_delivered(plan, delivered);
+        match answer {
+            FanoutAnswer::Page { job, members, next } => self.fanout.handle_page(job, members, next),
+            FanoutAnswer::Located { job, targets } => {
+                let targets = targets.into_iter().map(|t| t.map(|node| Target { node })).collect();
+                self.fanout.handle_located(job, targets);
+            }
+            FanoutAnswer::Delivered { plan, delivered } => self.fanout.handle_delivered(plan, delivered),
+        }
     }
 
     /// Proposes a metadata command; [`NodeEffect::Done`] with [`ApiResult::Meta`] follows.
@@ -896,7 +872,8 @@ impl NodeCore {
         match effect {
             FanoutEffect::FetchPage { job, channel, cursor, limit } => {
                 if self.serves_group_of(&channel) {
-                    self.effects.push_back(NodeEffect::FetchSubscribers { job, channel, cursor, limit });
+                    let fetch = FanoutEffect::FetchPage { job, channel, cursor, limit };
+                    self.effects.push_back(NodeEffect::Fanout(fetch));
                 } else {
                     // No local copy of the channel's subscribers: nothing fans out from here (documented
                     // limitation; pages from a remote slot replica come with the controller work).
@@ -904,9 +881,9 @@ impl NodeCore {
                     self.fanout.handle_page(job, Vec::new(), None);
                 }
             }
-            FanoutEffect::Locate { job, uids } => self.effects.push_back(NodeEffect::Locate { job, uids }),
-            FanoutEffect::Deliver(plan) => self.effects.push_back(NodeEffect::Deliver(plan)),
-            FanoutEffect::Failed(plan) => self.effects.push_back(NodeEffect::DeliveryFailed(plan)),
+            host_work @ (FanoutEffect::Locate { .. } | FanoutEffect::Deliver(_) | FanoutEffect::Failed(_)) => {
+                self.effects.push_back(NodeEffect::Fanout(host_work));
+            }
             FanoutEffect::Finished { job, .. } => {
                 if let Some(channel) = self.fanout_jobs.remove(&job) {
                     if let Some(machine) = self.machine_mut(&channel) {
@@ -1076,30 +1053,4 @@ impl NodeCore {
             }
         }
     }
-}
-
-/// A page of `channel`'s subscribers with the state fanout needs (left, hidden, denied), read from the
-/// local slot store. The runtime calls it off the core thread for [`NodeEffect::FetchSubscribers`].
-pub fn subscriber_page(
-    reader: &SlotReader,
-    channel: &ChannelId,
-    cursor: Option<&[u8]>,
-    limit: usize,
-) -> (Vec<Member>, Option<Vec<u8>>) {
-    let Ok(page) = reader.members(channel, MemberList::Subscribers, cursor, limit) else { return (Vec::new(), None) };
-    let members = page
-        .items
-        .into_iter()
-        .map(|uid| {
-            let denied = reader.is_member(channel, MemberList::Deny, &uid).unwrap_or(false);
-            let membership = reader.membership(&uid, channel).ok().flatten();
-            Member {
-                uid: uid.as_str().to_owned(),
-                left: membership.is_some_and(|m| !m.active),
-                hidden: membership.is_some_and(|m| m.hidden),
-                denied,
-            }
-        })
-        .collect();
-    (members, page.cursor)
 }

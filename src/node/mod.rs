@@ -4,9 +4,11 @@
 mod config;
 mod core;
 mod error;
+mod fanout;
 mod message;
 
-pub use self::core::{subscriber_page, ApiId, ApiResult, ChannelStatus, NodeCore, NodeEffect, NodeStatus};
+pub use self::core::{ApiId, ApiResult, ChannelStatus, NodeCore, NodeEffect, NodeStatus};
 pub use config::NodeConfig;
 pub use error::NodeError;
+pub use fanout::{carry_out_fanout, subscriber_page, FanoutAnswer, FanoutHost, NoFanout};
 pub use message::{NodeMessage, RemoteAppendError};

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tidings::channel::machine::AppendRecord;
-use tidings::node::{subscriber_page, ApiId, ApiResult, NodeConfig, NodeCore, NodeEffect};
+use tidings::node::{carry_out_fanout, ApiId, ApiResult, NoFanout, NodeConfig, NodeCore, NodeEffect};
 use tidings::router::Router;
 use tidings::slot::command::{Command, RoutingKey};
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
@@ -440,13 +440,12 @@ impl World {
                         Event::ReadDone { node: id, incarnation, channel, token, from, through, max_bytes },
                     );
                 }
-                NodeEffect::FetchSubscribers { job, channel, cursor, limit } => {
-                    let (members, next) = subscriber_page(core.reader(), &channel, cursor.as_deref(), limit);
-                    core.handle_page(now, job, members, next);
+                // A host without sessions: every member offline.
+                NodeEffect::Fanout(work) => {
+                    if let Some(answer) = carry_out_fanout(core.reader(), &NoFanout, work) {
+                        core.handle_fanout(now, answer);
+                    }
                 }
-                NodeEffect::Locate { job, uids } => core.handle_located(now, job, vec![None; uids.len()]),
-                NodeEffect::Deliver(plan) => core.handle_delivered(now, plan.id, true),
-                NodeEffect::DeliveryFailed(_) => {}
                 NodeEffect::Done { id: api, result } => {
                     if let Some(uid) = self.user_writes.remove(&api) {
                         if matches!(result, ApiResult::Meta(Ok(()))) {
