@@ -16,7 +16,7 @@
 
 use crate::node::{
     carry_out_fanout, ApiId, ApiResult, FanoutAnswer, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeEffect,
-    NodeError, NodeStatus,
+    NodeError, NodeStatus, TaskReport,
 };
 use bytes::Bytes;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
@@ -94,6 +94,7 @@ enum Call {
     CreateChannel(ChannelInfo),
     Append { channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord> },
     ReadBarrier(RouteKey),
+    TransferLeader { channel: ChannelId, target: NodeId },
 }
 
 /// A running node. Dropping it stops its threads (after a last write-behind).
@@ -116,7 +117,7 @@ impl AppendHandle {
     pub fn wait(self) -> Result<Vec<Seq>, NodeError> {
         match self.reply.recv_timeout(CALL_TIMEOUT) {
             Ok(ApiResult::Appended(result)) => result,
-            Ok(ApiResult::Meta(_)) | Err(_) => Err(NodeError::Stopped),
+            Ok(ApiResult::Meta(_) | ApiResult::Task(_)) | Err(_) => Err(NodeError::Stopped),
         }
     }
 }
@@ -243,6 +244,25 @@ impl Node {
         Ok(AppendHandle { reply: receiver })
     }
 
+    /// Moves the leadership of `channel` to `target`, an in-sync replica: fence, drain, switch with the
+    /// drain proof, unfence (see [`NodeCore::transfer_leader`]). Appends during the move fail with
+    /// `Fenced` and may be retried. Returns the task's report.
+    ///
+    /// ```no_run
+    /// # fn demo(node: &tidings::Node, channel: tidings::types::ChannelId) -> Result<(), tidings::node::NodeError> {
+    /// let report = node.transfer_leader(channel, tidings::types::NodeId::new(2))?;
+    /// println!("{} now leads in epoch {:?}", 2, report.new_leader);
+    /// # Ok(()) }
+    /// ```
+    pub fn transfer_leader(&self, channel: ChannelId, target: NodeId) -> Result<TaskReport, NodeError> {
+        let (reply, receiver) = bounded(1);
+        self.send_input(Input::Call { call: Call::TransferLeader { channel, target }, reply })?;
+        match receiver.recv_timeout(CALL_TIMEOUT) {
+            Ok(ApiResult::Task(result)) => result,
+            Ok(_) | Err(_) => Err(NodeError::Stopped),
+        }
+    }
+
     /// The latest committed seq (high watermark) of a channel this node replicates.
     pub fn latest(&self, channel: &ChannelId) -> Result<Seq, NodeError> {
         let (reply, receiver) = bounded(1);
@@ -293,6 +313,7 @@ impl Node {
         match receiver.recv_timeout(CALL_TIMEOUT) {
             Ok(ApiResult::Meta(result)) => result,
             Ok(ApiResult::Appended(result)) => result.map(drop),
+            Ok(ApiResult::Task(result)) => result.map(drop),
             Err(_) => Err(NodeError::Stopped),
         }
     }
@@ -390,6 +411,7 @@ impl Shell {
                     Call::Append { channel, sender: Some(sender), records } => {
                         self.core.append_from(now, id, channel, sender, records)
                     }
+                    Call::TransferLeader { channel, target } => self.core.transfer_leader(now, id, channel, target),
                 }
             }
             Input::Read { channel, from, limit, reply } => {

@@ -2,141 +2,15 @@
 //! propagation, appends on the leader and forwarded from other nodes, reads bounded by HW on every
 //! replica, and bad frames refused.
 
-use bytes::Bytes;
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
+mod support;
+
 use std::time::Duration;
-use tidings::channel::machine::AppendRecord;
+use support::{records, Cluster};
 use tidings::frame::FrameError;
-use tidings::node::{carry_out_fanout, ApiId, ApiResult, NoFanout, NodeConfig, NodeCore, NodeEffect, NodeError};
-use tidings::router::Router;
+use tidings::node::NodeError;
 use tidings::slot::command::Command;
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
-use tidings::store::message::{LogLimits, MemoryLog, MessageLog};
-use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
-use tidings::types::{ChannelId, ChannelType, NodeId, Seq, Time};
-
-struct Cluster {
-    now: Time,
-    nodes: BTreeMap<NodeId, (NodeCore, Arc<MemoryKv>, Arc<MemoryLog>)>,
-    queue: VecDeque<(NodeId, NodeId, Bytes)>,
-    results: BTreeMap<ApiId, String>,
-    appended: BTreeMap<ApiId, Vec<Seq>>,
-    next_api: u64,
-}
-
-impl Cluster {
-    fn new(n: u64) -> Self {
-        Self::with(n, |_| {})
-    }
-
-    fn with(n: u64, tweak: impl Fn(&mut NodeConfig)) -> Self {
-        let ids: Vec<NodeId> = (1..=n).map(NodeId::new).collect();
-        let mut nodes = BTreeMap::new();
-        for id in &ids {
-            let mut config = NodeConfig { slot_groups: 4, ..NodeConfig::new(*id, ids.clone()) };
-            tweak(&mut config);
-            let kv = Arc::new(MemoryKv::new());
-            let dyn_kv: Arc<dyn Kv> = kv.clone();
-            let logs = Arc::new(RaftLogStore::open(dyn_kv.clone()).unwrap());
-            let log = Arc::new(MemoryLog::new(LogLimits::default()));
-            let router = Arc::new(Router::new(config.table()));
-            let core = NodeCore::new(config, logs, MetaStore::new(dyn_kv), log.clone(), router, Time::ZERO).unwrap();
-            nodes.insert(*id, (core, kv, log));
-        }
-        Cluster {
-            now: Time::ZERO,
-            nodes,
-            queue: VecDeque::new(),
-            results: BTreeMap::new(),
-            appended: BTreeMap::new(),
-            next_api: 1,
-        }
-    }
-
-    fn api(&mut self) -> ApiId {
-        self.next_api += 1;
-        ApiId(self.next_api)
-    }
-
-    /// Carries out every effect of every node until quiet.
-    fn settle(&mut self) {
-        for _ in 0..10_000 {
-            let mut progressed = false;
-            let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
-            for id in ids {
-                loop {
-                    let (core, kv, log) = self.nodes.get_mut(&id).unwrap();
-                    let Some(effect) = core.poll_effect() else { break };
-                    progressed = true;
-                    match effect {
-                        NodeEffect::Send { to, frame } => self.queue.push_back((id, to, frame)),
-                        NodeEffect::SyncSlots { token } => {
-                            kv.sync().unwrap();
-                            core.handle_slots_synced(self.now, token);
-                        }
-                        NodeEffect::Persist { token, batch } => {
-                            let channel = batch.channel.clone();
-                            let result = log.commit(batch);
-                            core.handle_persisted(self.now, &channel, token, result);
-                        }
-                        NodeEffect::Read { channel, token, from, through, max_bytes } => {
-                            let limits =
-                                tidings::store::message::ReadLimits { records_max: usize::MAX, bytes_max: max_bytes };
-                            let result = log.read(&channel, from, through, limits);
-                            core.handle_read(self.now, &channel, token, result);
-                        }
-                        NodeEffect::Fanout(work) => {
-                            if let Some(answer) = carry_out_fanout(core.reader(), &NoFanout, work) {
-                                core.handle_fanout(self.now, answer);
-                            }
-                        }
-                        NodeEffect::Done { id: api, result } => match result {
-                            ApiResult::Appended(Ok(seqs)) => {
-                                self.appended.insert(api, seqs);
-                            }
-                            other => {
-                                self.results.insert(api, format!("{other:?}"));
-                            }
-                        },
-                    }
-                }
-            }
-            while let Some((from, to, frame)) = self.queue.pop_front() {
-                progressed = true;
-                let now = self.now;
-                self.nodes.get_mut(&to).unwrap().0.handle_frame(now, from, &frame).unwrap();
-            }
-            if !progressed {
-                return;
-            }
-        }
-    }
-
-    fn run_for(&mut self, ms: u64) {
-        let end = self.now + Duration::from_millis(ms);
-        while self.now < end {
-            self.settle();
-            let next = self.nodes.values().map(|(c, _, _)| c.poll_timeout()).min().unwrap().min(end);
-            self.now = self.now.max(next);
-            let now = self.now;
-            for (core, _, _) in self.nodes.values_mut() {
-                if core.poll_timeout() <= now {
-                    core.handle_tick(now);
-                }
-            }
-        }
-        self.settle();
-    }
-
-    fn core(&mut self, id: u64) -> &mut NodeCore {
-        &mut self.nodes.get_mut(&NodeId::new(id)).unwrap().0
-    }
-}
-
-fn records(payloads: &[&str]) -> Vec<AppendRecord> {
-    payloads.iter().map(|p| AppendRecord { idempotency_key: None, payload: Bytes::from(p.to_string()) }).collect()
-}
+use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
 
 #[test]
 fn three_nodes_create_append_forward_and_read() {

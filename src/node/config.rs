@@ -1,5 +1,6 @@
 //! Cluster and node configuration, and the deterministic placement derived from it.
 
+use super::controller::ControllerConfig;
 use std::time::Duration;
 use tidings_channel::fanout::FanoutConfig;
 use tidings_channel::machine::MachineConfig;
@@ -46,6 +47,8 @@ pub struct NodeConfig {
     /// request. `Node::start` sets it from the wall clock; a host driving `NodeCore` itself must give
     /// each start a different value (low 32 bits). Default 0.
     pub boot_id: u64,
+    /// Channel controller: failure detection, failovers, leader transfers, repair loop.
+    pub controller: ControllerConfig,
 }
 
 impl NodeConfig {
@@ -69,6 +72,7 @@ impl NodeConfig {
             fanout: FanoutConfig::default(),
             fanout_enabled: true,
             boot_id: 0,
+            controller: ControllerConfig::default(),
             nodes,
         }
     }

@@ -4,6 +4,7 @@
 //! drives the same code.
 
 use super::config::NodeConfig;
+use super::controller::{Action, Controller, EvidenceReport, TaskReport, TaskStatus};
 use super::error::NodeError;
 use super::fanout::FanoutAnswer;
 use super::message::{NodeMessage, RemoteAppendError};
@@ -13,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use tidings_channel::fanout::{FanoutEffect, FanoutPlanner, JobId, MessageRef, Target};
 use tidings_channel::machine::{
-    AppendAborted, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken, ReadToken,
-    RequestId,
+    AppendAborted, AppendError, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken,
+    ReadToken, RequestId,
 };
 use tidings_router::Router;
 use tidings_slot::command::{Command, MemberList, RoutingKey};
@@ -37,6 +38,8 @@ pub enum ApiResult {
     Meta(Result<(), NodeError>),
     /// An append: one seq per record, or why not.
     Appended(Result<Vec<Seq>, NodeError>),
+    /// A channel task (leader transfer): its report, or why it did not start.
+    Task(Result<TaskReport, NodeError>),
 }
 
 /// An effect for the runtime.
@@ -124,6 +127,10 @@ pub struct NodeStatus {
     pub groups: Vec<tidings_slot::raft::GroupStatus>,
     /// Its active channel replicas.
     pub channels: Vec<ChannelStatus>,
+    /// Channel tasks (failovers, transfers) this node's controller runs.
+    pub tasks: Vec<TaskStatus>,
+    /// The last tasks it finished, oldest first.
+    pub finished_tasks: Vec<TaskReport>,
 }
 
 /// Who waits for an append the local machine admitted.
@@ -144,6 +151,8 @@ enum ProposalPurpose {
     },
     /// A channel leader's meta change (ISR shrink or expand); nobody waits.
     Internal,
+    /// A step of the controller's task on the channel.
+    Task(ChannelId),
 }
 
 /// An append waiting for its channel's meta.
@@ -159,6 +168,8 @@ struct Waiting {
 const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Extra wait for a forwarded append's reply beyond the leader's append timeout.
 const FORWARD_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
+/// A replica that cannot lead repeats its failover request this often until the meta changes.
+const FAILOVER_REQUEST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Idle eviction looks at every active replica: at most this often.
 const EVICT_SCAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -190,7 +201,7 @@ pub struct NodeCore {
     appends: BTreeMap<u64, (AppendOrigin, Option<String>)>,
     /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
     senders: BTreeMap<(ChannelId, Seq), String>,
-    forwarded: BTreeMap<u64, ApiId>,
+    forwarded: BTreeMap<u64, (ApiId, ChannelId)>,
     /// When each forwarded append stops waiting for its reply (deadlines are increasing: one timeout).
     forward_deadlines: VecDeque<(Time, u64)>,
     /// Leaders of slot groups this node does not serve, as `NotLeader` hints named them.
@@ -206,6 +217,13 @@ pub struct NodeCore {
     fanout_waiting: VecDeque<(ChannelId, Seq, Option<String>)>,
     /// Which channel each fanout job belongs to (to release its handoff slot when done).
     fanout_jobs: BTreeMap<JobId, ChannelId>,
+    controller: Controller,
+    /// Messages this node sends to itself (the controller asking its own replica), handled in `pump`.
+    loopback: VecDeque<NodeMessage>,
+    /// Channels whose local replica is named leader but cannot lead: when to ask for a failover next.
+    cannot_lead: BTreeMap<ChannelId, Time>,
+    /// HW of replicas taken out of memory after a storage failure: their next incarnation keeps it.
+    hw_floor: BTreeMap<ChannelId, Seq>,
 }
 
 impl NodeCore {
@@ -229,6 +247,9 @@ impl NodeCore {
         raft_config.boot_id = config.boot_id;
         let slot = MultiRaft::open(raft_config, logs, meta.clone(), config.table(), &members, now)?;
         let frame_limits = FrameLimits { frame_bytes_max: config.frame_bytes_max };
+        // Task ids share the boot-id range of the node's other ids, in their own upper half.
+        let first_task = ((config.boot_id & 0xffff_ffff) << 32) | (1 << 31);
+        let controller = Controller::new(config.controller.clone(), config.node, &config.nodes, first_task, now);
         Ok(Self {
             now,
             slot,
@@ -259,6 +280,10 @@ impl NodeCore {
             fanout: FanoutPlanner::new(config.fanout),
             fanout_waiting: VecDeque::new(),
             fanout_jobs: BTreeMap::new(),
+            controller,
+            loopback: VecDeque::new(),
+            cannot_lead: BTreeMap::new(),
+            hw_floor: BTreeMap::new(),
             config,
         })
     }
@@ -300,7 +325,13 @@ impl NodeCore {
                 })
             })
             .collect();
-        NodeStatus { node: self.config.node, groups, channels }
+        NodeStatus {
+            node: self.config.node,
+            groups,
+            channels,
+            tasks: self.controller.status(),
+            finished_tasks: self.controller.reports(),
+        }
     }
 
     /// Local metadata reads (applied state of the slot groups this node serves).
@@ -321,7 +352,9 @@ impl NodeCore {
         // Machines touched since the last drain may have moved their timer earlier than the index says.
         let touched = self.dirty.iter().filter_map(|c| self.channels.get(c)?.poll_timeout());
         let indexed = self.timers.first().map(|(t, _)| *t);
-        touched.chain(indexed).fold(self.slot.poll_timeout(), Time::min)
+        let controller = self.controller.poll_timeout();
+        let cannot_lead = self.cannot_lead.values().min().copied();
+        touched.chain(indexed).chain(cannot_lead).fold(self.slot.poll_timeout().min(controller), Time::min)
     }
 
     /// Advances time: raft ticks, channel timers, appends that waited too long for a meta.
@@ -357,10 +390,14 @@ impl NodeCore {
                 break;
             }
             self.forward_deadlines.pop_front();
-            if let Some(api) = self.forwarded.remove(&forward) {
+            if let Some((api, channel)) = self.forwarded.remove(&forward) {
                 self.done(api, ApiResult::Appended(Err(NodeError::Aborted(AppendAborted::Timeout))));
+                // The leader may be gone: learn the meta in force (a failover may have named another).
+                self.fetch_meta(&channel);
             }
         }
+        self.controller.tick(self.now, &self.slot, &self.reader);
+        self.request_failovers();
         if self.now >= self.next_evict_scan {
             self.next_evict_scan = self.now + EVICT_SCAN_INTERVAL;
             self.evict_idle();
@@ -372,6 +409,7 @@ impl NodeCore {
         self.advance(now);
         let nodes = &self.config.nodes;
         let frame = decode_from(bytes, from, self.config.cluster, |n| nodes.contains(&n), &self.frame_limits)?;
+        self.controller.heard(from, self.now);
         match frame.body {
             FrameBody::Slot(message) => self.slot.handle_message(self.now, from, message),
             FrameBody::Channel(message) => self.channel_message(from, message),
@@ -538,7 +576,7 @@ impl NodeCore {
             self.append_locally(AppendOrigin::Local(id), &channel, sender, records);
         } else {
             let forward = self.next_id();
-            self.forwarded.insert(forward, id);
+            self.forwarded.insert(forward, (id, channel.clone()));
             // A lost forward or reply must not leave the caller waiting forever: after the leader's own
             // append timeout (plus slack for the round trip) the caller gets `Aborted(Timeout)`, outcome
             // unknown, and retries with the same idempotency keys.
@@ -586,15 +624,7 @@ impl NodeCore {
     fn propose_for(&mut self, command: &Command, purpose: ProposalPurpose) -> Result<(), ProposeError> {
         let proposal = match self.slot.propose(self.now, command) {
             Err(ProposeError::UnknownGroup { group }) => {
-                let route = self.router.snapshot();
-                let leader = route
-                    .group(group)
-                    .and_then(|g| g.leader)
-                    .or_else(|| self.remote_leaders.get(&group).copied())
-                    .or_else(|| {
-                        self.config.slot_group_members().into_iter().find(|(g, _)| *g == group).map(|(_, m)| m[0])
-                    })
-                    .ok_or(ProposeError::NotReady { group })?;
+                let leader = self.group_contact(group).ok_or(ProposeError::NotReady { group })?;
                 self.slot.propose_remote(self.now, command, leader)?
             }
             other => other?,
@@ -625,23 +655,116 @@ impl NodeCore {
                 return;
             }
         }
-        let target = self
-            .router
-            .snapshot()
-            .group(group)
-            .and_then(|g| g.leader)
-            .or_else(|| self.config.slot_group_members().into_iter().find(|(g, _)| *g == group).map(|(_, m)| m[0]));
-        if let Some(target) = target.filter(|t| *t != self.config.node) {
+        if let Some(target) = self.group_contact(group).filter(|t| *t != self.config.node) {
             self.send_node(target, NodeMessage::MetaFetch(channel.clone()));
         }
+    }
+
+    /// Where to reach slot group `group`: its leader as this node's replica, the last `NotLeader` hint
+    /// or the route table knows it (a hint first: it is newer than what the table learned), else its
+    /// first configured member.
+    fn group_contact(&self, group: GroupId) -> Option<NodeId> {
+        self.slot
+            .leader(group)
+            .or_else(|| self.remote_leaders.get(&group).copied())
+            .or_else(|| self.router.snapshot().group(group).and_then(|g| g.leader))
+            .or_else(|| self.config.slot_group_members().into_iter().find(|(g, _)| *g == group).map(|(_, m)| m[0]))
+    }
+
+    /// Moves the leadership of `channel` to `target` (an ISR member) as a controller task run by this
+    /// node: fence, drain the old leader, switch with the drain proof, unfence.
+    /// [`NodeEffect::Done`] with [`ApiResult::Task`] follows with the task's report; a drain that does
+    /// not finish in `controller.drain_timeout` unfences and fails with
+    /// [`TaskError::DrainTimedOut`](crate::node::TaskError::DrainTimedOut), the leader unchanged.
+    pub fn transfer_leader(&mut self, now: Time, id: ApiId, channel: ChannelId, target: NodeId) {
+        self.advance(now);
+        let Some(meta) = self.metas.get(&channel).cloned() else {
+            self.fetch_meta(&channel);
+            self.done(id, ApiResult::Task(Err(NodeError::UnknownChannel(channel))));
+            return;
+        };
+        if let Err(error) = self.controller.start_transfer(self.now, id, meta, target) {
+            self.done(id, ApiResult::Task(Err(error.into())));
+        }
+    }
+
+    /// Asks for a failover of every channel whose local replica is named leader but cannot lead, at
+    /// most once per `FAILOVER_REQUEST_INTERVAL` each, until a new meta arrives.
+    fn request_failovers(&mut self) {
+        let due: Vec<ChannelId> =
+            self.cannot_lead.iter().filter(|(_, at)| **at <= self.now).map(|(c, _)| c.clone()).collect();
+        for channel in due {
+            self.cannot_lead.insert(channel.clone(), self.now + FAILOVER_REQUEST_INTERVAL);
+            let Some(version) = self.metas.get(&channel).map(|m| m.version) else { continue };
+            // To every member of the channel's slot group: only its leader acts, and this node's idea of
+            // who leads may be stale.
+            let group = self.slot.table().group_of_key(channel.route_key());
+            let members = self.config.slot_group_members().into_iter().find(|(g, _)| *g == group).map(|(_, m)| m);
+            for to in members.unwrap_or_default() {
+                self.send_node(to, NodeMessage::RequestFailover { channel: channel.clone(), version });
+            }
+        }
+    }
+
+    /// Carries out the controller's actions and the messages this node sent itself.
+    fn run_controller(&mut self) {
+        loop {
+            if let Some(message) = self.loopback.pop_front() {
+                self.node_message(self.config.node, message);
+                continue;
+            }
+            let Some(action) = self.controller.poll_action() else { return };
+            match action {
+                Action::Propose { channel, command } => {
+                    if let Err(error) = self.propose_for(&command, ProposalPurpose::Task(channel.clone())) {
+                        self.controller.proposal_done(self.now, &channel, Err(error));
+                    }
+                }
+                Action::Send { to, message } => self.send_node(to, message),
+                Action::FetchMeta(channel) => self.fetch_meta(&channel),
+                Action::Finished { api, report } => {
+                    if let Some(api) = api {
+                        let result = match &report.outcome {
+                            Ok(()) => Ok(report.clone()),
+                            Err(error) => Err(NodeError::Task(error.clone())),
+                        };
+                        self.done(api, ApiResult::Task(result));
+                    }
+                }
+            }
+        }
+    }
+
+    /// A controller asks this replica for evidence under a fenced meta.
+    fn answer_evidence(&mut self, from: NodeId, task: u64, meta: ChannelRuntimeMeta) {
+        let channel = meta.channel.clone();
+        self.learn_meta(meta);
+        let Some(machine) = self.channels.get(&channel) else { return };
+        let Some(version) = machine.meta().map(|m| m.version) else { return };
+        let evidence = machine.evidence();
+        let drain = machine.drain_status();
+        let report = EvidenceReport {
+            last_epoch: evidence.last_epoch,
+            last_seq: evidence.last_seq,
+            hw: evidence.hw,
+            pending_appends: u32::try_from(drain.pending_appends).unwrap_or(u32::MAX),
+            log_end: drain.log_end,
+            drained: drain.drained,
+        };
+        self.send_node(from, NodeMessage::EvidenceReply { task, channel, version, report });
     }
 
     /// A meta arrived (pushed, fetched or applied here): keep the newest, hand it to the local replica,
     /// release appends that waited for it.
     fn learn_meta(&mut self, meta: ChannelRuntimeMeta) {
         let channel = meta.channel.clone();
+        self.controller.meta_seen(self.now, &meta);
         let newer = self.metas.get(&channel).is_none_or(|known| meta.version > known.version);
         if newer {
+            if self.metas.get(&channel).is_some_and(|known| known.leader_epoch != meta.leader_epoch) {
+                // A new leadership: whatever this replica asked for is settled.
+                self.cannot_lead.remove(&channel);
+            }
             self.metas.insert(channel.clone(), meta.clone());
             let now = self.now;
             if let Some(machine) = self.machine_mut(&channel) {
@@ -667,19 +790,26 @@ impl NodeCore {
             .map(|(c, _)| c.clone())
             .collect();
         for channel in evictable {
-            let Some(machine) = self.channels.remove(&channel) else { continue };
-            self.last_used.remove(&channel);
-            self.dirty.remove(&channel);
-            if let Some(at) = self.timer_of.remove(&channel) {
-                self.timers.remove(&(at, channel.clone()));
-            }
+            let Some(machine) = self.deactivate(&channel) else { continue };
             if machine.role() == tidings_channel::machine::RoleKind::Leader {
                 if let Some(meta) = machine.meta() {
                     self.resumable.insert(channel.clone(), meta.leader_epoch);
                 }
             }
-            self.log.release_caches(&channel);
         }
+    }
+
+    /// Takes the channel's machine out of memory (its log stays); the next input activates a new
+    /// incarnation from the store.
+    fn deactivate(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
+        let machine = self.channels.remove(channel)?;
+        self.last_used.remove(channel);
+        self.dirty.remove(channel);
+        if let Some(at) = self.timer_of.remove(channel) {
+            self.timers.remove(&(at, channel.clone()));
+        }
+        self.log.release_caches(channel);
+        Some(machine)
     }
 
     /// Number of channel replicas active in memory.
@@ -697,11 +827,18 @@ impl NodeCore {
         if !meta.is_replica(self.config.node) {
             return;
         }
-        let Ok(state) = self.log.state(channel) else { return };
+        // A store that cannot be read leaves the replica inactive (the next input tries again): a machine
+        // without its recent records would forget idempotency keys.
+        let Ok(mut state) = self.log.state(channel) else { return };
         let window = self.config.machine.idempotency_window as u64;
         let from = Seq::new(state.last_seq.get().saturating_sub(window).saturating_add(1));
         let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
-        let recent = self.log.read(channel, from, state.last_seq, limits).unwrap_or_default();
+        let Ok(recent) = self.log.read(channel, from, state.last_seq, limits) else { return };
+        if let Some(floor) = self.hw_floor.remove(channel) {
+            // Everything up to the last incarnation's HW was committed: the durable prefix below it is
+            // committed too, so HW does not go back.
+            state.hw = state.hw.max(floor.min(state.last_seq));
+        }
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
         let mut machine = ChannelMachine::new(
@@ -765,7 +902,13 @@ impl NodeCore {
             Ok(()) => {
                 self.appends.insert(request, (origin, sender));
             }
-            Err(error) => self.fail_append(origin, RemoteAppendError::Refused(error)),
+            Err(error) => {
+                if let AppendError::Fenced { .. } = error {
+                    // A fence is transient and the meta that clears it may have been lost on its way.
+                    self.fetch_meta(channel);
+                }
+                self.fail_append(origin, RemoteAppendError::Refused(error))
+            }
         }
     }
 
@@ -826,8 +969,24 @@ impl NodeCore {
                     records.into_iter().map(|(key, payload)| AppendRecord { idempotency_key: key, payload }).collect();
                 self.append_locally(AppendOrigin::Remote { node: from, id }, &channel, sender, records);
             }
+            NodeMessage::Ping => {}
+            NodeMessage::EvidenceRequest { task, meta } => self.answer_evidence(from, task, meta),
+            NodeMessage::EvidenceReply { task, channel, version, report } => {
+                self.controller.evidence(self.now, from, task, &channel, version, report)
+            }
+            NodeMessage::RequestFailover { channel, version } => {
+                // Only the group's leader acts, on the meta its store holds.
+                let group = self.slot.table().group_of_key(channel.route_key());
+                if self.slot.is_leader(group) {
+                    if let Ok(Some(meta)) = self.reader.runtime_meta(&channel) {
+                        if meta.version >= version {
+                            self.controller.failover_requested(self.now, from, meta);
+                        }
+                    }
+                }
+            }
             NodeMessage::AppendReply { id, result } => {
-                if let Some(api) = self.forwarded.remove(&id) {
+                if let Some((api, _)) = self.forwarded.remove(&id) {
                     let result = result.map_err(|e| match e {
                         RemoteAppendError::Refused(e) => NodeError::Append(e),
                         RemoteAppendError::Aborted(e) => NodeError::Aborted(e),
@@ -840,7 +999,11 @@ impl NodeCore {
     }
 
     fn send_node(&mut self, to: NodeId, message: NodeMessage) {
-        self.send(to, FrameBody::Node(message));
+        if to == self.config.node {
+            self.loopback.push_back(message);
+        } else {
+            self.send(to, FrameBody::Node(message));
+        }
     }
 
     fn send(&mut self, to: NodeId, body: FrameBody) {
@@ -897,6 +1060,7 @@ impl NodeCore {
 
     /// Moves effects of the slot driver and the channel machines into node effects.
     fn pump(&mut self) {
+        self.run_controller();
         while let Some(effect) = self.slot.poll_effect() {
             self.slot_effect(effect);
         }
@@ -913,6 +1077,12 @@ impl NodeCore {
         }
         while let Some(effect) = self.fanout.poll_effect() {
             self.fanout_effect(effect);
+        }
+        // Slot outcomes and metas above may have moved controller tasks on: carry out their actions now
+        // (their proposals and sends become effects on the next drain).
+        self.run_controller();
+        while let Some(effect) = self.slot.poll_effect() {
+            self.slot_effect(effect);
         }
     }
 
@@ -958,6 +1128,7 @@ impl NodeCore {
                 }
             }
             SlotEffect::MetaChanged { meta, leader, .. } => {
+                self.controller.meta_applied(self.now, &meta, leader);
                 if leader {
                     let me = self.config.node;
                     for replica in meta.replicas.iter().copied().filter(|n| *n != me) {
@@ -980,6 +1151,10 @@ impl NodeCore {
                 self.remote_leaders.insert(*group, *leader);
             }
         }
+        if let ProposalPurpose::Task(channel) = &purpose {
+            self.controller.proposal_done(self.now, channel, result);
+            return;
+        }
         let applied = match result {
             Ok(Outcome::Applied) => Ok(()),
             Ok(other) => Err(NodeError::NotApplied(other)),
@@ -996,6 +1171,7 @@ impl NodeCore {
                 Err(error) => self.done(api, ApiResult::Meta(Err(error))),
             },
             ProposalPurpose::Internal => {}
+            ProposalPurpose::Task(_) => {}
         }
     }
 
@@ -1048,8 +1224,18 @@ impl NodeCore {
                 let _ = self.propose_for(&command, ProposalPurpose::Internal);
             }
             Effect::RefreshMeta => self.fetch_meta(channel),
-            Effect::StorageFailed | Effect::NeedsFailover => {
-                tracing::warn!(%channel, node = %self.config.node, "channel replica needs a failover");
+            Effect::NeedsFailover => {
+                tracing::warn!(%channel, node = %self.config.node, "channel replica cannot lead: asking for a failover");
+                self.cannot_lead.insert(channel.clone(), self.now);
+            }
+            Effect::StorageFailed => {
+                // The machine stops writing for good; a new incarnation starts from what the store holds
+                // durably, under the new leader epoch the failover brings.
+                tracing::warn!(%channel, node = %self.config.node, "channel log failed: asking for a failover");
+                self.cannot_lead.insert(channel.clone(), self.now);
+                if let Some(machine) = self.deactivate(channel) {
+                    self.hw_floor.insert(channel.clone(), machine.hw());
+                }
             }
         }
     }

@@ -1,5 +1,6 @@
 //! Errors of the node API: typed so a caller can retry, redirect or give up.
 
+use super::controller::TaskError;
 use super::message::RemoteAppendError;
 use tidings_channel::machine::{AppendAborted, AppendError};
 use tidings_slot::fsm::Outcome;
@@ -53,6 +54,9 @@ pub enum NodeError {
     /// sender: send through a node that does.
     #[error("cannot check sender {} here: no local replica of its slot group or the channel's", .0.as_str())]
     SenderUnverified(Uid),
+    /// A channel task (leader transfer, failover) was not started or did not make its change.
+    #[error(transparent)]
+    Task(#[from] TaskError),
     /// The node's inbox is full: retry later.
     #[error("node is overloaded")]
     Overloaded,

@@ -1,5 +1,6 @@
 //! Messages between the node cores of one cluster (beside slot and channel messages).
 
+use super::controller::EvidenceReport;
 use serde::{Deserialize, Serialize};
 use tidings_channel::machine::{AppendAborted, AppendError};
 use tidings_store::message::IdempotencyKey;
@@ -31,6 +32,35 @@ pub enum NodeMessage {
         id: u64,
         /// Seqs, or why not.
         result: Result<Vec<Seq>, RemoteAppendError>,
+    },
+    /// Liveness: sent to every peer periodically; any valid frame counts as a sign of life.
+    Ping,
+    /// A controller task asks a replica for its durable evidence under `meta` (a committed, fenced meta:
+    /// the replica applies it first, so it froze before it answers).
+    EvidenceRequest {
+        /// The task.
+        task: u64,
+        /// The fenced meta.
+        meta: ChannelRuntimeMeta,
+    },
+    /// A replica's evidence for a task.
+    EvidenceReply {
+        /// The task.
+        task: u64,
+        /// The channel.
+        channel: ChannelId,
+        /// Meta version the replica applied when it answered.
+        version: u64,
+        /// Its durable state.
+        report: EvidenceReport,
+    },
+    /// The replica the meta names leader cannot lead (storage failed, or it restarted after leading that
+    /// leader epoch): asks the channel's slot group leader for a failover.
+    RequestFailover {
+        /// The channel.
+        channel: ChannelId,
+        /// Meta version the replica has.
+        version: u64,
     },
 }
 

@@ -2,6 +2,7 @@
 //! [`crate::Node`].
 
 mod config;
+mod controller;
 mod core;
 mod error;
 mod fanout;
@@ -9,6 +10,9 @@ mod message;
 
 pub use self::core::{ApiId, ApiResult, ChannelStatus, NodeCore, NodeEffect, NodeStatus};
 pub use config::NodeConfig;
+pub use controller::{
+    ControllerConfig, EvidenceEntry, EvidenceReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus,
+};
 pub use error::NodeError;
 pub use fanout::{carry_out_fanout, subscriber_page, FanoutAnswer, FanoutHost, NoFanout};
 pub use message::{NodeMessage, RemoteAppendError};

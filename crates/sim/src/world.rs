@@ -126,8 +126,10 @@ pub struct World {
     next_api: u64,
     /// Last HW seen per (node, channel) since the node's last crash.
     hw_seen: BTreeMap<(NodeId, ChannelId), Seq>,
-    /// Channels whose leader crashed at some point (they wait for a failover, which needs the controller).
-    leader_crashed: BTreeSet<ChannelId>,
+    /// Liveness probes in flight: request → channel.
+    probes: BTreeMap<ApiId, ChannelId>,
+    /// Channels that acknowledged a probe after healing.
+    probed: BTreeSet<ChannelId>,
     /// Metadata writes in flight: request → the user written.
     user_writes: BTreeMap<ApiId, Uid>,
     /// Users whose write was acknowledged, by slot group.
@@ -171,7 +173,8 @@ impl World {
             trace: 0xcbf2_9ce4_8422_2325,
             next_api: 1,
             hw_seen: BTreeMap::new(),
-            leader_crashed: BTreeSet::new(),
+            probes: BTreeMap::new(),
+            probed: BTreeSet::new(),
             user_writes: BTreeMap::new(),
             users_acked: BTreeMap::new(),
             barriers: BTreeMap::new(),
@@ -216,11 +219,17 @@ impl World {
         self.requests_on = true;
         self.run_for(self.params.safety_ms);
         self.faulty = false;
-        // Liveness: everything healed, no new requests; every request must be answered in time (an
-        // append commits or times out within the leader's append timeout plus the forward slack).
+        // Liveness: everything healed, no new client requests; every request must be answered in time
+        // (an append commits or times out within the leader's append timeout plus the forward slack),
+        // and every channel must take a new append again (the controller fails over channels whose
+        // leader crashed or cannot lead, and clears fences).
         self.requests_on = false;
         self.heal();
-        self.run_for(self.params.liveness_ms);
+        let probe_every = 500;
+        for _ in 0..self.params.liveness_ms / probe_every {
+            self.probe();
+            self.run_for(probe_every);
+        }
         self.final_checks();
         let steps = self.now.as_millis();
         SimReport {
@@ -254,11 +263,8 @@ impl World {
 
     fn crash(&mut self, id: NodeId) {
         let node = self.nodes.get_mut(&id).expect("known node");
-        let Some(core) = node.core.take() else { return };
-        for channel in core.status().channels {
-            if channel.leader == id {
-                self.leader_crashed.insert(channel.channel);
-            }
+        if node.core.take().is_none() {
+            return;
         }
         node.incarnation += 1;
         if std::env::var("SIM_DEBUG").is_ok() {
@@ -466,6 +472,14 @@ impl World {
                             }
                         }
                     }
+                    if let Some(channel) = self.probes.remove(&api) {
+                        if std::env::var("SIM_DEBUG").is_ok() {
+                            eprintln!("{now:?} probe of {channel} via {id}: {result:?}");
+                        }
+                        if matches!(result, ApiResult::Appended(Ok(_))) {
+                            self.probed.insert(channel);
+                        }
+                    }
                     if std::env::var("SIM_DEBUG").is_ok() {
                         if let ApiResult::Appended(Ok(seqs)) = &result {
                             eprintln!("{now:?} {id} acked {api:?} {seqs:?}");
@@ -555,6 +569,27 @@ impl World {
         }
     }
 
+    /// One append, through a random node, to every channel that has not acknowledged a probe yet.
+    fn probe(&mut self) {
+        let waiting: BTreeSet<ChannelId> = self.probes.values().cloned().collect();
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for channel in self.channels.clone() {
+            if self.probed.contains(&channel) || waiting.contains(&channel) {
+                continue;
+            }
+            let node = *self.rng.pick(&ids).expect("nodes");
+            let api = self.api();
+            let now = self.now;
+            let payload = Bytes::from(format!("probe-{}-{}", self.params.seed, api.0));
+            let record = AppendRecord { idempotency_key: None, payload: payload.clone() };
+            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
+                core.append(now, api, channel.clone(), vec![record]);
+                self.oracle.expect_append(api, node, channel.clone(), payload, None);
+                self.probes.insert(api, channel);
+            }
+        }
+    }
+
     fn group_of_user(&self, uid: &Uid) -> GroupId {
         let config = &self.nodes.values().next().expect("nodes").config;
         config.table().group_of_key(RoutingKey::Uid(uid).bytes())
@@ -614,7 +649,36 @@ impl World {
                 }
             }
         }
-        let stuck = self.leader_crashed.clone();
-        self.oracle.check_answered(&stuck);
+        self.oracle.check_answered();
+        for channel in &self.channels {
+            if !self.probed.contains(channel) {
+                let statuses: Vec<String> = self
+                    .nodes
+                    .values()
+                    .filter_map(|n| n.core.as_ref())
+                    .flat_map(|c| c.status().channels.into_iter().filter(|s| &s.channel == channel))
+                    .map(|s| format!("{:?}", s))
+                    .collect();
+                let tasks: Vec<String> = self
+                    .nodes
+                    .values()
+                    .filter_map(|n| n.core.as_ref())
+                    .flat_map(|c| {
+                        let status = c.status();
+                        let running =
+                            status.tasks.into_iter().filter(|t| &t.channel == channel).map(|t| format!("{t:?}"));
+                        let done = status
+                            .finished_tasks
+                            .into_iter()
+                            .filter(|t| &t.channel == channel)
+                            .map(|t| format!("{t:?}"));
+                        running.chain(done).map(move |t| format!("{}: {t}", c.node())).collect::<Vec<_>>()
+                    })
+                    .collect();
+                self.oracle.violation(format!(
+                    "liveness: {channel} takes no append after healing: {statuses:?}, tasks {tasks:?}"
+                ));
+            }
+        }
     }
 }

@@ -135,6 +135,20 @@ impl SlotReader {
         page.entries.iter().map(|(key, value)| decode(key, value)).collect()
     }
 
+    /// A page of up to `limit` runtime metas of the channels in hash slot `slot`, after `cursor` (the
+    /// controller's repair loop walks its slots with it).
+    pub fn runtime_metas(
+        &self,
+        slot: HashSlot,
+        cursor: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<Page<ChannelRuntimeMeta>> {
+        let prefix = Key::new(Kind::RuntimeMeta).build();
+        let page = self.store.scan(slot, &prefix, cursor, limit)?;
+        let items = page.entries.iter().map(|(key, value)| decode(key, value)).collect::<StoreResult<Vec<_>>>()?;
+        Ok(Page { items, cursor: page.next_after })
+    }
+
     fn get<T: DeserializeOwned>(&self, slot: HashSlot, key: Vec<u8>) -> StoreResult<Option<T>> {
         match self.store.get(slot, &key)? {
             None => Ok(None),

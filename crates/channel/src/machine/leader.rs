@@ -64,7 +64,12 @@ pub(super) struct LeaderState {
     /// A meta change proposed and not yet answered: (when, version it was based on).
     proposal: Option<(Time, u64)>,
     became_at: Time,
+    /// When silent ISR members were last woken by an append that could not be admitted.
+    woken_at: Option<Time>,
 }
+
+/// Silent ISR members are woken at most this often by refused appends.
+const WAKE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl LeaderState {
     pub(super) fn new(meta: &ChannelRuntimeMeta, me: NodeId, now: Time) -> Self {
@@ -78,6 +83,7 @@ impl LeaderState {
             reported: Seq::new(0),
             proposal: None,
             became_at: now,
+            woken_at: None,
         }
     }
 
@@ -206,7 +212,12 @@ impl ChannelMachine {
     }
 
     pub(super) fn leader_append(&mut self, request: AppendRequest) -> Result<(), AppendError> {
-        self.check_admission(&request)?;
+        if let Err(error) = self.check_admission(&request) {
+            if matches!(error, AppendError::NotEnoughReplicas { .. }) {
+                self.wake_silent_isr();
+            }
+            return Err(error);
+        }
         let meta = self.meta.as_ref().expect("admission checked meta");
         let leader_epoch = meta.leader_epoch;
         // Resolve idempotency first, so a conflict refuses the request before anything is written.
@@ -335,6 +346,27 @@ impl ChannelMachine {
         for node in hint {
             let message = ChannelMessage::Hint(PullHint { channel: self.channel.clone(), leader_epoch });
             self.send(node, message);
+        }
+    }
+
+    /// Sends a hint to the ISR members that have not pulled lately: an evicted or idle follower comes
+    /// back only on news, and an append refused for want of live replicas makes none.
+    fn wake_silent_isr(&mut self) {
+        let (Some(meta), Role::Leader(leader)) = (&self.meta, &mut self.role) else { return };
+        if leader.woken_at.is_some_and(|at| self.now < at + WAKE_INTERVAL) {
+            return;
+        }
+        leader.woken_at = Some(self.now);
+        let alive_after = self.now - self.config.isr_alive;
+        let silent: Vec<NodeId> = meta
+            .isr
+            .iter()
+            .copied()
+            .filter(|n| *n != self.me && leader.progress.get(n).is_none_or(|p| p.last_pull_at < alive_after))
+            .collect();
+        let hint = PullHint { channel: self.channel.clone(), leader_epoch: meta.leader_epoch };
+        for node in silent {
+            self.send(node, ChannelMessage::Hint(hint.clone()));
         }
     }
 

@@ -1,0 +1,739 @@
+//! The channel controller: leader transfers and failovers run as tasks, and a repair loop that starts
+//! them. Sans-IO like the rest of the core: `NodeCore` feeds it time, frames' senders, proposal outcomes,
+//! metas and evidence, and carries out its [`Action`]s.
+//!
+//! Every step of a task is a compare-and-set of the channel's runtime meta through its slot group, so
+//! the task's state (the fence and its task id) is replicated, two controllers racing on one channel
+//! are settled by the meta version, and a controller that stops leaves a fence another one resumes
+//! (the repair loop takes over a fence nobody moved for `fence_takeover_after`).
+//!
+//! * **Failover** — fence with `freeze_replication` (replicas stop replicating from, and acknowledging
+//!   to, the old leader), gather durable `(last leader epoch, last seq)` evidence from at least
+//!   |ISR| − MinISR + 1 ISR members (each answers only once it applied the fence), pick the most
+//!   advanced, commit leader + new leader epoch with the evidence as proof (the slot FSM checks it
+//!   again), then clear the fence. A committed record sits on MinISR ISR members, so any
+//!   |ISR| − MinISR + 1 of them include one that has it, and the most advanced of those has every
+//!   committed record. Too little evidence, or evidence of an epoch the meta never granted, keeps the
+//!   channel fenced and says why ([`TaskBlocked`]).
+//! * **Transfer** — fence without freezing, wait until the old leader has nothing pending and HW = log
+//!   end, and the target holds the log end, switch with that drain proof, clear the fence. Not drained
+//!   in time: clear the fence, leader unchanged ([`TaskError::DrainTimedOut`]).
+//! * **Repair loop** — on the leader of each slot group, walks the runtime metas of the group's slots
+//!   (a page per step): a channel whose leader is down gets a failover; a fence nobody moves gets taken
+//!   over. At most `tasks_max` tasks run at once.
+//!
+//! Simplified for now: replica replacement, node drain and the slot-group side (preferred leaders,
+//! replica moves, hash-slot migration) are not here yet.
+
+mod liveness;
+mod report;
+
+pub use report::{EvidenceEntry, EvidenceReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus};
+
+use super::core::ApiId;
+use super::message::NodeMessage;
+use liveness::Liveness;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+use tidings_slot::command::Command;
+use tidings_slot::fsm::{Outcome, Refusal};
+use tidings_slot::model::SwitchProof;
+use tidings_slot::query::SlotReader;
+use tidings_slot::raft::{MultiRaft, ProposeError};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, HashSlot, NodeId, Time, WriteFence};
+
+/// Controller settings. Defaults suit a LAN cluster.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// A peer is pinged when nothing was sent to it for this long.
+    pub ping_interval: Duration,
+    /// A peer not heard from for this long is down (its channels get failovers).
+    pub node_down_after: Duration,
+    /// Pause between repair passes while some node is down.
+    pub repair_interval: Duration,
+    /// Pause between repair passes otherwise (they then only look for abandoned fences).
+    pub repair_idle_interval: Duration,
+    /// Runtime metas read per repair step.
+    pub repair_page: usize,
+    /// Tasks running at once on this node.
+    pub tasks_max: usize,
+    /// Evidence requests and meta confirmations are repeated this often.
+    pub ask_interval: Duration,
+    /// A transfer gives up (and unfences) when the old leader has not drained by then.
+    pub drain_timeout: Duration,
+    /// A fence no local task owns is taken over after this long.
+    pub fence_takeover_after: Duration,
+    /// Finished task reports kept for status.
+    pub reports_max: usize,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            ping_interval: Duration::from_millis(250),
+            node_down_after: Duration::from_millis(1_500),
+            repair_interval: Duration::from_millis(500),
+            repair_idle_interval: Duration::from_secs(10),
+            repair_page: 256,
+            tasks_max: 64,
+            ask_interval: Duration::from_millis(200),
+            drain_timeout: Duration::from_secs(5),
+            fence_takeover_after: Duration::from_secs(5),
+            reports_max: 64,
+        }
+    }
+}
+
+/// Work for `NodeCore`.
+#[derive(Debug)]
+pub(crate) enum Action {
+    /// Propose a meta change of the channel; report the outcome with [`Controller::proposal_done`].
+    Propose { channel: ChannelId, command: Command },
+    /// Send a message (possibly to this node).
+    Send { to: NodeId, message: NodeMessage },
+    /// Learn the channel's current meta (feed it back through [`Controller::meta_seen`]).
+    FetchMeta(ChannelId),
+    /// A task ended; answer the API call that started it, if any.
+    Finished { api: Option<ApiId>, report: TaskReport },
+}
+
+/// The meta change a task has in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    Fence,
+    Switch,
+    Unfence { switched: bool },
+}
+
+#[derive(Debug)]
+enum Step {
+    /// A CAS is proposed; `confirming` once its outcome was unclear and the controller waits to see the
+    /// meta in force; `fetched` once the retry timer asked for it (a lost proposal is proposed again
+    /// only then, so a group that refuses at once is not hammered).
+    Proposing { change: Change, proposed: ChannelRuntimeMeta, confirming: bool, fetched: bool },
+    /// Fenced: asking ISR members for evidence (and drain status).
+    Gathering,
+}
+
+#[derive(Debug)]
+struct Task {
+    id: u64,
+    kind: TaskKind,
+    api: Option<ApiId>,
+    old_leader: NodeId,
+    /// The meta this task last saw committed (the base of its next CAS).
+    meta: ChannelRuntimeMeta,
+    step: Step,
+    evidence: BTreeMap<NodeId, EvidenceReport>,
+    blocked: Option<TaskBlocked>,
+    started: Time,
+    next_ask: Time,
+    /// A transfer's drain deadline.
+    deadline: Option<Time>,
+    new_leader: Option<(NodeId, tidings_types::LeaderEpoch)>,
+    proof: Vec<EvidenceEntry>,
+    /// Why an unfence that ends the task without its change is being made.
+    failure: Option<TaskError>,
+}
+
+/// Where the repair loop is in its walk over the slots this node's groups own.
+#[derive(Debug, Default)]
+struct RepairScan {
+    slots: Vec<HashSlot>,
+    index: usize,
+    cursor: Option<Vec<u8>>,
+    active: bool,
+    next_pass: Time,
+}
+
+/// The channel controller of one node. See the [module docs](self).
+#[derive(Debug)]
+pub(crate) struct Controller {
+    config: ControllerConfig,
+    me: NodeId,
+    liveness: Liveness,
+    next_ping: Time,
+    down: BTreeSet<NodeId>,
+    tasks: BTreeMap<ChannelId, Task>,
+    reports: VecDeque<TaskReport>,
+    actions: VecDeque<Action>,
+    scan: RepairScan,
+    /// Fences seen by the repair loop that no local task owns: task id and when first seen.
+    fences_seen: BTreeMap<ChannelId, (u64, Time)>,
+    /// Slot groups this node led at the last tick.
+    led: BTreeSet<GroupId>,
+    next_task: u64,
+}
+
+/// How many abandoned fences the repair loop tracks at once.
+const FENCES_SEEN_MAX: usize = 4_096;
+
+impl Controller {
+    /// The controller of `me` among `nodes`. Task ids start at `first_task` (unique per node start).
+    pub(crate) fn new(config: ControllerConfig, me: NodeId, nodes: &[NodeId], first_task: u64, now: Time) -> Self {
+        let peers = nodes.iter().copied().filter(|n| *n != me);
+        Self {
+            liveness: Liveness::new(peers, config.node_down_after, now),
+            config,
+            me,
+            next_ping: now,
+            down: BTreeSet::new(),
+            tasks: BTreeMap::new(),
+            reports: VecDeque::new(),
+            actions: VecDeque::new(),
+            scan: RepairScan { next_pass: now, ..RepairScan::default() },
+            fences_seen: BTreeMap::new(),
+            led: BTreeSet::new(),
+            next_task: first_task,
+        }
+    }
+
+    /// A valid frame arrived from `peer`.
+    pub(crate) fn heard(&mut self, peer: NodeId, now: Time) {
+        self.liveness.heard(peer, now);
+    }
+
+    /// `true` if `peer` has been silent for `node_down_after`.
+    pub(crate) fn is_down(&self, peer: NodeId, now: Time) -> bool {
+        self.liveness.is_down(peer, now)
+    }
+
+    /// Next work for `NodeCore`.
+    pub(crate) fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Tasks in progress.
+    pub(crate) fn status(&self) -> Vec<TaskStatus> {
+        self.tasks
+            .iter()
+            .map(|(channel, task)| TaskStatus {
+                task: task.id,
+                channel: channel.clone(),
+                kind: task.kind,
+                step: match &task.step {
+                    Step::Proposing { change: Change::Fence, .. } => "fencing",
+                    Step::Gathering => "gathering evidence",
+                    Step::Proposing { change: Change::Switch, .. } => "switching",
+                    Step::Proposing { change: Change::Unfence { .. }, .. } => "unfencing",
+                },
+                blocked: task.blocked.clone(),
+                started: task.started,
+            })
+            .collect()
+    }
+
+    /// The last finished tasks, oldest first.
+    pub(crate) fn reports(&self) -> Vec<TaskReport> {
+        self.reports.iter().cloned().collect()
+    }
+
+    /// When [`Controller::tick`] has work next.
+    pub(crate) fn poll_timeout(&self) -> Time {
+        let task_timers = self.tasks.values().map(|t| t.deadline.map_or(t.next_ask, |d| d.min(t.next_ask)));
+        let fences = self.fences_seen.values().map(|(_, since)| *since + self.config.fence_takeover_after);
+        task_timers.chain(fences).fold(self.next_ping.min(self.scan.next_pass), Time::min)
+    }
+
+    /// Pings, task retries and deadlines, and one repair step.
+    pub(crate) fn tick(&mut self, now: Time, slot: &MultiRaft, reader: &SlotReader) {
+        if now >= self.next_ping {
+            self.next_ping = now + self.config.ping_interval;
+            let peers: Vec<NodeId> = self.liveness.peers().collect();
+            for to in peers {
+                self.actions.push_back(Action::Send { to, message: NodeMessage::Ping });
+            }
+        }
+        let down: BTreeSet<NodeId> = self.liveness.down(now).collect();
+        if down.iter().any(|n| !self.down.contains(n)) {
+            // Someone just went down: look for its channels now.
+            self.scan.next_pass = self.scan.next_pass.min(now);
+        }
+        self.down = down;
+        let due: Vec<ChannelId> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.next_ask <= now || t.deadline.is_some_and(|d| d <= now))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in due {
+            self.task_timer(now, &channel);
+        }
+        let led: BTreeSet<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
+        if led.iter().any(|g| !self.led.contains(g)) {
+            // Newly leading a group: learn its fences and down leaders now.
+            self.scan.next_pass = self.scan.next_pass.min(now);
+        }
+        self.led = led;
+        self.take_over_fences(now, reader);
+        if now >= self.scan.next_pass {
+            self.repair_step(now, slot, reader);
+        }
+    }
+
+    /// Starts moving the leadership of the channel whose meta is `meta` to `target`.
+    pub(crate) fn start_transfer(
+        &mut self,
+        now: Time,
+        api: ApiId,
+        meta: ChannelRuntimeMeta,
+        target: NodeId,
+    ) -> Result<(), TaskError> {
+        if meta.leader == target {
+            return Err(TaskError::AlreadyLeader(target));
+        }
+        if !meta.in_isr(target) {
+            return Err(TaskError::NotInIsr(target));
+        }
+        if let Some(fence) = meta.write_fence {
+            return Err(TaskError::Fenced(fence.task));
+        }
+        self.admit(&meta.channel)?;
+        let id = self.task_id();
+        let task = self.new_task(id, TaskKind::Transfer { target }, Some(api), meta, now);
+        self.start(now, task);
+        Ok(())
+    }
+
+    /// Starts a failover of `meta`'s channel unless a task runs for it; a meta that a failover already
+    /// fenced is resumed at evidence gathering.
+    pub(crate) fn start_failover(&mut self, now: Time, meta: ChannelRuntimeMeta) {
+        if self.admit(&meta.channel).is_err() {
+            return;
+        }
+        self.fences_seen.remove(&meta.channel);
+        let resume = meta.write_fence.filter(|f| f.freeze_replication);
+        let id = resume.map_or_else(|| self.task_id(), |f| f.task);
+        let task = self.new_task(id, TaskKind::Failover, None, meta, now);
+        match resume {
+            Some(_) => self.gather(now, task),
+            None => self.start(now, task),
+        }
+    }
+
+    /// A replica asked for a failover (its replica cannot lead: storage failed, or it restarted after
+    /// leading the epoch in force). Acted on by the leader of the channel's slot group, when `from` is
+    /// the leader the meta names.
+    pub(crate) fn failover_requested(&mut self, now: Time, from: NodeId, meta: ChannelRuntimeMeta) {
+        if meta.leader == from {
+            self.start_failover(now, meta);
+        }
+    }
+
+    /// A replica's answer to an evidence request.
+    pub(crate) fn evidence(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        task: u64,
+        channel: &ChannelId,
+        version: u64,
+        report: EvidenceReport,
+    ) {
+        let Some(t) = self.tasks.get_mut(channel) else { return };
+        if t.id != task || !matches!(t.step, Step::Gathering) || t.meta.version != version || !t.meta.in_isr(from) {
+            return;
+        }
+        t.evidence.insert(from, report);
+        self.evaluate(now, channel);
+    }
+
+    /// The outcome of a task's proposal.
+    pub(crate) fn proposal_done(&mut self, now: Time, channel: &ChannelId, result: Result<Outcome, ProposeError>) {
+        let Some(task) = self.tasks.get_mut(channel) else { return };
+        let Step::Proposing { change, proposed, confirming, .. } = &mut task.step else { return };
+        let change = *change;
+        match result {
+            Ok(Outcome::Applied) => {
+                let proposed = proposed.clone();
+                self.applied(now, channel, change, proposed);
+            }
+            Ok(Outcome::Refused(Refusal::BadProof(reason))) if change == Change::Switch => {
+                task.blocked = Some(TaskBlocked::ProofRefused(Refusal::BadProof(reason)));
+                task.evidence.clear();
+                task.step = Step::Gathering;
+                task.next_ask = now + self.config.ask_interval;
+            }
+            Ok(Outcome::Refused(refusal)) => {
+                let task = self.tasks.remove(channel).expect("present");
+                self.finish(now, task, Err(TaskError::Refused(refusal)));
+            }
+            // Not applied, or outcome unknown (timeout, lost leadership, another version in force):
+            // see which meta is in force before deciding.
+            Ok(_) | Err(_) => {
+                *confirming = true;
+                task.next_ask = now + self.config.ask_interval;
+            }
+        }
+    }
+
+    /// A meta of `channel` this node saw (applied, pushed or fetched): settles a confirmation.
+    pub(crate) fn meta_seen(&mut self, now: Time, meta: &ChannelRuntimeMeta) {
+        let Some(task) = self.tasks.get_mut(&meta.channel) else { return };
+        let Step::Proposing { change, proposed, confirming, fetched } = &mut task.step else { return };
+        if meta == proposed {
+            let (change, proposed) = (*change, proposed.clone());
+            self.applied(now, &meta.channel.clone(), change, proposed);
+        } else if *confirming && meta.version >= proposed.version {
+            // Something else moved the meta: this task's change did not happen.
+            let task = self.tasks.remove(&meta.channel).expect("present");
+            self.finish(now, task, Err(TaskError::MetaChanged));
+        } else if *confirming && *fetched && *meta == task.meta {
+            // Still the base: the proposal was lost; propose again.
+            let (change, proposed) = (*change, proposed.clone());
+            self.propose(now, &meta.channel.clone(), change, proposed);
+        }
+    }
+
+    fn admit(&self, channel: &ChannelId) -> Result<(), TaskError> {
+        if self.tasks.contains_key(channel) {
+            return Err(TaskError::AlreadyRunning(channel.clone()));
+        }
+        if self.tasks.len() >= self.config.tasks_max {
+            return Err(TaskError::TooManyTasks);
+        }
+        Ok(())
+    }
+
+    fn task_id(&mut self) -> u64 {
+        let id = self.next_task;
+        self.next_task += 1;
+        id
+    }
+
+    fn new_task(&self, id: u64, kind: TaskKind, api: Option<ApiId>, meta: ChannelRuntimeMeta, now: Time) -> Task {
+        Task {
+            id,
+            kind,
+            api,
+            old_leader: meta.leader,
+            meta,
+            step: Step::Gathering,
+            evidence: BTreeMap::new(),
+            blocked: None,
+            started: now,
+            next_ask: now,
+            deadline: None,
+            new_leader: None,
+            proof: Vec::new(),
+            failure: None,
+        }
+    }
+
+    /// First step: the fence (or, for an abandoned fence, its removal).
+    fn start(&mut self, now: Time, task: Task) {
+        let channel = task.meta.channel.clone();
+        tracing::info!(%channel, task = task.id, kind = ?task.kind, node = %self.me, "channel task starts");
+        self.tasks.insert(channel.clone(), task);
+        let task = self.tasks.get_mut(&channel).expect("just inserted");
+        let (change, next) = match task.kind {
+            TaskKind::ClearFence => (Change::Unfence { switched: false }, unfenced(&task.meta)),
+            TaskKind::Failover => (Change::Fence, fenced(&task.meta, task.id, true)),
+            TaskKind::Transfer { .. } => (Change::Fence, fenced(&task.meta, task.id, false)),
+        };
+        self.propose(now, &channel, change, next);
+    }
+
+    /// Resumes (or enters) evidence gathering on an already fenced meta.
+    fn gather(&mut self, now: Time, mut task: Task) {
+        let channel = task.meta.channel.clone();
+        tracing::info!(%channel, task = task.id, node = %self.me, "channel failover resumes at evidence gathering");
+        task.step = Step::Gathering;
+        self.tasks.insert(channel.clone(), task);
+        self.ask(now, &channel);
+    }
+
+    fn propose(&mut self, now: Time, channel: &ChannelId, change: Change, next: ChannelRuntimeMeta) {
+        let Some(task) = self.tasks.get_mut(channel) else { return };
+        let proof = (change == Change::Switch).then(|| switch_proof(task));
+        let command = Command::CasRuntimeMeta { expected_version: task.meta.version, meta: next.clone(), proof };
+        task.step = Step::Proposing { change, proposed: next, confirming: false, fetched: false };
+        if change != Change::Fence {
+            // Past the drain: the deadline no longer applies.
+            task.deadline = None;
+        }
+        // A proposal's outcome always arrives (raft-rs reports drops and timeouts); the timer is only a
+        // backstop for confirmations.
+        task.next_ask = now + self.config.ask_interval * 10;
+        self.actions.push_back(Action::Propose { channel: channel.clone(), command });
+    }
+
+    fn applied(&mut self, now: Time, channel: &ChannelId, change: Change, committed: ChannelRuntimeMeta) {
+        let Some(task) = self.tasks.get_mut(channel) else { return };
+        task.meta = committed;
+        match change {
+            Change::Fence => {
+                task.step = Step::Gathering;
+                if matches!(task.kind, TaskKind::Transfer { .. }) {
+                    task.deadline = Some(now + self.config.drain_timeout);
+                }
+                self.ask(now, channel);
+            }
+            Change::Switch => {
+                task.new_leader = Some((task.meta.leader, task.meta.leader_epoch));
+                let next = unfenced(&task.meta);
+                self.propose(now, channel, Change::Unfence { switched: true }, next);
+            }
+            Change::Unfence { switched } => {
+                let task = self.tasks.remove(channel).expect("present");
+                let outcome = match (switched, task.kind) {
+                    (true, _) | (false, TaskKind::ClearFence) => Ok(()),
+                    (false, _) => Err(task.failure.clone().unwrap_or(TaskError::MetaChanged)),
+                };
+                self.finish(now, task, outcome);
+            }
+        }
+    }
+
+    /// Asks the ISR members for evidence: all of them for a transfer (drain status changes), the ones
+    /// that have not answered for a failover. The fenced meta travels with the request, so a replica
+    /// that has not seen it yet applies it before it answers.
+    fn ask(&mut self, now: Time, channel: &ChannelId) {
+        let Some(task) = self.tasks.get_mut(channel) else { return };
+        task.next_ask = now + self.config.ask_interval;
+        let transfer = matches!(task.kind, TaskKind::Transfer { .. });
+        let targets: Vec<NodeId> =
+            task.meta.isr.iter().copied().filter(|n| transfer || !task.evidence.contains_key(n)).collect();
+        for to in targets {
+            let message = NodeMessage::EvidenceRequest { task: task.id, meta: task.meta.clone() };
+            self.actions.push_back(Action::Send { to, message });
+        }
+    }
+
+    fn task_timer(&mut self, now: Time, channel: &ChannelId) {
+        let Some(task) = self.tasks.get_mut(channel) else { return };
+        if task.deadline.is_some_and(|d| d <= now) && matches!(task.step, Step::Gathering) {
+            task.deadline = None;
+            task.failure = Some(TaskError::DrainTimedOut);
+            let next = unfenced(&task.meta);
+            self.propose(now, channel, Change::Unfence { switched: false }, next);
+            return;
+        }
+        match &task.step {
+            Step::Gathering => self.ask(now, channel),
+            Step::Proposing { .. } => {
+                task.next_ask = now + self.config.ask_interval;
+                if let Step::Proposing { confirming, fetched, .. } = &mut task.step {
+                    *confirming = true;
+                    *fetched = true;
+                }
+                self.actions.push_back(Action::FetchMeta(channel.clone()));
+            }
+        }
+    }
+
+    /// Decides whether the evidence gathered allows the switch, and proposes it.
+    fn evaluate(&mut self, now: Time, channel: &ChannelId) {
+        let Some(task) = self.tasks.get_mut(channel) else { return };
+        let meta = &task.meta;
+        if let Some((node, report)) = task.evidence.iter().find(|(_, r)| r.last_epoch > meta.leader_epoch) {
+            // Fail closed: nothing explains such a record; an operator must look.
+            task.blocked = Some(TaskBlocked::ConflictingEvidence {
+                node: *node,
+                last_epoch: report.last_epoch,
+                meta_leader_epoch: meta.leader_epoch,
+            });
+            return;
+        }
+        let need = meta.isr.len() - usize::from(meta.min_isr) + 1;
+        let have = task.evidence.len();
+        let chosen = match task.kind {
+            TaskKind::Failover => {
+                if have < need {
+                    task.blocked = Some(TaskBlocked::NotEnoughEvidence { have, need });
+                    return;
+                }
+                // The most advanced log; on a tie the current leader (least churn), then the lowest id.
+                task.evidence
+                    .iter()
+                    .max_by_key(|(node, r)| {
+                        (r.last_epoch, r.last_seq, **node == meta.leader, std::cmp::Reverse(**node))
+                    })
+                    .map(|(node, _)| *node)
+                    .expect("need >= 1 answers")
+            }
+            TaskKind::Transfer { target } => {
+                let leader = task.evidence.get(&meta.leader);
+                let caught_up = match (leader, task.evidence.get(&target)) {
+                    (Some(l), Some(t)) => {
+                        l.drained && l.pending_appends == 0 && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
+                    }
+                    _ => false,
+                };
+                if !caught_up || have < need {
+                    task.blocked = Some(TaskBlocked::Draining);
+                    return;
+                }
+                target
+            }
+            TaskKind::ClearFence => return,
+        };
+        task.blocked = None;
+        task.proof = task
+            .evidence
+            .iter()
+            .map(|(node, r)| EvidenceEntry { node: *node, last_epoch: r.last_epoch, last_seq: r.last_seq })
+            .collect();
+        let mut next = task.meta.clone();
+        next.version += 1;
+        next.leader = chosen;
+        next.leader_epoch = task.meta.leader_epoch.next();
+        // The fence stays until the new leader is in place; it no longer freezes replication, so the
+        // followers replicate from the new leader at once.
+        next.write_fence = task.meta.write_fence.map(|f| WriteFence { freeze_replication: false, ..f });
+        self.propose(now, channel, Change::Switch, next);
+    }
+
+    fn finish(&mut self, now: Time, task: Task, outcome: Result<(), TaskError>) {
+        let report = TaskReport {
+            task: task.id,
+            channel: task.meta.channel.clone(),
+            kind: task.kind,
+            old_leader: task.old_leader,
+            new_leader: task.new_leader,
+            evidence: task.proof,
+            outcome,
+            started: task.started,
+            finished: now,
+        };
+        tracing::info!(channel = %report.channel, task = report.task, outcome = ?report.outcome, new_leader = ?report.new_leader, "channel task finished");
+        if self.reports.len() >= self.config.reports_max {
+            self.reports.pop_front();
+        }
+        self.reports.push_back(report.clone());
+        self.actions.push_back(Action::Finished { api: task.api, report });
+    }
+
+    /// One page of the repair walk over the slots of the groups this node leads.
+    fn repair_step(&mut self, now: Time, slot: &MultiRaft, reader: &SlotReader) {
+        if !self.scan.active {
+            let table = slot.table();
+            self.scan.slots = slot
+                .groups()
+                .filter(|g| slot.is_leader(*g))
+                .flat_map(|g| table.slots_of(g).collect::<Vec<_>>())
+                .collect();
+            self.scan.index = 0;
+            self.scan.cursor = None;
+            self.scan.active = true;
+        }
+        let mut budget = self.config.repair_page;
+        while budget > 0 && self.tasks.len() < self.config.tasks_max {
+            let Some(hash_slot) = self.scan.slots.get(self.scan.index).copied() else { break };
+            let page = match reader.runtime_metas(hash_slot, self.scan.cursor.as_deref(), budget) {
+                Ok(page) => page,
+                Err(error) => {
+                    tracing::warn!(%error, slot = %hash_slot, "repair: cannot read runtime metas; slot skipped");
+                    tidings_slot::query::Page { items: Vec::new(), cursor: None }
+                }
+            };
+            budget = budget.saturating_sub(page.items.len().max(1));
+            for meta in page.items {
+                self.consider(now, meta);
+            }
+            match page.cursor {
+                Some(cursor) => self.scan.cursor = Some(cursor),
+                None => {
+                    self.scan.index += 1;
+                    self.scan.cursor = None;
+                }
+            }
+        }
+        let done = self.scan.index >= self.scan.slots.len();
+        if done {
+            self.scan.active = false;
+            let pause =
+                if self.down.is_empty() { self.config.repair_idle_interval } else { self.config.repair_interval };
+            self.scan.next_pass = now + pause;
+        } else {
+            // Continue on the next tick; pages keep each step short.
+            self.scan.next_pass = now + Duration::from_millis(5);
+        }
+    }
+
+    fn consider(&mut self, now: Time, meta: ChannelRuntimeMeta) {
+        self.track_fence(now, &meta);
+        let leader_down = meta.leader != self.me && self.is_down(meta.leader, now);
+        if meta.write_fence.is_none() && leader_down && !self.tasks.contains_key(&meta.channel) {
+            self.start_failover(now, meta);
+        }
+    }
+
+    /// Notes when a fence no local task owns was first seen (or forgets a cleared one).
+    fn track_fence(&mut self, now: Time, meta: &ChannelRuntimeMeta) {
+        let owned = self.tasks.get(&meta.channel).map(|t| t.id);
+        match meta.write_fence {
+            Some(fence) if owned != Some(fence.task) => {
+                let full = self.fences_seen.len() >= FENCES_SEEN_MAX;
+                match self.fences_seen.get_mut(&meta.channel) {
+                    Some(seen) if seen.0 != fence.task => *seen = (fence.task, now),
+                    Some(_) => {}
+                    None if !full => {
+                        self.fences_seen.insert(meta.channel.clone(), (fence.task, now));
+                    }
+                    None => {}
+                }
+            }
+            _ => {
+                self.fences_seen.remove(&meta.channel);
+            }
+        }
+    }
+
+    /// Takes over fences nobody moved for `fence_takeover_after`: a frozen one (or one whose leader is
+    /// down) by resuming the failover, any other by clearing it.
+    fn take_over_fences(&mut self, now: Time, reader: &SlotReader) {
+        let due: Vec<ChannelId> = self
+            .fences_seen
+            .iter()
+            .filter(|(_, (_, since))| now.since(*since) >= self.config.fence_takeover_after)
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in due {
+            self.fences_seen.remove(&channel);
+            let Ok(Some(meta)) = reader.runtime_meta(&channel) else { continue };
+            let Some(fence) = meta.write_fence else { continue };
+            if self.tasks.contains_key(&channel) {
+                continue;
+            }
+            if fence.freeze_replication || self.is_down(meta.leader, now) {
+                self.start_failover(now, meta);
+            } else if self.admit(&channel).is_ok() {
+                let task = self.new_task(fence.task, TaskKind::ClearFence, None, meta, now);
+                self.start(now, task);
+            }
+        }
+    }
+
+    /// A meta the slot FSM applied here; `leader` when this node leads the group (then it watches the
+    /// meta's fence).
+    pub(crate) fn meta_applied(&mut self, now: Time, meta: &ChannelRuntimeMeta, leader: bool) {
+        if leader {
+            self.track_fence(now, meta);
+        }
+    }
+}
+
+/// `base` fenced by `task`.
+fn fenced(base: &ChannelRuntimeMeta, task: u64, freeze_replication: bool) -> ChannelRuntimeMeta {
+    let mut next = base.clone();
+    next.version += 1;
+    next.write_fence = Some(WriteFence { task, since_version: next.version, freeze_replication });
+    next
+}
+
+/// `base` without its fence.
+fn unfenced(base: &ChannelRuntimeMeta) -> ChannelRuntimeMeta {
+    let mut next = base.clone();
+    next.version += 1;
+    next.write_fence = None;
+    next
+}
+
+fn switch_proof(task: &Task) -> SwitchProof {
+    SwitchProof {
+        task: task.id,
+        expected_leader_epoch: task.meta.leader_epoch,
+        evidence: task.proof.iter().map(|e| (e.node, e.last_epoch, e.last_seq)).collect(),
+    }
+}

@@ -1,0 +1,148 @@
+//! What the controller tells operators and callers: task kinds, reports, errors, and the evidence a
+//! replica gives.
+
+use serde::{Deserialize, Serialize};
+use tidings_slot::fsm::Refusal;
+use tidings_types::{ChannelId, LeaderEpoch, NodeId, Seq, Time};
+
+/// What a channel task does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskKind {
+    /// The leader's node is gone (or its replica cannot lead): fence with frozen replication, gather
+    /// durable evidence from enough ISR members, switch to the most advanced, unfence.
+    Failover,
+    /// Planned move of leadership to `target`: fence, drain the old leader, switch with the drain proof,
+    /// unfence.
+    Transfer {
+        /// The new leader.
+        target: NodeId,
+    },
+    /// A fence left by a task nobody runs any more (its controller stopped) and that froze nothing:
+    /// cleared with a newer meta, the leader unchanged.
+    ClearFence,
+}
+
+/// One replica's durable state, as evidence for a leader switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvidenceReport {
+    /// Leader epoch of its last durable record (of the prefix that agrees with its log).
+    pub last_epoch: LeaderEpoch,
+    /// Its last durable seq.
+    pub last_seq: Seq,
+    /// Its high watermark.
+    pub hw: Seq,
+    /// Appends admitted and not completed (a leader's; 0 elsewhere).
+    pub pending_appends: u32,
+    /// Last seq of its log, durable or not.
+    pub log_end: Seq,
+    /// Nothing pending, and HW, log end and durable end equal (a drained leader).
+    pub drained: bool,
+}
+
+/// Evidence as a report shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EvidenceEntry {
+    /// The replica.
+    pub node: NodeId,
+    /// Leader epoch of its last durable record.
+    pub last_epoch: LeaderEpoch,
+    /// Its last durable seq.
+    pub last_seq: Seq,
+}
+
+/// A finished task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskReport {
+    /// The task id (the one its fence carried).
+    pub task: u64,
+    /// The channel.
+    pub channel: ChannelId,
+    /// What it did.
+    pub kind: TaskKind,
+    /// Leader before the task.
+    pub old_leader: NodeId,
+    /// Leader and leader epoch after the switch, if it switched.
+    pub new_leader: Option<(NodeId, LeaderEpoch)>,
+    /// The evidence the switch was committed with.
+    pub evidence: Vec<EvidenceEntry>,
+    /// How it ended.
+    pub outcome: Result<(), TaskError>,
+    /// When the controller started it (node time).
+    pub started: Time,
+    /// When it finished.
+    pub finished: Time,
+}
+
+/// Why a running task cannot go on yet; the channel stays fenced (fail closed) until it can.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskBlocked {
+    /// Fewer ISR members than |ISR| − MinISR + 1 gave evidence.
+    NotEnoughEvidence {
+        /// ISR members that answered.
+        have: usize,
+        /// Answers needed.
+        need: usize,
+    },
+    /// A replica claims a record of a leader epoch the meta never granted.
+    ConflictingEvidence {
+        /// The replica.
+        node: NodeId,
+        /// The epoch it claims.
+        last_epoch: LeaderEpoch,
+        /// The meta's leader epoch.
+        meta_leader_epoch: LeaderEpoch,
+    },
+    /// The slot group refused the switch's proof; evidence is gathered again.
+    ProofRefused(Refusal),
+    /// A transfer waits for the old leader to drain and the target to catch up.
+    Draining,
+}
+
+/// A task in progress, as status shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskStatus {
+    /// Task id.
+    pub task: u64,
+    /// The channel.
+    pub channel: ChannelId,
+    /// What it does.
+    pub kind: TaskKind,
+    /// The step it is at.
+    pub step: &'static str,
+    /// Why it waits, if it does.
+    pub blocked: Option<TaskBlocked>,
+    /// Since when it runs.
+    pub started: Time,
+}
+
+/// Why a task was not started, or ended without its change.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TaskError {
+    /// A task for the channel already runs on this node.
+    #[error("a task already runs for {0}")]
+    AlreadyRunning(ChannelId),
+    /// The controller runs its maximum of tasks: retry later.
+    #[error("too many channel tasks running")]
+    TooManyTasks,
+    /// The transfer target is not an in-sync replica.
+    #[error("{0} is not in the ISR")]
+    NotInIsr(NodeId),
+    /// The transfer target already leads.
+    #[error("{0} already leads")]
+    AlreadyLeader(NodeId),
+    /// Another task's fence is set: wait for it.
+    #[error("fenced by task {0}")]
+    Fenced(u64),
+    /// The meta changed under the task (another controller, or the leader's ISR change): nothing of
+    /// this task stayed; retry with the new meta.
+    #[error("the channel meta changed while the task ran")]
+    MetaChanged,
+    /// The old leader did not drain, or the target did not catch up, in time: the fence was cleared and
+    /// the leader is unchanged.
+    #[error("the old leader did not drain in time")]
+    DrainTimedOut,
+    /// The slot group refused a step.
+    #[error("refused: {0}")]
+    Refused(Refusal),
+}

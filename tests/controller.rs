@@ -1,0 +1,364 @@
+//! The channel controller on virtual time: failover after the leader's node crashes (every acknowledged
+//! message survives), leader transfer with a drain proof, the refusals, failing closed on too little or
+//! conflicting evidence, and fences left by a controller that stopped in each phase being taken over.
+
+mod support;
+
+use support::Cluster;
+use tidings::node::{NodeConfig, NodeError, TaskBlocked, TaskError, TaskKind, TaskReport};
+use tidings::slot::command::Command;
+use tidings::slot::model::SwitchProof;
+use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, NodeId, Seq, WriteFence};
+
+fn channel(name: &str) -> ChannelId {
+    ChannelId::new(ChannelType::GROUP, name).unwrap()
+}
+
+/// The meta of `channel` as node `n`'s slot replica has it.
+fn stored_meta(cluster: &mut Cluster, n: u64, channel: &ChannelId) -> ChannelRuntimeMeta {
+    cluster.core(n).reader().runtime_meta(channel).unwrap().expect("meta stored")
+}
+
+/// Finished task reports for `channel` on every running node.
+fn reports(cluster: &mut Cluster, channel: &ChannelId) -> Vec<TaskReport> {
+    let ids: Vec<u64> = cluster.nodes.keys().map(|n| n.get()).collect();
+    let mut found = Vec::new();
+    for n in ids {
+        if cluster.nodes[&NodeId::new(n)].core.is_none() {
+            continue;
+        }
+        found.extend(cluster.core(n).status().finished_tasks.into_iter().filter(|r| &r.channel == channel));
+    }
+    found
+}
+
+/// Appends `count` messages one by one through `via`, each retried until acknowledged; returns their seqs.
+fn append_acked(cluster: &mut Cluster, via: u64, channel: &ChannelId, tag: &str, count: usize) -> Vec<(Seq, String)> {
+    let mut acked = Vec::new();
+    for i in 0..count {
+        let text = format!("{tag}-{i}");
+        let seq = 'retry: {
+            for _ in 0..50 {
+                let id = cluster.append(via, channel, &[&text]);
+                cluster.run_for(300);
+                if let Some(seqs) = cluster.appended.get(&id) {
+                    break 'retry seqs[0];
+                }
+                cluster.run_for(200);
+            }
+            panic!("{text} never acknowledged: {:?}", cluster.results);
+        };
+        acked.push((seq, text));
+    }
+    acked
+}
+
+/// Every acknowledged message is readable on node `n`, in seq order, once.
+fn assert_all_readable(cluster: &mut Cluster, n: u64, channel: &ChannelId, acked: &[(Seq, String)]) {
+    let ok = cluster.run_until(5_000, |c| {
+        let read = c.core(n).read(channel, Seq::new(1), 10_000).unwrap_or_default();
+        let got: Vec<(Seq, String)> =
+            read.iter().map(|r| (r.seq, String::from_utf8(r.payload.to_vec()).unwrap())).collect();
+        acked.iter().all(|a| got.contains(a)) && got.windows(2).all(|w| w[0].0 < w[1].0)
+    });
+    assert!(ok, "node {n} misses acknowledged messages of {channel}");
+}
+
+#[test]
+fn failover_after_the_leaders_node_crashes_loses_no_acknowledged_message() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    let lobby = channel("lobby");
+    cluster.create_channel(1, &lobby);
+    let old = stored_meta(&mut cluster, 1, &lobby);
+    let follower = old.replicas.iter().copied().find(|n| *n != old.leader).unwrap().get();
+    let mut acked = append_acked(&mut cluster, follower, &lobby, "before", 20);
+
+    cluster.crash(old.leader.get());
+    // Appends through the follower fail while the leader is gone, then succeed under the new leader.
+    acked.extend(append_acked(&mut cluster, follower, &lobby, "after", 10));
+    let meta = stored_meta(&mut cluster, follower, &lobby);
+    assert_ne!(meta.leader, old.leader);
+    assert!(meta.leader_epoch > old.leader_epoch);
+    assert_eq!(meta.write_fence, None, "the failover cleared its fence");
+    let report = reports(&mut cluster, &lobby).into_iter().find(|r| r.kind == TaskKind::Failover).expect("report");
+    assert_eq!(report.outcome, Ok(()));
+    assert_eq!(report.old_leader, old.leader);
+    assert_eq!(report.new_leader.map(|(n, _)| n), Some(meta.leader));
+    assert!(report.evidence.len() > old.isr.len() - usize::from(old.min_isr), "{report:?}");
+    assert!(report.evidence.iter().all(|e| e.node != old.leader), "a crashed node gave no evidence");
+    assert_all_readable(&mut cluster, meta.leader.get(), &lobby, &acked);
+
+    // The old leader comes back as a follower of the new epoch and catches up.
+    cluster.restart(old.leader.get());
+    let more = append_acked(&mut cluster, follower, &lobby, "later", 3);
+    acked.extend(more);
+    assert_all_readable(&mut cluster, old.leader.get(), &lobby, &acked);
+}
+
+#[test]
+fn leader_transfer_drains_then_switches() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    let room = channel("room");
+    cluster.create_channel(1, &room);
+    let old = stored_meta(&mut cluster, 1, &room);
+    let mut acked = append_acked(&mut cluster, 1, &room, "m", 10);
+    let target = old.replicas.iter().copied().find(|n| *n != old.leader).unwrap();
+    let id = cluster.api();
+    let now = cluster.now;
+    cluster.core(3).transfer_leader(now, id, room.clone(), target);
+    assert!(cluster.run_until(3_000, |c| c.tasks.contains_key(&id)));
+    let report = cluster.tasks[&id].as_ref().expect("transfer succeeded").clone();
+    assert_eq!(report.kind, TaskKind::Transfer { target });
+    assert_eq!(report.new_leader, Some((target, old.leader_epoch.next())));
+    let meta = stored_meta(&mut cluster, 1, &room);
+    assert_eq!((meta.leader, meta.write_fence), (target, None));
+    // The drain proof: the old leader and the target at the same end.
+    let end = acked.last().unwrap().0;
+    let by = |n: NodeId| report.evidence.iter().find(|e| e.node == n).map(|e| e.last_seq);
+    assert!(by(old.leader) >= Some(end) && by(old.leader) == by(target), "{report:?}");
+    acked.extend(append_acked(&mut cluster, 2, &room, "n", 5));
+    for n in 1..=3 {
+        assert_all_readable(&mut cluster, n, &room, &acked);
+    }
+}
+
+#[test]
+fn transfers_that_cannot_work_are_refused_with_the_reason() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    let room = channel("refusals");
+    cluster.create_channel(1, &room);
+    let meta = stored_meta(&mut cluster, 1, &room);
+    let now = cluster.now;
+    let ask = |cluster: &mut Cluster, channel: ChannelId, target: NodeId| {
+        let id = cluster.api();
+        cluster.core(1).transfer_leader(now, id, channel, target);
+        cluster.run_for(100);
+        cluster.tasks.remove(&id).expect("answered")
+    };
+    let to_leader = ask(&mut cluster, room.clone(), meta.leader);
+    assert!(matches!(to_leader, Err(NodeError::Task(TaskError::AlreadyLeader(n))) if n == meta.leader));
+    let outsider = ask(&mut cluster, room.clone(), NodeId::new(9));
+    assert!(matches!(outsider, Err(NodeError::Task(TaskError::NotInIsr(n))) if n == NodeId::new(9)));
+    let unknown = ask(&mut cluster, channel("nowhere"), NodeId::new(2));
+    assert!(matches!(unknown, Err(NodeError::UnknownChannel(_))));
+    assert_eq!(stored_meta(&mut cluster, 1, &room), meta, "refusals change nothing");
+}
+
+#[test]
+fn a_transfer_whose_target_cannot_catch_up_unfences_and_keeps_the_leader() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    let room = channel("stuck");
+    cluster.create_channel(1, &room);
+    let old = stored_meta(&mut cluster, 1, &room);
+    let target = old.replicas.iter().copied().find(|n| *n != old.leader).unwrap();
+    let other = old.replicas.iter().copied().find(|n| *n != old.leader && *n != target).unwrap();
+    // The target is cut off; a message commits on the other two, so the target lags behind it.
+    cluster.cut.insert(target);
+    let acked = append_acked(&mut cluster, old.leader.get(), &room, "x", 1);
+    let id = cluster.api();
+    let now = cluster.now;
+    cluster.core(other.get()).transfer_leader(now, id, room.clone(), target);
+    assert!(cluster.run_until(10_000, |c| c.tasks.contains_key(&id)));
+    assert!(matches!(cluster.tasks[&id], Err(NodeError::Task(TaskError::DrainTimedOut))), "{:?}", cluster.tasks[&id]);
+    let meta = stored_meta(&mut cluster, other.get(), &room);
+    assert_eq!((meta.leader, meta.leader_epoch, meta.write_fence), (old.leader, old.leader_epoch, None));
+    let more = append_acked(&mut cluster, other.get(), &room, "y", 1);
+    assert!(more[0].0 > acked[0].0, "the channel takes appends again after the failed transfer");
+}
+
+/// Five nodes and a channel whose leader `l` and a second replica `b` can both be lost while its slot
+/// group keeps a quorum; `c` is the third replica, `s` a member of the slot group other than `l` and `b`.
+fn five_nodes_and_a_channel() -> (Cluster, ChannelId, u64, u64, u64, u64) {
+    let mut cluster = Cluster::new(5);
+    cluster.run_for(3_000);
+    let ids: Vec<NodeId> = (1..=5).map(NodeId::new).collect();
+    let config = NodeConfig { slot_groups: 4, ..NodeConfig::new(NodeId::new(1), ids) };
+    let members = config.slot_group_members();
+    for i in 0.. {
+        let candidate = channel(&format!("five-{i}"));
+        let replicas = config.channel_placement(&candidate);
+        let group = config.table().group_of_key(candidate.route_key());
+        let slot_members = &members.iter().find(|(g, _)| *g == group).unwrap().1;
+        let (l, b, c) = (replicas[0], replicas[1], replicas[2]);
+        if slot_members.contains(&l) && slot_members.contains(&b) {
+            continue;
+        }
+        let s = slot_members.iter().copied().find(|n| *n != l && *n != b).unwrap();
+        cluster.create_channel(c.get(), &candidate);
+        return (cluster, candidate, l.get(), b.get(), c.get(), s.get());
+    }
+    unreachable!()
+}
+
+/// The task running for `channel` on any node, with the node.
+fn running_task(cluster: &mut Cluster, channel: &ChannelId) -> Option<(u64, tidings::node::TaskStatus)> {
+    let ids: Vec<u64> = cluster.nodes.iter().filter(|(_, n)| n.core.is_some()).map(|(id, _)| id.get()).collect();
+    ids.into_iter()
+        .find_map(|n| cluster.core(n).status().tasks.into_iter().find(|t| &t.channel == channel).map(|t| (n, t)))
+}
+
+#[test]
+fn a_failover_without_enough_evidence_stays_fenced_until_evidence_arrives() {
+    let (mut cluster, room, l, b, c, s) = five_nodes_and_a_channel();
+    let acked = append_acked(&mut cluster, c, &room, "m", 5);
+    cluster.crash(l);
+    cluster.cut.insert(NodeId::new(b));
+    cluster.run_for(4_000);
+    let (_, task) = running_task(&mut cluster, &room).expect("a failover runs");
+    assert_eq!(task.kind, TaskKind::Failover);
+    assert_eq!(task.blocked, Some(TaskBlocked::NotEnoughEvidence { have: 1, need: 2 }));
+    let meta = stored_meta(&mut cluster, s, &room);
+    assert!(meta.replication_frozen(), "fenced with replication frozen: {meta:?}");
+    assert_eq!(meta.leader, NodeId::new(l), "no leader is chosen on too little evidence");
+    let replica = cluster.core(c).channel(&room).and_then(|m| m.meta().cloned()).expect("c replicates");
+    assert!(replica.replication_frozen(), "the surviving replica froze before it answered");
+    // The second replica's evidence arrives: the failover completes and nothing acknowledged is lost.
+    cluster.cut.clear();
+    let mut all = acked;
+    all.extend(append_acked(&mut cluster, c, &room, "n", 3));
+    let meta = stored_meta(&mut cluster, s, &room);
+    assert!(meta.leader != NodeId::new(l) && meta.write_fence.is_none());
+    assert_all_readable(&mut cluster, meta.leader.get(), &room, &all);
+}
+
+#[test]
+fn conflicting_evidence_keeps_the_channel_fenced() {
+    let (mut cluster, room, l, b, c, s) = five_nodes_and_a_channel();
+    append_acked(&mut cluster, c, &room, "m", 3);
+    cluster.crash(l);
+    cluster.cut.insert(NodeId::new(b));
+    cluster.run_for(4_000);
+    let (controller, task) = running_task(&mut cluster, &room).expect("a failover runs");
+    let version = stored_meta(&mut cluster, s, &room).version;
+    // A replica claims a record of a leader epoch no meta ever granted.
+    let forged = tidings::node::EvidenceReport {
+        last_epoch: tidings::types::LeaderEpoch::new(99),
+        last_seq: Seq::new(1_000),
+        hw: Seq::new(0),
+        pending_appends: 0,
+        log_end: Seq::new(1_000),
+        drained: false,
+    };
+    let body =
+        tidings::node::NodeMessage::EvidenceReply { task: task.task, channel: room.clone(), version, report: forged };
+    let frame = tidings::frame::encode(&tidings::frame::Frame {
+        cluster: 1,
+        from: NodeId::new(b),
+        body: tidings::frame::FrameBody::Node(body),
+    });
+    let now = cluster.now;
+    cluster.core(controller).handle_frame(now, NodeId::new(b), &frame).unwrap();
+    cluster.run_for(100);
+    let (_, task) = running_task(&mut cluster, &room).expect("still running");
+    assert!(matches!(task.blocked, Some(TaskBlocked::ConflictingEvidence { node, .. }) if node == NodeId::new(b)));
+    cluster.run_for(5_000);
+    let meta = stored_meta(&mut cluster, s, &room);
+    assert!(meta.replication_frozen() && meta.leader == NodeId::new(l), "fail closed: {meta:?}");
+}
+
+/// Proposes `next` over `current` through node `via` as a vanished controller would have, and waits.
+fn force_meta(
+    cluster: &mut Cluster,
+    via: u64,
+    current: &ChannelRuntimeMeta,
+    next: ChannelRuntimeMeta,
+    proof: Option<SwitchProof>,
+) {
+    let id = cluster.api();
+    let now = cluster.now;
+    let command = Command::CasRuntimeMeta { expected_version: current.version, meta: next, proof };
+    cluster.core(via).propose(now, id, command);
+    cluster.run_for(500);
+    assert_eq!(cluster.results.get(&id).map(String::as_str), Some("Meta(Ok(()))"));
+}
+
+fn with_fence(meta: &ChannelRuntimeMeta, task: u64, freeze: bool) -> ChannelRuntimeMeta {
+    let mut next = meta.clone();
+    next.version += 1;
+    next.write_fence = Some(WriteFence { task, since_version: next.version, freeze_replication: freeze });
+    next
+}
+
+#[test]
+fn fences_left_by_a_vanished_controller_are_taken_over_in_every_phase() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    // Phase "gathering": a failover fence (replication frozen) nobody finishes → the failover resumes.
+    let frozen = channel("abandoned-failover");
+    cluster.create_channel(1, &frozen);
+    let acked = append_acked(&mut cluster, 1, &frozen, "f", 5);
+    let base = stored_meta(&mut cluster, 1, &frozen);
+    force_meta(&mut cluster, 1, &base, with_fence(&base, 777, true), None);
+    // Phase "fenced for a transfer": a transfer fence nobody finishes → cleared, leader unchanged.
+    let transfer = channel("abandoned-transfer");
+    cluster.create_channel(1, &transfer);
+    let base_t = stored_meta(&mut cluster, 1, &transfer);
+    force_meta(&mut cluster, 1, &base_t, with_fence(&base_t, 778, false), None);
+    // Phase "switched": the leader moved but the fence stayed → cleared, new leader kept.
+    let switched = channel("abandoned-switch");
+    cluster.create_channel(1, &switched);
+    let sacked = append_acked(&mut cluster, 1, &switched, "s", 3);
+    let base_s = stored_meta(&mut cluster, 1, &switched);
+    let fenced_s = with_fence(&base_s, 779, false);
+    force_meta(&mut cluster, 1, &base_s, fenced_s.clone(), None);
+    let target = base_s.replicas.iter().copied().find(|n| *n != base_s.leader).unwrap();
+    let end = sacked.last().unwrap().0;
+    let mut next = fenced_s.clone();
+    next.version += 1;
+    next.leader = target;
+    next.leader_epoch = base_s.leader_epoch.next();
+    let epoch = base_s.leader_epoch;
+    let proof = SwitchProof {
+        task: 779,
+        expected_leader_epoch: epoch,
+        evidence: vec![(base_s.leader, epoch, end), (target, epoch, end)],
+    };
+    force_meta(&mut cluster, 1, &fenced_s, next, Some(proof));
+
+    let settled = cluster.run_until(20_000, |c| {
+        [&frozen, &transfer, &switched].iter().all(|ch| stored_meta(c, 1, ch).write_fence.is_none())
+    });
+    assert!(settled, "every abandoned fence is cleared");
+    let f = stored_meta(&mut cluster, 1, &frozen);
+    assert_eq!(f.leader_epoch, base.leader_epoch.next(), "the resumed failover named a leader in a new epoch");
+    let report = reports(&mut cluster, &frozen).into_iter().find(|r| r.task == 777).expect("resumed under its task id");
+    assert_eq!((report.kind, report.outcome.clone()), (TaskKind::Failover, Ok(())));
+    let t = stored_meta(&mut cluster, 1, &transfer);
+    assert_eq!((t.leader, t.leader_epoch), (base_t.leader, base_t.leader_epoch));
+    assert!(reports(&mut cluster, &transfer).iter().any(|r| r.kind == TaskKind::ClearFence && r.task == 778));
+    let s = stored_meta(&mut cluster, 1, &switched);
+    assert_eq!((s.leader, s.leader_epoch), (target, base_s.leader_epoch.next()));
+    // Every channel takes appends again; nothing acknowledged was lost.
+    let mut all_f = acked;
+    all_f.extend(append_acked(&mut cluster, 2, &frozen, "g", 2));
+    assert_all_readable(&mut cluster, f.leader.get(), &frozen, &all_f);
+    append_acked(&mut cluster, 2, &transfer, "t", 2);
+    let mut all_s = sacked;
+    all_s.extend(append_acked(&mut cluster, 2, &switched, "u", 2));
+    assert_all_readable(&mut cluster, target.get(), &switched, &all_s);
+}
+
+#[test]
+fn a_leader_that_restarts_before_anyone_notices_gets_a_failover_it_asked_for() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    let room = channel("quick-restart");
+    cluster.create_channel(1, &room);
+    let old = stored_meta(&mut cluster, 1, &room);
+    let follower = old.replicas.iter().copied().find(|n| *n != old.leader).unwrap().get();
+    let mut acked = append_acked(&mut cluster, follower, &room, "a", 5);
+    // Back within a fraction of the failure-detection time: nobody saw it down, but its replica must
+    // not lead the epoch it led before the crash again.
+    cluster.crash(old.leader.get());
+    cluster.run_for(200);
+    cluster.restart(old.leader.get());
+    acked.extend(append_acked(&mut cluster, follower, &room, "b", 5));
+    let meta = stored_meta(&mut cluster, follower, &room);
+    assert!(meta.leader_epoch > old.leader_epoch && meta.write_fence.is_none(), "{meta:?}");
+    assert!(reports(&mut cluster, &room).iter().any(|r| r.kind == TaskKind::Failover && r.outcome.is_ok()));
+    assert_all_readable(&mut cluster, meta.leader.get(), &room, &acked);
+}

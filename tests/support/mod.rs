@@ -1,0 +1,228 @@
+//! A cluster of `NodeCore`s on virtual time in one thread, shared by the integration tests: memory
+//! stores with their crash model, a FIFO network that can cut nodes off, and crash/restart.
+
+#![allow(dead_code)] // Each test file uses part of it.
+
+use bytes::Bytes;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use tidings::channel::machine::AppendRecord;
+use tidings::node::{
+    carry_out_fanout, ApiId, ApiResult, NoFanout, NodeConfig, NodeCore, NodeEffect, NodeError, TaskReport,
+};
+use tidings::router::Router;
+use tidings::slot::model::{ChannelFlags, ChannelInfo};
+use tidings::store::message::{LogLimits, MemoryLog, MessageLog, ReadLimits};
+use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
+use tidings::types::{ChannelId, NodeId, Seq, Time};
+
+/// One node: its core while it runs, and its stores, which outlive crashes.
+pub struct SimNode {
+    pub core: Option<NodeCore>,
+    pub kv: Arc<MemoryKv>,
+    pub log: Arc<MemoryLog>,
+    pub config: NodeConfig,
+    boots: u64,
+}
+
+pub struct Cluster {
+    pub now: Time,
+    pub nodes: BTreeMap<NodeId, SimNode>,
+    queue: VecDeque<(NodeId, NodeId, Bytes)>,
+    /// Nodes cut off from everyone (frames to and from them are dropped).
+    pub cut: BTreeSet<NodeId>,
+    /// Results other than successful appends and tasks, as their debug text.
+    pub results: BTreeMap<ApiId, String>,
+    pub appended: BTreeMap<ApiId, Vec<Seq>>,
+    pub tasks: BTreeMap<ApiId, Result<TaskReport, NodeError>>,
+    next_api: u64,
+}
+
+impl Cluster {
+    pub fn new(n: u64) -> Self {
+        Self::with(n, |_| {})
+    }
+
+    pub fn with(n: u64, tweak: impl Fn(&mut NodeConfig)) -> Self {
+        let ids: Vec<NodeId> = (1..=n).map(NodeId::new).collect();
+        let mut cluster = Cluster {
+            now: Time::ZERO,
+            nodes: BTreeMap::new(),
+            queue: VecDeque::new(),
+            cut: BTreeSet::new(),
+            results: BTreeMap::new(),
+            appended: BTreeMap::new(),
+            tasks: BTreeMap::new(),
+            next_api: 1,
+        };
+        for id in &ids {
+            let mut config = NodeConfig { slot_groups: 4, ..NodeConfig::new(*id, ids.clone()) };
+            tweak(&mut config);
+            let node = SimNode {
+                core: None,
+                kv: Arc::new(MemoryKv::new()),
+                log: Arc::new(MemoryLog::new(LogLimits::default())),
+                config,
+                boots: 0,
+            };
+            cluster.nodes.insert(*id, node);
+            cluster.boot(*id);
+        }
+        cluster
+    }
+
+    fn boot(&mut self, id: NodeId) {
+        let now = self.now;
+        let node = self.nodes.get_mut(&id).unwrap();
+        node.boots += 1;
+        node.config.boot_id = node.boots;
+        let kv: Arc<dyn Kv> = node.kv.clone();
+        let logs = Arc::new(RaftLogStore::open(kv.clone()).unwrap());
+        let router = Arc::new(Router::new(node.config.table()));
+        let log: Arc<dyn MessageLog> = node.log.clone();
+        node.core = Some(NodeCore::new(node.config.clone(), logs, MetaStore::new(kv), log, router, now).unwrap());
+    }
+
+    /// Stops `id` as a crash: what it had not made durable is lost; frames to it are dropped.
+    pub fn crash(&mut self, id: u64) {
+        let node = self.nodes.get_mut(&NodeId::new(id)).unwrap();
+        node.core = None;
+        node.kv.crash();
+        node.log.crash();
+    }
+
+    /// Starts a crashed node again from its stores.
+    pub fn restart(&mut self, id: u64) {
+        self.boot(NodeId::new(id));
+    }
+
+    pub fn api(&mut self) -> ApiId {
+        self.next_api += 1;
+        ApiId(self.next_api)
+    }
+
+    /// Carries out every effect of every running node until quiet.
+    pub fn settle(&mut self) {
+        for _ in 0..10_000 {
+            let mut progressed = false;
+            let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+            for id in ids {
+                loop {
+                    let node = self.nodes.get_mut(&id).unwrap();
+                    let (kv, log) = (node.kv.clone(), node.log.clone());
+                    let Some(core) = node.core.as_mut() else { break };
+                    let Some(effect) = core.poll_effect() else { break };
+                    progressed = true;
+                    match effect {
+                        NodeEffect::Send { to, frame } => self.queue.push_back((id, to, frame)),
+                        NodeEffect::SyncSlots { token } => {
+                            kv.sync().unwrap();
+                            core.handle_slots_synced(self.now, token);
+                        }
+                        NodeEffect::Persist { token, batch } => {
+                            let channel = batch.channel.clone();
+                            let result = log.commit(batch);
+                            core.handle_persisted(self.now, &channel, token, result);
+                        }
+                        NodeEffect::Read { channel, token, from, through, max_bytes } => {
+                            let limits = ReadLimits { records_max: usize::MAX, bytes_max: max_bytes };
+                            let result = log.read(&channel, from, through, limits);
+                            core.handle_read(self.now, &channel, token, result);
+                        }
+                        NodeEffect::Fanout(work) => {
+                            if let Some(answer) = carry_out_fanout(core.reader(), &NoFanout, work) {
+                                core.handle_fanout(self.now, answer);
+                            }
+                        }
+                        NodeEffect::Done { id: api, result } => match result {
+                            ApiResult::Appended(Ok(seqs)) => {
+                                self.appended.insert(api, seqs);
+                            }
+                            ApiResult::Task(result) => {
+                                self.tasks.insert(api, result);
+                            }
+                            other => {
+                                self.results.insert(api, format!("{other:?}"));
+                            }
+                        },
+                    }
+                }
+            }
+            while let Some((from, to, frame)) = self.queue.pop_front() {
+                progressed = true;
+                if self.cut.contains(&from) || self.cut.contains(&to) {
+                    continue;
+                }
+                let now = self.now;
+                if let Some(core) = self.nodes.get_mut(&to).unwrap().core.as_mut() {
+                    core.handle_frame(now, from, &frame).unwrap();
+                }
+            }
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    pub fn run_for(&mut self, ms: u64) {
+        let end = self.now + Duration::from_millis(ms);
+        while self.now < end {
+            self.settle();
+            let next = self.running().map(|c| c.poll_timeout()).min().unwrap_or(end).min(end);
+            self.now = self.now.max(next);
+            let now = self.now;
+            for core in self.nodes.values_mut().filter_map(|n| n.core.as_mut()) {
+                if core.poll_timeout() <= now {
+                    core.handle_tick(now);
+                }
+            }
+        }
+        self.settle();
+    }
+
+    /// Runs until `done` holds, at most `ms` milliseconds; returns whether it held.
+    pub fn run_until(&mut self, ms: u64, mut done: impl FnMut(&mut Cluster) -> bool) -> bool {
+        let end = self.now + Duration::from_millis(ms);
+        while self.now < end {
+            if done(self) {
+                return true;
+            }
+            self.run_for(10);
+        }
+        done(self)
+    }
+
+    fn running(&self) -> impl Iterator<Item = &NodeCore> {
+        self.nodes.values().filter_map(|n| n.core.as_ref())
+    }
+
+    pub fn core(&mut self, id: u64) -> &mut NodeCore {
+        self.nodes.get_mut(&NodeId::new(id)).unwrap().core.as_mut().expect("node runs")
+    }
+
+    /// Creates `channel` through node `via` and waits for it.
+    pub fn create_channel(&mut self, via: u64, channel: &ChannelId) {
+        let create = self.api();
+        let now = self.now;
+        self.core(via).create_channel(
+            now,
+            create,
+            ChannelInfo { channel: channel.clone(), flags: ChannelFlags::default() },
+        );
+        self.run_for(2_000);
+        assert_eq!(self.results.get(&create).map(String::as_str), Some("Meta(Ok(()))"));
+    }
+
+    /// Starts an append of `payloads` through node `via`; the result lands in `appended` or `results`.
+    pub fn append(&mut self, via: u64, channel: &ChannelId, payloads: &[&str]) -> ApiId {
+        let id = self.api();
+        let now = self.now;
+        self.core(via).append(now, id, channel.clone(), records(payloads));
+        id
+    }
+}
+
+pub fn records(payloads: &[&str]) -> Vec<AppendRecord> {
+    payloads.iter().map(|p| AppendRecord { idempotency_key: None, payload: Bytes::from(p.to_string()) }).collect()
+}
