@@ -2,10 +2,13 @@
 //!
 //! Three nodes in one process, each on its own sled directory under a temp dir, joined by an in-process
 //! transport. Creates users and channels, appends messages over many channels concurrently and prints
-//! throughput and commit latency, stops one node while load continues on the channels it does not lead
-//! (slot groups re-elect through raft; channels commit with MinISR = 2 of 3), restarts it from its
-//! directory, shows it caught up, and reads every acknowledged message back in order. A toy gateway
-//! (half the users online, on node 1 or 2) counts the post-commit fanout deliveries.
+//! throughput and commit latency, then stops a node under load: slot groups re-elect through raft, and
+//! the controller fails over every channel the node led (fence, durable evidence from the surviving
+//! replicas, new leader in a new leader epoch, unfence) while the client retries with idempotency keys.
+//! It prints one failover (old leader, evidence, new leader and epoch) and how long channels took to
+//! resume, restarts the node from its directory, shows it caught up, and reads every acknowledged
+//! message back in order. A toy gateway (half the users online, on node 1 or 2) counts the post-commit
+//! fanout deliveries.
 #![allow(clippy::disallowed_methods)] // An example is a runtime shell: it reads the clock to report figures.
 
 use bytes::Bytes;
@@ -17,8 +20,10 @@ use tidings::channel::fanout::DeliveryPlan;
 use tidings::channel::machine::AppendRecord;
 use tidings::mesh::InProcessMesh;
 use tidings::node::NodeConfig;
+use tidings::node::TaskKind;
 use tidings::slot::command::{Command, MemberList};
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
+use tidings::store::message::IdempotencyKey;
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
 use tidings::{AppendHandle, FanoutHost, Node, StorageOptions};
 
@@ -85,23 +90,41 @@ fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
     sorted[(sorted.len() - 1) * per_mille / 1000]
 }
 
+/// An acknowledged message: channel, seq, payload, when it was acknowledged.
+type Acked = (ChannelId, Seq, Bytes, Instant);
+
 /// Appends `count` messages round-robin over `channels` through `node`, at most `IN_FLIGHT` at a time.
-/// Returns every acknowledged (channel, seq, payload) and the commit latencies.
-fn load(node: &Node, channels: &[ChannelId], count: usize, tag: &str) -> (Vec<(ChannelId, Seq, Bytes)>, Vec<Duration>) {
+/// Every message carries an idempotency key, and one that fails (its leader gone, a failover fencing
+/// the channel) is sent again with the same key until it is acknowledged: exactly once in the log.
+/// Returns every acknowledged message and the commit latencies (first attempt to acknowledgement).
+fn load(node: &Node, channels: &[ChannelId], count: usize, tag: &str) -> (Vec<Acked>, Vec<Duration>) {
     let mut acked = Vec::with_capacity(count);
     let mut latencies = Vec::with_capacity(count);
-    let mut pending: std::collections::VecDeque<(ChannelId, Bytes, Instant, AppendHandle)> = Default::default();
+    let mut pending: std::collections::VecDeque<(ChannelId, AppendRecord, Instant, AppendHandle)> = Default::default();
+    let send = |channel: &ChannelId, record: &AppendRecord| {
+        retry("append", || node.append(channel.clone(), vec![record.clone()]))
+    };
     for i in 0..count {
         let channel = channels[i % channels.len()].clone();
         let payload = Bytes::from(format!("{tag}-{i:06} hello from the quickstart"));
-        let record = AppendRecord { idempotency_key: None, payload: payload.clone() };
-        let handle = retry("append", || node.append(channel.clone(), vec![record.clone()]));
-        pending.push_back((channel, payload, Instant::now(), handle));
+        let key = IdempotencyKey::new(format!("{tag}-{i}")).expect("short key");
+        let record = AppendRecord { idempotency_key: Some(key), payload };
+        let handle = send(&channel, &record);
+        pending.push_back((channel, record, Instant::now(), handle));
         while pending.len() >= IN_FLIGHT || (i + 1 == count && !pending.is_empty()) {
-            let (channel, payload, started, handle) = pending.pop_front().expect("non-empty");
-            let seqs = handle.wait().expect("append committed");
-            latencies.push(started.elapsed());
-            acked.push((channel, seqs[0], payload));
+            let (channel, record, started, handle) = pending.pop_front().expect("non-empty");
+            match handle.wait() {
+                Ok(seqs) => {
+                    latencies.push(started.elapsed());
+                    acked.push((channel, seqs[0], record.payload, Instant::now()));
+                }
+                Err(error) => {
+                    assert!(started.elapsed() < Duration::from_secs(60), "{channel}: not acknowledged: {error}");
+                    std::thread::sleep(Duration::from_millis(5));
+                    let handle = send(&channel, &record);
+                    pending.push_back((channel, record, started, handle));
+                }
+            }
         }
     }
     latencies.sort();
@@ -160,24 +183,63 @@ fn main() {
     );
     assert_eq!(gateway.deliveries.load(Ordering::Relaxed), expected_deliveries, "fanout lost or repeated deliveries");
 
-    // Stop node 3; keep appending to the channels it does not lead (the others wait for a failover).
+    // Stop node 3 under load. The load keeps going through node 1 over every channel; those node 3 led
+    // stall until the controller notices it is gone and fails them over.
     let stopped = ids[2];
+    let led_by_stopped: Vec<ChannelId> = channels
+        .iter()
+        .filter(|c| NodeConfig::new(stopped, ids.clone()).channel_placement(c)[0] == stopped)
+        .cloned()
+        .collect();
+    let loader = {
+        let (first, channels) = (Arc::clone(&first), channels.clone());
+        std::thread::spawn(move || load(&first, &channels, MESSAGES, "b"))
+    };
+    std::thread::sleep(Duration::from_millis(200));
     mesh.detach(stopped);
     drop(nodes.remove(&stopped));
-    println!("stopped {stopped}");
-    let leads = |channel: &ChannelId| {
-        let config = NodeConfig::new(stopped, ids.clone());
-        config.channel_placement(channel)[0] == stopped
-    };
-    let alive_channels: Vec<ChannelId> = channels.iter().filter(|c| !leads(c)).cloned().collect();
-    let t = Instant::now();
-    let (more, _) = load(&first, &alive_channels, MESSAGES / 4, "b");
+    let stopped_at = Instant::now();
+    println!("stopped {stopped} under load; it led {} of the {CHANNELS} channels", led_by_stopped.len());
+    let (more, _) = loader.join().expect("load thread");
+    let resumed: Vec<Duration> = led_by_stopped
+        .iter()
+        .filter_map(|c| more.iter().filter(|(ch, _, _, at)| ch == c && *at > stopped_at).map(|(.., at)| *at).min())
+        .map(|at| at - stopped_at)
+        .collect();
+    let mut resumed_sorted = resumed.clone();
+    resumed_sorted.sort();
+    let reports: Vec<_> = nodes
+        .values()
+        .flat_map(|n| n.status().map(|s| s.finished_tasks).unwrap_or_default())
+        .filter(|r| r.kind == TaskKind::Failover && r.old_leader == stopped && r.outcome.is_ok())
+        .collect();
+    if let Some(report) = reports.first() {
+        let evidence: Vec<String> = report
+            .evidence
+            .iter()
+            .map(|e| format!("{}: epoch {} last {}", e.node, e.last_epoch.get(), e.last_seq))
+            .collect();
+        let (leader, epoch) = report.new_leader.expect("a successful failover names a leader");
+        println!(
+            "failover of {}: old leader {}, evidence [{}], new leader {} in leader epoch {}, task took {:.0?} after detection",
+            report.channel,
+            report.old_leader,
+            evidence.join(", "),
+            leader,
+            epoch.get(),
+            report.finished.since(report.started),
+        );
+    }
     println!(
-        "while {stopped} is down: {} more messages over the {} channels it does not lead in {:.2?} (MinISR 2 of 3)",
+        "{} failovers; {} messages acknowledged meanwhile; the {} channels {stopped} led took appends again after {:.2?} (median) / {:.2?} (max) — failure detection is {:?}",
+        reports.len(),
         more.len(),
-        alive_channels.len(),
-        t.elapsed()
+        resumed.len(),
+        resumed_sorted.get(resumed_sorted.len() / 2).copied().unwrap_or_default(),
+        resumed_sorted.last().copied().unwrap_or_default(),
+        NodeConfig::new(stopped, ids.clone()).controller.node_down_after,
     );
+    assert_eq!(resumed.len(), led_by_stopped.len(), "every channel the stopped node led takes appends again");
     acked.extend(more);
 
     // Restart it from its directory and let it catch up.
@@ -185,10 +247,10 @@ fn main() {
     nodes.insert(stopped, Arc::clone(&restarted));
     let config = NodeConfig::new(stopped, ids.clone());
     let replicated: Vec<&ChannelId> =
-        alive_channels.iter().filter(|c| config.channel_placement(c).contains(&stopped)).collect();
+        channels.iter().filter(|c| config.channel_placement(c).contains(&stopped)).collect();
     let t = Instant::now();
     let sample = replicated.first().copied().expect("node 3 replicates some channel");
-    let expected: usize = acked.iter().filter(|(c, _, _)| c == sample).count();
+    let expected: usize = acked.iter().filter(|(c, ..)| c == sample).count();
     loop {
         // The first read teaches the restarted node the channel's meta; its replica then pulls.
         let have = restarted.read(sample, Seq::new(1), usize::MAX).map(|r| r.len()).unwrap_or(0);
@@ -199,26 +261,22 @@ fn main() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    // Read every acknowledged message back, in order, from a replica of its channel. Reads stop at the
-    // HW a replica knows; a restarted replica that led a channel refuses to lead it again in the same
-    // epoch (it waits for a failover, which the controller issue adds), so each channel is read from the
-    // first replica that shows everything.
+    // Read every acknowledged message back, in order, from a replica of its channel (reads stop at the
+    // HW a replica knows, so each channel is read from the first replica that shows everything).
     let mut by_channel: BTreeMap<ChannelId, Vec<(Seq, Bytes)>> = BTreeMap::new();
-    for (channel, seq, payload) in acked {
+    for (channel, seq, payload, _) in acked {
         by_channel.entry(channel).or_default().push((seq, payload));
     }
     let placement = NodeConfig::new(ids[0], ids.clone());
     let mut checked = 0;
-    let mut from_follower = 0;
     for (channel, mut expected) in by_channel {
         expected.sort();
         let deadline = Instant::now() + Duration::from_secs(20);
         let got = 'found: loop {
-            for (rank, replica) in placement.channel_placement(&channel).iter().enumerate() {
+            for replica in placement.channel_placement(&channel).iter() {
                 let Ok(records) = nodes[replica].read(&channel, Seq::new(1), usize::MAX) else { continue };
                 let got: Vec<(Seq, Bytes)> = records.into_iter().map(|r| (r.seq, r.payload)).collect();
                 if expected.iter().all(|e| got.contains(e)) {
-                    from_follower += usize::from(rank > 0);
                     break 'found got;
                 }
             }
@@ -226,9 +284,12 @@ fn main() {
             std::thread::sleep(Duration::from_millis(20));
         };
         assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{channel}: out of order");
+        // Exactly once: retried messages carried their idempotency key.
+        let mut payloads: Vec<&Bytes> = got.iter().map(|(_, p)| p).collect();
+        payloads.sort();
+        assert!(payloads.windows(2).all(|w| w[0] != w[1]), "{channel}: a message is in the log twice");
         checked += expected.len();
     }
-    println!("({from_follower} channels read from a follower: their leader restarted and waits for a failover)");
     println!("read back all {checked} acknowledged messages in order: ok");
     drop(nodes);
 }

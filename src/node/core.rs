@@ -201,7 +201,8 @@ pub struct NodeCore {
     appends: BTreeMap<u64, (AppendOrigin, Option<String>)>,
     /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
     senders: BTreeMap<(ChannelId, Seq), String>,
-    forwarded: BTreeMap<u64, (ApiId, ChannelId)>,
+    /// Appends forwarded to a channel's leader: the caller, the channel, the leader they went to.
+    forwarded: BTreeMap<u64, (ApiId, ChannelId, NodeId)>,
     /// When each forwarded append stops waiting for its reply (deadlines are increasing: one timeout).
     forward_deadlines: VecDeque<(Time, u64)>,
     /// Leaders of slot groups this node does not serve, as `NotLeader` hints named them.
@@ -390,7 +391,7 @@ impl NodeCore {
                 break;
             }
             self.forward_deadlines.pop_front();
-            if let Some((api, channel)) = self.forwarded.remove(&forward) {
+            if let Some((api, channel, _)) = self.forwarded.remove(&forward) {
                 self.done(api, ApiResult::Appended(Err(NodeError::Aborted(AppendAborted::Timeout))));
                 // The leader may be gone: learn the meta in force (a failover may have named another).
                 self.fetch_meta(&channel);
@@ -576,7 +577,7 @@ impl NodeCore {
             self.append_locally(AppendOrigin::Local(id), &channel, sender, records);
         } else {
             let forward = self.next_id();
-            self.forwarded.insert(forward, (id, channel.clone()));
+            self.forwarded.insert(forward, (id, channel.clone(), meta.leader));
             // A lost forward or reply must not leave the caller waiting forever: after the leader's own
             // append timeout (plus slack for the round trip) the caller gets `Aborted(Timeout)`, outcome
             // unknown, and retries with the same idempotency keys.
@@ -739,6 +740,8 @@ impl NodeCore {
     fn answer_evidence(&mut self, from: NodeId, task: u64, meta: ChannelRuntimeMeta) {
         let channel = meta.channel.clone();
         self.learn_meta(meta);
+        // An evicted replica (or one whose activation failed) answers from a new incarnation.
+        self.activate(&channel);
         let Some(machine) = self.channels.get(&channel) else { return };
         let Some(version) = machine.meta().map(|m| m.version) else { return };
         let evidence = machine.evidence();
@@ -762,8 +765,11 @@ impl NodeCore {
         let newer = self.metas.get(&channel).is_none_or(|known| meta.version > known.version);
         if newer {
             if self.metas.get(&channel).is_some_and(|known| known.leader_epoch != meta.leader_epoch) {
-                // A new leadership: whatever this replica asked for is settled.
+                // A new leadership: whatever this replica asked for is settled, and appends forwarded
+                // to another leader end now (outcome unknown: the caller retries with the same keys)
+                // instead of at their timeout.
                 self.cannot_lead.remove(&channel);
+                self.abort_forwards(&channel, meta.leader);
             }
             self.metas.insert(channel.clone(), meta.clone());
             let now = self.now;
@@ -776,6 +782,17 @@ impl NodeCore {
         }
         for waiting in self.waiting.remove(&channel).unwrap_or_default() {
             self.route_append(waiting.api, channel.clone(), waiting.sender, waiting.records);
+        }
+    }
+
+    /// Ends the forwarded appends of `channel` sent to a node other than `leader` with `LeaderChanged`.
+    fn abort_forwards(&mut self, channel: &ChannelId, leader: NodeId) {
+        let stale: Vec<u64> =
+            self.forwarded.iter().filter(|(_, (_, c, to))| c == channel && *to != leader).map(|(id, _)| *id).collect();
+        for id in stale {
+            if let Some((api, ..)) = self.forwarded.remove(&id) {
+                self.done(api, ApiResult::Appended(Err(NodeError::Aborted(AppendAborted::LeaderChanged))));
+            }
         }
     }
 
@@ -979,14 +996,17 @@ impl NodeCore {
                 let group = self.slot.table().group_of_key(channel.route_key());
                 if self.slot.is_leader(group) {
                     if let Ok(Some(meta)) = self.reader.runtime_meta(&channel) {
-                        if meta.version >= version {
+                        if meta.version > version {
+                            // The replica asks under a meta that was replaced (the push was lost): teach it.
+                            self.send_node(from, NodeMessage::MetaPush(meta));
+                        } else if meta.version == version {
                             self.controller.failover_requested(self.now, from, meta);
                         }
                     }
                 }
             }
             NodeMessage::AppendReply { id, result } => {
-                if let Some((api, _)) = self.forwarded.remove(&id) {
+                if let Some((api, ..)) = self.forwarded.remove(&id) {
                     let result = result.map_err(|e| match e {
                         RemoteAppendError::Refused(e) => NodeError::Append(e),
                         RemoteAppendError::Aborted(e) => NodeError::Aborted(e),
