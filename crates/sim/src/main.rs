@@ -37,11 +37,7 @@ fn main() {
         let report = run(params(seed));
         steps += report.steps;
         acked += report.acked;
-        faults.lost += report.faults.lost;
-        faults.duplicated += report.faults.duplicated;
-        faults.crashes += report.faults.crashes;
-        faults.partitions += report.faults.partitions;
-        faults.io_errors += report.faults.io_errors;
+        faults += report.faults;
         if !report.passed() {
             failures += 1;
             println!("FAILED {}", report.params);

@@ -45,6 +45,9 @@ pub struct SimParams {
     pub request_ppm: u32,
     /// Metadata workload: user writes and authoritative reads beside the appends.
     pub metadata_workload: bool,
+    /// Controller workload: about one request in a hundred asks a random node to move a random
+    /// channel's leadership to a random node (refusals included).
+    pub leader_transfers: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
 }
@@ -76,6 +79,7 @@ impl SimParams {
             request_ppm: u32::try_from(rng.range(20_000, 300_000)).unwrap_or(100_000),
             io_error_ppm: u32::try_from(rng.range(0, 200)).unwrap_or(0),
             metadata_workload: true,
+            leader_transfers: true,
             unsafe_lying_disk: false,
         }
     }
@@ -87,7 +91,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms{}{}",
+             requests={}ppm/ms{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -106,6 +110,7 @@ impl fmt::Display for SimParams {
             self.io_error_ppm,
             self.request_ppm,
             if self.metadata_workload { "" } else { " appends-only" },
+            if self.leader_transfers { "" } else { " no-transfers" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" }
         )
     }

@@ -64,6 +64,22 @@ pub struct Faults {
     pub partitions: u64,
     /// Storage IO errors armed.
     pub io_errors: u64,
+    /// Leader transfers asked for.
+    pub transfers: u64,
+    /// Leader transfers that switched the leader.
+    pub transfers_done: u64,
+}
+
+impl std::ops::AddAssign for Faults {
+    fn add_assign(&mut self, other: Faults) {
+        self.lost += other.lost;
+        self.duplicated += other.duplicated;
+        self.crashes += other.crashes;
+        self.partitions += other.partitions;
+        self.io_errors += other.io_errors;
+        self.transfers += other.transfers;
+        self.transfers_done += other.transfers_done;
+    }
 }
 
 enum Event {
@@ -472,6 +488,9 @@ impl World {
                             }
                         }
                     }
+                    if let ApiResult::Task(Ok(_)) = &result {
+                        self.faults.transfers_done += 1;
+                    }
                     if let Some(channel) = self.probes.remove(&api) {
                         if std::env::var("SIM_DEBUG").is_ok() {
                             eprintln!("{now:?} probe of {channel} via {id}: {result:?}");
@@ -552,6 +571,14 @@ impl World {
             return;
         }
         let channel = self.channels[usize::try_from(self.rng.below(self.channels.len() as u64)).unwrap_or(0)].clone();
+        if roll == 91 && self.params.leader_transfers {
+            let target = *self.rng.pick(&ids).expect("nodes");
+            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
+                core.transfer_leader(now, api, channel, target);
+                self.faults.transfers += 1;
+            }
+            return;
+        }
         if roll < 30 {
             if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
                 if let Ok(records) = core.read(&channel, Seq::new(1), 1_000) {
