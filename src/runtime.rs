@@ -75,6 +75,8 @@ const INBOX_CAPACITY: usize = 65_536;
 const GROUP_COMMIT_MAX: usize = 4096;
 /// How long an API call waits for its result.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a replica replacement call waits (the controller's catch-up timeout is 120 s by default).
+const REPLACE_TIMEOUT: Duration = Duration::from_secs(180);
 
 enum Input {
     Frame { from: NodeId, bytes: Bytes },
@@ -95,6 +97,7 @@ enum Call {
     Append { channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord> },
     ReadBarrier(RouteKey),
     TransferLeader { channel: ChannelId, target: NodeId },
+    ReplaceReplica { channel: ChannelId, from: NodeId, to: NodeId },
 }
 
 /// A running node. Dropping it stops its threads (after a last write-behind).
@@ -255,9 +258,21 @@ impl Node {
     /// # Ok(()) }
     /// ```
     pub fn transfer_leader(&self, channel: ChannelId, target: NodeId) -> Result<TaskReport, NodeError> {
+        self.task(Call::TransferLeader { channel, target }, CALL_TIMEOUT)
+    }
+
+    /// Replaces replica `from` of `channel` by node `to`: `to` catches up as a learner while appends go
+    /// on, then a short fence, one meta change (`to` into the ISR, `from` out, leadership handed over if
+    /// `from` led), unfence (see [`NodeCore::replace_replica`]). Waits up to the controller's catch-up
+    /// and drain timeouts; returns the task's report.
+    pub fn replace_replica(&self, channel: ChannelId, from: NodeId, to: NodeId) -> Result<TaskReport, NodeError> {
+        self.task(Call::ReplaceReplica { channel, from, to }, REPLACE_TIMEOUT)
+    }
+
+    fn task(&self, call: Call, timeout: Duration) -> Result<TaskReport, NodeError> {
         let (reply, receiver) = bounded(1);
-        self.send_input(Input::Call { call: Call::TransferLeader { channel, target }, reply })?;
-        match receiver.recv_timeout(CALL_TIMEOUT) {
+        self.send_input(Input::Call { call, reply })?;
+        match receiver.recv_timeout(timeout) {
             Ok(ApiResult::Task(result)) => result,
             Ok(_) | Err(_) => Err(NodeError::Stopped),
         }
@@ -412,6 +427,7 @@ impl Shell {
                         self.core.append_from(now, id, channel, sender, records)
                     }
                     Call::TransferLeader { channel, target } => self.core.transfer_leader(now, id, channel, target),
+                    Call::ReplaceReplica { channel, from, to } => self.core.replace_replica(now, id, channel, from, to),
                 }
             }
             Input::Read { channel, from, limit, reply } => {

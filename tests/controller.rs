@@ -144,6 +144,24 @@ fn transfers_that_cannot_work_are_refused_with_the_reason() {
     assert!(matches!(outsider, Err(NodeError::Task(TaskError::NotInIsr(n))) if n == NodeId::new(9)));
     let unknown = ask(&mut cluster, channel("nowhere"), NodeId::new(2));
     assert!(matches!(unknown, Err(NodeError::UnknownChannel(_))));
+    let replace = |cluster: &mut Cluster, from: NodeId, to: NodeId| {
+        let id = cluster.api();
+        cluster.core(1).replace_replica(now, id, room.clone(), from, to);
+        cluster.run_for(100);
+        cluster.tasks.remove(&id).expect("answered")
+    };
+    let member = meta.isr[1];
+    assert!(matches!(
+        replace(&mut cluster, NodeId::new(9), NodeId::new(2)),
+        Err(NodeError::Task(TaskError::NotReplica(_)))
+    ));
+    assert!(
+        matches!(replace(&mut cluster, meta.leader, member), Err(NodeError::Task(TaskError::CannotJoin(n))) if n == member)
+    );
+    assert!(matches!(
+        replace(&mut cluster, meta.leader, NodeId::new(9)),
+        Err(NodeError::Task(TaskError::CannotJoin(_)))
+    ));
     assert_eq!(stored_meta(&mut cluster, 1, &room), meta, "refusals change nothing");
 }
 
@@ -361,4 +379,119 @@ fn a_leader_that_restarts_before_anyone_notices_gets_a_failover_it_asked_for() {
     assert!(meta.leader_epoch > old.leader_epoch && meta.write_fence.is_none(), "{meta:?}");
     assert!(reports(&mut cluster, &room).iter().any(|r| r.kind == TaskKind::Failover && r.outcome.is_ok()));
     assert_all_readable(&mut cluster, meta.leader.get(), &room, &acked);
+}
+
+/// Four nodes, a channel on three of them, and the fourth (`spare`).
+fn four_nodes_and_a_channel(name: &str) -> (Cluster, ChannelId, ChannelRuntimeMeta, NodeId) {
+    let mut cluster = Cluster::new(4);
+    cluster.run_for(3_000);
+    let room = channel(name);
+    cluster.create_channel(1, &room);
+    let meta = any_stored_meta(&mut cluster, &room);
+    let spare = (1..=4).map(NodeId::new).find(|n| !meta.is_replica(*n)).unwrap();
+    (cluster, room, meta, spare)
+}
+
+/// The meta of `channel` from any running node whose slot replica has it.
+fn any_stored_meta(cluster: &mut Cluster, channel: &ChannelId) -> ChannelRuntimeMeta {
+    let ids: Vec<u64> = cluster.nodes.iter().filter(|(_, n)| n.core.is_some()).map(|(id, _)| id.get()).collect();
+    ids.into_iter()
+        .filter_map(|n| cluster.core(n).reader().runtime_meta(channel).ok().flatten())
+        .max_by_key(|m| m.version)
+        .expect("some node stores the meta")
+}
+
+/// Replaces `from` by `to` through node `via` while appending through `via`; returns the report and
+/// every acknowledged message.
+fn replace_under_load(
+    cluster: &mut Cluster,
+    via: u64,
+    room: &ChannelId,
+    from: NodeId,
+    to: NodeId,
+) -> (TaskReport, Vec<(Seq, String)>) {
+    let mut acked = append_acked(cluster, via, room, "before", 20);
+    let id = cluster.api();
+    let now = cluster.now;
+    cluster.core(via).replace_replica(now, id, room.clone(), from, to);
+    let mut round = 0;
+    while !cluster.tasks.contains_key(&id) && round < 40 {
+        acked.extend(append_acked(cluster, via, room, &format!("during-{round}"), 1));
+        round += 1;
+    }
+    assert!(cluster.run_until(10_000, |c| c.tasks.contains_key(&id)));
+    let report = cluster.tasks.remove(&id).unwrap().expect("replacement succeeded");
+    acked.extend(append_acked(cluster, via, room, "after", 5));
+    (report, acked)
+}
+
+#[test]
+fn replacing_a_follower_keeps_appends_going_and_loses_nothing() {
+    let (mut cluster, room, old, spare) = four_nodes_and_a_channel("replace-follower");
+    let from = old.isr.iter().copied().find(|n| *n != old.leader).unwrap();
+    let (report, acked) = replace_under_load(&mut cluster, spare.get(), &room, from, spare);
+    assert_eq!(report.kind, TaskKind::Replace { from, to: spare });
+    let meta = any_stored_meta(&mut cluster, &room);
+    assert!(!meta.is_replica(from) && meta.in_isr(spare) && meta.write_fence.is_none(), "{meta:?}");
+    assert_eq!((meta.leader, meta.leader_epoch), (old.leader, old.leader_epoch), "the leader stays");
+    assert!(meta.epoch > old.epoch, "membership changes bump the epoch");
+    assert_all_readable(&mut cluster, spare.get(), &room, &acked);
+    assert_all_readable(&mut cluster, old.leader.get(), &room, &acked);
+}
+
+#[test]
+fn replacing_the_leader_hands_the_leadership_to_the_new_replica() {
+    let (mut cluster, room, old, spare) = four_nodes_and_a_channel("replace-leader");
+    let (report, acked) = replace_under_load(&mut cluster, spare.get(), &room, old.leader, spare);
+    let meta = any_stored_meta(&mut cluster, &room);
+    assert_eq!((meta.leader, meta.leader_epoch), (spare, old.leader_epoch.next()));
+    assert_eq!(report.new_leader, Some((spare, old.leader_epoch.next())));
+    assert!(!meta.is_replica(old.leader));
+    assert_all_readable(&mut cluster, spare.get(), &room, &acked);
+}
+
+#[test]
+fn repair_replaces_a_dead_replica_when_the_isr_falls_below_min_isr() {
+    let mut cluster =
+        Cluster::with(4, |config| config.controller.replace_down_after = std::time::Duration::from_secs(3));
+    cluster.run_for(3_000);
+    let ids: Vec<NodeId> = (1..=4).map(NodeId::new).collect();
+    let config = NodeConfig { slot_groups: 4, ..NodeConfig::new(NodeId::new(1), ids) };
+    let members = config.slot_group_members();
+    // A channel whose two followers can die while its slot group keeps a quorum.
+    let (room, meta) = (0..)
+        .find_map(|i| {
+            let candidate = channel(&format!("repair-{i}"));
+            let replicas = config.channel_placement(&candidate);
+            let group = config.table().group_of_key(candidate.route_key());
+            let slot_members = &members.iter().find(|(g, _)| *g == group).unwrap().1;
+            let lost = slot_members.iter().filter(|n| replicas[1..].contains(n)).count();
+            (lost <= 1).then_some((candidate, replicas))
+        })
+        .unwrap();
+    cluster.create_channel(meta[0].get(), &room);
+    let leader = meta[0].get();
+    let mut acked = append_acked(&mut cluster, leader, &room, "a", 10);
+    cluster.crash(meta[1].get());
+    cluster.crash(meta[2].get());
+    // One replica is replaced by the spare; the channel commits again with MinISR 2 of the new ISR.
+    acked.extend(append_acked(&mut cluster, leader, &room, "b", 3));
+    let now_meta = any_stored_meta(&mut cluster, &room);
+    let spare = (1..=4).map(NodeId::new).find(|n| !meta.contains(n)).unwrap();
+    assert!(now_meta.in_isr(spare), "{now_meta:?}");
+    let replaced = |c: &mut Cluster| {
+        reports(c, &room)
+            .iter()
+            .any(|r| matches!(r.kind, TaskKind::Replace { to, .. } if to == spare) && r.outcome.is_ok())
+    };
+    let done = cluster.run_until(15_000, replaced);
+    if !done {
+        eprintln!("running {:?}", running_task(&mut cluster, &room));
+        eprintln!("reports {:?}", reports(&mut cluster, &room));
+        eprintln!("meta {:?}", any_stored_meta(&mut cluster, &room));
+    }
+    assert!(done, "the repair's replacement finishes");
+    let final_meta = any_stored_meta(&mut cluster, &room);
+    assert_eq!(final_meta.replicas.len(), 3, "one dead replica left, the spare joined: {final_meta:?}");
+    assert_all_readable(&mut cluster, spare.get(), &room, &acked);
 }

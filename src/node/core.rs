@@ -678,13 +678,35 @@ impl NodeCore {
     /// not finish in `controller.drain_timeout` unfences and fails with
     /// [`TaskError::DrainTimedOut`](crate::node::TaskError::DrainTimedOut), the leader unchanged.
     pub fn transfer_leader(&mut self, now: Time, id: ApiId, channel: ChannelId, target: NodeId) {
+        self.start_task(now, id, channel, |controller, now, meta| controller.start_transfer(now, id, meta, target));
+    }
+
+    /// Replaces replica `from` of `channel` by `to` as a controller task run by this node: `to` joins as a
+    /// learner and catches up while the channel keeps taking appends, then a short fence, one meta change
+    /// that puts `to` in the ISR and takes `from` out (and hands over the leadership if `from` led),
+    /// unfence. [`NodeEffect::Done`] with [`ApiResult::Task`] follows.
+    pub fn replace_replica(&mut self, now: Time, id: ApiId, channel: ChannelId, from: NodeId, to: NodeId) {
+        self.start_task(now, id, channel, |controller, now, meta| {
+            controller.start_replace(now, Some(id), meta, from, to)
+        });
+    }
+
+    /// Starts a controller task on the meta this node knows for `channel` (a stale one fails the task's
+    /// first compare-and-set, and the caller retries).
+    fn start_task(
+        &mut self,
+        now: Time,
+        id: ApiId,
+        channel: ChannelId,
+        start: impl FnOnce(&mut Controller, Time, ChannelRuntimeMeta) -> Result<(), super::controller::TaskError>,
+    ) {
         self.advance(now);
         let Some(meta) = self.metas.get(&channel).cloned() else {
             self.fetch_meta(&channel);
             self.done(id, ApiResult::Task(Err(NodeError::UnknownChannel(channel))));
             return;
         };
-        if let Err(error) = self.controller.start_transfer(self.now, id, meta, target) {
+        if let Err(error) = start(&mut self.controller, self.now, meta) {
             self.done(id, ApiResult::Task(Err(error.into())));
         }
     }

@@ -571,10 +571,15 @@ impl World {
             return;
         }
         let channel = self.channels[usize::try_from(self.rng.below(self.channels.len() as u64)).unwrap_or(0)].clone();
-        if roll == 91 && self.params.leader_transfers {
+        if (roll == 90 || roll == 91) && self.params.leader_transfers {
             let target = *self.rng.pick(&ids).expect("nodes");
+            let from = *self.rng.pick(&ids).expect("nodes");
             if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
-                core.transfer_leader(now, api, channel, target);
+                if roll == 91 {
+                    core.transfer_leader(now, api, channel, target);
+                } else {
+                    core.replace_replica(now, api, channel, from, target);
+                }
                 self.faults.transfers += 1;
             }
             return;
@@ -643,11 +648,18 @@ impl World {
     /// No acknowledged append lost or changed; replicas agree at every seq at or below their HW; every
     /// request answered unless its channel waits for a failover.
     fn final_checks(&mut self) {
-        let placement = NodeConfig::new(NodeId::new(1), self.nodes.keys().copied().collect());
-        let mut placement = placement;
-        placement.channel_replicas = self.params.channel_replicas;
         for channel in self.channels.clone() {
-            let replicas = placement.channel_placement(&channel);
+            // The replicas the newest meta names (replacements move them).
+            let Some(meta) = self
+                .nodes
+                .values()
+                .filter_map(|n| n.core.as_ref()?.reader().runtime_meta(&channel).ok().flatten())
+                .max_by_key(|m| m.version)
+            else {
+                self.oracle.violation(format!("{channel}: no node stores its meta"));
+                continue;
+            };
+            let replicas = meta.replicas;
             let mut logs: Vec<(NodeId, Seq, Vec<Record>)> = Vec::new();
             for id in &replicas {
                 let node = &self.nodes[id];

@@ -31,6 +31,11 @@ impl Liveness {
         self.last_heard.get(&peer).is_some_and(|last| now.since(*last) >= self.down_after)
     }
 
+    /// How long `peer` has been silent, if it is a known peer.
+    pub(crate) fn silent_for(&self, peer: NodeId, now: Time) -> Option<Duration> {
+        self.last_heard.get(&peer).map(|last| now.since(*last))
+    }
+
     /// The peers currently down.
     pub(crate) fn down(&self, now: Time) -> impl Iterator<Item = NodeId> + '_ {
         self.last_heard.keys().copied().filter(move |peer| self.is_down(*peer, now))

@@ -59,8 +59,12 @@ pub struct ControllerConfig {
     pub tasks_max: usize,
     /// Evidence requests and meta confirmations are repeated this often.
     pub ask_interval: Duration,
-    /// A transfer gives up (and unfences) when the old leader has not drained by then.
+    /// A transfer or replacement gives up (and unfences) when the old leader has not drained by then.
     pub drain_timeout: Duration,
+    /// A replacement gives up when its new replica has not caught up by then (nothing was fenced).
+    pub catch_up_timeout: Duration,
+    /// The repair loop replaces an ISR member down this long when the live ISR is below MinISR.
+    pub replace_down_after: Duration,
     /// A fence no local task owns is taken over after this long.
     pub fence_takeover_after: Duration,
     /// Finished task reports kept for status.
@@ -78,6 +82,8 @@ impl Default for ControllerConfig {
             tasks_max: 64,
             ask_interval: Duration::from_millis(200),
             drain_timeout: Duration::from_secs(5),
+            catch_up_timeout: Duration::from_secs(120),
+            replace_down_after: Duration::from_secs(30),
             fence_takeover_after: Duration::from_secs(5),
             reports_max: 64,
         }
@@ -100,9 +106,13 @@ pub(crate) enum Action {
 /// The meta change a task has in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Change {
+    /// A replacement adds its new replica as a learner.
+    AddLearner,
     Fence,
     Switch,
-    Unfence { switched: bool },
+    Unfence {
+        switched: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -113,6 +123,8 @@ enum Step {
     Proposing { change: Change, proposed: ChannelRuntimeMeta, confirming: bool, fetched: bool },
     /// Fenced: asking ISR members for evidence (and drain status).
     Gathering,
+    /// Unfenced: waiting for a replacement's new replica to catch up with the leader.
+    CatchingUp,
 }
 
 #[derive(Debug)]
@@ -212,6 +224,8 @@ impl Controller {
                 channel: channel.clone(),
                 kind: task.kind,
                 step: match &task.step {
+                    Step::Proposing { change: Change::AddLearner, .. } => "adding learner",
+                    Step::CatchingUp => "catching up",
                     Step::Proposing { change: Change::Fence, .. } => "fencing",
                     Step::Gathering => "gathering evidence",
                     Step::Proposing { change: Change::Switch, .. } => "switching",
@@ -295,9 +309,66 @@ impl Controller {
         Ok(())
     }
 
+    /// Starts replacing replica `from` of `meta`'s channel by `to` (a node of the cluster, not in the ISR).
+    pub(crate) fn start_replace(
+        &mut self,
+        now: Time,
+        api: Option<ApiId>,
+        meta: ChannelRuntimeMeta,
+        from: NodeId,
+        to: NodeId,
+    ) -> Result<(), TaskError> {
+        if !meta.is_replica(from) {
+            return Err(TaskError::NotReplica(from));
+        }
+        let known = to == self.me || self.liveness.peers().any(|n| n == to);
+        if meta.in_isr(to) || !known {
+            return Err(TaskError::CannotJoin(to));
+        }
+        let isr_after = meta.isr.iter().filter(|n| **n != from).count() + 1;
+        if isr_after < usize::from(meta.min_isr) {
+            return Err(TaskError::BelowMinIsr);
+        }
+        if let Some(fence) = meta.write_fence {
+            return Err(TaskError::Fenced(fence.task));
+        }
+        self.admit(&meta.channel)?;
+        let id = self.task_id();
+        let task = self.new_task(id, TaskKind::Replace { from, to }, api, meta, now);
+        self.start(now, task);
+        Ok(())
+    }
+
+    /// A replacement's new replica reported: fence once it holds what the leader has committed.
+    fn caught_up(&mut self, now: Time, channel: &ChannelId) {
+        let Some(task) = self.tasks.get_mut(channel) else { return };
+        let Some(to) = replacement_target(task.kind) else { return };
+        let ready = match (task.evidence.get(&task.meta.leader), task.evidence.get(&to)) {
+            (Some(leader), Some(joining)) => joining.last_seq >= leader.hw,
+            _ => false,
+        };
+        if !ready {
+            task.blocked = Some(TaskBlocked::CatchingUp);
+            return;
+        }
+        task.blocked = None;
+        task.evidence.clear();
+        let next = fenced(&task.meta, task.id, false);
+        self.propose(now, channel, Change::Fence, next);
+    }
+
     /// Starts a failover of `meta`'s channel unless a task runs for it; a meta that a failover already
     /// fenced is resumed at evidence gathering.
     pub(crate) fn start_failover(&mut self, now: Time, meta: ChannelRuntimeMeta) {
+        let preemptible = self
+            .tasks
+            .get(&meta.channel)
+            .is_some_and(|t| matches!(t.step, Step::CatchingUp | Step::Proposing { change: Change::AddLearner, .. }));
+        if preemptible {
+            // A replacement that has fenced nothing yet waits for a leader that may never serve it.
+            let task = self.tasks.remove(&meta.channel).expect("present");
+            self.finish(now, task, Err(TaskError::Preempted));
+        }
         if self.admit(&meta.channel).is_err() {
             return;
         }
@@ -331,11 +402,21 @@ impl Controller {
         report: EvidenceReport,
     ) {
         let Some(t) = self.tasks.get_mut(channel) else { return };
-        if t.id != task || !matches!(t.step, Step::Gathering) || t.meta.version != version || !t.meta.in_isr(from) {
+        let joining = matches!(t.kind, TaskKind::Replace { to, .. } if to == from);
+        if t.id != task || !(t.meta.in_isr(from) || joining) {
             return;
         }
-        t.evidence.insert(from, report);
-        self.evaluate(now, channel);
+        match t.step {
+            Step::Gathering if t.meta.version == version => {
+                t.evidence.insert(from, report);
+                self.evaluate(now, channel);
+            }
+            Step::CatchingUp => {
+                t.evidence.insert(from, report);
+                self.caught_up(now, channel);
+            }
+            _ => {}
+        }
     }
 
     /// The outcome of a task's proposal.
@@ -370,11 +451,32 @@ impl Controller {
     /// A meta of `channel` this node saw (applied, pushed or fetched): settles a confirmation.
     pub(crate) fn meta_seen(&mut self, now: Time, meta: &ChannelRuntimeMeta) {
         let Some(task) = self.tasks.get_mut(&meta.channel) else { return };
+        if matches!(task.step, Step::CatchingUp) && meta.version > task.meta.version {
+            // The leader may move its ISR meanwhile (it adds the caught-up learner itself): follow it,
+            // or give up if the meta no longer fits the replacement.
+            if replacement_fits(task.kind, meta) {
+                task.meta = meta.clone();
+            } else {
+                let task = self.tasks.remove(&meta.channel).expect("present");
+                self.finish(now, task, Err(TaskError::MetaChanged));
+            }
+            return;
+        }
         let Step::Proposing { change, proposed, confirming, fetched } = &mut task.step else { return };
         if meta == proposed {
             let (change, proposed) = (*change, proposed.clone());
             self.applied(now, &meta.channel.clone(), change, proposed);
         } else if *confirming && meta.version >= proposed.version {
+            if *change == Change::Fence
+                && matches!(task.kind, TaskKind::Replace { .. })
+                && replacement_fits(task.kind, meta)
+            {
+                // The leader's own ISR change won the race with the fence: fence again on top of it.
+                task.meta = meta.clone();
+                task.step = Step::CatchingUp;
+                task.next_ask = now;
+                return;
+            }
             // Something else moved the meta: this task's change did not happen.
             let task = self.tasks.remove(&meta.channel).expect("present");
             self.finish(now, task, Err(TaskError::MetaChanged));
@@ -430,6 +532,20 @@ impl Controller {
             TaskKind::ClearFence => (Change::Unfence { switched: false }, unfenced(&task.meta)),
             TaskKind::Failover => (Change::Fence, fenced(&task.meta, task.id, true)),
             TaskKind::Transfer { .. } => (Change::Fence, fenced(&task.meta, task.id, false)),
+            TaskKind::Replace { to, .. } if task.meta.is_replica(to) => {
+                // Already a learner (a replacement that was interrupted): straight to catching up.
+                task.step = Step::CatchingUp;
+                task.deadline = Some(now + self.config.catch_up_timeout);
+                self.ask(now, &channel);
+                return;
+            }
+            TaskKind::Replace { to, .. } => {
+                let mut next = task.meta.clone();
+                next.version += 1;
+                next.epoch = next.epoch.next();
+                next.replicas.push(to);
+                (Change::AddLearner, next)
+            }
         };
         self.propose(now, &channel, change, next);
     }
@@ -462,9 +578,14 @@ impl Controller {
         let Some(task) = self.tasks.get_mut(channel) else { return };
         task.meta = committed;
         match change {
+            Change::AddLearner => {
+                task.step = Step::CatchingUp;
+                task.deadline = Some(now + self.config.catch_up_timeout);
+                self.ask(now, channel);
+            }
             Change::Fence => {
                 task.step = Step::Gathering;
-                if matches!(task.kind, TaskKind::Transfer { .. }) {
+                if matches!(task.kind, TaskKind::Transfer { .. } | TaskKind::Replace { .. }) {
                     task.deadline = Some(now + self.config.drain_timeout);
                 }
                 self.ask(now, channel);
@@ -491,9 +612,19 @@ impl Controller {
     fn ask(&mut self, now: Time, channel: &ChannelId) {
         let Some(task) = self.tasks.get_mut(channel) else { return };
         task.next_ask = now + self.config.ask_interval;
-        let transfer = matches!(task.kind, TaskKind::Transfer { .. });
-        let targets: Vec<NodeId> =
-            task.meta.isr.iter().copied().filter(|n| transfer || !task.evidence.contains_key(n)).collect();
+        let repeat = matches!(task.kind, TaskKind::Transfer { .. } | TaskKind::Replace { .. });
+        let mut targets: Vec<NodeId> =
+            task.meta.isr.iter().copied().filter(|n| repeat || !task.evidence.contains_key(n)).collect();
+        if let TaskKind::Replace { to, .. } = task.kind {
+            if !targets.contains(&to) {
+                targets.push(to);
+            }
+        }
+        if matches!(task.step, Step::CatchingUp) {
+            // Catching up needs only the leader's and the new replica's progress.
+            let (leader, joining) = (task.meta.leader, replacement_target(task.kind));
+            targets.retain(|n| *n == leader || Some(*n) == joining);
+        }
         for to in targets {
             let message = NodeMessage::EvidenceRequest { task: task.id, meta: task.meta.clone() };
             self.actions.push_back(Action::Send { to, message });
@@ -502,15 +633,26 @@ impl Controller {
 
     fn task_timer(&mut self, now: Time, channel: &ChannelId) {
         let Some(task) = self.tasks.get_mut(channel) else { return };
-        if task.deadline.is_some_and(|d| d <= now) && matches!(task.step, Step::Gathering) {
-            task.deadline = None;
-            task.failure = Some(TaskError::DrainTimedOut);
-            let next = unfenced(&task.meta);
-            self.propose(now, channel, Change::Unfence { switched: false }, next);
-            return;
+        if task.deadline.is_some_and(|d| d <= now) {
+            match task.step {
+                Step::Gathering => {
+                    task.deadline = None;
+                    task.failure = Some(TaskError::DrainTimedOut);
+                    let next = unfenced(&task.meta);
+                    self.propose(now, channel, Change::Unfence { switched: false }, next);
+                    return;
+                }
+                Step::CatchingUp => {
+                    // Nothing is fenced yet: the learner stays (a later replacement resumes from it).
+                    let task = self.tasks.remove(channel).expect("present");
+                    self.finish(now, task, Err(TaskError::DrainTimedOut));
+                    return;
+                }
+                Step::Proposing { .. } => {}
+            }
         }
         match &task.step {
-            Step::Gathering => self.ask(now, channel),
+            Step::Gathering | Step::CatchingUp => self.ask(now, channel),
             Step::Proposing { .. } => {
                 task.next_ask = now + self.config.ask_interval;
                 if let Step::Proposing { confirming, fetched, .. } = &mut task.step {
@@ -536,7 +678,7 @@ impl Controller {
             return;
         }
         let need = meta.isr.len() - usize::from(meta.min_isr) + 1;
-        let have = task.evidence.len();
+        let have = task.evidence.keys().filter(|n| meta.in_isr(**n)).count();
         let chosen = match task.kind {
             TaskKind::Failover => {
                 if have < need {
@@ -566,6 +708,26 @@ impl Controller {
                 }
                 target
             }
+            TaskKind::Replace { to, .. } => {
+                // The new replica holds everything the (fenced, durable) leader has: taking `from` out
+                // then leaves every committed record on at least MinISR members of the new ISR.
+                let leader = task.evidence.get(&meta.leader);
+                let ready = match (leader, task.evidence.get(&to)) {
+                    (Some(l), Some(t)) => {
+                        l.pending_appends == 0
+                            && l.log_end == l.last_seq
+                            && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
+                    }
+                    _ => false,
+                };
+                // Only a change of leader needs the evidence quorum (the slot FSM checks it as proof).
+                let leader_moves = matches!(task.kind, TaskKind::Replace { from, .. } if from == meta.leader);
+                if !ready || (leader_moves && have < need) {
+                    task.blocked = Some(TaskBlocked::Draining);
+                    return;
+                }
+                to
+            }
             TaskKind::ClearFence => return,
         };
         task.blocked = None;
@@ -576,8 +738,21 @@ impl Controller {
             .collect();
         let mut next = task.meta.clone();
         next.version += 1;
-        next.leader = chosen;
-        next.leader_epoch = task.meta.leader_epoch.next();
+        if let TaskKind::Replace { from, to } = task.kind {
+            next.epoch = next.epoch.next();
+            next.replicas.retain(|n| *n != from);
+            next.isr.retain(|n| *n != from);
+            if !next.isr.contains(&to) {
+                next.isr.push(to);
+            }
+            if next.leader == from {
+                next.leader = to;
+                next.leader_epoch = task.meta.leader_epoch.next();
+            }
+        } else {
+            next.leader = chosen;
+            next.leader_epoch = task.meta.leader_epoch.next();
+        }
         // The fence stays until the new leader is in place; it no longer freezes replication, so the
         // followers replicate from the new leader at once.
         next.write_fence = task.meta.write_fence.map(|f| WriteFence { freeze_replication: false, ..f });
@@ -653,10 +828,41 @@ impl Controller {
 
     fn consider(&mut self, now: Time, meta: ChannelRuntimeMeta) {
         self.track_fence(now, &meta);
-        let leader_down = meta.leader != self.me && self.is_down(meta.leader, now);
-        if meta.write_fence.is_none() && leader_down && !self.tasks.contains_key(&meta.channel) {
-            self.start_failover(now, meta);
+        if meta.write_fence.is_some() || self.tasks.contains_key(&meta.channel) {
+            return;
         }
+        if meta.leader != self.me && self.is_down(meta.leader, now) {
+            self.start_failover(now, meta);
+            return;
+        }
+        // Fewer live ISR members than MinISR: nothing commits until a replica that has been down for
+        // `replace_down_after` is replaced by a live node that keeps no copy yet.
+        let live = meta.isr.iter().filter(|n| !self.is_down(**n, now)).count();
+        if live >= usize::from(meta.min_isr) {
+            return;
+        }
+        let long_down =
+            |n: &NodeId| self.liveness.silent_for(*n, now).is_some_and(|d| d >= self.config.replace_down_after);
+        let Some(from) = meta.isr.iter().copied().find(long_down) else { return };
+        let Some(to) = self.spare_node(&meta, now) else { return };
+        tracing::info!(channel = %meta.channel, %from, %to, "repair: ISR below MinISR, replacing a replica that is down");
+        let _ = self.start_replace(now, None, meta, from, to);
+    }
+
+    /// A live node that keeps no copy of the channel, chosen by rendezvous hash so repairs spread.
+    fn spare_node(&self, meta: &ChannelRuntimeMeta, now: Time) -> Option<NodeId> {
+        let mut key = Vec::new();
+        meta.channel.encode_key(&mut key);
+        self.liveness
+            .peers()
+            .chain(std::iter::once(self.me))
+            .filter(|n| !meta.is_replica(*n) && !self.is_down(*n, now))
+            .max_by_key(|n| {
+                let mut hasher = crc32fast::Hasher::new();
+                hasher.update(&key);
+                hasher.update(&n.get().to_le_bytes());
+                hasher.finalize()
+            })
     }
 
     /// Notes when a fence no local task owns was first seen (or forgets a cleared one).
@@ -711,6 +917,23 @@ impl Controller {
         if leader {
             self.track_fence(now, meta);
         }
+    }
+}
+
+/// The replica a replacement adds.
+fn replacement_target(kind: TaskKind) -> Option<NodeId> {
+    match kind {
+        TaskKind::Replace { to, .. } => Some(to),
+        _ => None,
+    }
+}
+
+/// `true` if a replacement can go on under `meta`: unfenced, the old replica still there, the new one a
+/// replica.
+fn replacement_fits(kind: TaskKind, meta: &ChannelRuntimeMeta) -> bool {
+    match kind {
+        TaskKind::Replace { from, to } => meta.write_fence.is_none() && meta.is_replica(from) && meta.is_replica(to),
+        _ => false,
     }
 }
 

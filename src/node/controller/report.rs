@@ -17,6 +17,14 @@ pub enum TaskKind {
         /// The new leader.
         target: NodeId,
     },
+    /// Replace replica `from` by `to`: add `to` as a learner, let it catch up, fence, put `to` in the
+    /// ISR and take `from` out of the replicas (and of the leadership, if it led) in one change, unfence.
+    Replace {
+        /// The replica that leaves.
+        from: NodeId,
+        /// The replica that joins.
+        to: NodeId,
+    },
     /// A fence left by a task nobody runs any more (its controller stopped) and that froze nothing:
     /// cleared with a newer meta, the leader unchanged.
     ClearFence,
@@ -96,6 +104,8 @@ pub enum TaskBlocked {
     ProofRefused(Refusal),
     /// A transfer waits for the old leader to drain and the target to catch up.
     Draining,
+    /// A replacement waits for the new replica to catch up.
+    CatchingUp,
 }
 
 /// A task in progress, as status shows it.
@@ -145,4 +155,16 @@ pub enum TaskError {
     /// The slot group refused a step.
     #[error("refused: {0}")]
     Refused(Refusal),
+    /// The replica to replace is not a replica of the channel.
+    #[error("{0} is not a replica")]
+    NotReplica(NodeId),
+    /// The new replica is already in the ISR, or is not a node of the cluster.
+    #[error("{0} cannot join: already in the ISR or not a cluster node")]
+    CannotJoin(NodeId),
+    /// A failover of the channel took precedence (the task had not fenced anything yet).
+    #[error("a failover took precedence")]
+    Preempted,
+    /// Taking the replica out would leave fewer ISR members than MinISR.
+    #[error("replacing would leave the ISR below MinISR")]
+    BelowMinIsr,
 }
