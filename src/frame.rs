@@ -127,16 +127,40 @@ pub enum FrameError {
     },
 }
 
+impl FrameError {
+    /// A short name of the refusal, for counters.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FrameError::Truncated { .. } => "truncated",
+            FrameError::BadMagic => "bad_magic",
+            FrameError::UnsupportedVersion { .. } => "unsupported_version",
+            FrameError::TooLarge { .. } => "too_large",
+            FrameError::LengthMismatch { .. } => "length_mismatch",
+            FrameError::Checksum => "checksum",
+            FrameError::Malformed => "malformed",
+            FrameError::WrongCluster { .. } => "wrong_cluster",
+            FrameError::UnknownNode(_) => "unknown_node",
+            FrameError::SenderMismatch { .. } => "sender_mismatch",
+        }
+    }
+}
+
 /// Encodes `frame`.
 pub fn encode(frame: &Frame) -> Bytes {
     // Cannot fail: every field serializes into memory.
     let body = postcard::to_allocvec(frame).expect("frame encodes");
+    seal(&body)
+}
+
+/// Frames raw body bytes with the header (magic, version, length, checksum). [`encode`] uses it; tests
+/// and fuzzers use it to hand the decoder well-sealed bodies of any content.
+pub fn seal(body: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
     out.extend_from_slice(&MAGIC);
     out.push(FRAME_VERSION);
     out.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    out.extend_from_slice(&body);
+    out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    out.extend_from_slice(body);
     Bytes::from(out)
 }
 

@@ -38,6 +38,9 @@ pub struct NodeConfig {
     /// A channel replica idle (no input) this long and quiescent is evicted from memory; its log stays.
     /// Default 30 s.
     pub channel_idle_evict: Duration,
+    /// Most channel replicas active in memory; at the cap the least recently used idle one is evicted,
+    /// and with none idle the activation is refused (`TooManyChannels`). Default 100,000.
+    pub active_channels_max: usize,
     /// Post-commit fanout limits.
     pub fanout: FanoutConfig,
     /// Fan committed messages out to online subscribers (off for a host without sessions).
@@ -69,6 +72,7 @@ impl NodeConfig {
             frame_bytes_max: 16 << 20,
             waiting_appends_max: 1024,
             channel_idle_evict: Duration::from_secs(30),
+            active_channels_max: 100_000,
             fanout: FanoutConfig::default(),
             fanout_enabled: true,
             boot_id: 0,
@@ -93,6 +97,9 @@ impl NodeConfig {
         }
         if self.channel_min_isr == 0 || usize::from(self.channel_min_isr) > self.channel_replicas {
             return Err("channel_min_isr must be between 1 and channel_replicas");
+        }
+        if self.active_channels_max == 0 || self.waiting_appends_max == 0 || self.frame_bytes_max == 0 {
+            return Err("active_channels_max, waiting_appends_max and frame_bytes_max must be positive");
         }
         HashToSlot::even_split(self.slot_groups).map_err(|_| "slot_groups must be between 1 and 256")?;
         self.machine.validate()

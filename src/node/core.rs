@@ -131,6 +131,10 @@ pub struct NodeStatus {
     pub tasks: Vec<TaskStatus>,
     /// The last tasks it finished, oldest first.
     pub finished_tasks: Vec<TaskReport>,
+    /// Inbound frames refused since start, by reason ([`FrameError::kind`]); they changed nothing.
+    pub refused_frames: BTreeMap<&'static str, u64>,
+    /// Channel activations refused because `active_channels_max` replicas were active and none idle.
+    pub refused_activations: u64,
 }
 
 /// Who waits for an append the local machine admitted.
@@ -225,6 +229,8 @@ pub struct NodeCore {
     cannot_lead: BTreeMap<ChannelId, Time>,
     /// HW of replicas taken out of memory after a storage failure: their next incarnation keeps it.
     hw_floor: BTreeMap<ChannelId, Seq>,
+    refused_frames: BTreeMap<&'static str, u64>,
+    refused_activations: u64,
 }
 
 impl NodeCore {
@@ -285,6 +291,8 @@ impl NodeCore {
             loopback: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
             hw_floor: BTreeMap::new(),
+            refused_frames: BTreeMap::new(),
+            refused_activations: 0,
             config,
         })
     }
@@ -332,6 +340,8 @@ impl NodeCore {
             channels,
             tasks: self.controller.status(),
             finished_tasks: self.controller.reports(),
+            refused_frames: self.refused_frames.clone(),
+            refused_activations: self.refused_activations,
         }
     }
 
@@ -409,7 +419,13 @@ impl NodeCore {
     pub fn handle_frame(&mut self, now: Time, from: NodeId, bytes: &[u8]) -> Result<(), FrameError> {
         self.advance(now);
         let nodes = &self.config.nodes;
-        let frame = decode_from(bytes, from, self.config.cluster, |n| nodes.contains(&n), &self.frame_limits)?;
+        let frame = match decode_from(bytes, from, self.config.cluster, |n| nodes.contains(&n), &self.frame_limits) {
+            Ok(frame) => frame,
+            Err(error) => {
+                *self.refused_frames.entry(error.kind()).or_default() += 1;
+                return Err(error);
+            }
+        };
         self.controller.heard(from, self.now);
         match frame.body {
             FrameBody::Slot(message) => self.slot.handle_message(self.now, from, message),
@@ -838,6 +854,26 @@ impl NodeCore {
         }
     }
 
+    /// Makes room for one activation: evicts the least recently used quiescent replica. O(active) but
+    /// only at the cap, which idle eviction normally keeps the node below.
+    fn evict_one(&mut self) -> bool {
+        let victim = self
+            .channels
+            .iter()
+            .filter(|(_, m)| m.is_quiescent())
+            .min_by_key(|(c, _)| self.last_used.get(*c).copied().unwrap_or(Time::ZERO))
+            .map(|(c, _)| c.clone());
+        let Some(victim) = victim else { return false };
+        if let Some(machine) = self.deactivate(&victim) {
+            if machine.role() == tidings_channel::machine::RoleKind::Leader {
+                if let Some(meta) = machine.meta() {
+                    self.resumable.insert(victim, meta.leader_epoch);
+                }
+            }
+        }
+        true
+    }
+
     /// Takes the channel's machine out of memory (its log stays); the next input activates a new
     /// incarnation from the store.
     fn deactivate(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
@@ -864,6 +900,10 @@ impl NodeCore {
         }
         let Some(meta) = self.metas.get(channel).cloned() else { return };
         if !meta.is_replica(self.config.node) {
+            return;
+        }
+        if self.channels.len() >= self.config.active_channels_max && !self.evict_one() {
+            self.refused_activations += 1;
             return;
         }
         // A store that cannot be read leaves the replica inactive (the next input tries again): a machine
@@ -934,7 +974,9 @@ impl NodeCore {
         let request = self.next_id();
         let now = self.now;
         let Some(machine) = self.machine_mut(channel) else {
-            self.fail_append(origin, RemoteAppendError::NotReplica);
+            let full = self.channels.len() >= self.config.active_channels_max;
+            let error = if full { RemoteAppendError::TooManyChannels } else { RemoteAppendError::NotReplica };
+            self.fail_append(origin, error);
             return;
         };
         match machine.handle_append(now, AppendRequest { id: RequestId(request), records }) {

@@ -77,4 +77,7 @@ pub enum RemoteAppendError {
     /// The receiving node has no replica of the channel, or no meta for it yet.
     #[error("the receiving node has no replica of the channel")]
     NotReplica,
+    /// The receiving node has `active_channels_max` channel replicas in memory and none idle: retry later.
+    #[error("the receiving node has too many active channels")]
+    TooManyChannels,
 }

@@ -79,12 +79,19 @@ fn non_leaders_refuse_with_a_leader_hint() {
 fn admission_refusals_change_nothing() {
     let mut config = config();
     config.request_records_max = 4;
+    config.request_bytes_max = 8;
     config.pending_records_max = 6;
     config.handoff_slots = 8;
     let mut cluster = Cluster::new(4, 3, 2, quiet(), config);
     cluster.run_for(100);
     assert_eq!(cluster.append(node(1), &[], &[]), Err(AppendError::Empty));
     assert!(matches!(cluster.append(node(1), &["a"; 5], &[]), Err(AppendError::TooLarge { .. })));
+    let end = cluster.machine(node(1)).log_end();
+    assert_eq!(
+        cluster.append(node(1), &["12345", "6789"], &[]),
+        Err(AppendError::RequestTooLarge { bytes: 9, max: 8 })
+    );
+    assert_eq!(cluster.machine(node(1)).log_end(), end, "an oversized request writes nothing");
     // Followers unreachable: nothing commits, so the pending bound fills up.
     cluster.blocked.insert((node(2), node(1)));
     cluster.blocked.insert((node(3), node(1)));

@@ -28,26 +28,30 @@ fn a_batch_of_seeds_passes() {
 /// Seeds that found bugs (numbered as drawn when they failed; later draws, such as IO errors, changed
 /// their runs since, so they stay as regression seeds): 8 (a reply to a forward sent before a crash answered a new request after the
 /// restart, acknowledging a seq twice), 62 (two-member slot groups with equal pinned election timeouts
-/// split their votes forever), 5 (all members of every group shared the seed and never elected).
+/// split their votes forever), 5 (all members of every group shared the seed and never elected), 946
+/// (a failover request to a node that was no longer the slot group's leader went unanswered), 6806 (a
+/// replica asking for a failover under a replaced meta never learned the new one), 10500 (a replica
+/// replacement with MinISR 3 took out one of the three holders of committed records while the new
+/// replica was already among them; the next failover then lost acknowledged messages).
 #[test]
 fn seeds_that_once_failed_pass() {
-    for seed in [8, 62, 5, 23, 31, 50, 52, 91] {
+    for seed in [8, 62, 5, 23, 31, 50, 52, 91, 946, 6806, 10500] {
         assert_passes(&run_seed(seed));
     }
 }
 
 #[test]
 fn the_same_seed_gives_the_same_trace() {
-    let first = run_seed(1);
-    let second = run_seed(1);
-    let faults = first.faults;
-    assert!(
-        first.acked > 0 && faults.crashes > 0 && faults.io_errors > 0,
-        "seed 1 should exercise crashes and IO errors"
-    );
-    assert_eq!(first.trace_hash, second.trace_hash);
+    // The first seed whose run has crashes and IO errors (which seed that is moves when the workload
+    // changes; the search is deterministic).
+    let (seed, first) = (1..100)
+        .map(|seed| (seed, run_seed(seed)))
+        .find(|(_, r)| r.acked > 0 && r.faults.crashes > 0 && r.faults.io_errors > 0)
+        .expect("some seed below 100 exercises crashes and IO errors");
+    let second = run_seed(seed);
+    assert_eq!(first.trace_hash, second.trace_hash, "seed {seed}");
     assert_eq!(first.acked, second.acked);
-    assert_ne!(first.trace_hash, run_seed(2).trace_hash);
+    assert_ne!(first.trace_hash, run_seed(seed + 1).trace_hash);
 }
 
 #[test]

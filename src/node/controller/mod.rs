@@ -708,11 +708,9 @@ impl Controller {
                 }
                 target
             }
-            TaskKind::Replace { to, .. } => {
-                // The new replica holds everything the (fenced, durable) leader has: taking `from` out
-                // then leaves every committed record on at least MinISR members of the new ISR.
+            TaskKind::Replace { from, to } => {
                 let leader = task.evidence.get(&meta.leader);
-                let ready = match (leader, task.evidence.get(&to)) {
+                let caught_up = match (leader, task.evidence.get(&to)) {
                     (Some(l), Some(t)) => {
                         l.pending_appends == 0
                             && l.log_end == l.last_seq
@@ -720,9 +718,16 @@ impl Controller {
                     }
                     _ => false,
                 };
+                // Every committed record must stay on MinISR members of the new ISR. `to` may already be
+                // one of the holders (the leader puts a caught-up learner in the ISR itself), so count
+                // the holders rather than assume `to` adds one.
+                let hw = leader.map_or(tidings_types::Seq::new(u64::MAX), |l| l.hw);
+                let new_isr: BTreeSet<NodeId> =
+                    meta.isr.iter().copied().chain(std::iter::once(to)).filter(|n| *n != from).collect();
+                let holders = new_isr.iter().filter(|n| task.evidence.get(n).is_some_and(|e| e.last_seq >= hw)).count();
                 // Only a change of leader needs the evidence quorum (the slot FSM checks it as proof).
-                let leader_moves = matches!(task.kind, TaskKind::Replace { from, .. } if from == meta.leader);
-                if !ready || (leader_moves && have < need) {
+                let leader_moves = from == meta.leader;
+                if !caught_up || holders < usize::from(meta.min_isr) || (leader_moves && have < need) {
                     task.blocked = Some(TaskBlocked::Draining);
                     return;
                 }

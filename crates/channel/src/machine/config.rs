@@ -7,6 +7,9 @@ use std::time::Duration;
 pub struct MachineConfig {
     /// Most records one append request may carry. Default 256.
     pub request_records_max: usize,
+    /// Most payload bytes one append request may carry (no larger than `persist_bytes_max`, so any
+    /// admitted request fits one durable append). Default 1 MiB.
+    pub request_bytes_max: usize,
     /// Most records assigned a seq but not yet committed; beyond it appends get `Busy`. Default 8,192.
     pub pending_records_max: usize,
     /// Post-commit handoff slots (records committed but not yet taken by fanout). Reserved at admission;
@@ -57,6 +60,7 @@ impl Default for MachineConfig {
     fn default() -> Self {
         Self {
             request_records_max: 256,
+            request_bytes_max: 1 << 20,
             pending_records_max: 8192,
             handoff_slots: 16_384,
             persist_records_max: 1024,
@@ -85,6 +89,9 @@ impl MachineConfig {
         }
         if self.request_records_max > self.pending_records_max || self.request_records_max > self.handoff_slots {
             return Err("one request must fit in the pending and handoff bounds");
+        }
+        if self.request_bytes_max == 0 || self.request_bytes_max > self.persist_bytes_max {
+            return Err("request_bytes_max must be positive and fit in persist_bytes_max");
         }
         if self.pull_timeout <= self.pull_park {
             return Err("pull_timeout must exceed pull_park, or every parked pull would be resent");

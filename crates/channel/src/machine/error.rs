@@ -43,6 +43,14 @@ pub enum AppendError {
         /// The limit.
         max: usize,
     },
+    /// The request's payloads are larger than allowed.
+    #[error("{bytes} payload bytes in one request, at most {max}")]
+    RequestTooLarge {
+        /// Payload bytes in the request.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
     /// An idempotency key was reused with a different payload.
     #[error("idempotency key reused with different content")]
     IdempotencyConflict,

@@ -304,6 +304,10 @@ impl ChannelMachine {
         if records > self.config.request_records_max {
             return Err(AppendError::TooLarge { records, max: self.config.request_records_max });
         }
+        let bytes: usize = request.records.iter().map(|r| r.payload.len()).sum();
+        if bytes > self.config.request_bytes_max {
+            return Err(AppendError::RequestTooLarge { bytes, max: self.config.request_bytes_max });
+        }
         let alive_after = self.now - self.config.isr_alive;
         let alive = 1 + meta
             .isr
