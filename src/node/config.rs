@@ -5,6 +5,7 @@ use std::time::Duration;
 use tidings_channel::fanout::FanoutConfig;
 use tidings_channel::machine::MachineConfig;
 use tidings_router::HashToSlot;
+use tidings_slot::raft::MultiRaftConfig;
 use tidings_types::{ChannelId, GroupId, NodeId};
 
 /// Everything a node needs to join a cluster. Every node of a cluster must be given the same cluster
@@ -27,8 +28,10 @@ pub struct NodeConfig {
     pub channel_min_isr: u8,
     /// Seed of every random choice (elections). Mixed with the node id, so nodes may share it.
     pub seed: u64,
-    /// Raft tick interval of the slot layer.
-    pub tick_interval: Duration,
+    /// Slot-layer raft settings and limits (tick, election, proposal and read bounds, apply batches,
+    /// snapshot chunks and reassembly, compaction, FSM limits). Its `node`, `seed` and `boot_id` are
+    /// taken from this configuration.
+    pub raft: MultiRaftConfig,
     /// Channel replica machine limits and timings.
     pub machine: MachineConfig,
     /// Largest inbound frame body, in bytes.
@@ -67,7 +70,7 @@ impl NodeConfig {
             channel_replicas: replicas,
             channel_min_isr: if replicas >= 3 { 2 } else { 1 },
             seed: node.get(),
-            tick_interval: Duration::from_millis(100),
+            raft: MultiRaftConfig::new(node),
             machine: MachineConfig::default(),
             frame_bytes_max: 16 << 20,
             waiting_appends_max: 1024,

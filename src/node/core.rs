@@ -22,7 +22,7 @@ use tidings_slot::command::{Command, MemberList, RoutingKey};
 use tidings_slot::fsm::Outcome;
 use tidings_slot::model::{ChannelInfo, Uid};
 use tidings_slot::query::SlotReader;
-use tidings_slot::raft::{MultiRaft, MultiRaftConfig, ProposalId, ProposeError, ReadId, SlotEffect};
+use tidings_slot::raft::{MultiRaft, ProposalId, ProposeError, ReadId, SlotEffect};
 use tidings_store::message::{LogBatch, MessageLog, ReadLimits, Record};
 use tidings_store::{MetaStore, RaftLogStore, StoreError};
 use tidings_types::{ChannelId, ChannelRuntimeMeta, Epoch, GroupId, LeaderEpoch, NodeId, Seq, Time};
@@ -135,6 +135,8 @@ pub struct NodeStatus {
     pub refused_frames: BTreeMap<&'static str, u64>,
     /// Channel activations refused because `active_channels_max` replicas were active and none idle.
     pub refused_activations: u64,
+    /// Raft messages in accepted frames that the slot layer refused (see `MultiRaft::refused_messages`).
+    pub refused_raft_messages: u64,
 }
 
 /// Who waits for an append the local machine admitted.
@@ -246,11 +248,11 @@ impl NodeCore {
     ) -> Result<Self, StoreError> {
         let members: Vec<_> =
             config.slot_group_members().into_iter().filter(|(_, m)| m.contains(&config.node)).collect();
-        let mut raft_config = MultiRaftConfig::new(config.node);
+        let mut raft_config = config.raft.clone();
+        raft_config.node = config.node;
         // Mixed with the node id: members of a group sharing a seed would otherwise draw the same pinned
         // election timeout and split their votes forever when their clocks tick in step.
         raft_config.seed = config.seed ^ config.node.get().wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        raft_config.tick_interval = config.tick_interval;
         raft_config.boot_id = config.boot_id;
         let slot = MultiRaft::open(raft_config, logs, meta.clone(), config.table(), &members, now)?;
         let frame_limits = FrameLimits { frame_bytes_max: config.frame_bytes_max };
@@ -342,6 +344,7 @@ impl NodeCore {
             finished_tasks: self.controller.reports(),
             refused_frames: self.refused_frames.clone(),
             refused_activations: self.refused_activations,
+            refused_raft_messages: self.slot.refused_messages(),
         }
     }
 

@@ -36,6 +36,9 @@ pub struct Cluster {
     pub results: BTreeMap<ApiId, String>,
     pub appended: BTreeMap<ApiId, Vec<Seq>>,
     pub tasks: BTreeMap<ApiId, Result<TaskReport, NodeError>>,
+    /// The first `capture_max` frames sent (sender, receiver, bytes), for tests that replay or mutate them.
+    pub captured: Vec<(NodeId, NodeId, Bytes)>,
+    pub capture_max: usize,
     next_api: u64,
 }
 
@@ -54,6 +57,8 @@ impl Cluster {
             results: BTreeMap::new(),
             appended: BTreeMap::new(),
             tasks: BTreeMap::new(),
+            captured: Vec::new(),
+            capture_max: 0,
             next_api: 1,
         };
         for id in &ids {
@@ -115,7 +120,12 @@ impl Cluster {
                     let Some(effect) = core.poll_effect() else { break };
                     progressed = true;
                     match effect {
-                        NodeEffect::Send { to, frame } => self.queue.push_back((id, to, frame)),
+                        NodeEffect::Send { to, frame } => {
+                            if self.captured.len() < self.capture_max {
+                                self.captured.push((id, to, frame.clone()));
+                            }
+                            self.queue.push_back((id, to, frame));
+                        }
                         NodeEffect::SyncSlots { token } => {
                             kv.sync().unwrap();
                             core.handle_slots_synced(self.now, token);
@@ -155,7 +165,8 @@ impl Cluster {
                     continue;
                 }
                 let now = self.now;
-                if let Some(core) = self.nodes.get_mut(&to).unwrap().core.as_mut() {
+                // A frame to a node outside the cluster goes nowhere, as with a real transport.
+                if let Some(core) = self.nodes.get_mut(&to).and_then(|n| n.core.as_mut()) {
                     core.handle_frame(now, from, &frame).unwrap();
                 }
             }

@@ -52,6 +52,16 @@ macro_rules! counter_newtype {
                     None => panic!("counter overflow"),
                 }
             }
+
+            /// The value after this one, or `None` at `u64::MAX` (for values read from the wire or the
+            /// disk, which may be anything).
+            #[must_use]
+            pub const fn checked_next(self) -> Option<Self> {
+                match self.0.checked_add(1) {
+                    Some(v) => Some(Self(v)),
+                    None => None,
+                }
+            }
         }
     };
 }

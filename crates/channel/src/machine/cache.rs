@@ -23,7 +23,7 @@ impl RecordCache {
     /// Appends `record`; a record that does not follow the last one resets the cache (it starts a new
     /// suffix).
     pub(crate) fn push(&mut self, record: Record) {
-        if self.records.back().is_some_and(|last| last.seq.next() != record.seq) {
+        if self.records.back().is_some_and(|last| last.seq.checked_next() != Some(record.seq)) {
             self.clear();
         }
         self.bytes += record.encoded_len();

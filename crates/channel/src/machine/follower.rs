@@ -136,11 +136,16 @@ impl ChannelMachine {
         let mut epoch = self.log.last_epoch();
         for record in &records {
             // The leader never sends a gap, a decreasing epoch, or an epoch newer than its own.
-            if record.seq != expected || record.leader_epoch < epoch || record.leader_epoch > leader_epoch {
+            let next = record.seq.checked_next();
+            if record.seq != expected
+                || next.is_none()
+                || record.leader_epoch < epoch
+                || record.leader_epoch > leader_epoch
+            {
                 self.follower_back_off(false);
                 return;
             }
-            expected = record.seq.next();
+            expected = next.expect("checked above");
             epoch = record.leader_epoch;
         }
         let empty = records.is_empty();
@@ -181,7 +186,8 @@ impl ChannelMachine {
 
     fn follower_start_after(&mut self, seq: Seq, epoch: LeaderEpoch, hw: Seq) {
         let readable = self.log.end > self.log.durable.retention_through;
-        if readable || self.log.end > seq {
+        // A seq with no successor cannot start a log (only a corrupt or hostile answer carries one).
+        if readable || self.log.end > seq || seq.checked_next().is_none() {
             // Only an empty replica can restart its log; this one needs an operator to re-add it.
             self.follower_back_off(true);
             return;

@@ -23,6 +23,7 @@
 
 mod config;
 mod effect;
+mod guard;
 mod message;
 mod snapshot;
 
@@ -139,6 +140,9 @@ pub struct MultiRaft {
     sync_requested: bool,
     reassembly: Reassembly,
     logger: slog::Logger,
+    /// Raft messages from the wire dropped before raft-rs saw them (undecodable, or ones a correct peer
+    /// never sends: see `guard`).
+    refused_messages: u64,
 }
 
 /// Proposal context carried in raft entries: who proposed and under which id.
@@ -193,6 +197,7 @@ impl MultiRaft {
             next_sync: 1,
             sync_requested: false,
             reassembly,
+            refused_messages: 0,
             logger: slog::Logger::root(slog::Discard, slog::o!()),
             config,
         };
@@ -253,6 +258,12 @@ impl MultiRaft {
     pub fn leader(&self, group: GroupId) -> Option<NodeId> {
         let raw = &self.groups.get(&group)?.raw;
         (raw.raft.leader_id != 0).then(|| NodeId::new(raw.raft.leader_id))
+    }
+
+    /// Raft messages from the wire refused since start: undecodable, naming another sender or receiver,
+    /// or ones a correct peer never sends (raft-rs would abort on them). They changed nothing.
+    pub fn refused_messages(&self) -> u64 {
+        self.refused_messages
     }
 
     /// `true` if this node leads `group`.
@@ -409,11 +420,11 @@ impl MultiRaft {
         self.advance(now);
         let group = message.group;
         match message.body {
-            SlotBody::Raft(bytes) => self.step_raft(group, &bytes),
+            SlotBody::Raft(bytes) => self.step_raft(from, group, &bytes),
             SlotBody::Chunk { transfer, index, count, bytes } => {
                 let chunk = snapshot::Chunk { transfer, index, count, bytes };
                 if let Some(whole) = self.reassembly.add(self.now, from, group, chunk) {
-                    self.step_raft(group, &whole);
+                    self.step_raft(from, group, &whole);
                 }
             }
             SlotBody::Forward { origin, id, command } => self.forwarded(from, group, origin, id, command),
@@ -446,9 +457,16 @@ impl MultiRaft {
         self.now = self.now.max(now);
     }
 
-    fn step_raft(&mut self, group: GroupId, bytes: &[u8]) {
-        let Ok(message) = Message::parse_from_bytes(bytes) else { return };
+    fn step_raft(&mut self, from: NodeId, group: GroupId, bytes: &[u8]) {
+        let Ok(message) = Message::parse_from_bytes(bytes) else {
+            self.refused_messages += 1;
+            return;
+        };
         if let Some(g) = self.groups.get_mut(&group) {
+            if !guard::admissible(&g.raw, from.get(), self.config.node.get(), &message) {
+                self.refused_messages += 1;
+                return;
+            }
             // raft-rs refuses local-only message types from the wire; other errors are stale messages.
             let _ = g.raw.step(message);
             g.seed_election_timeout();

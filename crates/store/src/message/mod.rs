@@ -45,6 +45,7 @@ mod journal;
 mod memory;
 mod record;
 mod state;
+pub mod stored;
 
 pub use journal::{JournalConfig, JournalLog, JournalStats, WriteBehindThread};
 pub use memory::{LogFailOp, MemoryLog};

@@ -182,7 +182,7 @@ pub(crate) fn decode_records(input: &mut Reader<'_>) -> Option<Vec<Record>> {
     for _ in 0..count {
         let record = Record::decode(input)?;
         if let Some(prev) = records.last() {
-            if record.seq != prev.seq.next() {
+            if prev.seq.checked_next() != Some(record.seq) {
                 return None;
             }
         }

@@ -225,7 +225,7 @@ impl ChannelLogState {
                 }
                 self.retention_through = *through;
                 // Keep the epoch in force at the first readable record and every later one.
-                let first_readable = through.next();
+                let first_readable = Seq::new(through.get().saturating_add(1));
                 let keep_from = self.epochs.partition_point(|(_, start)| *start <= first_readable).saturating_sub(1);
                 self.epochs.drain(..keep_from);
                 Ok(())
@@ -247,7 +247,7 @@ impl ChannelLogState {
         let mut last = self.last_seq;
         let mut last_epoch = self.last_epoch();
         for record in records {
-            if record.seq != last.next() {
+            if last.checked_next() != Some(record.seq) {
                 return Err(LogRefusal::NotContiguous { channel: channel.clone(), last, got: record.seq });
             }
             if record.leader_epoch < last_epoch {

@@ -1,0 +1,91 @@
+//! Writes the seed corpus of the fuzz targets (`fuzz/seeds/<target>/`): valid frames, slot commands and
+//! stored message-log values, so the fuzzers start from real encodings. Run from the repository root:
+//! `cargo run --example fuzz_corpus`.
+
+use bytes::Bytes;
+use std::path::Path;
+use tidings::channel::machine::{ChannelMessage, PullHint};
+use tidings::frame::{encode, Frame, FrameBody};
+use tidings::node::NodeMessage;
+use tidings::slot::command::{Command, MemberList};
+use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
+use tidings::store::message::{stored, ChannelLogState, IdempotencyKey, LogBatch, LogOp, Record, RecordKind};
+use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, LeaderEpoch, NodeId, Seq};
+
+fn write(target: &str, name: &str, bytes: &[u8]) {
+    let dir = Path::new("fuzz/seeds").join(target);
+    std::fs::create_dir_all(&dir).expect("corpus directory");
+    std::fs::write(dir.join(name), bytes).expect("corpus file");
+}
+
+fn main() {
+    let channel = ChannelId::new(ChannelType::GROUP, "lobby").expect("channel id");
+    let meta = ChannelRuntimeMeta {
+        channel: channel.clone(),
+        version: 3,
+        leader: NodeId::new(1),
+        replicas: vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)],
+        isr: vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)],
+        min_isr: 2,
+        epoch: Epoch::new(1),
+        leader_epoch: LeaderEpoch::new(2),
+        write_fence: None,
+        retention_through: Seq::new(0),
+    };
+    let bodies = [
+        FrameBody::Channel(ChannelMessage::Hint(PullHint {
+            channel: channel.clone(),
+            leader_epoch: LeaderEpoch::new(2),
+        })),
+        FrameBody::Node(NodeMessage::MetaPush(meta.clone())),
+        FrameBody::Node(NodeMessage::MetaFetch(channel.clone())),
+        FrameBody::Node(NodeMessage::Ping),
+        FrameBody::Node(NodeMessage::EvidenceRequest { task: 7, meta: meta.clone() }),
+        FrameBody::Node(NodeMessage::AppendForward {
+            id: 9,
+            channel: channel.clone(),
+            sender: Some("alice".into()),
+            records: vec![(IdempotencyKey::new("k1"), Bytes::from_static(b"hello"))],
+        }),
+    ];
+    for (i, body) in bodies.into_iter().enumerate() {
+        write("frame_decode", &format!("frame-{i}"), &encode(&Frame { cluster: 1, from: NodeId::new(2), body }));
+    }
+
+    let uid = Uid::new("alice").expect("uid");
+    let commands = [
+        Command::PutUser(User { uid: uid.clone(), name: "Alice".into(), banned: false }),
+        Command::CreateChannel(ChannelInfo { channel: channel.clone(), flags: ChannelFlags::default() }),
+        Command::AddMembers { channel: channel.clone(), list: MemberList::Subscribers, uids: vec![uid] },
+        Command::CreateRuntimeMeta(meta.clone()),
+        Command::CasRuntimeMeta { expected_version: 2, meta, proof: None },
+    ];
+    for (i, command) in commands.iter().enumerate() {
+        write("slot_command", &format!("command-{i}"), &command.encode());
+    }
+
+    let records: Vec<Record> = (1..=3)
+        .map(|seq| Record {
+            seq: Seq::new(seq),
+            kind: RecordKind::Message,
+            leader_epoch: LeaderEpoch::new(1),
+            idempotency_key: IdempotencyKey::new(format!("key-{seq}")),
+            timestamp_ms: 1_700_000_000_000 + seq,
+            payload: Bytes::from(format!("message {seq}")),
+        })
+        .collect();
+    let batch = LogBatch::new(
+        channel.clone(),
+        vec![LogOp::Append(records.clone()), LogOp::CheckpointHw(Seq::new(2)), LogOp::TruncateAfter(Seq::new(2))],
+    );
+    write("stored_records", "batch", &stored::batch_to_bytes(&batch));
+    write("stored_records", "pack", &stored::pack_to_bytes(&records));
+    let state = ChannelLogState {
+        last_seq: Seq::new(3),
+        epochs: vec![(LeaderEpoch::new(1), Seq::new(1))],
+        hw: Seq::new(2),
+        retention_through: Seq::new(0),
+    };
+    write("stored_records", "state", &stored::state_to_bytes(&state, Seq::new(2)));
+    println!("wrote the seed corpus under fuzz/seeds/");
+}
