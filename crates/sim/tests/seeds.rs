@@ -32,10 +32,13 @@ fn a_batch_of_seeds_passes() {
 /// (a failover request to a node that was no longer the slot group's leader went unanswered), 6806 (a
 /// replica asking for a failover under a replaced meta never learned the new one), 10500 (a replica
 /// replacement with MinISR 3 took out one of the three holders of committed records while the new
-/// replica was already among them; the next failover then lost acknowledged messages).
+/// replica was already among them; the next failover then lost acknowledged messages), 14754 (the
+/// leader's ISR shrink took out a member holding HW while a member below HW stayed in: a failover chose
+/// a replica without committed records), 15114 (a replaced leader never learned the new meta: a newer
+/// leader's wake-up hint now makes it refresh).
 #[test]
 fn seeds_that_once_failed_pass() {
-    for seed in [8, 62, 5, 23, 31, 50, 52, 91, 946, 6806, 10500] {
+    for seed in [8, 62, 5, 23, 31, 50, 52, 91, 946, 6806, 10500, 14754, 15114] {
         assert_passes(&run_seed(seed));
     }
 }

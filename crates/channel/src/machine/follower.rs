@@ -89,6 +89,11 @@ impl ChannelMachine {
 
     pub(super) fn follower_hint(&mut self, from: NodeId, hint: PullHint) {
         let Some(meta) = &self.meta else { return };
+        if hint.leader_epoch > meta.leader_epoch {
+            // A leader of a newer epoch wakes us: our meta is stale (its push was lost).
+            self.effects.push_back(super::Effect::RefreshMeta);
+            return;
+        }
         if hint.leader_epoch != meta.leader_epoch {
             return;
         }

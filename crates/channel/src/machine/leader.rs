@@ -589,18 +589,31 @@ impl ChannelMachine {
     }
 
     /// Proposes removing an ISR follower that has not caught up for longer than the lag bound — never
-    /// below MinISR, one proposal at a time.
+    /// below MinISR, one proposal at a time, and only if every committed record stays on MinISR of the
+    /// remaining members: with HW at the MinISR-th highest match, a lagging member may sit in the ISR
+    /// below HW, and taking out a member that holds HW instead would leave committed records on fewer
+    /// than MinISR ISR members — too few for a failover's evidence to be sure to include one.
     fn maybe_propose_shrink(&mut self) {
         let Some(meta) = self.meta.clone() else { return };
         let now = self.now;
         let lag = self.config.isr_lag;
         let me = self.me;
+        let hw = self.log.hw;
+        let own = self.log.consistent_durable_end();
         let Some(leader) = self.leader() else { return };
         if leader.proposal.is_some() || meta.isr.len() <= usize::from(meta.min_isr) || meta.write_fence.is_some() {
             return;
         }
+        let matched =
+            |n: &NodeId| if *n == me { own } else { leader.progress.get(n).map_or(Seq::new(0), |p| p.match_seq) };
+        let keeps_commits = |out: &NodeId| {
+            let holders = meta.isr.iter().filter(|n| *n != out && matched(n) >= hw).count();
+            holders >= usize::from(meta.min_isr)
+        };
         let lagging = meta.isr.iter().filter(|n| **n != me).find(|n| {
-            leader.progress.get(n).is_some_and(|p| p.caught_up_at + lag <= now && leader.became_at + lag <= now)
+            let late =
+                leader.progress.get(n).is_some_and(|p| p.caught_up_at + lag <= now && leader.became_at + lag <= now);
+            late && keeps_commits(n)
         });
         let Some(&node) = lagging else { return };
         let mut isr = meta.isr.clone();
