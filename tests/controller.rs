@@ -260,6 +260,7 @@ fn conflicting_evidence_keeps_the_channel_fenced() {
         pending_appends: 0,
         log_end: Seq::new(1_000),
         drained: false,
+        fenced_by: Some(task.task),
     };
     let body =
         tidings::node::NodeMessage::EvidenceReply { task: task.task, channel: room.clone(), version, report: forged };

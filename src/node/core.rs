@@ -157,8 +157,11 @@ enum ProposalPurpose {
     },
     /// A channel leader's meta change (ISR shrink or expand); nobody waits.
     Internal,
-    /// A step of the controller's task on the channel.
-    Task(ChannelId),
+    /// A step of the controller's task on the channel, tagged by the controller.
+    Task {
+        channel: ChannelId,
+        tag: u64,
+    },
 }
 
 /// An append waiting for its channel's meta.
@@ -757,9 +760,10 @@ impl NodeCore {
             }
             let Some(action) = self.controller.poll_action() else { return };
             match action {
-                Action::Propose { channel, command } => {
-                    if let Err(error) = self.propose_for(&command, ProposalPurpose::Task(channel.clone())) {
-                        self.controller.proposal_done(self.now, &channel, Err(error));
+                Action::Propose { channel, tag, command } => {
+                    let purpose = ProposalPurpose::Task { channel: channel.clone(), tag };
+                    if let Err(error) = self.propose_for(&command, purpose) {
+                        self.controller.proposal_done(self.now, &channel, tag, Err(error));
                     }
                 }
                 Action::Send { to, message } => self.send_node(to, message),
@@ -794,6 +798,7 @@ impl NodeCore {
             pending_appends: u32::try_from(drain.pending_appends).unwrap_or(u32::MAX),
             log_end: drain.log_end,
             drained: drain.drained,
+            fenced_by: machine.meta().and_then(|m| m.write_fence).map(|f| f.task),
         };
         self.send_node(from, NodeMessage::EvidenceReply { task, channel, version, report });
     }
@@ -1238,8 +1243,8 @@ impl NodeCore {
                 self.remote_leaders.insert(*group, *leader);
             }
         }
-        if let ProposalPurpose::Task(channel) = &purpose {
-            self.controller.proposal_done(self.now, channel, result);
+        if let ProposalPurpose::Task { channel, tag } = &purpose {
+            self.controller.proposal_done(self.now, channel, *tag, result);
             return;
         }
         let applied = match result {
@@ -1258,7 +1263,7 @@ impl NodeCore {
                 Err(error) => self.done(api, ApiResult::Meta(Err(error))),
             },
             ProposalPurpose::Internal => {}
-            ProposalPurpose::Task(_) => {}
+            ProposalPurpose::Task { .. } => {}
         }
     }
 

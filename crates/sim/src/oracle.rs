@@ -11,7 +11,14 @@ const IDEMPOTENCY_WINDOW: u64 = 1024;
 
 enum Expect {
     Create(ChannelId),
-    Append { channel: ChannelId, payload: Bytes, key: Option<IdempotencyKey> },
+    /// `floor`: for a fresh append (not a retry of a key seen before), the highest seq of the channel
+    /// acknowledged before it was submitted — a linearizable log must place it above.
+    Append {
+        channel: ChannelId,
+        payload: Bytes,
+        key: Option<IdempotencyKey>,
+        floor: Option<Seq>,
+    },
 }
 
 /// Requests, answers and violations.
@@ -25,6 +32,8 @@ pub struct Oracle {
     key_seq: BTreeMap<(ChannelId, IdempotencyKey), Seq>,
     /// Keyed appends to retry: channel, key, payload.
     keyed: Vec<(ChannelId, IdempotencyKey, Bytes)>,
+    /// Every key submitted, acknowledged or not (a later request with one is a retry).
+    submitted_keys: BTreeSet<(ChannelId, IdempotencyKey)>,
     violations: Vec<String>,
 }
 
@@ -41,12 +50,15 @@ impl Oracle {
         payload: Bytes,
         key: Option<IdempotencyKey>,
     ) {
+        let mut fresh = true;
         if let Some(key) = &key {
             if !self.keyed.iter().any(|(c, k, _)| *c == channel && k == key) && self.keyed.len() < 1_000 {
                 self.keyed.push((channel.clone(), key.clone(), payload.clone()));
             }
+            fresh = self.submitted_keys.insert((channel.clone(), key.clone()));
         }
-        self.expected.insert(api, (node, Expect::Append { channel, payload, key }));
+        let floor = fresh.then(|| self.acked.get(&channel).and_then(|a| a.keys().next_back().copied())).flatten();
+        self.expected.insert(api, (node, Expect::Append { channel, payload, key, floor }));
     }
 
     pub fn pick_retry(&self, rng: &mut DetRng) -> Option<(ChannelId, IdempotencyKey, Bytes)> {
@@ -75,11 +87,16 @@ impl Oracle {
             (Expect::Create(channel), other) if std::env::var("SIM_DEBUG").is_ok() => {
                 eprintln!("create {channel}: {other:?}");
             }
-            (Expect::Append { channel, payload, key }, ApiResult::Appended(Ok(seqs))) => {
+            (Expect::Append { channel, payload, key, floor }, ApiResult::Appended(Ok(seqs))) => {
                 let Some(seq) = seqs.first().copied() else {
                     self.violation(format!("{channel}: append acknowledged without a seq"));
                     return;
                 };
+                if let Some(floor) = floor.filter(|floor| seq <= *floor) {
+                    self.violation(format!(
+                        "{channel}: append acknowledged at {seq}, but {floor} was acknowledged before it was submitted"
+                    ));
+                }
                 if let Some(key) = key {
                     match self.key_seq.get(&(channel.clone(), key.clone())) {
                         // Keys are remembered for the channel's last `IDEMPOTENCY_WINDOW` seqs; an older key
@@ -165,7 +182,7 @@ impl Oracle {
             .collect();
         if std::env::var("SIM_DEBUG").is_ok() {
             for (api, (node, e)) in &self.expected {
-                if let Expect::Append { channel, payload, key } = e {
+                if let Expect::Append { channel, payload, key, .. } = e {
                     eprintln!("unanswered {api:?} on {node}: {channel} {payload:?} key {key:?}");
                 }
             }

@@ -43,7 +43,7 @@ pub struct SimParams {
     pub io_error_ppm: u32,
     /// Per million per ms: a client request (append, retry or read) is issued.
     pub request_ppm: u32,
-    /// Metadata workload: user writes and authoritative reads beside the appends.
+    /// Metadata workload: user writes, subscriber changes and authoritative reads beside the appends.
     pub metadata_workload: bool,
     /// Controller workload: about one request in a hundred asks a random node to move a random
     /// channel's leadership to a random node, and as many to replace a random replica by a random node

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tidings::channel::machine::AppendRecord;
 use tidings::node::{carry_out_fanout, ApiId, ApiResult, NoFanout, NodeConfig, NodeCore, NodeEffect};
 use tidings::router::Router;
-use tidings::slot::command::{Command, RoutingKey};
+use tidings::slot::command::{Command, MemberList, RoutingKey};
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
 use tidings::slot::model::{Uid, User};
 use tidings::store::message::{
@@ -554,10 +554,26 @@ impl World {
             }
         }
         if roll >= 92 && self.params.metadata_workload {
-            // Metadata: write a new user, or read authoritatively in the group of one written before.
+            // Metadata: write a new user, change a channel's subscribers, or read authoritatively in the
+            // group of a user written before.
             let acked: Vec<Uid> = self.users_acked.values().flatten().cloned().collect();
             let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return };
-            if roll >= 96 || acked.is_empty() {
+            if (94..96).contains(&roll) && !acked.is_empty() {
+                // Subscriber changes: add or remove a few known users on a channel.
+                let channel =
+                    self.channels[usize::try_from(self.rng.below(self.channels.len() as u64)).unwrap_or(0)].clone();
+                let count = 1 + self.rng.below(3);
+                let uids: Vec<Uid> = (0..count)
+                    .map(|_| acked[usize::try_from(self.rng.below(acked.len() as u64)).unwrap_or(0)].clone())
+                    .collect();
+                let list = MemberList::Subscribers;
+                let command = if roll == 94 {
+                    Command::AddMembers { channel, list, uids }
+                } else {
+                    Command::RemoveMembers { channel, list, uids }
+                };
+                core.propose(now, api, command);
+            } else if roll >= 96 || acked.is_empty() {
                 let uid = Uid::new(format!("u{}", api.0)).expect("valid uid");
                 let user = User { uid: uid.clone(), name: format!("user {}", api.0), banned: false };
                 core.propose(now, api, Command::PutUser(user));
@@ -598,6 +614,40 @@ impl World {
         if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
             core.append(now, api, channel.clone(), vec![record]);
             self.oracle.expect_append(api, node, channel, payload, key);
+        }
+    }
+
+    /// Replicas of a slot group hold identical metadata at the same applied index, and after the
+    /// liveness phase every running replica of a group has applied as far as the others.
+    fn check_slot_replicas(&mut self) {
+        let table = self.nodes.values().next().expect("nodes").config.table();
+        for group in table.groups().collect::<Vec<_>>() {
+            let mut seen: Vec<(NodeId, u64, u64)> = Vec::new();
+            for (id, node) in &self.nodes {
+                let Some(applied) = node.core.as_ref().and_then(|c| c.slot().applied_index(group)) else { continue };
+                let kv: Arc<dyn Kv> = node.kv.clone();
+                let store = MetaStore::new(kv);
+                let mut digest = 0xcbf2_9ce4_8422_2325u64;
+                for slot in table.slots_of(group) {
+                    let entries = store.scan(slot, b"", None, usize::MAX).map(|p| p.entries).unwrap_or_default();
+                    for (key, value) in entries {
+                        for byte in [&slot.index().to_le_bytes()[..], &key, &value].concat() {
+                            digest = (digest ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+                        }
+                    }
+                }
+                seen.push((*id, applied, digest));
+            }
+            let Some(&(first, applied, digest)) = seen.first() else { continue };
+            for &(id, other_applied, other_digest) in &seen[1..] {
+                if other_applied != applied {
+                    self.oracle.violation(format!(
+                        "{group}: {first} applied through {applied}, {id} through {other_applied} after healing"
+                    ));
+                } else if other_digest != digest {
+                    self.oracle.violation(format!("{group}: {first} and {id} differ at applied index {applied}"));
+                }
+            }
         }
     }
 
@@ -688,6 +738,14 @@ impl World {
                 }
             }
         }
+        if std::env::var("SIM_DEBUG").is_ok() {
+            for node in self.nodes.values() {
+                for task in node.core.as_ref().map(|c| c.status().finished_tasks).unwrap_or_default() {
+                    eprintln!("{}: {task:?}", node.config.node);
+                }
+            }
+        }
+        self.check_slot_replicas();
         self.oracle.check_answered();
         for channel in &self.channels {
             if !self.probed.contains(channel) {

@@ -93,8 +93,10 @@ impl Default for ControllerConfig {
 /// Work for `NodeCore`.
 #[derive(Debug)]
 pub(crate) enum Action {
-    /// Propose a meta change of the channel; report the outcome with [`Controller::proposal_done`].
-    Propose { channel: ChannelId, command: Command },
+    /// Propose a meta change of the channel; report the outcome with [`Controller::proposal_done`],
+    /// echoing `tag` (unique per proposal), so a late outcome of an earlier step or an earlier task is
+    /// never taken for the current one.
+    Propose { channel: ChannelId, tag: u64, command: Command },
     /// Send a message (possibly to this node).
     Send { to: NodeId, message: NodeMessage },
     /// Learn the channel's current meta (feed it back through [`Controller::meta_seen`]).
@@ -120,7 +122,7 @@ enum Step {
     /// A CAS is proposed; `confirming` once its outcome was unclear and the controller waits to see the
     /// meta in force; `fetched` once the retry timer asked for it (a lost proposal is proposed again
     /// only then, so a group that refuses at once is not hammered).
-    Proposing { change: Change, proposed: ChannelRuntimeMeta, confirming: bool, fetched: bool },
+    Proposing { change: Change, proposed: ChannelRuntimeMeta, tag: u64, confirming: bool, fetched: bool },
     /// Fenced: asking ISR members for evidence (and drain status).
     Gathering,
     /// Unfenced: waiting for a replacement's new replica to catch up with the leader.
@@ -175,6 +177,8 @@ pub(crate) struct Controller {
     /// Slot groups this node led at the last tick.
     led: BTreeSet<GroupId>,
     next_task: u64,
+    /// Tags proposals (see [`Action::Propose`]).
+    next_tag: u64,
 }
 
 /// How many abandoned fences the repair loop tracks at once.
@@ -197,6 +201,7 @@ impl Controller {
             fences_seen: BTreeMap::new(),
             led: BTreeSet::new(),
             next_task: first_task,
+            next_tag: 0,
         }
     }
 
@@ -407,7 +412,7 @@ impl Controller {
             return;
         }
         match t.step {
-            Step::Gathering if t.meta.version == version => {
+            Step::Gathering if t.meta.version == version && report.fenced_by == t.meta.write_fence.map(|f| f.task) => {
                 t.evidence.insert(from, report);
                 self.evaluate(now, channel);
             }
@@ -420,9 +425,19 @@ impl Controller {
     }
 
     /// The outcome of a task's proposal.
-    pub(crate) fn proposal_done(&mut self, now: Time, channel: &ChannelId, result: Result<Outcome, ProposeError>) {
+    pub(crate) fn proposal_done(
+        &mut self,
+        now: Time,
+        channel: &ChannelId,
+        tag: u64,
+        result: Result<Outcome, ProposeError>,
+    ) {
         let Some(task) = self.tasks.get_mut(channel) else { return };
-        let Step::Proposing { change, proposed, confirming, .. } = &mut task.step else { return };
+        let Step::Proposing { change, proposed, confirming, tag: current, .. } = &mut task.step else { return };
+        if *current != tag {
+            // The outcome of an earlier step (which `meta_seen` already settled), or of another task.
+            return;
+        }
         let change = *change;
         match result {
             Ok(Outcome::Applied) => {
@@ -462,7 +477,7 @@ impl Controller {
             }
             return;
         }
-        let Step::Proposing { change, proposed, confirming, fetched } = &mut task.step else { return };
+        let Step::Proposing { change, proposed, confirming, fetched, .. } = &mut task.step else { return };
         if meta == proposed {
             let (change, proposed) = (*change, proposed.clone());
             self.applied(now, &meta.channel.clone(), change, proposed);
@@ -563,7 +578,9 @@ impl Controller {
         let Some(task) = self.tasks.get_mut(channel) else { return };
         let proof = (change == Change::Switch).then(|| switch_proof(task));
         let command = Command::CasRuntimeMeta { expected_version: task.meta.version, meta: next.clone(), proof };
-        task.step = Step::Proposing { change, proposed: next, confirming: false, fetched: false };
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        task.step = Step::Proposing { change, proposed: next, tag, confirming: false, fetched: false };
         if change != Change::Fence {
             // Past the drain: the deadline no longer applies.
             task.deadline = None;
@@ -571,7 +588,7 @@ impl Controller {
         // A proposal's outcome always arrives (raft-rs reports drops and timeouts); the timer is only a
         // backstop for confirmations.
         task.next_ask = now + self.config.ask_interval * 10;
-        self.actions.push_back(Action::Propose { channel: channel.clone(), command });
+        self.actions.push_back(Action::Propose { channel: channel.clone(), tag, command });
     }
 
     fn applied(&mut self, now: Time, channel: &ChannelId, change: Change, committed: ChannelRuntimeMeta) {

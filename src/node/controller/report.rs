@@ -45,6 +45,9 @@ pub struct EvidenceReport {
     pub log_end: Seq,
     /// Nothing pending, and HW, log end and durable end equal (a drained leader).
     pub drained: bool,
+    /// The task whose fence the replica's meta carries, if any: evidence counts only under the
+    /// requesting task's own fence (a meta of the same version but other content never passes).
+    pub fenced_by: Option<u64>,
 }
 
 /// Evidence as a report shows it.
