@@ -120,3 +120,32 @@ fn idle_channels_are_evicted_and_reactivate_without_loss() {
         assert_eq!(texts, vec![b"before".to_vec(), b"after".to_vec()], "node {n}");
     }
 }
+
+#[test]
+fn messages_of_an_older_leadership_are_refused_and_counted() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    let channel = ChannelId::new(ChannelType::GROUP, "epochs").unwrap();
+    cluster.create_channel(1, &channel);
+    let id = cluster.append(1, &channel, &["one"]);
+    cluster.run_for(500);
+    assert!(cluster.appended.contains_key(&id));
+    let before: Vec<_> = (1..=3).map(|n| cluster.core(n).status().channels).collect();
+    // A hint of leader epoch 0 (every replica is in epoch 1) from a cluster member.
+    let hint = tidings::channel::machine::PullHint {
+        channel: channel.clone(),
+        leader_epoch: tidings::types::LeaderEpoch::new(0),
+    };
+    let frame = tidings::frame::encode(&tidings::frame::Frame {
+        cluster: 1,
+        from: NodeId::new(2),
+        body: tidings::frame::FrameBody::Channel(tidings::channel::machine::ChannelMessage::Hint(hint)),
+    });
+    let now = cluster.now;
+    let stale_before = cluster.core(3).status().stale_messages;
+    cluster.core(3).handle_frame(now, NodeId::new(2), &frame).unwrap();
+    assert_eq!(cluster.core(3).status().stale_messages, stale_before + 1);
+    cluster.settle();
+    let after: Vec<_> = (1..=3).map(|n| cluster.core(n).status().channels).collect();
+    assert_eq!(before, after, "a stale message changes no replica");
+}

@@ -137,6 +137,9 @@ pub struct NodeStatus {
     pub refused_activations: u64,
     /// Raft messages in accepted frames that the slot layer refused (see `MultiRaft::refused_messages`).
     pub refused_raft_messages: u64,
+    /// Channel answers and hints of an older leader epoch than the meta in force, refused, plus raft
+    /// messages of an older term (raft-rs ignores or answers those; they change no state).
+    pub stale_messages: u64,
 }
 
 /// Who waits for an append the local machine admitted.
@@ -236,6 +239,7 @@ pub struct NodeCore {
     hw_floor: BTreeMap<ChannelId, Seq>,
     refused_frames: BTreeMap<&'static str, u64>,
     refused_activations: u64,
+    stale_messages: u64,
 }
 
 impl NodeCore {
@@ -298,6 +302,7 @@ impl NodeCore {
             hw_floor: BTreeMap::new(),
             refused_frames: BTreeMap::new(),
             refused_activations: 0,
+            stale_messages: 0,
             config,
         })
     }
@@ -348,6 +353,7 @@ impl NodeCore {
             refused_frames: self.refused_frames.clone(),
             refused_activations: self.refused_activations,
             refused_raft_messages: self.slot.refused_messages(),
+            stale_messages: self.stale_messages + self.slot.stale_messages(),
         }
     }
 
@@ -1019,6 +1025,17 @@ impl NodeCore {
 
     fn channel_message(&mut self, from: NodeId, message: ChannelMessage) {
         let channel = message.channel().clone();
+        // Answers and hints of an older leadership change nothing: refused here and counted. (A stale
+        // pull goes on: the leader answers it with `StaleEpoch`, which sends the follower for the meta.)
+        let epoch = match &message {
+            ChannelMessage::Hint(hint) => Some(hint.leader_epoch),
+            ChannelMessage::PullResponse(response) => Some(response.leader_epoch),
+            ChannelMessage::Pull(_) => None,
+        };
+        if epoch.is_some_and(|e| self.metas.get(&channel).is_some_and(|m| e < m.leader_epoch)) {
+            self.stale_messages += 1;
+            return;
+        }
         // New data keeps a channel in memory; replication keep-alives (empty answers to long polls) do
         // not, and do not bring an evicted replica back either.
         let news = match &message {

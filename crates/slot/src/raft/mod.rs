@@ -143,6 +143,8 @@ pub struct MultiRaft {
     /// Raft messages from the wire dropped before raft-rs saw them (undecodable, or ones a correct peer
     /// never sends: see `guard`).
     refused_messages: u64,
+    /// Raft messages of an older term than the group's (raft-rs ignores or answers them).
+    stale_messages: u64,
 }
 
 /// Proposal context carried in raft entries: who proposed and under which id.
@@ -198,6 +200,7 @@ impl MultiRaft {
             sync_requested: false,
             reassembly,
             refused_messages: 0,
+            stale_messages: 0,
             logger: slog::Logger::root(slog::Discard, slog::o!()),
             config,
         };
@@ -264,6 +267,12 @@ impl MultiRaft {
     /// or ones a correct peer never sends (raft-rs would abort on them). They changed nothing.
     pub fn refused_messages(&self) -> u64 {
         self.refused_messages
+    }
+
+    /// Raft messages received with a term older than their group's current one (raft-rs ignores them or
+    /// answers so their sender steps down; they change no state here).
+    pub fn stale_messages(&self) -> u64 {
+        self.stale_messages
     }
 
     /// `true` if this node leads `group`.
@@ -466,6 +475,9 @@ impl MultiRaft {
             if !guard::admissible(&g.raw, from.get(), self.config.node.get(), &message) {
                 self.refused_messages += 1;
                 return;
+            }
+            if message.term != 0 && message.term < g.raw.raft.term {
+                self.stale_messages += 1;
             }
             // raft-rs refuses local-only message types from the wire; other errors are stale messages.
             let _ = g.raw.step(message);
