@@ -1032,10 +1032,7 @@ impl NodeCore {
             ChannelMessage::PullResponse(response) => Some(response.leader_epoch),
             ChannelMessage::Pull(_) => None,
         };
-        if epoch.is_some_and(|e| self.metas.get(&channel).is_some_and(|m| e < m.leader_epoch)) {
-            self.stale_messages += 1;
-            return;
-        }
+
         // New data keeps a channel in memory; replication keep-alives (empty answers to long polls) do
         // not, and do not bring an evicted replica back either.
         let news = match &message {
@@ -1055,7 +1052,14 @@ impl NodeCore {
         self.activate(&channel);
         let now = self.now;
         match self.machine_mut(&channel) {
-            Some(machine) => machine.handle_message(now, from, message),
+            Some(machine) => {
+                // Checked against the replica's own meta: no extra lookup on the hot path.
+                if epoch.is_some_and(|e| machine.meta().is_some_and(|m| e < m.leader_epoch)) {
+                    self.stale_messages += 1;
+                } else {
+                    machine.handle_message(now, from, message);
+                }
+            }
             None => self.fetch_meta(&channel),
         }
     }
