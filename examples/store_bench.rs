@@ -13,78 +13,13 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use bytes::Bytes;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use support::{ceiling, figures, Figures, PER_SYNC, RECORD_BYTES};
-use tidings::store::message::{JournalConfig, JournalLog, LogBatch, LogOp, MessageLog, Record, RecordKind};
-use tidings::store::{Keyspace, Kv, KvBatch, SledKv};
-use tidings::types::{ChannelId, ChannelType, LeaderEpoch, Seq};
-
-fn channel(i: usize) -> ChannelId {
-    ChannelId::new(ChannelType::GROUP, &format!("bench-{i}")).expect("valid id")
-}
-
-/// Group commits of `PER_SYNC` records, one per channel, cycling through `channels` channels. As a
-/// durable-append worker does, one thread stages the next group while another runs the previous group's
-/// sync (at most two groups in flight). Latency is staging start to sync completion per group.
-fn journal_run(log: &Arc<JournalLog>, channels: &[ChannelId], next_seq: &mut [u64], commits: usize) -> Figures {
-    let payload = Bytes::from(vec![0x42u8; RECORD_BYTES]);
-    let (to_syncer, staged) = std::sync::mpsc::sync_channel::<Instant>(1);
-    let syncer = {
-        let log = Arc::clone(log);
-        std::thread::spawn(move || {
-            let mut latencies = Vec::with_capacity(commits);
-            while let Ok(started) = staged.recv() {
-                log.sync().expect("sync");
-                latencies.push(started.elapsed());
-            }
-            latencies
-        })
-    };
-    let mut cursor = 0;
-    let started = Instant::now();
-    for _ in 0..commits {
-        let t = Instant::now();
-        for _ in 0..PER_SYNC {
-            let i = cursor % channels.len();
-            cursor += 1;
-            let record = Record {
-                seq: Seq::new(next_seq[i]),
-                kind: RecordKind::Message,
-                leader_epoch: LeaderEpoch::new(1),
-                idempotency_key: None,
-                timestamp_ms: 0,
-                payload: payload.clone(),
-            };
-            next_seq[i] += 1;
-            log.stage(LogBatch::new(channels[i].clone(), vec![LogOp::Append(vec![record])])).expect("stage");
-        }
-        to_syncer.send(t).expect("syncer alive");
-    }
-    drop(to_syncer);
-    let latencies = syncer.join().expect("syncer");
-    figures(commits * PER_SYNC, started.elapsed(), latencies)
-}
-
-fn sled_alone(dir: &std::path::Path, batches: usize) -> Figures {
-    let kv = SledKv::open(dir.join("sled-alone"), 64 << 20).expect("open sled");
-    let payload = vec![0x42u8; RECORD_BYTES];
-    let mut latencies = Vec::with_capacity(batches);
-    let started = Instant::now();
-    for b in 0..batches {
-        let t = Instant::now();
-        let mut batch = KvBatch::new();
-        for r in 0..PER_SYNC {
-            let key = [&(r as u64).to_be_bytes()[..], &(b as u64).to_be_bytes()].concat();
-            batch.put(Keyspace::MessagePack, key, &payload);
-        }
-        kv.apply(batch).expect("apply");
-        kv.sync().expect("sync");
-        latencies.push(t.elapsed());
-    }
-    figures(batches * PER_SYNC, started.elapsed(), latencies)
-}
+use std::time::Duration;
+use support::store::{channel, journal_run, sled_alone};
+use support::{ceiling, PER_SYNC, RECORD_BYTES};
+use tidings::store::message::{JournalConfig, JournalLog};
+use tidings::store::{Kv, SledKv};
+use tidings::types::ChannelId;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let quick = std::env::args().any(|a| a == "--quick");

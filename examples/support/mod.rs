@@ -1,6 +1,10 @@
 //! Measurement helpers shared by the benchmark examples (`#[path]`-included; not an example itself).
 #![allow(dead_code)] // Each example uses part of it.
 
+pub mod cluster;
+pub mod raft_baseline;
+pub mod store;
+
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -15,7 +19,13 @@ pub struct Figures {
     pub rate: f64,
     pub p50: Duration,
     pub p99: Duration,
+    pub p999: Duration,
+    /// Latency at the per-milles of [`CDF_POINTS`] (for plots).
+    pub cdf: Vec<Duration>,
 }
+
+/// Per-milles at which [`Figures::cdf`] samples the latency distribution.
+pub const CDF_POINTS: [usize; 9] = [10, 100, 250, 500, 750, 900, 990, 999, 1000];
 
 /// The `per_mille`-th per-mille of sorted latencies (500 = median).
 pub fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
@@ -29,6 +39,8 @@ pub fn figures(records: usize, elapsed: Duration, mut latencies: Vec<Duration>) 
         rate: records as f64 / elapsed.as_secs_f64(),
         p50: percentile(&latencies, 500),
         p99: percentile(&latencies, 990),
+        p999: percentile(&latencies, 999),
+        cdf: CDF_POINTS.iter().map(|q| percentile(&latencies, *q)).collect(),
     }
 }
 

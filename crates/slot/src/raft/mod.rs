@@ -322,6 +322,10 @@ impl MultiRaft {
     fn prepare(&self, command: &Command) -> Result<(GroupId, Vec<u8>), ProposeError> {
         let slot = tidings_router::hash_slot(command.routing_key().bytes());
         let group = self.table.read().group_of(slot);
+        self.prepare_in(group, command)
+    }
+
+    fn prepare_in(&self, group: GroupId, command: &Command) -> Result<(GroupId, Vec<u8>), ProposeError> {
         let data = command.encode();
         if data.len() > self.config.proposal_bytes_max {
             return Err(ProposeError::TooLarge { bytes: data.len(), max: self.config.proposal_bytes_max });
@@ -396,6 +400,27 @@ impl MultiRaft {
             Some(_) => return Err(ProposeError::NotReady { group }),
             None => return Err(ProposeError::UnknownGroup { group }),
         }
+        let tracked = self.track(group);
+        debug_assert_eq!(tracked, id);
+        self.dirty = true;
+        Ok(ProposalId(id))
+    }
+
+    /// Proposes `command` to `group` on this node, its leader, whatever the command's hash slot: for tools
+    /// that drive groups outside the hash-slot table (the benchmark report's raft-per-channel baseline).
+    /// The entry commits like any other; the FSM then refuses a command whose slot the group does not own
+    /// (`Refusal::WrongSlot`). Fails with `NotLeader` on a non-leader.
+    pub fn propose_in(&mut self, now: Time, group: GroupId, command: &Command) -> Result<ProposalId, ProposeError> {
+        self.advance(now);
+        let (group, data) = self.prepare_in(group, command)?;
+        let id = self.next_proposal;
+        let me = self.config.node;
+        let g = self.groups.get_mut(&group).ok_or(ProposeError::UnknownGroup { group })?;
+        if g.raw.raft.state != StateRole::Leader {
+            let hint = (g.raw.raft.leader_id != 0).then(|| NodeId::new(g.raw.raft.leader_id));
+            return Err(ProposeError::NotLeader { group, hint });
+        }
+        g.raw.propose(encode_context(me, id), data).map_err(|_| ProposeError::Dropped)?;
         let tracked = self.track(group);
         debug_assert_eq!(tracked, id);
         self.dirty = true;

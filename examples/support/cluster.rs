@@ -1,0 +1,168 @@
+//! The in-process 3-node cluster the benchmark examples drive, and its closed- and open-loop load.
+
+use super::{figures, Figures, RECORD_BYTES};
+use bytes::Bytes;
+use crossbeam_channel::bounded;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tidings::channel::machine::AppendRecord;
+use tidings::mesh::InProcessMesh;
+use tidings::node::{NodeConfig, NodeError};
+use tidings::slot::model::{ChannelFlags, ChannelInfo};
+use tidings::types::{ChannelId, NodeId};
+use tidings::{AppendHandle, Node, StorageOptions};
+
+/// Client threads submitting appends.
+pub const CLIENTS: usize = 4;
+
+pub struct Cluster {
+    pub ids: Vec<NodeId>,
+    pub nodes: Vec<Arc<Node>>,
+    _mesh: Arc<InProcessMesh>,
+}
+
+impl Cluster {
+    pub fn start(root: &std::path::Path, tuned: bool) -> Cluster {
+        Self::start_with(root, tuned, |_| {})
+    }
+
+    /// Like [`Cluster::start`], with `tweak` applied to every node's configuration.
+    pub fn start_with(root: &std::path::Path, tuned: bool, tweak: impl Fn(&mut NodeConfig)) -> Cluster {
+        let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+        let mesh = InProcessMesh::new();
+        let nodes = ids
+            .iter()
+            .map(|id| {
+                let mut config = NodeConfig::new(*id, ids.clone());
+                if tuned {
+                    // Quieter idle channels: long polls park longer, followers go idle after one empty
+                    // pull and then pull every 4 s (a hint wakes them at once when data arrives).
+                    config.machine.pull_park = Duration::from_secs(3);
+                    config.machine.pull_timeout = Duration::from_secs(5);
+                    config.machine.idle_after_empty_pulls = 1;
+                    config.machine.idle_pull_interval = Duration::from_secs(4);
+                }
+                tweak(&mut config);
+                let mut storage = StorageOptions::new(root.join(format!("node-{id}")));
+                if tuned {
+                    // Fewer, larger sled packs when each channel gets a few messages per second.
+                    storage.journal.write_behind_interval = Duration::from_secs(30);
+                }
+                let node = Arc::new(Node::start(config, storage, mesh.transport(*id)).expect("node starts"));
+                mesh.attach(&node);
+                node
+            })
+            .collect();
+        Cluster { ids, nodes, _mesh: mesh }
+    }
+
+    /// The node that leads `channel` (placement's first replica).
+    pub fn leader(&self, channel: &ChannelId) -> &Arc<Node> {
+        let leader = NodeConfig::new(self.ids[0], self.ids.clone()).channel_placement(channel)[0];
+        &self.nodes[self.ids.iter().position(|id| *id == leader).expect("a cluster node")]
+    }
+
+    /// Creates `channels` from several threads (metadata writes batch in the slot groups' raft logs).
+    pub fn create(&self, channels: &[ChannelId]) {
+        std::thread::scope(|scope| {
+            for part in channels.chunks(channels.len().div_ceil(32)) {
+                scope.spawn(move || {
+                    for channel in part {
+                        let info = ChannelInfo { channel: channel.clone(), flags: ChannelFlags::default() };
+                        retry(|| match self.nodes[0].create_channel(info.clone()) {
+                            // Applied by an attempt whose answer was lost.
+                            Err(NodeError::NotApplied(_)) => Ok(()),
+                            other => other,
+                        });
+                    }
+                });
+            }
+        });
+    }
+
+    pub fn append(&self, channel: &ChannelId, payload: &Bytes) -> AppendHandle {
+        let record = AppendRecord { idempotency_key: None, payload: payload.clone() };
+        retry(|| self.leader(channel).append(channel.clone(), vec![record.clone()]))
+    }
+}
+
+pub fn retry<T>(mut call: impl FnMut() -> Result<T, NodeError>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match call() {
+            Ok(value) => return value,
+            Err(error) if Instant::now() < deadline => {
+                let _ = error;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(error) => panic!("gave up: {error}"),
+        }
+    }
+}
+
+/// Closed loop: each client keeps `in_flight / CLIENTS` appends outstanding over its share of channels.
+pub fn max_rate(cluster: &Cluster, channels: &[ChannelId], messages: usize, in_flight: usize) -> Figures {
+    let payload = Bytes::from(vec![0x42u8; RECORD_BYTES]);
+    let started = Instant::now();
+    let latencies: Vec<Duration> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..CLIENTS)
+            .map(|client| {
+                let payload = payload.clone();
+                scope.spawn(move || {
+                    let mut latencies = Vec::with_capacity(messages / CLIENTS);
+                    let mut pending: VecDeque<(Instant, AppendHandle)> = VecDeque::new();
+                    let mine: Vec<&ChannelId> = channels.iter().skip(client).step_by(CLIENTS).collect();
+                    let mine = if mine.is_empty() { channels.iter().collect() } else { mine };
+                    for i in 0..messages / CLIENTS {
+                        pending.push_back((Instant::now(), cluster.append(mine[i % mine.len()], &payload)));
+                        while pending.len() >= in_flight / CLIENTS {
+                            let (t, handle) = pending.pop_front().expect("non-empty");
+                            handle.wait().expect("append committed");
+                            latencies.push(t.elapsed());
+                        }
+                    }
+                    for (t, handle) in pending {
+                        handle.wait().expect("append committed");
+                        latencies.push(t.elapsed());
+                    }
+                    latencies
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("client")).collect()
+    });
+    let count = latencies.len();
+    figures(count, started.elapsed(), latencies)
+}
+
+/// Open loop at `rate` messages/s for `duration`: latency from each message's scheduled send time.
+pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Duration) -> Figures {
+    let payload = Bytes::from(vec![0x42u8; RECORD_BYTES]);
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A few hundred thousand at most.
+    let total = (rate * duration.as_secs_f64()) as usize;
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let (to_waiter, handles) = bounded::<(Instant, AppendHandle)>(1 << 20);
+    let started = Instant::now();
+    let latencies = std::thread::scope(|scope| {
+        let waiter = scope.spawn(move || {
+            let mut latencies = Vec::with_capacity(total);
+            for (scheduled, handle) in handles {
+                handle.wait().expect("append committed");
+                latencies.push(scheduled.elapsed());
+            }
+            latencies
+        });
+        for i in 0..total {
+            let scheduled = started + interval * u32::try_from(i).expect("fits");
+            if let Some(wait) = scheduled.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            let handle = cluster.append(&channels[i % channels.len()], &payload);
+            to_waiter.send((scheduled, handle)).expect("waiter alive");
+        }
+        drop(to_waiter);
+        waiter.join().expect("waiter")
+    });
+    figures(total, duration, latencies)
+}
