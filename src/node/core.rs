@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use tidings_channel::fanout::{FanoutEffect, FanoutPlanner, JobId, MessageRef, Target};
 use tidings_channel::machine::{
-    AppendAborted, AppendError, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken,
-    ReadToken, RequestId,
+    AppendAborted, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken, ReadToken,
+    RequestId,
 };
 use tidings_router::Router;
 use tidings_slot::command::{Command, MemberList, RoutingKey};
@@ -997,13 +997,7 @@ impl NodeCore {
             Ok(()) => {
                 self.appends.insert(request, (origin, sender));
             }
-            Err(error) => {
-                if let AppendError::Fenced { .. } = error {
-                    // A fence is transient and the meta that clears it may have been lost on its way.
-                    self.fetch_meta(channel);
-                }
-                self.fail_append(origin, RemoteAppendError::Refused(error))
-            }
+            Err(error) => self.fail_append(origin, RemoteAppendError::Refused(error)),
         }
     }
 

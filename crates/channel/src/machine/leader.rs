@@ -66,6 +66,8 @@ pub(super) struct LeaderState {
     became_at: Time,
     /// When silent ISR members were last woken by an append that could not be admitted.
     woken_at: Option<Time>,
+    /// When an append refused by a fence last asked for the meta in force.
+    fence_refresh_at: Option<Time>,
 }
 
 /// Silent ISR members are woken at most this often by refused appends.
@@ -84,6 +86,7 @@ impl LeaderState {
             proposal: None,
             became_at: now,
             woken_at: None,
+            fence_refresh_at: None,
         }
     }
 
@@ -213,8 +216,11 @@ impl ChannelMachine {
 
     pub(super) fn leader_append(&mut self, request: AppendRequest) -> Result<(), AppendError> {
         if let Err(error) = self.check_admission(&request) {
-            if matches!(error, AppendError::NotEnoughReplicas { .. }) {
-                self.wake_silent_isr();
+            match error {
+                AppendError::NotEnoughReplicas { .. } => self.wake_silent_isr(),
+                // A fence is transient, and the meta that clears it may have been lost on its way.
+                AppendError::Fenced { .. } => self.refresh_fenced_meta(),
+                _ => {}
             }
             return Err(error);
         }
@@ -351,6 +357,17 @@ impl ChannelMachine {
             let message = ChannelMessage::Hint(PullHint { channel: self.channel.clone(), leader_epoch });
             self.send(node, message);
         }
+    }
+
+    /// Asks the runtime for the meta in force, at most once per `WAKE_INTERVAL` however many appends the
+    /// fence refuses.
+    fn refresh_fenced_meta(&mut self) {
+        let Role::Leader(leader) = &mut self.role else { return };
+        if leader.fence_refresh_at.is_some_and(|at| self.now < at + WAKE_INTERVAL) {
+            return;
+        }
+        leader.fence_refresh_at = Some(self.now);
+        self.effects.push_back(Effect::RefreshMeta);
     }
 
     /// Sends a hint to the ISR members that have not pulled lately: an evicted or idle follower comes
