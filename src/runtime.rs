@@ -98,6 +98,7 @@ enum Call {
     ReadBarrier(RouteKey),
     TransferLeader { channel: ChannelId, target: NodeId },
     ReplaceReplica { channel: ChannelId, from: NodeId, to: NodeId },
+    SetGroupIntent(tidings_slot::model::GroupIntent),
 }
 
 /// A running node. Dropping it stops its threads (after a last write-behind).
@@ -269,6 +270,13 @@ impl Node {
         self.task(Call::ReplaceReplica { channel, from, to }, REPLACE_TIMEOUT)
     }
 
+    /// Sets the controller's intent for a slot group: its desired voters, the configuration epoch the
+    /// intent is for, and its preferred leader. The group's leader hands leadership to the preferred node
+    /// when that is safe (see `NodeStatus::leadership` for each decision and why).
+    pub fn set_group_intent(&self, intent: tidings_slot::model::GroupIntent) -> Result<(), NodeError> {
+        self.call(Call::SetGroupIntent(intent))
+    }
+
     fn task(&self, call: Call, timeout: Duration) -> Result<TaskReport, NodeError> {
         let (reply, receiver) = bounded(1);
         self.send_input(Input::Call { call, reply })?;
@@ -428,6 +436,7 @@ impl Shell {
                     }
                     Call::TransferLeader { channel, target } => self.core.transfer_leader(now, id, channel, target),
                     Call::ReplaceReplica { channel, from, to } => self.core.replace_replica(now, id, channel, from, to),
+                    Call::SetGroupIntent(intent) => self.core.set_group_intent(now, id, intent),
                 }
             }
             Input::Read { channel, from, limit, reply } => {

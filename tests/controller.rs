@@ -496,3 +496,63 @@ fn repair_replaces_a_dead_replica_when_the_isr_falls_below_min_isr() {
     assert_eq!(final_meta.replicas.len(), 3, "one dead replica left, the spare joined: {final_meta:?}");
     assert_all_readable(&mut cluster, spare.get(), &room, &acked);
 }
+
+/// The node leading `group`, if any running node leads it.
+fn group_leader(cluster: &mut Cluster, group: tidings::types::GroupId) -> Option<u64> {
+    let ids: Vec<u64> = cluster.nodes.iter().filter(|(_, n)| n.core.is_some()).map(|(id, _)| id.get()).collect();
+    ids.into_iter().find(|n| cluster.core(*n).slot().is_leader(group))
+}
+
+#[test]
+fn slot_groups_move_to_their_preferred_leader_only_when_the_intent_fits() {
+    use tidings::node::Reconcile;
+    use tidings::slot::model::GroupIntent;
+    use tidings::types::{ConfigEpoch, GroupId};
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    let group = GroupId::new(1);
+    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+    let members = NodeConfig { slot_groups: 4, ..NodeConfig::new(NodeId::new(1), ids) }
+        .slot_group_members()
+        .into_iter()
+        .find(|(g, _)| *g == group)
+        .unwrap()
+        .1;
+    let leader = group_leader(&mut cluster, group).expect("group 1 has a leader");
+    let preferred = members.iter().copied().find(|n| n.get() != leader).unwrap();
+    let set = |cluster: &mut Cluster, intent: GroupIntent| {
+        let id = cluster.api();
+        let now = cluster.now;
+        cluster.core(1).set_group_intent(now, id, intent);
+        cluster.run_for(300);
+        assert_eq!(cluster.results.get(&id).map(String::as_str), Some("Meta(Ok(()))"));
+    };
+    // An intent whose voters do not match: the leader does nothing and says why.
+    let mut wrong = members.clone();
+    wrong.pop();
+    set(
+        &mut cluster,
+        GroupIntent { group, desired_peers: wrong, config_epoch: ConfigEpoch::new(0), preferred_leader: preferred },
+    );
+    cluster.run_for(2_000);
+    assert_eq!(group_leader(&mut cluster, group), Some(leader));
+    let decision = cluster.core(leader).status().leadership.into_iter().find(|(g, _)| *g == group).map(|(_, d)| d);
+    assert!(matches!(decision, Some(Reconcile::VoterMismatch { .. })), "{decision:?}");
+    // A fresh, fitting intent: leadership moves to the preferred node, which then has nothing to do.
+    set(
+        &mut cluster,
+        GroupIntent {
+            group,
+            desired_peers: members.clone(),
+            config_epoch: ConfigEpoch::new(0),
+            preferred_leader: preferred,
+        },
+    );
+    assert!(cluster.run_until(10_000, |c| group_leader(c, group) == Some(preferred.get())), "leadership moved");
+    cluster.run_for(1_500);
+    let decision =
+        cluster.core(preferred.get()).status().leadership.into_iter().find(|(g, _)| *g == group).map(|(_, d)| d);
+    assert_eq!(decision, Some(Reconcile::AlreadyPreferred));
+    // Metadata keeps working through the move.
+    cluster.create_channel(2, &channel("after-move"));
+}

@@ -4,7 +4,7 @@
 //! drives the same code.
 
 use super::config::NodeConfig;
-use super::controller::{Action, Controller, EvidenceReport, TaskReport, TaskStatus};
+use super::controller::{Action, Controller, EvidenceReport, PreferredLeaders, Reconcile, TaskReport, TaskStatus};
 use super::error::NodeError;
 use super::fanout::FanoutAnswer;
 use super::message::{NodeMessage, RemoteAppendError};
@@ -131,6 +131,8 @@ pub struct NodeStatus {
     pub tasks: Vec<TaskStatus>,
     /// The last tasks it finished, oldest first.
     pub finished_tasks: Vec<TaskReport>,
+    /// Preferred-leader reconciliation: the last decision for each slot group this node leads.
+    pub leadership: Vec<(GroupId, Reconcile)>,
     /// Inbound frames refused since start, by reason ([`FrameError::kind`]); they changed nothing.
     pub refused_frames: BTreeMap<&'static str, u64>,
     /// Channel activations refused because `active_channels_max` replicas were active and none idle.
@@ -231,6 +233,7 @@ pub struct NodeCore {
     /// Which channel each fanout job belongs to (to release its handoff slot when done).
     fanout_jobs: BTreeMap<JobId, ChannelId>,
     controller: Controller,
+    preferred: PreferredLeaders,
     /// Messages this node sends to itself (the controller asking its own replica), handled in `pump`.
     loopback: VecDeque<NodeMessage>,
     /// Channels whose local replica is named leader but cannot lead: when to ask for a failover next.
@@ -297,6 +300,7 @@ impl NodeCore {
             fanout_waiting: VecDeque::new(),
             fanout_jobs: BTreeMap::new(),
             controller,
+            preferred: PreferredLeaders::default(),
             loopback: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
             hw_floor: BTreeMap::new(),
@@ -350,6 +354,7 @@ impl NodeCore {
             channels,
             tasks: self.controller.status(),
             finished_tasks: self.controller.reports(),
+            leadership: self.preferred.decisions(),
             refused_frames: self.refused_frames.clone(),
             refused_activations: self.refused_activations,
             refused_raft_messages: self.slot.refused_messages(),
@@ -375,7 +380,7 @@ impl NodeCore {
         // Machines touched since the last drain may have moved their timer earlier than the index says.
         let touched = self.dirty.iter().filter_map(|c| self.channels.get(c)?.poll_timeout());
         let indexed = self.timers.first().map(|(t, _)| *t);
-        let controller = self.controller.poll_timeout();
+        let controller = self.controller.poll_timeout().min(self.preferred.poll_timeout());
         let cannot_lead = self.cannot_lead.values().min().copied();
         touched.chain(indexed).chain(cannot_lead).fold(self.slot.poll_timeout().min(controller), Time::min)
     }
@@ -420,6 +425,9 @@ impl NodeCore {
             }
         }
         self.controller.tick(self.now, &self.slot, &self.reader);
+        let table = self.slot.table();
+        let me = self.config.node;
+        self.preferred.tick(self.now, &self.config.controller, me, &mut self.slot, &self.reader, &table);
         self.request_failovers();
         if self.now >= self.next_evict_scan {
             self.next_evict_scan = self.now + EVICT_SCAN_INTERVAL;
@@ -737,6 +745,18 @@ impl NodeCore {
         if let Err(error) = start(&mut self.controller, self.now, meta) {
             self.done(id, ApiResult::Task(Err(error.into())));
         }
+    }
+
+    /// Sets the controller's intent for a slot group (desired voters, configuration epoch, preferred
+    /// leader), replicated through the group itself; the group's leader then reconciles towards it.
+    /// [`NodeEffect::Done`] with [`ApiResult::Meta`] follows.
+    pub fn set_group_intent(&mut self, now: Time, id: ApiId, intent: tidings_slot::model::GroupIntent) {
+        self.advance(now);
+        let Some(route) = tidings_slot::command::group_intent_route(&self.slot.table(), intent.group) else {
+            self.done(id, ApiResult::Meta(Err(NodeError::NotServed(intent.group))));
+            return;
+        };
+        self.propose(now, id, Command::PutGroupIntent { route, intent });
     }
 
     /// Asks for a failover of every channel whose local replica is named leader but cannot lead, at

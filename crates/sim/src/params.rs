@@ -46,8 +46,8 @@ pub struct SimParams {
     /// Metadata workload: user writes, subscriber changes and authoritative reads beside the appends.
     pub metadata_workload: bool,
     /// Controller workload: about one request in a hundred asks a random node to move a random
-    /// channel's leadership to a random node, and as many to replace a random replica by a random node
-    /// (refusals included).
+    /// channel's leadership to a random node, as many to replace a random replica by a random node
+    /// (refusals included), and as many set a slot group's preferred leader to a random member.
     pub leader_transfers: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,

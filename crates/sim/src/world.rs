@@ -12,12 +12,12 @@ use tidings::node::{carry_out_fanout, ApiId, ApiResult, NoFanout, NodeConfig, No
 use tidings::router::Router;
 use tidings::slot::command::{Command, MemberList, RoutingKey};
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
-use tidings::slot::model::{Uid, User};
+use tidings::slot::model::{GroupIntent, Uid, User};
 use tidings::store::message::{
     IdempotencyKey, LogBatch, LogFailOp, LogLimits, MemoryLog, MessageLog, ReadLimits, Record,
 };
 use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
-use tidings::types::{ChannelId, ChannelType, DetRng, GroupId, NodeId, Seq, Time};
+use tidings::types::{ChannelId, ChannelType, ConfigEpoch, DetRng, GroupId, NodeId, Seq, Time};
 
 /// What a run did, and what it found.
 #[derive(Clone, Debug)]
@@ -587,6 +587,24 @@ impl World {
             return;
         }
         let channel = self.channels[usize::try_from(self.rng.below(self.channels.len() as u64)).unwrap_or(0)].clone();
+        if roll == 89 && self.params.leader_transfers {
+            // A slot group's preferred leader: a random member (the group's leader hands over when it fits).
+            let config = self.nodes[&node].config.clone();
+            let members = config.slot_group_members();
+            let (group, peers) = members[usize::try_from(self.rng.below(members.len() as u64)).unwrap_or(0)].clone();
+            let preferred = *self.rng.pick(&peers).expect("members");
+            let intent = GroupIntent {
+                group,
+                desired_peers: peers,
+                config_epoch: ConfigEpoch::new(0),
+                preferred_leader: preferred,
+            };
+            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
+                core.set_group_intent(now, api, intent);
+                self.faults.transfers += 1;
+            }
+            return;
+        }
         if (roll == 90 || roll == 91) && self.params.leader_transfers {
             let target = *self.rng.pick(&ids).expect("nodes");
             let from = *self.rng.pick(&ids).expect("nodes");

@@ -2,8 +2,8 @@
 //! from a newer version clearly instead of misreading it.
 
 use crate::model::{
-    ChannelFlags, ChannelInfo, CmdBinding, Device, Membership, MessageEvent, MigrationTask, PluginBinding, SwitchProof,
-    Uid, User,
+    ChannelFlags, ChannelInfo, CmdBinding, Device, GroupIntent, Membership, MessageEvent, MigrationTask, PluginBinding,
+    SwitchProof, Uid, User,
 };
 use serde::{Deserialize, Serialize};
 use tidings_types::{ChannelId, ChannelRuntimeMeta};
@@ -129,6 +129,14 @@ pub enum Command {
         /// The event.
         event: MessageEvent,
     },
+    /// Sets the controller's intent for a slot group. `route` is the group's intent routing key under
+    /// the current table ([`group_intent_route`]): the command lands in the group it is about.
+    PutGroupIntent {
+        /// Routing bytes that hash to a slot of the group.
+        route: Vec<u8>,
+        /// The intent.
+        intent: GroupIntent,
+    },
 }
 
 /// What a command's hash slot is computed from.
@@ -137,6 +145,8 @@ pub enum RoutingKey<'a> {
     Uid(&'a Uid),
     /// A channel.
     Channel(&'a ChannelId),
+    /// Raw routing bytes (group-level records, see [`group_intent_route`]).
+    Raw(&'a [u8]),
 }
 
 impl RoutingKey<'_> {
@@ -145,6 +155,7 @@ impl RoutingKey<'_> {
         match self {
             RoutingKey::Uid(uid) => uid.as_str().as_bytes(),
             RoutingKey::Channel(channel) => channel.route_key(),
+            RoutingKey::Raw(bytes) => bytes,
         }
     }
 }
@@ -172,6 +183,7 @@ impl Command {
             | AppendMessageEvent { channel, .. } => RoutingKey::Channel(channel),
             CreateRuntimeMeta(meta) | CasRuntimeMeta { meta, .. } => RoutingKey::Channel(&meta.channel),
             PutMigrationTask(task) => RoutingKey::Channel(&task.channel),
+            PutGroupIntent { route, .. } => RoutingKey::Raw(route),
         }
     }
 
@@ -210,4 +222,12 @@ pub enum DecodeError {
         /// Newest supported.
         max: u16,
     },
+}
+
+/// Routing bytes for `group`'s intent under `table`: the first of `group-intent/<group>/<n>` whose hash
+/// slot the group owns, so the intent is stored in (and replicated by) the group it describes.
+pub fn group_intent_route(table: &tidings_router::HashToSlot, group: tidings_types::GroupId) -> Option<Vec<u8>> {
+    (0u32..100_000)
+        .map(|n| format!("group-intent/{}/{n}", group.get()).into_bytes())
+        .find(|route| table.group_of_key(route) == group)
 }

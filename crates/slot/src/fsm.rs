@@ -314,6 +314,14 @@ impl SlotFsm {
                 overlay.put(slot, Key::new(Kind::Task).channel(&task.channel).u64(task.id).build(), task);
                 Outcome::Applied
             }
+            PutGroupIntent { intent, .. } => {
+                if intent.group != self.group {
+                    // Routed here by a table that gave the slot to this group, but about another one.
+                    return Ok(Outcome::Refused(Refusal::WrongSlot { slot, owner: intent.group }));
+                }
+                overlay.put(slot, Key::new(Kind::GroupIntent).u64(u64::from(intent.group.get())).build(), intent);
+                Outcome::Applied
+            }
             RemoveMigrationTask { channel, id } => {
                 overlay.delete(slot, Key::new(Kind::Task).channel(channel).u64(*id).build());
                 Outcome::Applied

@@ -21,6 +21,7 @@ pub(crate) enum Kind {
     Task = b't',
     Plugin = b'p',
     Event = b'e',
+    GroupIntent = b'g',
 }
 
 /// Builds keys from segments.

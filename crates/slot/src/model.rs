@@ -162,3 +162,17 @@ pub struct SwitchProof {
     /// `(replica, last leader epoch, last seq)` evidence.
     pub evidence: Vec<(NodeId, LeaderEpoch, Seq)>,
 }
+
+/// The controller's intent for one slot group, replicated through the group itself: who should be its
+/// voters, under which configuration epoch, and who should lead it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupIntent {
+    /// The group.
+    pub group: tidings_types::GroupId,
+    /// The voters the group should have.
+    pub desired_peers: Vec<tidings_types::NodeId>,
+    /// The configuration epoch the intent was made for: an intent for another epoch is stale.
+    pub config_epoch: tidings_types::ConfigEpoch,
+    /// The node that should lead the group.
+    pub preferred_leader: tidings_types::NodeId,
+}

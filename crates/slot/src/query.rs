@@ -4,7 +4,7 @@
 use crate::command::MemberList;
 use crate::keys::{read_uid, Key, Kind};
 use crate::model::{
-    ChannelInfo, CmdBinding, Device, Membership, MessageEvent, MigrationTask, PluginBinding, Uid, User,
+    ChannelInfo, CmdBinding, Device, GroupIntent, Membership, MessageEvent, MigrationTask, PluginBinding, Uid, User,
 };
 use serde::de::DeserializeOwned;
 use tidings_router::hash_slot;
@@ -121,6 +121,16 @@ impl SlotReader {
     /// A migration task.
     pub fn task(&self, channel: &ChannelId, id: u64) -> StoreResult<Option<MigrationTask>> {
         self.get(channel_slot(channel), Key::new(Kind::Task).channel(channel).u64(id).build())
+    }
+
+    /// The controller's intent for `group`, stored in the slot its intent route hashes to under `table`.
+    pub fn group_intent(
+        &self,
+        table: &tidings_router::HashToSlot,
+        group: tidings_types::GroupId,
+    ) -> StoreResult<Option<GroupIntent>> {
+        let Some(route) = crate::command::group_intent_route(table, group) else { return Ok(None) };
+        self.get(hash_slot(&route), Key::new(Kind::GroupIntent).u64(u64::from(group.get())).build())
     }
 
     /// A plugin binding.

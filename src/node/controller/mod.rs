@@ -22,12 +22,19 @@
 //!   (a page per step): a channel whose leader is down gets a failover; a fence nobody moves gets taken
 //!   over. At most `tasks_max` tasks run at once.
 //!
-//! Simplified for now: replica replacement, node drain and the slot-group side (preferred leaders,
-//! replica moves, hash-slot migration) are not here yet.
+//! * **Preferred slot-group leaders** (`preferred`): each group's leader hands leadership to the
+//!   preferred node of the group's replicated intent only when it is safe and useful, and records why
+//!   not otherwise.
+//!
+//! Simplified for now: node drain and the rest of the slot-group side (replica moves through joint
+//! consensus, hash-slot migration) are not here yet; slot-group membership is static configuration.
 
 mod liveness;
+mod preferred;
 mod report;
 
+pub(crate) use preferred::PreferredLeaders;
+pub use preferred::Reconcile;
 pub use report::{EvidenceEntry, EvidenceReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus};
 
 use super::core::ApiId;
@@ -69,6 +76,10 @@ pub struct ControllerConfig {
     pub fence_takeover_after: Duration,
     /// Finished task reports kept for status.
     pub reports_max: usize,
+    /// A slot group's leader checks the group's preferred leader this often.
+    pub reconcile_interval: Duration,
+    /// After handing a group's leadership to its preferred node, no other transfer of that group for this long.
+    pub transfer_cooldown: Duration,
 }
 
 impl Default for ControllerConfig {
@@ -86,6 +97,8 @@ impl Default for ControllerConfig {
             replace_down_after: Duration::from_secs(30),
             fence_takeover_after: Duration::from_secs(5),
             reports_max: 64,
+            reconcile_interval: Duration::from_secs(1),
+            transfer_cooldown: Duration::from_secs(10),
         }
     }
 }

@@ -63,6 +63,12 @@ pub struct GroupStatus {
     pub learners: Vec<NodeId>,
     /// On the leader: each peer's match index and whether it was recently active.
     pub peers: Vec<(NodeId, u64, bool)>,
+    /// The configuration is joint (a membership change has not left its joint state).
+    pub joint: bool,
+    /// On the leader: a leadership transfer in flight, to this node.
+    pub transferring: Option<NodeId>,
+    /// The group's configuration epoch (membership changes bump it; none are made yet, so 0).
+    pub config_epoch: ConfigEpoch,
 }
 
 /// A proposal of this node waiting for its outcome.
@@ -304,7 +310,23 @@ impl MultiRaft {
             voters: conf.voters.iter().copied().map(NodeId::new).collect(),
             learners: conf.learners.iter().copied().map(NodeId::new).collect(),
             peers,
+            joint: !conf.voters_outgoing.is_empty(),
+            transferring: raw.raft.lead_transferee.map(NodeId::new),
+            config_epoch: ConfigEpoch::new(0),
         })
+    }
+
+    /// Starts moving `group`'s leadership to `to` (this node must lead it; raft-rs catches `to` up first
+    /// and gives up after an election timeout). `false` if this node does not lead the group.
+    pub fn transfer_leader(&mut self, now: Time, group: GroupId, to: NodeId) -> bool {
+        self.advance(now);
+        let Some(g) = self.groups.get_mut(&group) else { return false };
+        if g.raw.raft.state != StateRole::Leader {
+            return false;
+        }
+        g.raw.transfer_leader(to.get());
+        self.dirty = true;
+        true
     }
 
     /// Proposes `command` through `leader`, for a group this node does not serve (the caller resolved the

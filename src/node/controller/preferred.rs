@@ -1,0 +1,226 @@
+//! Preferred-leader reconciliation for slot groups. The controller's intent for a group (desired voters,
+//! configuration epoch, preferred leader) is replicated through the group itself
+//! (`Command::PutGroupIntent`); the group's actual leader checks it periodically and hands leadership
+//! to the preferred node only when everything says it is safe and useful. Any other case does nothing
+//! and records why — it never picks another node instead.
+
+use super::ControllerConfig;
+use std::collections::BTreeMap;
+use tidings_router::HashToSlot;
+use tidings_slot::model::GroupIntent;
+use tidings_slot::query::SlotReader;
+use tidings_slot::raft::{GroupStatus, MultiRaft};
+use tidings_types::{ConfigEpoch, GroupId, NodeId, Time};
+
+/// What reconciliation decided for one group on its leader, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reconcile {
+    /// Leadership is being handed to the preferred node.
+    Transfer {
+        /// The preferred node.
+        to: NodeId,
+    },
+    /// This node is the preferred leader.
+    AlreadyPreferred,
+    /// No intent was set for the group.
+    NoIntent,
+    /// The intent was made for another configuration epoch.
+    StaleIntent {
+        /// The intent's epoch.
+        intent: ConfigEpoch,
+        /// The group's epoch.
+        current: ConfigEpoch,
+    },
+    /// The configuration is joint (a membership change is in progress).
+    JointConfig,
+    /// The voters are not exactly the desired peers.
+    VoterMismatch {
+        /// Voters in force.
+        voters: Vec<NodeId>,
+        /// Voters the intent wants.
+        desired: Vec<NodeId>,
+    },
+    /// The preferred node is not a voter.
+    TargetNotVoter(NodeId),
+    /// A transfer is already in flight.
+    TransferInFlight(NodeId),
+    /// The preferred node was not recently active.
+    TargetInactive(NodeId),
+    /// The preferred node has not caught up with the commit index.
+    TargetLagging {
+        /// Its match index.
+        matched: u64,
+        /// The commit index.
+        commit: u64,
+    },
+    /// A transfer was made recently; the next may not come before this time (no flapping).
+    Cooldown {
+        /// End of the cooldown.
+        until: Time,
+    },
+}
+
+/// Decides for a group this node (`me`) leads.
+pub(crate) fn decide(
+    intent: Option<&GroupIntent>,
+    status: &GroupStatus,
+    me: NodeId,
+    now: Time,
+    cooldown_until: Option<Time>,
+) -> Reconcile {
+    let Some(intent) = intent else { return Reconcile::NoIntent };
+    if intent.config_epoch != status.config_epoch {
+        return Reconcile::StaleIntent { intent: intent.config_epoch, current: status.config_epoch };
+    }
+    if status.joint {
+        return Reconcile::JointConfig;
+    }
+    let (mut voters, mut desired) = (status.voters.clone(), intent.desired_peers.clone());
+    voters.sort_unstable();
+    desired.sort_unstable();
+    if voters != desired {
+        return Reconcile::VoterMismatch { voters, desired };
+    }
+    let target = intent.preferred_leader;
+    if target == me {
+        return Reconcile::AlreadyPreferred;
+    }
+    if !voters.contains(&target) {
+        return Reconcile::TargetNotVoter(target);
+    }
+    if let Some(to) = status.transferring {
+        return Reconcile::TransferInFlight(to);
+    }
+    let Some(&(_, matched, active)) = status.peers.iter().find(|(n, _, _)| *n == target) else {
+        return Reconcile::TargetInactive(target);
+    };
+    if !active {
+        return Reconcile::TargetInactive(target);
+    }
+    if matched < status.commit {
+        return Reconcile::TargetLagging { matched, commit: status.commit };
+    }
+    if let Some(until) = cooldown_until.filter(|until| now < *until) {
+        return Reconcile::Cooldown { until };
+    }
+    Reconcile::Transfer { to: target }
+}
+
+/// The reconciliation loop of one node: every `reconcile_interval`, each group it leads.
+#[derive(Debug, Default)]
+pub(crate) struct PreferredLeaders {
+    next_at: Time,
+    cooldown_until: BTreeMap<GroupId, Time>,
+    decisions: BTreeMap<GroupId, Reconcile>,
+}
+
+impl PreferredLeaders {
+    /// When the next pass is due.
+    pub(crate) fn poll_timeout(&self) -> Time {
+        self.next_at
+    }
+
+    /// The last decision per group this node led.
+    pub(crate) fn decisions(&self) -> Vec<(GroupId, Reconcile)> {
+        self.decisions.iter().map(|(g, d)| (*g, d.clone())).collect()
+    }
+
+    /// One pass, if due.
+    pub(crate) fn tick(
+        &mut self,
+        now: Time,
+        config: &ControllerConfig,
+        me: NodeId,
+        slot: &mut MultiRaft,
+        reader: &SlotReader,
+        table: &HashToSlot,
+    ) {
+        if now < self.next_at {
+            return;
+        }
+        self.next_at = now + config.reconcile_interval;
+        let led: Vec<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
+        self.decisions.retain(|g, _| led.contains(g));
+        for group in led {
+            let Some(status) = slot.status(group) else { continue };
+            let intent = match reader.group_intent(table, group) {
+                Ok(intent) => intent,
+                Err(error) => {
+                    tracing::warn!(%error, %group, "reconcile: cannot read the group's intent");
+                    continue;
+                }
+            };
+            let decision = decide(intent.as_ref(), &status, me, now, self.cooldown_until.get(&group).copied());
+            if let Reconcile::Transfer { to } = decision {
+                if slot.transfer_leader(now, group, to) {
+                    tracing::info!(%group, %to, "reconcile: handing leadership to the preferred node");
+                    self.cooldown_until.insert(group, now + config.transfer_cooldown);
+                }
+            }
+            self.decisions.insert(group, decision);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(id: u64) -> NodeId {
+        NodeId::new(id)
+    }
+
+    fn status() -> GroupStatus {
+        GroupStatus {
+            group: GroupId::new(1),
+            leader: Some(n(1)),
+            term: 3,
+            commit: 10,
+            applied: 10,
+            voters: vec![n(1), n(2), n(3)],
+            learners: vec![],
+            peers: vec![(n(1), 10, true), (n(2), 10, true), (n(3), 10, true)],
+            joint: false,
+            transferring: None,
+            config_epoch: ConfigEpoch::new(0),
+        }
+    }
+
+    fn intent(preferred: u64) -> GroupIntent {
+        GroupIntent {
+            group: GroupId::new(1),
+            desired_peers: vec![n(3), n(2), n(1)],
+            config_epoch: ConfigEpoch::new(0),
+            preferred_leader: n(preferred),
+        }
+    }
+
+    #[test]
+    fn transfers_only_when_every_condition_holds_and_says_why_not_otherwise() {
+        let now = Time::from_millis(50_000);
+        let me = n(1);
+        assert_eq!(decide(Some(&intent(2)), &status(), me, now, None), Reconcile::Transfer { to: n(2) });
+        assert_eq!(decide(None, &status(), me, now, None), Reconcile::NoIntent);
+        assert_eq!(decide(Some(&intent(1)), &status(), me, now, None), Reconcile::AlreadyPreferred);
+        let stale = GroupIntent { config_epoch: ConfigEpoch::new(7), ..intent(2) };
+        assert!(matches!(decide(Some(&stale), &status(), me, now, None), Reconcile::StaleIntent { .. }));
+        let joint = GroupStatus { joint: true, ..status() };
+        assert_eq!(decide(Some(&intent(2)), &joint, me, now, None), Reconcile::JointConfig);
+        let other_peers = GroupIntent { desired_peers: vec![n(1), n(2), n(4)], ..intent(2) };
+        assert!(matches!(decide(Some(&other_peers), &status(), me, now, None), Reconcile::VoterMismatch { .. }));
+        let outsider = GroupIntent { desired_peers: vec![n(1), n(2), n(3)], ..intent(9) };
+        assert_eq!(decide(Some(&outsider), &status(), me, now, None), Reconcile::TargetNotVoter(n(9)));
+        let busy = GroupStatus { transferring: Some(n(3)), ..status() };
+        assert_eq!(decide(Some(&intent(2)), &busy, me, now, None), Reconcile::TransferInFlight(n(3)));
+        let quiet = GroupStatus { peers: vec![(n(1), 10, true), (n(2), 10, false), (n(3), 10, true)], ..status() };
+        assert_eq!(decide(Some(&intent(2)), &quiet, me, now, None), Reconcile::TargetInactive(n(2)));
+        let behind = GroupStatus { peers: vec![(n(1), 10, true), (n(2), 8, true), (n(3), 10, true)], ..status() };
+        assert_eq!(
+            decide(Some(&intent(2)), &behind, me, now, None),
+            Reconcile::TargetLagging { matched: 8, commit: 10 }
+        );
+        let until = now + std::time::Duration::from_secs(5);
+        assert_eq!(decide(Some(&intent(2)), &status(), me, now, Some(until)), Reconcile::Cooldown { until });
+        assert_eq!(decide(Some(&intent(2)), &status(), me, until, Some(until)), Reconcile::Transfer { to: n(2) });
+    }
+}
