@@ -117,7 +117,8 @@ struct WriteBehindItem {
     changes: u64,
 }
 
-/// The journal + sled message log. See the [module docs](self).
+/// The journal + sled message log: segments of CRC-framed batches made durable with one `fdatasync` per
+/// sync, written behind into sled (see the [`message`](crate::message) module docs).
 pub struct JournalLog {
     kv: Arc<dyn Kv>,
     config: JournalConfig,
