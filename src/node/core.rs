@@ -820,7 +820,8 @@ impl NodeCore {
         let report = EvidenceReport {
             last_epoch: evidence.last_epoch,
             last_seq: evidence.last_seq,
-            hw: evidence.hw,
+            // The HW in memory: the checkpointed one may trail it, and a replacement counts holders of HW.
+            hw: drain.hw.max(evidence.hw),
             pending_appends: u32::try_from(drain.pending_appends).unwrap_or(u32::MAX),
             log_end: drain.log_end,
             drained: drain.drained,

@@ -750,11 +750,14 @@ impl Controller {
                 };
                 // Every committed record must stay on MinISR members of the new ISR. `to` may already be
                 // one of the holders (the leader puts a caught-up learner in the ISR itself), so count
-                // the holders rather than assume `to` adds one.
-                let hw = leader.map_or(tidings_types::Seq::new(u64::MAX), |l| l.hw);
+                // the holders rather than assume `to` adds one. The bar is the leader's log end, not its
+                // HW: under this fence (which does not freeze) HW may still rise to the log end under the
+                // old ISR before the switch commits.
+                let bar = leader.map_or(tidings_types::Seq::new(u64::MAX), |l| l.log_end);
                 let new_isr: BTreeSet<NodeId> =
                     meta.isr.iter().copied().chain(std::iter::once(to)).filter(|n| *n != from).collect();
-                let holders = new_isr.iter().filter(|n| task.evidence.get(n).is_some_and(|e| e.last_seq >= hw)).count();
+                let holders =
+                    new_isr.iter().filter(|n| task.evidence.get(n).is_some_and(|e| e.last_seq >= bar)).count();
                 // Only a change of leader needs the evidence quorum (the slot FSM checks it as proof).
                 let leader_moves = from == meta.leader;
                 if !caught_up || holders < usize::from(meta.min_isr) || (leader_moves && have < need) {

@@ -37,7 +37,7 @@ pub struct EvidenceReport {
     pub last_epoch: LeaderEpoch,
     /// Its last durable seq.
     pub last_seq: Seq,
-    /// Its high watermark.
+    /// Its high watermark as it stands in memory (not the checkpoint, which may trail).
     pub hw: Seq,
     /// Appends admitted and not completed (a leader's; 0 elsewhere).
     pub pending_appends: u32,

@@ -63,6 +63,10 @@ pub(super) struct LeaderState {
     reported: Seq,
     /// A meta change proposed and not yet answered: (when, version it was based on).
     proposal: Option<(Time, u64)>,
+    /// An ISR this leader proposed, with the meta version it was based on, until a newer meta is in force.
+    /// HW counts under it too: a shrink that commits late must not find committed records on fewer than
+    /// MinISR of the ISR it leaves (a failover's evidence quorum relies on that).
+    pending_isr: Option<(u64, Vec<NodeId>)>,
     became_at: Time,
     /// When silent ISR members were last woken by an append that could not be admitted.
     woken_at: Option<Time>,
@@ -84,6 +88,7 @@ impl LeaderState {
             reserved: VecDeque::new(),
             reported: Seq::new(0),
             proposal: None,
+            pending_isr: None,
             became_at: now,
             woken_at: None,
             fence_refresh_at: None,
@@ -210,6 +215,9 @@ impl ChannelMachine {
         }
         if leader.proposal.is_some_and(|(_, version)| meta.version > version) {
             leader.proposal = None;
+        }
+        if leader.pending_isr.as_ref().is_some_and(|(version, _)| meta.version > *version) {
+            leader.pending_isr = None;
         }
         self.leader_recompute_hw();
     }
@@ -531,13 +539,19 @@ impl ChannelMachine {
         let end = self.log.end;
         let me = self.me;
         let Some(leader) = self.leader() else { return };
-        let mut matches: Vec<Seq> = meta
-            .isr
-            .iter()
-            .map(|n| if *n == me { own } else { leader.progress.get(n).map_or(Seq::new(0), |p| p.match_seq) })
-            .collect();
-        matches.sort_unstable_by(|a, b| b.cmp(a));
-        let Some(candidate) = matches.get(usize::from(meta.min_isr) - 1).copied() else { return };
+        let min_isr = usize::from(meta.min_isr);
+        let quorum_match = |isr: &[NodeId]| -> Option<Seq> {
+            let mut matches: Vec<Seq> = isr
+                .iter()
+                .map(|n| if *n == me { own } else { leader.progress.get(n).map_or(Seq::new(0), |p| p.match_seq) })
+                .collect();
+            matches.sort_unstable_by(|a, b| b.cmp(a));
+            matches.get(min_isr - 1).copied()
+        };
+        let Some(mut candidate) = quorum_match(&meta.isr) else { return };
+        if let Some((_, proposed)) = &leader.pending_isr {
+            candidate = candidate.min(quorum_match(proposed).unwrap_or(Seq::new(0)));
+        }
         let candidate = candidate.min(end);
         let barrier_rule = !self.config.unsafe_test_switches.skip_barrier_rule;
         let Some(leader) = self.leader() else { return };
@@ -643,6 +657,7 @@ impl ChannelMachine {
         let now = self.now;
         let Some(leader) = self.leader() else { return };
         leader.proposal = Some((now, meta.version));
+        leader.pending_isr = Some((meta.version, isr.clone()));
         let mut next = meta.clone();
         next.isr = isr;
         next.version += 1;
