@@ -479,6 +479,13 @@ impl Controller {
     /// A meta of `channel` this node saw (applied, pushed or fetched): settles a confirmation.
     pub(crate) fn meta_seen(&mut self, now: Time, meta: &ChannelRuntimeMeta) {
         let Some(task) = self.tasks.get_mut(&meta.channel) else { return };
+        if matches!(task.step, Step::Gathering) && meta.version > task.meta.version {
+            // Someone else moved the meta past this task's fence (another controller finished or took
+            // it over): its switch can no longer commit, and its evidence is moot.
+            let task = self.tasks.remove(&meta.channel).expect("present");
+            self.finish(now, task, Err(TaskError::MetaChanged));
+            return;
+        }
         if matches!(task.step, Step::CatchingUp) && meta.version > task.meta.version {
             // The leader may move its ISR meanwhile (it adds the caught-up learner itself): follow it,
             // or give up if the meta no longer fits the replacement.
@@ -938,6 +945,8 @@ impl Controller {
             let Ok(Some(meta)) = reader.runtime_meta(&channel) else { continue };
             let Some(fence) = meta.write_fence else { continue };
             if self.tasks.contains_key(&channel) {
+                // A local task on the channel (not the fence's owner) must end first: look again later.
+                self.fences_seen.insert(channel, (fence.task, now));
                 continue;
             }
             if fence.freeze_replication || self.is_down(meta.leader, now) {
