@@ -40,12 +40,13 @@ fn a_batch_of_seeds_passes() {
 /// messages — found by the linearizability check), 25316, 27024, 104161 and 105524 (a replacement counted
 /// holders of the checkpointed HW, which trails the real one, and could leave committed records on fewer
 /// than MinISR members), 122608 (a task left gathering under a meta others had moved on blocked the
-/// takeover of a later fence forever).
+/// takeover of a later fence forever), 152521 (a restarted ISR follower was not woken while an append
+/// waited for it: the leader now hints silent ISR followers every pull timeout while appends wait).
 #[test]
 fn seeds_that_once_failed_pass() {
-    for seed in
-        [8, 62, 5, 23, 31, 50, 52, 91, 946, 6806, 10500, 14754, 15114, 204, 25316, 27024, 104161, 105524, 122608]
-    {
+    for seed in [
+        8, 62, 5, 23, 31, 50, 52, 91, 946, 6806, 10500, 14754, 15114, 204, 25316, 27024, 104161, 105524, 122608, 152521,
+    ] {
         assert_passes(&run_seed(seed));
     }
 }

@@ -98,6 +98,11 @@ impl LeaderState {
     pub(super) fn next_timeout(&self, config: &MachineConfig, now: Time) -> Option<Time> {
         let parked = self.progress.values().filter_map(|p| p.parked.map(|parked| parked.deadline)).min();
         let append = self.pending.front().map(|p| p.admitted_at + config.append_timeout);
+        // Appends waiting: wake silent ISR followers every `pull_timeout` (see `wake_isr_silent_for`).
+        let wake = self.pending.front().map(|p| {
+            let first = p.admitted_at + config.pull_timeout;
+            self.woken_at.map_or(first, |at| first.max(at + config.pull_timeout))
+        });
         let proposal = self.proposal.map(|(at, _)| at + config.proposal_timeout);
         // ISR checks are due when a follower's lag bound expires; one already past was checked then.
         let isr = self
@@ -106,7 +111,7 @@ impl LeaderState {
             .map(|p| (p.caught_up_at + config.isr_lag).max(self.became_at + config.isr_lag))
             .filter(|at| *at > now)
             .min();
-        [parked, append, isr, proposal].into_iter().flatten().min()
+        [parked, append, wake, isr, proposal].into_iter().flatten().min()
     }
 
     /// The lowest match among every other replica (learners included): records at or below it are needed
@@ -381,12 +386,18 @@ impl ChannelMachine {
     /// Sends a hint to the ISR members that have not pulled lately: an evicted or idle follower comes
     /// back only on news, and an append refused for want of live replicas makes none.
     fn wake_silent_isr(&mut self) {
+        self.wake_isr_silent_for(self.config.isr_alive, WAKE_INTERVAL);
+    }
+
+    /// Hints the ISR members that have not pulled for `silent` (at most once per `every`): a follower that
+    /// restarted comes back only on news, and appends waiting for it to commit make none.
+    fn wake_isr_silent_for(&mut self, silent: std::time::Duration, every: std::time::Duration) {
         let (Some(meta), Role::Leader(leader)) = (&self.meta, &mut self.role) else { return };
-        if leader.woken_at.is_some_and(|at| self.now < at + WAKE_INTERVAL) {
+        if leader.woken_at.is_some_and(|at| self.now < at + every) {
             return;
         }
         leader.woken_at = Some(self.now);
-        let alive_after = self.now - self.config.isr_alive;
+        let alive_after = self.now - silent;
         let silent: Vec<NodeId> = meta
             .isr
             .iter()
@@ -615,6 +626,10 @@ impl ChannelMachine {
         }
         for id in timed_out {
             self.effects.push_back(Effect::AppendDone { id, result: Err(AppendAborted::Timeout) });
+        }
+        let waiting_since = self.leader().and_then(|l| l.pending.front().map(|p| p.admitted_at));
+        if waiting_since.is_some_and(|at| at + self.config.pull_timeout <= now) {
+            self.wake_isr_silent_for(self.config.pull_timeout, self.config.pull_timeout);
         }
         self.maybe_propose_shrink();
     }
