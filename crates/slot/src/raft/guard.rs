@@ -28,6 +28,13 @@ pub(crate) fn admissible<S: Storage>(raw: &RawNode<S>, from: u64, me: u64, messa
         }
         // A follower cannot have matched beyond the leader's log.
         MessageType::MsgAppendResponse => message.reject || message.index <= log.last_index(),
+        // raft-rs forwards these to the leader when it is not one itself, and aborts if the forwarded
+        // message carries a term it did not set. This driver forwards proposals its own way, so on the
+        // wire they are only ever for the leader; proposals and read requests travel without a term.
+        MessageType::MsgPropose | MessageType::MsgReadIndex => {
+            raw.raft.state == raft::StateRole::Leader && message.term == 0
+        }
+        MessageType::MsgTransferLeader => raw.raft.state == raft::StateRole::Leader,
         _ => true,
     }
 }
