@@ -737,7 +737,7 @@ impl NodeCore {
         start: impl FnOnce(&mut Controller, Time, ChannelRuntimeMeta) -> Result<(), super::controller::TaskError>,
     ) {
         self.advance(now);
-        let Some(meta) = self.metas.get(&channel).cloned() else {
+        let Some(meta) = self.known_meta(&channel) else {
             self.fetch_meta(&channel);
             self.done(id, ApiResult::Task(Err(NodeError::UnknownChannel(channel))));
             return;
@@ -886,6 +886,35 @@ impl NodeCore {
                     self.resumable.insert(channel.clone(), meta.leader_epoch);
                 }
             }
+            self.forget_meta_if_stored(&channel);
+        }
+    }
+
+    /// The meta this node knows for `channel`: in memory, or (for an evicted replica whose meta was let go)
+    /// read back from this node's replica of the channel's slot group.
+    fn known_meta(&mut self, channel: &ChannelId) -> Option<ChannelRuntimeMeta> {
+        if let Some(meta) = self.metas.get(channel) {
+            return Some(meta.clone());
+        }
+        if !self.serves_group_of(channel) {
+            return None;
+        }
+        let meta = self.reader.runtime_meta(channel).ok().flatten()?;
+        self.metas.insert(channel.clone(), meta.clone());
+        Some(meta)
+    }
+
+    /// Lets go of an evicted replica's meta when this node's slot replica keeps it (read back on the next
+    /// use), so an idle channel costs little more than its log.
+    fn forget_meta_if_stored(&mut self, channel: &ChannelId) {
+        if !self.serves_group_of(channel) {
+            return;
+        }
+        // Only when the stored one is at least as new: reading back an older meta would be a step back.
+        let known = self.metas.get(channel).map(|m| m.version);
+        let stored = self.reader.runtime_meta(channel).ok().flatten().map(|m| m.version);
+        if stored.is_some() && stored >= known {
+            self.metas.remove(channel);
         }
     }
 
@@ -902,10 +931,11 @@ impl NodeCore {
         if let Some(machine) = self.deactivate(&victim) {
             if machine.role() == tidings_channel::machine::RoleKind::Leader {
                 if let Some(meta) = machine.meta() {
-                    self.resumable.insert(victim, meta.leader_epoch);
+                    self.resumable.insert(victim.clone(), meta.leader_epoch);
                 }
             }
         }
+        self.forget_meta_if_stored(&victim);
         true
     }
 
@@ -933,7 +963,7 @@ impl NodeCore {
         if self.channels.contains_key(channel) {
             return;
         }
-        let Some(meta) = self.metas.get(channel).cloned() else { return };
+        let Some(meta) = self.known_meta(channel) else { return };
         if !meta.is_replica(self.config.node) {
             return;
         }
