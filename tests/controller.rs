@@ -19,6 +19,16 @@ fn stored_meta(cluster: &mut Cluster, n: u64, channel: &ChannelId) -> ChannelRun
     cluster.core(n).reader().runtime_meta(channel).unwrap().expect("meta stored")
 }
 
+/// Three nodes, settled, and a channel created through node 1, with its meta.
+fn three_nodes_and_a_channel(name: &str) -> (Cluster, ChannelId, ChannelRuntimeMeta) {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    let room = channel(name);
+    cluster.create_channel(1, &room);
+    let meta = stored_meta(&mut cluster, 1, &room);
+    (cluster, room, meta)
+}
+
 /// Finished task reports for `channel` on every running node.
 fn reports(cluster: &mut Cluster, channel: &ChannelId) -> Vec<TaskReport> {
     let ids: Vec<u64> = cluster.nodes.keys().map(|n| n.get()).collect();
@@ -66,11 +76,7 @@ fn assert_all_readable(cluster: &mut Cluster, n: u64, channel: &ChannelId, acked
 
 #[test]
 fn failover_after_the_leaders_node_crashes_loses_no_acknowledged_message() {
-    let mut cluster = Cluster::new(3);
-    cluster.run_for(3_000);
-    let lobby = channel("lobby");
-    cluster.create_channel(1, &lobby);
-    let old = stored_meta(&mut cluster, 1, &lobby);
+    let (mut cluster, lobby, old) = three_nodes_and_a_channel("lobby");
     let follower = old.replicas.iter().copied().find(|n| *n != old.leader).unwrap().get();
     let mut acked = append_acked(&mut cluster, follower, &lobby, "before", 20);
 
@@ -98,11 +104,7 @@ fn failover_after_the_leaders_node_crashes_loses_no_acknowledged_message() {
 
 #[test]
 fn leader_transfer_drains_then_switches() {
-    let mut cluster = Cluster::new(3);
-    cluster.run_for(3_000);
-    let room = channel("room");
-    cluster.create_channel(1, &room);
-    let old = stored_meta(&mut cluster, 1, &room);
+    let (mut cluster, room, old) = three_nodes_and_a_channel("room");
     let mut acked = append_acked(&mut cluster, 1, &room, "m", 10);
     let target = old.replicas.iter().copied().find(|n| *n != old.leader).unwrap();
     let id = cluster.api();
@@ -126,11 +128,7 @@ fn leader_transfer_drains_then_switches() {
 
 #[test]
 fn transfers_that_cannot_work_are_refused_with_the_reason() {
-    let mut cluster = Cluster::new(3);
-    cluster.run_for(3_000);
-    let room = channel("refusals");
-    cluster.create_channel(1, &room);
-    let meta = stored_meta(&mut cluster, 1, &room);
+    let (mut cluster, room, meta) = three_nodes_and_a_channel("refusals");
     let now = cluster.now;
     let ask = |cluster: &mut Cluster, channel: ChannelId, target: NodeId| {
         let id = cluster.api();
@@ -167,11 +165,7 @@ fn transfers_that_cannot_work_are_refused_with_the_reason() {
 
 #[test]
 fn a_transfer_whose_target_cannot_catch_up_unfences_and_keeps_the_leader() {
-    let mut cluster = Cluster::new(3);
-    cluster.run_for(3_000);
-    let room = channel("stuck");
-    cluster.create_channel(1, &room);
-    let old = stored_meta(&mut cluster, 1, &room);
+    let (mut cluster, room, old) = three_nodes_and_a_channel("stuck");
     let target = old.replicas.iter().copied().find(|n| *n != old.leader).unwrap();
     let other = old.replicas.iter().copied().find(|n| *n != old.leader && *n != target).unwrap();
     // The target is cut off; a message commits on the other two, so the target lags behind it.
@@ -193,23 +187,41 @@ fn a_transfer_whose_target_cannot_catch_up_unfences_and_keeps_the_leader() {
 fn five_nodes_and_a_channel() -> (Cluster, ChannelId, u64, u64, u64, u64) {
     let mut cluster = Cluster::new(5);
     cluster.run_for(3_000);
-    let ids: Vec<NodeId> = (1..=5).map(NodeId::new).collect();
-    let config = NodeConfig { slot_groups: 4, ..NodeConfig::new(NodeId::new(1), ids) };
-    let members = config.slot_group_members();
-    for i in 0.. {
-        let candidate = channel(&format!("five-{i}"));
-        let replicas = config.channel_placement(&candidate);
-        let group = config.table().group_of_key(candidate.route_key());
-        let slot_members = &members.iter().find(|(g, _)| *g == group).unwrap().1;
-        let (l, b, c) = (replicas[0], replicas[1], replicas[2]);
-        if slot_members.contains(&l) && slot_members.contains(&b) {
-            continue;
-        }
-        let s = slot_members.iter().copied().find(|n| *n != l && *n != b).unwrap();
-        cluster.create_channel(c.get(), &candidate);
-        return (cluster, candidate, l.get(), b.get(), c.get(), s.get());
-    }
-    unreachable!()
+    let (room, replicas, slot_members) =
+        find_channel(5, "five", |replicas, slot| !(slot.contains(&replicas[0]) && slot.contains(&replicas[1])));
+    let (l, b, c) = (replicas[0], replicas[1], replicas[2]);
+    let s = slot_members.iter().copied().find(|n| *n != l && *n != b).unwrap();
+    cluster.create_channel(c.get(), &room);
+    (cluster, room, l.get(), b.get(), c.get(), s.get())
+}
+
+/// The configuration the harness gives node 1 in a cluster of `nodes` (placement and slot groups are
+/// the same on every node).
+fn harness_config(nodes: u64) -> NodeConfig {
+    let ids: Vec<NodeId> = (1..=nodes).map(NodeId::new).collect();
+    NodeConfig { slot_groups: 4, ..NodeConfig::new(NodeId::new(1), ids) }
+}
+
+/// The members of slot group `group` in a cluster of `nodes`.
+fn slot_members(nodes: u64, group: tidings::types::GroupId) -> Vec<NodeId> {
+    harness_config(nodes).slot_group_members().into_iter().find(|(g, _)| *g == group).unwrap().1
+}
+
+/// The first channel `<prefix>-<i>` whose replicas (leader first) and slot-group members satisfy `fits`.
+fn find_channel(
+    nodes: u64,
+    prefix: &str,
+    fits: impl Fn(&[NodeId], &[NodeId]) -> bool,
+) -> (ChannelId, Vec<NodeId>, Vec<NodeId>) {
+    let config = harness_config(nodes);
+    (0..)
+        .find_map(|i| {
+            let candidate = channel(&format!("{prefix}-{i}"));
+            let replicas = config.channel_placement(&candidate);
+            let members = slot_members(nodes, config.table().group_of_key(candidate.route_key()));
+            fits(&replicas, &members).then_some((candidate, replicas, members))
+        })
+        .unwrap()
 }
 
 /// The task running for `channel` on any node, with the node.
@@ -363,11 +375,7 @@ fn fences_left_by_a_vanished_controller_are_taken_over_in_every_phase() {
 
 #[test]
 fn a_leader_that_restarts_before_anyone_notices_gets_a_failover_it_asked_for() {
-    let mut cluster = Cluster::new(3);
-    cluster.run_for(3_000);
-    let room = channel("quick-restart");
-    cluster.create_channel(1, &room);
-    let old = stored_meta(&mut cluster, 1, &room);
+    let (mut cluster, room, old) = three_nodes_and_a_channel("quick-restart");
     let follower = old.replicas.iter().copied().find(|n| *n != old.leader).unwrap().get();
     let mut acked = append_acked(&mut cluster, follower, &room, "a", 5);
     // Back within a fraction of the failure-detection time: nobody saw it down, but its replica must
@@ -456,20 +464,9 @@ fn repair_replaces_a_dead_replica_when_the_isr_falls_below_min_isr() {
     let mut cluster =
         Cluster::with(4, |config| config.controller.replace_down_after = std::time::Duration::from_secs(3));
     cluster.run_for(3_000);
-    let ids: Vec<NodeId> = (1..=4).map(NodeId::new).collect();
-    let config = NodeConfig { slot_groups: 4, ..NodeConfig::new(NodeId::new(1), ids) };
-    let members = config.slot_group_members();
     // A channel whose two followers can die while its slot group keeps a quorum.
-    let (room, meta) = (0..)
-        .find_map(|i| {
-            let candidate = channel(&format!("repair-{i}"));
-            let replicas = config.channel_placement(&candidate);
-            let group = config.table().group_of_key(candidate.route_key());
-            let slot_members = &members.iter().find(|(g, _)| *g == group).unwrap().1;
-            let lost = slot_members.iter().filter(|n| replicas[1..].contains(n)).count();
-            (lost <= 1).then_some((candidate, replicas))
-        })
-        .unwrap();
+    let (room, meta, _) =
+        find_channel(4, "repair", |replicas, slot| slot.iter().filter(|n| replicas[1..].contains(n)).count() <= 1);
     cluster.create_channel(meta[0].get(), &room);
     let leader = meta[0].get();
     let mut acked = append_acked(&mut cluster, leader, &room, "a", 10);
@@ -511,13 +508,7 @@ fn slot_groups_move_to_their_preferred_leader_only_when_the_intent_fits() {
     let mut cluster = Cluster::new(3);
     cluster.run_for(3_000);
     let group = GroupId::new(1);
-    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
-    let members = NodeConfig { slot_groups: 4, ..NodeConfig::new(NodeId::new(1), ids) }
-        .slot_group_members()
-        .into_iter()
-        .find(|(g, _)| *g == group)
-        .unwrap()
-        .1;
+    let members = slot_members(3, group);
     let leader = group_leader(&mut cluster, group).expect("group 1 has a leader");
     let preferred = members.iter().copied().find(|n| n.get() != leader).unwrap();
     let set = |cluster: &mut Cluster, intent: GroupIntent| {

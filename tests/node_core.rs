@@ -9,7 +9,7 @@ use support::{records, Cluster};
 use tidings::frame::FrameError;
 use tidings::node::NodeError;
 use tidings::slot::command::Command;
-use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
+use tidings::slot::model::{Uid, User};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
 
 #[test]
@@ -17,17 +17,10 @@ fn three_nodes_create_append_forward_and_read() {
     let mut cluster = Cluster::new(3);
     cluster.run_for(5_000);
     let channel = ChannelId::new(ChannelType::GROUP, "lobby").unwrap();
-    let create = cluster.api();
-    let now = cluster.now;
-    cluster.core(1).create_channel(
-        now,
-        create,
-        ChannelInfo { channel: channel.clone(), flags: ChannelFlags::default() },
-    );
-    cluster.run_for(2_000);
-    assert_eq!(cluster.results.get(&create).map(String::as_str), Some("Meta(Ok(()))"));
+    cluster.create_channel(1, &channel);
     // Metadata writes work from any node too.
     let user = cluster.api();
+    let now = cluster.now;
     cluster.core(2).propose(
         now,
         user,
@@ -89,14 +82,7 @@ fn idle_channels_are_evicted_and_reactivate_without_loss() {
     let mut cluster = Cluster::with(3, |config| config.channel_idle_evict = Duration::from_secs(3));
     cluster.run_for(5_000);
     let channel = ChannelId::new(ChannelType::GROUP, "sleepy").unwrap();
-    let create = cluster.api();
-    let now = cluster.now;
-    cluster.core(1).create_channel(
-        now,
-        create,
-        ChannelInfo { channel: channel.clone(), flags: ChannelFlags::default() },
-    );
-    cluster.run_for(2_000);
+    cluster.create_channel(1, &channel);
     let first = cluster.api();
     let now = cluster.now;
     cluster.core(2).append(now, first, channel.clone(), records(&["before"]));

@@ -270,18 +270,22 @@ impl Controller {
     /// Pings, task retries and deadlines, and one repair step.
     pub(crate) fn tick(&mut self, now: Time, slot: &MultiRaft, reader: &SlotReader) {
         if now >= self.next_ping {
+            // Pings, and the views that only change at failure-detection granularity (kept off the
+            // per-tick path, which runs for every channel timer).
             self.next_ping = now + self.config.ping_interval;
             let peers: Vec<NodeId> = self.liveness.peers().collect();
             for to in peers {
                 self.actions.push_back(Action::Send { to, message: NodeMessage::Ping });
             }
+            let down: BTreeSet<NodeId> = self.liveness.down(now).collect();
+            let led: BTreeSet<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
+            if down.iter().any(|n| !self.down.contains(n)) || led.iter().any(|g| !self.led.contains(g)) {
+                // Someone just went down, or this node just took over a group: look at its channels now.
+                self.scan.next_pass = self.scan.next_pass.min(now);
+            }
+            self.down = down;
+            self.led = led;
         }
-        let down: BTreeSet<NodeId> = self.liveness.down(now).collect();
-        if down.iter().any(|n| !self.down.contains(n)) {
-            // Someone just went down: look for its channels now.
-            self.scan.next_pass = self.scan.next_pass.min(now);
-        }
-        self.down = down;
         let due: Vec<ChannelId> = self
             .tasks
             .iter()
@@ -291,12 +295,6 @@ impl Controller {
         for channel in due {
             self.task_timer(now, &channel);
         }
-        let led: BTreeSet<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
-        if led.iter().any(|g| !self.led.contains(g)) {
-            // Newly leading a group: learn its fences and down leaders now.
-            self.scan.next_pass = self.scan.next_pass.min(now);
-        }
-        self.led = led;
         self.take_over_fences(now, reader);
         if now >= self.scan.next_pass {
             self.repair_step(now, slot, reader);
