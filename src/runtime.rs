@@ -34,7 +34,7 @@ use tidings_slot::model::{ChannelInfo, Uid};
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{JournalConfig, JournalLog, LogBatch, MessageLog, ReadLimits, Record, WriteBehindThread};
 use tidings_store::{Kv, MetaStore, RaftLogStore, SledKv, StoreError};
-use tidings_types::{ChannelId, NodeId, Seq, Time};
+use tidings_types::{ChannelId, GroupId, NodeId, Seq, Time};
 
 /// How a node sends frames to its peers. Implemented by the host (its network stack).
 pub trait Transport: Send + Sync + 'static {
@@ -99,6 +99,8 @@ enum Call {
     TransferLeader { channel: ChannelId, target: NodeId },
     ReplaceReplica { channel: ChannelId, from: NodeId, to: NodeId },
     SetGroupIntent(tidings_slot::model::GroupIntent),
+    MoveSlotReplica { group: GroupId, from: NodeId, to: NodeId },
+    AbortSlotMove(GroupId),
 }
 
 /// A running node. Dropping it stops its threads (after a last write-behind).
@@ -277,6 +279,18 @@ impl Node {
         self.call(Call::SetGroupIntent(intent))
     }
 
+    /// Starts moving `group`'s replica from voter `from` to node `to` (see [`NodeCore::move_slot_replica`]).
+    /// Returns once the move is recorded; the group's leader carries it out, and
+    /// [`NodeStatus::leadership`] on that leader shows its step.
+    pub fn move_slot_replica(&self, group: GroupId, from: NodeId, to: NodeId) -> Result<(), NodeError> {
+        self.call(Call::MoveSlotReplica { group, from, to })
+    }
+
+    /// Abandons `group`'s replica move (see [`NodeCore::abort_slot_move`]).
+    pub fn abort_slot_move(&self, group: GroupId) -> Result<(), NodeError> {
+        self.call(Call::AbortSlotMove(group))
+    }
+
     fn task(&self, call: Call, timeout: Duration) -> Result<TaskReport, NodeError> {
         let (reply, receiver) = bounded(1);
         self.send_input(Input::Call { call, reply })?;
@@ -437,6 +451,8 @@ impl Shell {
                     Call::TransferLeader { channel, target } => self.core.transfer_leader(now, id, channel, target),
                     Call::ReplaceReplica { channel, from, to } => self.core.replace_replica(now, id, channel, from, to),
                     Call::SetGroupIntent(intent) => self.core.set_group_intent(now, id, intent),
+                    Call::MoveSlotReplica { group, from, to } => self.core.move_slot_replica(now, id, group, from, to),
+                    Call::AbortSlotMove(group) => self.core.abort_slot_move(now, id, group),
                 }
             }
             Input::Read { channel, from, limit, reply } => {

@@ -523,7 +523,13 @@ fn slot_groups_move_to_their_preferred_leader_only_when_the_intent_fits() {
     wrong.pop();
     set(
         &mut cluster,
-        GroupIntent { group, desired_peers: wrong, config_epoch: ConfigEpoch::new(0), preferred_leader: preferred },
+        GroupIntent {
+            group,
+            desired_peers: wrong,
+            config_epoch: ConfigEpoch::new(0),
+            preferred_leader: Some(preferred),
+            target_peers: None,
+        },
     );
     cluster.run_for(2_000);
     assert_eq!(group_leader(&mut cluster, group), Some(leader));
@@ -536,7 +542,8 @@ fn slot_groups_move_to_their_preferred_leader_only_when_the_intent_fits() {
             group,
             desired_peers: members.clone(),
             config_epoch: ConfigEpoch::new(0),
-            preferred_leader: preferred,
+            preferred_leader: Some(preferred),
+            target_peers: None,
         },
     );
     assert!(cluster.run_until(10_000, |c| group_leader(c, group) == Some(preferred.get())), "leadership moved");

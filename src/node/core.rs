@@ -751,12 +751,35 @@ impl NodeCore {
     /// leader), replicated through the group itself; the group's leader then reconciles towards it.
     /// [`NodeEffect::Done`] with [`ApiResult::Meta`] follows.
     pub fn set_group_intent(&mut self, now: Time, id: ApiId, intent: tidings_slot::model::GroupIntent) {
+        let group = intent.group;
+        self.propose_about_group(now, id, group, |route| Command::PutGroupIntent { route, intent });
+    }
+
+    /// Starts moving `group`'s replica from voter `from` to node `to`. The move is recorded in the group's
+    /// intent (one at a time per group) and carried out by the group's leader: `to` joins as a learner and
+    /// catches up (by snapshot when the log was compacted), a joint configuration promotes it and removes
+    /// `from` (the leader hands its leadership over first if it is `from`), the joint state is left
+    /// explicitly, and the new assignment is committed with its configuration epoch. `from`'s replica is
+    /// then destroyed. [`NodeEffect::Done`] with [`ApiResult::Meta`] says whether the move was accepted
+    /// (a refusal names why: another move in progress, `from` not a voter, `to` one already).
+    pub fn move_slot_replica(&mut self, now: Time, id: ApiId, group: GroupId, from: NodeId, to: NodeId) {
+        self.propose_about_group(now, id, group, |route| Command::MoveGroupReplica { route, group, from, to });
+    }
+
+    /// Abandons `group`'s replica move: its leader takes the membership back to the committed assignment
+    /// (a learner added is removed; a promotion already made is reverted the same way) and commits it.
+    pub fn abort_slot_move(&mut self, now: Time, id: ApiId, group: GroupId) {
+        self.propose_about_group(now, id, group, |route| Command::AbortGroupMove { route, group });
+    }
+
+    /// Proposes a command about `group` itself, routed to it by the group's intent key.
+    fn propose_about_group(&mut self, now: Time, id: ApiId, group: GroupId, command: impl FnOnce(Vec<u8>) -> Command) {
         self.advance(now);
-        let Some(route) = tidings_slot::command::group_intent_route(&self.slot.table(), intent.group) else {
-            self.done(id, ApiResult::Meta(Err(NodeError::NotServed(intent.group))));
+        let Some(route) = tidings_slot::command::group_intent_route(&self.slot.table(), group) else {
+            self.done(id, ApiResult::Meta(Err(NodeError::NotServed(group))));
             return;
         };
-        self.propose(now, id, Command::PutGroupIntent { route, intent });
+        self.propose(now, id, command(route));
     }
 
     /// Asks for a failover of every channel whose local replica is named leader but cannot lead, at
@@ -1298,6 +1321,10 @@ impl NodeCore {
             SlotEffect::Observed { group, observation } => {
                 // A stale or conflicting observation is refused by the router; the newer one stands.
                 let _ = self.router.observe(group, observation);
+            }
+            SlotEffect::GroupRemoved { group } => {
+                // The replica is gone; forwarding to the group now goes through the route table.
+                tracing::info!(%group, node = %self.config.node, "left slot group");
             }
         }
     }

@@ -11,7 +11,7 @@ mod message;
 pub use self::core::{ApiId, ApiResult, ChannelStatus, NodeCore, NodeEffect, NodeStatus};
 pub use config::NodeConfig;
 pub use controller::{
-    ControllerConfig, EvidenceEntry, EvidenceReport, Reconcile, TaskBlocked, TaskError, TaskKind, TaskReport,
+    ControllerConfig, EvidenceEntry, EvidenceReport, MembershipStep, Reconcile, TaskBlocked, TaskError, TaskKind, TaskReport,
     TaskStatus,
 };
 pub use error::NodeError;

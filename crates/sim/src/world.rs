@@ -597,7 +597,8 @@ impl World {
                 group,
                 desired_peers: peers,
                 config_epoch: ConfigEpoch::new(0),
-                preferred_leader: preferred,
+                preferred_leader: Some(preferred),
+                target_peers: None,
             };
             if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
                 core.set_group_intent(now, api, intent);

@@ -6,10 +6,10 @@ use crate::model::{
     SwitchProof, Uid, User,
 };
 use serde::{Deserialize, Serialize};
-use tidings_types::{ChannelId, ChannelRuntimeMeta};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, NodeId};
 
 /// Version of the command encoding this build writes and the newest it understands.
-pub const COMMAND_VERSION: u16 = 1;
+pub const COMMAND_VERSION: u16 = 2;
 
 /// Which per-channel member list a command changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -137,6 +137,34 @@ pub enum Command {
         /// The intent.
         intent: GroupIntent,
     },
+    /// Starts moving `group`'s replica from node `from` to node `to`: records the move's target voters in
+    /// the group's intent (one move at a time). The group's leader then carries it out.
+    MoveGroupReplica {
+        /// Routing bytes that hash to a slot of the group ([`group_intent_route`]).
+        route: Vec<u8>,
+        /// The group.
+        group: GroupId,
+        /// The voter to move away.
+        from: NodeId,
+        /// The node to move it to.
+        to: NodeId,
+    },
+    /// Abandons `group`'s replica move in progress: the move is retargeted to the committed assignment, so
+    /// its leader takes the membership back and commits it.
+    AbortGroupMove {
+        /// Routing bytes that hash to a slot of the group.
+        route: Vec<u8>,
+        /// The group.
+        group: GroupId,
+    },
+    /// Commits `group`'s membership in force at this entry (voters and configuration epoch) as its assignment,
+    /// when it equals the move's target.
+    CommitGroupConfig {
+        /// Routing bytes that hash to a slot of the group.
+        route: Vec<u8>,
+        /// The group.
+        group: GroupId,
+    },
 }
 
 /// What a command's hash slot is computed from.
@@ -183,7 +211,10 @@ impl Command {
             | AppendMessageEvent { channel, .. } => RoutingKey::Channel(channel),
             CreateRuntimeMeta(meta) | CasRuntimeMeta { meta, .. } => RoutingKey::Channel(&meta.channel),
             PutMigrationTask(task) => RoutingKey::Channel(&task.channel),
-            PutGroupIntent { route, .. } => RoutingKey::Raw(route),
+            PutGroupIntent { route, .. }
+            | MoveGroupReplica { route, .. }
+            | AbortGroupMove { route, .. }
+            | CommitGroupConfig { route, .. } => RoutingKey::Raw(route),
         }
     }
 

@@ -8,12 +8,12 @@
 
 use crate::command::{Command, DecodeError, MemberList};
 use crate::keys::{Key, Kind};
-use crate::model::SwitchProof;
+use crate::model::{GroupIntent, SwitchProof};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tidings_router::{hash_slot, HashToSlot};
 use tidings_store::{MetaStore, MetaWriteBatch, StoreResult};
-use tidings_types::{ChannelRuntimeMeta, GroupId, HashSlot, MetaError};
+use tidings_types::{ChannelRuntimeMeta, ConfigEpoch, GroupId, HashSlot, MetaError, NodeId};
 
 /// Limits the FSM enforces on commands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +88,57 @@ pub enum Refusal {
     /// A leader switch without a valid proof.
     #[error("leader switch refused: {0}")]
     BadProof(ProofError),
+    /// A change of the group's membership intent that does not fit the intent or membership in force.
+    #[error("group membership change refused: {0}")]
+    GroupChange(GroupChangeError),
+}
+
+/// Why a change of a slot group's membership intent was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum GroupChangeError {
+    /// Another replica move of the group is in progress (abort it or let it finish first).
+    #[error("a replica move to {target:?} is in progress")]
+    MoveInProgress {
+        /// The voters that move is taking the group to.
+        target: Vec<NodeId>,
+    },
+    /// No replica move is in progress.
+    #[error("no replica move is in progress")]
+    NoMoveInProgress,
+    /// The node to move away is not a voter of the assignment.
+    #[error("{0} is not a voter of the group")]
+    NotAVoter(NodeId),
+    /// The node to move to is a voter already.
+    #[error("{0} is a voter of the group already")]
+    AlreadyAVoter(NodeId),
+    /// The membership in force is not what the commit claims (not the target, or joint).
+    #[error("the membership in force ({voters:?}, joint: {joint}) is not the intended {wanted:?}")]
+    ConfigMismatch {
+        /// Voters in force.
+        voters: Vec<NodeId>,
+        /// Whether the configuration is joint.
+        joint: bool,
+        /// The voters intended.
+        wanted: Vec<NodeId>,
+    },
+    /// No move is in progress: the assignment is recorded already.
+    #[error("no move to commit")]
+    NothingToCommit,
+}
+
+/// The membership of the group in force at the entries being applied: the same on every replica at the
+/// same index, so commands about the membership are checked against it deterministically.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupConf {
+    /// Voters (the incoming ones while joint).
+    pub voters: Vec<NodeId>,
+    /// Learners.
+    pub learners: Vec<NodeId>,
+    /// The configuration is joint.
+    pub joint: bool,
+    /// The configuration epoch: raft index of the membership change that made this configuration.
+    pub config_epoch: ConfigEpoch,
 }
 
 /// What is wrong with a leader switch's proof.
@@ -133,6 +184,18 @@ impl Overlay<'_> {
         }
     }
 
+    /// The value of `key` decoded; a value that does not decode is a corrupt store.
+    fn get_decoded<T: serde::de::DeserializeOwned>(&self, slot: HashSlot, key: &[u8]) -> StoreResult<Option<T>> {
+        let Some(bytes) = self.get(slot, key)? else { return Ok(None) };
+        postcard::from_bytes(&bytes).map(Some).map_err(|_| tidings_store::StoreError::Corrupt {
+            location: tidings_store::CorruptLocation::Kv {
+                keyspace: tidings_store::Keyspace::Meta,
+                key: [&slot.index().to_be_bytes()[..], key].concat(),
+            },
+            detail: "stored model value does not decode",
+        })
+    }
+
     fn put(&mut self, slot: HashSlot, key: Vec<u8>, value: &impl Serialize) {
         // Cannot fail: model types serialize into memory.
         let bytes = postcard::to_allocvec(value).expect("model value encodes");
@@ -144,6 +207,73 @@ impl Overlay<'_> {
         self.batch.delete(slot, key.clone());
         self.pending.insert((slot, key), None);
     }
+}
+
+/// A command that changes a group's membership intent.
+enum IntentChange {
+    Move { from: NodeId, to: NodeId },
+    Abort,
+    Commit,
+}
+
+/// The intent after a membership-intent change, checked against the stored intent and the membership in
+/// force. A group without an intent starts from its voters in force.
+fn change_intent(
+    group: GroupId,
+    stored: Option<GroupIntent>,
+    conf: &GroupConf,
+    change: IntentChange,
+) -> Result<GroupIntent, GroupChangeError> {
+    let mut intent = stored.unwrap_or_else(|| GroupIntent {
+        group,
+        desired_peers: sorted(conf.voters.clone()),
+        config_epoch: conf.config_epoch,
+        preferred_leader: None,
+        target_peers: None,
+    });
+    match change {
+        IntentChange::Move { from, to } => {
+            if let Some(target) = &intent.target_peers {
+                return Err(GroupChangeError::MoveInProgress { target: target.clone() });
+            }
+            if !intent.desired_peers.contains(&from) {
+                return Err(GroupChangeError::NotAVoter(from));
+            }
+            if intent.desired_peers.contains(&to) {
+                return Err(GroupChangeError::AlreadyAVoter(to));
+            }
+            let target = intent.desired_peers.iter().map(|n| if *n == from { to } else { *n }).collect();
+            intent.target_peers = Some(sorted(target));
+        }
+        IntentChange::Abort => {
+            // Aborting retargets the move to the committed assignment: the leader takes the membership back
+            // step by step, then commits it (with the epoch it ends in) like any move.
+            if intent.target_peers.as_ref().is_none_or(|target| *target == intent.desired_peers) {
+                return Err(GroupChangeError::NoMoveInProgress);
+            }
+            intent.target_peers = Some(intent.desired_peers.clone());
+        }
+        IntentChange::Commit => {
+            let voters = sorted(conf.voters.clone());
+            let wanted = sorted(intent.wanted_voters().to_vec());
+            if conf.joint || voters != wanted {
+                return Err(GroupChangeError::ConfigMismatch { voters, joint: conf.joint, wanted });
+            }
+            if intent.target_peers.is_none() {
+                return Err(GroupChangeError::NothingToCommit);
+            }
+            intent.desired_peers = voters;
+            intent.config_epoch = conf.config_epoch;
+            intent.target_peers = None;
+        }
+    }
+    Ok(intent)
+}
+
+fn sorted(mut nodes: Vec<NodeId>) -> Vec<NodeId> {
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes
 }
 
 impl SlotFsm {
@@ -167,14 +297,17 @@ impl SlotFsm {
     /// entries without a command). Entries at or below the applied index are skipped (replay after a crash
     /// applies each entry exactly once).
     pub fn apply(&self, table: &HashToSlot, entries: &[(u64, &[u8])]) -> StoreResult<Vec<Option<Outcome>>> {
-        self.apply_reporting_metas(table, entries).map(|(outcomes, _)| outcomes)
+        self.apply_in(table, &GroupConf::default(), false, entries).map(|(outcomes, _)| outcomes)
     }
 
-    /// [`SlotFsm::apply`], also returning every channel runtime meta the batch created or replaced (so the
-    /// node can hand it to the channel's replicas).
-    pub fn apply_reporting_metas(
+    /// [`SlotFsm::apply`] under the membership `conf` in force, also returning every channel runtime meta
+    /// the batch created or replaced (so the node can hand it to the channel's replicas). With
+    /// `record_config_epoch` the batch also records `conf`'s epoch (the batch ends with a membership change).
+    pub fn apply_in(
         &self,
         table: &HashToSlot,
+        conf: &GroupConf,
+        record_config_epoch: bool,
         entries: &[(u64, &[u8])],
     ) -> StoreResult<(Vec<Option<Outcome>>, Vec<ChannelRuntimeMeta>)> {
         let mut metas = Vec::new();
@@ -194,7 +327,7 @@ impl SlotFsm {
             }
             let outcome = match Command::decode(data) {
                 Ok(command) => {
-                    let outcome = self.apply_one(table, &mut overlay, &command)?;
+                    let outcome = self.apply_one(table, conf, &mut overlay, &command)?;
                     if let (Outcome::Applied, Command::CreateRuntimeMeta(meta) | Command::CasRuntimeMeta { meta, .. }) =
                         (&outcome, command)
                     {
@@ -207,13 +340,22 @@ impl SlotFsm {
             outcomes.push(Some(outcome));
         }
         if last > applied {
+            if record_config_epoch {
+                overlay.batch.set_config_epoch(self.group, conf.config_epoch.get());
+            }
             overlay.batch.set_applied(self.group, last);
             self.store.write(&overlay.batch)?;
         }
         Ok((outcomes, metas))
     }
 
-    fn apply_one(&self, table: &HashToSlot, overlay: &mut Overlay<'_>, command: &Command) -> StoreResult<Outcome> {
+    fn apply_one(
+        &self,
+        table: &HashToSlot,
+        conf: &GroupConf,
+        overlay: &mut Overlay<'_>,
+        command: &Command,
+    ) -> StoreResult<Outcome> {
         let slot = hash_slot(command.routing_key().bytes());
         let owner = table.group_of(slot);
         if owner != self.group {
@@ -322,6 +464,25 @@ impl SlotFsm {
                 overlay.put(slot, Key::new(Kind::GroupIntent).u64(u64::from(intent.group.get())).build(), intent);
                 Outcome::Applied
             }
+            MoveGroupReplica { group, .. } | AbortGroupMove { group, .. } | CommitGroupConfig { group, .. } => {
+                if *group != self.group {
+                    return Ok(Outcome::Refused(Refusal::WrongSlot { slot, owner: *group }));
+                }
+                let change = match command {
+                    MoveGroupReplica { from, to, .. } => IntentChange::Move { from: *from, to: *to },
+                    AbortGroupMove { .. } => IntentChange::Abort,
+                    _ => IntentChange::Commit,
+                };
+                let key = Key::new(Kind::GroupIntent).u64(u64::from(group.get())).build();
+                let stored: Option<GroupIntent> = overlay.get_decoded(slot, &key)?;
+                match change_intent(self.group, stored, conf, change) {
+                    Ok(intent) => {
+                        overlay.put(slot, key, &intent);
+                        Outcome::Applied
+                    }
+                    Err(error) => Outcome::Refused(Refusal::GroupChange(error)),
+                }
+            }
             RemoveMigrationTask { channel, id } => {
                 overlay.delete(slot, Key::new(Kind::Task).channel(channel).u64(*id).build());
                 Outcome::Applied
@@ -357,12 +518,8 @@ impl SlotFsm {
         proof: Option<&SwitchProof>,
     ) -> StoreResult<Outcome> {
         let key = Key::new(Kind::RuntimeMeta).channel(&meta.channel).build();
-        let Some(bytes) = overlay.get(slot, &key)? else { return Ok(Outcome::NotFound) };
-        let Ok(current) = postcard::from_bytes::<ChannelRuntimeMeta>(&bytes) else {
-            return Err(tidings_store::StoreError::Corrupt {
-                location: tidings_store::CorruptLocation::Kv { keyspace: tidings_store::Keyspace::Meta, key },
-                detail: "runtime meta does not decode",
-            });
+        let Some(current) = overlay.get_decoded::<ChannelRuntimeMeta>(slot, &key)? else {
+            return Ok(Outcome::NotFound);
         };
         if current.version != expected_version {
             return Ok(Outcome::VersionMismatch { current: current.version });

@@ -164,15 +164,26 @@ pub struct SwitchProof {
 }
 
 /// The controller's intent for one slot group, replicated through the group itself: who should be its
-/// voters, under which configuration epoch, and who should lead it.
+/// voters, under which configuration epoch, who should lead it, and the membership a replica move in
+/// progress is taking it to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupIntent {
     /// The group.
     pub group: tidings_types::GroupId,
-    /// The voters the group should have.
+    /// The voters the group should have (the assignment last committed).
     pub desired_peers: Vec<tidings_types::NodeId>,
-    /// The configuration epoch the intent was made for: an intent for another epoch is stale.
+    /// The configuration epoch the assignment was committed in: an intent for another epoch is stale.
     pub config_epoch: tidings_types::ConfigEpoch,
-    /// The node that should lead the group.
-    pub preferred_leader: tidings_types::NodeId,
+    /// The node that should lead the group, if any.
+    pub preferred_leader: Option<tidings_types::NodeId>,
+    /// A replica move in progress: the voters the group's leader is taking it to. Committed into
+    /// `desired_peers` (with the new epoch) only once the observed voters equal it.
+    pub target_peers: Option<Vec<tidings_types::NodeId>>,
+}
+
+impl GroupIntent {
+    /// The voters the group's leader drives the membership to: the move's target, else the assignment.
+    pub fn wanted_voters(&self) -> &[tidings_types::NodeId] {
+        self.target_peers.as_deref().unwrap_or(&self.desired_peers)
+    }
 }

@@ -150,7 +150,7 @@ impl Cluster {
                 SlotEffect::ReadFailed { id: read, .. } => {
                     self.reads.insert((id, read), false);
                 }
-                SlotEffect::MetaChanged { .. } => {}
+                SlotEffect::MetaChanged { .. } | SlotEffect::GroupRemoved { .. } => {}
                 SlotEffect::Observed { group, observation } => {
                     self.trace.push(format!(
                         "{} {id} sees {group} leader {:?} term {}",
@@ -436,4 +436,91 @@ fn same_seed_same_trace() {
     };
     assert_eq!(run(7), run(7));
     assert_ne!(run(7), run(8));
+}
+
+/// Runs until `check` holds on the cluster, at most `ms` of virtual time.
+fn run_until(cluster: &mut Cluster, ms: u64, what: &str, mut check: impl FnMut(&mut Cluster) -> bool) {
+    for _ in 0..ms / 10 {
+        if check(cluster) {
+            return;
+        }
+        cluster.run_for(10);
+    }
+    panic!("never reached: {what}\n{}", cluster.trace.join("\n"));
+}
+
+#[test]
+fn a_replica_moves_through_a_learner_and_joint_consensus_and_the_old_one_is_destroyed() {
+    use tidings_slot::raft::MembershipChange;
+    // 4 nodes, one group of 3 on nodes 2, 3 and 4: node 1 is outside it.
+    let mut cluster = Cluster::new(7, 4, 1, 3);
+    cluster.run_for(3_000);
+    let group = GroupId::new(1);
+    let n = NodeId::new;
+    assert_eq!(cluster.members(group), vec![n(2), n(3), n(4)]);
+    for i in 0..40 {
+        // Past the compaction threshold: the new replica can only catch up by snapshot.
+        cluster.propose_and_wait(n(2), put_user(&format!("m{i}"), "before"));
+    }
+    let leader = cluster.leader_of(group).unwrap();
+    let from = [n(2), n(3), n(4)].into_iter().find(|m| *m != leader).unwrap();
+    let to = n(1);
+    let epoch_before = cluster.driver(leader).status(group).unwrap().config_epoch;
+
+    let now = cluster.now;
+    cluster.driver(leader).change_membership(now, group, &MembershipChange::AddLearner(to)).unwrap();
+    cluster.drain(leader);
+    run_until(&mut cluster, 10_000, "the learner catches up", |c| {
+        let applied = c.driver(leader).applied_index(group).unwrap();
+        c.driver(to).applied_index(group) == Some(applied)
+    });
+    let status = cluster.driver(leader).status(group).unwrap();
+    assert_eq!(status.learners, vec![to]);
+    assert!(status.config_epoch > epoch_before, "a membership change moves the configuration epoch");
+    assert!(cluster.reader(to).user(&Uid::new("m0").unwrap()).unwrap().is_some(), "snapshot data on the learner");
+    assert_eq!(
+        cluster.driver(to).status(group).unwrap().config_epoch,
+        status.config_epoch,
+        "the snapshot carries the epoch"
+    );
+
+    let now = cluster.now;
+    let enter = MembershipChange::EnterJoint { promote: vec![to], remove: vec![from] };
+    cluster.driver(leader).change_membership(now, group, &enter).unwrap();
+    cluster.drain(leader);
+    run_until(&mut cluster, 5_000, "the joint configuration", |c| c.driver(leader).status(group).unwrap().joint);
+    // The outgoing voter misses the end of the joint configuration: the leader must tell it later.
+    cluster.blocked.insert(from);
+    let now = cluster.now;
+    cluster.driver(leader).change_membership(now, group, &MembershipChange::LeaveJoint).unwrap();
+    cluster.drain(leader);
+    run_until(&mut cluster, 5_000, "leaving the joint configuration", |c| {
+        !c.driver(leader).status(group).unwrap().joint
+    });
+    let status = cluster.driver(leader).status(group).unwrap();
+    let mut expected: Vec<NodeId> = [n(2), n(3), n(4), to].into_iter().filter(|m| *m != from).collect();
+    expected.sort();
+    assert_eq!(status.voters, expected);
+    assert!(status.learners.is_empty());
+    assert!(cluster.driver(from).groups().any(|g| g == group), "the cut-off replica still thinks it is a member");
+
+    cluster.blocked.remove(&from);
+    run_until(&mut cluster, 10_000, "the removed replica is destroyed", |c| !c.driver(from).groups().any(|g| g == group));
+    assert!(cluster.reader(from).user(&Uid::new("m0").unwrap()).unwrap().is_none(), "its metadata is gone");
+
+    // Writes go on in the new membership and reach the new voter.
+    assert_eq!(cluster.propose_and_wait(leader, put_user("after", "x")), Outcome::Applied);
+    cluster.run_for(500);
+    assert!(cluster.reader(to).user(&Uid::new("after").unwrap()).unwrap().is_some());
+
+    // Restarts keep the new membership: the new voter reopens the group it was added to, the removed node
+    // does not bring its replica back.
+    for node in [from, to] {
+        cluster.crash(node);
+        cluster.start(node);
+    }
+    cluster.run_for(3_000);
+    assert!(!cluster.driver(from).groups().any(|g| g == group), "a tombstone keeps the moved replica away");
+    assert_eq!(cluster.driver(to).status(group).unwrap().voters, expected);
+    assert_eq!(cluster.propose_and_wait(to, put_user("after-restart", "x")), Outcome::Applied);
 }

@@ -42,4 +42,4 @@ mod raft_log;
 pub use error::{CorruptLocation, StoreError, StoreResult};
 pub use kv::{FailOp, Keyspace, Kv, KvBatch, MemoryKv, SledKv, SyncReport};
 pub use meta::{ExportChunk, ExportCursor, MetaOp, MetaPage, MetaStore, MetaWriteBatch, SlotEntry};
-pub use raft_log::{GroupStorage, RaftLogBatch, RaftLogStore, SnapshotSource};
+pub use raft_log::{GroupStorage, RaftLogBatch, RaftLogStore, SnapshotSource, BOOTSTRAP_INDEX};

@@ -39,6 +39,7 @@ pub enum MetaOp {
 pub struct MetaWriteBatch {
     ops: Vec<MetaOp>,
     applied: Option<(GroupId, u64)>,
+    config_epoch: Option<(GroupId, u64)>,
 }
 
 impl MetaWriteBatch {
@@ -71,6 +72,13 @@ impl MetaWriteBatch {
         self
     }
 
+    /// Records `group`'s configuration epoch (the raft index of the membership change in force), in the
+    /// same atomic write.
+    pub fn set_config_epoch(&mut self, group: GroupId, epoch: u64) -> &mut Self {
+        self.config_epoch = Some((group, epoch));
+        self
+    }
+
     /// The changes, in order.
     pub fn ops(&self) -> &[MetaOp] {
         &self.ops
@@ -78,7 +86,7 @@ impl MetaWriteBatch {
 
     /// `true` if the batch changes nothing and records no index.
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty() && self.applied.is_none()
+        self.ops.is_empty() && self.applied.is_none() && self.config_epoch.is_none()
     }
 }
 
@@ -126,6 +134,16 @@ pub struct MetaStore {
     kv: Arc<dyn Kv>,
 }
 
+/// Suffix of a group's configuration-epoch key in [`Keyspace::Applied`] (the applied index has none).
+const CONFIG_EPOCH_TAG: u8 = b'e';
+
+/// Key of a group-level record in [`Keyspace::Applied`].
+fn group_key(group: GroupId, tag: Option<u8>) -> Vec<u8> {
+    let mut key = group.get().to_be_bytes().to_vec();
+    key.extend(tag);
+    key
+}
+
 /// Keys are read in pages of this many entries when a slot is cleared.
 const CLEAR_PAGE: usize = 1024;
 
@@ -156,13 +174,27 @@ impl MetaStore {
 
     /// The last index `group` recorded with [`MetaWriteBatch::set_applied`], 0 if none.
     pub fn applied_index(&self, group: GroupId) -> StoreResult<u64> {
-        let key = group.get().to_be_bytes();
+        self.group_u64(group_key(group, None), "applied index is not 8 bytes")
+    }
+
+    /// The configuration epoch `group` recorded with [`MetaWriteBatch::set_config_epoch`], 0 if none.
+    pub fn config_epoch(&self, group: GroupId) -> StoreResult<u64> {
+        self.group_u64(group_key(group, Some(CONFIG_EPOCH_TAG)), "config epoch is not 8 bytes")
+    }
+
+    /// Forgets `group`'s applied index and configuration epoch (this node no longer holds the group).
+    pub fn forget_group(&self, group: GroupId) -> StoreResult<()> {
+        let mut batch = KvBatch::new();
+        batch.delete(Keyspace::Applied, group_key(group, None));
+        batch.delete(Keyspace::Applied, group_key(group, Some(CONFIG_EPOCH_TAG)));
+        self.kv.apply(batch)
+    }
+
+    fn group_u64(&self, key: Vec<u8>, detail: &'static str) -> StoreResult<u64> {
         match self.kv.get(Keyspace::Applied, &key)? {
             None => Ok(0),
-            Some(bytes) => decode_u64(&bytes).ok_or(StoreError::Corrupt {
-                location: CorruptLocation::Kv { keyspace: Keyspace::Applied, key: key.to_vec() },
-                detail: "applied index is not 8 bytes",
-            }),
+            Some(bytes) => decode_u64(&bytes)
+                .ok_or(StoreError::Corrupt { location: CorruptLocation::Kv { keyspace: Keyspace::Applied, key }, detail }),
         }
     }
 
@@ -193,7 +225,10 @@ impl MetaStore {
             }
         }
         if let Some((group, index)) = batch.applied {
-            kv_batch.put(Keyspace::Applied, group.get().to_be_bytes().to_vec(), &index.to_le_bytes());
+            kv_batch.put(Keyspace::Applied, group_key(group, None), &index.to_le_bytes());
+        }
+        if let Some((group, epoch)) = batch.config_epoch {
+            kv_batch.put(Keyspace::Applied, group_key(group, Some(CONFIG_EPOCH_TAG)), &epoch.to_le_bytes());
         }
         self.kv.apply(kv_batch)
     }

@@ -129,6 +129,10 @@ impl RaftLogBatch {
 pub struct RaftLogStore {
     kv: Arc<dyn Kv>,
     groups: RwLock<BTreeMap<GroupId, GroupLog>>,
+    /// Groups this node held and left, with the configuration epoch that removed it: a bootstrap never
+    /// brings them back (only a newer membership that includes the node again does, see
+    /// [`RaftLogStore::create_group`]).
+    tombstones: RwLock<BTreeMap<GroupId, u64>>,
     /// Serializes writers: a write computes deletions from the cached state it then replaces.
     writer: Mutex<()>,
     snapshots: RwLock<Option<Arc<dyn SnapshotSource>>>,
@@ -137,11 +141,18 @@ pub struct RaftLogStore {
 const STATE_HARD: u8 = b'h';
 const STATE_CONF: u8 = b'c';
 const STATE_TRUNCATED: u8 = b't';
+const STATE_TOMBSTONE: u8 = b'x';
+
+/// Index and term at which a bootstrapped group's log starts: its initial membership counts as a snapshot
+/// at this index, so a replica added later (whose log is empty) is caught up by a snapshot that carries
+/// the membership, never by replaying entries that assume a membership it does not know.
+pub const BOOTSTRAP_INDEX: u64 = 5;
 
 impl RaftLogStore {
     /// Opens the raft logs held in `kv`, loading every group's state.
     pub fn open(kv: Arc<dyn Kv>) -> StoreResult<Self> {
         let mut groups = BTreeMap::new();
+        let mut tombstones = BTreeMap::new();
         let range = KeyRange::prefix(b"");
         let mut start = range.clone();
         loop {
@@ -150,7 +161,7 @@ impl RaftLogStore {
             start.start = [last_key.as_slice(), &[0]].concat();
             let done = page.len() < 1024;
             for (key, value) in page {
-                load_state_record(&mut groups, &key, &value)?;
+                load_state_record(&mut groups, &mut tombstones, &key, &value)?;
             }
             if done {
                 break;
@@ -166,18 +177,53 @@ impl RaftLogStore {
                 None => log.truncated,
             };
         }
-        Ok(Self { kv, groups: RwLock::new(groups), writer: Mutex::new(()), snapshots: RwLock::new(None) })
+        Ok(Self {
+            kv,
+            groups: RwLock::new(groups),
+            tombstones: RwLock::new(tombstones),
+            writer: Mutex::new(()),
+            snapshots: RwLock::new(None),
+        })
     }
 
-    /// Creates an empty log for `group` with its initial members, durable after the next sync. A group
-    /// that already exists is left as it is.
+    /// Creates an empty log for `group` with `conf_state` (empty for a replica that learns its membership
+    /// from a snapshot), durable after the next sync. A group that already exists is left as it is; a
+    /// tombstone of the group is lifted (the node was added to it again).
     pub fn create_group(&self, group: GroupId, conf_state: ConfState) -> StoreResult<()> {
         if self.groups.read().contains_key(&group) {
             return Ok(());
         }
         let mut batch = RaftLogBatch::new();
         batch.set_conf_state(group, conf_state).set_hard_state(group, HardState::default());
-        self.write_inner(batch, true)
+        self.write_inner(batch, true)?;
+        if self.tombstones.write().remove(&group).is_some() {
+            let mut lift = KvBatch::new();
+            lift.delete(Keyspace::RaftState, state_key(group, STATE_TOMBSTONE));
+            self.kv.apply(lift)?;
+        }
+        Ok(())
+    }
+
+    /// Creates `group` with its initial members as a log that starts after [`BOOTSTRAP_INDEX`] (see there),
+    /// durable after the next sync. Returns `false`, changing nothing, if the group exists already or was
+    /// left by this node (a tombstone): a restart must not resurrect a replica that was moved away.
+    pub fn bootstrap_group(&self, group: GroupId, conf_state: ConfState) -> StoreResult<bool> {
+        if self.groups.read().contains_key(&group) || self.tombstones.read().contains_key(&group) {
+            return Ok(false);
+        }
+        let mut metadata = SnapshotMetadata::default();
+        metadata.index = BOOTSTRAP_INDEX;
+        metadata.term = BOOTSTRAP_INDEX;
+        metadata.set_conf_state(conf_state);
+        let mut batch = RaftLogBatch::new();
+        batch.set_hard_state(group, HardState::default()).apply_snapshot(group, metadata);
+        self.write_inner(batch, true)?;
+        Ok(true)
+    }
+
+    /// The configuration epoch at which this node left `group`, if it did (and was not added again).
+    pub fn tombstone(&self, group: GroupId) -> Option<u64> {
+        self.tombstones.read().get(&group).copied()
     }
 
     /// The groups held, ascending.
@@ -208,8 +254,9 @@ impl RaftLogStore {
         self.kv.sync()
     }
 
-    /// Removes every trace of `group` (after the node left the group).
-    pub fn remove_group(&self, group: GroupId) -> StoreResult<()> {
+    /// Removes every trace of `group` and leaves a tombstone with the configuration epoch that removed
+    /// this node (after the node left the group).
+    pub fn remove_group(&self, group: GroupId, removed_at_epoch: u64) -> StoreResult<()> {
         let _writer = self.writer.lock();
         let mut batch = KvBatch::new();
         for keyspace in [Keyspace::RaftEntry, Keyspace::RaftState] {
@@ -218,8 +265,10 @@ impl RaftLogStore {
                 batch.delete(keyspace, key);
             }
         }
+        batch.put(Keyspace::RaftState, state_key(group, STATE_TOMBSTONE), &removed_at_epoch.to_le_bytes());
         self.kv.apply(batch)?;
         self.groups.write().remove(&group);
+        self.tombstones.write().insert(group, removed_at_epoch);
         Ok(())
     }
 
@@ -363,12 +412,22 @@ fn stage_compact(
     Ok(())
 }
 
-fn load_state_record(groups: &mut BTreeMap<GroupId, GroupLog>, key: &[u8], value: &[u8]) -> StoreResult<()> {
+fn load_state_record(
+    groups: &mut BTreeMap<GroupId, GroupLog>,
+    tombstones: &mut BTreeMap<GroupId, u64>,
+    key: &[u8],
+    value: &[u8],
+) -> StoreResult<()> {
     let bad = |detail| corrupt(Keyspace::RaftState, key, detail);
     let (group, kind) = match key {
         [a, b, c, d, kind] => (GroupId::new(u32::from_be_bytes([*a, *b, *c, *d])), *kind),
         _ => return Err(bad("raft state key is not group + kind")),
     };
+    if kind == STATE_TOMBSTONE {
+        let epoch = value.try_into().map(u64::from_le_bytes).map_err(|_| bad("tombstone is not 8 bytes"))?;
+        tombstones.insert(group, epoch);
+        return Ok(());
+    }
     let log = groups.entry(group).or_default();
     match kind {
         STATE_HARD => {

@@ -30,10 +30,12 @@
 //! consensus, hash-slot migration) are not here yet; slot-group membership is static configuration.
 
 mod liveness;
+mod membership;
 mod preferred;
 mod report;
 
 pub(crate) use preferred::PreferredLeaders;
+pub use membership::MembershipStep;
 pub use preferred::Reconcile;
 pub use report::{EvidenceEntry, EvidenceReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus};
 

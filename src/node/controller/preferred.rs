@@ -1,9 +1,11 @@
-//! Preferred-leader reconciliation for slot groups. The controller's intent for a group (desired voters,
-//! configuration epoch, preferred leader) is replicated through the group itself
-//! (`Command::PutGroupIntent`); the group's actual leader checks it periodically and hands leadership
-//! to the preferred node only when everything says it is safe and useful. Any other case does nothing
-//! and records why — it never picks another node instead.
+//! Reconciliation of slot groups with the controller's intent, on each group's actual leader. The intent
+//! (desired voters, configuration epoch, preferred leader, a replica move's target) is replicated through
+//! the group itself (`Command::PutGroupIntent`, `MoveGroupReplica`...). Periodically the leader first takes
+//! the membership one step toward the intent (see [`super::membership`]); once it is settled, it hands
+//! leadership to the preferred node only when everything says it is safe and useful. Any other case does
+//! nothing and records why — it never picks another node instead.
 
+use super::membership::{next_step, MembershipStep};
 use super::ControllerConfig;
 use std::collections::BTreeMap;
 use tidings_router::HashToSlot;
@@ -24,6 +26,10 @@ pub enum Reconcile {
     AlreadyPreferred,
     /// No intent was set for the group.
     NoIntent,
+    /// The membership is on its way to the intent; this is its step (leadership waits until it settles).
+    Membership(MembershipStep),
+    /// The intent names no preferred leader.
+    NoPreferredLeader,
     /// The intent was made for another configuration epoch.
     StaleIntent {
         /// The intent's epoch.
@@ -69,6 +75,10 @@ pub(crate) fn decide(
     cooldown_until: Option<Time>,
 ) -> Reconcile {
     let Some(intent) = intent else { return Reconcile::NoIntent };
+    match next_step(intent, status, me) {
+        MembershipStep::Settled => {}
+        step => return Reconcile::Membership(step),
+    }
     if intent.config_epoch != status.config_epoch {
         return Reconcile::StaleIntent { intent: intent.config_epoch, current: status.config_epoch };
     }
@@ -81,7 +91,7 @@ pub(crate) fn decide(
     if voters != desired {
         return Reconcile::VoterMismatch { voters, desired };
     }
-    let target = intent.preferred_leader;
+    let Some(target) = intent.preferred_leader else { return Reconcile::NoPreferredLeader };
     if target == me {
         return Reconcile::AlreadyPreferred;
     }
@@ -151,14 +161,46 @@ impl PreferredLeaders {
                 }
             };
             let decision = decide(intent.as_ref(), &status, me, now, self.cooldown_until.get(&group).copied());
-            if let Reconcile::Transfer { to } = decision {
-                if slot.transfer_leader(now, group, to) {
-                    tracing::info!(%group, %to, "reconcile: handing leadership to the preferred node");
-                    self.cooldown_until.insert(group, now + config.transfer_cooldown);
+            match &decision {
+                Reconcile::Transfer { to } => {
+                    if slot.transfer_leader(now, group, *to) {
+                        tracing::info!(%group, %to, "reconcile: handing leadership to the preferred node");
+                        self.cooldown_until.insert(group, now + config.transfer_cooldown);
+                    }
                 }
+                Reconcile::Membership(step) => take_step(now, slot, table, group, step),
+                _ => {}
             }
             self.decisions.insert(group, decision);
         }
+    }
+}
+
+/// Carries out a membership step on this node, the group's leader. Nothing here waits: the next pass
+/// sees the effect in the raft status, or proposes again if raft-rs dropped the change.
+fn take_step(now: Time, slot: &mut MultiRaft, table: &HashToSlot, group: GroupId, step: &MembershipStep) {
+    if let Some(change) = step.change() {
+        match slot.change_membership(now, group, &change) {
+            Ok(()) => tracing::info!(%group, ?change, "reconcile: membership change proposed"),
+            Err(error) => tracing::warn!(%error, %group, ?change, "reconcile: membership change not proposed"),
+        }
+        return;
+    }
+    match step {
+        MembershipStep::HandOffLeadership { to } => {
+            if slot.transfer_leader(now, group, *to) {
+                tracing::info!(%group, %to, "reconcile: leaving voter hands its leadership over");
+            }
+        }
+        MembershipStep::CommitAssignment => {
+            let Some(route) = tidings_slot::command::group_intent_route(table, group) else { return };
+            // The FSM checks the claim against the membership in force at the entry; a refusal changes nothing.
+            let command = tidings_slot::command::Command::CommitGroupConfig { route, group };
+            if let Err(error) = slot.propose(now, &command) {
+                tracing::warn!(%error, %group, "reconcile: assignment commit not proposed");
+            }
+        }
+        _ => {}
     }
 }
 
@@ -191,7 +233,8 @@ mod tests {
             group: GroupId::new(1),
             desired_peers: vec![n(3), n(2), n(1)],
             config_epoch: ConfigEpoch::new(0),
-            preferred_leader: n(preferred),
+            preferred_leader: Some(n(preferred)),
+            target_peers: None,
         }
     }
 
@@ -205,9 +248,19 @@ mod tests {
         let stale = GroupIntent { config_epoch: ConfigEpoch::new(7), ..intent(2) };
         assert!(matches!(decide(Some(&stale), &status(), me, now, None), Reconcile::StaleIntent { .. }));
         let joint = GroupStatus { joint: true, ..status() };
-        assert_eq!(decide(Some(&intent(2)), &joint, me, now, None), Reconcile::JointConfig);
+        assert_eq!(
+            decide(Some(&intent(2)), &joint, me, now, None),
+            Reconcile::Membership(MembershipStep::LeaveJoint)
+        );
         let other_peers = GroupIntent { desired_peers: vec![n(1), n(2), n(4)], ..intent(2) };
         assert!(matches!(decide(Some(&other_peers), &status(), me, now, None), Reconcile::VoterMismatch { .. }));
+        let moving = GroupIntent { target_peers: Some(vec![n(1), n(2), n(4)]), ..intent(2) };
+        assert_eq!(
+            decide(Some(&moving), &status(), me, now, None),
+            Reconcile::Membership(MembershipStep::AddLearner(n(4)))
+        );
+        let unpreferred = GroupIntent { preferred_leader: None, ..intent(2) };
+        assert_eq!(decide(Some(&unpreferred), &status(), me, now, None), Reconcile::NoPreferredLeader);
         let outsider = GroupIntent { desired_peers: vec![n(1), n(2), n(3)], ..intent(9) };
         assert_eq!(decide(Some(&outsider), &status(), me, now, None), Reconcile::TargetNotVoter(n(9)));
         let busy = GroupStatus { transferring: Some(n(3)), ..status() };

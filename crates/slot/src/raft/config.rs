@@ -22,6 +22,9 @@ pub struct MultiRaftConfig {
     pub election_ticks_min: usize,
     /// Heartbeat interval in ticks. Default 2.
     pub heartbeat_ticks: usize,
+    /// Most slot groups this node holds; a leader adding this node to one more is not answered. Default
+    /// 1,024.
+    pub groups_max: usize,
     /// Proposals waiting for apply per group; beyond it proposals get `Busy`. Default 1,024.
     pub pending_proposals_max: usize,
     /// Largest command, in bytes. Default 1 MiB.
@@ -60,6 +63,7 @@ impl MultiRaftConfig {
             tick_interval: Duration::from_millis(100),
             election_ticks_min: 10,
             heartbeat_ticks: 2,
+            groups_max: 1024,
             pending_proposals_max: 1024,
             proposal_bytes_max: 1 << 20,
             pending_reads_max: 1024,

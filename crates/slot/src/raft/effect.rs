@@ -114,4 +114,9 @@ pub enum SlotEffect {
         /// Leader, term, members.
         observation: GroupObservation,
     },
+    /// This node left `group` (a membership change removed it): its replica was destroyed.
+    GroupRemoved {
+        /// The group.
+        group: GroupId,
+    },
 }

@@ -54,6 +54,12 @@ pub enum SlotBody {
         /// The leader the receiver knows, if any.
         hint: Option<NodeId>,
     },
+    /// The sender leads the group, and its membership (at `config_epoch`) no longer includes the receiver:
+    /// the receiver's replica was moved away and may be destroyed.
+    Removed {
+        /// The sender's configuration epoch.
+        config_epoch: u64,
+    },
 }
 
 /// Serializes `Vec<u8>` as bytes (compact in postcard).

@@ -24,18 +24,20 @@
 mod config;
 mod effect;
 mod guard;
+mod membership;
 mod message;
 mod snapshot;
 
 pub use config::MultiRaftConfig;
 pub use effect::{ProposalId, ProposeError, ReadId, SlotEffect};
+pub use membership::MembershipChange;
 pub use message::{SlotBody, SlotMessage};
 
 use crate::command::Command;
-use crate::fsm::{Outcome, SlotFsm};
+use crate::fsm::{GroupConf, Outcome, SlotFsm};
 use parking_lot::RwLock;
 use protobuf::Message as _;
-use raft::prelude::{ConfChangeV2, Entry, EntryType, Message, Snapshot};
+use raft::prelude::{ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, StateRole, Storage};
 use snapshot::{Reassembly, SlotSnapshots};
 use std::collections::{BTreeMap, VecDeque};
@@ -57,9 +59,9 @@ pub struct GroupStatus {
     pub commit: u64,
     /// Applied index.
     pub applied: u64,
-    /// Voters and learners of the applied configuration.
+    /// Voters of the applied configuration (the incoming ones while joint), ascending.
     pub voters: Vec<NodeId>,
-    /// Learners of the applied configuration.
+    /// Learners of the applied configuration, ascending.
     pub learners: Vec<NodeId>,
     /// On the leader: each peer's match index and whether it was recently active.
     pub peers: Vec<(NodeId, u64, bool)>,
@@ -67,7 +69,8 @@ pub struct GroupStatus {
     pub joint: bool,
     /// On the leader: a leadership transfer in flight, to this node.
     pub transferring: Option<NodeId>,
-    /// The group's configuration epoch (membership changes bump it; none are made yet, so 0).
+    /// The group's configuration epoch: the raft index of the membership change that made the
+    /// configuration in force (0 for the bootstrap membership).
     pub config_epoch: ConfigEpoch,
 }
 
@@ -106,9 +109,32 @@ struct Group {
     election_rng: DetRng,
     /// Election timeouts are drawn in `[election_tick, 2 * election_tick)`.
     election_tick: usize,
+    /// Raft index of the membership change in force (0: the bootstrap membership).
+    config_epoch: u64,
 }
 
 impl Group {
+    /// The membership in force, as the FSM and the controller see it.
+    fn conf(&self) -> GroupConf {
+        let conf = self.raw.store().initial_state().map(|s| s.conf_state).unwrap_or_default();
+        let sorted = |ids: Vec<u64>| {
+            let mut nodes: Vec<NodeId> = ids.into_iter().map(NodeId::new).collect();
+            nodes.sort_unstable();
+            nodes
+        };
+        GroupConf {
+            voters: sorted(conf.voters),
+            learners: sorted(conf.learners.into_iter().chain(conf.learners_next).collect()),
+            joint: !conf.voters_outgoing.is_empty(),
+            config_epoch: ConfigEpoch::new(self.config_epoch),
+        }
+    }
+
+    /// `true` if `node` is in the configuration in force in any role.
+    fn has_member(&self, node: u64) -> bool {
+        self.raw.raft.prs().get(node).is_some()
+    }
+
     /// raft-rs draws a new election timeout from a thread-local RNG whenever it resets its election
     /// clock; each draw is replaced by one from the group's seeded stream, so a run is reproducible and
     /// members that once timed out together (a split vote) draw different timeouts next round.
@@ -151,6 +177,10 @@ pub struct MultiRaft {
     refused_messages: u64,
     /// Raft messages of an older term than the group's (raft-rs ignores or answers them).
     stale_messages: u64,
+    /// Seeds the election streams of groups opened later (created when a leader adds this node).
+    rng: DetRng,
+    /// Groups whose membership no longer includes this node: destroyed at the end of the round.
+    leaving: Vec<GroupId>,
 }
 
 /// Proposal context carried in raft entries: who proposed and under which id.
@@ -169,7 +199,9 @@ fn decode_context(context: &[u8]) -> Option<(NodeId, u64)> {
 
 impl MultiRaft {
     /// A driver over `logs` and `meta` (which share one durable backend, so one sync covers both) for the
-    /// given groups and their initial voters. Groups already in the raft log store keep their state.
+    /// given groups and their initial voters (the bootstrap membership). Groups already in the raft log
+    /// store keep their state, including groups this node was added to later; a group this node left (a
+    /// tombstone) is not brought back.
     pub fn open(
         config: MultiRaftConfig,
         logs: Arc<RaftLogStore>,
@@ -208,20 +240,26 @@ impl MultiRaft {
             refused_messages: 0,
             stale_messages: 0,
             logger: slog::Logger::root(slog::Discard, slog::o!()),
+            rng: DetRng::new(config.seed),
+            leaving: Vec::new(),
             config,
         };
-        let rng = DetRng::new(driver.config.seed);
         for (group, voters) in groups {
-            driver.add_group(*group, voters, rng.child(u64::from(group.get())))?;
+            let conf = ConfState { voters: voters.iter().map(|n| n.get()).collect(), ..Default::default() };
+            driver.logs.bootstrap_group(*group, conf)?;
+        }
+        for group in driver.logs.groups() {
+            driver.open_group(group)?;
         }
         Ok(driver)
     }
 
-    fn add_group(&mut self, group: GroupId, voters: &[NodeId], election_rng: DetRng) -> Result<(), StoreError> {
+    /// Starts driving `group`, whose log exists in the raft log store.
+    fn open_group(&mut self, group: GroupId) -> Result<(), StoreError> {
+        let election_rng = self.rng.child(u64::from(group.get()));
         let election_tick = self.config.election_ticks_min;
-        let conf = raft::prelude::ConfState { voters: voters.iter().map(|n| n.get()).collect(), ..Default::default() };
-        self.logs.create_group(group, conf)?;
         let applied = self.meta.applied_index(group)?;
+        let config_epoch = self.meta.config_epoch(group)?;
         let raft_config = raft::Config {
             id: self.config.node.get(),
             election_tick,
@@ -242,7 +280,8 @@ impl MultiRaft {
         let storage = self.logs.group(group)?;
         let raw = RawNode::new(&raft_config, storage, &self.logger).map_err(raft_error)?;
         let fsm = SlotFsm::new(group, self.meta.clone(), self.config.fsm);
-        let mut g = Group { raw, fsm, reads: VecDeque::new(), observed: None, election_rng, election_tick };
+        let mut g =
+            Group { raw, fsm, reads: VecDeque::new(), observed: None, election_rng, election_tick, config_epoch };
         g.seed_election_timeout();
         self.groups.insert(group, g);
         Ok(())
@@ -293,8 +332,9 @@ impl MultiRaft {
 
     /// Raft status of `group` on this node.
     pub fn status(&self, group: GroupId) -> Option<GroupStatus> {
-        let raw = &self.groups.get(&group)?.raw;
-        let conf = raw.store().initial_state().map(|s| s.conf_state).unwrap_or_default();
+        let g = self.groups.get(&group)?;
+        let raw = &g.raw;
+        let conf = g.conf();
         let mut peers: Vec<(NodeId, u64, bool)> = if raw.raft.state == StateRole::Leader {
             raw.raft.prs().iter().map(|(id, p)| (NodeId::new(*id), p.matched, p.recent_active)).collect()
         } else {
@@ -307,13 +347,33 @@ impl MultiRaft {
             term: raw.raft.term,
             commit: raw.raft.raft_log.committed,
             applied: raw.raft.raft_log.applied,
-            voters: conf.voters.iter().copied().map(NodeId::new).collect(),
-            learners: conf.learners.iter().copied().map(NodeId::new).collect(),
+            voters: conf.voters,
+            learners: conf.learners,
             peers,
-            joint: !conf.voters_outgoing.is_empty(),
+            joint: conf.joint,
             transferring: raw.raft.lead_transferee.map(NodeId::new),
-            config_epoch: ConfigEpoch::new(0),
+            config_epoch: conf.config_epoch,
         })
+    }
+
+    /// Proposes a membership change of `group` on this node, its leader. It applies like any entry; the
+    /// caller watches [`MultiRaft::status`] for its effect (raft-rs drops a change proposed while another
+    /// has not applied yet, so the caller proposes again when the status still asks for it).
+    pub fn change_membership(
+        &mut self,
+        now: Time,
+        group: GroupId,
+        change: &MembershipChange,
+    ) -> Result<(), ProposeError> {
+        self.advance(now);
+        let g = self.groups.get_mut(&group).ok_or(ProposeError::UnknownGroup { group })?;
+        if g.raw.raft.state != StateRole::Leader {
+            let hint = (g.raw.raft.leader_id != 0).then(|| NodeId::new(g.raw.raft.leader_id));
+            return Err(ProposeError::NotLeader { group, hint });
+        }
+        g.raw.propose_conf_change(Vec::new(), change.to_conf_change()).map_err(|_| ProposeError::Dropped)?;
+        self.dirty = true;
+        Ok(())
     }
 
     /// Starts moving `group`'s leadership to `to` (this node must lead it; raft-rs catches `to` up first
@@ -486,6 +546,7 @@ impl MultiRaft {
             SlotBody::Forward { origin, id, command } => self.forwarded(from, group, origin, id, command),
             SlotBody::ForwardDone { id, outcome } => self.complete(id, Ok(outcome)),
             SlotBody::NotLeader { id, hint } => self.complete(id, Err(ProposeError::NotLeader { group, hint })),
+            SlotBody::Removed { config_epoch } => self.removed_by_peer(group, config_epoch),
         }
         self.dirty = true;
     }
@@ -518,17 +579,85 @@ impl MultiRaft {
             self.refused_messages += 1;
             return;
         };
-        if let Some(g) = self.groups.get_mut(&group) {
-            if !guard::admissible(&g.raw, from.get(), self.config.node.get(), &message) {
-                self.refused_messages += 1;
-                return;
+        if !self.groups.contains_key(&group) && !self.create_on_demand(group, &message) {
+            return;
+        }
+        let Some(g) = self.groups.get_mut(&group) else { return };
+        if !guard::admissible(&g.raw, from.get(), self.config.node.get(), &message) {
+            self.refused_messages += 1;
+            return;
+        }
+        if message.term != 0 && message.term < g.raw.raft.term {
+            self.stale_messages += 1;
+        }
+        if g.raw.raft.state == StateRole::Leader && !g.has_member(from.get()) {
+            // A replica this group removed (it may not have learnt it): tell it, so it destroys itself.
+            let config_epoch = g.config_epoch;
+            self.send(from, group, SlotBody::Removed { config_epoch });
+            return;
+        }
+        // raft-rs refuses local-only message types from the wire; other errors are stale messages.
+        let _ = g.raw.step(message);
+        g.seed_election_timeout();
+    }
+
+    /// A leader reaches this node for a group it does not hold: this node was added to the group (as a
+    /// learner). Creates an empty replica that a snapshot initializes — only for groups of the hash-slot
+    /// table, on messages only a leader sends, and within `groups_max`.
+    fn create_on_demand(&mut self, group: GroupId, message: &Message) -> bool {
+        let from_leader =
+            matches!(message.get_msg_type(), MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot);
+        let known = self.table.read().groups().any(|g| g == group);
+        if !from_leader || !known || self.groups.len() >= self.config.groups_max || message.term == 0 {
+            return false;
+        }
+        let created = self.logs.create_group(group, ConfState::default()).and_then(|()| self.open_group(group));
+        match created {
+            Ok(()) => {
+                tracing::info!(%group, "slot replica created: a leader added this node");
+                true
             }
-            if message.term != 0 && message.term < g.raw.raft.term {
-                self.stale_messages += 1;
+            Err(error) => {
+                tracing::error!(%error, %group, "cannot create a slot replica");
+                false
             }
-            // raft-rs refuses local-only message types from the wire; other errors are stale messages.
-            let _ = g.raw.step(message);
-            g.seed_election_timeout();
+        }
+    }
+
+    /// The leader of `group` says this node is no longer a member as of `config_epoch`.
+    fn removed_by_peer(&mut self, group: GroupId, config_epoch: u64) {
+        let Some(g) = self.groups.get(&group) else { return };
+        // Only a membership newer than the one this replica applied can have removed it.
+        if config_epoch > g.config_epoch && !self.leaving.contains(&group) {
+            self.leaving.push(group);
+        }
+    }
+
+    /// Destroys the replicas of groups this node left: raft state, applied data and its hash slots' metadata
+    /// go; a tombstone stops a restart from bringing the replica back.
+    fn destroy_leaving(&mut self) {
+        for group in std::mem::take(&mut self.leaving) {
+            let Some(g) = self.groups.remove(&group) else { continue };
+            let epoch = g.config_epoch;
+            let mut batch = tidings_store::MetaWriteBatch::new();
+            for slot in self.table.read().slots_of(group) {
+                batch.clear_slot(slot);
+            }
+            let destroyed = self
+                .meta
+                .write(&batch)
+                .and_then(|()| self.meta.forget_group(group))
+                .and_then(|()| self.logs.remove_group(group, epoch));
+            if let Err(error) = destroyed {
+                tracing::error!(%error, %group, "cannot destroy a removed slot replica");
+            }
+            for read in g.reads {
+                self.effects.push_back(SlotEffect::ReadFailed { id: read.id, error: ProposeError::UnknownGroup { group } });
+            }
+            self.awaiting.retain(|a| a.group != group);
+            tracing::info!(%group, epoch, "slot replica destroyed: this node left the group");
+            self.effects.push_back(SlotEffect::GroupRemoved { group });
+            self.sync_requested = true;
         }
     }
 
@@ -588,8 +717,11 @@ impl MultiRaft {
                     break;
                 }
             }
-            self.observe(id);
+            if self.groups.contains_key(&id) {
+                self.observe(id);
+            }
         }
+        self.destroy_leaving();
         if self.sync_requested {
             self.sync_requested = false;
             let token = self.next_sync;
@@ -611,8 +743,9 @@ impl MultiRaft {
         let snapshot_index = (!snapshot.is_empty()).then(|| snapshot.get_metadata().index);
         if !snapshot.is_empty() {
             let index = snapshot.get_metadata().index;
-            if let Err(error) = snapshot::install(&self.meta, &table, id, index, &snapshot.data) {
-                tracing::error!(%error, group = %id, "snapshot install failed");
+            match snapshot::install(&self.meta, &table, id, index, &snapshot.data) {
+                Ok(config_epoch) => group.config_epoch = config_epoch,
+                Err(error) => tracing::error!(%error, group = %id, "snapshot install failed"),
             }
             batch.apply_snapshot(id, snapshot.get_metadata().clone());
         }
@@ -678,20 +811,49 @@ impl MultiRaft {
         Ok(())
     }
 
+    /// Applies `entries`: commands under the membership in force at their index, so a membership change
+    /// ends a run; the change itself is recorded (configuration and epoch) with its applied index.
     fn apply_batch(&mut self, id: GroupId, table: &HashToSlot, entries: &[Entry]) -> Result<(), StoreError> {
-        let me = self.config.node;
-        let mut commands: Vec<(u64, &[u8])> = Vec::with_capacity(entries.len());
-        for entry in entries {
-            match entry.get_entry_type() {
-                EntryType::EntryNormal => commands.push((entry.index, &entry.data)),
-                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
-                    self.apply_conf_change(id, entry)?;
-                    commands.push((entry.index, &[]));
+        let mut start = 0;
+        for (at, entry) in entries.iter().enumerate() {
+            if entry.get_entry_type() != EntryType::EntryNormal {
+                self.apply_run(id, table, &entries[start..at], false)?;
+                self.apply_conf_change(id, entry)?;
+                self.apply_run(id, table, &entries[at..=at], true)?;
+                start = at + 1;
+                if !self.groups.get(&id).is_some_and(|g| g.has_member(self.config.node.get())) {
+                    // This node is no longer in the group: the rest is not its business.
+                    if !self.leaving.contains(&id) {
+                        self.leaving.push(id);
+                    }
+                    return Ok(());
                 }
             }
         }
+        self.apply_run(id, table, &entries[start..], false)?;
+        self.maybe_compact(id)
+    }
+
+    /// Applies a run of entries through the FSM in one atomic write (membership-change entries carry no
+    /// command), then answers their proposers.
+    fn apply_run(
+        &mut self,
+        id: GroupId,
+        table: &HashToSlot,
+        entries: &[Entry],
+        record_config_epoch: bool,
+    ) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let me = self.config.node;
+        let commands: Vec<(u64, &[u8])> = entries
+            .iter()
+            .map(|e| (e.index, if e.get_entry_type() == EntryType::EntryNormal { &e.data[..] } else { &[] }))
+            .collect();
         let group = self.groups.get_mut(&id).expect("group exists");
-        let (outcomes, metas) = group.fsm.apply_reporting_metas(table, &commands)?;
+        let conf = group.conf();
+        let (outcomes, metas) = group.fsm.apply_in(table, &conf, record_config_epoch, &commands)?;
         let leader = group.raw.raft.state == StateRole::Leader;
         for meta in metas {
             self.effects.push_back(SlotEffect::MetaChanged { group: id, meta, leader });
@@ -716,11 +878,15 @@ impl MultiRaft {
         for (origin, pid, outcome) in forwarded {
             self.send(origin, id, SlotBody::ForwardDone { id: pid, outcome });
         }
-        self.maybe_compact(id)
+        Ok(())
     }
 
+    /// Applies a membership change entry to raft-rs and the stored configuration. Every such entry sets the
+    /// configuration epoch to its index — also one raft-rs refuses (the same on every replica), so the epoch
+    /// is a pure function of the log.
     fn apply_conf_change(&mut self, id: GroupId, entry: &Entry) -> Result<(), StoreError> {
         let group = self.groups.get_mut(&id).expect("group exists");
+        group.config_epoch = entry.index;
         let conf = match entry.get_entry_type() {
             EntryType::EntryConfChangeV2 => ConfChangeV2::parse_from_bytes(&entry.data)
                 .ok()
@@ -769,14 +935,14 @@ impl MultiRaft {
     /// Publishes what raft status shows of the group when it changed.
     fn observe(&mut self, id: GroupId) {
         let group = self.groups.get_mut(&id).expect("group exists");
-        let conf = group.raw.store().initial_state().map(|s| s.conf_state).unwrap_or_default();
+        let conf = group.conf();
         let leader = (group.raw.raft.leader_id != 0).then(|| NodeId::new(group.raw.raft.leader_id));
         let observation = GroupObservation {
             leader,
             term: Term::new(group.raw.raft.term),
-            voters: conf.voters.iter().copied().map(NodeId::new).collect(),
-            learners: conf.learners.iter().copied().map(NodeId::new).collect(),
-            config_epoch: ConfigEpoch::new(0),
+            voters: conf.voters,
+            learners: conf.learners,
+            config_epoch: conf.config_epoch,
         };
         if group.observed.as_ref() != Some(&observation) {
             group.observed = Some(observation.clone());

@@ -14,6 +14,8 @@ use tidings_types::{GroupId, HashSlot, NodeId, Time};
 /// The data of a slot-group snapshot.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct SnapshotData {
+    /// The group's configuration epoch at the snapshot's index.
+    pub(crate) config_epoch: u64,
     pub(crate) entries: Vec<(HashSlot, Vec<u8>, Vec<u8>)>,
 }
 
@@ -37,7 +39,7 @@ impl SnapshotSource for SlotSnapshots {
         let storage = logs.group(group)?;
         let (Ok(term), Ok(state)) = (storage.term(applied), storage.initial_state()) else { return Ok(None) };
         let slots: Vec<HashSlot> = self.table.read().slots_of(group).collect();
-        let mut data = SnapshotData::default();
+        let mut data = SnapshotData { config_epoch: self.meta.config_epoch(group)?, ..Default::default() };
         let mut bytes = 0usize;
         let mut cursor = None;
         loop {
@@ -68,14 +70,15 @@ impl SnapshotSource for SlotSnapshots {
     }
 }
 
-/// Writes a received snapshot's data over the group's hash slots, with its applied index, atomically.
+/// Writes a received snapshot's data over the group's hash slots, with its applied index and configuration
+/// epoch, atomically. Returns the configuration epoch.
 pub(crate) fn install(
     meta: &MetaStore,
     table: &HashToSlot,
     group: GroupId,
     index: u64,
     data: &[u8],
-) -> Result<(), InstallError> {
+) -> Result<u64, InstallError> {
     let data: SnapshotData = postcard::from_bytes(data).map_err(|_| InstallError::Malformed)?;
     let mut batch = MetaWriteBatch::new();
     for slot in table.slots_of(group) {
@@ -87,8 +90,9 @@ pub(crate) fn install(
         }
         batch.put(slot, key, value);
     }
-    batch.set_applied(group, index);
-    meta.write(&batch).map_err(InstallError::Store)
+    batch.set_applied(group, index).set_config_epoch(group, data.config_epoch);
+    meta.write(&batch).map_err(InstallError::Store)?;
+    Ok(data.config_epoch)
 }
 
 /// Why a snapshot could not be installed.

@@ -1,0 +1,190 @@
+//! Replica moves of slot groups, carried out by each group's leader. The move itself is replicated state:
+//! the group's intent names the voters wanted (`target_peers`, set by `Command::MoveGroupReplica`).
+//! Every reconcile pass the leader compares the membership in force with it and takes the next step —
+//! learner, catch-up, hand-off of its own leadership, joint configuration, leaving it, committing the
+//! assignment — so a crash or a leader change at any phase resumes from what raft shows, and aborting a
+//! move (`Command::AbortGroupMove`) drives the membership back the same way.
+
+use tidings_slot::model::GroupIntent;
+use tidings_slot::raft::{GroupStatus, MembershipChange};
+use tidings_types::NodeId;
+
+/// The next step of a group's membership toward its intent, as its leader decided it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MembershipStep {
+    /// No move is in progress and the configuration is not joint: nothing to do.
+    Settled,
+    /// Leave the joint configuration (a move's promotion applied).
+    LeaveJoint,
+    /// Add the move's target as a learner.
+    AddLearner(NodeId),
+    /// The learner has not caught up with the commit index yet.
+    CatchingUp {
+        /// The learner.
+        node: NodeId,
+        /// Its match index.
+        matched: u64,
+        /// The commit index.
+        commit: u64,
+    },
+    /// The learner has not answered recently (down or cut off): the move waits (or is aborted).
+    LearnerInactive(NodeId),
+    /// This node is the voter to remove: it hands its leadership to a staying voter first.
+    HandOffLeadership {
+        /// The staying voter.
+        to: NodeId,
+    },
+    /// This node is the voter to remove and no staying voter is active and caught up to take over.
+    NoSuccessor,
+    /// Promote the caught-up learners and remove the old voters, in one joint configuration.
+    EnterJoint {
+        /// Nodes to make voters.
+        promote: Vec<NodeId>,
+        /// Voters to remove.
+        remove: Vec<NodeId>,
+    },
+    /// Remove a learner the intent does not want (a move aborted before its promotion).
+    RemoveLearner(NodeId),
+    /// The voters in force are the ones wanted: record them (and the configuration epoch) as the assignment.
+    CommitAssignment,
+}
+
+impl MembershipStep {
+    /// The raft membership change this step proposes, if it proposes one.
+    pub(crate) fn change(&self) -> Option<MembershipChange> {
+        match self {
+            MembershipStep::LeaveJoint => Some(MembershipChange::LeaveJoint),
+            MembershipStep::AddLearner(node) => Some(MembershipChange::AddLearner(*node)),
+            MembershipStep::RemoveLearner(node) => Some(MembershipChange::RemoveLearner(*node)),
+            MembershipStep::EnterJoint { promote, remove } => {
+                Some(MembershipChange::EnterJoint { promote: promote.clone(), remove: remove.clone() })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Decides the next step for a group this node (`me`) leads, from its intent and raft status.
+pub(crate) fn next_step(intent: &GroupIntent, status: &GroupStatus, me: NodeId) -> MembershipStep {
+    if status.joint {
+        // Always safe, and nothing else can happen to the group while joint.
+        return MembershipStep::LeaveJoint;
+    }
+    // Only a move changes the membership: an assignment that differs from the voters in force is reported
+    // by the leadership reconciliation (`VoterMismatch`), never acted on.
+    let Some(wanted) = intent.target_peers.as_deref() else { return MembershipStep::Settled };
+    let add: Vec<NodeId> = wanted.iter().copied().filter(|n| !status.voters.contains(n)).collect();
+    let remove: Vec<NodeId> = status.voters.iter().copied().filter(|n| !wanted.contains(n)).collect();
+    if add.is_empty() && remove.is_empty() {
+        if let Some(stray) = status.learners.iter().find(|n| !wanted.contains(n)) {
+            return MembershipStep::RemoveLearner(*stray);
+        }
+        return MembershipStep::CommitAssignment;
+    }
+    if let Some(node) = add.iter().find(|n| !status.learners.contains(n)) {
+        return MembershipStep::AddLearner(*node);
+    }
+    let progress = |node: NodeId| status.peers.iter().find(|(n, _, _)| *n == node).map(|(_, m, a)| (*m, *a));
+    for node in &add {
+        match progress(*node) {
+            Some((matched, true)) if matched >= status.commit => {}
+            Some((matched, true)) => return MembershipStep::CatchingUp { node: *node, matched, commit: status.commit },
+            _ => return MembershipStep::LearnerInactive(*node),
+        }
+    }
+    if remove.contains(&me) {
+        // raft-rs does not step a removed leader down cleanly: leadership moves first.
+        let ready = |node: NodeId| progress(node).is_some_and(|(m, active)| active && m >= status.commit);
+        let staying: Vec<NodeId> = status.voters.iter().copied().filter(|n| wanted.contains(n) && *n != me).collect();
+        let preferred = intent.preferred_leader.filter(|p| staying.contains(p) && ready(*p));
+        return match preferred.or_else(|| staying.iter().copied().find(|n| ready(*n))) {
+            Some(to) => MembershipStep::HandOffLeadership { to },
+            None => MembershipStep::NoSuccessor,
+        };
+    }
+    MembershipStep::EnterJoint { promote: add, remove }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings_types::{ConfigEpoch, GroupId};
+
+    fn n(id: u64) -> NodeId {
+        NodeId::new(id)
+    }
+
+    fn status(voters: &[u64], learners: &[u64]) -> GroupStatus {
+        let peers = voters.iter().chain(learners).map(|id| (n(*id), 10, true)).collect();
+        GroupStatus {
+            group: GroupId::new(1),
+            leader: Some(n(1)),
+            term: 3,
+            commit: 10,
+            applied: 10,
+            voters: voters.iter().copied().map(n).collect(),
+            learners: learners.iter().copied().map(n).collect(),
+            peers,
+            joint: false,
+            transferring: None,
+            config_epoch: ConfigEpoch::new(6),
+        }
+    }
+
+    fn moving(target: &[u64]) -> GroupIntent {
+        GroupIntent {
+            group: GroupId::new(1),
+            desired_peers: vec![n(1), n(2), n(3)],
+            config_epoch: ConfigEpoch::new(6),
+            preferred_leader: None,
+            target_peers: Some(target.iter().copied().map(n).collect()),
+        }
+    }
+
+    #[test]
+    fn a_move_goes_learner_catch_up_joint_leave_commit() {
+        let intent = moving(&[1, 2, 4]);
+        assert_eq!(next_step(&intent, &status(&[1, 2, 3], &[]), n(1)), MembershipStep::AddLearner(n(4)));
+        let mut lagging = status(&[1, 2, 3], &[4]);
+        lagging.peers[3].1 = 7;
+        assert_eq!(
+            next_step(&intent, &lagging, n(1)),
+            MembershipStep::CatchingUp { node: n(4), matched: 7, commit: 10 }
+        );
+        lagging.peers[3] = (n(4), 10, false);
+        assert_eq!(next_step(&intent, &lagging, n(1)), MembershipStep::LearnerInactive(n(4)));
+        assert_eq!(
+            next_step(&intent, &status(&[1, 2, 3], &[4]), n(1)),
+            MembershipStep::EnterJoint { promote: vec![n(4)], remove: vec![n(3)] }
+        );
+        let joint = GroupStatus { joint: true, ..status(&[1, 2, 4], &[]) };
+        assert_eq!(next_step(&intent, &joint, n(1)), MembershipStep::LeaveJoint);
+        let moved = GroupStatus { config_epoch: ConfigEpoch::new(9), ..status(&[1, 2, 4], &[]) };
+        assert_eq!(next_step(&intent, &moved, n(1)), MembershipStep::CommitAssignment);
+        let committed = GroupIntent {
+            desired_peers: vec![n(1), n(2), n(4)],
+            config_epoch: ConfigEpoch::new(9),
+            target_peers: None,
+            ..intent
+        };
+        assert_eq!(next_step(&committed, &moved, n(1)), MembershipStep::Settled);
+    }
+
+    #[test]
+    fn a_leaving_leader_hands_off_first_and_an_aborted_move_removes_its_learner() {
+        let intent = moving(&[2, 3, 4]);
+        let ready = status(&[1, 2, 3], &[4]);
+        assert_eq!(next_step(&intent, &ready, n(1)), MembershipStep::HandOffLeadership { to: n(2) });
+        let preferring = GroupIntent { preferred_leader: Some(n(3)), ..intent.clone() };
+        assert_eq!(next_step(&preferring, &ready, n(1)), MembershipStep::HandOffLeadership { to: n(3) });
+        let mut alone = ready.clone();
+        alone.peers = vec![(n(1), 10, true), (n(2), 3, true), (n(3), 10, false), (n(4), 10, true)];
+        assert_eq!(next_step(&intent, &alone, n(1)), MembershipStep::NoSuccessor);
+        // An abort retargets the move to the assignment: the learner goes, then the assignment is committed.
+        let aborted = GroupIntent { target_peers: Some(vec![n(1), n(2), n(3)]), ..intent };
+        assert_eq!(next_step(&aborted, &ready, n(1)), MembershipStep::RemoveLearner(n(4)));
+        assert_eq!(next_step(&aborted, &status(&[1, 2, 3], &[]), n(1)), MembershipStep::CommitAssignment);
+        let settled = GroupIntent { target_peers: None, ..aborted };
+        assert_eq!(next_step(&settled, &status(&[1, 2, 3], &[]), n(1)), MembershipStep::Settled);
+    }
+}

@@ -1,0 +1,220 @@
+//! Slot-group replica moves through the node API, on a virtual-time cluster: learner, catch-up, hand-off,
+//! joint configuration, commit of the assignment; every refusal; abort; a crash of the leader mid-move;
+//! metadata writes running throughout, none lost.
+
+mod support;
+
+use support::Cluster;
+use tidings::node::{MembershipStep, Reconcile};
+use tidings::slot::model::ChannelInfo;
+use tidings::types::{ChannelId, ChannelType, GroupId, NodeId};
+
+const GROUP: GroupId = GroupId::new(1);
+
+fn members(cluster: &Cluster, group: GroupId) -> Vec<NodeId> {
+    let config = &cluster.nodes[&NodeId::new(1)].config;
+    config.slot_group_members().into_iter().find(|(g, _)| *g == group).unwrap().1
+}
+
+fn leader(cluster: &mut Cluster, group: GroupId) -> Option<u64> {
+    let ids: Vec<u64> = cluster.nodes.iter().filter(|(_, n)| n.core.is_some()).map(|(id, _)| id.get()).collect();
+    ids.into_iter().find(|n| cluster.core(*n).slot().is_leader(group))
+}
+
+/// Proposes a move (or abort) through node 1 and returns the API result.
+fn call(cluster: &mut Cluster, op: impl FnOnce(&mut tidings::node::NodeCore, tidings::types::Time, tidings::node::ApiId)) -> String {
+    let id = cluster.api();
+    let now = cluster.now;
+    op(cluster.core(1), now, id);
+    assert!(cluster.run_until(5_000, |c| c.results.contains_key(&id)), "no answer");
+    cluster.results[&id].clone()
+}
+
+fn channel(name: &str) -> ChannelId {
+    ChannelId::new(ChannelType::GROUP, name).unwrap()
+}
+
+/// Metadata writes issued while a move runs: one channel creation per call, through rotating nodes.
+struct Load {
+    next: u64,
+    issued: Vec<(tidings::node::ApiId, ChannelId)>,
+}
+
+impl Load {
+    fn step(&mut self, cluster: &mut Cluster) {
+        self.next += 1;
+        let via = 1 + self.next % 4;
+        if cluster.nodes[&NodeId::new(via)].core.is_none() {
+            return;
+        }
+        let id = cluster.api();
+        let now = cluster.now;
+        let name = channel(&format!("load-{}", self.next));
+        let info = ChannelInfo { channel: name.clone(), flags: Default::default() };
+        cluster.core(via).create_channel(now, id, info);
+        self.issued.push((id, name));
+    }
+
+    /// Every acknowledged creation is readable on every current voter of its group.
+    fn check(&self, cluster: &mut Cluster) {
+        let table = cluster.nodes[&NodeId::new(1)].config.table();
+        let mut acked = 0;
+        for (id, name) in &self.issued {
+            if cluster.results.get(id).map(String::as_str) != Some("Meta(Ok(()))") {
+                continue;
+            }
+            acked += 1;
+            let group = table.group_of_key(name.route_key());
+            let leader = leader(cluster, group).expect("group has a leader");
+            let voters = cluster.core(leader).slot().status(group).unwrap().voters;
+            for voter in voters {
+                let found = cluster.core(voter.get()).reader().channel(name).unwrap();
+                assert!(found.is_some(), "{name} acknowledged but missing on {voter} of {group}");
+            }
+        }
+        assert!(acked > 10, "the load made progress ({acked} acknowledged)");
+    }
+}
+
+/// Runs with load until `done`, at most `ms`.
+fn run_loaded(cluster: &mut Cluster, load: &mut Load, ms: u64, done: impl Fn(&mut Cluster) -> bool) -> bool {
+    for _ in 0..ms / 50 {
+        if done(cluster) {
+            return true;
+        }
+        load.step(cluster);
+        cluster.run_for(50);
+    }
+    done(cluster)
+}
+
+/// The group's membership equals `voters`, is not joint, and the intent committed it with its epoch.
+fn moved_to(cluster: &mut Cluster, group: GroupId, voters: &[NodeId]) -> bool {
+    let Some(leader) = leader(cluster, group) else { return false };
+    let status = cluster.core(leader).slot().status(group).unwrap();
+    let table = cluster.core(leader).slot().table();
+    let Ok(Some(intent)) = cluster.core(leader).reader().group_intent(&table, group) else { return false };
+    !status.joint
+        && status.voters == voters
+        && status.learners.is_empty()
+        && intent.target_peers.is_none()
+        && intent.desired_peers == voters
+        && intent.config_epoch == status.config_epoch
+}
+
+fn replaced(voters: &[NodeId], from: NodeId, to: NodeId) -> Vec<NodeId> {
+    let mut next: Vec<NodeId> = voters.iter().map(|n| if *n == from { to } else { *n }).collect();
+    next.sort();
+    next
+}
+
+#[test]
+fn a_follower_replica_moves_under_load_and_the_old_one_is_destroyed() {
+    let mut cluster = Cluster::new(4);
+    cluster.run_for(3_000);
+    let before = members(&cluster, GROUP);
+    let to = (1..=4).map(NodeId::new).find(|n| !before.contains(n)).unwrap();
+    let group_leader = leader(&mut cluster, GROUP).unwrap();
+    let from = *before.iter().find(|n| n.get() != group_leader).unwrap();
+    let mut load = Load { next: 0, issued: Vec::new() };
+    for _ in 0..20 {
+        load.step(&mut cluster);
+        cluster.run_for(50);
+    }
+    let answer = call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, from, to));
+    assert_eq!(answer, "Meta(Ok(()))");
+    let after = replaced(&before, from, to);
+    assert!(run_loaded(&mut cluster, &mut load, 30_000, |c| moved_to(c, GROUP, &after)), "the move completes");
+    assert!(
+        cluster.run_until(10_000, |c| !c.core(from.get()).slot().groups().any(|g| g == GROUP)),
+        "the old replica is destroyed"
+    );
+    assert!(cluster.core(to.get()).slot().groups().any(|g| g == GROUP));
+    for _ in 0..20 {
+        load.step(&mut cluster);
+        cluster.run_for(50);
+    }
+    cluster.run_for(2_000);
+    load.check(&mut cluster);
+    // A restart keeps it so: the new member reopens the group, the old one does not bring it back.
+    cluster.crash(from.get());
+    cluster.crash(to.get());
+    cluster.restart(from.get());
+    cluster.restart(to.get());
+    cluster.run_for(3_000);
+    assert!(!cluster.core(from.get()).slot().groups().any(|g| g == GROUP));
+    assert!(moved_to(&mut cluster, GROUP, &after));
+    load.check(&mut cluster);
+}
+
+#[test]
+fn a_leader_replica_hands_leadership_over_before_it_leaves() {
+    let mut cluster = Cluster::new(4);
+    cluster.run_for(3_000);
+    let before = members(&cluster, GROUP);
+    let to = (1..=4).map(NodeId::new).find(|n| !before.contains(n)).unwrap();
+    let from = NodeId::new(leader(&mut cluster, GROUP).unwrap());
+    let mut load = Load { next: 0, issued: Vec::new() };
+    assert_eq!(call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, from, to)), "Meta(Ok(()))");
+    let after = replaced(&before, from, to);
+    assert!(run_loaded(&mut cluster, &mut load, 30_000, |c| moved_to(c, GROUP, &after)), "the move completes");
+    assert_ne!(leader(&mut cluster, GROUP), Some(from.get()));
+    cluster.run_for(2_000);
+    load.check(&mut cluster);
+}
+
+#[test]
+fn moves_are_refused_with_a_reason_and_one_runs_at_a_time() {
+    let mut cluster = Cluster::new(4);
+    cluster.run_for(3_000);
+    let before = members(&cluster, GROUP);
+    let outsider = (1..=4).map(NodeId::new).find(|n| !before.contains(n)).unwrap();
+    let answer = call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, outsider, before[0]));
+    assert!(answer.contains("NotAVoter"), "{answer}");
+    let answer = call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, before[0], before[1]));
+    assert!(answer.contains("AlreadyAVoter"), "{answer}");
+    let answer = call(&mut cluster, |core, now, id| core.abort_slot_move(now, id, GROUP));
+    assert!(answer.contains("NoMoveInProgress"), "{answer}");
+    // The target is cut off: the move waits at the learner, and a second move is refused meanwhile.
+    cluster.cut.insert(outsider);
+    let answer = call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, before[1], outsider));
+    assert_eq!(answer, "Meta(Ok(()))");
+    let answer = call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, before[2], outsider));
+    assert!(answer.contains("MoveInProgress"), "{answer}");
+    let waiting = |c: &mut Cluster| {
+        let Some(l) = leader(c, GROUP) else { return false };
+        c.core(l).status().leadership.into_iter().any(|(g, d)| {
+            g == GROUP && d == Reconcile::Membership(MembershipStep::LearnerInactive(outsider))
+        })
+    };
+    assert!(cluster.run_until(10_000, waiting), "the move waits for its learner and says so");
+    // Abort: the learner is removed, the assignment is committed again, and the members are unchanged.
+    let answer = call(&mut cluster, |core, now, id| core.abort_slot_move(now, id, GROUP));
+    assert_eq!(answer, "Meta(Ok(()))");
+    assert!(cluster.run_until(10_000, |c| moved_to(c, GROUP, &before)), "the abort restores the assignment");
+    cluster.cut.remove(&outsider);
+    cluster.create_channel(2, &channel("after-abort"));
+}
+
+#[test]
+fn a_move_resumes_when_its_leader_crashes_mid_way() {
+    let mut cluster = Cluster::new(4);
+    cluster.run_for(3_000);
+    let before = members(&cluster, GROUP);
+    let to = (1..=4).map(NodeId::new).find(|n| !before.contains(n)).unwrap();
+    let first_leader = leader(&mut cluster, GROUP).unwrap();
+    let from = *before.iter().find(|n| n.get() != first_leader).unwrap();
+    let mut load = Load { next: 0, issued: Vec::new() };
+    assert_eq!(call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, from, to)), "Meta(Ok(()))");
+    // Crash the leader once the learner is in (mid-move), then let another leader carry on.
+    let learner_in = |c: &mut Cluster| {
+        leader(c, GROUP).is_some_and(|l| c.core(l).slot().status(GROUP).unwrap().learners.contains(&to))
+    };
+    assert!(run_loaded(&mut cluster, &mut load, 10_000, learner_in), "the learner joins");
+    cluster.crash(first_leader);
+    let after = replaced(&before, from, to);
+    assert!(run_loaded(&mut cluster, &mut load, 30_000, |c| moved_to(c, GROUP, &after)), "another leader finishes");
+    cluster.restart(first_leader);
+    cluster.run_for(3_000);
+    load.check(&mut cluster);
+}
