@@ -22,7 +22,10 @@ fn leader(cluster: &mut Cluster, group: GroupId) -> Option<u64> {
 }
 
 /// Proposes a move (or abort) through node 1 and returns the API result.
-fn call(cluster: &mut Cluster, op: impl FnOnce(&mut tidings::node::NodeCore, tidings::types::Time, tidings::node::ApiId)) -> String {
+fn call(
+    cluster: &mut Cluster,
+    op: impl FnOnce(&mut tidings::node::NodeCore, tidings::types::Time, tidings::node::ApiId),
+) -> String {
     let id = cluster.api();
     let now = cluster.now;
     op(cluster.core(1), now, id);
@@ -86,6 +89,16 @@ fn run_loaded(cluster: &mut Cluster, load: &mut Load, ms: u64, done: impl Fn(&mu
         cluster.run_for(50);
     }
     done(cluster)
+}
+
+/// What the group's leader shows (for failure messages).
+fn describe(cluster: &mut Cluster, group: GroupId) -> String {
+    let Some(leader) = leader(cluster, group) else { return "no leader".into() };
+    let status = cluster.core(leader).slot().status(group);
+    let table = cluster.core(leader).slot().table();
+    let intent = cluster.core(leader).reader().group_intent(&table, group);
+    let decision = cluster.core(leader).status().leadership.into_iter().find(|(g, _)| *g == group);
+    format!("leader {leader}\nstatus {status:?}\nintent {intent:?}\ndecision {decision:?}")
 }
 
 /// The group's membership equals `voters`, is not joint, and the intent committed it with its epoch.
@@ -157,7 +170,8 @@ fn a_leader_replica_hands_leadership_over_before_it_leaves() {
     let mut load = Load { next: 0, issued: Vec::new() };
     assert_eq!(call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, from, to)), "Meta(Ok(()))");
     let after = replaced(&before, from, to);
-    assert!(run_loaded(&mut cluster, &mut load, 30_000, |c| moved_to(c, GROUP, &after)), "the move completes");
+    let done = run_loaded(&mut cluster, &mut load, 30_000, |c| moved_to(c, GROUP, &after));
+    assert!(done, "the move completes: {}", describe(&mut cluster, GROUP));
     assert_ne!(leader(&mut cluster, GROUP), Some(from.get()));
     cluster.run_for(2_000);
     load.check(&mut cluster);
@@ -183,9 +197,11 @@ fn moves_are_refused_with_a_reason_and_one_runs_at_a_time() {
     assert!(answer.contains("MoveInProgress"), "{answer}");
     let waiting = |c: &mut Cluster| {
         let Some(l) = leader(c, GROUP) else { return false };
-        c.core(l).status().leadership.into_iter().any(|(g, d)| {
-            g == GROUP && d == Reconcile::Membership(MembershipStep::LearnerInactive(outsider))
-        })
+        c.core(l)
+            .status()
+            .leadership
+            .into_iter()
+            .any(|(g, d)| g == GROUP && d == Reconcile::Membership(MembershipStep::LearnerInactive(outsider)))
     };
     assert!(cluster.run_until(10_000, waiting), "the move waits for its learner and says so");
     // Abort: the learner is removed, the assignment is committed again, and the members are unchanged.
@@ -213,7 +229,8 @@ fn a_move_resumes_when_its_leader_crashes_mid_way() {
     assert!(run_loaded(&mut cluster, &mut load, 10_000, learner_in), "the learner joins");
     cluster.crash(first_leader);
     let after = replaced(&before, from, to);
-    assert!(run_loaded(&mut cluster, &mut load, 30_000, |c| moved_to(c, GROUP, &after)), "another leader finishes");
+    let done = run_loaded(&mut cluster, &mut load, 30_000, |c| moved_to(c, GROUP, &after));
+    assert!(done, "another leader finishes: {}", describe(&mut cluster, GROUP));
     cluster.restart(first_leader);
     cluster.run_for(3_000);
     load.check(&mut cluster);

@@ -4,7 +4,9 @@
 //! drives the same code.
 
 use super::config::NodeConfig;
-use super::controller::{Action, Controller, EvidenceReport, PreferredLeaders, Reconcile, TaskReport, TaskStatus};
+use super::controller::{
+    Action, Controller, EvidenceReport, NodeView, PreferredLeaders, Reconcile, TaskReport, TaskStatus,
+};
 use super::error::NodeError;
 use super::fanout::FanoutAnswer;
 use super::message::{NodeMessage, RemoteAppendError};
@@ -426,8 +428,9 @@ impl NodeCore {
         }
         self.controller.tick(self.now, &self.slot, &self.reader);
         let table = self.slot.table();
-        let me = self.config.node;
-        self.preferred.tick(self.now, &self.config.controller, me, &mut self.slot, &self.reader, &table);
+        let down = self.controller.down_nodes(self.now);
+        let view = NodeView { me: self.config.node, reader: &self.reader, table: &table, down: &down };
+        self.preferred.tick(self.now, &self.config.controller, &mut self.slot, &view);
         self.request_failovers();
         if self.now >= self.next_evict_scan {
             self.next_evict_scan = self.now + EVICT_SCAN_INTERVAL;

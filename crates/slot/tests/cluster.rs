@@ -505,7 +505,9 @@ fn a_replica_moves_through_a_learner_and_joint_consensus_and_the_old_one_is_dest
     assert!(cluster.driver(from).groups().any(|g| g == group), "the cut-off replica still thinks it is a member");
 
     cluster.blocked.remove(&from);
-    run_until(&mut cluster, 10_000, "the removed replica is destroyed", |c| !c.driver(from).groups().any(|g| g == group));
+    run_until(&mut cluster, 10_000, "the removed replica is destroyed", |c| {
+        !c.driver(from).groups().any(|g| g == group)
+    });
     assert!(cluster.reader(from).user(&Uid::new("m0").unwrap()).unwrap().is_none(), "its metadata is gone");
 
     // Writes go on in the new membership and reach the new voter.

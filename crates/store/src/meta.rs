@@ -193,8 +193,10 @@ impl MetaStore {
     fn group_u64(&self, key: Vec<u8>, detail: &'static str) -> StoreResult<u64> {
         match self.kv.get(Keyspace::Applied, &key)? {
             None => Ok(0),
-            Some(bytes) => decode_u64(&bytes)
-                .ok_or(StoreError::Corrupt { location: CorruptLocation::Kv { keyspace: Keyspace::Applied, key }, detail }),
+            Some(bytes) => decode_u64(&bytes).ok_or(StoreError::Corrupt {
+                location: CorruptLocation::Kv { keyspace: Keyspace::Applied, key },
+                detail,
+            }),
         }
     }
 

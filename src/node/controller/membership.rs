@@ -5,9 +5,13 @@
 //! assignment — so a crash or a leader change at any phase resumes from what raft shows, and aborting a
 //! move (`Command::AbortGroupMove`) drives the membership back the same way.
 
+use std::collections::BTreeSet;
 use tidings_slot::model::GroupIntent;
 use tidings_slot::raft::{GroupStatus, MembershipChange};
 use tidings_types::NodeId;
+
+/// A learner (or successor) this many entries behind the commit index counts as caught up.
+const CAUGHT_UP_SLACK: u64 = 16;
 
 /// The next step of a group's membership toward its intent, as its leader decided it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,8 +68,15 @@ impl MembershipStep {
     }
 }
 
-/// Decides the next step for a group this node (`me`) leads, from its intent and raft status.
-pub(crate) fn next_step(intent: &GroupIntent, status: &GroupStatus, me: NodeId) -> MembershipStep {
+/// Decides the next step for a group this node (`me`) leads, from its intent, raft status and the nodes the
+/// failure detector holds down (raft-rs's recent-activity flag is cleared every election timeout, so a
+/// sample of it says little).
+pub(crate) fn next_step(
+    intent: &GroupIntent,
+    status: &GroupStatus,
+    me: NodeId,
+    down: &BTreeSet<NodeId>,
+) -> MembershipStep {
     if status.joint {
         // Always safe, and nothing else can happen to the group while joint.
         return MembershipStep::LeaveJoint;
@@ -84,17 +95,20 @@ pub(crate) fn next_step(intent: &GroupIntent, status: &GroupStatus, me: NodeId) 
     if let Some(node) = add.iter().find(|n| !status.learners.contains(n)) {
         return MembershipStep::AddLearner(*node);
     }
-    let progress = |node: NodeId| status.peers.iter().find(|(n, _, _)| *n == node).map(|(_, m, a)| (*m, *a));
+    let matched = |node: NodeId| status.peers.iter().find(|(n, _, _)| *n == node).map(|(_, m, _)| *m);
+    // Caught up: within a few entries of the commit index (under load it moves on while a sample is taken).
+    let caught_up = |matched: u64| matched + CAUGHT_UP_SLACK >= status.commit;
     for node in &add {
-        match progress(*node) {
-            Some((matched, true)) if matched >= status.commit => {}
-            Some((matched, true)) => return MembershipStep::CatchingUp { node: *node, matched, commit: status.commit },
-            _ => return MembershipStep::LearnerInactive(*node),
+        match matched(*node) {
+            _ if down.contains(node) => return MembershipStep::LearnerInactive(*node),
+            Some(matched) if caught_up(matched) => {}
+            Some(matched) => return MembershipStep::CatchingUp { node: *node, matched, commit: status.commit },
+            None => return MembershipStep::LearnerInactive(*node),
         }
     }
     if remove.contains(&me) {
         // raft-rs does not step a removed leader down cleanly: leadership moves first.
-        let ready = |node: NodeId| progress(node).is_some_and(|(m, active)| active && m >= status.commit);
+        let ready = |node: NodeId| !down.contains(&node) && matched(node).is_some_and(caught_up);
         let staying: Vec<NodeId> = status.voters.iter().copied().filter(|n| wanted.contains(n) && *n != me).collect();
         let preferred = intent.preferred_leader.filter(|p| staying.contains(p) && ready(*p));
         return match preferred.or_else(|| staying.iter().copied().find(|n| ready(*n))) {
@@ -131,6 +145,10 @@ mod tests {
         }
     }
 
+    fn none() -> BTreeSet<NodeId> {
+        BTreeSet::new()
+    }
+
     fn moving(target: &[u64]) -> GroupIntent {
         GroupIntent {
             group: GroupId::new(1),
@@ -144,47 +162,48 @@ mod tests {
     #[test]
     fn a_move_goes_learner_catch_up_joint_leave_commit() {
         let intent = moving(&[1, 2, 4]);
-        assert_eq!(next_step(&intent, &status(&[1, 2, 3], &[]), n(1)), MembershipStep::AddLearner(n(4)));
+        assert_eq!(next_step(&intent, &status(&[1, 2, 3], &[]), n(1), &none()), MembershipStep::AddLearner(n(4)));
         let mut lagging = status(&[1, 2, 3], &[4]);
-        lagging.peers[3].1 = 7;
+        lagging.commit = 100;
+        lagging.peers[3].1 = 70;
         assert_eq!(
-            next_step(&intent, &lagging, n(1)),
-            MembershipStep::CatchingUp { node: n(4), matched: 7, commit: 10 }
+            next_step(&intent, &lagging, n(1), &none()),
+            MembershipStep::CatchingUp { node: n(4), matched: 70, commit: 100 }
         );
-        lagging.peers[3] = (n(4), 10, false);
-        assert_eq!(next_step(&intent, &lagging, n(1)), MembershipStep::LearnerInactive(n(4)));
+        assert_eq!(next_step(&intent, &lagging, n(1), &[n(4)].into()), MembershipStep::LearnerInactive(n(4)));
         assert_eq!(
-            next_step(&intent, &status(&[1, 2, 3], &[4]), n(1)),
+            next_step(&intent, &status(&[1, 2, 3], &[4]), n(1), &none()),
             MembershipStep::EnterJoint { promote: vec![n(4)], remove: vec![n(3)] }
         );
         let joint = GroupStatus { joint: true, ..status(&[1, 2, 4], &[]) };
-        assert_eq!(next_step(&intent, &joint, n(1)), MembershipStep::LeaveJoint);
+        assert_eq!(next_step(&intent, &joint, n(1), &none()), MembershipStep::LeaveJoint);
         let moved = GroupStatus { config_epoch: ConfigEpoch::new(9), ..status(&[1, 2, 4], &[]) };
-        assert_eq!(next_step(&intent, &moved, n(1)), MembershipStep::CommitAssignment);
+        assert_eq!(next_step(&intent, &moved, n(1), &none()), MembershipStep::CommitAssignment);
         let committed = GroupIntent {
             desired_peers: vec![n(1), n(2), n(4)],
             config_epoch: ConfigEpoch::new(9),
             target_peers: None,
             ..intent
         };
-        assert_eq!(next_step(&committed, &moved, n(1)), MembershipStep::Settled);
+        assert_eq!(next_step(&committed, &moved, n(1), &none()), MembershipStep::Settled);
     }
 
     #[test]
     fn a_leaving_leader_hands_off_first_and_an_aborted_move_removes_its_learner() {
         let intent = moving(&[2, 3, 4]);
         let ready = status(&[1, 2, 3], &[4]);
-        assert_eq!(next_step(&intent, &ready, n(1)), MembershipStep::HandOffLeadership { to: n(2) });
+        assert_eq!(next_step(&intent, &ready, n(1), &none()), MembershipStep::HandOffLeadership { to: n(2) });
         let preferring = GroupIntent { preferred_leader: Some(n(3)), ..intent.clone() };
-        assert_eq!(next_step(&preferring, &ready, n(1)), MembershipStep::HandOffLeadership { to: n(3) });
+        assert_eq!(next_step(&preferring, &ready, n(1), &none()), MembershipStep::HandOffLeadership { to: n(3) });
         let mut alone = ready.clone();
-        alone.peers = vec![(n(1), 10, true), (n(2), 3, true), (n(3), 10, false), (n(4), 10, true)];
-        assert_eq!(next_step(&intent, &alone, n(1)), MembershipStep::NoSuccessor);
+        alone.commit = 100;
+        alone.peers = vec![(n(1), 100, true), (n(2), 3, true), (n(3), 100, true), (n(4), 100, true)];
+        assert_eq!(next_step(&intent, &alone, n(1), &[n(3)].into()), MembershipStep::NoSuccessor);
         // An abort retargets the move to the assignment: the learner goes, then the assignment is committed.
         let aborted = GroupIntent { target_peers: Some(vec![n(1), n(2), n(3)]), ..intent };
-        assert_eq!(next_step(&aborted, &ready, n(1)), MembershipStep::RemoveLearner(n(4)));
-        assert_eq!(next_step(&aborted, &status(&[1, 2, 3], &[]), n(1)), MembershipStep::CommitAssignment);
+        assert_eq!(next_step(&aborted, &ready, n(1), &none()), MembershipStep::RemoveLearner(n(4)));
+        assert_eq!(next_step(&aborted, &status(&[1, 2, 3], &[]), n(1), &none()), MembershipStep::CommitAssignment);
         let settled = GroupIntent { target_peers: None, ..aborted };
-        assert_eq!(next_step(&settled, &status(&[1, 2, 3], &[]), n(1)), MembershipStep::Settled);
+        assert_eq!(next_step(&settled, &status(&[1, 2, 3], &[]), n(1), &none()), MembershipStep::Settled);
     }
 }

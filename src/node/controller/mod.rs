@@ -34,9 +34,9 @@ mod membership;
 mod preferred;
 mod report;
 
-pub(crate) use preferred::PreferredLeaders;
 pub use membership::MembershipStep;
 pub use preferred::Reconcile;
+pub(crate) use preferred::{NodeView, PreferredLeaders};
 pub use report::{EvidenceEntry, EvidenceReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus};
 
 use super::core::ApiId;
@@ -226,6 +226,11 @@ impl Controller {
     }
 
     /// `true` if `peer` has been silent for `node_down_after`.
+    /// The nodes the failure detector holds down now.
+    pub(crate) fn down_nodes(&self, now: Time) -> BTreeSet<NodeId> {
+        self.liveness.down(now).collect()
+    }
+
     pub(crate) fn is_down(&self, peer: NodeId, now: Time) -> bool {
         self.liveness.is_down(peer, now)
     }

@@ -7,7 +7,7 @@
 
 use super::membership::{next_step, MembershipStep};
 use super::ControllerConfig;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use tidings_router::HashToSlot;
 use tidings_slot::model::GroupIntent;
 use tidings_slot::query::SlotReader;
@@ -73,9 +73,10 @@ pub(crate) fn decide(
     me: NodeId,
     now: Time,
     cooldown_until: Option<Time>,
+    down: &BTreeSet<NodeId>,
 ) -> Reconcile {
     let Some(intent) = intent else { return Reconcile::NoIntent };
-    match next_step(intent, status, me) {
+    match next_step(intent, status, me, down) {
         MembershipStep::Settled => {}
         step => return Reconcile::Membership(step),
     }
@@ -116,6 +117,19 @@ pub(crate) fn decide(
     Reconcile::Transfer { to: target }
 }
 
+/// What a reconcile pass reads of its node.
+#[derive(Clone, Copy)]
+pub(crate) struct NodeView<'a> {
+    /// This node.
+    pub(crate) me: NodeId,
+    /// Its slot metadata.
+    pub(crate) reader: &'a SlotReader,
+    /// The hash-slot table in force.
+    pub(crate) table: &'a HashToSlot,
+    /// Nodes the failure detector holds down.
+    pub(crate) down: &'a BTreeSet<NodeId>,
+}
+
 /// The reconciliation loop of one node: every `reconcile_interval`, each group it leads.
 #[derive(Debug, Default)]
 pub(crate) struct PreferredLeaders {
@@ -136,15 +150,8 @@ impl PreferredLeaders {
     }
 
     /// One pass, if due.
-    pub(crate) fn tick(
-        &mut self,
-        now: Time,
-        config: &ControllerConfig,
-        me: NodeId,
-        slot: &mut MultiRaft,
-        reader: &SlotReader,
-        table: &HashToSlot,
-    ) {
+    pub(crate) fn tick(&mut self, now: Time, config: &ControllerConfig, slot: &mut MultiRaft, view: &NodeView<'_>) {
+        let NodeView { me, reader, table, down } = *view;
         if now < self.next_at {
             return;
         }
@@ -160,7 +167,8 @@ impl PreferredLeaders {
                     continue;
                 }
             };
-            let decision = decide(intent.as_ref(), &status, me, now, self.cooldown_until.get(&group).copied());
+            let cooldown = self.cooldown_until.get(&group).copied();
+            let decision = decide(intent.as_ref(), &status, me, now, cooldown, down);
             match &decision {
                 Reconcile::Transfer { to } => {
                     if slot.transfer_leader(now, group, *to) {
@@ -242,38 +250,59 @@ mod tests {
     fn transfers_only_when_every_condition_holds_and_says_why_not_otherwise() {
         let now = Time::from_millis(50_000);
         let me = n(1);
-        assert_eq!(decide(Some(&intent(2)), &status(), me, now, None), Reconcile::Transfer { to: n(2) });
-        assert_eq!(decide(None, &status(), me, now, None), Reconcile::NoIntent);
-        assert_eq!(decide(Some(&intent(1)), &status(), me, now, None), Reconcile::AlreadyPreferred);
+        assert_eq!(
+            decide(Some(&intent(2)), &status(), me, now, None, &BTreeSet::new()),
+            Reconcile::Transfer { to: n(2) }
+        );
+        assert_eq!(decide(None, &status(), me, now, None, &BTreeSet::new()), Reconcile::NoIntent);
+        assert_eq!(decide(Some(&intent(1)), &status(), me, now, None, &BTreeSet::new()), Reconcile::AlreadyPreferred);
         let stale = GroupIntent { config_epoch: ConfigEpoch::new(7), ..intent(2) };
-        assert!(matches!(decide(Some(&stale), &status(), me, now, None), Reconcile::StaleIntent { .. }));
+        assert!(matches!(
+            decide(Some(&stale), &status(), me, now, None, &BTreeSet::new()),
+            Reconcile::StaleIntent { .. }
+        ));
         let joint = GroupStatus { joint: true, ..status() };
         assert_eq!(
-            decide(Some(&intent(2)), &joint, me, now, None),
+            decide(Some(&intent(2)), &joint, me, now, None, &BTreeSet::new()),
             Reconcile::Membership(MembershipStep::LeaveJoint)
         );
         let other_peers = GroupIntent { desired_peers: vec![n(1), n(2), n(4)], ..intent(2) };
-        assert!(matches!(decide(Some(&other_peers), &status(), me, now, None), Reconcile::VoterMismatch { .. }));
+        assert!(matches!(
+            decide(Some(&other_peers), &status(), me, now, None, &BTreeSet::new()),
+            Reconcile::VoterMismatch { .. }
+        ));
         let moving = GroupIntent { target_peers: Some(vec![n(1), n(2), n(4)]), ..intent(2) };
         assert_eq!(
-            decide(Some(&moving), &status(), me, now, None),
+            decide(Some(&moving), &status(), me, now, None, &BTreeSet::new()),
             Reconcile::Membership(MembershipStep::AddLearner(n(4)))
         );
         let unpreferred = GroupIntent { preferred_leader: None, ..intent(2) };
-        assert_eq!(decide(Some(&unpreferred), &status(), me, now, None), Reconcile::NoPreferredLeader);
+        assert_eq!(
+            decide(Some(&unpreferred), &status(), me, now, None, &BTreeSet::new()),
+            Reconcile::NoPreferredLeader
+        );
         let outsider = GroupIntent { desired_peers: vec![n(1), n(2), n(3)], ..intent(9) };
-        assert_eq!(decide(Some(&outsider), &status(), me, now, None), Reconcile::TargetNotVoter(n(9)));
+        assert_eq!(
+            decide(Some(&outsider), &status(), me, now, None, &BTreeSet::new()),
+            Reconcile::TargetNotVoter(n(9))
+        );
         let busy = GroupStatus { transferring: Some(n(3)), ..status() };
-        assert_eq!(decide(Some(&intent(2)), &busy, me, now, None), Reconcile::TransferInFlight(n(3)));
+        assert_eq!(decide(Some(&intent(2)), &busy, me, now, None, &BTreeSet::new()), Reconcile::TransferInFlight(n(3)));
         let quiet = GroupStatus { peers: vec![(n(1), 10, true), (n(2), 10, false), (n(3), 10, true)], ..status() };
-        assert_eq!(decide(Some(&intent(2)), &quiet, me, now, None), Reconcile::TargetInactive(n(2)));
+        assert_eq!(decide(Some(&intent(2)), &quiet, me, now, None, &BTreeSet::new()), Reconcile::TargetInactive(n(2)));
         let behind = GroupStatus { peers: vec![(n(1), 10, true), (n(2), 8, true), (n(3), 10, true)], ..status() };
         assert_eq!(
-            decide(Some(&intent(2)), &behind, me, now, None),
+            decide(Some(&intent(2)), &behind, me, now, None, &BTreeSet::new()),
             Reconcile::TargetLagging { matched: 8, commit: 10 }
         );
         let until = now + std::time::Duration::from_secs(5);
-        assert_eq!(decide(Some(&intent(2)), &status(), me, now, Some(until)), Reconcile::Cooldown { until });
-        assert_eq!(decide(Some(&intent(2)), &status(), me, until, Some(until)), Reconcile::Transfer { to: n(2) });
+        assert_eq!(
+            decide(Some(&intent(2)), &status(), me, now, Some(until), &BTreeSet::new()),
+            Reconcile::Cooldown { until }
+        );
+        assert_eq!(
+            decide(Some(&intent(2)), &status(), me, until, Some(until), &BTreeSet::new()),
+            Reconcile::Transfer { to: n(2) }
+        );
     }
 }

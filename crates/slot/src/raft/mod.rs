@@ -605,8 +605,10 @@ impl MultiRaft {
     /// learner). Creates an empty replica that a snapshot initializes — only for groups of the hash-slot
     /// table, on messages only a leader sends, and within `groups_max`.
     fn create_on_demand(&mut self, group: GroupId, message: &Message) -> bool {
-        let from_leader =
-            matches!(message.get_msg_type(), MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot);
+        let from_leader = matches!(
+            message.get_msg_type(),
+            MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
+        );
         let known = self.table.read().groups().any(|g| g == group);
         if !from_leader || !known || self.groups.len() >= self.config.groups_max || message.term == 0 {
             return false;
@@ -652,7 +654,8 @@ impl MultiRaft {
                 tracing::error!(%error, %group, "cannot destroy a removed slot replica");
             }
             for read in g.reads {
-                self.effects.push_back(SlotEffect::ReadFailed { id: read.id, error: ProposeError::UnknownGroup { group } });
+                self.effects
+                    .push_back(SlotEffect::ReadFailed { id: read.id, error: ProposeError::UnknownGroup { group } });
             }
             self.awaiting.retain(|a| a.group != group);
             tracing::info!(%group, epoch, "slot replica destroyed: this node left the group");
