@@ -101,6 +101,7 @@ enum Call {
     SetGroupIntent(tidings_slot::model::GroupIntent),
     MoveSlotReplica { group: GroupId, from: NodeId, to: NodeId },
     AbortSlotMove(GroupId),
+    SetPreferredLeader { group: GroupId, preferred: Option<NodeId> },
 }
 
 /// A running node. Dropping it stops its threads (after a last write-behind).
@@ -286,6 +287,11 @@ impl Node {
         self.call(Call::MoveSlotReplica { group, from, to })
     }
 
+    /// Sets (or clears) `group`'s preferred leader (see [`NodeCore::set_preferred_leader`]).
+    pub fn set_preferred_leader(&self, group: GroupId, preferred: Option<NodeId>) -> Result<(), NodeError> {
+        self.call(Call::SetPreferredLeader { group, preferred })
+    }
+
     /// Abandons `group`'s replica move (see [`NodeCore::abort_slot_move`]).
     pub fn abort_slot_move(&self, group: GroupId) -> Result<(), NodeError> {
         self.call(Call::AbortSlotMove(group))
@@ -453,6 +459,9 @@ impl Shell {
                     Call::SetGroupIntent(intent) => self.core.set_group_intent(now, id, intent),
                     Call::MoveSlotReplica { group, from, to } => self.core.move_slot_replica(now, id, group, from, to),
                     Call::AbortSlotMove(group) => self.core.abort_slot_move(now, id, group),
+                    Call::SetPreferredLeader { group, preferred } => {
+                        self.core.set_preferred_leader(now, id, group, preferred)
+                    }
                 }
             }
             Input::Read { channel, from, limit, reply } => {

@@ -186,6 +186,8 @@ const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 const FORWARD_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
 /// A replica that cannot lead repeats its failover request this often until the meta changes.
 const FAILOVER_REQUEST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// A group nobody here knows the leader of is tried at another node this often.
+const CONTACT_ROTATION: std::time::Duration = std::time::Duration::from_millis(500);
 /// Idle eviction looks at every active replica: at most this often.
 const EVICT_SCAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -695,20 +697,42 @@ impl NodeCore {
                 return;
             }
         }
-        if let Some(target) = self.group_contact(group).filter(|t| *t != self.config.node) {
-            self.send_node(target, NodeMessage::MetaFetch(channel.clone()));
+        match self.known_group_leader(group) {
+            Some(leader) if leader != self.config.node => {
+                self.send_node(leader, NodeMessage::MetaFetch(channel.clone()));
+            }
+            Some(_) => {}
+            None => {
+                // Nobody known to lead the group, and replica moves may have taken it away from its
+                // configured members: ask every node (only a member holding the meta answers).
+                let me = self.config.node;
+                for node in self.config.nodes.clone().into_iter().filter(|n| *n != me) {
+                    self.send_node(node, NodeMessage::MetaFetch(channel.clone()));
+                }
+            }
         }
     }
 
-    /// Where to reach slot group `group`: its leader as this node's replica, the last `NotLeader` hint
-    /// or the route table knows it (a hint first: it is newer than what the table learned), else its
-    /// first configured member.
-    fn group_contact(&self, group: GroupId) -> Option<NodeId> {
+    /// The leader of slot group `group` as this node's replica, the last `NotLeader` hint or the route
+    /// table knows it (a hint first: it is newer than what the table learned).
+    fn known_group_leader(&self, group: GroupId) -> Option<NodeId> {
         self.slot
             .leader(group)
             .or_else(|| self.remote_leaders.get(&group).copied())
             .or_else(|| self.router.snapshot().group(group).and_then(|g| g.leader))
-            .or_else(|| self.config.slot_group_members().into_iter().find(|(g, _)| *g == group).map(|(_, m)| m[0]))
+    }
+
+    /// Where to reach slot group `group`: its known leader, else some node, a different one every
+    /// `CONTACT_ROTATION` (replica moves may have taken the group away from its configured members; a
+    /// member reached forwards, and the leader's hint in its answer is remembered).
+    fn group_contact(&self, group: GroupId) -> Option<NodeId> {
+        self.known_group_leader(group).or_else(|| {
+            let nodes = &self.config.nodes;
+            let rotation = u64::try_from(CONTACT_ROTATION.as_millis()).unwrap_or(u64::MAX);
+            let turn = self.now.as_millis() / rotation + u64::from(group.get());
+            let index = usize::try_from(turn % u64::try_from(nodes.len()).unwrap_or(1).max(1)).unwrap_or(0);
+            nodes.get(index).copied()
+        })
     }
 
     /// Moves the leadership of `channel` to `target` (an ISR member) as a controller task run by this
@@ -769,6 +793,12 @@ impl NodeCore {
         self.propose_about_group(now, id, group, |route| Command::MoveGroupReplica { route, group, from, to });
     }
 
+    /// Sets (or clears, with `None`) `group`'s preferred leader, leaving the rest of its intent as it is;
+    /// the group's leader hands leadership over when everything fits (see [`Reconcile`]).
+    pub fn set_preferred_leader(&mut self, now: Time, id: ApiId, group: GroupId, preferred: Option<NodeId>) {
+        self.propose_about_group(now, id, group, |route| Command::SetPreferredLeader { route, group, preferred });
+    }
+
     /// Abandons `group`'s replica move: its leader takes the membership back to the committed assignment
     /// (a learner added is removed; a promotion already made is reverted the same way) and commits it.
     pub fn abort_slot_move(&mut self, now: Time, id: ApiId, group: GroupId) {
@@ -793,11 +823,9 @@ impl NodeCore {
         for channel in due {
             self.cannot_lead.insert(channel.clone(), self.now + FAILOVER_REQUEST_INTERVAL);
             let Some(version) = self.metas.get(&channel).map(|m| m.version) else { continue };
-            // To every member of the channel's slot group: only its leader acts, and this node's idea of
-            // who leads may be stale.
-            let group = self.slot.table().group_of_key(channel.route_key());
-            let members = self.config.slot_group_members().into_iter().find(|(g, _)| *g == group).map(|(_, m)| m);
-            for to in members.unwrap_or_default() {
+            // To every node: only the leader of the channel's slot group acts, and this node's idea of who
+            // leads it, or even of who its members are (replica moves change them), may be stale.
+            for to in self.config.nodes.clone() {
                 self.send_node(to, NodeMessage::RequestFailover { channel: channel.clone(), version });
             }
         }

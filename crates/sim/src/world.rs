@@ -12,12 +12,12 @@ use tidings::node::{carry_out_fanout, ApiId, ApiResult, NoFanout, NodeConfig, No
 use tidings::router::Router;
 use tidings::slot::command::{Command, MemberList, RoutingKey};
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
-use tidings::slot::model::{GroupIntent, Uid, User};
+use tidings::slot::model::{Uid, User};
 use tidings::store::message::{
     IdempotencyKey, LogBatch, LogFailOp, LogLimits, MemoryLog, MessageLog, ReadLimits, Record,
 };
 use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
-use tidings::types::{ChannelId, ChannelType, ConfigEpoch, DetRng, GroupId, NodeId, Seq, Time};
+use tidings::types::{ChannelId, ChannelType, DetRng, GroupId, NodeId, Seq, Time};
 
 /// What a run did, and what it found.
 #[derive(Clone, Debug)]
@@ -68,6 +68,10 @@ pub struct Faults {
     pub transfers: u64,
     /// Leader transfers that switched the leader.
     pub transfers_done: u64,
+    /// Slot-group replica moves (and aborts) asked for.
+    pub slot_moves: u64,
+    /// Slot-group replica moves (and aborts) the group accepted.
+    pub slot_moves_accepted: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -79,6 +83,8 @@ impl std::ops::AddAssign for Faults {
         self.io_errors += other.io_errors;
         self.transfers += other.transfers;
         self.transfers_done += other.transfers_done;
+        self.slot_moves += other.slot_moves;
+        self.slot_moves_accepted += other.slot_moves_accepted;
     }
 }
 
@@ -152,6 +158,8 @@ pub struct World {
     users_acked: BTreeMap<GroupId, Vec<Uid>>,
     /// Authoritative reads in flight: request → the users acknowledged in its group before it was issued.
     barriers: BTreeMap<ApiId, Vec<Uid>>,
+    /// Slot-group replica moves and aborts asked for, waiting for their answer.
+    slot_moves: BTreeSet<ApiId>,
 }
 
 impl World {
@@ -192,6 +200,7 @@ impl World {
             probes: BTreeMap::new(),
             probed: BTreeSet::new(),
             user_writes: BTreeMap::new(),
+            slot_moves: BTreeSet::new(),
             users_acked: BTreeMap::new(),
             barriers: BTreeMap::new(),
         }
@@ -480,9 +489,11 @@ impl World {
                             let core = self.nodes[&id].core.as_ref().expect("answered by a live core");
                             for uid in expected {
                                 if !matches!(core.reader().user(&uid), Ok(Some(_))) {
+                                    let group = self.group_of_user(&uid);
                                     self.oracle.violation(format!(
-                                        "{id}: authoritative read misses acknowledged user {}",
-                                        uid.as_str()
+                                        "{id}: authoritative read misses acknowledged user {} ({group} here: {:?})",
+                                        uid.as_str(),
+                                        core.slot().status(group)
                                     ));
                                 }
                             }
@@ -490,6 +501,9 @@ impl World {
                     }
                     if let ApiResult::Task(Ok(_)) = &result {
                         self.faults.transfers_done += 1;
+                    }
+                    if self.slot_moves.remove(&api) && matches!(result, ApiResult::Meta(Ok(()))) {
+                        self.faults.slot_moves_accepted += 1;
                     }
                     if let Some(channel) = self.probes.remove(&api) {
                         if std::env::var("SIM_DEBUG").is_ok() {
@@ -588,21 +602,33 @@ impl World {
         }
         let channel = self.channels[usize::try_from(self.rng.below(self.channels.len() as u64)).unwrap_or(0)].clone();
         if roll == 89 && self.params.leader_transfers {
-            // A slot group's preferred leader: a random member (the group's leader hands over when it fits).
-            let config = self.nodes[&node].config.clone();
-            let members = config.slot_group_members();
-            let (group, peers) = members[usize::try_from(self.rng.below(members.len() as u64)).unwrap_or(0)].clone();
-            let preferred = *self.rng.pick(&peers).expect("members");
-            let intent = GroupIntent {
-                group,
-                desired_peers: peers,
-                config_epoch: ConfigEpoch::new(0),
-                preferred_leader: Some(preferred),
-                target_peers: None,
-            };
+            // A slot group's preferred leader: a random node (the group's leader hands over when it fits).
+            let table = self.nodes[&node].config.table();
+            let groups: Vec<GroupId> = table.groups().collect();
+            let group = *self.rng.pick(&groups).expect("groups");
+            let preferred = *self.rng.pick(&ids).expect("nodes");
             if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
-                core.set_group_intent(now, api, intent);
+                core.set_preferred_leader(now, api, group, Some(preferred));
                 self.faults.transfers += 1;
+            }
+            return;
+        }
+        if roll == 88 && self.params.leader_transfers {
+            // A slot group's replica moves from a random node to a random node (the group refuses what
+            // does not fit its membership), or the move in progress is aborted.
+            let table = self.nodes[&node].config.table();
+            let groups: Vec<GroupId> = table.groups().collect();
+            let group = *self.rng.pick(&groups).expect("groups");
+            let (from, to) = (*self.rng.pick(&ids).expect("nodes"), *self.rng.pick(&ids).expect("nodes"));
+            let abort = self.rng.chance(250_000);
+            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
+                if abort {
+                    core.abort_slot_move(now, api, group);
+                } else {
+                    core.move_slot_replica(now, api, group, from, to);
+                }
+                self.slot_moves.insert(api);
+                self.faults.slot_moves += 1;
             }
             return;
         }
@@ -636,13 +662,33 @@ impl World {
         }
     }
 
+    /// The members of `group` in force, as its leader has them: replica moves change them, and a replica
+    /// moved away may linger until it hears it was removed (it is not a replica the checks compare).
+    fn group_members(&self, group: GroupId) -> Vec<NodeId> {
+        self.nodes
+            .values()
+            .filter_map(|n| n.core.as_ref())
+            .find(|c| c.slot().is_leader(group))
+            .and_then(|c| c.slot().status(group))
+            .map(|s| s.voters.into_iter().chain(s.learners).collect())
+            .unwrap_or_else(|| {
+                // No leader to ask: every replica held counts (the checks then stay strict).
+                let holding = self
+                    .nodes
+                    .iter()
+                    .filter(|(_, n)| n.core.as_ref().is_some_and(|c| c.slot().groups().any(|g| g == group)));
+                holding.map(|(id, _)| *id).collect()
+            })
+    }
+
     /// Replicas of a slot group hold identical metadata at the same applied index, and after the
     /// liveness phase every running replica of a group has applied as far as the others.
     fn check_slot_replicas(&mut self) {
         let table = self.nodes.values().next().expect("nodes").config.table();
         for group in table.groups().collect::<Vec<_>>() {
+            let members = self.group_members(group);
             let mut seen: Vec<(NodeId, u64, u64)> = Vec::new();
-            for (id, node) in &self.nodes {
+            for (id, node) in self.nodes.iter().filter(|(id, _)| members.contains(id)) {
                 let Some(applied) = node.core.as_ref().and_then(|c| c.slot().applied_index(group)) else { continue };
                 let kv: Arc<dyn Kv> = node.kv.clone();
                 let store = MetaStore::new(kv);
@@ -745,11 +791,9 @@ impl World {
         }
         // Every acknowledged metadata write is on every replica of its group once healed.
         for (group, uids) in &self.users_acked {
-            for (id, node) in &self.nodes {
+            let members = self.group_members(*group);
+            for (id, node) in self.nodes.iter().filter(|(id, _)| members.contains(id)) {
                 let Some(core) = node.core.as_ref() else { continue };
-                if !core.status().groups.iter().any(|g| g.group == *group) {
-                    continue;
-                }
                 for uid in uids {
                     if !matches!(core.reader().user(uid), Ok(Some(_))) {
                         self.oracle.violation(format!("{id}: acknowledged user {} missing in {group}", uid.as_str()));

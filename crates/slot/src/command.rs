@@ -149,6 +149,15 @@ pub enum Command {
         /// The node to move it to.
         to: NodeId,
     },
+    /// Sets (or clears) `group`'s preferred leader, leaving the rest of its intent as it is.
+    SetPreferredLeader {
+        /// Routing bytes that hash to a slot of the group ([`group_intent_route`]).
+        route: Vec<u8>,
+        /// The group.
+        group: GroupId,
+        /// The node that should lead it; `None` clears the preference.
+        preferred: Option<NodeId>,
+    },
     /// Abandons `group`'s replica move in progress: the move is retargeted to the committed assignment, so
     /// its leader takes the membership back and commits it.
     AbortGroupMove {
@@ -213,6 +222,7 @@ impl Command {
             PutMigrationTask(task) => RoutingKey::Channel(&task.channel),
             PutGroupIntent { route, .. }
             | MoveGroupReplica { route, .. }
+            | SetPreferredLeader { route, .. }
             | AbortGroupMove { route, .. }
             | CommitGroupConfig { route, .. } => RoutingKey::Raw(route),
         }

@@ -212,6 +212,7 @@ impl Overlay<'_> {
 /// A command that changes a group's membership intent.
 enum IntentChange {
     Move { from: NodeId, to: NodeId },
+    Prefer(Option<NodeId>),
     Abort,
     Commit,
 }
@@ -245,6 +246,7 @@ fn change_intent(
             let target = intent.desired_peers.iter().map(|n| if *n == from { to } else { *n }).collect();
             intent.target_peers = Some(sorted(target));
         }
+        IntentChange::Prefer(preferred) => intent.preferred_leader = preferred,
         IntentChange::Abort => {
             // Aborting retargets the move to the committed assignment: the leader takes the membership back
             // step by step, then commits it (with the epoch it ends in) like any move.
@@ -464,12 +466,16 @@ impl SlotFsm {
                 overlay.put(slot, Key::new(Kind::GroupIntent).u64(u64::from(intent.group.get())).build(), intent);
                 Outcome::Applied
             }
-            MoveGroupReplica { group, .. } | AbortGroupMove { group, .. } | CommitGroupConfig { group, .. } => {
+            MoveGroupReplica { group, .. }
+            | SetPreferredLeader { group, .. }
+            | AbortGroupMove { group, .. }
+            | CommitGroupConfig { group, .. } => {
                 if *group != self.group {
                     return Ok(Outcome::Refused(Refusal::WrongSlot { slot, owner: *group }));
                 }
                 let change = match command {
                     MoveGroupReplica { from, to, .. } => IntentChange::Move { from: *from, to: *to },
+                    SetPreferredLeader { preferred, .. } => IntentChange::Prefer(*preferred),
                     AbortGroupMove { .. } => IntentChange::Abort,
                     _ => IntentChange::Commit,
                 };

@@ -47,6 +47,9 @@ pub struct MultiRaftConfig {
     pub reassemblies_max: usize,
     /// Compact a group's raft log once this many applied entries sit before its first index. Default 10,000.
     pub compact_after_entries: u64,
+    /// A snapshot the follower has not acknowledged within this time counts as lost and is sent again.
+    /// Default 10 s.
+    pub snapshot_ack_timeout: Duration,
     /// Proposals and reads not answered within this time fail with `Timeout`. Default 5 s.
     pub request_timeout: Duration,
     /// FSM limits.
@@ -75,6 +78,7 @@ impl MultiRaftConfig {
             reassembly_bytes_max: 256 << 20,
             reassemblies_max: 8,
             compact_after_entries: 10_000,
+            snapshot_ack_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
             fsm: FsmLimits::default(),
         }

@@ -181,6 +181,9 @@ pub struct MultiRaft {
     rng: DetRng,
     /// Groups whose membership no longer includes this node: destroyed at the end of the round.
     leaving: Vec<GroupId>,
+    /// Snapshots sent and not yet acknowledged, per (group, follower): when to give up on them. raft-rs
+    /// sends nothing more to a follower while its snapshot is outstanding, and the transport may lose it.
+    snapshots_sent: BTreeMap<(GroupId, NodeId), Time>,
 }
 
 /// Proposal context carried in raft entries: who proposed and under which id.
@@ -242,6 +245,7 @@ impl MultiRaft {
             logger: slog::Logger::root(slog::Discard, slog::o!()),
             rng: DetRng::new(config.seed),
             leaving: Vec::new(),
+            snapshots_sent: BTreeMap::new(),
             config,
         };
         for (group, voters) in groups {
@@ -460,7 +464,26 @@ impl MultiRaft {
             self.last_tick = self.now; // Far behind: do not replay the missed ticks.
         }
         self.expire_requests();
+        self.retry_lost_snapshots();
         self.dirty = true;
+    }
+
+    /// A snapshot the follower has not acknowledged in time is reported failed, so raft-rs probes the
+    /// follower again and sends a new one if it still needs it.
+    fn retry_lost_snapshots(&mut self) {
+        let now = self.now;
+        let expired: Vec<(GroupId, NodeId)> =
+            self.snapshots_sent.iter().filter(|(_, deadline)| **deadline <= now).map(|(key, _)| *key).collect();
+        for (group, to) in expired {
+            self.snapshots_sent.remove(&(group, to));
+            let Some(g) = self.groups.get_mut(&group) else { continue };
+            let waiting = g.raw.raft.state == StateRole::Leader
+                && g.raw.raft.prs().get(to.get()).is_some_and(|p| p.state == raft::ProgressState::Snapshot);
+            if waiting {
+                tracing::debug!(%group, %to, "snapshot not acknowledged in time: sending again");
+                g.raw.report_snapshot(to.get(), raft::SnapshotStatus::Failure);
+            }
+        }
     }
 
     /// Proposes `command` to the group that owns its hash slot. The outcome arrives as
@@ -653,9 +676,18 @@ impl MultiRaft {
             if let Err(error) = destroyed {
                 tracing::error!(%error, %group, "cannot destroy a removed slot replica");
             }
+            // Reads of the group fail, also those found ready earlier in this round: the data they would
+            // read is gone.
+            let gone = ProposeError::UnknownGroup { group };
+            for effect in self.effects.iter_mut() {
+                if let SlotEffect::ReadReady { id, group: g } = effect {
+                    if *g == group {
+                        *effect = SlotEffect::ReadFailed { id: *id, error: gone.clone() };
+                    }
+                }
+            }
             for read in g.reads {
-                self.effects
-                    .push_back(SlotEffect::ReadFailed { id: read.id, error: ProposeError::UnknownGroup { group } });
+                self.effects.push_back(SlotEffect::ReadFailed { id: read.id, error: gone.clone() });
             }
             self.awaiting.retain(|a| a.group != group);
             tracing::info!(%group, epoch, "slot replica destroyed: this node left the group");
@@ -955,6 +987,9 @@ impl MultiRaft {
 
     fn send_raft(&mut self, group: GroupId, message: Message) {
         let to = NodeId::new(message.to);
+        if message.get_msg_type() == MessageType::MsgSnapshot {
+            self.snapshots_sent.insert((group, to), self.now + self.config.snapshot_ack_timeout);
+        }
         // Cannot fail: raft-rs messages encode into memory.
         let bytes = message.write_to_bytes().expect("raft message encodes");
         if bytes.len() <= self.config.chunk_bytes {
