@@ -186,6 +186,9 @@ const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 const FORWARD_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
 /// A replica that cannot lead repeats its failover request this often until the meta changes.
 const FAILOVER_REQUEST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// A proposal for a group this node does not serve is sent at most this many times (following
+/// `NotLeader` hints).
+const REMOTE_PROPOSAL_SENDS: u8 = 3;
 /// A group nobody here knows the leader of is tried at another node this often.
 const CONTACT_ROTATION: std::time::Duration = std::time::Duration::from_millis(500);
 /// Idle eviction looks at every active replica: at most this often.
@@ -216,6 +219,9 @@ pub struct NodeCore {
     metas: BTreeMap<ChannelId, ChannelRuntimeMeta>,
     waiting: BTreeMap<ChannelId, Vec<Waiting>>,
     proposals: BTreeMap<ProposalId, ProposalPurpose>,
+    /// Proposals sent to another node's group replica, with the command and how many times it was sent:
+    /// a `NotLeader` refusal (nothing was proposed) with a hint sends it on, a bounded number of times.
+    remote_proposals: BTreeMap<ProposalId, (Command, u8)>,
     appends: BTreeMap<u64, (AppendOrigin, Option<String>)>,
     /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
     senders: BTreeMap<(ChannelId, Seq), String>,
@@ -289,6 +295,7 @@ impl NodeCore {
             metas: BTreeMap::new(),
             waiting: BTreeMap::new(),
             proposals: BTreeMap::new(),
+            remote_proposals: BTreeMap::new(),
             appends: BTreeMap::new(),
             senders: BTreeMap::new(),
             forwarded: BTreeMap::new(),
@@ -667,12 +674,29 @@ impl NodeCore {
         let proposal = match self.slot.propose(self.now, command) {
             Err(ProposeError::UnknownGroup { group }) => {
                 let leader = self.group_contact(group).ok_or(ProposeError::NotReady { group })?;
-                self.slot.propose_remote(self.now, command, leader)?
+                let proposal = self.slot.propose_remote(self.now, command, leader)?;
+                self.remote_proposals.insert(proposal, (command.clone(), 1));
+                proposal
             }
             other => other?,
         };
         self.proposals.insert(proposal, purpose);
         Ok(())
+    }
+
+    /// Sends a remote proposal refused with `NotLeader` on to the hinted leader (nothing was proposed, so
+    /// it cannot apply twice), at most `REMOTE_PROPOSAL_SENDS` times in all. `true` if it was sent on.
+    fn follow_hint(&mut self, id: ProposalId, result: &Result<Outcome, ProposeError>) -> bool {
+        let Some((command, sends)) = self.remote_proposals.remove(&id) else { return false };
+        let Err(ProposeError::NotLeader { hint: Some(leader), .. }) = result else { return false };
+        if sends >= REMOTE_PROPOSAL_SENDS || *leader == self.config.node {
+            return false;
+        }
+        let Ok(next) = self.slot.propose_remote(self.now, &command, *leader) else { return false };
+        let Some(purpose) = self.proposals.remove(&id) else { return false };
+        self.proposals.insert(next, purpose);
+        self.remote_proposals.insert(next, (command, sends + 1));
+        true
     }
 
     fn wait_for_meta(&mut self, api: ApiId, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord>) {
@@ -1361,12 +1385,16 @@ impl NodeCore {
     }
 
     fn proposal_done(&mut self, id: ProposalId, result: Result<Outcome, ProposeError>) {
-        let Some(purpose) = self.proposals.remove(&id) else { return };
         if let Err(ProposeError::NotLeader { group, hint: Some(leader) }) = &result {
             if !self.slot.groups().any(|g| g == *group) {
                 self.remote_leaders.insert(*group, *leader);
             }
         }
+        if self.follow_hint(id, &result) {
+            return;
+        }
+        self.remote_proposals.remove(&id);
+        let Some(purpose) = self.proposals.remove(&id) else { return };
         if let ProposalPurpose::Task { channel, tag } = &purpose {
             self.controller.proposal_done(self.now, channel, *tag, result);
             return;

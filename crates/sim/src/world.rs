@@ -72,6 +72,8 @@ pub struct Faults {
     pub slot_moves: u64,
     /// Slot-group replica moves (and aborts) the group accepted.
     pub slot_moves_accepted: u64,
+    /// Slot groups whose membership changed during the run (configuration epoch above 0 at the end).
+    pub slot_groups_reconfigured: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -85,6 +87,7 @@ impl std::ops::AddAssign for Faults {
         self.transfers_done += other.transfers_done;
         self.slot_moves += other.slot_moves;
         self.slot_moves_accepted += other.slot_moves_accepted;
+        self.slot_groups_reconfigured += other.slot_groups_reconfigured;
     }
 }
 
@@ -686,6 +689,11 @@ impl World {
     fn check_slot_replicas(&mut self) {
         let table = self.nodes.values().next().expect("nodes").config.table();
         for group in table.groups().collect::<Vec<_>>() {
+            let reconfigured =
+                self.nodes.values().filter_map(|n| n.core.as_ref()).any(|c| {
+                    c.slot().is_leader(group) && c.slot().status(group).is_some_and(|s| s.config_epoch.get() > 0)
+                });
+            self.faults.slot_groups_reconfigured += u64::from(reconfigured);
             let members = self.group_members(group);
             let mut seen: Vec<(NodeId, u64, u64)> = Vec::new();
             for (id, node) in self.nodes.iter().filter(|(id, _)| members.contains(id)) {

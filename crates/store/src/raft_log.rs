@@ -211,10 +211,12 @@ impl RaftLogStore {
         if self.groups.read().contains_key(&group) || self.tombstones.read().contains_key(&group) {
             return Ok(false);
         }
-        let mut metadata = SnapshotMetadata::default();
-        metadata.index = BOOTSTRAP_INDEX;
-        metadata.term = BOOTSTRAP_INDEX;
-        metadata.set_conf_state(conf_state);
+        let metadata = SnapshotMetadata {
+            index: BOOTSTRAP_INDEX,
+            term: BOOTSTRAP_INDEX,
+            conf_state: Some(conf_state).into(),
+            ..Default::default()
+        };
         let mut batch = RaftLogBatch::new();
         batch.set_hard_state(group, HardState::default()).apply_snapshot(group, metadata);
         self.write_inner(batch, true)?;

@@ -170,11 +170,9 @@ impl PreferredLeaders {
             let cooldown = self.cooldown_until.get(&group).copied();
             let decision = decide(intent.as_ref(), &status, me, now, cooldown, down);
             match &decision {
-                Reconcile::Transfer { to } => {
-                    if slot.transfer_leader(now, group, *to) {
-                        tracing::info!(%group, %to, "reconcile: handing leadership to the preferred node");
-                        self.cooldown_until.insert(group, now + config.transfer_cooldown);
-                    }
+                Reconcile::Transfer { to } if slot.transfer_leader(now, group, *to) => {
+                    tracing::info!(%group, %to, "reconcile: handing leadership to the preferred node");
+                    self.cooldown_until.insert(group, now + config.transfer_cooldown);
                 }
                 Reconcile::Membership(step) => take_step(now, slot, table, group, step),
                 _ => {}
@@ -195,10 +193,8 @@ fn take_step(now: Time, slot: &mut MultiRaft, table: &HashToSlot, group: GroupId
         return;
     }
     match step {
-        MembershipStep::HandOffLeadership { to } => {
-            if slot.transfer_leader(now, group, *to) {
-                tracing::info!(%group, %to, "reconcile: leaving voter hands its leadership over");
-            }
+        MembershipStep::HandOffLeadership { to } if slot.transfer_leader(now, group, *to) => {
+            tracing::info!(%group, %to, "reconcile: leaving voter hands its leadership over");
         }
         MembershipStep::CommitAssignment => {
             let Some(route) = tidings_slot::command::group_intent_route(table, group) else { return };

@@ -31,8 +31,7 @@ impl MembershipChange {
     /// that the controller observes and proposes.
     pub(crate) fn to_conf_change(&self) -> ConfChangeV2 {
         let single = |node: NodeId, kind: ConfChangeType| {
-            let mut change = ConfChangeSingle::default();
-            change.node_id = node.get();
+            let mut change = ConfChangeSingle { node_id: node.get(), ..Default::default() };
             change.set_change_type(kind);
             change
         };
