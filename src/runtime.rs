@@ -102,6 +102,7 @@ enum Call {
     MoveSlotReplica { group: GroupId, from: NodeId, to: NodeId },
     AbortSlotMove(GroupId),
     SetPreferredLeader { group: GroupId, preferred: Option<NodeId> },
+    DrainNode { node: NodeId, drain: bool },
 }
 
 /// A running node. Dropping it stops its threads (after a last write-behind).
@@ -292,6 +293,12 @@ impl Node {
         self.call(Call::SetPreferredLeader { group, preferred })
     }
 
+    /// Drains `node` (`drain: true`) or stops draining it (see [`NodeCore::drain_node`]). Returns once
+    /// every slot group recorded it; [`NodeStatus::drains`] shows the progress.
+    pub fn drain_node(&self, node: NodeId, drain: bool) -> Result<(), NodeError> {
+        self.call(Call::DrainNode { node, drain })
+    }
+
     /// Abandons `group`'s replica move (see [`NodeCore::abort_slot_move`]).
     pub fn abort_slot_move(&self, group: GroupId) -> Result<(), NodeError> {
         self.call(Call::AbortSlotMove(group))
@@ -459,6 +466,7 @@ impl Shell {
                     Call::SetGroupIntent(intent) => self.core.set_group_intent(now, id, intent),
                     Call::MoveSlotReplica { group, from, to } => self.core.move_slot_replica(now, id, group, from, to),
                     Call::AbortSlotMove(group) => self.core.abort_slot_move(now, id, group),
+                    Call::DrainNode { node, drain } => self.core.drain_node(now, id, node, drain),
                     Call::SetPreferredLeader { group, preferred } => {
                         self.core.set_preferred_leader(now, id, group, preferred)
                     }

@@ -529,6 +529,7 @@ fn slot_groups_move_to_their_preferred_leader_only_when_the_intent_fits() {
             config_epoch: ConfigEpoch::new(0),
             preferred_leader: Some(preferred),
             target_peers: None,
+            draining: Vec::new(),
         },
     );
     cluster.run_for(2_000);
@@ -544,6 +545,7 @@ fn slot_groups_move_to_their_preferred_leader_only_when_the_intent_fits() {
             config_epoch: ConfigEpoch::new(0),
             preferred_leader: Some(preferred),
             target_peers: None,
+            draining: Vec::new(),
         },
     );
     assert!(cluster.run_until(10_000, |c| group_leader(c, group) == Some(preferred.get())), "leadership moved");

@@ -5,7 +5,8 @@
 
 use super::config::NodeConfig;
 use super::controller::{
-    Action, Controller, EvidenceReport, NodeView, PreferredLeaders, Reconcile, TaskReport, TaskStatus,
+    Action, ClusterView, Controller, DrainReport, EvidenceReport, NodeView, PreferredLeaders, Reconcile, TaskReport,
+    TaskStatus,
 };
 use super::error::NodeError;
 use super::fanout::FanoutAnswer;
@@ -133,8 +134,11 @@ pub struct NodeStatus {
     pub tasks: Vec<TaskStatus>,
     /// The last tasks it finished, oldest first.
     pub finished_tasks: Vec<TaskReport>,
-    /// Preferred-leader reconciliation: the last decision for each slot group this node leads.
+    /// Slot-group reconciliation (replica moves, preferred leader): the last decision for each slot
+    /// group this node leads.
     pub leadership: Vec<(GroupId, Reconcile)>,
+    /// Drains in progress, as far as the slot groups this node leads show them (see [`DrainReport`]).
+    pub drains: Vec<DrainReport>,
     /// Inbound frames refused since start, by reason ([`FrameError::kind`]); they changed nothing.
     pub refused_frames: BTreeMap<&'static str, u64>,
     /// Channel activations refused because `active_channels_max` replicas were active and none idle.
@@ -164,6 +168,8 @@ enum ProposalPurpose {
     },
     /// A channel leader's meta change (ISR shrink or expand); nobody waits.
     Internal,
+    /// One of several proposals an API call made (one per slot group); the call completes with the last.
+    Fan(ApiId),
     /// A step of the controller's task on the channel, tagged by the controller.
     Task {
         channel: ChannelId,
@@ -222,6 +228,8 @@ pub struct NodeCore {
     /// Proposals sent to another node's group replica, with the command and how many times it was sent:
     /// a `NotLeader` refusal (nothing was proposed) with a hint sends it on, a bounded number of times.
     remote_proposals: BTreeMap<ProposalId, (Command, u8)>,
+    /// API calls made of several proposals: how many are outstanding, and the first failure.
+    fans: BTreeMap<ApiId, (usize, Option<NodeError>)>,
     appends: BTreeMap<u64, (AppendOrigin, Option<String>)>,
     /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
     senders: BTreeMap<(ChannelId, Seq), String>,
@@ -296,6 +304,7 @@ impl NodeCore {
             waiting: BTreeMap::new(),
             proposals: BTreeMap::new(),
             remote_proposals: BTreeMap::new(),
+            fans: BTreeMap::new(),
             appends: BTreeMap::new(),
             senders: BTreeMap::new(),
             forwarded: BTreeMap::new(),
@@ -366,6 +375,7 @@ impl NodeCore {
             tasks: self.controller.status(),
             finished_tasks: self.controller.reports(),
             leadership: self.preferred.decisions(),
+            drains: self.controller.drain_reports(),
             refused_frames: self.refused_frames.clone(),
             refused_activations: self.refused_activations,
             refused_raft_messages: self.slot.refused_messages(),
@@ -438,7 +448,8 @@ impl NodeCore {
         self.controller.tick(self.now, &self.slot, &self.reader);
         let table = self.slot.table();
         let down = self.controller.down_nodes(self.now);
-        let view = NodeView { me: self.config.node, reader: &self.reader, table: &table, down: &down };
+        let cluster = ClusterView { nodes: &self.config.nodes, down: &down };
+        let view = NodeView { me: self.config.node, reader: &self.reader, table: &table, cluster };
         self.preferred.tick(self.now, &self.config.controller, &mut self.slot, &view);
         self.request_failovers();
         if self.now >= self.next_evict_scan {
@@ -821,6 +832,43 @@ impl NodeCore {
     /// the group's leader hands leadership over when everything fits (see [`Reconcile`]).
     pub fn set_preferred_leader(&mut self, now: Time, id: ApiId, group: GroupId, preferred: Option<NodeId>) {
         self.propose_about_group(now, id, group, |route| Command::SetPreferredLeader { route, group, preferred });
+    }
+
+    /// Drains `node` (`drain: true`) or stops draining it: recorded in the intent of every slot group, whose
+    /// leaders then move the group's replica off the node (one replica move at a time per group, to a
+    /// live node outside the group, never to a drained one) and replace the node's channel replicas in the
+    /// group's slots (controller replacement tasks). [`NodeEffect::Done`] with [`ApiResult::Meta`]
+    /// follows once every group recorded it; [`NodeStatus::drains`] on each node shows what is left in
+    /// the groups it leads. A drained node holds nothing once no node reports anything left; it can then
+    /// be stopped and taken out of the host's configuration.
+    pub fn drain_node(&mut self, now: Time, id: ApiId, node: NodeId, drain: bool) {
+        self.advance(now);
+        let table = self.slot.table();
+        let groups: Vec<GroupId> = table.groups().collect();
+        self.fans.insert(id, (groups.len(), None));
+        for group in groups {
+            let Some(route) = tidings_slot::command::group_intent_route(&table, group) else {
+                self.fan_done(id, Some(NodeError::NotServed(group)));
+                continue;
+            };
+            let command = Command::DrainNode { route, group, node, drain };
+            if let Err(error) = self.propose_for(&command, ProposalPurpose::Fan(id)) {
+                self.fan_done(id, Some(error.into()));
+            }
+        }
+    }
+
+    /// One proposal of a fanned-out API call finished; the call completes with the last one.
+    fn fan_done(&mut self, api: ApiId, error: Option<NodeError>) {
+        let Some((left, failed)) = self.fans.get_mut(&api) else { return };
+        *left = left.saturating_sub(1);
+        if failed.is_none() {
+            *failed = error;
+        }
+        if *left == 0 {
+            let (_, failed) = self.fans.remove(&api).expect("present");
+            self.done(api, ApiResult::Meta(failed.map_or(Ok(()), Err)));
+        }
     }
 
     /// Abandons `group`'s replica move: its leader takes the membership back to the committed assignment
@@ -1414,6 +1462,7 @@ impl NodeCore {
                 }
                 Err(error) => self.done(api, ApiResult::Meta(Err(error))),
             },
+            ProposalPurpose::Fan(api) => self.fan_done(api, applied.err()),
             ProposalPurpose::Internal => {}
             ProposalPurpose::Task { .. } => {}
         }

@@ -74,6 +74,8 @@ pub struct Faults {
     pub slot_moves_accepted: u64,
     /// Slot groups whose membership changed during the run (configuration epoch above 0 at the end).
     pub slot_groups_reconfigured: u64,
+    /// Node drains started or stopped.
+    pub drains: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -88,6 +90,7 @@ impl std::ops::AddAssign for Faults {
         self.slot_moves += other.slot_moves;
         self.slot_moves_accepted += other.slot_moves_accepted;
         self.slot_groups_reconfigured += other.slot_groups_reconfigured;
+        self.drains += other.drains;
     }
 }
 
@@ -613,6 +616,16 @@ impl World {
             if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
                 core.set_preferred_leader(now, api, group, Some(preferred));
                 self.faults.transfers += 1;
+            }
+            return;
+        }
+        if roll == 87 && self.params.leader_transfers && self.rng.chance(200_000) {
+            // A node is drained (or its drain is stopped): slot and channel replicas move off it.
+            let target = *self.rng.pick(&ids).expect("nodes");
+            let drain = self.rng.chance(500_000);
+            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
+                core.drain_node(now, api, target, drain);
+                self.faults.drains += 1;
             }
             return;
         }

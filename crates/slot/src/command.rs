@@ -158,6 +158,18 @@ pub enum Command {
         /// The node that should lead it; `None` clears the preference.
         preferred: Option<NodeId>,
     },
+    /// Starts (or, with `drain: false`, stops) draining `node` in `group`: its leader moves the group's
+    /// replica off the node and replaces the node's channel replicas in the group's slots.
+    DrainNode {
+        /// Routing bytes that hash to a slot of the group ([`group_intent_route`]).
+        route: Vec<u8>,
+        /// The group.
+        group: GroupId,
+        /// The node.
+        node: NodeId,
+        /// `true` to drain, `false` to stop draining.
+        drain: bool,
+    },
     /// Abandons `group`'s replica move in progress: the move is retargeted to the committed assignment, so
     /// its leader takes the membership back and commits it.
     AbortGroupMove {
@@ -223,6 +235,7 @@ impl Command {
             PutGroupIntent { route, .. }
             | MoveGroupReplica { route, .. }
             | SetPreferredLeader { route, .. }
+            | DrainNode { route, .. }
             | AbortGroupMove { route, .. }
             | CommitGroupConfig { route, .. } => RoutingKey::Raw(route),
         }

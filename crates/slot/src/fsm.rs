@@ -112,6 +112,9 @@ pub enum GroupChangeError {
     /// The node to move to is a voter already.
     #[error("{0} is a voter of the group already")]
     AlreadyAVoter(NodeId),
+    /// The node to move to is being drained.
+    #[error("{0} is being drained")]
+    TargetDraining(NodeId),
     /// The membership in force is not what the commit claims (not the target, or joint).
     #[error("the membership in force ({voters:?}, joint: {joint}) is not the intended {wanted:?}")]
     ConfigMismatch {
@@ -213,6 +216,7 @@ impl Overlay<'_> {
 enum IntentChange {
     Move { from: NodeId, to: NodeId },
     Prefer(Option<NodeId>),
+    Drain { node: NodeId, drain: bool },
     Abort,
     Commit,
 }
@@ -231,6 +235,7 @@ fn change_intent(
         config_epoch: conf.config_epoch,
         preferred_leader: None,
         target_peers: None,
+        draining: Vec::new(),
     });
     match change {
         IntentChange::Move { from, to } => {
@@ -243,10 +248,20 @@ fn change_intent(
             if intent.desired_peers.contains(&to) {
                 return Err(GroupChangeError::AlreadyAVoter(to));
             }
+            if intent.draining.contains(&to) {
+                return Err(GroupChangeError::TargetDraining(to));
+            }
             let target = intent.desired_peers.iter().map(|n| if *n == from { to } else { *n }).collect();
             intent.target_peers = Some(sorted(target));
         }
         IntentChange::Prefer(preferred) => intent.preferred_leader = preferred,
+        IntentChange::Drain { node, drain } => {
+            intent.draining.retain(|n| *n != node);
+            if drain {
+                intent.draining.push(node);
+                intent.draining.sort_unstable();
+            }
+        }
         IntentChange::Abort => {
             // Aborting retargets the move to the committed assignment: the leader takes the membership back
             // step by step, then commits it (with the epoch it ends in) like any move.
@@ -468,6 +483,7 @@ impl SlotFsm {
             }
             MoveGroupReplica { group, .. }
             | SetPreferredLeader { group, .. }
+            | DrainNode { group, .. }
             | AbortGroupMove { group, .. }
             | CommitGroupConfig { group, .. } => {
                 if *group != self.group {
@@ -476,6 +492,7 @@ impl SlotFsm {
                 let change = match command {
                     MoveGroupReplica { from, to, .. } => IntentChange::Move { from: *from, to: *to },
                     SetPreferredLeader { preferred, .. } => IntentChange::Prefer(*preferred),
+                    DrainNode { node, drain, .. } => IntentChange::Drain { node: *node, drain: *drain },
                     AbortGroupMove { .. } => IntentChange::Abort,
                     _ => IntentChange::Commit,
                 };

@@ -179,6 +179,9 @@ pub struct GroupIntent {
     /// A replica move in progress: the voters the group's leader is taking it to. Committed into
     /// `desired_peers` (with the new epoch) only once the observed voters equal it.
     pub target_peers: Option<Vec<tidings_types::NodeId>>,
+    /// Nodes being drained: the group's leader moves its replica off them, one move at a time, and
+    /// replaces their channel replicas in the group's slots.
+    pub draining: Vec<tidings_types::NodeId>,
 }
 
 impl GroupIntent {

@@ -10,6 +10,35 @@ use tidings_slot::model::GroupIntent;
 use tidings_slot::raft::{GroupStatus, MembershipChange};
 use tidings_types::NodeId;
 
+/// What a membership decision knows of the cluster beyond the group.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClusterView<'a> {
+    /// Every node of the cluster.
+    pub(crate) nodes: &'a [NodeId],
+    /// Nodes the failure detector holds down.
+    pub(crate) down: &'a BTreeSet<NodeId>,
+}
+
+/// With no move in progress: the first drained voter starts moving to a live, undrained node outside the
+/// group (chosen by rendezvous hash on the group, so drains spread).
+fn drain_step(intent: &GroupIntent, status: &GroupStatus, cluster: &ClusterView<'_>) -> MembershipStep {
+    let Some(from) = status.voters.iter().copied().find(|v| intent.draining.contains(v)) else {
+        return MembershipStep::Settled;
+    };
+    let eligible =
+        |n: &&NodeId| !status.voters.contains(n) && !intent.draining.contains(n) && !cluster.down.contains(n);
+    let score = |n: &&NodeId| {
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&status.group.get().to_le_bytes());
+        hasher.update(&n.get().to_le_bytes());
+        hasher.finalize()
+    };
+    match cluster.nodes.iter().filter(eligible).max_by_key(score) {
+        Some(to) => MembershipStep::StartDrainMove { from, to: *to },
+        None => MembershipStep::NoDrainTarget(from),
+    }
+}
+
 /// A learner (or successor) this many entries behind the commit index counts as caught up.
 const CAUGHT_UP_SLACK: u64 = 16;
 
@@ -51,6 +80,15 @@ pub enum MembershipStep {
     RemoveLearner(NodeId),
     /// The voters in force are the ones wanted: record them (and the configuration epoch) as the assignment.
     CommitAssignment,
+    /// A voter is being drained: start moving it to a live node that holds no replica of the group.
+    StartDrainMove {
+        /// The drained voter.
+        from: NodeId,
+        /// Where its replica goes.
+        to: NodeId,
+    },
+    /// A voter is being drained and no live, undrained node outside the group can take its replica.
+    NoDrainTarget(NodeId),
 }
 
 impl MembershipStep {
@@ -75,15 +113,16 @@ pub(crate) fn next_step(
     intent: &GroupIntent,
     status: &GroupStatus,
     me: NodeId,
-    down: &BTreeSet<NodeId>,
+    cluster: &ClusterView<'_>,
 ) -> MembershipStep {
+    let down = cluster.down;
     if status.joint {
         // Always safe, and nothing else can happen to the group while joint.
         return MembershipStep::LeaveJoint;
     }
     // Only a move changes the membership: an assignment that differs from the voters in force is reported
     // by the leadership reconciliation (`VoterMismatch`), never acted on.
-    let Some(wanted) = intent.target_peers.as_deref() else { return MembershipStep::Settled };
+    let Some(wanted) = intent.target_peers.as_deref() else { return drain_step(intent, status, cluster) };
     let add: Vec<NodeId> = wanted.iter().copied().filter(|n| !status.voters.contains(n)).collect();
     let remove: Vec<NodeId> = status.voters.iter().copied().filter(|n| !wanted.contains(n)).collect();
     if add.is_empty() && remove.is_empty() {
@@ -145,8 +184,14 @@ mod tests {
         }
     }
 
+    const NODES: [NodeId; 5] = [NodeId::new(1), NodeId::new(2), NodeId::new(3), NodeId::new(4), NodeId::new(5)];
+
     fn none() -> BTreeSet<NodeId> {
         BTreeSet::new()
+    }
+
+    fn step(intent: &GroupIntent, status: &GroupStatus, down: &BTreeSet<NodeId>) -> MembershipStep {
+        next_step(intent, status, n(1), &ClusterView { nodes: &NODES, down })
     }
 
     fn moving(target: &[u64]) -> GroupIntent {
@@ -156,54 +201,66 @@ mod tests {
             config_epoch: ConfigEpoch::new(6),
             preferred_leader: None,
             target_peers: Some(target.iter().copied().map(n).collect()),
+            draining: Vec::new(),
         }
     }
 
     #[test]
     fn a_move_goes_learner_catch_up_joint_leave_commit() {
         let intent = moving(&[1, 2, 4]);
-        assert_eq!(next_step(&intent, &status(&[1, 2, 3], &[]), n(1), &none()), MembershipStep::AddLearner(n(4)));
+        assert_eq!(step(&intent, &status(&[1, 2, 3], &[]), &none()), MembershipStep::AddLearner(n(4)));
         let mut lagging = status(&[1, 2, 3], &[4]);
         lagging.commit = 100;
         lagging.peers[3].1 = 70;
         assert_eq!(
-            next_step(&intent, &lagging, n(1), &none()),
+            step(&intent, &lagging, &none()),
             MembershipStep::CatchingUp { node: n(4), matched: 70, commit: 100 }
         );
-        assert_eq!(next_step(&intent, &lagging, n(1), &[n(4)].into()), MembershipStep::LearnerInactive(n(4)));
+        assert_eq!(step(&intent, &lagging, &[n(4)].into()), MembershipStep::LearnerInactive(n(4)));
         assert_eq!(
-            next_step(&intent, &status(&[1, 2, 3], &[4]), n(1), &none()),
+            step(&intent, &status(&[1, 2, 3], &[4]), &none()),
             MembershipStep::EnterJoint { promote: vec![n(4)], remove: vec![n(3)] }
         );
         let joint = GroupStatus { joint: true, ..status(&[1, 2, 4], &[]) };
-        assert_eq!(next_step(&intent, &joint, n(1), &none()), MembershipStep::LeaveJoint);
+        assert_eq!(step(&intent, &joint, &none()), MembershipStep::LeaveJoint);
         let moved = GroupStatus { config_epoch: ConfigEpoch::new(9), ..status(&[1, 2, 4], &[]) };
-        assert_eq!(next_step(&intent, &moved, n(1), &none()), MembershipStep::CommitAssignment);
+        assert_eq!(step(&intent, &moved, &none()), MembershipStep::CommitAssignment);
         let committed = GroupIntent {
             desired_peers: vec![n(1), n(2), n(4)],
             config_epoch: ConfigEpoch::new(9),
             target_peers: None,
             ..intent
         };
-        assert_eq!(next_step(&committed, &moved, n(1), &none()), MembershipStep::Settled);
+        assert_eq!(step(&committed, &moved, &none()), MembershipStep::Settled);
     }
 
     #[test]
     fn a_leaving_leader_hands_off_first_and_an_aborted_move_removes_its_learner() {
         let intent = moving(&[2, 3, 4]);
         let ready = status(&[1, 2, 3], &[4]);
-        assert_eq!(next_step(&intent, &ready, n(1), &none()), MembershipStep::HandOffLeadership { to: n(2) });
+        assert_eq!(step(&intent, &ready, &none()), MembershipStep::HandOffLeadership { to: n(2) });
         let preferring = GroupIntent { preferred_leader: Some(n(3)), ..intent.clone() };
-        assert_eq!(next_step(&preferring, &ready, n(1), &none()), MembershipStep::HandOffLeadership { to: n(3) });
+        assert_eq!(step(&preferring, &ready, &none()), MembershipStep::HandOffLeadership { to: n(3) });
         let mut alone = ready.clone();
         alone.commit = 100;
         alone.peers = vec![(n(1), 100, true), (n(2), 3, true), (n(3), 100, true), (n(4), 100, true)];
-        assert_eq!(next_step(&intent, &alone, n(1), &[n(3)].into()), MembershipStep::NoSuccessor);
+        assert_eq!(step(&intent, &alone, &[n(3)].into()), MembershipStep::NoSuccessor);
         // An abort retargets the move to the assignment: the learner goes, then the assignment is committed.
         let aborted = GroupIntent { target_peers: Some(vec![n(1), n(2), n(3)]), ..intent };
-        assert_eq!(next_step(&aborted, &ready, n(1), &none()), MembershipStep::RemoveLearner(n(4)));
-        assert_eq!(next_step(&aborted, &status(&[1, 2, 3], &[]), n(1), &none()), MembershipStep::CommitAssignment);
+        assert_eq!(step(&aborted, &ready, &none()), MembershipStep::RemoveLearner(n(4)));
+        assert_eq!(step(&aborted, &status(&[1, 2, 3], &[]), &none()), MembershipStep::CommitAssignment);
         let settled = GroupIntent { target_peers: None, ..aborted };
-        assert_eq!(next_step(&settled, &status(&[1, 2, 3], &[]), n(1), &none()), MembershipStep::Settled);
+        assert_eq!(step(&settled, &status(&[1, 2, 3], &[]), &none()), MembershipStep::Settled);
+    }
+
+    #[test]
+    fn a_drained_voter_moves_to_a_live_undrained_outsider() {
+        let draining = GroupIntent { target_peers: None, draining: vec![n(2), n(4)], ..moving(&[1, 2, 3]) };
+        let settled = status(&[1, 2, 3], &[]);
+        // 4 is drained too, so only 5 can take it; once 5 is down, nobody can.
+        assert_eq!(step(&draining, &settled, &none()), MembershipStep::StartDrainMove { from: n(2), to: n(5) });
+        assert_eq!(step(&draining, &settled, &[n(5)].into()), MembershipStep::NoDrainTarget(n(2)));
+        let elsewhere = GroupIntent { draining: vec![n(4)], ..draining };
+        assert_eq!(step(&elsewhere, &settled, &none()), MembershipStep::Settled);
     }
 }

@@ -34,6 +34,7 @@ mod membership;
 mod preferred;
 mod report;
 
+pub(crate) use membership::ClusterView;
 pub use membership::MembershipStep;
 pub use preferred::Reconcile;
 pub(crate) use preferred::{NodeView, PreferredLeaders};
@@ -173,6 +174,24 @@ struct RepairScan {
     cursor: Option<Vec<u8>>,
     active: bool,
     next_pass: Time,
+    /// Nodes being drained, per the intents of the groups this pass walks.
+    draining: BTreeSet<NodeId>,
+    /// Channel replicas this pass found on drained nodes.
+    drain_left: BTreeMap<NodeId, usize>,
+    /// Slot groups walked by this pass that still hold a replica on a drained node.
+    drain_groups: BTreeMap<NodeId, Vec<GroupId>>,
+}
+
+/// How far the drain of a node has come, in the slot groups one node leads (every node reports its own;
+/// a drain is complete when no node reports anything left).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainReport {
+    /// The drained node.
+    pub node: NodeId,
+    /// Led slot groups that still have a replica (voter or learner) on it.
+    pub slot_groups: Vec<GroupId>,
+    /// Channel replicas still on it, among the channels of the led groups' slots.
+    pub channel_replicas: usize,
 }
 
 /// The channel controller of one node. See the [module docs](self).
@@ -187,6 +206,8 @@ pub(crate) struct Controller {
     reports: VecDeque<TaskReport>,
     actions: VecDeque<Action>,
     scan: RepairScan,
+    /// Drain progress seen by the last complete repair pass.
+    drain_reports: Vec<DrainReport>,
     /// Fences seen by the repair loop that no local task owns: task id and when first seen.
     fences_seen: BTreeMap<ChannelId, (u64, Time)>,
     /// Slot groups this node led at the last tick.
@@ -213,6 +234,7 @@ impl Controller {
             reports: VecDeque::new(),
             actions: VecDeque::new(),
             scan: RepairScan { next_pass: now, ..RepairScan::default() },
+            drain_reports: Vec::new(),
             fences_seen: BTreeMap::new(),
             led: BTreeSet::new(),
             next_task: first_task,
@@ -226,6 +248,11 @@ impl Controller {
     }
 
     /// `true` if `peer` has been silent for `node_down_after`.
+    /// Drain progress in the groups this node leads, as of the last complete repair pass.
+    pub(crate) fn drain_reports(&self) -> Vec<DrainReport> {
+        self.drain_reports.clone()
+    }
+
     /// The nodes the failure detector holds down now.
     pub(crate) fn down_nodes(&self, now: Time) -> BTreeSet<NodeId> {
         self.liveness.down(now).collect()
@@ -833,14 +860,31 @@ impl Controller {
     fn repair_step(&mut self, now: Time, slot: &MultiRaft, reader: &SlotReader) {
         if !self.scan.active {
             let table = slot.table();
-            self.scan.slots = slot
-                .groups()
-                .filter(|g| slot.is_leader(*g))
-                .flat_map(|g| table.slots_of(g).collect::<Vec<_>>())
-                .collect();
+            let led: Vec<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
+            self.scan.slots = led.iter().flat_map(|g| table.slots_of(*g).collect::<Vec<_>>()).collect();
             self.scan.index = 0;
             self.scan.cursor = None;
             self.scan.active = true;
+            self.scan.draining.clear();
+            self.scan.drain_left.clear();
+            self.scan.drain_groups.clear();
+            for group in led {
+                let draining = match reader.group_intent(&table, group) {
+                    Ok(intent) => intent.map(|i| i.draining).unwrap_or_default(),
+                    Err(error) => {
+                        tracing::warn!(%error, %group, "repair: cannot read the group's intent");
+                        Vec::new()
+                    }
+                };
+                let members = slot.status(group).map(|s| [s.voters, s.learners].concat()).unwrap_or_default();
+                for node in draining {
+                    self.scan.drain_left.entry(node).or_default();
+                    if members.contains(&node) {
+                        self.scan.drain_groups.entry(node).or_default().push(group);
+                    }
+                    self.scan.draining.insert(node);
+                }
+            }
         }
         let mut budget = self.config.repair_page;
         while budget > 0 && self.tasks.len() < self.config.tasks_max {
@@ -867,8 +911,18 @@ impl Controller {
         let done = self.scan.index >= self.scan.slots.len();
         if done {
             self.scan.active = false;
-            let pause =
-                if self.down.is_empty() { self.config.repair_idle_interval } else { self.config.repair_interval };
+            let scan = &mut self.scan;
+            self.drain_reports = scan
+                .drain_left
+                .iter()
+                .map(|(node, left)| DrainReport {
+                    node: *node,
+                    slot_groups: scan.drain_groups.remove(node).unwrap_or_default(),
+                    channel_replicas: *left,
+                })
+                .collect();
+            let busy = !self.down.is_empty() || !self.scan.draining.is_empty();
+            let pause = if busy { self.config.repair_interval } else { self.config.repair_idle_interval };
             self.scan.next_pass = now + pause;
         } else {
             // Continue on the next tick; pages keep each step short.
@@ -883,6 +937,17 @@ impl Controller {
         }
         if meta.leader != self.me && self.is_down(meta.leader, now) {
             self.start_failover(now, meta);
+            return;
+        }
+        if let Some(from) = meta.replicas.iter().copied().find(|n| self.scan.draining.contains(n)) {
+            *self.scan.drain_left.entry(from).or_default() += 1;
+            // A replica on a drained node moves to a live, undrained node (one task per channel at a time).
+            if let Some(to) = self.spare_node(&meta, now) {
+                tracing::info!(channel = %meta.channel, %from, %to, "repair: moving a replica off a drained node");
+                if let Err(error) = self.start_replace(now, None, meta, from, to) {
+                    tracing::debug!(%error, %from, "repair: drain replacement not started");
+                }
+            }
             return;
         }
         // Fewer live ISR members than MinISR: nothing commits until a replica that has been down for
@@ -906,7 +971,7 @@ impl Controller {
         self.liveness
             .peers()
             .chain(std::iter::once(self.me))
-            .filter(|n| !meta.is_replica(*n) && !self.is_down(*n, now))
+            .filter(|n| !meta.is_replica(*n) && !self.is_down(*n, now) && !self.scan.draining.contains(n))
             .max_by_key(|n| {
                 let mut hasher = crc32fast::Hasher::new();
                 hasher.update(&key);

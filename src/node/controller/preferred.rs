@@ -5,10 +5,11 @@
 //! leadership to the preferred node only when everything says it is safe and useful. Any other case does
 //! nothing and records why — it never picks another node instead.
 
-use super::membership::{next_step, MembershipStep};
+use super::membership::{next_step, ClusterView, MembershipStep};
 use super::ControllerConfig;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use tidings_router::HashToSlot;
+use tidings_slot::command::Command;
 use tidings_slot::model::GroupIntent;
 use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{GroupStatus, MultiRaft};
@@ -73,10 +74,10 @@ pub(crate) fn decide(
     me: NodeId,
     now: Time,
     cooldown_until: Option<Time>,
-    down: &BTreeSet<NodeId>,
+    cluster: &ClusterView<'_>,
 ) -> Reconcile {
     let Some(intent) = intent else { return Reconcile::NoIntent };
-    match next_step(intent, status, me, down) {
+    match next_step(intent, status, me, cluster) {
         MembershipStep::Settled => {}
         step => return Reconcile::Membership(step),
     }
@@ -126,8 +127,8 @@ pub(crate) struct NodeView<'a> {
     pub(crate) reader: &'a SlotReader,
     /// The hash-slot table in force.
     pub(crate) table: &'a HashToSlot,
-    /// Nodes the failure detector holds down.
-    pub(crate) down: &'a BTreeSet<NodeId>,
+    /// Every node of the cluster, and the ones the failure detector holds down.
+    pub(crate) cluster: ClusterView<'a>,
 }
 
 /// The reconciliation loop of one node: every `reconcile_interval`, each group it leads.
@@ -151,7 +152,7 @@ impl PreferredLeaders {
 
     /// One pass, if due.
     pub(crate) fn tick(&mut self, now: Time, config: &ControllerConfig, slot: &mut MultiRaft, view: &NodeView<'_>) {
-        let NodeView { me, reader, table, down } = *view;
+        let NodeView { me, reader, table, cluster } = *view;
         if now < self.next_at {
             return;
         }
@@ -168,7 +169,7 @@ impl PreferredLeaders {
                 }
             };
             let cooldown = self.cooldown_until.get(&group).copied();
-            let decision = decide(intent.as_ref(), &status, me, now, cooldown, down);
+            let decision = decide(intent.as_ref(), &status, me, now, cooldown, &cluster);
             match &decision {
                 Reconcile::Transfer { to } if slot.transfer_leader(now, group, *to) => {
                     tracing::info!(%group, %to, "reconcile: handing leadership to the preferred node");
@@ -196,12 +197,16 @@ fn take_step(now: Time, slot: &mut MultiRaft, table: &HashToSlot, group: GroupId
         MembershipStep::HandOffLeadership { to } if slot.transfer_leader(now, group, *to) => {
             tracing::info!(%group, %to, "reconcile: leaving voter hands its leadership over");
         }
-        MembershipStep::CommitAssignment => {
+        MembershipStep::CommitAssignment | MembershipStep::StartDrainMove { .. } => {
             let Some(route) = tidings_slot::command::group_intent_route(table, group) else { return };
-            // The FSM checks the claim against the membership in force at the entry; a refusal changes nothing.
-            let command = tidings_slot::command::Command::CommitGroupConfig { route, group };
+            // The FSM checks each against the intent and the membership in force at the entry; a refusal
+            // changes nothing.
+            let command = match *step {
+                MembershipStep::StartDrainMove { from, to } => Command::MoveGroupReplica { route, group, from, to },
+                _ => Command::CommitGroupConfig { route, group },
+            };
             if let Err(error) = slot.propose(now, &command) {
-                tracing::warn!(%error, %group, "reconcile: assignment commit not proposed");
+                tracing::warn!(%error, %group, ?step, "reconcile: intent change not proposed");
             }
         }
         _ => {}
@@ -214,6 +219,12 @@ mod tests {
 
     fn n(id: u64) -> NodeId {
         NodeId::new(id)
+    }
+
+    static NO_DOWN: std::collections::BTreeSet<NodeId> = std::collections::BTreeSet::new();
+
+    fn cluster() -> ClusterView<'static> {
+        ClusterView { nodes: &[], down: &NO_DOWN }
     }
 
     fn status() -> GroupStatus {
@@ -239,6 +250,7 @@ mod tests {
             config_epoch: ConfigEpoch::new(0),
             preferred_leader: Some(n(preferred)),
             target_peers: None,
+            draining: Vec::new(),
         }
     }
 
@@ -246,58 +258,46 @@ mod tests {
     fn transfers_only_when_every_condition_holds_and_says_why_not_otherwise() {
         let now = Time::from_millis(50_000);
         let me = n(1);
-        assert_eq!(
-            decide(Some(&intent(2)), &status(), me, now, None, &BTreeSet::new()),
-            Reconcile::Transfer { to: n(2) }
-        );
-        assert_eq!(decide(None, &status(), me, now, None, &BTreeSet::new()), Reconcile::NoIntent);
-        assert_eq!(decide(Some(&intent(1)), &status(), me, now, None, &BTreeSet::new()), Reconcile::AlreadyPreferred);
+        assert_eq!(decide(Some(&intent(2)), &status(), me, now, None, &cluster()), Reconcile::Transfer { to: n(2) });
+        assert_eq!(decide(None, &status(), me, now, None, &cluster()), Reconcile::NoIntent);
+        assert_eq!(decide(Some(&intent(1)), &status(), me, now, None, &cluster()), Reconcile::AlreadyPreferred);
         let stale = GroupIntent { config_epoch: ConfigEpoch::new(7), ..intent(2) };
-        assert!(matches!(
-            decide(Some(&stale), &status(), me, now, None, &BTreeSet::new()),
-            Reconcile::StaleIntent { .. }
-        ));
+        assert!(matches!(decide(Some(&stale), &status(), me, now, None, &cluster()), Reconcile::StaleIntent { .. }));
         let joint = GroupStatus { joint: true, ..status() };
         assert_eq!(
-            decide(Some(&intent(2)), &joint, me, now, None, &BTreeSet::new()),
+            decide(Some(&intent(2)), &joint, me, now, None, &cluster()),
             Reconcile::Membership(MembershipStep::LeaveJoint)
         );
         let other_peers = GroupIntent { desired_peers: vec![n(1), n(2), n(4)], ..intent(2) };
         assert!(matches!(
-            decide(Some(&other_peers), &status(), me, now, None, &BTreeSet::new()),
+            decide(Some(&other_peers), &status(), me, now, None, &cluster()),
             Reconcile::VoterMismatch { .. }
         ));
         let moving = GroupIntent { target_peers: Some(vec![n(1), n(2), n(4)]), ..intent(2) };
         assert_eq!(
-            decide(Some(&moving), &status(), me, now, None, &BTreeSet::new()),
+            decide(Some(&moving), &status(), me, now, None, &cluster()),
             Reconcile::Membership(MembershipStep::AddLearner(n(4)))
         );
         let unpreferred = GroupIntent { preferred_leader: None, ..intent(2) };
-        assert_eq!(
-            decide(Some(&unpreferred), &status(), me, now, None, &BTreeSet::new()),
-            Reconcile::NoPreferredLeader
-        );
+        assert_eq!(decide(Some(&unpreferred), &status(), me, now, None, &cluster()), Reconcile::NoPreferredLeader);
         let outsider = GroupIntent { desired_peers: vec![n(1), n(2), n(3)], ..intent(9) };
-        assert_eq!(
-            decide(Some(&outsider), &status(), me, now, None, &BTreeSet::new()),
-            Reconcile::TargetNotVoter(n(9))
-        );
+        assert_eq!(decide(Some(&outsider), &status(), me, now, None, &cluster()), Reconcile::TargetNotVoter(n(9)));
         let busy = GroupStatus { transferring: Some(n(3)), ..status() };
-        assert_eq!(decide(Some(&intent(2)), &busy, me, now, None, &BTreeSet::new()), Reconcile::TransferInFlight(n(3)));
+        assert_eq!(decide(Some(&intent(2)), &busy, me, now, None, &cluster()), Reconcile::TransferInFlight(n(3)));
         let quiet = GroupStatus { peers: vec![(n(1), 10, true), (n(2), 10, false), (n(3), 10, true)], ..status() };
-        assert_eq!(decide(Some(&intent(2)), &quiet, me, now, None, &BTreeSet::new()), Reconcile::TargetInactive(n(2)));
+        assert_eq!(decide(Some(&intent(2)), &quiet, me, now, None, &cluster()), Reconcile::TargetInactive(n(2)));
         let behind = GroupStatus { peers: vec![(n(1), 10, true), (n(2), 8, true), (n(3), 10, true)], ..status() };
         assert_eq!(
-            decide(Some(&intent(2)), &behind, me, now, None, &BTreeSet::new()),
+            decide(Some(&intent(2)), &behind, me, now, None, &cluster()),
             Reconcile::TargetLagging { matched: 8, commit: 10 }
         );
         let until = now + std::time::Duration::from_secs(5);
         assert_eq!(
-            decide(Some(&intent(2)), &status(), me, now, Some(until), &BTreeSet::new()),
+            decide(Some(&intent(2)), &status(), me, now, Some(until), &cluster()),
             Reconcile::Cooldown { until }
         );
         assert_eq!(
-            decide(Some(&intent(2)), &status(), me, until, Some(until), &BTreeSet::new()),
+            decide(Some(&intent(2)), &status(), me, until, Some(until), &cluster()),
             Reconcile::Transfer { to: n(2) }
         );
     }
