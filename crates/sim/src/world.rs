@@ -726,6 +726,12 @@ impl World {
             }
             let Some(&(first, applied, digest)) = seen.first() else { continue };
             for &(id, other_applied, other_digest) in &seen[1..] {
+                if other_applied != applied && std::env::var("SIM_DEBUG").is_ok() {
+                    for (nid, n) in &self.nodes {
+                        let st = n.core.as_ref().and_then(|c| c.slot().status(group));
+                        eprintln!("{nid}: {st:?}");
+                    }
+                }
                 if other_applied != applied {
                     self.oracle.violation(format!(
                         "{group}: {first} applied through {applied}, {id} through {other_applied} after healing"
@@ -840,6 +846,14 @@ impl World {
                     .flat_map(|c| c.status().channels.into_iter().filter(|s| &s.channel == channel))
                     .map(|s| format!("{:?}", s))
                     .collect();
+                if std::env::var("SIM_DEBUG").is_ok() {
+                    for (id, node) in &self.nodes {
+                        let Some(core) = node.core.as_ref() else { continue };
+                        for group in core.slot().groups().collect::<Vec<_>>() {
+                            eprintln!("{id} {group}: {:?}", core.slot().status(group));
+                        }
+                    }
+                }
                 let tasks: Vec<String> = self
                     .nodes
                     .values()

@@ -117,7 +117,11 @@ pub(crate) fn next_step(
 ) -> MembershipStep {
     let down = cluster.down;
     if status.joint {
-        // Always safe, and nothing else can happen to the group while joint.
+        // Always safe, and nothing else can happen to the group while joint — but a leader only in the
+        // outgoing half (it inherited the change) hands its leadership to an incoming voter first.
+        if !status.voters.contains(&me) {
+            return hand_off(status, me, cluster, &status.voters);
+        }
         return MembershipStep::LeaveJoint;
     }
     // Only a move changes the membership: an assignment that differs from the voters in force is reported
@@ -147,15 +151,25 @@ pub(crate) fn next_step(
     }
     if remove.contains(&me) {
         // raft-rs does not step a removed leader down cleanly: leadership moves first.
-        let ready = |node: NodeId| !down.contains(&node) && matched(node).is_some_and(caught_up);
-        let staying: Vec<NodeId> = status.voters.iter().copied().filter(|n| wanted.contains(n) && *n != me).collect();
-        let preferred = intent.preferred_leader.filter(|p| staying.contains(p) && ready(*p));
-        return match preferred.or_else(|| staying.iter().copied().find(|n| ready(*n))) {
-            Some(to) => MembershipStep::HandOffLeadership { to },
-            None => MembershipStep::NoSuccessor,
-        };
+        let staying: Vec<NodeId> = status.voters.iter().copied().filter(|n| wanted.contains(n)).collect();
+        let preferred = intent.preferred_leader.filter(|p| staying.contains(p));
+        let ordered: Vec<NodeId> = preferred.into_iter().chain(staying).collect();
+        return hand_off(status, me, cluster, &ordered);
     }
     MembershipStep::EnterJoint { promote: add, remove }
+}
+
+/// Leadership goes to the first of `candidates` (other than `me`) that is up and caught up.
+fn hand_off(status: &GroupStatus, me: NodeId, cluster: &ClusterView<'_>, candidates: &[NodeId]) -> MembershipStep {
+    let ready = |node: &NodeId| {
+        *node != me
+            && !cluster.down.contains(node)
+            && status.peers.iter().any(|(n, matched, _)| n == node && matched + CAUGHT_UP_SLACK >= status.commit)
+    };
+    match candidates.iter().find(|n| ready(n)) {
+        Some(to) => MembershipStep::HandOffLeadership { to: *to },
+        None => MembershipStep::NoSuccessor,
+    }
 }
 
 #[cfg(test)]
@@ -223,6 +237,9 @@ mod tests {
         );
         let joint = GroupStatus { joint: true, ..status(&[1, 2, 4], &[]) };
         assert_eq!(step(&intent, &joint, &none()), MembershipStep::LeaveJoint);
+        // A leader only in the outgoing half (it inherited the joint change) hands over before leaving it.
+        let outgoing = GroupStatus { joint: true, ..status(&[2, 3, 4], &[]) };
+        assert_eq!(step(&intent, &outgoing, &none()), MembershipStep::HandOffLeadership { to: n(2) });
         let moved = GroupStatus { config_epoch: ConfigEpoch::new(9), ..status(&[1, 2, 4], &[]) };
         assert_eq!(step(&intent, &moved, &none()), MembershipStep::CommitAssignment);
         let committed = GroupIntent {

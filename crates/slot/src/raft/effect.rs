@@ -57,6 +57,12 @@ pub enum ProposeError {
     /// Leadership changed and the proposal was dropped before commit; it was not applied.
     #[error("proposal dropped by a leadership change")]
     Dropped,
+    /// The membership change would remove this node, the group's leader: hand the leadership over first.
+    #[error("the change would remove the leader of {group}")]
+    LeaderWouldLeave {
+        /// The group.
+        group: GroupId,
+    },
 }
 
 /// An effect of the multi-raft driver, drained with [`super::MultiRaft::poll_effect`].

@@ -27,6 +27,16 @@ pub enum MembershipChange {
 }
 
 impl MembershipChange {
+    /// `true` if applying this change to `conf` leaves `node`, a voter now, without a vote.
+    pub(crate) fn removes_voter(&self, node: NodeId, conf: &crate::fsm::GroupConf) -> bool {
+        match self {
+            MembershipChange::EnterJoint { remove, .. } => remove.contains(&node),
+            // `conf.voters` are the incoming voters: leaving the joint state keeps only them.
+            MembershipChange::LeaveJoint => conf.joint && !conf.voters.contains(&node),
+            MembershipChange::AddLearner(_) | MembershipChange::RemoveLearner(_) => false,
+        }
+    }
+
     /// The raft-rs change. Joint changes use the explicit transition, so leaving is a step of its own
     /// that the controller observes and proposes.
     pub(crate) fn to_conf_change(&self) -> ConfChangeV2 {

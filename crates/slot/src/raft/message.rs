@@ -54,12 +54,18 @@ pub enum SlotBody {
         /// The leader the receiver knows, if any.
         hint: Option<NodeId>,
     },
-    /// The sender leads the group, and its membership (at `config_epoch`) no longer includes the receiver:
-    /// the receiver's replica was moved away and may be destroyed.
+    /// The sender leads the group, and its membership (at `config_epoch`) does not include the receiver:
+    /// the receiver's replica was moved away and may be destroyed, unless it holds entries beyond
+    /// `last_index` (they may add it back).
     Removed {
         /// The sender's configuration epoch.
         config_epoch: u64,
+        /// The sender's last log index when it answered.
+        last_index: u64,
     },
+    /// The sender's replica is not in its own configuration: is it still a member? (The leader answers
+    /// `Removed` if not.)
+    MemberCheck,
 }
 
 /// Serializes `Vec<u8>` as bytes (compact in postcard).

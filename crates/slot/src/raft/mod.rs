@@ -184,6 +184,16 @@ pub struct MultiRaft {
     /// Snapshots sent and not yet acknowledged, per (group, follower): when to give up on them. raft-rs
     /// sends nothing more to a follower while its snapshot is outstanding, and the transport may lose it.
     snapshots_sent: BTreeMap<(GroupId, NodeId), Time>,
+    /// When replicas outside their own configuration next ask whether they are still members.
+    next_member_check: Time,
+}
+
+/// How often a replica outside its own configuration asks its leader whether it is still a member.
+const MEMBER_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The answer of a leader to a replica its configuration does not include.
+fn removal(g: &Group) -> SlotBody {
+    SlotBody::Removed { config_epoch: g.config_epoch, last_index: g.raw.raft.raft_log.last_index() }
 }
 
 /// Proposal context carried in raft entries: who proposed and under which id.
@@ -246,6 +256,7 @@ impl MultiRaft {
             rng: DetRng::new(config.seed),
             leaving: Vec::new(),
             snapshots_sent: BTreeMap::new(),
+            next_member_check: now,
             config,
         };
         for (group, voters) in groups {
@@ -375,6 +386,10 @@ impl MultiRaft {
             let hint = (g.raw.raft.leader_id != 0).then(|| NodeId::new(g.raw.raft.leader_id));
             return Err(ProposeError::NotLeader { group, hint });
         }
+        if change.removes_voter(self.config.node, &g.conf()) {
+            // Leadership moves first: raft-rs does not step a leader that removed itself down.
+            return Err(ProposeError::LeaderWouldLeave { group });
+        }
         g.raw.propose_conf_change(Vec::new(), change.to_conf_change()).map_err(|_| ProposeError::Dropped)?;
         self.dirty = true;
         Ok(())
@@ -465,6 +480,10 @@ impl MultiRaft {
         }
         self.expire_requests();
         self.retry_lost_snapshots();
+        if self.now >= self.next_member_check {
+            self.next_member_check = self.now + MEMBER_CHECK_INTERVAL;
+            self.check_membership();
+        }
         self.dirty = true;
     }
 
@@ -569,7 +588,15 @@ impl MultiRaft {
             SlotBody::Forward { origin, id, command } => self.forwarded(from, group, origin, id, command),
             SlotBody::ForwardDone { id, outcome } => self.complete(id, Ok(outcome)),
             SlotBody::NotLeader { id, hint } => self.complete(id, Err(ProposeError::NotLeader { group, hint })),
-            SlotBody::Removed { config_epoch } => self.removed_by_peer(group, config_epoch),
+            SlotBody::Removed { config_epoch, last_index } => self.removed_by_peer(group, config_epoch, last_index),
+            SlotBody::MemberCheck => {
+                if let Some(g) = self.groups.get(&group) {
+                    if g.raw.raft.state == StateRole::Leader && !g.has_member(from.get()) {
+                        let removed = removal(g);
+                        self.send(from, group, removed);
+                    }
+                }
+            }
         }
         self.dirty = true;
     }
@@ -605,6 +632,9 @@ impl MultiRaft {
         if !self.groups.contains_key(&group) && !self.create_on_demand(group, &message) {
             return;
         }
+        if self.leaving.contains(&group) {
+            return; // Destroyed at the end of this round: it must not take (and acknowledge) more entries.
+        }
         let Some(g) = self.groups.get_mut(&group) else { return };
         if !guard::admissible(&g.raw, from.get(), self.config.node.get(), &message) {
             self.refused_messages += 1;
@@ -615,8 +645,8 @@ impl MultiRaft {
         }
         if g.raw.raft.state == StateRole::Leader && !g.has_member(from.get()) {
             // A replica this group removed (it may not have learnt it): tell it, so it destroys itself.
-            let config_epoch = g.config_epoch;
-            self.send(from, group, SlotBody::Removed { config_epoch });
+            let removed = removal(g);
+            self.send(from, group, removed);
             return;
         }
         // raft-rs refuses local-only message types from the wire; other errors are stale messages.
@@ -649,12 +679,42 @@ impl MultiRaft {
         }
     }
 
-    /// The leader of `group` says this node is no longer a member as of `config_epoch`.
-    fn removed_by_peer(&mut self, group: GroupId, config_epoch: u64) {
+    /// The leader of `group` says this node is not a member of its configuration at `config_epoch`, its
+    /// log ending at `last_index`.
+    fn removed_by_peer(&mut self, group: GroupId, config_epoch: u64, last_index: u64) {
         let Some(g) = self.groups.get(&group) else { return };
-        // Only a membership newer than the one this replica applied can have removed it.
-        if config_epoch > g.config_epoch && !self.leaving.contains(&group) {
+        // Not older than the configuration this replica applied, and nothing in this log the leader did
+        // not have when it answered: entries beyond it may add this node back, and the leader may count
+        // on this replica's acknowledgement of them. (Raft ids are node ids: an emptied replica that was
+        // counted would leave the leader waiting for entries it believes are held.)
+        let stale = config_epoch < g.config_epoch || g.raw.raft.raft_log.last_index() > last_index;
+        if !stale && !self.leaving.contains(&group) {
             self.leaving.push(group);
+        }
+    }
+
+    /// Replicas whose configuration does not include this node (removed, or created for a membership
+    /// change that never reached them), or that know no leader, ask whether they are still wanted; only
+    /// the leader's `Removed` destroys them.
+    fn check_membership(&mut self) {
+        let me = self.config.node.get();
+        let mut checks = Vec::new();
+        for (group, g) in &self.groups {
+            let leader = g.raw.raft.leader_id;
+            if leader == me || (g.has_member(me) && leader != 0) {
+                continue;
+            }
+            // Outside its own configuration, or no leader known (a learner the group moved away from hears
+            // from nobody): ask the leader, else every voter it knows (only the leader answers).
+            let ask: Vec<u64> = if leader != 0 {
+                vec![leader]
+            } else {
+                g.conf().voters.iter().map(|n| n.get()).filter(|n| *n != me).collect()
+            };
+            checks.extend(ask.into_iter().map(|to| (NodeId::new(to), *group)));
+        }
+        for (to, group) in checks {
+            self.send(to, group, SlotBody::MemberCheck);
         }
     }
 
@@ -856,8 +916,15 @@ impl MultiRaft {
                 self.apply_conf_change(id, entry)?;
                 self.apply_run(id, table, &entries[at..=at], true)?;
                 start = at + 1;
-                if !self.groups.get(&id).is_some_and(|g| g.has_member(self.config.node.get())) {
-                    // This node is no longer in the group: the rest is not its business.
+                // A configuration without this node does not destroy a follower here: later entries (which
+                // it may have acknowledged already) can add it back, and a leader counting on those
+                // acknowledgements must never face an emptied replica. The leader says when it may go
+                // (`SlotBody::Removed`), asked by `check_membership` if need be. A leader that removed
+                // itself (it inherited the change) cannot go on: raft-rs does not step such a leader down
+                // and fails on its next persist. Its log holds no later change (one at a time), so it goes
+                // now, and the remaining members elect a leader.
+                let g = self.groups.get(&id).expect("group exists");
+                if g.raw.raft.state == StateRole::Leader && !g.raw.raft.prs().conf().voters().contains(g.raw.raft.id) {
                     if !self.leaving.contains(&id) {
                         self.leaving.push(id);
                     }
