@@ -678,15 +678,16 @@ impl World {
         }
     }
 
-    /// The members of `group` in force, as its leader has them: replica moves change them, and a replica
-    /// moved away may linger until it hears it was removed (it is not a replica the checks compare).
+    /// The voters of `group` in force, as its leader has them: replica moves change them, a replica moved
+    /// away may linger until it hears it was removed, and a learner a move added late in the healing phase
+    /// may still be catching up (neither is a replica the checks compare).
     fn group_members(&self, group: GroupId) -> Vec<NodeId> {
         self.nodes
             .values()
             .filter_map(|n| n.core.as_ref())
             .find(|c| c.slot().is_leader(group))
             .and_then(|c| c.slot().status(group))
-            .map(|s| s.voters.into_iter().chain(s.learners).collect())
+            .map(|s| s.voters)
             .unwrap_or_else(|| {
                 // No leader to ask: every replica held counts (the checks then stay strict).
                 let holding = self
@@ -823,6 +824,9 @@ impl World {
                 let Some(core) = node.core.as_ref() else { continue };
                 for uid in uids {
                     if !matches!(core.reader().user(uid), Ok(Some(_))) {
+                        if std::env::var("SIM_DEBUG").is_ok() {
+                            eprintln!("{id} {group}: {:?}", core.slot().status(*group));
+                        }
                         self.oracle.violation(format!("{id}: acknowledged user {} missing in {group}", uid.as_str()));
                     }
                 }
