@@ -51,13 +51,15 @@ fn a_batch_of_seeds_passes() {
 /// replica now), 502927 and 504225 (a leader that inherited the change removing it panicked in raft-rs),
 /// 501516, 503687, 505003 and 505049 (a learner the group had moved away from heard from nobody and served
 /// stale metadata: replicas without a leader now ask whether they are still members), 711764 (the checks
-/// compared a learner a move had added at the end of the healing phase: only voters are compared).
+/// compared a learner a move had added at the end of the healing phase: only voters are compared),
+/// 905951 (a learner the group had moved away from still knew a leader but heard from nobody: replicas
+/// silent for two election timeouts ask too).
 #[test]
 fn seeds_that_once_failed_pass() {
     for seed in [
         8, 62, 5, 23, 31, 50, 52, 91, 946, 6806, 10500, 14754, 15114, 204, 25316, 27024, 104161, 105524, 122608,
         152521, 2, 200306, 100367, 101518, 102889, 203287, 203758, 502141, 502927, 504225, 501516, 503687, 505003,
-        505049, 711764,
+        505049, 711764, 905951,
     ] {
         assert_passes(&run_seed(seed));
     }

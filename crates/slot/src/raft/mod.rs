@@ -700,18 +700,20 @@ impl MultiRaft {
         let me = self.config.node.get();
         let mut checks = Vec::new();
         for (group, g) in &self.groups {
-            let leader = g.raw.raft.leader_id;
-            if leader == me || (g.has_member(me) && leader != 0) {
+            let raft = &g.raw.raft;
+            let leader = raft.leader_id;
+            // A learner the group moved away from hears from nobody, and never campaigns to find out.
+            let silent = raft.state != StateRole::Leader && raft.election_elapsed >= 2 * g.election_tick;
+            if leader == me || (g.has_member(me) && leader != 0 && !silent) {
                 continue;
             }
-            // Outside its own configuration, or no leader known (a learner the group moved away from hears
-            // from nobody): ask the leader, else every voter it knows (only the leader answers).
-            let ask: Vec<u64> = if leader != 0 {
-                vec![leader]
-            } else {
-                g.conf().voters.iter().map(|n| n.get()).filter(|n| *n != me).collect()
-            };
-            checks.extend(ask.into_iter().map(|to| (NodeId::new(to), *group)));
+            // Outside its own configuration, leaderless or silent: ask the leader it knows and every voter
+            // it knows (only the leader answers).
+            let mut ask: Vec<u64> = g.conf().voters.iter().map(|n| n.get()).collect();
+            ask.push(leader);
+            ask.sort_unstable();
+            ask.dedup();
+            checks.extend(ask.into_iter().filter(|n| *n != me && *n != 0).map(|to| (NodeId::new(to), *group)));
         }
         for (to, group) in checks {
             self.send(to, group, SlotBody::MemberCheck);

@@ -19,10 +19,11 @@ pub enum FailOp {
     Sync,
 }
 
-type Map = BTreeMap<(Keyspace, Vec<u8>), Vec<u8>>;
+/// One ordered map per keyspace: lookups borrow the key (no allocation) and compare only key bytes.
+type Map = BTreeMap<Keyspace, BTreeMap<Vec<u8>, Vec<u8>>>;
 
 /// How to undo one applied batch: the previous value of every key it touched, in the order touched.
-type Undo = Vec<((Keyspace, Vec<u8>), Option<Vec<u8>>)>;
+type Undo = Vec<(Keyspace, Vec<u8>, Option<Vec<u8>>)>;
 
 #[derive(Default)]
 struct State {
@@ -62,10 +63,11 @@ impl MemoryKv {
         let mut state = self.state.lock();
         while state.unsynced.len() > kept {
             let undo = state.unsynced.pop().expect("longer than kept");
-            for (key, previous) in undo.into_iter().rev() {
+            for (keyspace, key, previous) in undo.into_iter().rev() {
+                let space = state.current.entry(keyspace).or_default();
                 match previous {
-                    Some(value) => state.current.insert(key, value),
-                    None => state.current.remove(&key),
+                    Some(value) => space.insert(key, value),
+                    None => space.remove(&key),
                 };
             }
         }
@@ -97,7 +99,7 @@ impl MemoryKv {
     /// Returns `false` if the key does not exist.
     pub fn corrupt(&self, keyspace: Keyspace, key: &[u8]) -> bool {
         let mut state = self.state.lock();
-        match state.current.get_mut(&(keyspace, key.to_vec())) {
+        match state.current.get_mut(&keyspace).and_then(|space| space.get_mut(key)) {
             Some(value) => {
                 if let Some(byte) = value.last_mut() {
                     *byte ^= 0x01;
@@ -115,14 +117,12 @@ fn apply_to(map: &mut Map, batch: KvBatch) -> Undo {
     for op in batch.into_ops() {
         match op {
             KvOp::Put { keyspace, key, sealed } => {
-                let key = (keyspace, key);
-                let previous = map.insert(key.clone(), sealed);
-                undo.push((key, previous));
+                let previous = map.entry(keyspace).or_default().insert(key.clone(), sealed);
+                undo.push((keyspace, key, previous));
             }
             KvOp::Delete { keyspace, key } => {
-                let key = (keyspace, key);
-                let previous = map.remove(&key);
-                undo.push((key, previous));
+                let previous = map.get_mut(&keyspace).and_then(|space| space.remove(&key));
+                undo.push((keyspace, key, previous));
             }
         }
     }
@@ -133,7 +133,7 @@ impl Kv for MemoryKv {
     fn get_sealed(&self, keyspace: Keyspace, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
         let mut state = self.state.lock();
         state.failpoints.check(FailOp::Get, "get")?;
-        Ok(state.current.get(&(keyspace, key.to_vec())).cloned())
+        Ok(state.current.get(&keyspace).and_then(|space| space.get(key)).cloned())
     }
 
     fn scan_sealed(
@@ -145,12 +145,11 @@ impl Kv for MemoryKv {
     ) -> StoreResult<Vec<KvPair>> {
         let mut state = self.state.lock();
         state.failpoints.check(FailOp::Scan, "scan")?;
-        let start = (keyspace, range.start.clone());
-        let in_range = state
-            .current
-            .range(start..)
-            .take_while(|((ks, key), _)| *ks == keyspace && range.contains(key))
-            .map(|((_, key), value)| (key.clone(), value.clone()));
+        let Some(space) = state.current.get(&keyspace) else { return Ok(Vec::new()) };
+        let in_range = space
+            .range::<[u8], _>((std::ops::Bound::Included(range.start.as_slice()), std::ops::Bound::Unbounded))
+            .take_while(|(key, _)| range.contains(key))
+            .map(|(key, value)| (key.clone(), value.clone()));
         Ok(match direction {
             Direction::Forward => in_range.take(limit).collect(),
             Direction::Reverse => {
