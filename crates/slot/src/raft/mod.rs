@@ -21,6 +21,7 @@
 //! timeouts once coincided (a split vote) draw apart. Pre-vote and check-quorum are on; `batch_append`
 //! is off (see `add_group`).
 
+mod batch;
 mod config;
 mod effect;
 mod guard;
@@ -177,6 +178,9 @@ pub struct MultiRaft {
     refused_messages: u64,
     /// Raft messages of an older term than the group's (raft-rs ignores or answers them).
     stale_messages: u64,
+    /// Proposals of this round, per group this node leads, with the node that hears a refusal: proposed
+    /// as batch entries when the round is processed.
+    queued: BTreeMap<GroupId, Vec<(NodeId, batch::Queued)>>,
     /// Seeds the election streams of groups opened later (created when a leader adds this node).
     rng: DetRng,
     /// Groups whose membership no longer includes this node: destroyed at the end of the round.
@@ -188,26 +192,15 @@ pub struct MultiRaft {
     next_member_check: Time,
 }
 
+/// Most proposals in one batch entry (the entry's bytes are bounded by `proposal_bytes_max` too).
+const BATCH_PROPOSALS_MAX: usize = 256;
+
 /// How often a replica outside its own configuration asks its leader whether it is still a member.
 const MEMBER_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The answer of a leader to a replica its configuration does not include.
 fn removal(g: &Group) -> SlotBody {
     SlotBody::Removed { config_epoch: g.config_epoch, last_index: g.raw.raft.raft_log.last_index() }
-}
-
-/// Proposal context carried in raft entries: who proposed and under which id.
-fn encode_context(origin: NodeId, id: u64) -> Vec<u8> {
-    [origin.get().to_le_bytes(), id.to_le_bytes()].concat()
-}
-
-fn decode_context(context: &[u8]) -> Option<(NodeId, u64)> {
-    if context.len() != 16 {
-        return None;
-    }
-    let origin = u64::from_le_bytes(context[..8].try_into().ok()?);
-    let id = u64::from_le_bytes(context[8..].try_into().ok()?);
-    Some((NodeId::new(origin), id))
 }
 
 impl MultiRaft {
@@ -254,6 +247,7 @@ impl MultiRaft {
             stale_messages: 0,
             logger: slog::Logger::root(slog::Discard, slog::o!()),
             rng: DetRng::new(config.seed),
+            queued: BTreeMap::new(),
             leaving: Vec::new(),
             snapshots_sent: BTreeMap::new(),
             next_member_check: now,
@@ -514,9 +508,7 @@ impl MultiRaft {
         let id = self.next_proposal;
         let me = self.config.node;
         match self.groups.get_mut(&group) {
-            Some(g) if g.raw.raft.state == StateRole::Leader => {
-                g.raw.propose(encode_context(me, id), data).map_err(|_| ProposeError::Dropped)?;
-            }
+            Some(g) if g.raw.raft.state == StateRole::Leader => self.enqueue(group, me, me, id, data),
             Some(g) if g.raw.raft.leader_id != 0 => {
                 let leader = NodeId::new(g.raw.raft.leader_id);
                 self.send(leader, group, SlotBody::Forward { origin: me, id, command: data });
@@ -544,7 +536,7 @@ impl MultiRaft {
             let hint = (g.raw.raft.leader_id != 0).then(|| NodeId::new(g.raw.raft.leader_id));
             return Err(ProposeError::NotLeader { group, hint });
         }
-        g.raw.propose(encode_context(me, id), data).map_err(|_| ProposeError::Dropped)?;
+        self.enqueue(group, me, me, id, data);
         let tracked = self.track(group);
         debug_assert_eq!(tracked, id);
         self.dirty = true;
@@ -768,8 +760,61 @@ impl MultiRaft {
             self.send(from, group, SlotBody::NotLeader { id, hint });
             return;
         }
-        if g.raw.propose(encode_context(origin, id), command).is_err() {
+        if self.queued.get(&group).is_some_and(|q| q.len() >= self.config.pending_proposals_max) {
+            // Bounded: the forwarder's proposal fails without a hint and its caller may retry.
             self.send(from, group, SlotBody::NotLeader { id, hint: None });
+            return;
+        }
+        self.enqueue(group, from, origin, id, command);
+    }
+
+    /// Queues a proposal of this round for `group` (this node leads it); `reply_to` hears a refusal.
+    fn enqueue(&mut self, group: GroupId, reply_to: NodeId, origin: NodeId, id: u64, command: Vec<u8>) {
+        self.queued.entry(group).or_default().push((reply_to, batch::Queued { origin, id, command }));
+    }
+
+    /// Proposes the proposals queued this round: per group, as few entries as the batch bounds allow.
+    /// Proposals a group can no longer take (leadership lost meanwhile) are refused to whoever waits.
+    fn flush_queued(&mut self) {
+        for (group, queued) in std::mem::take(&mut self.queued) {
+            let (leading, hint) = match self.groups.get(&group) {
+                Some(g) => {
+                    let leader = g.raw.raft.leader_id;
+                    (g.raw.raft.state == StateRole::Leader, (leader != 0).then(|| NodeId::new(leader)))
+                }
+                None => (false, None),
+            };
+            let mut rest = queued;
+            while !rest.is_empty() {
+                let mut count = 0;
+                let mut bytes = 0;
+                while count < rest.len()
+                    && count < BATCH_PROPOSALS_MAX
+                    && (count == 0 || bytes + rest[count].1.command.len() <= self.config.proposal_bytes_max)
+                {
+                    bytes += rest[count].1.command.len();
+                    count += 1;
+                }
+                let tail = rest.split_off(count);
+                let chunk = std::mem::replace(&mut rest, tail);
+                let data = batch::encode(chunk.iter().map(|(_, q)| q));
+                let accepted = leading
+                    && self
+                        .groups
+                        .get_mut(&group)
+                        .is_some_and(|g| g.raw.propose(batch::BATCH_CONTEXT.to_vec(), data).is_ok());
+                if !accepted {
+                    for (reply_to, queued) in chunk {
+                        if queued.origin == self.config.node {
+                            let error =
+                                if leading { ProposeError::Dropped } else { ProposeError::NotLeader { group, hint } };
+                            self.complete(queued.id, Err(error));
+                        } else {
+                            self.send(reply_to, group, SlotBody::NotLeader { id: queued.id, hint });
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -800,8 +845,10 @@ impl MultiRaft {
         }
     }
 
-    /// Handles every group's ready, then asks for one sync covering all their writes.
+    /// Proposes what this round queued, handles every group's ready, then asks for one sync covering all
+    /// their writes.
     fn process_all(&mut self) {
+        self.flush_queued();
         let ids: Vec<GroupId> = self.groups.keys().copied().collect();
         for id in ids {
             // A group may produce several readies in a row (e.g. after applying).
@@ -951,10 +998,30 @@ impl MultiRaft {
             return Ok(());
         }
         let me = self.config.node;
-        let commands: Vec<(u64, &[u8])> = entries
-            .iter()
-            .map(|e| (e.index, if e.get_entry_type() == EntryType::EntryNormal { &e.data[..] } else { &[] }))
-            .collect();
+        // One FSM command per proposal: batch entries are unpacked, each proposal keeps who waits for it.
+        let mut commands: Vec<(u64, &[u8])> = Vec::with_capacity(entries.len());
+        let mut owners: Vec<Option<(NodeId, u64)>> = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let normal = entry.get_entry_type() == EntryType::EntryNormal;
+            match (normal && entry.context == batch::BATCH_CONTEXT).then(|| batch::decode(&entry.data)) {
+                Some(Some(decoded)) => {
+                    for proposal in decoded.proposals {
+                        commands.push((entry.index, proposal.command));
+                        owners.push(Some((proposal.origin, proposal.id)));
+                    }
+                }
+                // A batch that does not decode applies nothing (its index still counts as applied).
+                Some(None) => {
+                    commands.push((entry.index, &[]));
+                    owners.push(None);
+                }
+                // A leader's empty entry or a membership change: no command.
+                None => {
+                    commands.push((entry.index, &[]));
+                    owners.push(None);
+                }
+            }
+        }
         let group = self.groups.get_mut(&id).expect("group exists");
         let conf = group.conf();
         let (outcomes, metas) = group.fsm.apply_in(table, &conf, record_config_epoch, &commands)?;
@@ -965,8 +1032,8 @@ impl MultiRaft {
         let last = entries.last().map(|e| e.index);
         let mut forwarded = Vec::new();
         let mut local = Vec::new();
-        for (entry, outcome) in entries.iter().zip(outcomes) {
-            let (Some(outcome), Some((origin, pid))) = (outcome, decode_context(&entry.context)) else { continue };
+        for (owner, outcome) in owners.into_iter().zip(outcomes) {
+            let (Some(outcome), Some((origin, pid))) = (outcome, owner) else { continue };
             if origin == me {
                 local.push((pid, outcome));
             } else if leader {
