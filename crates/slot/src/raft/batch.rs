@@ -53,7 +53,7 @@ mod tests {
 
     #[test]
     fn a_batch_round_trips_and_garbage_is_refused() {
-        let queued = vec![
+        let queued = [
             Queued { origin: NodeId::new(1), id: 7, command: b"one".to_vec() },
             Queued { origin: NodeId::new(3), id: 9, command: b"two".to_vec() },
         ];
