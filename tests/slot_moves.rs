@@ -309,3 +309,35 @@ fn draining_a_node_moves_its_slot_and_channel_replicas_away_without_loss() {
     }
     assert!(acked.len() >= rooms.len() * 2 - 1, "appends went through before and after ({})", acked.len());
 }
+
+#[test]
+fn an_abort_after_the_promotion_takes_the_membership_back() {
+    let mut cluster = Cluster::new(4);
+    cluster.run_for(3_000);
+    let before = members(&cluster, GROUP);
+    let to = (1..=4).map(NodeId::new).find(|n| !before.contains(n)).unwrap();
+    let group_leader = leader(&mut cluster, GROUP).unwrap();
+    let from = *before.iter().find(|n| n.get() != group_leader).unwrap();
+    let mut load = Load { next: 0, issued: Vec::new() };
+    assert_eq!(call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, from, to)), "Meta(Ok(()))");
+    // Abort once the promotion applied: the joint configuration already has `to` voting and `from` leaving.
+    let joint = |c: &mut Cluster| leader(c, GROUP).is_some_and(|l| c.core(l).slot().status(GROUP).unwrap().joint);
+    assert!(run_loaded(&mut cluster, &mut load, 20_000, joint), "the move reaches its joint configuration");
+    let l = leader(&mut cluster, GROUP).unwrap();
+    let joint_epoch = cluster.core(l).slot().status(GROUP).unwrap().config_epoch;
+    assert_eq!(call(&mut cluster, |core, now, id| core.abort_slot_move(now, id, GROUP)), "Meta(Ok(()))");
+    // The membership goes back: `from` is added again (its replica, destroyed or not, catches up) and `to`
+    // leaves; the assignment is committed again with the epoch it ends in.
+    let done = run_loaded(&mut cluster, &mut load, 60_000, |c| moved_to(c, GROUP, &before));
+    assert!(done, "the abort restores the assignment: {}", describe(&mut cluster, GROUP));
+    let l = leader(&mut cluster, GROUP).unwrap();
+    let status = cluster.core(l).slot().status(GROUP).unwrap();
+    // Leaving the joint state, adding `from` back as a learner, the second joint state and its end.
+    assert!(status.config_epoch.get() >= joint_epoch.get() + 4, "{:?} after {joint_epoch:?}", status.config_epoch);
+    assert!(
+        cluster.run_until(10_000, |c| !c.core(to.get()).slot().groups().any(|g| g == GROUP)),
+        "the replica on the move's target is destroyed"
+    );
+    cluster.run_for(2_000);
+    load.check(&mut cluster);
+}

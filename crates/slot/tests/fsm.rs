@@ -235,3 +235,77 @@ fn garbage_and_newer_commands_are_refused_with_types() {
         })))
     );
 }
+
+/// Applies `command` under the membership `conf` at `index`.
+fn apply_in_conf(
+    fsm: &SlotFsm,
+    table: &HashToSlot,
+    conf: &tidings_slot::fsm::GroupConf,
+    index: u64,
+    command: &Command,
+) -> Outcome {
+    let encoded = command.encode();
+    let (outcomes, _) = fsm.apply_in(table, conf, false, &[(index, encoded.as_slice())]).unwrap();
+    outcomes.into_iter().next().flatten().unwrap()
+}
+
+#[test]
+fn group_intent_changes_are_checked_against_the_intent_and_the_membership_in_force() {
+    use tidings_slot::fsm::{GroupChangeError, GroupConf};
+    use tidings_types::ConfigEpoch;
+    let (_, fsm, reader, table) = setup();
+    let group = GroupId::new(1);
+    let route = tidings_slot::command::group_intent_route(&table, group).unwrap();
+    let n = NodeId::new;
+    let conf = |voters: &[u64], epoch: u64, joint: bool| GroupConf {
+        voters: voters.iter().copied().map(n).collect(),
+        learners: Vec::new(),
+        joint,
+        config_epoch: ConfigEpoch::new(epoch),
+    };
+    let refused = |error| Outcome::Refused(Refusal::GroupChange(error));
+    let mv = |from, to| Command::MoveGroupReplica { route: route.clone(), group, from: n(from), to: n(to) };
+    let commit = Command::CommitGroupConfig { route: route.clone(), group };
+    let abort = Command::AbortGroupMove { route: route.clone(), group };
+    let in_force = conf(&[1, 2, 3], 0, false);
+
+    assert_eq!(apply_in_conf(&fsm, &table, &in_force, 1, &commit), refused(GroupChangeError::NothingToCommit));
+    assert_eq!(apply_in_conf(&fsm, &table, &in_force, 2, &abort), refused(GroupChangeError::NoMoveInProgress));
+    assert_eq!(apply_in_conf(&fsm, &table, &in_force, 3, &mv(9, 4)), refused(GroupChangeError::NotAVoter(n(9))));
+    assert_eq!(apply_in_conf(&fsm, &table, &in_force, 4, &mv(1, 2)), refused(GroupChangeError::AlreadyAVoter(n(2))));
+    // A group without an intent starts from its voters in force.
+    assert_eq!(apply_in_conf(&fsm, &table, &in_force, 5, &mv(3, 4)), Outcome::Applied);
+    let intent = reader.group_intent(&table, group).unwrap().unwrap();
+    assert_eq!(intent.desired_peers, vec![n(1), n(2), n(3)]);
+    assert_eq!(intent.target_peers, Some(vec![n(1), n(2), n(4)]));
+    let target = vec![n(1), n(2), n(4)];
+    assert_eq!(
+        apply_in_conf(&fsm, &table, &in_force, 6, &mv(2, 5)),
+        refused(GroupChangeError::MoveInProgress { target: target.clone() })
+    );
+    // The commit checks the membership in force at its own entry: not joint, voters = target.
+    let joint = conf(&[1, 2, 4], 9, true);
+    assert!(matches!(
+        apply_in_conf(&fsm, &table, &joint, 7, &commit),
+        Outcome::Refused(Refusal::GroupChange(GroupChangeError::ConfigMismatch { joint: true, .. }))
+    ));
+    assert_eq!(apply_in_conf(&fsm, &table, &conf(&[1, 2, 4], 11, false), 12, &commit), Outcome::Applied);
+    let intent = reader.group_intent(&table, group).unwrap().unwrap();
+    assert_eq!(
+        (intent.desired_peers.clone(), intent.config_epoch, intent.target_peers.clone()),
+        (target, ConfigEpoch::new(11), None)
+    );
+    // Drained nodes cannot receive a replica; an abort retargets the move to the assignment.
+    let drain = Command::DrainNode { route: route.clone(), group, node: n(5), drain: true };
+    assert_eq!(apply_in_conf(&fsm, &table, &in_force, 13, &drain), Outcome::Applied);
+    assert_eq!(apply_in_conf(&fsm, &table, &in_force, 14, &mv(4, 5)), refused(GroupChangeError::TargetDraining(n(5))));
+    assert_eq!(apply_in_conf(&fsm, &table, &in_force, 15, &mv(4, 3)), Outcome::Applied);
+    assert_eq!(apply_in_conf(&fsm, &table, &in_force, 16, &abort), Outcome::Applied);
+    let intent = reader.group_intent(&table, group).unwrap().unwrap();
+    assert_eq!(intent.target_peers.as_deref(), Some(&intent.desired_peers[..]));
+    assert_eq!(intent.draining, vec![n(5)]);
+    assert_eq!(apply_in_conf(&fsm, &table, &in_force, 17, &abort), refused(GroupChangeError::NoMoveInProgress));
+    // A command about another group is refused where it lands.
+    let other = Command::AbortGroupMove { route, group: GroupId::new(2) };
+    assert!(matches!(apply_in_conf(&fsm, &table, &in_force, 18, &other), Outcome::Refused(Refusal::WrongSlot { .. })));
+}
