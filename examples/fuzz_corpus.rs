@@ -9,8 +9,9 @@ use tidings::frame::{encode, Frame, FrameBody};
 use tidings::node::NodeMessage;
 use tidings::slot::command::{Command, MemberList};
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
+use tidings::slot::raft::{SlotBody, SlotMessage};
 use tidings::store::message::{stored, ChannelLogState, IdempotencyKey, LogBatch, LogOp, Record, RecordKind};
-use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, LeaderEpoch, NodeId, Seq};
+use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, GroupId, LeaderEpoch, NodeId, Seq};
 
 fn write(target: &str, name: &str, bytes: &[u8]) {
     let dir = Path::new("fuzz/seeds").join(target);
@@ -38,6 +39,11 @@ fn main() {
             leader_epoch: LeaderEpoch::new(2),
         })),
         FrameBody::Node(NodeMessage::MetaPush(meta.clone())),
+        FrameBody::Slot(SlotMessage {
+            group: GroupId::new(1),
+            body: SlotBody::Removed { config_epoch: 40, last_index: 90 },
+        }),
+        FrameBody::Slot(SlotMessage { group: GroupId::new(1), body: SlotBody::MemberCheck }),
         FrameBody::Node(NodeMessage::MetaFetch(channel.clone())),
         FrameBody::Node(NodeMessage::Ping),
         FrameBody::Node(NodeMessage::EvidenceRequest { task: 7, meta: meta.clone() }),
@@ -59,6 +65,19 @@ fn main() {
         Command::AddMembers { channel: channel.clone(), list: MemberList::Subscribers, uids: vec![uid] },
         Command::CreateRuntimeMeta(meta.clone()),
         Command::CasRuntimeMeta { expected_version: 2, meta, proof: None },
+        Command::MoveGroupReplica {
+            route: b"group-intent/1/0".to_vec(),
+            group: GroupId::new(1),
+            from: NodeId::new(1),
+            to: NodeId::new(4),
+        },
+        Command::DrainNode {
+            route: b"group-intent/1/0".to_vec(),
+            group: GroupId::new(1),
+            node: NodeId::new(2),
+            drain: true,
+        },
+        Command::CommitGroupConfig { route: b"group-intent/1/0".to_vec(), group: GroupId::new(1) },
     ];
     for (i, command) in commands.iter().enumerate() {
         write("slot_command", &format!("command-{i}"), &command.encode());
