@@ -19,7 +19,13 @@
 //! own (thread-local) draw is replaced by one from the group's seeded stream in
 //! `[election_ticks_min, 2 * election_ticks_min)`, so the same seed gives the same run and members whose
 //! timeouts once coincided (a split vote) draw apart. Pre-vote and check-quorum are on; `batch_append`
-//! is off (see `add_group`).
+//! is off (see `open_group`).
+//!
+//! Proposals of one round (this node's and those forwarded to it) are proposed per group as batch entries
+//! (module `batch`) when the round is processed. Membership changes ([`MultiRaft::change_membership`]) are
+//! ConfChangeV2 entries; a node a leader reaches for a group it does not hold gets an empty replica that a
+//! snapshot initializes, and a replica outside its leader's configuration is destroyed only on that
+//! leader's `SlotBody::Removed` (see `removed_by_peer`), leaving a tombstone.
 
 mod batch;
 mod config;
