@@ -341,3 +341,52 @@ fn an_abort_after_the_promotion_takes_the_membership_back() {
     cluster.run_for(2_000);
     load.check(&mut cluster);
 }
+
+/// Which node a phase test crashes.
+#[derive(Clone, Copy, Debug)]
+enum Victim {
+    Leader,
+    Source,
+    Target,
+}
+
+#[test]
+fn a_move_finishes_after_a_crash_of_any_participant_in_any_phase() {
+    for phase_joint in [false, true] {
+        for victim in [Victim::Leader, Victim::Source, Victim::Target] {
+            let mut cluster = Cluster::new(4);
+            cluster.run_for(3_000);
+            let before = members(&cluster, GROUP);
+            let to = (1..=4).map(NodeId::new).find(|n| !before.contains(n)).unwrap();
+            let group_leader = leader(&mut cluster, GROUP).unwrap();
+            let from = *before.iter().find(|n| n.get() != group_leader).unwrap();
+            let mut load = Load { next: 0, issued: Vec::new() };
+            let answer = call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, from, to));
+            assert_eq!(answer, "Meta(Ok(()))");
+            let reached = |c: &mut Cluster| {
+                leader(c, GROUP).is_some_and(|l| {
+                    let status = c.core(l).slot().status(GROUP).unwrap();
+                    if phase_joint {
+                        status.joint
+                    } else {
+                        status.learners.contains(&to)
+                    }
+                })
+            };
+            assert!(run_loaded(&mut cluster, &mut load, 20_000, reached), "phase reached ({phase_joint}, {victim:?})");
+            let crashed = match victim {
+                Victim::Leader => leader(&mut cluster, GROUP).unwrap(),
+                Victim::Source => from.get(),
+                Victim::Target => to.get(),
+            };
+            cluster.crash(crashed);
+            run_loaded(&mut cluster, &mut load, 3_000, |_| false);
+            cluster.restart(crashed);
+            let after = replaced(&before, from, to);
+            let done = run_loaded(&mut cluster, &mut load, 60_000, |c| moved_to(c, GROUP, &after));
+            assert!(done, "joint {phase_joint}, {victim:?} crashed: {}", describe(&mut cluster, GROUP));
+            cluster.run_for(2_000);
+            load.check(&mut cluster);
+        }
+    }
+}
