@@ -137,6 +137,8 @@ pub fn max_rate(cluster: &Cluster, channels: &[ChannelId], messages: usize, in_f
 }
 
 /// Open loop at `rate` messages/s for `duration`: latency from each message's scheduled send time.
+pub static BUSY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Duration) -> Figures {
     let payload = Bytes::from(vec![0x42u8; RECORD_BYTES]);
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A few hundred thousand at most.
@@ -148,20 +150,40 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
         let retry_payload = payload.clone();
         let waiter = scope.spawn(move || {
             let mut latencies = Vec::with_capacity(total);
-            for (scheduled, i, mut handle) in handles {
-                // Overload shows as queueing: a channel whose queue is full is retried, and the wait
-                // counts in the latency (measured from the scheduled send time).
-                loop {
-                    match handle.wait() {
-                        Ok(_) => break,
-                        Err(NodeError::Append(tidings::channel::machine::AppendError::Busy)) => {
-                            std::thread::sleep(Duration::from_millis(1));
-                            handle = cluster.append(&channels[i % channels.len()], &retry_payload);
-                        }
-                        Err(error) => panic!("append failed: {error}"),
+            // Overload shows as queueing: an append refused because its channel's queue is full is sent
+            // again and waited for after the appends already in flight (the wait counts in its latency,
+            // measured from the scheduled send time). Retrying in place instead would make this one
+            // thread wait for each retry in turn while the sender keeps going, and the harness, not the
+            // system, would set the latency.
+            let mut retries: VecDeque<(Instant, usize, AppendHandle)> = VecDeque::new();
+            let mut open = true;
+            loop {
+                let next = match handles.try_recv() {
+                    Ok(item) => Some(item),
+                    Err(_) if !retries.is_empty() => retries.pop_front(),
+                    Err(_) if open => handles.recv().ok(),
+                    Err(_) => None,
+                };
+                let Some((scheduled, i, handle)) = next else {
+                    if open {
+                        open = false;
+                        continue;
                     }
+                    break;
+                };
+                match handle.wait() {
+                    Ok(_) => latencies.push(scheduled.elapsed()),
+                    Err(NodeError::Append(tidings::channel::machine::AppendError::Busy)) => {
+                        BUSY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        std::thread::sleep(Duration::from_micros(200));
+                        retries.push_back((
+                            scheduled,
+                            i,
+                            cluster.append(&channels[i % channels.len()], &retry_payload),
+                        ));
+                    }
+                    Err(error) => panic!("append failed: {error}"),
                 }
-                latencies.push(scheduled.elapsed());
             }
             latencies
         });
@@ -176,5 +198,6 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
         drop(to_waiter);
         waiter.join().expect("waiter")
     });
+    eprintln!("busy retries: {}", BUSY.load(std::sync::atomic::Ordering::Relaxed));
     figures(total, duration, latencies)
 }

@@ -148,6 +148,10 @@ pub struct NodeStatus {
     /// Channel answers and hints of an older leader epoch than the meta in force, refused, plus raft
     /// messages of an older term (raft-rs ignores or answers those; they change no state).
     pub stale_messages: u64,
+    /// Channel replicas rebuilt from their store after a storage failure since start. A rebuilt replica
+    /// keeps its HW as far as its log holds it durably; a record committed by the other ISR members but
+    /// lost here in the failed write comes back from the leader.
+    pub storage_failures: u64,
 }
 
 /// Who waits for an append the local machine admitted.
@@ -258,6 +262,7 @@ pub struct NodeCore {
     cannot_lead: BTreeMap<ChannelId, Time>,
     /// HW of replicas taken out of memory after a storage failure: their next incarnation keeps it.
     hw_floor: BTreeMap<ChannelId, Seq>,
+    storage_failures: u64,
     refused_frames: BTreeMap<&'static str, u64>,
     refused_activations: u64,
     stale_messages: u64,
@@ -324,6 +329,7 @@ impl NodeCore {
             loopback: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
             hw_floor: BTreeMap::new(),
+            storage_failures: 0,
             refused_frames: BTreeMap::new(),
             refused_activations: 0,
             stale_messages: 0,
@@ -380,6 +386,7 @@ impl NodeCore {
             refused_activations: self.refused_activations,
             refused_raft_messages: self.slot.refused_messages(),
             stale_messages: self.stale_messages + self.slot.stale_messages(),
+            storage_failures: self.storage_failures,
         }
     }
 
@@ -1526,6 +1533,7 @@ impl NodeCore {
                 // durably, under the new leader epoch the failover brings.
                 tracing::warn!(%channel, node = %self.config.node, "channel log failed: asking for a failover");
                 self.cannot_lead.insert(channel.clone(), self.now);
+                self.storage_failures += 1;
                 if let Some(machine) = self.deactivate(channel) {
                     self.hw_floor.insert(channel.clone(), machine.hw());
                 }

@@ -154,6 +154,8 @@ pub struct World {
     next_api: u64,
     /// Last HW seen per (node, channel) since the node's last crash.
     hw_seen: BTreeMap<(NodeId, ChannelId), Seq>,
+    /// Storage failures each node reported when its HWs were last seen.
+    storage_failures_seen: BTreeMap<NodeId, u64>,
     /// Liveness probes in flight: request → channel.
     probes: BTreeMap<ApiId, ChannelId>,
     /// Channels that acknowledged a probe after healing.
@@ -203,6 +205,7 @@ impl World {
             trace: 0xcbf2_9ce4_8422_2325,
             next_api: 1,
             hw_seen: BTreeMap::new(),
+            storage_failures_seen: BTreeMap::new(),
             probes: BTreeMap::new(),
             probed: BTreeSet::new(),
             user_writes: BTreeMap::new(),
@@ -773,7 +776,17 @@ impl World {
     fn check_hw_monotonic(&mut self) {
         for (id, node) in &self.nodes {
             let Some(core) = node.core.as_ref() else { continue };
-            for channel in core.status().channels {
+            let status = core.status();
+            // A replica rebuilt after a storage failure lost what the failed write held, like a crash of
+            // that replica: its HW may go back to what its log holds durably (the rest is on the others).
+            if self
+                .storage_failures_seen
+                .insert(*id, status.storage_failures)
+                .is_some_and(|s| s < status.storage_failures)
+            {
+                self.hw_seen.retain(|(n, _), _| n != id);
+            }
+            for channel in status.channels {
                 let key = (*id, channel.channel.clone());
                 if let Some(seen) = self.hw_seen.get(&key) {
                     if channel.hw < *seen {
