@@ -137,8 +137,6 @@ pub fn max_rate(cluster: &Cluster, channels: &[ChannelId], messages: usize, in_f
 }
 
 /// Open loop at `rate` messages/s for `duration`: latency from each message's scheduled send time.
-pub static BUSY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Duration) -> Figures {
     let payload = Bytes::from(vec![0x42u8; RECORD_BYTES]);
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A few hundred thousand at most.
@@ -174,7 +172,6 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
                 match handle.wait() {
                     Ok(_) => latencies.push(scheduled.elapsed()),
                     Err(NodeError::Append(tidings::channel::machine::AppendError::Busy)) => {
-                        BUSY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         std::thread::sleep(Duration::from_micros(200));
                         retries.push_back((
                             scheduled,
@@ -198,6 +195,5 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
         drop(to_waiter);
         waiter.join().expect("waiter")
     });
-    eprintln!("busy retries: {}", BUSY.load(std::sync::atomic::Ordering::Relaxed));
     figures(total, duration, latencies)
 }
