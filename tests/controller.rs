@@ -160,6 +160,11 @@ fn transfers_that_cannot_work_are_refused_with_the_reason() {
         replace(&mut cluster, meta.leader, NodeId::new(9)),
         Err(NodeError::Task(TaskError::CannotJoin(_)))
     ));
+    // A replica cannot replace itself (found by the simulator: the task ran and left the channel stuck).
+    let follower = meta.isr[2];
+    assert!(
+        matches!(replace(&mut cluster, follower, follower), Err(NodeError::Task(TaskError::CannotJoin(n))) if n == follower)
+    );
     assert_eq!(stored_meta(&mut cluster, 1, &room), meta, "refusals change nothing");
 }
 

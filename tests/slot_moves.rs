@@ -203,7 +203,11 @@ fn moves_are_refused_with_a_reason_and_one_runs_at_a_time() {
             .into_iter()
             .any(|(g, d)| g == GROUP && d == Reconcile::Membership(MembershipStep::LearnerInactive(outsider)))
     };
-    assert!(cluster.run_until(10_000, waiting), "the move waits for its learner and says so");
+    assert!(
+        cluster.run_until(10_000, waiting),
+        "the move waits for its learner and says so: {}",
+        describe(&mut cluster, GROUP)
+    );
     // Abort: the learner is removed, the assignment is committed again, and the members are unchanged.
     let answer = call(&mut cluster, |core, now, id| core.abort_slot_move(now, id, GROUP));
     assert_eq!(answer, "Meta(Ok(()))");

@@ -681,6 +681,27 @@ impl World {
         }
     }
 
+    /// After healing, no slot-replica move is left half done: every group's leader shows no move target
+    /// in its intent and no joint configuration.
+    fn check_moves_settled(&mut self) {
+        let table = self.nodes.values().next().expect("nodes").config.table();
+        for group in table.groups().collect::<Vec<_>>() {
+            let Some(core) = self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group))
+            else {
+                continue;
+            };
+            let joint = core.slot().status(group).is_some_and(|s| s.joint);
+            let intent = core.reader().group_intent(&table, group).ok().flatten();
+            let moving = intent.as_ref().and_then(|i| i.target_peers.clone());
+            if joint || moving.is_some() {
+                let decision = core.status().leadership.into_iter().find(|(g, _)| *g == group);
+                self.oracle.violation(format!(
+                    "liveness: {group} still moving after healing (joint {joint}, target {moving:?}, {decision:?})"
+                ));
+            }
+        }
+    }
+
     /// The voters of `group` in force, as its leader has them: replica moves change them, a replica moved
     /// away may linger until it hears it was removed, and a learner a move added late in the healing phase
     /// may still be catching up (neither is a replica the checks compare).
@@ -853,6 +874,7 @@ impl World {
             }
         }
         self.check_slot_replicas();
+        self.check_moves_settled();
         self.oracle.check_answered();
         for channel in &self.channels {
             if !self.probed.contains(channel) {

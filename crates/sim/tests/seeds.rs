@@ -55,13 +55,16 @@ fn a_batch_of_seeds_passes() {
 /// 905951 (a learner the group had moved away from still knew a leader but heard from nobody: replicas
 /// silent for two election timeouts ask too), 3024062 (a leader's HW counted a record held durably by its
 /// follower (MinISR 1) that its own failed write lost; rebuilt from its store, its HW went back — a
-/// storage failure now counts like a crash of that replica for the HW check).
+/// storage failure now counts like a crash of that replica for the HW check), 4000934 (a move still
+/// half done after healing: a lost snapshot waited 10 s to be sent again and each step waited a whole
+/// reconcile interval), 4002385 (a replica replacement of a node by itself was accepted and left the
+/// channel without appends).
 #[test]
 fn seeds_that_once_failed_pass() {
     for seed in [
         8, 62, 5, 23, 31, 50, 52, 91, 946, 6806, 10500, 14754, 15114, 204, 25316, 27024, 104161, 105524, 122608,
         152521, 2, 200306, 100367, 101518, 102889, 203287, 203758, 502141, 502927, 504225, 501516, 503687, 505003,
-        505049, 711764, 905951, 3024062,
+        505049, 711764, 905951, 3024062, 4000934, 4002385,
     ] {
         assert_passes(&run_seed(seed));
     }

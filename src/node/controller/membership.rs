@@ -42,6 +42,13 @@ fn drain_step(intent: &GroupIntent, status: &GroupStatus, cluster: &ClusterView<
 /// A learner (or successor) this many entries behind the commit index counts as caught up.
 const CAUGHT_UP_SLACK: u64 = 16;
 
+/// Caught up: within a few entries of the commit index (under load it moves on while a sample is taken),
+/// and acknowledged something to this leader at all — a replica that never answered has matched 0, which
+/// the slack alone would let through while the commit index is small.
+fn caught_up(matched: u64, commit: u64) -> bool {
+    matched > 0 && matched + CAUGHT_UP_SLACK >= commit
+}
+
 /// The next step of a group's membership toward its intent, as its leader decided it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MembershipStep {
@@ -139,8 +146,7 @@ pub(crate) fn next_step(
         return MembershipStep::AddLearner(*node);
     }
     let matched = |node: NodeId| status.peers.iter().find(|(n, _, _)| *n == node).map(|(_, m, _)| *m);
-    // Caught up: within a few entries of the commit index (under load it moves on while a sample is taken).
-    let caught_up = |matched: u64| matched + CAUGHT_UP_SLACK >= status.commit;
+    let caught_up = |matched: u64| caught_up(matched, status.commit);
     for node in &add {
         match matched(*node) {
             _ if down.contains(node) => return MembershipStep::LearnerInactive(*node),
@@ -164,7 +170,7 @@ fn hand_off(status: &GroupStatus, me: NodeId, cluster: &ClusterView<'_>, candida
     let ready = |node: &NodeId| {
         *node != me
             && !cluster.down.contains(node)
-            && status.peers.iter().any(|(n, matched, _)| n == node && matched + CAUGHT_UP_SLACK >= status.commit)
+            && status.peers.iter().any(|(n, matched, _)| n == node && caught_up(*matched, status.commit))
     };
     match candidates.iter().find(|n| ready(n)) {
         Some(to) => MembershipStep::HandOffLeadership { to: *to },
@@ -231,6 +237,10 @@ mod tests {
             MembershipStep::CatchingUp { node: n(4), matched: 70, commit: 100 }
         );
         assert_eq!(step(&intent, &lagging, &[n(4)].into()), MembershipStep::LearnerInactive(n(4)));
+        // A learner that never answered this leader is not caught up, however small the commit index.
+        let mut silent = status(&[1, 2, 3], &[4]);
+        silent.peers[3].1 = 0;
+        assert_eq!(step(&intent, &silent, &none()), MembershipStep::CatchingUp { node: n(4), matched: 0, commit: 10 });
         assert_eq!(
             step(&intent, &status(&[1, 2, 3], &[4]), &none()),
             MembershipStep::EnterJoint { promote: vec![n(4)], remove: vec![n(3)] }

@@ -372,7 +372,8 @@ impl Controller {
             return Err(TaskError::NotReplica(from));
         }
         let known = to == self.me || self.liveness.peers().any(|n| n == to);
-        if meta.in_isr(to) || !known {
+        // The new replica is a node that holds no replica of the channel yet (not `from` itself either).
+        if meta.is_replica(to) || !known {
             return Err(TaskError::CannotJoin(to));
         }
         let isr_after = meta.isr.iter().filter(|n| **n != from).count() + 1;

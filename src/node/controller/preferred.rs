@@ -175,13 +175,20 @@ impl PreferredLeaders {
                     tracing::info!(%group, %to, "reconcile: handing leadership to the preferred node");
                     self.cooldown_until.insert(group, now + config.transfer_cooldown);
                 }
-                Reconcile::Membership(step) => take_step(now, slot, table, group, step),
+                Reconcile::Membership(step) => {
+                    take_step(now, slot, table, group, step);
+                    // A move goes step by step: look again soon rather than a whole interval later.
+                    self.next_at = self.next_at.min(now + MEMBERSHIP_RECHECK);
+                }
                 _ => {}
             }
             self.decisions.insert(group, decision);
         }
     }
 }
+
+/// How soon a group whose membership is on its way to its intent is looked at again.
+const MEMBERSHIP_RECHECK: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Carries out a membership step on this node, the group's leader. Nothing here waits: the next pass
 /// sees the effect in the raft status, or proposes again if raft-rs dropped the change.

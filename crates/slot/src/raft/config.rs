@@ -47,8 +47,8 @@ pub struct MultiRaftConfig {
     pub reassemblies_max: usize,
     /// Compact a group's raft log once this many applied entries sit before its first index. Default 10,000.
     pub compact_after_entries: u64,
-    /// A snapshot the follower has not acknowledged within this time counts as lost and is sent again.
-    /// Default 10 s.
+    /// A snapshot the follower has not acknowledged within this time, plus its size at 20 MB/s, counts as
+    /// lost and is sent again. Default 2 s.
     pub snapshot_ack_timeout: Duration,
     /// Proposals and reads not answered within this time fail with `Timeout`. Default 5 s.
     pub request_timeout: Duration,
@@ -78,7 +78,7 @@ impl MultiRaftConfig {
             reassembly_bytes_max: 256 << 20,
             reassemblies_max: 8,
             compact_after_entries: 10_000,
-            snapshot_ack_timeout: Duration::from_secs(10),
+            snapshot_ack_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(5),
             fsm: FsmLimits::default(),
         }

@@ -1130,7 +1130,10 @@ impl MultiRaft {
     fn send_raft(&mut self, group: GroupId, message: Message) {
         let to = NodeId::new(message.to);
         if message.get_msg_type() == MessageType::MsgSnapshot {
-            self.snapshots_sent.insert((group, to), self.now + self.config.snapshot_ack_timeout);
+            // Time to receive and install it: a base, plus its size at a modest 20 MB/s.
+            let bytes = u64::from(message.compute_size());
+            let transfer = std::time::Duration::from_micros(bytes / 20);
+            self.snapshots_sent.insert((group, to), self.now + self.config.snapshot_ack_timeout + transfer);
         }
         // Cannot fail: raft-rs messages encode into memory.
         let bytes = message.write_to_bytes().expect("raft message encodes");
