@@ -63,9 +63,15 @@ pub enum SlotBody {
         /// The sender's last log index when it answered.
         last_index: u64,
     },
-    /// The sender's replica is not in its own configuration: is it still a member? (The leader answers
-    /// `Removed` if not.)
+    /// The sender's replica is not in its own configuration, or hears from no leader: is it still a
+    /// member? (The leader answers `Removed` if not; another member that does not count the sender in
+    /// answers `MemberCheckHint`.)
     MemberCheck,
+    /// The leader the sender knows, for a `MemberCheck` it could not answer: ask it.
+    MemberCheckHint {
+        /// The leader.
+        leader: NodeId,
+    },
 }
 
 /// Serializes `Vec<u8>` as bytes (compact in postcard).

@@ -589,10 +589,19 @@ impl MultiRaft {
             SlotBody::Removed { config_epoch, last_index } => self.removed_by_peer(group, config_epoch, last_index),
             SlotBody::MemberCheck => {
                 if let Some(g) = self.groups.get(&group) {
+                    let leader = g.raw.raft.leader_id;
                     if g.raw.raft.state == StateRole::Leader && !g.has_member(from.get()) {
                         let removed = removal(g);
                         self.send(from, group, removed);
+                    } else if leader != 0 && leader != from.get() && !g.has_member(from.get()) {
+                        // The asker's idea of the group may predate this leader: tell it whom to ask.
+                        self.send(from, group, SlotBody::MemberCheckHint { leader: NodeId::new(leader) });
                     }
+                }
+            }
+            SlotBody::MemberCheckHint { leader } => {
+                if leader != self.config.node && self.groups.contains_key(&group) {
+                    self.send(leader, group, SlotBody::MemberCheck);
                 }
             }
         }
