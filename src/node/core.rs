@@ -739,15 +739,13 @@ impl NodeCore {
                 return;
             }
         }
-        match self.known_group_leader(group) {
-            Some(leader) if leader != self.config.node => {
-                self.send_node(leader, NodeMessage::MetaFetch(channel.clone()));
-            }
-            Some(_) => {}
+        // A member asks the leader its replica knows. A node outside the group (or a member that knows
+        // no leader) asks every node: its hints may name nodes replica moves took the group away from,
+        // and only a member holding the meta answers.
+        let me = self.config.node;
+        match self.slot.leader(group).filter(|leader| *leader != me) {
+            Some(leader) => self.send_node(leader, NodeMessage::MetaFetch(channel.clone())),
             None => {
-                // Nobody known to lead the group, and replica moves may have taken it away from its
-                // configured members: ask every node (only a member holding the meta answers).
-                let me = self.config.node;
                 for node in self.config.nodes.clone().into_iter().filter(|n| *n != me) {
                     self.send_node(node, NodeMessage::MetaFetch(channel.clone()));
                 }
@@ -758,10 +756,14 @@ impl NodeCore {
     /// The leader of slot group `group` as this node's replica, the last `NotLeader` hint or the route
     /// table knows it (a hint first: it is newer than what the table learned).
     fn known_group_leader(&self, group: GroupId) -> Option<NodeId> {
+        let me = self.config.node;
+        // A hint or route naming this node is stale unless its replica leads: a replica moved away
+        // leaves its last observation in the route table.
+        let elsewhere = |leader: &NodeId| *leader != me || self.slot.is_leader(group);
         self.slot
             .leader(group)
-            .or_else(|| self.remote_leaders.get(&group).copied())
-            .or_else(|| self.router.snapshot().group(group).and_then(|g| g.leader))
+            .or_else(|| self.remote_leaders.get(&group).copied().filter(elsewhere))
+            .or_else(|| self.router.snapshot().group(group).and_then(|g| g.leader).filter(elsewhere))
     }
 
     /// Where to reach slot group `group`: its known leader, else some node, a different one every
