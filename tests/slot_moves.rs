@@ -121,21 +121,39 @@ fn replaced(voters: &[NodeId], from: NodeId, to: NodeId) -> Vec<NodeId> {
     next
 }
 
-#[test]
-fn a_follower_replica_moves_under_load_and_the_old_one_is_destroyed() {
+/// A settled 4-node cluster, `GROUP`'s voters, and a move to plan: from its leader (`from_leader`) or a
+/// follower, to the node outside the group.
+struct Planned {
+    cluster: Cluster,
+    before: Vec<NodeId>,
+    from: NodeId,
+    to: NodeId,
+    load: Load,
+}
+
+fn plan_move(from_leader: bool) -> Planned {
     let mut cluster = Cluster::new(4);
     cluster.run_for(3_000);
     let before = members(&cluster, GROUP);
     let to = (1..=4).map(NodeId::new).find(|n| !before.contains(n)).unwrap();
     let group_leader = leader(&mut cluster, GROUP).unwrap();
-    let from = *before.iter().find(|n| n.get() != group_leader).unwrap();
-    let mut load = Load { next: 0, issued: Vec::new() };
+    let from = *before.iter().find(|n| (n.get() == group_leader) == from_leader).unwrap();
+    Planned { cluster, before, from, to, load: Load { next: 0, issued: Vec::new() } }
+}
+
+/// Asks for the move through node 1; it must be accepted.
+fn start_move(cluster: &mut Cluster, from: NodeId, to: NodeId) {
+    assert_eq!(call(cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, from, to)), "Meta(Ok(()))");
+}
+
+#[test]
+fn a_follower_replica_moves_under_load_and_the_old_one_is_destroyed() {
+    let Planned { mut cluster, before, from, to, mut load } = plan_move(false);
     for _ in 0..20 {
         load.step(&mut cluster);
         cluster.run_for(50);
     }
-    let answer = call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, from, to));
-    assert_eq!(answer, "Meta(Ok(()))");
+    start_move(&mut cluster, from, to);
     let after = replaced(&before, from, to);
     assert!(run_loaded(&mut cluster, &mut load, 30_000, |c| moved_to(c, GROUP, &after)), "the move completes");
     assert!(
@@ -162,13 +180,8 @@ fn a_follower_replica_moves_under_load_and_the_old_one_is_destroyed() {
 
 #[test]
 fn a_leader_replica_hands_leadership_over_before_it_leaves() {
-    let mut cluster = Cluster::new(4);
-    cluster.run_for(3_000);
-    let before = members(&cluster, GROUP);
-    let to = (1..=4).map(NodeId::new).find(|n| !before.contains(n)).unwrap();
-    let from = NodeId::new(leader(&mut cluster, GROUP).unwrap());
-    let mut load = Load { next: 0, issued: Vec::new() };
-    assert_eq!(call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, from, to)), "Meta(Ok(()))");
+    let Planned { mut cluster, before, from, to, mut load } = plan_move(true);
+    start_move(&mut cluster, from, to);
     let after = replaced(&before, from, to);
     let done = run_loaded(&mut cluster, &mut load, 30_000, |c| moved_to(c, GROUP, &after));
     assert!(done, "the move completes: {}", describe(&mut cluster, GROUP));
@@ -218,14 +231,9 @@ fn moves_are_refused_with_a_reason_and_one_runs_at_a_time() {
 
 #[test]
 fn a_move_resumes_when_its_leader_crashes_mid_way() {
-    let mut cluster = Cluster::new(4);
-    cluster.run_for(3_000);
-    let before = members(&cluster, GROUP);
-    let to = (1..=4).map(NodeId::new).find(|n| !before.contains(n)).unwrap();
+    let Planned { mut cluster, before, from, to, mut load } = plan_move(false);
     let first_leader = leader(&mut cluster, GROUP).unwrap();
-    let from = *before.iter().find(|n| n.get() != first_leader).unwrap();
-    let mut load = Load { next: 0, issued: Vec::new() };
-    assert_eq!(call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, from, to)), "Meta(Ok(()))");
+    start_move(&mut cluster, from, to);
     // Crash the leader once the learner is in (mid-move), then let another leader carry on.
     let learner_in = |c: &mut Cluster| {
         leader(c, GROUP).is_some_and(|l| c.core(l).slot().status(GROUP).unwrap().learners.contains(&to))
@@ -316,14 +324,8 @@ fn draining_a_node_moves_its_slot_and_channel_replicas_away_without_loss() {
 
 #[test]
 fn an_abort_after_the_promotion_takes_the_membership_back() {
-    let mut cluster = Cluster::new(4);
-    cluster.run_for(3_000);
-    let before = members(&cluster, GROUP);
-    let to = (1..=4).map(NodeId::new).find(|n| !before.contains(n)).unwrap();
-    let group_leader = leader(&mut cluster, GROUP).unwrap();
-    let from = *before.iter().find(|n| n.get() != group_leader).unwrap();
-    let mut load = Load { next: 0, issued: Vec::new() };
-    assert_eq!(call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, from, to)), "Meta(Ok(()))");
+    let Planned { mut cluster, before, from, to, mut load } = plan_move(false);
+    start_move(&mut cluster, from, to);
     // Abort once the promotion applied: the joint configuration already has `to` voting and `from` leaving.
     let joint = |c: &mut Cluster| leader(c, GROUP).is_some_and(|l| c.core(l).slot().status(GROUP).unwrap().joint);
     assert!(run_loaded(&mut cluster, &mut load, 20_000, joint), "the move reaches its joint configuration");
@@ -358,15 +360,8 @@ enum Victim {
 fn a_move_finishes_after_a_crash_of_any_participant_in_any_phase() {
     for phase_joint in [false, true] {
         for victim in [Victim::Leader, Victim::Source, Victim::Target] {
-            let mut cluster = Cluster::new(4);
-            cluster.run_for(3_000);
-            let before = members(&cluster, GROUP);
-            let to = (1..=4).map(NodeId::new).find(|n| !before.contains(n)).unwrap();
-            let group_leader = leader(&mut cluster, GROUP).unwrap();
-            let from = *before.iter().find(|n| n.get() != group_leader).unwrap();
-            let mut load = Load { next: 0, issued: Vec::new() };
-            let answer = call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, from, to));
-            assert_eq!(answer, "Meta(Ok(()))");
+            let Planned { mut cluster, before, from, to, mut load } = plan_move(false);
+            start_move(&mut cluster, from, to);
             let reached = |c: &mut Cluster| {
                 leader(c, GROUP).is_some_and(|l| {
                     let status = c.core(l).slot().status(GROUP).unwrap();

@@ -378,3 +378,27 @@ proptest! {
         run(&ops, || Arc::new(tidings_store::SledKv::open(&path, 4 << 20).unwrap()), |_| {});
     }
 }
+
+#[test]
+fn a_bootstrapped_group_starts_after_its_initial_snapshot_and_a_left_group_stays_left() {
+    let kv: Arc<dyn Kv> = Arc::new(MemoryKv::new());
+    let store = Arc::new(RaftLogStore::open(kv.clone()).unwrap());
+    assert!(store.bootstrap_group(G1, conf(&[1, 2, 3])).unwrap());
+    assert!(!store.bootstrap_group(G1, conf(&[1, 2, 3])).unwrap(), "an existing group is left as it is");
+    let storage = store.group(G1).unwrap();
+    let index = tidings_store::BOOTSTRAP_INDEX;
+    assert_eq!((storage.first_index().unwrap(), storage.last_index().unwrap()), (index + 1, index));
+    assert_eq!(storage.term(index).unwrap(), index);
+    assert_eq!(storage.initial_state().unwrap().conf_state.voters, vec![1, 2, 3]);
+
+    store.remove_group(G1, 42).unwrap();
+    store.sync().unwrap();
+    let reopened = Arc::new(RaftLogStore::open(kv).unwrap());
+    assert_eq!(reopened.tombstone(G1), Some(42));
+    assert!(!reopened.bootstrap_group(G1, conf(&[1, 2, 3])).unwrap(), "a restart does not bring it back");
+    assert!(reopened.groups().is_empty());
+    // Added again by a leader: the tombstone is lifted.
+    reopened.create_group(G1, ConfState::default()).unwrap();
+    assert_eq!(reopened.tombstone(G1), None);
+    assert_eq!(reopened.groups(), vec![G1]);
+}

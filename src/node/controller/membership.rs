@@ -179,7 +179,7 @@ fn hand_off(status: &GroupStatus, me: NodeId, cluster: &ClusterView<'_>, candida
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use tidings_types::{ConfigEpoch, GroupId};
 
@@ -187,7 +187,8 @@ mod tests {
         NodeId::new(id)
     }
 
-    fn status(voters: &[u64], learners: &[u64]) -> GroupStatus {
+    /// A group led by node 1, every member matched at the commit index 10, configuration epoch 6.
+    pub(in crate::node::controller) fn status(voters: &[u64], learners: &[u64]) -> GroupStatus {
         let peers = voters.iter().chain(learners).map(|id| (n(*id), 10, true)).collect();
         GroupStatus {
             group: GroupId::new(1),

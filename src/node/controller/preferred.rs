@@ -235,19 +235,7 @@ mod tests {
     }
 
     fn status() -> GroupStatus {
-        GroupStatus {
-            group: GroupId::new(1),
-            leader: Some(n(1)),
-            term: 3,
-            commit: 10,
-            applied: 10,
-            voters: vec![n(1), n(2), n(3)],
-            learners: vec![],
-            peers: vec![(n(1), 10, true), (n(2), 10, true), (n(3), 10, true)],
-            joint: false,
-            transferring: None,
-            config_epoch: ConfigEpoch::new(0),
-        }
+        GroupStatus { config_epoch: ConfigEpoch::new(0), ..super::super::membership::tests::status(&[1, 2, 3], &[]) }
     }
 
     fn intent(preferred: u64) -> GroupIntent {
