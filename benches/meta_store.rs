@@ -2,7 +2,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::sync::Arc;
-use tidings::store::{MetaStore, MetaWriteBatch, SledKv};
+use tidings::store::{MetaSpace, MetaStore, MetaWriteBatch, SledKv};
 use tidings::types::{GroupId, HashSlot};
 
 fn bench_write_and_sync(c: &mut Criterion) {
@@ -18,7 +18,7 @@ fn bench_write_and_sync(c: &mut Criterion) {
                 let mut batch = MetaWriteBatch::new();
                 for i in 0..records {
                     let slot = HashSlot::new(u16::try_from(i % 256).unwrap()).unwrap();
-                    batch.put(slot, format!("user/{applied}/{i}"), vec![7u8; 64]);
+                    batch.put(MetaSpace::slot(GroupId::new(1), slot), format!("user/{applied}/{i}"), vec![7u8; 64]);
                 }
                 applied += 1;
                 batch.set_applied(GroupId::new(1), applied);

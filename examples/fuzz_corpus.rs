@@ -8,10 +8,10 @@ use tidings::channel::machine::{ChannelMessage, PullHint};
 use tidings::frame::{encode, Frame, FrameBody};
 use tidings::node::NodeMessage;
 use tidings::slot::command::{Command, MemberList};
-use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
+use tidings::slot::model::{ChannelFlags, ChannelInfo, SlotMigrationStep, Uid, User};
 use tidings::slot::raft::{SlotBody, SlotMessage};
 use tidings::store::message::{stored, ChannelLogState, IdempotencyKey, LogBatch, LogOp, Record, RecordKind};
-use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, GroupId, LeaderEpoch, NodeId, Seq};
+use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, GroupId, HashSlot, LeaderEpoch, NodeId, Seq};
 
 fn write(target: &str, name: &str, bytes: &[u8]) {
     let dir = Path::new("fuzz/seeds").join(target);
@@ -65,19 +65,19 @@ fn main() {
         Command::AddMembers { channel: channel.clone(), list: MemberList::Subscribers, uids: vec![uid] },
         Command::CreateRuntimeMeta(meta.clone()),
         Command::CasRuntimeMeta { expected_version: 2, meta, proof: None },
-        Command::MoveGroupReplica {
-            route: b"group-intent/1/0".to_vec(),
-            group: GroupId::new(1),
-            from: NodeId::new(1),
-            to: NodeId::new(4),
+        Command::MoveGroupReplica { group: GroupId::new(1), from: NodeId::new(1), to: NodeId::new(4) },
+        Command::DrainNode { group: GroupId::new(1), node: NodeId::new(2), drain: true },
+        Command::CommitGroupConfig { group: GroupId::new(1) },
+        Command::MigrateSlot {
+            group: GroupId::new(2),
+            slot: HashSlot::new(7).expect("slot"),
+            step: SlotMigrationStep::ImportChunk {
+                from: GroupId::new(1),
+                epoch: 1,
+                attempt: 1 << 20,
+                entries: vec![(b"ualice".to_vec(), Some(vec![1, 2])), (b"ubob".to_vec(), None)],
+            },
         },
-        Command::DrainNode {
-            route: b"group-intent/1/0".to_vec(),
-            group: GroupId::new(1),
-            node: NodeId::new(2),
-            drain: true,
-        },
-        Command::CommitGroupConfig { route: b"group-intent/1/0".to_vec(), group: GroupId::new(1) },
     ];
     for (i, command) in commands.iter().enumerate() {
         write("slot_command", &format!("command-{i}"), &command.encode());

@@ -95,8 +95,7 @@ fn run_loaded(cluster: &mut Cluster, load: &mut Load, ms: u64, done: impl Fn(&mu
 fn describe(cluster: &mut Cluster, group: GroupId) -> String {
     let Some(leader) = leader(cluster, group) else { return "no leader".into() };
     let status = cluster.core(leader).slot().status(group);
-    let table = cluster.core(leader).slot().table();
-    let intent = cluster.core(leader).reader().group_intent(&table, group);
+    let intent = cluster.core(leader).reader().group_intent(group);
     let decision = cluster.core(leader).status().leadership.into_iter().find(|(g, _)| *g == group);
     format!("leader {leader}\nstatus {status:?}\nintent {intent:?}\ndecision {decision:?}")
 }
@@ -105,8 +104,7 @@ fn describe(cluster: &mut Cluster, group: GroupId) -> String {
 fn moved_to(cluster: &mut Cluster, group: GroupId, voters: &[NodeId]) -> bool {
     let Some(leader) = leader(cluster, group) else { return false };
     let status = cluster.core(leader).slot().status(group).unwrap();
-    let table = cluster.core(leader).slot().table();
-    let Ok(Some(intent)) = cluster.core(leader).reader().group_intent(&table, group) else { return false };
+    let Ok(Some(intent)) = cluster.core(leader).reader().group_intent(group) else { return false };
     !status.joint
         && status.voters == voters
         && status.learners.is_empty()

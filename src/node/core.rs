@@ -288,6 +288,11 @@ impl NodeCore {
         raft_config.seed = config.seed ^ config.node.get().wrapping_mul(0x9e37_79b9_7f4a_7c15);
         raft_config.boot_id = config.boot_id;
         let slot = MultiRaft::open(raft_config, logs, meta.clone(), config.table(), &members, now)?;
+        // Routes start from what this node learned of slot migrations before it stopped.
+        let learned = slot.table();
+        for hash_slot in tidings_types::HashSlot::all().filter(|s| learned.epoch_of(*s) > 0) {
+            router.learn_slot_owner(hash_slot, learned.group_of(hash_slot), learned.epoch_of(hash_slot));
+        }
         let frame_limits = FrameLimits { frame_bytes_max: config.frame_bytes_max };
         // Task ids share the boot-id range of the node's other ids, in their own upper half.
         let first_task = ((config.boot_id & 0xffff_ffff) << 32) | (1 << 31);
@@ -453,10 +458,9 @@ impl NodeCore {
             }
         }
         self.controller.tick(self.now, &self.slot, &self.reader);
-        let table = self.slot.table();
         let down = self.controller.down_nodes(self.now);
         let cluster = ClusterView { nodes: &self.config.nodes, down: &down };
-        let view = NodeView { me: self.config.node, reader: &self.reader, table: &table, cluster };
+        let view = NodeView { me: self.config.node, reader: &self.reader, cluster };
         self.preferred.tick(self.now, &self.config.controller, &mut self.slot, &view);
         self.request_failovers();
         if self.now >= self.next_evict_scan {
@@ -822,8 +826,7 @@ impl NodeCore {
     /// leader), replicated through the group itself; the group's leader then reconciles towards it.
     /// [`NodeEffect::Done`] with [`ApiResult::Meta`] follows.
     pub fn set_group_intent(&mut self, now: Time, id: ApiId, intent: tidings_slot::model::GroupIntent) {
-        let group = intent.group;
-        self.propose_about_group(now, id, group, |route| Command::PutGroupIntent { route, intent });
+        self.propose(now, id, Command::PutGroupIntent(intent));
     }
 
     /// Starts moving `group`'s replica from voter `from` to node `to`. The move is recorded in the group's
@@ -834,13 +837,13 @@ impl NodeCore {
     /// then destroyed. [`NodeEffect::Done`] with [`ApiResult::Meta`] says whether the move was accepted
     /// (a refusal names why: another move in progress, `from` not a voter, `to` one already).
     pub fn move_slot_replica(&mut self, now: Time, id: ApiId, group: GroupId, from: NodeId, to: NodeId) {
-        self.propose_about_group(now, id, group, |route| Command::MoveGroupReplica { route, group, from, to });
+        self.propose(now, id, Command::MoveGroupReplica { group, from, to });
     }
 
     /// Sets (or clears, with `None`) `group`'s preferred leader, leaving the rest of its intent as it is;
     /// the group's leader hands leadership over when everything fits (see [`Reconcile`]).
     pub fn set_preferred_leader(&mut self, now: Time, id: ApiId, group: GroupId, preferred: Option<NodeId>) {
-        self.propose_about_group(now, id, group, |route| Command::SetPreferredLeader { route, group, preferred });
+        self.propose(now, id, Command::SetPreferredLeader { group, preferred });
     }
 
     /// Drains `node` (`drain: true`) or stops draining it: recorded in the intent of every slot group, whose
@@ -856,11 +859,7 @@ impl NodeCore {
         let groups: Vec<GroupId> = table.groups().collect();
         self.fans.insert(id, (groups.len(), None));
         for group in groups {
-            let Some(route) = tidings_slot::command::group_intent_route(&table, group) else {
-                self.fan_done(id, Some(NodeError::NotServed(group)));
-                continue;
-            };
-            let command = Command::DrainNode { route, group, node, drain };
+            let command = Command::DrainNode { group, node, drain };
             if let Err(error) = self.propose_for(&command, ProposalPurpose::Fan(id)) {
                 self.fan_done(id, Some(error.into()));
             }
@@ -883,17 +882,7 @@ impl NodeCore {
     /// Abandons `group`'s replica move: its leader takes the membership back to the committed assignment
     /// (a learner added is removed; a promotion already made is reverted the same way) and commits it.
     pub fn abort_slot_move(&mut self, now: Time, id: ApiId, group: GroupId) {
-        self.propose_about_group(now, id, group, |route| Command::AbortGroupMove { route, group });
-    }
-
-    /// Proposes a command about `group` itself, routed to it by the group's intent key.
-    fn propose_about_group(&mut self, now: Time, id: ApiId, group: GroupId, command: impl FnOnce(Vec<u8>) -> Command) {
-        self.advance(now);
-        let Some(route) = tidings_slot::command::group_intent_route(&self.slot.table(), group) else {
-            self.done(id, ApiResult::Meta(Err(NodeError::NotServed(group))));
-            return;
-        };
-        self.propose(now, id, command(route));
+        self.propose(now, id, Command::AbortGroupMove { group });
     }
 
     /// Asks for a failover of every channel whose local replica is named leader but cannot lead, at
@@ -1433,6 +1422,9 @@ impl NodeCore {
             SlotEffect::Observed { group, observation } => {
                 // A stale or conflicting observation is refused by the router; the newer one stands.
                 let _ = self.router.observe(group, observation);
+            }
+            SlotEffect::SlotPlaced { slot, placement } => {
+                self.router.learn_slot_owner(slot, placement.group, placement.epoch);
             }
             SlotEffect::GroupRemoved { group } => {
                 // The replica is gone; forwarding to the group now goes through the route table.

@@ -49,6 +49,14 @@ pub enum HashToSlotError {
         /// The group.
         group: GroupId,
     },
+    /// A table whose version is below the sum of its slots' ownership epochs (it cannot have been built).
+    #[error("table version {version} is below the {moved} migrations it records")]
+    VersionBelowMigrations {
+        /// The version given.
+        version: HashToSlotVersion,
+        /// The sum of its slots' ownership epochs.
+        moved: u64,
+    },
     /// A table with an older version than the current one.
     #[error("table version {offered} is older than the current {current}")]
     Stale {
@@ -61,13 +69,19 @@ pub enum HashToSlotError {
 
 /// Maps every physical hash slot to the logical slot group that owns it, at a version.
 ///
-/// Always valid: every slot is assigned to one of `groups()`, and every group owns at least one slot.
+/// Every slot carries an ownership epoch: 0 as built, one more for each migration of the slot. Tables
+/// learned from different sources merge per slot by the higher epoch ([`HashToSlot::with_owner`]), so a
+/// node's table only moves forward; the table's version is its base version plus the sum of the epochs.
+///
+/// Always valid: every slot is assigned to one of `groups()`, and every group owned at least one slot when
+/// the table was built (migrations may later leave a group with none; the group still exists).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "RawHashToSlot")]
 pub struct HashToSlot {
     version: HashToSlotVersion,
     slots: Vec<GroupId>,
     groups: BTreeSet<GroupId>,
+    epochs: Vec<u64>,
 }
 
 /// Wire form of [`HashToSlot`], validated on decode.
@@ -76,13 +90,26 @@ struct RawHashToSlot {
     version: HashToSlotVersion,
     slots: Vec<GroupId>,
     groups: BTreeSet<GroupId>,
+    epochs: Vec<u64>,
 }
 
 impl TryFrom<RawHashToSlot> for HashToSlot {
     type Error = HashToSlotError;
 
     fn try_from(raw: RawHashToSlot) -> Result<Self, Self::Error> {
-        HashToSlot::from_assignment(raw.version, raw.groups, raw.slots)
+        if raw.epochs.len() != usize::from(HASH_SLOT_COUNT) {
+            return Err(HashToSlotError::WrongLength { len: raw.epochs.len() });
+        }
+        let moved: u64 = raw.epochs.iter().sum();
+        let base = raw
+            .version
+            .get()
+            .checked_sub(moved)
+            .ok_or(HashToSlotError::VersionBelowMigrations { version: raw.version, moved })?;
+        let mut table = HashToSlot::validated(HashToSlotVersion::new(base), raw.groups, raw.slots, moved == 0)?;
+        table.version = raw.version;
+        table.epochs = raw.epochs;
+        Ok(table)
     }
 }
 
@@ -110,6 +137,15 @@ impl HashToSlot {
         groups: BTreeSet<GroupId>,
         slots: Vec<GroupId>,
     ) -> Result<Self, HashToSlotError> {
+        Self::validated(version, groups, slots, true)
+    }
+
+    fn validated(
+        version: HashToSlotVersion,
+        groups: BTreeSet<GroupId>,
+        slots: Vec<GroupId>,
+        every_group_owns: bool,
+    ) -> Result<Self, HashToSlotError> {
         if slots.len() != usize::from(HASH_SLOT_COUNT) {
             return Err(HashToSlotError::WrongLength { len: slots.len() });
         }
@@ -118,15 +154,35 @@ impl HashToSlot {
                 return Err(HashToSlotError::UnknownGroup { slot, group: *group });
             }
         }
-        if let Some(&group) = groups.iter().find(|g| !slots.contains(g)) {
+        if let Some(&group) = groups.iter().find(|g| !slots.contains(g)).filter(|_| every_group_owns) {
             return Err(HashToSlotError::EmptyGroup { group });
         }
-        Ok(Self { version, slots, groups })
+        Ok(Self { version, slots, groups, epochs: vec![0; usize::from(HASH_SLOT_COUNT)] })
     }
 
     /// The table's version.
     pub fn version(&self) -> HashToSlotVersion {
         self.version
+    }
+
+    /// The ownership epoch of `slot`: how many migrations of it this table knows of.
+    pub fn epoch_of(&self, slot: HashSlot) -> u64 {
+        self.epochs[usize::from(slot.index())]
+    }
+
+    /// This table with `slot` owned by `group` from ownership epoch `epoch` on, or `None` if the table
+    /// already knows that epoch or a later one (or `group` is not one of its groups): what a node learns
+    /// of a migration only ever moves its table forward.
+    pub fn with_owner(&self, slot: HashSlot, group: GroupId, epoch: u64) -> Option<HashToSlot> {
+        let i = usize::from(slot.index());
+        if epoch <= self.epochs[i] || !self.groups.contains(&group) {
+            return None;
+        }
+        let mut next = self.clone();
+        next.version = HashToSlotVersion::new(self.version.get() + (epoch - self.epochs[i]));
+        next.slots[i] = group;
+        next.epochs[i] = epoch;
+        Some(next)
     }
 
     /// The group that owns `slot`.
@@ -149,16 +205,6 @@ impl HashToSlot {
     /// The slots owned by `group`, ascending.
     pub fn slots_of(&self, group: GroupId) -> impl Iterator<Item = HashSlot> + '_ {
         HashSlot::all().filter(move |slot| self.group_of(*slot) == group)
-    }
-
-    /// The next version of this table with `slot` owned by `to`, a group already in the table or a new
-    /// one. A group left without slots is dropped from the table.
-    pub fn with_slot_moved(&self, slot: HashSlot, to: GroupId) -> HashToSlot {
-        let mut slots = self.slots.clone();
-        slots[usize::from(slot.index())] = to;
-        let groups = slots.iter().copied().collect();
-        // Cannot fail: every slot is assigned, and the group set is exactly the assigned groups.
-        Self::from_assignment(self.version.next(), groups, slots).expect("moved table is valid")
     }
 }
 
@@ -224,23 +270,43 @@ mod tests {
     }
 
     #[test]
-    fn moving_a_slot_bumps_the_version() {
+    fn learning_an_owner_moves_the_table_forward_only() {
         let table = HashToSlot::even_split(2).unwrap();
         let slot = HashSlot::new(0).unwrap();
-        let moved = table.with_slot_moved(slot, GroupId::new(2));
+        let moved = table.with_owner(slot, GroupId::new(2), 1).unwrap();
         assert_eq!(moved.version(), table.version().next());
         assert_eq!(moved.group_of(slot), GroupId::new(2));
+        assert_eq!(moved.epoch_of(slot), 1);
         assert_eq!(moved.slots_of(GroupId::new(1)).count(), 127);
+        assert_eq!(moved.with_owner(slot, GroupId::new(1), 1), None, "same epoch again");
+        assert_eq!(moved.with_owner(slot, GroupId::new(9), 2), None, "unknown group");
+        // Two migrations of different slots learned in either order give one table.
+        let other = HashSlot::new(200).unwrap();
+        let ab = moved.with_owner(other, GroupId::new(1), 1).unwrap();
+        let ba = table.with_owner(other, GroupId::new(1), 1).unwrap().with_owner(slot, GroupId::new(2), 1).unwrap();
+        assert_eq!(ab, ba);
+        assert_eq!(ab.version().get(), table.version().get() + 2);
     }
 
     #[test]
     fn decoding_validates() {
         let table = HashToSlot::even_split(4).unwrap();
-        let raw = RawHashToSlot { version: table.version, slots: table.slots.clone(), groups: table.groups.clone() };
-        assert_eq!(HashToSlot::try_from(raw).unwrap(), table);
+        let raw = |t: &HashToSlot| RawHashToSlot {
+            version: t.version,
+            slots: t.slots.clone(),
+            groups: t.groups.clone(),
+            epochs: t.epochs.clone(),
+        };
+        assert_eq!(HashToSlot::try_from(raw(&table)).unwrap(), table);
+        // A group left without slots by migrations decodes.
+        let mut emptied = table.clone();
+        for slot in table.slots_of(GroupId::new(4)) {
+            emptied = emptied.with_owner(slot, GroupId::new(1), 1).unwrap();
+        }
+        assert_eq!(HashToSlot::try_from(raw(&emptied)).unwrap(), emptied);
         let mut slots = table.slots.clone();
         slots.pop();
-        let raw = RawHashToSlot { version: table.version, slots, groups: table.groups.clone() };
+        let raw = RawHashToSlot { version: table.version, slots, groups: table.groups.clone(), epochs: table.epochs };
         assert_eq!(HashToSlot::try_from(raw), Err(HashToSlotError::WrongLength { len: 255 }));
     }
 }

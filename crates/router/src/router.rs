@@ -5,7 +5,7 @@ use crate::route_table::{GroupObservation, RouteTable};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use std::sync::Arc;
-use tidings_types::{ConfigEpoch, GroupId, NodeId, RouteRevision, Term};
+use tidings_types::{ConfigEpoch, GroupId, HashSlot, NodeId, RouteRevision, Term};
 
 /// Why an update of the route table was refused. The table is unchanged after any of these.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -94,24 +94,19 @@ impl Router {
         Ok(ObserveOutcome::Published(revision))
     }
 
-    /// Publishes a new slot → group table (after a hash-slot migration), unless it is older than the
-    /// published one or has the same version with different content.
-    pub fn install_hash_to_slot(&self, hash_to_slot: HashToSlot) -> Result<ObserveOutcome, UpdateError> {
+    /// Publishes that `slot` is owned by `group` from ownership epoch `epoch` on (learned from a
+    /// migration this node applied, or from a group's stale-route answer), unless the published table
+    /// knows that epoch or a later one.
+    pub fn learn_slot_owner(&self, slot: HashSlot, group: GroupId, epoch: u64) -> ObserveOutcome {
         let _writer = self.writer.lock();
         let table = self.current.load_full();
-        let current = table.hash_to_slot();
-        if hash_to_slot.version() < current.version()
-            || (hash_to_slot.version() == current.version() && hash_to_slot != *current)
-        {
-            return Err(HashToSlotError::Stale { offered: hash_to_slot.version(), current: current.version() }.into());
-        }
-        if hash_to_slot == *current {
-            return Ok(ObserveOutcome::Unchanged(table.revision()));
-        }
+        let Some(hash_to_slot) = table.hash_to_slot().with_owner(slot, group, epoch) else {
+            return ObserveOutcome::Unchanged(table.revision());
+        };
         let next = table.with_hash_to_slot(hash_to_slot);
         let revision = next.revision();
         self.current.store(Arc::new(next));
-        Ok(ObserveOutcome::Published(revision))
+        ObserveOutcome::Published(revision)
     }
 }
 
@@ -147,7 +142,6 @@ impl std::fmt::Debug for Router {
 mod tests {
     use super::*;
     use crate::route_table::RouteError;
-    use tidings_types::HashSlot;
 
     fn obs(leader: Option<u64>, term: u64, epoch: u64) -> GroupObservation {
         GroupObservation {
@@ -186,19 +180,14 @@ mod tests {
     }
 
     #[test]
-    fn hash_to_slot_install_is_versioned() {
+    fn learned_slot_owners_only_move_forward() {
         let table = HashToSlot::even_split(2).unwrap();
         let router = Router::new(table.clone());
-        let moved = table.with_slot_moved(HashSlot::new(0).unwrap(), GroupId::new(2));
-        assert!(matches!(router.install_hash_to_slot(moved.clone()), Ok(ObserveOutcome::Published(_))));
-        assert!(matches!(router.install_hash_to_slot(moved.clone()), Ok(ObserveOutcome::Unchanged(_))));
-        assert!(matches!(
-            router.install_hash_to_slot(table.clone()),
-            Err(UpdateError::HashToSlot(HashToSlotError::Stale { .. }))
-        ));
-        // Same version, different content: refused.
-        let other = table.with_slot_moved(HashSlot::new(1).unwrap(), GroupId::new(2));
-        assert!(router.install_hash_to_slot(other).is_err());
-        assert_eq!(router.snapshot().hash_to_slot(), &moved);
+        let slot = HashSlot::new(0).unwrap();
+        assert!(matches!(router.learn_slot_owner(slot, GroupId::new(2), 1), ObserveOutcome::Published(_)));
+        assert!(matches!(router.learn_slot_owner(slot, GroupId::new(2), 1), ObserveOutcome::Unchanged(_)));
+        assert!(matches!(router.learn_slot_owner(slot, GroupId::new(1), 1), ObserveOutcome::Unchanged(_)));
+        assert_eq!(router.snapshot().hash_to_slot().group_of(slot), GroupId::new(2));
+        assert_eq!(router.snapshot().hash_to_slot().version(), table.version().next());
     }
 }

@@ -691,7 +691,7 @@ impl World {
                 continue;
             };
             let joint = core.slot().status(group).is_some_and(|s| s.joint);
-            let intent = core.reader().group_intent(&table, group).ok().flatten();
+            let intent = core.reader().group_intent(group).ok().flatten();
             let moving = intent.as_ref().and_then(|i| i.target_peers.clone());
             if joint || moving.is_some() {
                 let decision = core.status().leadership.into_iter().find(|(g, _)| *g == group);
@@ -739,12 +739,12 @@ impl World {
                 let kv: Arc<dyn Kv> = node.kv.clone();
                 let store = MetaStore::new(kv);
                 let mut digest = 0xcbf2_9ce4_8422_2325u64;
-                for slot in table.slots_of(group) {
-                    let entries = store.scan(slot, b"", None, usize::MAX).map(|p| p.entries).unwrap_or_default();
-                    for (key, value) in entries {
-                        for byte in [&slot.index().to_le_bytes()[..], &key, &value].concat() {
-                            digest = (digest ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-                        }
+                // Everything the replica holds of the group: its copies of slots and its own records.
+                let entries = store.export_group(group, None, usize::MAX).map(|c| c.entries).unwrap_or_default();
+                for entry in entries {
+                    let space = entry.space.hash_slot().map_or(u16::MAX, |s| s.index());
+                    for byte in [&space.to_le_bytes()[..], &entry.key, &entry.value].concat() {
+                        digest = (digest ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
                     }
                 }
                 seen.push((*id, applied, digest));

@@ -125,7 +125,7 @@ impl Bench {
             let user =
                 User { uid: Uid::new(format!("user-{}", self.next_user)).unwrap(), name: "n".into(), banned: false };
             let command = Command::PutUser(user);
-            let group = self.nodes[0].0.table().group_of_key(command.routing_key().bytes());
+            let group = command.group_under(&self.nodes[0].0.table());
             let leader = self.nodes.iter().position(|(d, _)| d.is_leader(group)).unwrap();
             let id = self.nodes[leader].0.propose(self.now, &command).unwrap();
             proposed.push(((leader, id), self.round));

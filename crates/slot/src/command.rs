@@ -3,13 +3,13 @@
 
 use crate::model::{
     ChannelFlags, ChannelInfo, CmdBinding, Device, GroupIntent, Membership, MessageEvent, MigrationTask, PluginBinding,
-    SwitchProof, Uid, User,
+    SlotMigrationStep, SwitchProof, Uid, User,
 };
 use serde::{Deserialize, Serialize};
-use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, NodeId};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, HashSlot, NodeId};
 
 /// Version of the command encoding this build writes and the newest it understands.
-pub const COMMAND_VERSION: u16 = 2;
+pub const COMMAND_VERSION: u16 = 3;
 
 /// Which per-channel member list a command changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,19 +129,11 @@ pub enum Command {
         /// The event.
         event: MessageEvent,
     },
-    /// Sets the controller's intent for a slot group. `route` is the group's intent routing key under
-    /// the current table ([`group_intent_route`]): the command lands in the group it is about.
-    PutGroupIntent {
-        /// Routing bytes that hash to a slot of the group.
-        route: Vec<u8>,
-        /// The intent.
-        intent: GroupIntent,
-    },
+    /// Sets the controller's intent for a slot group (proposed to that group).
+    PutGroupIntent(GroupIntent),
     /// Starts moving `group`'s replica from node `from` to node `to`: records the move's target voters in
     /// the group's intent (one move at a time). The group's leader then carries it out.
     MoveGroupReplica {
-        /// Routing bytes that hash to a slot of the group ([`group_intent_route`]).
-        route: Vec<u8>,
         /// The group.
         group: GroupId,
         /// The voter to move away.
@@ -151,8 +143,6 @@ pub enum Command {
     },
     /// Sets (or clears) `group`'s preferred leader, leaving the rest of its intent as it is.
     SetPreferredLeader {
-        /// Routing bytes that hash to a slot of the group ([`group_intent_route`]).
-        route: Vec<u8>,
         /// The group.
         group: GroupId,
         /// The node that should lead it; `None` clears the preference.
@@ -161,8 +151,6 @@ pub enum Command {
     /// Starts (or, with `drain: false`, stops) draining `node` in `group`: its leader moves the group's
     /// replica off the node and replaces the node's channel replicas in the group's slots.
     DrainNode {
-        /// Routing bytes that hash to a slot of the group ([`group_intent_route`]).
-        route: Vec<u8>,
         /// The group.
         group: GroupId,
         /// The node.
@@ -173,18 +161,24 @@ pub enum Command {
     /// Abandons `group`'s replica move in progress: the move is retargeted to the committed assignment, so
     /// its leader takes the membership back and commits it.
     AbortGroupMove {
-        /// Routing bytes that hash to a slot of the group.
-        route: Vec<u8>,
         /// The group.
         group: GroupId,
     },
     /// Commits `group`'s membership in force at this entry (voters and configuration epoch) as its assignment,
     /// when it equals the move's target.
     CommitGroupConfig {
-        /// Routing bytes that hash to a slot of the group.
-        route: Vec<u8>,
         /// The group.
         group: GroupId,
+    },
+    /// One step of migrating hash slot `slot` between slot groups, proposed to `group` (the source or
+    /// the target: see [`SlotMigrationStep`]).
+    MigrateSlot {
+        /// The group the step is for.
+        group: GroupId,
+        /// The hash slot.
+        slot: HashSlot,
+        /// The step.
+        step: SlotMigrationStep,
     },
 }
 
@@ -194,8 +188,15 @@ pub enum RoutingKey<'a> {
     Uid(&'a Uid),
     /// A channel.
     Channel(&'a ChannelId),
-    /// Raw routing bytes (group-level records, see [`group_intent_route`]).
-    Raw(&'a [u8]),
+}
+
+/// Where a command belongs: the group owning the hash slot of a routing key, or one named group (the
+/// group-level commands: intent, membership moves, slot migrations).
+pub enum CommandScope<'a> {
+    /// The group owning this key's hash slot.
+    Key(RoutingKey<'a>),
+    /// This group.
+    Group(GroupId),
 }
 
 impl RoutingKey<'_> {
@@ -204,16 +205,15 @@ impl RoutingKey<'_> {
         match self {
             RoutingKey::Uid(uid) => uid.as_str().as_bytes(),
             RoutingKey::Channel(channel) => channel.route_key(),
-            RoutingKey::Raw(bytes) => bytes,
         }
     }
 }
 
 impl Command {
-    /// The key whose hash slot the command belongs to.
-    pub fn routing_key(&self) -> RoutingKey<'_> {
+    /// Where the command belongs.
+    pub fn scope(&self) -> CommandScope<'_> {
         use Command::*;
-        match self {
+        let key = match self {
             PutUser(user) => RoutingKey::Uid(&user.uid),
             PutDevice(device) => RoutingKey::Uid(&device.uid),
             RemoveDevice { uid, .. }
@@ -232,12 +232,22 @@ impl Command {
             | AppendMessageEvent { channel, .. } => RoutingKey::Channel(channel),
             CreateRuntimeMeta(meta) | CasRuntimeMeta { meta, .. } => RoutingKey::Channel(&meta.channel),
             PutMigrationTask(task) => RoutingKey::Channel(&task.channel),
-            PutGroupIntent { route, .. }
-            | MoveGroupReplica { route, .. }
-            | SetPreferredLeader { route, .. }
-            | DrainNode { route, .. }
-            | AbortGroupMove { route, .. }
-            | CommitGroupConfig { route, .. } => RoutingKey::Raw(route),
+            PutGroupIntent(intent) => return CommandScope::Group(intent.group),
+            MoveGroupReplica { group, .. }
+            | SetPreferredLeader { group, .. }
+            | DrainNode { group, .. }
+            | AbortGroupMove { group, .. }
+            | CommitGroupConfig { group, .. }
+            | MigrateSlot { group, .. } => return CommandScope::Group(*group),
+        };
+        CommandScope::Key(key)
+    }
+
+    /// The group the command belongs to under `table`.
+    pub fn group_under(&self, table: &tidings_router::HashToSlot) -> GroupId {
+        match self.scope() {
+            CommandScope::Key(key) => table.group_of_key(key.bytes()),
+            CommandScope::Group(group) => group,
         }
     }
 
@@ -276,12 +286,4 @@ pub enum DecodeError {
         /// Newest supported.
         max: u16,
     },
-}
-
-/// Routing bytes for `group`'s intent under `table`: the first of `group-intent/<group>/<n>` whose hash
-/// slot the group owns, so the intent is stored in (and replicated by) the group it describes.
-pub fn group_intent_route(table: &tidings_router::HashToSlot, group: tidings_types::GroupId) -> Option<Vec<u8>> {
-    (0u32..100_000)
-        .map(|n| format!("group-intent/{}/{n}", group.get()).into_bytes())
-        .find(|route| table.group_of_key(route) == group)
 }

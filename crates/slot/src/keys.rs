@@ -22,6 +22,8 @@ pub(crate) enum Kind {
     Plugin = b'p',
     Event = b'e',
     GroupIntent = b'g',
+    SlotRecord = b'o',
+    SlotMark = b'z',
 }
 
 /// Builds keys from segments.
@@ -55,6 +57,11 @@ impl Key {
 
     pub(crate) fn u8(mut self, value: u8) -> Self {
         self.0.push(value);
+        self
+    }
+
+    pub(crate) fn u16(mut self, value: u16) -> Self {
+        self.0.extend_from_slice(&value.to_be_bytes());
         self
     }
 

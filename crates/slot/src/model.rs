@@ -190,3 +190,108 @@ impl GroupIntent {
         self.target_peers.as_deref().unwrap_or(&self.desired_peers)
     }
 }
+
+/// One group's record of a hash slot it owns, owned, or is receiving. Stored with the group's own records
+/// (which never migrate), replicated through the group's log, so every replica decides the same.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotRecord {
+    /// The slot's ownership epoch the state is about: the epoch owned (`Owned`), or the epoch of the
+    /// migration in progress or done (the others). Every completed migration of a slot adds one.
+    pub epoch: u64,
+    /// Where the slot stands in this group.
+    pub state: SlotState,
+}
+
+/// Where a hash slot stands in one group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SlotState {
+    /// The group serves the slot.
+    Owned,
+    /// The group serves the slot while copying it to `to`; every key written meanwhile is marked, to be
+    /// copied again once the slot is fenced.
+    Exporting {
+        /// The target group.
+        to: tidings_types::GroupId,
+    },
+    /// The copy is done except the marked keys: writes are refused (retryable) until `to` took over.
+    Fenced {
+        /// The target group.
+        to: tidings_types::GroupId,
+    },
+    /// `to` owns the slot from this record's epoch on; this group's copy is gone.
+    Gone {
+        /// The group that owns the slot.
+        to: tidings_types::GroupId,
+    },
+    /// The group is receiving the slot from `from`; its copy is invisible and writes are refused.
+    Importing {
+        /// The source group.
+        from: tidings_types::GroupId,
+        /// The copy attempt being received: chunks of any other attempt are refused.
+        attempt: u64,
+    },
+}
+
+/// One step of a hash-slot migration from a source group to a target group. The source's leader drives
+/// it: `Export` (source) → `BeginImport`, `ImportChunk`s (target) → `Fence` (source) → the marked keys as
+/// `ImportChunk`s → `CommitImport` (target) → `Finish` (source). See `ARCHITECTURE.md`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SlotMigrationStep {
+    /// Source: start exporting the slot to `to` (the operator's request).
+    Export {
+        /// The target group.
+        to: tidings_types::GroupId,
+    },
+    /// Source: give up an export that is not fenced yet; the slot stays owned.
+    AbortExport,
+    /// Source: refuse writes to the slot from now on; the marked keys are copied next.
+    Fence {
+        /// The target group.
+        to: tidings_types::GroupId,
+        /// The migration's epoch.
+        epoch: u64,
+    },
+    /// Source: the target owns the slot: drop this group's copy, answer its keys with the new owner.
+    Finish {
+        /// The target group.
+        to: tidings_types::GroupId,
+        /// The migration's epoch.
+        epoch: u64,
+    },
+    /// Target: (re)start receiving the slot from `from` as copy `attempt`, dropping any earlier copy.
+    BeginImport {
+        /// The source group.
+        from: tidings_types::GroupId,
+        /// The migration's epoch.
+        epoch: u64,
+        /// The copy attempt (the source leader's raft term and a counter: later attempts are larger).
+        attempt: u64,
+    },
+    /// Target: keys of the slot (a value to set, or `None` to remove the key) from copy `attempt`.
+    ImportChunk {
+        /// The source group.
+        from: tidings_types::GroupId,
+        /// The migration's epoch.
+        epoch: u64,
+        /// The copy attempt.
+        attempt: u64,
+        /// Metadata keys of the slot and their values.
+        entries: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    },
+    /// Target: the copy `attempt` is complete: serve the slot at the migration's epoch.
+    CommitImport {
+        /// The source group.
+        from: tidings_types::GroupId,
+        /// The migration's epoch.
+        epoch: u64,
+        /// The copy attempt.
+        attempt: u64,
+    },
+    /// Target: drop an import the source abandoned.
+    AbortImport {
+        /// The source group.
+        from: tidings_types::GroupId,
+        /// The migration's epoch.
+        epoch: u64,
+    },
+}

@@ -1,15 +1,20 @@
 //! Reads of slot metadata: point reads and paged scans, decoded and checked. The caller decides whether
 //! the store it reads is authoritative (after a ReadIndex on the group's leader) or local.
+//!
+//! A key is read from the copy of its hash slot that this node's placement names (the group serving the
+//! slot as far as this node knows: see `MetaStore::placement`); a node that holds no replica of that group
+//! reads nothing.
 
 use crate::command::MemberList;
 use crate::keys::{read_uid, Key, Kind};
 use crate::model::{
-    ChannelInfo, CmdBinding, Device, GroupIntent, Membership, MessageEvent, MigrationTask, PluginBinding, Uid, User,
+    ChannelInfo, CmdBinding, Device, GroupIntent, Membership, MessageEvent, MigrationTask, PluginBinding, SlotRecord,
+    Uid, User,
 };
 use serde::de::DeserializeOwned;
 use tidings_router::hash_slot;
-use tidings_store::{CorruptLocation, Keyspace, MetaStore, StoreError, StoreResult};
-use tidings_types::{ChannelId, ChannelRuntimeMeta, HashSlot};
+use tidings_store::{CorruptLocation, Keyspace, MetaPage, MetaSpace, MetaStore, StoreError, StoreResult};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, HashSlot};
 
 /// A page of a scan and where to continue.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +49,7 @@ impl SlotReader {
 
     /// `true` if `uid` is a system uid.
     pub fn is_system_uid(&self, uid: &Uid) -> StoreResult<bool> {
-        Ok(self.store.get(uid_slot(uid), &Key::new(Kind::SystemUid).uid(uid).build())?.is_some())
+        Ok(self.get_raw(uid_slot(uid), &Key::new(Kind::SystemUid).uid(uid).build())?.is_some())
     }
 
     /// A channel definition.
@@ -60,7 +65,7 @@ impl SlotReader {
     /// `true` if `uid` is on the channel's `list`.
     pub fn is_member(&self, channel: &ChannelId, list: MemberList, uid: &Uid) -> StoreResult<bool> {
         let key = Key::new(list_kind(list)).channel(channel).uid(uid).build();
-        Ok(self.store.get(channel_slot(channel), &key)?.is_some())
+        Ok(self.get_raw(channel_slot(channel), &key)?.is_some())
     }
 
     /// A page of up to `limit` uids of the channel's `list`, after `cursor`.
@@ -73,7 +78,7 @@ impl SlotReader {
     ) -> StoreResult<Page<Uid>> {
         let slot = channel_slot(channel);
         let prefix = Key::new(list_kind(list)).channel(channel).build();
-        let page = self.store.scan(slot, &prefix, cursor, limit)?;
+        let page = self.scan(slot, &prefix, cursor, limit)?;
         let items = page
             .entries
             .iter()
@@ -100,7 +105,7 @@ impl SlotReader {
     ) -> StoreResult<Page<(ChannelId, Membership)>> {
         let slot = uid_slot(uid);
         let prefix = Key::new(Kind::Membership).uid(uid).build();
-        let page = self.store.scan(slot, &prefix, cursor, limit)?;
+        let page = self.scan(slot, &prefix, cursor, limit)?;
         let items = page
             .entries
             .iter()
@@ -123,14 +128,53 @@ impl SlotReader {
         self.get(channel_slot(channel), Key::new(Kind::Task).channel(channel).u64(id).build())
     }
 
-    /// The controller's intent for `group`, stored in the slot its intent route hashes to under `table`.
-    pub fn group_intent(
+    /// The controller's intent for `group` (one of the group's own records), as this node's replica of the
+    /// group has it.
+    pub fn group_intent(&self, group: GroupId) -> StoreResult<Option<GroupIntent>> {
+        self.get_in(MetaSpace::group_records(group), Key::new(Kind::GroupIntent).build())
+    }
+
+    /// `group`'s stored record of hash slot `slot`, as this node's replica of the group has it (`None`:
+    /// the slot never migrated to or from the group; the genesis table says whether the group owns it).
+    pub fn slot_record(&self, group: GroupId, slot: HashSlot) -> StoreResult<Option<SlotRecord>> {
+        self.get_in(MetaSpace::group_records(group), crate::fsm::migration::record_key(slot))
+    }
+
+    /// Up to `limit` keys of hash slot `slot` written while `group` exported it (to be copied once the slot
+    /// is fenced), after `cursor`.
+    pub fn slot_marks(
         &self,
-        table: &tidings_router::HashToSlot,
-        group: tidings_types::GroupId,
-    ) -> StoreResult<Option<GroupIntent>> {
-        let Some(route) = crate::command::group_intent_route(table, group) else { return Ok(None) };
-        self.get(hash_slot(&route), Key::new(Kind::GroupIntent).u64(u64::from(group.get())).build())
+        group: GroupId,
+        slot: HashSlot,
+        cursor: Option<&[u8]>,
+        limit: usize,
+    ) -> StoreResult<Page<Vec<u8>>> {
+        let prefix = crate::fsm::migration::marks_prefix(slot);
+        let page = self.store.scan(MetaSpace::group_records(group), &prefix, cursor, limit)?;
+        let items = page.entries.iter().map(|(key, _)| key[prefix.len()..].to_vec()).collect();
+        Ok(Page { items, cursor: page.next_after })
+    }
+
+    /// The raw value of `key` in `group`'s copy of hash slot `slot` (a migration copies these).
+    pub fn raw_in(&self, group: GroupId, slot: HashSlot, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
+        self.store.get(MetaSpace::slot(group, slot), key)
+    }
+
+    /// A bounded chunk of `group`'s copy of hash slot `slot` (raw keys and values), after `cursor`.
+    pub fn export_slot(
+        &self,
+        group: GroupId,
+        slot: HashSlot,
+        cursor: Option<&[u8]>,
+        max_bytes: usize,
+    ) -> StoreResult<Page<(Vec<u8>, Vec<u8>)>> {
+        let space = MetaSpace::slot(group, slot);
+        let cursor = cursor.map(|key| tidings_store::ExportCursor { space, key: key.to_vec() });
+        let chunk = self.store.export_space(space, cursor.as_ref(), max_bytes)?;
+        Ok(Page {
+            items: chunk.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+            cursor: chunk.next.map(|c| c.key),
+        })
     }
 
     /// A plugin binding.
@@ -141,26 +185,53 @@ impl SlotReader {
     /// The channel's recent message events, oldest first (bounded by the FSM).
     pub fn events(&self, channel: &ChannelId, limit: usize) -> StoreResult<Vec<MessageEvent>> {
         let prefix = Key::new(Kind::Event).channel(channel).build();
-        let page = self.store.scan(channel_slot(channel), &prefix, None, limit)?;
+        let page = self.scan(channel_slot(channel), &prefix, None, limit)?;
         page.entries.iter().map(|(key, value)| decode(key, value)).collect()
     }
 
-    /// A page of up to `limit` runtime metas of the channels in hash slot `slot`, after `cursor` (the
-    /// controller's repair loop walks its slots with it).
+    /// A page of up to `limit` runtime metas of the channels in `group`'s copy of hash slot `slot`, after
+    /// `cursor` (the controller's repair loop walks its groups' slots with it).
     pub fn runtime_metas(
         &self,
+        group: GroupId,
         slot: HashSlot,
         cursor: Option<&[u8]>,
         limit: usize,
     ) -> StoreResult<Page<ChannelRuntimeMeta>> {
         let prefix = Key::new(Kind::RuntimeMeta).build();
-        let page = self.store.scan(slot, &prefix, cursor, limit)?;
+        let page = self.store.scan(MetaSpace::slot(group, slot), &prefix, cursor, limit)?;
         let items = page.entries.iter().map(|(key, value)| decode(key, value)).collect::<StoreResult<Vec<_>>>()?;
         Ok(Page { items, cursor: page.next_after })
     }
 
+    /// The group whose copy of `slot` this node reads: its placement.
+    fn space(&self, slot: HashSlot) -> StoreResult<Option<MetaSpace>> {
+        Ok(self.store.placement(slot)?.map(|p| MetaSpace::slot(p.group, slot)))
+    }
+
+    fn get_raw(&self, slot: HashSlot, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
+        match self.space(slot)? {
+            Some(space) => self.store.get(space, key),
+            None => Ok(None),
+        }
+    }
+
+    fn scan(&self, slot: HashSlot, prefix: &[u8], cursor: Option<&[u8]>, limit: usize) -> StoreResult<MetaPage> {
+        match self.space(slot)? {
+            Some(space) => self.store.scan(space, prefix, cursor, limit),
+            None => Ok(MetaPage::default()),
+        }
+    }
+
     fn get<T: DeserializeOwned>(&self, slot: HashSlot, key: Vec<u8>) -> StoreResult<Option<T>> {
-        match self.store.get(slot, &key)? {
+        match self.get_raw(slot, &key)? {
+            None => Ok(None),
+            Some(value) => decode(&key, &value).map(Some),
+        }
+    }
+
+    fn get_in<T: DeserializeOwned>(&self, space: MetaSpace, key: Vec<u8>) -> StoreResult<Option<T>> {
+        match self.store.get(space, &key)? {
             None => Ok(None),
             Some(value) => decode(&key, &value).map(Some),
         }

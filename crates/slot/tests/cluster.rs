@@ -150,7 +150,7 @@ impl Cluster {
                 SlotEffect::ReadFailed { id: read, .. } => {
                     self.reads.insert((id, read), false);
                 }
-                SlotEffect::MetaChanged { .. } | SlotEffect::GroupRemoved { .. } => {}
+                SlotEffect::MetaChanged { .. } | SlotEffect::GroupRemoved { .. } | SlotEffect::SlotPlaced { .. } => {}
                 SlotEffect::Observed { group, observation } => {
                     self.trace.push(format!(
                         "{} {id} sees {group} leader {:?} term {}",

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use tidings_router::{hash_slot, HashToSlot};
 use tidings_slot::command::{Command, DecodeError, MemberList, COMMAND_VERSION};
+use tidings_slot::fsm::migration::seed_placements;
 use tidings_slot::fsm::{FsmLimits, Outcome, Refusal, SlotFsm};
 use tidings_slot::model::{ChannelFlags, ChannelInfo, Membership, MessageEvent, SwitchProof, Uid, User};
 use tidings_slot::query::SlotReader;
@@ -27,7 +28,9 @@ fn setup() -> (Arc<MemoryKv>, SlotFsm, SlotReader, HashToSlot) {
         store.clone(),
         FsmLimits { members_per_command_max: 3, events_per_channel_max: 2, ..FsmLimits::default() },
     );
-    (kv, fsm, SlotReader::new(store), HashToSlot::even_split(1).unwrap())
+    let table = HashToSlot::even_split(1).unwrap();
+    seed_placements(&store, &table).unwrap();
+    (kv, fsm, SlotReader::new(store), table)
 }
 
 fn apply(fsm: &SlotFsm, table: &HashToSlot, first_index: u64, commands: &[Command]) -> Vec<Outcome> {
@@ -172,6 +175,7 @@ fn commands_for_slots_of_other_groups_are_refused() {
     let kv = Arc::new(MemoryKv::new());
     let store = MetaStore::new(kv);
     let table = HashToSlot::even_split(2).unwrap();
+    seed_placements(&store, &table).unwrap();
     let user = User { uid: uid("carol"), name: String::new(), banned: false };
     let owner = table.group_of(hash_slot(b"carol"));
     let other = if owner == GroupId::new(1) { GroupId::new(2) } else { GroupId::new(1) };
@@ -245,8 +249,8 @@ fn apply_in_conf(
     command: &Command,
 ) -> Outcome {
     let encoded = command.encode();
-    let (outcomes, _) = fsm.apply_in(table, conf, false, &[(index, encoded.as_slice())]).unwrap();
-    outcomes.into_iter().next().flatten().unwrap()
+    let applied = fsm.apply_in(table, conf, false, &[(index, encoded.as_slice())]).unwrap();
+    applied.outcomes.into_iter().next().flatten().unwrap()
 }
 
 #[test]
@@ -255,7 +259,6 @@ fn group_intent_changes_are_checked_against_the_intent_and_the_membership_in_for
     use tidings_types::ConfigEpoch;
     let (_, fsm, reader, table) = setup();
     let group = GroupId::new(1);
-    let route = tidings_slot::command::group_intent_route(&table, group).unwrap();
     let n = NodeId::new;
     let conf = |voters: &[u64], epoch: u64, joint: bool| GroupConf {
         voters: voters.iter().copied().map(n).collect(),
@@ -264,9 +267,9 @@ fn group_intent_changes_are_checked_against_the_intent_and_the_membership_in_for
         config_epoch: ConfigEpoch::new(epoch),
     };
     let refused = |error| Outcome::Refused(Refusal::GroupChange(error));
-    let mv = |from, to| Command::MoveGroupReplica { route: route.clone(), group, from: n(from), to: n(to) };
-    let commit = Command::CommitGroupConfig { route: route.clone(), group };
-    let abort = Command::AbortGroupMove { route: route.clone(), group };
+    let mv = |from, to| Command::MoveGroupReplica { group, from: n(from), to: n(to) };
+    let commit = Command::CommitGroupConfig { group };
+    let abort = Command::AbortGroupMove { group };
     let in_force = conf(&[1, 2, 3], 0, false);
 
     assert_eq!(apply_in_conf(&fsm, &table, &in_force, 1, &commit), refused(GroupChangeError::NothingToCommit));
@@ -275,7 +278,7 @@ fn group_intent_changes_are_checked_against_the_intent_and_the_membership_in_for
     assert_eq!(apply_in_conf(&fsm, &table, &in_force, 4, &mv(1, 2)), refused(GroupChangeError::AlreadyAVoter(n(2))));
     // A group without an intent starts from its voters in force.
     assert_eq!(apply_in_conf(&fsm, &table, &in_force, 5, &mv(3, 4)), Outcome::Applied);
-    let intent = reader.group_intent(&table, group).unwrap().unwrap();
+    let intent = reader.group_intent(group).unwrap().unwrap();
     assert_eq!(intent.desired_peers, vec![n(1), n(2), n(3)]);
     assert_eq!(intent.target_peers, Some(vec![n(1), n(2), n(4)]));
     let target = vec![n(1), n(2), n(4)];
@@ -290,22 +293,25 @@ fn group_intent_changes_are_checked_against_the_intent_and_the_membership_in_for
         Outcome::Refused(Refusal::GroupChange(GroupChangeError::ConfigMismatch { joint: true, .. }))
     ));
     assert_eq!(apply_in_conf(&fsm, &table, &conf(&[1, 2, 4], 11, false), 12, &commit), Outcome::Applied);
-    let intent = reader.group_intent(&table, group).unwrap().unwrap();
+    let intent = reader.group_intent(group).unwrap().unwrap();
     assert_eq!(
         (intent.desired_peers.clone(), intent.config_epoch, intent.target_peers.clone()),
         (target, ConfigEpoch::new(11), None)
     );
     // Drained nodes cannot receive a replica; an abort retargets the move to the assignment.
-    let drain = Command::DrainNode { route: route.clone(), group, node: n(5), drain: true };
+    let drain = Command::DrainNode { group, node: n(5), drain: true };
     assert_eq!(apply_in_conf(&fsm, &table, &in_force, 13, &drain), Outcome::Applied);
     assert_eq!(apply_in_conf(&fsm, &table, &in_force, 14, &mv(4, 5)), refused(GroupChangeError::TargetDraining(n(5))));
     assert_eq!(apply_in_conf(&fsm, &table, &in_force, 15, &mv(4, 3)), Outcome::Applied);
     assert_eq!(apply_in_conf(&fsm, &table, &in_force, 16, &abort), Outcome::Applied);
-    let intent = reader.group_intent(&table, group).unwrap().unwrap();
+    let intent = reader.group_intent(group).unwrap().unwrap();
     assert_eq!(intent.target_peers.as_deref(), Some(&intent.desired_peers[..]));
     assert_eq!(intent.draining, vec![n(5)]);
     assert_eq!(apply_in_conf(&fsm, &table, &in_force, 17, &abort), refused(GroupChangeError::NoMoveInProgress));
     // A command about another group is refused where it lands.
-    let other = Command::AbortGroupMove { route, group: GroupId::new(2) };
-    assert!(matches!(apply_in_conf(&fsm, &table, &in_force, 18, &other), Outcome::Refused(Refusal::WrongSlot { .. })));
+    let other = Command::AbortGroupMove { group: GroupId::new(2) };
+    assert_eq!(
+        apply_in_conf(&fsm, &table, &in_force, 18, &other),
+        Outcome::Refused(Refusal::WrongGroup { group: GroupId::new(2) })
+    );
 }

@@ -14,12 +14,13 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use tidings_store::{MemoryKv, MetaStore, MetaWriteBatch};
+//! use tidings_store::{MemoryKv, MetaSpace, MetaStore, MetaWriteBatch};
 //! use tidings_types::{GroupId, HashSlot};
 //!
 //! let kv = Arc::new(MemoryKv::new());
 //! let meta = MetaStore::new(kv.clone());
-//! let slot = HashSlot::new(9).unwrap();
+//! // Group 1's copy of hash slot 9.
+//! let slot = MetaSpace::slot(GroupId::new(1), HashSlot::new(9).unwrap());
 //! let mut batch = MetaWriteBatch::new();
 //! batch.put(slot, "user/42", "alice").set_applied(GroupId::new(1), 17);
 //! meta.write(&batch).unwrap();
@@ -41,5 +42,7 @@ mod raft_log;
 
 pub use error::{CorruptLocation, StoreError, StoreResult};
 pub use kv::{FailOp, Keyspace, Kv, KvBatch, MemoryKv, SledKv, SyncReport};
-pub use meta::{ExportChunk, ExportCursor, MetaOp, MetaPage, MetaStore, MetaWriteBatch, SlotEntry};
+pub use meta::{
+    ExportChunk, ExportCursor, MetaOp, MetaPage, MetaSpace, MetaStore, MetaWriteBatch, Placement, SpaceEntry,
+};
 pub use raft_log::{GroupStorage, RaftLogBatch, RaftLogStore, SnapshotSource, BOOTSTRAP_INDEX};

@@ -1,5 +1,10 @@
-//! The metadata store: key spaces per hash slot, atomic write batches that carry a group's applied
-//! index, paged scans, and export / import of whole hash slots.
+//! The metadata store: one key space per (slot group, hash slot) plus one per group for the group's own
+//! records, atomic write batches that carry a group's applied index, paged scans, bounded exports, and the
+//! node's placement of hash slots onto groups.
+//!
+//! Keys carry the group, not only the hash slot: while a hash slot migrates from group A to group B, a
+//! node holding replicas of both keeps two copies of the slot — A's and B's — that never share a key, so
+//! B's import and A's clean-up cannot touch each other's copy.
 
 use crate::error::{CorruptLocation, StoreError, StoreResult};
 use crate::kv::{Direction, KeyRange, Keyspace, Kv, KvBatch, KvPair};
@@ -7,30 +12,111 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use tidings_types::{GroupId, HashSlot};
 
+/// Where metadata keys live: one slot group's copy of one hash slot, or the group's own records (its
+/// intent, the ownership of its slots) which belong to no hash slot and never migrate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MetaSpace {
+    group: GroupId,
+    slot: Option<HashSlot>,
+}
+
+/// The space code of a group's own records: after every hash slot.
+const GROUP_RECORDS: u16 = u16::MAX;
+/// Bytes of the space prefix of every metadata key: group (4, big endian) and space code (2).
+const SPACE_PREFIX: usize = 6;
+
+impl MetaSpace {
+    /// Group `group`'s copy of hash slot `slot`.
+    pub fn slot(group: GroupId, slot: HashSlot) -> Self {
+        Self { group, slot: Some(slot) }
+    }
+
+    /// Group `group`'s own records.
+    pub fn group_records(group: GroupId) -> Self {
+        Self { group, slot: None }
+    }
+
+    /// The group.
+    pub fn group(&self) -> GroupId {
+        self.group
+    }
+
+    /// The hash slot, `None` for the group's own records.
+    pub fn hash_slot(&self) -> Option<HashSlot> {
+        self.slot
+    }
+
+    fn prefix(&self) -> Vec<u8> {
+        let mut prefix = group_prefix(self.group);
+        prefix.extend_from_slice(&self.slot.map_or(GROUP_RECORDS, HashSlot::index).to_be_bytes());
+        prefix
+    }
+
+    fn key(&self, key: &[u8]) -> Vec<u8> {
+        let mut full = self.prefix();
+        full.extend_from_slice(key);
+        full
+    }
+
+    /// Splits a full metadata key into its space and key, `None` if it is not one.
+    fn split(full: &[u8]) -> Option<(MetaSpace, &[u8])> {
+        if full.len() < SPACE_PREFIX {
+            return None;
+        }
+        let group = GroupId::new(u32::from_be_bytes(full[..4].try_into().ok()?));
+        let code = u16::from_be_bytes(full[4..SPACE_PREFIX].try_into().ok()?);
+        let slot = if code == GROUP_RECORDS { None } else { Some(HashSlot::new(code)?) };
+        Some((MetaSpace { group, slot }, &full[SPACE_PREFIX..]))
+    }
+}
+
+fn group_prefix(group: GroupId) -> Vec<u8> {
+    group.get().to_be_bytes().to_vec()
+}
+
 /// One change to slot metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MetaOp {
-    /// Sets `key` in `slot`.
+    /// Sets `key` in `space`.
     Put {
-        /// The key's hash slot.
-        slot: HashSlot,
+        /// The key's space.
+        space: MetaSpace,
         /// The key.
         key: Vec<u8>,
         /// The value.
         value: Vec<u8>,
     },
-    /// Removes `key` from `slot`.
+    /// Removes `key` from `space`.
     Delete {
-        /// The key's hash slot.
-        slot: HashSlot,
+        /// The key's space.
+        space: MetaSpace,
         /// The key.
         key: Vec<u8>,
     },
-    /// Removes every key of `slot` (before an import, or when a migrated slot is cleaned from its source).
-    ClearSlot {
-        /// The slot.
-        slot: HashSlot,
+    /// Removes every key of `space` that starts with `prefix` (all of them for an empty prefix: before an
+    /// import, or when a migrated slot is cleaned from its source).
+    Clear {
+        /// The space.
+        space: MetaSpace,
+        /// The prefix of the keys removed.
+        prefix: Vec<u8>,
     },
+    /// Removes every key of every space of `group` (before a snapshot is installed, or when the node's
+    /// replica of the group is destroyed).
+    ClearGroup {
+        /// The group.
+        group: GroupId,
+    },
+}
+
+/// Where this node believes a hash slot lives: the group and the slot's ownership epoch (0 for the
+/// genesis table; every completed migration of the slot adds one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// The group holding the slot.
+    pub group: GroupId,
+    /// The slot's ownership epoch.
+    pub epoch: u64,
 }
 
 /// Changes applied as one atomic write, optionally recording the applied index of a group in the same
@@ -40,6 +126,7 @@ pub struct MetaWriteBatch {
     ops: Vec<MetaOp>,
     applied: Option<(GroupId, u64)>,
     config_epoch: Option<(GroupId, u64)>,
+    placements: Vec<(HashSlot, Placement)>,
 }
 
 impl MetaWriteBatch {
@@ -48,21 +135,32 @@ impl MetaWriteBatch {
         Self::default()
     }
 
-    /// Sets `key` in `slot`.
-    pub fn put(&mut self, slot: HashSlot, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> &mut Self {
-        self.ops.push(MetaOp::Put { slot, key: key.into(), value: value.into() });
+    /// Sets `key` in `space`.
+    pub fn put(&mut self, space: MetaSpace, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> &mut Self {
+        self.ops.push(MetaOp::Put { space, key: key.into(), value: value.into() });
         self
     }
 
-    /// Removes `key` from `slot`.
-    pub fn delete(&mut self, slot: HashSlot, key: impl Into<Vec<u8>>) -> &mut Self {
-        self.ops.push(MetaOp::Delete { slot, key: key.into() });
+    /// Removes `key` from `space`.
+    pub fn delete(&mut self, space: MetaSpace, key: impl Into<Vec<u8>>) -> &mut Self {
+        self.ops.push(MetaOp::Delete { space, key: key.into() });
         self
     }
 
-    /// Removes every key of `slot`; later puts in this batch are kept.
-    pub fn clear_slot(&mut self, slot: HashSlot) -> &mut Self {
-        self.ops.push(MetaOp::ClearSlot { slot });
+    /// Removes every key of `space`; later puts in this batch are kept.
+    pub fn clear(&mut self, space: MetaSpace) -> &mut Self {
+        self.clear_prefix(space, Vec::new())
+    }
+
+    /// Removes every key of `space` starting with `prefix`; later puts in this batch are kept.
+    pub fn clear_prefix(&mut self, space: MetaSpace, prefix: impl Into<Vec<u8>>) -> &mut Self {
+        self.ops.push(MetaOp::Clear { space, prefix: prefix.into() });
+        self
+    }
+
+    /// Removes every key of every space of `group`; later puts in this batch are kept.
+    pub fn clear_group(&mut self, group: GroupId) -> &mut Self {
+        self.ops.push(MetaOp::ClearGroup { group });
         self
     }
 
@@ -79,51 +177,58 @@ impl MetaWriteBatch {
         self
     }
 
+    /// Records that `slot` lives in `placement.group` from `placement.epoch` on — kept only if newer than
+    /// the placement stored (placements only move forward).
+    pub fn place(&mut self, slot: HashSlot, placement: Placement) -> &mut Self {
+        self.placements.push((slot, placement));
+        self
+    }
+
     /// The changes, in order.
     pub fn ops(&self) -> &[MetaOp] {
         &self.ops
     }
 
-    /// `true` if the batch changes nothing and records no index.
+    /// `true` if the batch changes nothing and records nothing.
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty() && self.applied.is_none() && self.config_epoch.is_none()
+        self.ops.is_empty() && self.applied.is_none() && self.config_epoch.is_none() && self.placements.is_empty()
     }
 }
 
 /// A page of a scan: up to the requested number of entries, and where to continue.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MetaPage {
-    /// Keys (without the slot prefix) and values, ascending.
+    /// Keys (without the space prefix) and values, ascending.
     pub entries: Vec<(Vec<u8>, Vec<u8>)>,
     /// Pass as `after` to read the next page; `None` when the scan is complete.
     pub next_after: Option<Vec<u8>>,
 }
 
-/// One exported key of a hash slot.
+/// One exported key.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SlotEntry {
-    /// The key's slot.
-    pub slot: HashSlot,
+pub struct SpaceEntry {
+    /// The key's space.
+    pub space: MetaSpace,
     /// The key.
     pub key: Vec<u8>,
     /// The value.
     pub value: Vec<u8>,
 }
 
-/// A bounded chunk of an export of hash slots.
+/// A bounded chunk of an export.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExportChunk {
-    /// Entries in (slot, key) order.
-    pub entries: Vec<SlotEntry>,
+    /// Entries in (space, key) order.
+    pub entries: Vec<SpaceEntry>,
     /// Where the next chunk starts; `None` when the export is complete.
     pub next: Option<ExportCursor>,
 }
 
-/// Position of an export in progress: the next chunk starts strictly after `(slot, key)`.
+/// Position of an export in progress: the next chunk starts strictly after `(space, key)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExportCursor {
-    /// Slot of the last exported entry.
-    pub slot: HashSlot,
+    /// Space of the last exported entry.
+    pub space: MetaSpace,
     /// Key of the last exported entry.
     pub key: Vec<u8>,
 }
@@ -144,7 +249,7 @@ fn group_key(group: GroupId, tag: Option<u8>) -> Vec<u8> {
     key
 }
 
-/// Keys are read in pages of this many entries when a slot is cleared.
+/// Keys are read in pages of this many entries when a space is cleared or exported.
 const CLEAR_PAGE: usize = 1024;
 
 impl MetaStore {
@@ -153,21 +258,21 @@ impl MetaStore {
         Self { kv }
     }
 
-    /// The value of `key` in `slot`.
-    pub fn get(&self, slot: HashSlot, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
-        self.kv.get(Keyspace::Meta, &slot_key(slot, key))
+    /// The value of `key` in `space`.
+    pub fn get(&self, space: MetaSpace, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
+        self.kv.get(Keyspace::Meta, &space.key(key))
     }
 
-    /// Up to `limit` entries of `slot` whose keys start with `prefix` and sort after `after`.
-    pub fn scan(&self, slot: HashSlot, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> StoreResult<MetaPage> {
-        let full_prefix = slot_key(slot, prefix);
-        let mut range = KeyRange::prefix(&full_prefix);
+    /// Up to `limit` entries of `space` whose keys start with `prefix` and sort after `after`.
+    pub fn scan(&self, space: MetaSpace, prefix: &[u8], after: Option<&[u8]>, limit: usize) -> StoreResult<MetaPage> {
+        let mut range = KeyRange::prefix(&space.key(prefix));
         if let Some(after) = after {
             // Never start before the prefix, whatever `after` is.
-            range.start = range.start.max(successor(&slot_key(slot, after)));
+            range.start = range.start.max(successor(&space.key(after)));
         }
         let pairs = self.kv.scan(Keyspace::Meta, &range, Direction::Forward, limit)?;
-        let entries: Vec<(Vec<u8>, Vec<u8>)> = pairs.into_iter().map(|(k, v)| (k[SLOT_PREFIX..].to_vec(), v)).collect();
+        let entries: Vec<(Vec<u8>, Vec<u8>)> =
+            pairs.into_iter().map(|(k, v)| (k[SPACE_PREFIX..].to_vec(), v)).collect();
         let next_after = (entries.len() == limit && limit > 0).then(|| entries[entries.len() - 1].0.clone());
         Ok(MetaPage { entries, next_after })
     }
@@ -200,37 +305,67 @@ impl MetaStore {
         }
     }
 
+    /// Where this node last learned `slot` lives, `None` if it never recorded one.
+    pub fn placement(&self, slot: HashSlot) -> StoreResult<Option<Placement>> {
+        let key = slot.index().to_be_bytes().to_vec();
+        let Some(bytes) = self.kv.get(Keyspace::Placement, &key)? else { return Ok(None) };
+        decode_placement(&bytes).map(Some).ok_or(StoreError::Corrupt {
+            location: CorruptLocation::Kv { keyspace: Keyspace::Placement, key },
+            detail: "placement is not 12 bytes",
+        })
+    }
+
+    /// Every placement recorded, by slot.
+    pub fn placements(&self) -> StoreResult<Vec<(HashSlot, Placement)>> {
+        HashSlot::all().filter_map(|slot| self.placement(slot).map(|p| p.map(|p| (slot, p))).transpose()).collect()
+    }
+
     /// Applies `batch` atomically. Visible at once; durable after [`MetaStore::sync`].
     pub fn write(&self, batch: &MetaWriteBatch) -> StoreResult<()> {
         let mut kv_batch = KvBatch::new();
-        // Keys put earlier in this batch: a later ClearSlot must remove them too, as stored keys do not
+        // Keys put earlier in this batch: a later clear must remove them too, as stored keys do not
         // include them yet.
         let mut put_here: BTreeSet<Vec<u8>> = BTreeSet::new();
         for op in &batch.ops {
-            match op {
-                MetaOp::Put { slot, key, value } => {
-                    let full = slot_key(*slot, key);
+            let cleared = match op {
+                MetaOp::Put { space, key, value } => {
+                    let full = space.key(key);
                     kv_batch.put(Keyspace::Meta, full.clone(), value);
                     put_here.insert(full);
+                    continue;
                 }
-                MetaOp::Delete { slot, key } => kv_batch.delete(Keyspace::Meta, slot_key(*slot, key)),
-                MetaOp::ClearSlot { slot } => {
-                    self.delete_slot_into(*slot, &mut kv_batch)?;
-                    let prefix = slot.index().to_be_bytes();
-                    let (cleared, kept): (BTreeSet<_>, BTreeSet<_>) =
-                        put_here.into_iter().partition(|k| k.starts_with(&prefix));
-                    for key in cleared {
-                        kv_batch.delete(Keyspace::Meta, key);
-                    }
-                    put_here = kept;
+                MetaOp::Delete { space, key } => {
+                    let full = space.key(key);
+                    put_here.remove(&full);
+                    kv_batch.delete(Keyspace::Meta, full);
+                    continue;
                 }
+                MetaOp::Clear { space, prefix } => space.key(prefix),
+                MetaOp::ClearGroup { group } => group_prefix(*group),
+            };
+            self.delete_prefix_into(&cleared, &mut kv_batch)?;
+            let (gone, kept): (BTreeSet<_>, BTreeSet<_>) = put_here.into_iter().partition(|k| k.starts_with(&cleared));
+            for key in gone {
+                kv_batch.delete(Keyspace::Meta, key);
             }
+            put_here = kept;
         }
         if let Some((group, index)) = batch.applied {
             kv_batch.put(Keyspace::Applied, group_key(group, None), &index.to_le_bytes());
         }
         if let Some((group, epoch)) = batch.config_epoch {
             kv_batch.put(Keyspace::Applied, group_key(group, Some(CONFIG_EPOCH_TAG)), &epoch.to_le_bytes());
+        }
+        let mut placed: Vec<(HashSlot, Placement)> = Vec::new();
+        for (slot, placement) in &batch.placements {
+            let current = match placed.iter().rev().find(|(s, _)| s == slot) {
+                Some((_, p)) => Some(*p),
+                None => self.placement(*slot)?,
+            };
+            if current.is_none_or(|c| placement.epoch > c.epoch) {
+                placed.push((*slot, *placement));
+                kv_batch.put(Keyspace::Placement, slot.index().to_be_bytes().to_vec(), &encode_placement(placement));
+            }
         }
         self.kv.apply(kv_batch)
     }
@@ -240,43 +375,66 @@ impl MetaStore {
         self.kv.sync()
     }
 
-    /// Exports `slots` (ascending) in chunks of at most `max_bytes` of keys and values (at least one entry
-    /// per chunk), starting after `cursor`.
-    pub fn export_slots(
+    /// Exports every space of `group` in chunks of at most `max_bytes` of keys and values (at least one
+    /// entry per chunk), starting after `cursor`.
+    pub fn export_group(
         &self,
-        slots: &[HashSlot],
+        group: GroupId,
         cursor: Option<&ExportCursor>,
         max_bytes: usize,
     ) -> StoreResult<ExportChunk> {
-        let mut slots = slots.to_vec();
-        slots.sort_unstable();
-        slots.dedup();
-        let mut chunk = ExportChunk::default();
-        let mut bytes = 0usize;
-        for slot in slots.into_iter().filter(|s| cursor.is_none_or(|c| *s >= c.slot)) {
-            let mut after = cursor.filter(|c| c.slot == slot).map(|c| c.key.clone());
-            loop {
-                let page = self.scan(slot, b"", after.as_deref(), CLEAR_PAGE)?;
-                for (key, value) in page.entries {
-                    if bytes >= max_bytes && !chunk.entries.is_empty() {
-                        let last = chunk.entries.last().map(|e| ExportCursor { slot: e.slot, key: e.key.clone() });
-                        chunk.next = last;
-                        return Ok(chunk);
-                    }
-                    bytes += key.len() + value.len();
-                    chunk.entries.push(SlotEntry { slot, key, value });
-                }
-                match page.next_after {
-                    Some(next) => after = Some(next),
-                    None => break,
-                }
-            }
-        }
-        Ok(chunk)
+        self.export_prefix(&group_prefix(group), cursor, max_bytes)
     }
 
-    fn delete_slot_into(&self, slot: HashSlot, batch: &mut KvBatch) -> StoreResult<()> {
-        let mut range = KeyRange::prefix(&slot_key(slot, b""));
+    /// Exports `space` in chunks of at most `max_bytes` (at least one entry per chunk), after `cursor`.
+    pub fn export_space(
+        &self,
+        space: MetaSpace,
+        cursor: Option<&ExportCursor>,
+        max_bytes: usize,
+    ) -> StoreResult<ExportChunk> {
+        self.export_prefix(&space.prefix(), cursor, max_bytes)
+    }
+
+    fn export_prefix(
+        &self,
+        prefix: &[u8],
+        cursor: Option<&ExportCursor>,
+        max_bytes: usize,
+    ) -> StoreResult<ExportChunk> {
+        let mut range = KeyRange::prefix(prefix);
+        if let Some(cursor) = cursor {
+            range.start = range.start.max(successor(&cursor.space.key(&cursor.key)));
+        }
+        let mut chunk = ExportChunk::default();
+        let mut bytes = 0usize;
+        loop {
+            let pairs = self.kv.scan(Keyspace::Meta, &range, Direction::Forward, CLEAR_PAGE)?;
+            let done = pairs.len() < CLEAR_PAGE;
+            for (full, value) in pairs {
+                range.start = successor(&full);
+                let Some((space, key)) = MetaSpace::split(&full) else {
+                    return Err(StoreError::Corrupt {
+                        location: CorruptLocation::Kv { keyspace: Keyspace::Meta, key: full },
+                        detail: "metadata key without a space prefix",
+                    });
+                };
+                if bytes >= max_bytes && !chunk.entries.is_empty() {
+                    let last = chunk.entries.last().map(|e| ExportCursor { space: e.space, key: e.key.clone() });
+                    chunk.next = last;
+                    return Ok(chunk);
+                }
+                bytes += key.len() + value.len();
+                chunk.entries.push(SpaceEntry { space, key: key.to_vec(), value });
+            }
+            if done {
+                return Ok(chunk);
+            }
+        }
+    }
+
+    fn delete_prefix_into(&self, prefix: &[u8], batch: &mut KvBatch) -> StoreResult<()> {
+        let mut range = KeyRange::prefix(prefix);
         loop {
             let pairs: Vec<KvPair> = self.kv.scan_sealed(Keyspace::Meta, &range, Direction::Forward, CLEAR_PAGE)?;
             let Some((last, _)) = pairs.last() else { return Ok(()) };
@@ -292,15 +450,6 @@ impl MetaStore {
     }
 }
 
-const SLOT_PREFIX: usize = 2;
-
-fn slot_key(slot: HashSlot, key: &[u8]) -> Vec<u8> {
-    let mut full = Vec::with_capacity(SLOT_PREFIX + key.len());
-    full.extend_from_slice(&slot.index().to_be_bytes());
-    full.extend_from_slice(key);
-    full
-}
-
 /// The smallest key greater than `key`.
 fn successor(key: &[u8]) -> Vec<u8> {
     let mut next = key.to_vec();
@@ -312,13 +461,30 @@ fn decode_u64(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.try_into().ok()?))
 }
 
+fn encode_placement(placement: &Placement) -> [u8; 12] {
+    let mut bytes = [0u8; 12];
+    bytes[..4].copy_from_slice(&placement.group.get().to_le_bytes());
+    bytes[4..].copy_from_slice(&placement.epoch.to_le_bytes());
+    bytes
+}
+
+fn decode_placement(bytes: &[u8]) -> Option<Placement> {
+    if bytes.len() != 12 {
+        return None;
+    }
+    let group = GroupId::new(u32::from_le_bytes(bytes[..4].try_into().ok()?));
+    Some(Placement { group, epoch: decode_u64(&bytes[4..])? })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kv::{FailOp, MemoryKv};
 
-    fn slot(i: u16) -> HashSlot {
-        HashSlot::new(i).unwrap()
+    const G: GroupId = GroupId::new(1);
+
+    fn slot(i: u16) -> MetaSpace {
+        MetaSpace::slot(G, HashSlot::new(i).unwrap())
     }
 
     #[test]
@@ -326,7 +492,7 @@ mod tests {
         let kv = Arc::new(MemoryKv::new());
         let store = MetaStore::new(kv.clone());
         let mut batch = MetaWriteBatch::new();
-        batch.put(slot(1), "a", "1").put(slot(2), "b", "2").set_applied(GroupId::new(1), 5);
+        batch.put(slot(1), "a", "1").put(slot(2), "b", "2").set_applied(G, 5);
         kv.fail(FailOp::Apply, 0, 1);
         assert!(store.write(&batch).is_err());
         assert_eq!(store.get(slot(1), b"a").unwrap(), None);
@@ -361,7 +527,7 @@ mod tests {
     }
 
     #[test]
-    fn clear_slot_then_import_replaces_a_slot() {
+    fn clear_then_import_replaces_a_space() {
         let store = MetaStore::new(Arc::new(MemoryKv::new()));
         let mut batch = MetaWriteBatch::new();
         for i in 0..3000u32 {
@@ -370,7 +536,7 @@ mod tests {
         batch.put(slot(8), "keep", "x");
         store.write(&batch).unwrap();
         let mut import = MetaWriteBatch::new();
-        import.clear_slot(slot(7)).put(slot(7), "new", "y");
+        import.clear(slot(7)).put(slot(7), "new", "y");
         store.write(&import).unwrap();
         let page = store.scan(slot(7), b"", None, 10).unwrap();
         assert_eq!(page.entries, vec![(b"new".to_vec(), b"y".to_vec())]);
@@ -380,23 +546,27 @@ mod tests {
     #[test]
     fn export_in_bounded_chunks_round_trips() {
         let source = MetaStore::new(Arc::new(MemoryKv::new()));
+        let other = GroupId::new(2);
         let mut batch = MetaWriteBatch::new();
         for s in [1u16, 5, 9] {
             for i in 0..50u8 {
                 batch.put(slot(s), vec![i], vec![u8::try_from(s).unwrap(); 20]);
             }
         }
+        batch.put(MetaSpace::group_records(G), "intent", "i");
+        batch.put(MetaSpace::slot(other, HashSlot::new(5).unwrap()), "theirs", "t");
         source.write(&batch).unwrap();
         let target = MetaStore::new(Arc::new(MemoryKv::new()));
         let mut cursor = None;
         let mut chunks = 0;
         loop {
-            let chunk = source.export_slots(&[slot(9), slot(1)], cursor.as_ref(), 300).unwrap();
+            let chunk = source.export_group(G, cursor.as_ref(), 300).unwrap();
             let bytes: usize = chunk.entries.iter().map(|e| e.key.len() + e.value.len()).sum();
             assert!(bytes <= 300 + 21, "chunk of {bytes} bytes");
             let mut import = MetaWriteBatch::new();
             for e in &chunk.entries {
-                import.put(e.slot, e.key.clone(), e.value.clone());
+                assert_eq!(e.space.group(), G, "another group's key exported");
+                import.put(e.space, e.key.clone(), e.value.clone());
             }
             target.write(&import).unwrap();
             chunks += 1;
@@ -406,9 +576,47 @@ mod tests {
             }
         }
         assert!(chunks > 2);
-        for s in [1u16, 9] {
+        for s in [1u16, 5, 9] {
             assert_eq!(target.scan(slot(s), b"", None, 100).unwrap().entries.len(), 50);
         }
-        assert!(target.scan(slot(5), b"", None, 100).unwrap().entries.is_empty());
+        assert_eq!(target.get(MetaSpace::group_records(G), b"intent").unwrap(), Some(b"i".to_vec()));
+        let one = source.export_space(slot(5), None, usize::MAX).unwrap();
+        assert_eq!(one.entries.len(), 50);
+        assert!(one.next.is_none());
+    }
+
+    #[test]
+    fn two_groups_copies_of_a_slot_never_touch() {
+        let store = MetaStore::new(Arc::new(MemoryKv::new()));
+        let s = HashSlot::new(3).unwrap();
+        let (a, b) = (MetaSpace::slot(G, s), MetaSpace::slot(GroupId::new(2), s));
+        let mut batch = MetaWriteBatch::new();
+        batch.put(a, "k", "from a").put(b, "k", "from b");
+        store.write(&batch).unwrap();
+        let mut clear = MetaWriteBatch::new();
+        clear.clear(a);
+        store.write(&clear).unwrap();
+        assert_eq!(store.get(a, b"k").unwrap(), None);
+        assert_eq!(store.get(b, b"k").unwrap(), Some(b"from b".to_vec()));
+        let mut clear = MetaWriteBatch::new();
+        clear.clear_group(GroupId::new(2)).put(b, "again", "x");
+        store.write(&clear).unwrap();
+        assert_eq!(store.scan(b, b"", None, 10).unwrap().entries, vec![(b"again".to_vec(), b"x".to_vec())]);
+    }
+
+    #[test]
+    fn placements_only_move_forward() {
+        let store = MetaStore::new(Arc::new(MemoryKv::new()));
+        let s = HashSlot::new(9).unwrap();
+        let at = |group: u32, epoch: u64| Placement { group: GroupId::new(group), epoch };
+        let mut batch = MetaWriteBatch::new();
+        batch.place(s, at(1, 0)).place(s, at(2, 1));
+        store.write(&batch).unwrap();
+        assert_eq!(store.placement(s).unwrap(), Some(at(2, 1)));
+        let mut stale = MetaWriteBatch::new();
+        stale.place(s, at(1, 1)).place(s, at(3, 0));
+        store.write(&stale).unwrap();
+        assert_eq!(store.placement(s).unwrap(), Some(at(2, 1)));
+        assert_eq!(store.placements().unwrap(), vec![(s, at(2, 1))]);
     }
 }

@@ -7,7 +7,7 @@
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tidings_store::{Kv, MemoryKv, MetaStore, MetaWriteBatch, SledKv};
+use tidings_store::{Kv, MemoryKv, MetaSpace, MetaStore, MetaWriteBatch, SledKv};
 use tidings_types::{GroupId, HashSlot};
 
 const SLOTS: u16 = 3;
@@ -43,8 +43,8 @@ fn op() -> impl Strategy<Value = Op> {
 /// Model state: every (slot, key) → value, plus the applied index.
 type State = (BTreeMap<(u16, u8), Vec<u8>>, u64);
 
-fn slot(i: u16) -> HashSlot {
-    HashSlot::new(i).unwrap()
+fn slot(i: u16) -> MetaSpace {
+    MetaSpace::slot(GROUP, HashSlot::new(i).unwrap())
 }
 
 fn apply_model(state: &State, changes: &[Change]) -> State {
@@ -84,7 +84,7 @@ fn to_batch(changes: &[Change], applied: u64) -> MetaWriteBatch {
         match change {
             Change::Put(s, k, v) => batch.put(slot(*s), vec![*k], v.clone()),
             Change::Delete(s, k) => batch.delete(slot(*s), vec![*k]),
-            Change::Clear(s) => batch.clear_slot(slot(*s)),
+            Change::Clear(s) => batch.clear(slot(*s)),
         };
     }
     batch.set_applied(GROUP, applied);

@@ -169,7 +169,7 @@ struct Task {
 /// Where the repair loop is in its walk over the slots this node's groups own.
 #[derive(Debug, Default)]
 struct RepairScan {
-    slots: Vec<HashSlot>,
+    slots: Vec<(GroupId, HashSlot)>,
     index: usize,
     cursor: Option<Vec<u8>>,
     active: bool,
@@ -862,7 +862,8 @@ impl Controller {
         if !self.scan.active {
             let table = slot.table();
             let led: Vec<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
-            self.scan.slots = led.iter().flat_map(|g| table.slots_of(*g).collect::<Vec<_>>()).collect();
+            self.scan.slots =
+                led.iter().flat_map(|g| table.slots_of(*g).map(|s| (*g, s)).collect::<Vec<_>>()).collect();
             self.scan.index = 0;
             self.scan.cursor = None;
             self.scan.active = true;
@@ -870,7 +871,7 @@ impl Controller {
             self.scan.drain_left.clear();
             self.scan.drain_groups.clear();
             for group in led {
-                let draining = match reader.group_intent(&table, group) {
+                let draining = match reader.group_intent(group) {
                     Ok(intent) => intent.map(|i| i.draining).unwrap_or_default(),
                     Err(error) => {
                         tracing::warn!(%error, %group, "repair: cannot read the group's intent");
@@ -889,8 +890,8 @@ impl Controller {
         }
         let mut budget = self.config.repair_page;
         while budget > 0 && self.tasks.len() < self.config.tasks_max {
-            let Some(hash_slot) = self.scan.slots.get(self.scan.index).copied() else { break };
-            let page = match reader.runtime_metas(hash_slot, self.scan.cursor.as_deref(), budget) {
+            let Some((group, hash_slot)) = self.scan.slots.get(self.scan.index).copied() else { break };
+            let page = match reader.runtime_metas(group, hash_slot, self.scan.cursor.as_deref(), budget) {
                 Ok(page) => page,
                 Err(error) => {
                     tracing::warn!(%error, slot = %hash_slot, "repair: cannot read runtime metas; slot skipped");

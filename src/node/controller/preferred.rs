@@ -8,7 +8,6 @@
 use super::membership::{next_step, ClusterView, MembershipStep};
 use super::ControllerConfig;
 use std::collections::BTreeMap;
-use tidings_router::HashToSlot;
 use tidings_slot::command::Command;
 use tidings_slot::model::GroupIntent;
 use tidings_slot::query::SlotReader;
@@ -125,8 +124,6 @@ pub(crate) struct NodeView<'a> {
     pub(crate) me: NodeId,
     /// Its slot metadata.
     pub(crate) reader: &'a SlotReader,
-    /// The hash-slot table in force.
-    pub(crate) table: &'a HashToSlot,
     /// Every node of the cluster, and the ones the failure detector holds down.
     pub(crate) cluster: ClusterView<'a>,
 }
@@ -152,7 +149,7 @@ impl PreferredLeaders {
 
     /// One pass, if due.
     pub(crate) fn tick(&mut self, now: Time, config: &ControllerConfig, slot: &mut MultiRaft, view: &NodeView<'_>) {
-        let NodeView { me, reader, table, cluster } = *view;
+        let NodeView { me, reader, cluster } = *view;
         if now < self.next_at {
             return;
         }
@@ -161,7 +158,7 @@ impl PreferredLeaders {
         self.decisions.retain(|g, _| led.contains(g));
         for group in led {
             let Some(status) = slot.status(group) else { continue };
-            let intent = match reader.group_intent(table, group) {
+            let intent = match reader.group_intent(group) {
                 Ok(intent) => intent,
                 Err(error) => {
                     tracing::warn!(%error, %group, "reconcile: cannot read the group's intent");
@@ -176,7 +173,7 @@ impl PreferredLeaders {
                     self.cooldown_until.insert(group, now + config.transfer_cooldown);
                 }
                 Reconcile::Membership(step) => {
-                    take_step(now, slot, table, group, step);
+                    take_step(now, slot, group, step);
                     // A move goes step by step: look again soon rather than a whole interval later.
                     self.next_at = self.next_at.min(now + MEMBERSHIP_RECHECK);
                 }
@@ -192,7 +189,7 @@ const MEMBERSHIP_RECHECK: std::time::Duration = std::time::Duration::from_millis
 
 /// Carries out a membership step on this node, the group's leader. Nothing here waits: the next pass
 /// sees the effect in the raft status, or proposes again if raft-rs dropped the change.
-fn take_step(now: Time, slot: &mut MultiRaft, table: &HashToSlot, group: GroupId, step: &MembershipStep) {
+fn take_step(now: Time, slot: &mut MultiRaft, group: GroupId, step: &MembershipStep) {
     if let Some(change) = step.change() {
         match slot.change_membership(now, group, &change) {
             Ok(()) => tracing::info!(%group, ?change, "reconcile: membership change proposed"),
@@ -205,12 +202,11 @@ fn take_step(now: Time, slot: &mut MultiRaft, table: &HashToSlot, group: GroupId
             tracing::info!(%group, %to, "reconcile: leaving voter hands its leadership over");
         }
         MembershipStep::CommitAssignment | MembershipStep::StartDrainMove { .. } => {
-            let Some(route) = tidings_slot::command::group_intent_route(table, group) else { return };
             // The FSM checks each against the intent and the membership in force at the entry; a refusal
             // changes nothing.
             let command = match *step {
-                MembershipStep::StartDrainMove { from, to } => Command::MoveGroupReplica { route, group, from, to },
-                _ => Command::CommitGroupConfig { route, group },
+                MembershipStep::StartDrainMove { from, to } => Command::MoveGroupReplica { group, from, to },
+                _ => Command::CommitGroupConfig { group },
             };
             if let Err(error) = slot.propose(now, &command) {
                 tracing::warn!(%error, %group, ?step, "reconcile: intent change not proposed");

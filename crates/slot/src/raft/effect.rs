@@ -120,6 +120,14 @@ pub enum SlotEffect {
         /// Leader, term, members.
         observation: GroupObservation,
     },
+    /// A hash slot's placement moved forward (a migration step applied or a snapshot installed here):
+    /// route the slot to `placement.group` from now on.
+    SlotPlaced {
+        /// The slot.
+        slot: tidings_types::HashSlot,
+        /// Where it lives now, and its ownership epoch.
+        placement: tidings_store::Placement,
+    },
     /// This node left `group` (a membership change removed it): its replica was destroyed.
     GroupRemoved {
         /// The group.

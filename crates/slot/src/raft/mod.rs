@@ -50,8 +50,8 @@ use snapshot::{Reassembly, SlotSnapshots};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use tidings_router::{GroupObservation, HashToSlot};
-use tidings_store::{GroupStorage, MetaStore, RaftLogBatch, RaftLogStore, StoreError};
-use tidings_types::{ConfigEpoch, DetRng, GroupId, NodeId, Term, Time};
+use tidings_store::{GroupStorage, MetaStore, Placement, RaftLogBatch, RaftLogStore, StoreError};
+use tidings_types::{ConfigEpoch, DetRng, GroupId, HashSlot, NodeId, Term, Time};
 
 /// What raft status shows of one group on this node (for operators and the controller).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -162,6 +162,9 @@ pub struct MultiRaft {
     last_tick: Time,
     logs: Arc<RaftLogStore>,
     meta: MetaStore,
+    /// The table the cluster was built with: the FSMs decide slot ownership from it and their records.
+    genesis: Arc<HashToSlot>,
+    /// The table this node routes with: the genesis table plus every slot migration it learned of.
     table: Arc<RwLock<Arc<HashToSlot>>>,
     groups: BTreeMap<GroupId, Group>,
     effects: VecDeque<SlotEffect>,
@@ -198,6 +201,19 @@ pub struct MultiRaft {
     next_member_check: Time,
 }
 
+/// The genesis table moved forward by every placement the store recorded (and the genesis placements
+/// recorded where none is, so local reads find every slot).
+fn learned_table(meta: &MetaStore, genesis: &HashToSlot) -> Result<HashToSlot, StoreError> {
+    crate::fsm::migration::seed_placements(meta, genesis)?;
+    let mut table = genesis.clone();
+    for (slot, placement) in meta.placements()? {
+        if let Some(next) = table.with_owner(slot, placement.group, placement.epoch) {
+            table = next;
+        }
+    }
+    Ok(table)
+}
+
 /// Most proposals in one batch entry (the entry's bytes are bounded by `proposal_bytes_max` too).
 const BATCH_PROPOSALS_MAX: usize = 256;
 
@@ -222,11 +238,12 @@ impl MultiRaft {
         groups: &[(GroupId, Vec<NodeId>)],
         now: Time,
     ) -> Result<Self, StoreError> {
-        let table = Arc::new(RwLock::new(Arc::new(table)));
+        let genesis = Arc::new(table);
+        let learned = learned_table(&meta, &genesis)?;
+        let table = Arc::new(RwLock::new(Arc::new(learned)));
         logs.set_snapshot_source(Arc::new(SlotSnapshots {
             meta: meta.clone(),
             logs: Arc::downgrade(&logs),
-            table: Arc::clone(&table),
             bytes_max: config.reassembly_bytes_max,
         }));
         let reassembly = Reassembly::new(config.reassembly_bytes_max, config.reassemblies_max);
@@ -235,6 +252,7 @@ impl MultiRaft {
             last_tick: now,
             logs,
             meta,
+            genesis,
             table,
             groups: BTreeMap::new(),
             effects: VecDeque::new(),
@@ -307,14 +325,28 @@ impl MultiRaft {
         self.groups.keys().copied()
     }
 
-    /// The hash-slot table the FSMs check commands against.
+    /// The hash-slot table this node routes with: the genesis table plus every migration learned.
     pub fn table(&self) -> Arc<HashToSlot> {
         Arc::clone(&self.table.read())
     }
 
-    /// Replaces the hash-slot table (after a hash-slot migration committed it).
-    pub fn set_table(&mut self, table: HashToSlot) {
-        *self.table.write() = Arc::new(table);
+    /// The hash-slot table the cluster was built with (the FSMs' default ownership).
+    pub fn genesis(&self) -> &HashToSlot {
+        &self.genesis
+    }
+
+    /// Learns that `slot` lives in `placement.group` from `placement.epoch` on (a group's stale-route
+    /// answer, or a migration applied here): routes and local reads follow it, also after a restart.
+    /// `false` if this node knew that epoch or a later one already.
+    pub fn learn_slot_owner(&mut self, slot: HashSlot, placement: Placement) -> bool {
+        let Some(next) = self.table.read().with_owner(slot, placement.group, placement.epoch) else { return false };
+        *self.table.write() = Arc::new(next);
+        let mut batch = tidings_store::MetaWriteBatch::new();
+        batch.place(slot, placement);
+        if let Err(error) = self.meta.write(&batch) {
+            tracing::warn!(%error, %slot, "cannot record a slot placement (kept in memory)");
+        }
+        true
     }
 
     /// The leader this node knows for `group`.
@@ -421,8 +453,7 @@ impl MultiRaft {
 
     /// Routes and encodes a command, checking its size and the group's pending bound.
     fn prepare(&self, command: &Command) -> Result<(GroupId, Vec<u8>), ProposeError> {
-        let slot = tidings_router::hash_slot(command.routing_key().bytes());
-        let group = self.table.read().group_of(slot);
+        let group = command.group_under(&self.table.read());
         self.prepare_in(group, command)
     }
 
@@ -669,7 +700,7 @@ impl MultiRaft {
             message.get_msg_type(),
             MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
         );
-        let known = self.table.read().groups().any(|g| g == group);
+        let known = self.genesis.groups().any(|g| g == group);
         if !from_leader || !known || self.groups.len() >= self.config.groups_max || message.term == 0 {
             return false;
         }
@@ -734,9 +765,7 @@ impl MultiRaft {
             let Some(g) = self.groups.remove(&group) else { continue };
             let epoch = g.config_epoch;
             let mut batch = tidings_store::MetaWriteBatch::new();
-            for slot in self.table.read().slots_of(group) {
-                batch.clear_slot(slot);
-            }
+            batch.clear_group(group);
             let destroyed = self
                 .meta
                 .write(&batch)
@@ -893,7 +922,7 @@ impl MultiRaft {
     }
 
     fn process_ready(&mut self, id: GroupId) -> Result<(), StoreError> {
-        let table = self.table();
+        let table = Arc::clone(&self.genesis);
         let group = self.groups.get_mut(&id).expect("group exists");
         let mut ready = group.raw.ready();
         let messages = ready.take_messages();
@@ -902,8 +931,11 @@ impl MultiRaft {
         let snapshot_index = (!snapshot.is_empty()).then(|| snapshot.get_metadata().index);
         if !snapshot.is_empty() {
             let index = snapshot.get_metadata().index;
-            match snapshot::install(&self.meta, &table, id, index, &snapshot.data) {
-                Ok(config_epoch) => group.config_epoch = config_epoch,
+            match snapshot::install(&self.meta, id, index, &snapshot.data) {
+                Ok(installed) => {
+                    group.config_epoch = installed.config_epoch;
+                    self.placed(installed.placements);
+                }
                 Err(error) => tracing::error!(%error, group = %id, "snapshot install failed"),
             }
             batch.apply_snapshot(id, snapshot.get_metadata().clone());
@@ -1039,11 +1071,14 @@ impl MultiRaft {
         }
         let group = self.groups.get_mut(&id).expect("group exists");
         let conf = group.conf();
-        let (outcomes, metas) = group.fsm.apply_in(table, &conf, record_config_epoch, &commands)?;
+        let applied = group.fsm.apply_in(table, &conf, record_config_epoch, &commands)?;
         let leader = group.raw.raft.state == StateRole::Leader;
-        for meta in metas {
+        for meta in applied.metas {
             self.effects.push_back(SlotEffect::MetaChanged { group: id, meta, leader });
         }
+        self.placed(applied.placements);
+        let outcomes = applied.outcomes;
+        let group = self.groups.get_mut(&id).expect("group exists");
         let last = entries.last().map(|e| e.index);
         let mut forwarded = Vec::new();
         let mut local = Vec::new();
@@ -1065,6 +1100,17 @@ impl MultiRaft {
             self.send(origin, id, SlotBody::ForwardDone { id: pid, outcome });
         }
         Ok(())
+    }
+
+    /// Routes by slot placements the store recorded (applied or installed here): the table moves forward and
+    /// the node hears of it.
+    fn placed(&mut self, placements: Vec<(HashSlot, Placement)>) {
+        for (slot, placement) in placements {
+            if let Some(next) = self.table.read().with_owner(slot, placement.group, placement.epoch) {
+                *self.table.write() = Arc::new(next);
+            }
+            self.effects.push_back(SlotEffect::SlotPlaced { slot, placement });
+        }
     }
 
     /// Applies a membership change entry to raft-rs and the stored configuration. Every such entry sets the

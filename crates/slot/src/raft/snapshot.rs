@@ -1,14 +1,12 @@
 //! Snapshots of a slot group (an export of its hash slots at its applied index) and the reassembly of
 //! raft messages sent in chunks.
 
-use parking_lot::RwLock;
 use raft::prelude::Snapshot;
 use raft::Storage;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Weak};
-use tidings_router::HashToSlot;
-use tidings_store::{MetaStore, MetaWriteBatch, RaftLogStore, SnapshotSource, StoreResult};
+use std::sync::Weak;
+use tidings_store::{MetaSpace, MetaStore, MetaWriteBatch, Placement, RaftLogStore, SnapshotSource, StoreResult};
 use tidings_types::{GroupId, HashSlot, NodeId, Time};
 
 /// The data of a slot-group snapshot.
@@ -16,14 +14,14 @@ use tidings_types::{GroupId, HashSlot, NodeId, Time};
 pub(crate) struct SnapshotData {
     /// The group's configuration epoch at the snapshot's index.
     pub(crate) config_epoch: u64,
-    pub(crate) entries: Vec<(HashSlot, Vec<u8>, Vec<u8>)>,
+    /// Every key of the group: its copy of a hash slot (`Some`) or its own records (`None`).
+    pub(crate) entries: Vec<(Option<HashSlot>, Vec<u8>, Vec<u8>)>,
 }
 
 /// Builds snapshots for raft-rs from the metadata store.
 pub(crate) struct SlotSnapshots {
     pub(crate) meta: MetaStore,
     pub(crate) logs: Weak<RaftLogStore>,
-    pub(crate) table: Arc<RwLock<Arc<HashToSlot>>>,
     pub(crate) bytes_max: usize,
 }
 
@@ -38,15 +36,14 @@ impl SnapshotSource for SlotSnapshots {
         }
         let storage = logs.group(group)?;
         let (Ok(term), Ok(state)) = (storage.term(applied), storage.initial_state()) else { return Ok(None) };
-        let slots: Vec<HashSlot> = self.table.read().slots_of(group).collect();
         let mut data = SnapshotData { config_epoch: self.meta.config_epoch(group)?, ..Default::default() };
         let mut bytes = 0usize;
         let mut cursor = None;
         loop {
-            let chunk = self.meta.export_slots(&slots, cursor.as_ref(), EXPORT_CHUNK)?;
+            let chunk = self.meta.export_group(group, cursor.as_ref(), EXPORT_CHUNK)?;
             for entry in chunk.entries {
                 bytes += entry.key.len() + entry.value.len();
-                data.entries.push((entry.slot, entry.key, entry.value));
+                data.entries.push((entry.space.hash_slot(), entry.key, entry.value));
             }
             if bytes > self.bytes_max {
                 // Larger than any receiver reassembles: sending it cannot help. The follower stays behind,
@@ -70,29 +67,37 @@ impl SnapshotSource for SlotSnapshots {
     }
 }
 
-/// Writes a received snapshot's data over the group's hash slots, with its applied index and configuration
-/// epoch, atomically. Returns the configuration epoch.
-pub(crate) fn install(
-    meta: &MetaStore,
-    table: &HashToSlot,
-    group: GroupId,
-    index: u64,
-    data: &[u8],
-) -> Result<u64, InstallError> {
+/// What installing a snapshot changed besides the data.
+pub(crate) struct Installed {
+    /// The group's configuration epoch at the snapshot.
+    pub(crate) config_epoch: u64,
+    /// Slot placements the group's records in the snapshot imply.
+    pub(crate) placements: Vec<(HashSlot, Placement)>,
+}
+
+/// Writes a received snapshot's data over everything the node held of the group, with its applied index,
+/// configuration epoch and the slot placements its records imply, atomically.
+pub(crate) fn install(meta: &MetaStore, group: GroupId, index: u64, data: &[u8]) -> Result<Installed, InstallError> {
     let data: SnapshotData = postcard::from_bytes(data).map_err(|_| InstallError::Malformed)?;
     let mut batch = MetaWriteBatch::new();
-    for slot in table.slots_of(group) {
-        batch.clear_slot(slot);
-    }
+    batch.clear_group(group);
+    let mut placements = Vec::new();
     for (slot, key, value) in data.entries {
-        if table.group_of(slot) != group {
-            return Err(InstallError::ForeignSlot(slot));
-        }
-        batch.put(slot, key, value);
+        let space = match slot {
+            Some(slot) => MetaSpace::slot(group, slot),
+            None => {
+                placements.extend(crate::fsm::migration::placement_in_record(group, &key, &value));
+                MetaSpace::group_records(group)
+            }
+        };
+        batch.put(space, key, value);
+    }
+    for (slot, placement) in &placements {
+        batch.place(*slot, *placement);
     }
     batch.set_applied(group, index).set_config_epoch(group, data.config_epoch);
     meta.write(&batch).map_err(InstallError::Store)?;
-    Ok(data.config_epoch)
+    Ok(Installed { config_epoch: data.config_epoch, placements })
 }
 
 /// Why a snapshot could not be installed.
@@ -100,8 +105,6 @@ pub(crate) fn install(
 pub(crate) enum InstallError {
     #[error("snapshot data does not decode")]
     Malformed,
-    #[error("snapshot holds {0}, which this group does not own")]
-    ForeignSlot(HashSlot),
     #[error(transparent)]
     Store(tidings_store::StoreError),
 }

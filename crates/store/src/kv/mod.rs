@@ -21,8 +21,10 @@ use crate::error::{CorruptLocation, StoreError, StoreResult};
 #[repr(u8)]
 #[non_exhaustive]
 pub enum Keyspace {
-    /// Slot metadata, keyed by hash slot then the metadata key.
+    /// Slot metadata, keyed by slot group, then hash slot (or the group's own records), then the key.
     Meta = b'm',
+    /// Which slot group holds each hash slot, as far as this node knows, with the slot's ownership epoch.
+    Placement = b'o',
     /// Applied index of each slot group.
     Applied = b'a',
     /// Raft log entries, keyed by group then index.

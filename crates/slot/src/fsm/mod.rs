@@ -1,18 +1,24 @@
 //! The slot FSM: applies committed commands of one slot group to the metadata store, a whole batch plus
 //! the group's new applied index in ONE atomic write.
 //!
-//! Every command is checked against the hash-slot table first: a command whose slot does not belong to
-//! this group is refused (typed, deterministic), so a write routed with a stale table never lands in the
-//! wrong group. Expected races — a create of an existing key, a compare-and-set on an older version — are
+//! Every command of a hash slot is checked against the group's own record of the slot first (the genesis
+//! table for slots that never migrated, see [`migration`]): a command whose slot this group does not
+//! serve is refused (typed, deterministic, with the owner to go to), so a write routed with a stale table
+//! never lands in the wrong group, whatever table the node has learned. Expected races — a create of an existing key, a compare-and-set on an older version — are
 //! deterministic [`Outcome`]s, identical on every replica, never failures of the group.
 
-use crate::command::{Command, DecodeError, MemberList};
+mod intent;
+pub mod migration;
+
+use crate::command::{Command, CommandScope, DecodeError, MemberList};
 use crate::keys::{Key, Kind};
-use crate::model::{GroupIntent, SwitchProof};
+use crate::model::{GroupIntent, SlotMigrationStep, SlotRecord, SlotState, SwitchProof};
+use intent::{change_intent, IntentChange};
+use migration::SlotMigrationError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tidings_router::{hash_slot, HashToSlot};
-use tidings_store::{MetaStore, MetaWriteBatch, StoreResult};
+use tidings_store::{MetaSpace, MetaStore, MetaWriteBatch, Placement, StoreResult};
 use tidings_types::{ChannelRuntimeMeta, ConfigEpoch, GroupId, HashSlot, MetaError, NodeId};
 
 /// Limits the FSM enforces on commands.
@@ -55,14 +61,36 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Refusal {
-    /// The command's hash slot belongs to another group under the current table.
+    /// This group does not serve the command's hash slot (and never did, or is still receiving it).
     #[error("{slot} belongs to {owner}, not to this group")]
     WrongSlot {
         /// The command's slot.
         slot: HashSlot,
-        /// The group that owns it.
+        /// The group to ask instead (as far as this group knows).
         owner: GroupId,
     },
+    /// The command's hash slot migrated to `owner` at ownership epoch `epoch`: a stale route. Learn the
+    /// owner and send the command there.
+    #[error("{slot} moved to {owner} at epoch {epoch}")]
+    SlotMoved {
+        /// The command's slot.
+        slot: HashSlot,
+        /// The group that owns it now.
+        owner: GroupId,
+        /// The slot's ownership epoch at `owner`.
+        epoch: u64,
+    },
+    /// The command's hash slot is fenced for the last moments of its migration to `to`: retry shortly.
+    #[error("{slot} is fenced while it migrates to {to}: retry")]
+    SlotFenced {
+        /// The command's slot.
+        slot: HashSlot,
+        /// The group it is moving to.
+        to: GroupId,
+    },
+    /// A step of a hash-slot migration that does not fit.
+    #[error("slot migration step refused: {0}")]
+    Migration(SlotMigrationError),
     /// The entry does not decode as a command.
     #[error(transparent)]
     Decode(#[from] DecodeError),
@@ -88,6 +116,12 @@ pub enum Refusal {
     /// A leader switch without a valid proof.
     #[error("leader switch refused: {0}")]
     BadProof(ProofError),
+    /// A group-level command for another group.
+    #[error("the command is for {group}, not this group")]
+    WrongGroup {
+        /// The group the command names.
+        group: GroupId,
+    },
     /// A change of the group's membership intent that does not fit the intent or membership in force.
     #[error("group membership change refused: {0}")]
     GroupChange(GroupChangeError),
@@ -175,122 +209,73 @@ pub struct SlotFsm {
 /// Reads through the writes of the batch being built.
 struct Overlay<'a> {
     store: &'a MetaStore,
-    pending: BTreeMap<(HashSlot, Vec<u8>), Option<Vec<u8>>>,
+    pending: BTreeMap<(MetaSpace, Vec<u8>), Option<Vec<u8>>>,
+    /// Prefixes cleared by this batch: stored keys under them read as absent.
+    cleared: Vec<(MetaSpace, Vec<u8>)>,
     batch: MetaWriteBatch,
+    /// The slot exporting while the current command applies: keys it writes are marked.
+    marking: Option<(GroupId, HashSlot)>,
 }
 
 impl Overlay<'_> {
-    fn get(&self, slot: HashSlot, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
-        match self.pending.get(&(slot, key.to_vec())) {
+    fn get(&self, space: MetaSpace, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
+        match self.pending.get(&(space, key.to_vec())) {
             Some(value) => Ok(value.clone()),
-            None => self.store.get(slot, key),
+            None if self.cleared.iter().any(|(s, prefix)| *s == space && key.starts_with(prefix)) => Ok(None),
+            None => self.store.get(space, key),
         }
     }
 
     /// The value of `key` decoded; a value that does not decode is a corrupt store.
-    fn get_decoded<T: serde::de::DeserializeOwned>(&self, slot: HashSlot, key: &[u8]) -> StoreResult<Option<T>> {
-        let Some(bytes) = self.get(slot, key)? else { return Ok(None) };
+    fn get_decoded<T: serde::de::DeserializeOwned>(&self, space: MetaSpace, key: &[u8]) -> StoreResult<Option<T>> {
+        let Some(bytes) = self.get(space, key)? else { return Ok(None) };
         postcard::from_bytes(&bytes).map(Some).map_err(|_| tidings_store::StoreError::Corrupt {
-            location: tidings_store::CorruptLocation::Kv {
-                keyspace: tidings_store::Keyspace::Meta,
-                key: [&slot.index().to_be_bytes()[..], key].concat(),
-            },
+            location: tidings_store::CorruptLocation::Kv { keyspace: tidings_store::Keyspace::Meta, key: key.to_vec() },
             detail: "stored model value does not decode",
         })
     }
 
-    fn put(&mut self, slot: HashSlot, key: Vec<u8>, value: &impl Serialize) {
+    fn put(&mut self, space: MetaSpace, key: Vec<u8>, value: &impl Serialize) {
         // Cannot fail: model types serialize into memory.
         let bytes = postcard::to_allocvec(value).expect("model value encodes");
-        self.batch.put(slot, key.clone(), bytes.clone());
-        self.pending.insert((slot, key), Some(bytes));
+        self.put_raw(space, key, Some(bytes));
     }
 
-    fn delete(&mut self, slot: HashSlot, key: Vec<u8>) {
-        self.batch.delete(slot, key.clone());
-        self.pending.insert((slot, key), None);
+    fn delete(&mut self, space: MetaSpace, key: Vec<u8>) {
+        self.put_raw(space, key, None);
+    }
+
+    fn put_raw(&mut self, space: MetaSpace, key: Vec<u8>, value: Option<Vec<u8>>) {
+        if let (Some((group, slot)), Some(written)) = (self.marking, space.hash_slot()) {
+            if written == slot {
+                let mark = [migration::marks_prefix(slot), key.clone()].concat();
+                self.batch.put(MetaSpace::group_records(group), mark.clone(), Vec::new());
+                self.pending.insert((MetaSpace::group_records(group), mark), Some(Vec::new()));
+            }
+        }
+        match &value {
+            Some(bytes) => self.batch.put(space, key.clone(), bytes.clone()),
+            None => self.batch.delete(space, key.clone()),
+        };
+        self.pending.insert((space, key), value);
+    }
+
+    fn clear_prefix(&mut self, space: MetaSpace, prefix: Vec<u8>) {
+        self.batch.clear_prefix(space, prefix.clone());
+        self.pending.retain(|(s, k), _| !(*s == space && k.starts_with(&prefix)));
+        self.cleared.push((space, prefix));
     }
 }
 
-/// A command that changes a group's membership intent.
-enum IntentChange {
-    Move { from: NodeId, to: NodeId },
-    Prefer(Option<NodeId>),
-    Drain { node: NodeId, drain: bool },
-    Abort,
-    Commit,
-}
-
-/// The intent after a membership-intent change, checked against the stored intent and the membership in
-/// force. A group without an intent starts from its voters in force.
-fn change_intent(
-    group: GroupId,
-    stored: Option<GroupIntent>,
-    conf: &GroupConf,
-    change: IntentChange,
-) -> Result<GroupIntent, GroupChangeError> {
-    let mut intent = stored.unwrap_or_else(|| GroupIntent {
-        group,
-        desired_peers: sorted(conf.voters.clone()),
-        config_epoch: conf.config_epoch,
-        preferred_leader: None,
-        target_peers: None,
-        draining: Vec::new(),
-    });
-    match change {
-        IntentChange::Move { from, to } => {
-            if let Some(target) = &intent.target_peers {
-                return Err(GroupChangeError::MoveInProgress { target: target.clone() });
-            }
-            if !intent.desired_peers.contains(&from) {
-                return Err(GroupChangeError::NotAVoter(from));
-            }
-            if intent.desired_peers.contains(&to) {
-                return Err(GroupChangeError::AlreadyAVoter(to));
-            }
-            if intent.draining.contains(&to) {
-                return Err(GroupChangeError::TargetDraining(to));
-            }
-            let target = intent.desired_peers.iter().map(|n| if *n == from { to } else { *n }).collect();
-            intent.target_peers = Some(sorted(target));
-        }
-        IntentChange::Prefer(preferred) => intent.preferred_leader = preferred,
-        IntentChange::Drain { node, drain } => {
-            intent.draining.retain(|n| *n != node);
-            if drain {
-                intent.draining.push(node);
-                intent.draining.sort_unstable();
-            }
-        }
-        IntentChange::Abort => {
-            // Aborting retargets the move to the committed assignment: the leader takes the membership back
-            // step by step, then commits it (with the epoch it ends in) like any move.
-            if intent.target_peers.as_ref().is_none_or(|target| *target == intent.desired_peers) {
-                return Err(GroupChangeError::NoMoveInProgress);
-            }
-            intent.target_peers = Some(intent.desired_peers.clone());
-        }
-        IntentChange::Commit => {
-            let voters = sorted(conf.voters.clone());
-            let wanted = sorted(intent.wanted_voters().to_vec());
-            if conf.joint || voters != wanted {
-                return Err(GroupChangeError::ConfigMismatch { voters, joint: conf.joint, wanted });
-            }
-            if intent.target_peers.is_none() {
-                return Err(GroupChangeError::NothingToCommit);
-            }
-            intent.desired_peers = voters;
-            intent.config_epoch = conf.config_epoch;
-            intent.target_peers = None;
-        }
-    }
-    Ok(intent)
-}
-
-fn sorted(mut nodes: Vec<NodeId>) -> Vec<NodeId> {
-    nodes.sort_unstable();
-    nodes.dedup();
-    nodes
+/// What one [`SlotFsm::apply_in`] batch did besides its outcomes.
+#[derive(Debug, Default)]
+pub struct AppliedBatch {
+    /// One outcome per entry (`None` for entries without a command or applied before).
+    pub outcomes: Vec<Option<Outcome>>,
+    /// Channel runtime metas the batch created or replaced.
+    pub metas: Vec<ChannelRuntimeMeta>,
+    /// Hash slots whose placement the batch changed (a migration this group finished or committed).
+    pub placements: Vec<(HashSlot, Placement)>,
 }
 
 impl SlotFsm {
@@ -313,23 +298,34 @@ impl SlotFsm {
     /// atomic write that also records the last index as applied. Returns one outcome per entry (`None` for
     /// entries without a command). Entries at or below the applied index are skipped (replay after a crash
     /// applies each entry exactly once).
-    pub fn apply(&self, table: &HashToSlot, entries: &[(u64, &[u8])]) -> StoreResult<Vec<Option<Outcome>>> {
-        self.apply_in(table, &GroupConf::default(), false, entries).map(|(outcomes, _)| outcomes)
+    ///
+    /// `genesis` is the hash-slot table the cluster was built with: the same on every node, it says which
+    /// slots a group owns until the group's own records say otherwise.
+    pub fn apply(&self, genesis: &HashToSlot, entries: &[(u64, &[u8])]) -> StoreResult<Vec<Option<Outcome>>> {
+        self.apply_in(genesis, &GroupConf::default(), false, entries).map(|applied| applied.outcomes)
     }
 
     /// [`SlotFsm::apply`] under the membership `conf` in force, also returning every channel runtime meta
-    /// the batch created or replaced (so the node can hand it to the channel's replicas). With
-    /// `record_config_epoch` the batch also records `conf`'s epoch (the batch ends with a membership change).
+    /// the batch created or replaced (so the node can hand it to the channel's replicas) and every slot
+    /// placement it changed. With `record_config_epoch` the batch also records `conf`'s epoch (the batch
+    /// ends with a membership change).
     pub fn apply_in(
         &self,
-        table: &HashToSlot,
+        genesis: &HashToSlot,
         conf: &GroupConf,
         record_config_epoch: bool,
         entries: &[(u64, &[u8])],
-    ) -> StoreResult<(Vec<Option<Outcome>>, Vec<ChannelRuntimeMeta>)> {
+    ) -> StoreResult<AppliedBatch> {
         let mut metas = Vec::new();
         let applied = self.applied_index()?;
-        let mut overlay = Overlay { store: &self.store, pending: BTreeMap::new(), batch: MetaWriteBatch::new() };
+        let mut overlay = Overlay {
+            store: &self.store,
+            pending: BTreeMap::new(),
+            cleared: Vec::new(),
+            batch: MetaWriteBatch::new(),
+            marking: None,
+        };
+        let mut placements = Vec::new();
         let mut outcomes = Vec::with_capacity(entries.len());
         let mut last = applied;
         for (index, data) in entries {
@@ -344,7 +340,7 @@ impl SlotFsm {
             }
             let outcome = match Command::decode(data) {
                 Ok(command) => {
-                    let outcome = self.apply_one(table, conf, &mut overlay, &command)?;
+                    let outcome = self.apply_one(genesis, conf, &mut overlay, &mut placements, &command)?;
                     if let (Outcome::Applied, Command::CreateRuntimeMeta(meta) | Command::CasRuntimeMeta { meta, .. }) =
                         (&outcome, command)
                     {
@@ -361,62 +357,170 @@ impl SlotFsm {
                 overlay.batch.set_config_epoch(self.group, conf.config_epoch.get());
             }
             overlay.batch.set_applied(self.group, last);
+            for (slot, placement) in &placements {
+                overlay.batch.place(*slot, *placement);
+            }
             self.store.write(&overlay.batch)?;
         }
-        Ok((outcomes, metas))
+        Ok(AppliedBatch { outcomes, metas, placements })
+    }
+
+    /// This group's record of `slot` in force (see [`migration::record_in_force`]).
+    pub fn slot_record(&self, genesis: &HashToSlot, slot: HashSlot) -> StoreResult<Option<SlotRecord>> {
+        let overlay = Overlay {
+            store: &self.store,
+            pending: BTreeMap::new(),
+            cleared: Vec::new(),
+            batch: MetaWriteBatch::new(),
+            marking: None,
+        };
+        self.record(genesis, &overlay, slot)
+    }
+
+    fn record(&self, genesis: &HashToSlot, overlay: &Overlay<'_>, slot: HashSlot) -> StoreResult<Option<SlotRecord>> {
+        let stored = overlay.get_decoded(MetaSpace::group_records(self.group), &migration::record_key(slot))?;
+        Ok(migration::record_in_force(self.group, genesis, slot, stored))
+    }
+
+    /// Applies a group-level command: intent changes and slot-migration steps.
+    fn apply_group_command(
+        &self,
+        genesis: &HashToSlot,
+        conf: &GroupConf,
+        overlay: &mut Overlay<'_>,
+        placements: &mut Vec<(HashSlot, Placement)>,
+        command: &Command,
+    ) -> StoreResult<Outcome> {
+        use Command::*;
+        let records = MetaSpace::group_records(self.group);
+        let intent_key = Key::new(Kind::GroupIntent).build();
+        let change = match command {
+            PutGroupIntent(intent) => {
+                overlay.put(records, intent_key, intent);
+                return Ok(Outcome::Applied);
+            }
+            MigrateSlot { slot, step, .. } => return self.migrate_slot(genesis, overlay, placements, *slot, step),
+            MoveGroupReplica { from, to, .. } => IntentChange::Move { from: *from, to: *to },
+            SetPreferredLeader { preferred, .. } => IntentChange::Prefer(*preferred),
+            DrainNode { node, drain, .. } => IntentChange::Drain { node: *node, drain: *drain },
+            AbortGroupMove { .. } => IntentChange::Abort,
+            CommitGroupConfig { .. } => IntentChange::Commit,
+            _ => unreachable!("only group-level commands are scoped to a group"),
+        };
+        let stored: Option<GroupIntent> = overlay.get_decoded(records, &intent_key)?;
+        Ok(match change_intent(self.group, stored, conf, change) {
+            Ok(intent) => {
+                overlay.put(records, intent_key, &intent);
+                Outcome::Applied
+            }
+            Err(error) => Outcome::Refused(Refusal::GroupChange(error)),
+        })
+    }
+
+    fn migrate_slot(
+        &self,
+        genesis: &HashToSlot,
+        overlay: &mut Overlay<'_>,
+        placements: &mut Vec<(HashSlot, Placement)>,
+        slot: HashSlot,
+        step: &SlotMigrationStep,
+    ) -> StoreResult<Outcome> {
+        let current = self.record(genesis, overlay, slot)?;
+        let transition = match migration::transition(self.group, genesis, current.as_ref(), step) {
+            Ok(transition) => transition,
+            Err(error) => return Ok(Outcome::Refused(Refusal::Migration(error))),
+        };
+        let copy = MetaSpace::slot(self.group, slot);
+        let records = MetaSpace::group_records(self.group);
+        if transition.clear_copy {
+            overlay.clear_prefix(copy, Vec::new());
+        }
+        if transition.clear_marks {
+            overlay.clear_prefix(records, migration::marks_prefix(slot));
+        }
+        if let SlotMigrationStep::ImportChunk { entries, .. } = step {
+            for (key, value) in entries {
+                overlay.put_raw(copy, key.clone(), value.clone());
+            }
+        }
+        if let Some(record) = transition.record {
+            overlay.put(records, migration::record_key(slot), &record);
+        }
+        placements.extend(transition.placement.map(|p| (slot, p)));
+        Ok(Outcome::Applied)
     }
 
     fn apply_one(
         &self,
-        table: &HashToSlot,
+        genesis: &HashToSlot,
         conf: &GroupConf,
         overlay: &mut Overlay<'_>,
+        placements: &mut Vec<(HashSlot, Placement)>,
         command: &Command,
     ) -> StoreResult<Outcome> {
-        let slot = hash_slot(command.routing_key().bytes());
-        let owner = table.group_of(slot);
-        if owner != self.group {
-            return Ok(Outcome::Refused(Refusal::WrongSlot { slot, owner }));
+        let key = match command.scope() {
+            CommandScope::Group(group) if group == self.group => {
+                return self.apply_group_command(genesis, conf, overlay, placements, command);
+            }
+            CommandScope::Group(group) => return Ok(Outcome::Refused(Refusal::WrongGroup { group })),
+            CommandScope::Key(key) => key,
+        };
+        let slot = hash_slot(key.bytes());
+        let record = self.record(genesis, overlay, slot)?;
+        if let Err(refusal) = migration::admits(genesis, slot, record.as_ref(), true) {
+            return Ok(Outcome::Refused(refusal));
         }
+        overlay.marking = match record {
+            Some(SlotRecord { state: SlotState::Exporting { .. }, .. }) => Some((self.group, slot)),
+            _ => None,
+        };
+        let outcome = self.apply_slot_command(overlay, slot, command);
+        overlay.marking = None;
+        outcome
+    }
+
+    /// Applies a command of hash slot `slot`, which this group serves.
+    fn apply_slot_command(&self, overlay: &mut Overlay<'_>, slot: HashSlot, command: &Command) -> StoreResult<Outcome> {
+        let space = MetaSpace::slot(self.group, slot);
         use Command::*;
         let outcome = match command {
             PutUser(user) => {
-                overlay.put(slot, Key::new(Kind::User).uid(&user.uid).build(), user);
+                overlay.put(space, Key::new(Kind::User).uid(&user.uid).build(), user);
                 Outcome::Applied
             }
             PutDevice(device) => {
                 let key = Key::new(Kind::Device).uid(&device.uid).u8(device.device_flag).build();
-                overlay.put(slot, key, device);
+                overlay.put(space, key, device);
                 Outcome::Applied
             }
             RemoveDevice { uid, device_flag } => {
-                overlay.delete(slot, Key::new(Kind::Device).uid(uid).u8(*device_flag).build());
+                overlay.delete(space, Key::new(Kind::Device).uid(uid).u8(*device_flag).build());
                 Outcome::Applied
             }
             AddSystemUid(uid) => {
-                overlay.put(slot, Key::new(Kind::SystemUid).uid(uid).build(), &());
+                overlay.put(space, Key::new(Kind::SystemUid).uid(uid).build(), &());
                 Outcome::Applied
             }
             RemoveSystemUid(uid) => {
-                overlay.delete(slot, Key::new(Kind::SystemUid).uid(uid).build());
+                overlay.delete(space, Key::new(Kind::SystemUid).uid(uid).build());
                 Outcome::Applied
             }
             CreateChannel(info) => {
                 let key = Key::new(Kind::Channel).channel(&info.channel).build();
-                if overlay.get(slot, &key)?.is_some() {
+                if overlay.get(space, &key)?.is_some() {
                     Outcome::AlreadyExists
                 } else {
-                    overlay.put(slot, key, info);
+                    overlay.put(space, key, info);
                     Outcome::Applied
                 }
             }
             UpdateChannelFlags { channel, flags } => {
                 let key = Key::new(Kind::Channel).channel(channel).build();
-                if overlay.get(slot, &key)?.is_none() {
+                if overlay.get(space, &key)?.is_none() {
                     Outcome::NotFound
                 } else {
                     let info = crate::model::ChannelInfo { channel: channel.clone(), flags: *flags };
-                    overlay.put(slot, key, &info);
+                    overlay.put(space, key, &info);
                     Outcome::Applied
                 }
             }
@@ -436,87 +540,61 @@ impl SlotFsm {
                 for uid in uids {
                     let key = Key::new(kind).channel(channel).uid(uid).build();
                     if add {
-                        overlay.put(slot, key, &());
+                        overlay.put(space, key, &());
                     } else {
-                        overlay.delete(slot, key);
+                        overlay.delete(space, key);
                     }
                 }
                 Outcome::Applied
             }
             PutMembership { uid, channel, membership } => {
-                overlay.put(slot, Key::new(Kind::Membership).uid(uid).channel(channel).build(), membership);
+                overlay.put(space, Key::new(Kind::Membership).uid(uid).channel(channel).build(), membership);
                 Outcome::Applied
             }
             RemoveMembership { uid, channel } => {
-                overlay.delete(slot, Key::new(Kind::Membership).uid(uid).channel(channel).build());
+                overlay.delete(space, Key::new(Kind::Membership).uid(uid).channel(channel).build());
                 Outcome::Applied
             }
             PutCmdBinding { uid, channel, binding } => {
-                overlay.put(slot, Key::new(Kind::CmdBinding).uid(uid).channel(channel).build(), binding);
+                overlay.put(space, Key::new(Kind::CmdBinding).uid(uid).channel(channel).build(), binding);
                 Outcome::Applied
             }
             CreateRuntimeMeta(meta) => {
                 let key = Key::new(Kind::RuntimeMeta).channel(&meta.channel).build();
                 if let Err(e) = meta.validate() {
                     Outcome::Refused(Refusal::InvalidMeta(e))
-                } else if overlay.get(slot, &key)?.is_some() {
+                } else if overlay.get(space, &key)?.is_some() {
                     Outcome::AlreadyExists
                 } else {
-                    overlay.put(slot, key, meta);
+                    overlay.put(space, key, meta);
                     Outcome::Applied
                 }
             }
             CasRuntimeMeta { expected_version, meta, proof } => {
-                self.cas_meta(slot, overlay, *expected_version, meta, proof.as_ref())?
+                self.cas_meta(space, overlay, *expected_version, meta, proof.as_ref())?
             }
             PutMigrationTask(task) => {
-                overlay.put(slot, Key::new(Kind::Task).channel(&task.channel).u64(task.id).build(), task);
+                overlay.put(space, Key::new(Kind::Task).channel(&task.channel).u64(task.id).build(), task);
                 Outcome::Applied
             }
-            PutGroupIntent { intent, .. } => {
-                if intent.group != self.group {
-                    // Routed here by a table that gave the slot to this group, but about another one.
-                    return Ok(Outcome::Refused(Refusal::WrongSlot { slot, owner: intent.group }));
-                }
-                overlay.put(slot, Key::new(Kind::GroupIntent).u64(u64::from(intent.group.get())).build(), intent);
-                Outcome::Applied
-            }
-            MoveGroupReplica { group, .. }
-            | SetPreferredLeader { group, .. }
-            | DrainNode { group, .. }
-            | AbortGroupMove { group, .. }
-            | CommitGroupConfig { group, .. } => {
-                if *group != self.group {
-                    return Ok(Outcome::Refused(Refusal::WrongSlot { slot, owner: *group }));
-                }
-                let change = match command {
-                    MoveGroupReplica { from, to, .. } => IntentChange::Move { from: *from, to: *to },
-                    SetPreferredLeader { preferred, .. } => IntentChange::Prefer(*preferred),
-                    DrainNode { node, drain, .. } => IntentChange::Drain { node: *node, drain: *drain },
-                    AbortGroupMove { .. } => IntentChange::Abort,
-                    _ => IntentChange::Commit,
-                };
-                let key = Key::new(Kind::GroupIntent).u64(u64::from(group.get())).build();
-                let stored: Option<GroupIntent> = overlay.get_decoded(slot, &key)?;
-                match change_intent(self.group, stored, conf, change) {
-                    Ok(intent) => {
-                        overlay.put(slot, key, &intent);
-                        Outcome::Applied
-                    }
-                    Err(error) => Outcome::Refused(Refusal::GroupChange(error)),
-                }
-            }
+            PutGroupIntent(_)
+            | MoveGroupReplica { .. }
+            | SetPreferredLeader { .. }
+            | DrainNode { .. }
+            | AbortGroupMove { .. }
+            | CommitGroupConfig { .. }
+            | MigrateSlot { .. } => unreachable!("group-level commands are not scoped to a slot"),
             RemoveMigrationTask { channel, id } => {
-                overlay.delete(slot, Key::new(Kind::Task).channel(channel).u64(*id).build());
+                overlay.delete(space, Key::new(Kind::Task).channel(channel).u64(*id).build());
                 Outcome::Applied
             }
             PutPluginBinding(binding) => {
                 let key = Key::new(Kind::Plugin).uid(&binding.uid).text(&binding.plugin).build();
-                overlay.put(slot, key, binding);
+                overlay.put(space, key, binding);
                 Outcome::Applied
             }
             RemovePluginBinding { uid, plugin } => {
-                overlay.delete(slot, Key::new(Kind::Plugin).uid(uid).text(plugin).build());
+                overlay.delete(space, Key::new(Kind::Plugin).uid(uid).text(plugin).build());
                 Outcome::Applied
             }
             AppendMessageEvent { channel, event } => {
@@ -524,8 +602,8 @@ impl SlotFsm {
                     let (len, max) = (event.summary.len(), self.limits.event_summary_bytes_max);
                     return Ok(Outcome::Refused(Refusal::SummaryTooLarge { len, max }));
                 }
-                overlay.put(slot, Key::new(Kind::Event).channel(channel).seq(event.seq).build(), event);
-                self.trim_events(slot, overlay, channel)?;
+                overlay.put(space, Key::new(Kind::Event).channel(channel).seq(event.seq).build(), event);
+                self.trim_events(space, overlay, channel)?;
                 Outcome::Applied
             }
         };
@@ -534,14 +612,14 @@ impl SlotFsm {
 
     fn cas_meta(
         &self,
-        slot: HashSlot,
+        space: MetaSpace,
         overlay: &mut Overlay<'_>,
         expected_version: u64,
         meta: &ChannelRuntimeMeta,
         proof: Option<&SwitchProof>,
     ) -> StoreResult<Outcome> {
         let key = Key::new(Kind::RuntimeMeta).channel(&meta.channel).build();
-        let Some(current) = overlay.get_decoded::<ChannelRuntimeMeta>(slot, &key)? else {
+        let Some(current) = overlay.get_decoded::<ChannelRuntimeMeta>(space, &key)? else {
             return Ok(Outcome::NotFound);
         };
         if current.version != expected_version {
@@ -561,13 +639,13 @@ impl SlotFsm {
                 return Ok(Outcome::Refused(Refusal::BadProof(reason)));
             }
         }
-        overlay.put(slot, key, meta);
+        overlay.put(space, key, meta);
         Ok(Outcome::Applied)
     }
 
     fn trim_events(
         &self,
-        slot: HashSlot,
+        space: MetaSpace,
         overlay: &mut Overlay<'_>,
         channel: &tidings_types::ChannelId,
     ) -> StoreResult<()> {
@@ -575,13 +653,13 @@ impl SlotFsm {
         // Stored events plus the ones this batch added, oldest first.
         let mut keys: Vec<Vec<u8>> = self
             .store
-            .scan(slot, &prefix, None, self.limits.events_per_channel_max + 64)?
+            .scan(space, &prefix, None, self.limits.events_per_channel_max + 64)?
             .entries
             .into_iter()
             .map(|(k, _)| k)
             .collect();
-        for ((s, k), v) in overlay.pending.range((slot, prefix.clone())..) {
-            if *s != slot || !k.starts_with(&prefix) {
+        for ((s, k), v) in overlay.pending.range((space, prefix.clone())..) {
+            if *s != space || !k.starts_with(&prefix) {
                 break;
             }
             match v {
@@ -593,7 +671,7 @@ impl SlotFsm {
         keys.dedup();
         let excess = keys.len().saturating_sub(self.limits.events_per_channel_max);
         for key in keys.into_iter().take(excess) {
-            overlay.delete(slot, key);
+            overlay.delete(space, key);
         }
         Ok(())
     }
