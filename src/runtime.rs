@@ -34,7 +34,7 @@ use tidings_slot::model::{ChannelInfo, Uid};
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{JournalConfig, JournalLog, LogBatch, MessageLog, ReadLimits, Record, WriteBehindThread};
 use tidings_store::{Kv, MetaStore, RaftLogStore, SledKv, StoreError};
-use tidings_types::{ChannelId, GroupId, NodeId, Seq, Time};
+use tidings_types::{ChannelId, GroupId, HashSlot, NodeId, Seq, Time};
 
 /// How a node sends frames to its peers. Implemented by the host (its network stack).
 pub trait Transport: Send + Sync + 'static {
@@ -101,6 +101,8 @@ enum Call {
     SetGroupIntent(tidings_slot::model::GroupIntent),
     MoveSlotReplica { group: GroupId, from: NodeId, to: NodeId },
     AbortSlotMove(GroupId),
+    MigrateSlot { slot: HashSlot, to: GroupId },
+    AbortSlotMigration(HashSlot),
     SetPreferredLeader { group: GroupId, preferred: Option<NodeId> },
     DrainNode { node: NodeId, drain: bool },
 }
@@ -299,6 +301,26 @@ impl Node {
         self.call(Call::DrainNode { node, drain })
     }
 
+    /// Starts migrating hash slot `slot` to group `to` (see [`NodeCore::migrate_slot`]). Returns once the
+    /// slot's group recorded the export; its leader carries it out, and [`NodeStatus::slot_migrations`]
+    /// on that leader shows the step.
+    ///
+    /// ```no_run
+    /// # fn demo(node: &tidings::Node) -> Result<(), tidings::node::NodeError> {
+    /// use tidings::types::{GroupId, HashSlot};
+    /// let slot = HashSlot::new(17).expect("below 256");
+    /// node.migrate_slot(slot, GroupId::new(2))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn migrate_slot(&self, slot: HashSlot, to: GroupId) -> Result<(), NodeError> {
+        self.call(Call::MigrateSlot { slot, to })
+    }
+
+    /// Abandons the migration of `slot` before it is fenced (see [`NodeCore::abort_slot_migration`]).
+    pub fn abort_slot_migration(&self, slot: HashSlot) -> Result<(), NodeError> {
+        self.call(Call::AbortSlotMigration(slot))
+    }
+
     /// Abandons `group`'s replica move (see [`NodeCore::abort_slot_move`]).
     pub fn abort_slot_move(&self, group: GroupId) -> Result<(), NodeError> {
         self.call(Call::AbortSlotMove(group))
@@ -466,6 +488,8 @@ impl Shell {
                     Call::SetGroupIntent(intent) => self.core.set_group_intent(now, id, intent),
                     Call::MoveSlotReplica { group, from, to } => self.core.move_slot_replica(now, id, group, from, to),
                     Call::AbortSlotMove(group) => self.core.abort_slot_move(now, id, group),
+                    Call::MigrateSlot { slot, to } => self.core.migrate_slot(now, id, slot, to),
+                    Call::AbortSlotMigration(slot) => self.core.abort_slot_migration(now, id, slot),
                     Call::DrainNode { node, drain } => self.core.drain_node(now, id, node, drain),
                     Call::SetPreferredLeader { group, preferred } => {
                         self.core.set_preferred_leader(now, id, group, preferred)

@@ -5,8 +5,8 @@
 
 use super::config::NodeConfig;
 use super::controller::{
-    Action, ClusterView, Controller, DrainReport, EvidenceReport, NodeView, PreferredLeaders, Reconcile, TaskReport,
-    TaskStatus,
+    Action, ClusterView, Controller, DrainReport, EvidenceReport, MigrationProposal, NodeView, PreferredLeaders,
+    Reconcile, SlotMigrationReport, SlotMigrations, TaskReport, TaskStatus,
 };
 use super::error::NodeError;
 use super::fanout::FanoutAnswer;
@@ -22,13 +22,13 @@ use tidings_channel::machine::{
 };
 use tidings_router::Router;
 use tidings_slot::command::{Command, MemberList, RoutingKey};
-use tidings_slot::fsm::Outcome;
+use tidings_slot::fsm::{Outcome, Refusal};
 use tidings_slot::model::{ChannelInfo, Uid};
 use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, ProposalId, ProposeError, ReadId, SlotEffect};
 use tidings_store::message::{LogBatch, MessageLog, ReadLimits, Record};
-use tidings_store::{MetaStore, RaftLogStore, StoreError};
-use tidings_types::{ChannelId, ChannelRuntimeMeta, Epoch, GroupId, LeaderEpoch, NodeId, Seq, Time};
+use tidings_store::{MetaStore, Placement, RaftLogStore, StoreError};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, Epoch, GroupId, HashSlot, LeaderEpoch, NodeId, Seq, Time};
 
 /// Identifies an API call; chosen by the runtime, echoed in [`NodeEffect::Done`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -139,6 +139,8 @@ pub struct NodeStatus {
     pub leadership: Vec<(GroupId, Reconcile)>,
     /// Drains in progress, as far as the slot groups this node leads show them (see [`DrainReport`]).
     pub drains: Vec<DrainReport>,
+    /// Hash-slot migrations this node drives (it leads their source groups).
+    pub slot_migrations: Vec<SlotMigrationReport>,
     /// Inbound frames refused since start, by reason ([`FrameError::kind`]); they changed nothing.
     pub refused_frames: BTreeMap<&'static str, u64>,
     /// Channel activations refused because `active_channels_max` replicas were active and none idle.
@@ -179,6 +181,21 @@ enum ProposalPurpose {
         channel: ChannelId,
         tag: u64,
     },
+    /// A step of the migration of `slot` out of `group`, which this node drives.
+    SlotMigration {
+        group: GroupId,
+        slot: HashSlot,
+    },
+}
+
+/// A proposal's command and how it went out.
+#[derive(Debug)]
+struct Sent {
+    command: Command,
+    /// Times it was sent (a refusal that proposed nothing sends it on).
+    sends: u8,
+    /// Sent to another node's replica of the group.
+    remote: bool,
 }
 
 /// An append waiting for its channel's meta.
@@ -229,9 +246,12 @@ pub struct NodeCore {
     metas: BTreeMap<ChannelId, ChannelRuntimeMeta>,
     waiting: BTreeMap<ChannelId, Vec<Waiting>>,
     proposals: BTreeMap<ProposalId, ProposalPurpose>,
-    /// Proposals sent to another node's group replica, with the command and how many times it was sent:
-    /// a `NotLeader` refusal (nothing was proposed) with a hint sends it on, a bounded number of times.
-    remote_proposals: BTreeMap<ProposalId, (Command, u8)>,
+    /// Every proposal's command and how it was sent: a refusal that proposed nothing — `NotLeader` with a
+    /// hint for one sent to another node, a stale slot route for any — sends it on, a bounded number of
+    /// times.
+    sent: BTreeMap<ProposalId, Sent>,
+    /// Hash-slot migrations this node drives (as leader of their source groups).
+    migrations: SlotMigrations,
     /// API calls made of several proposals: how many are outstanding, and the first failure.
     fans: BTreeMap<ApiId, (usize, Option<NodeError>)>,
     appends: BTreeMap<u64, (AppendOrigin, Option<String>)>,
@@ -243,8 +263,9 @@ pub struct NodeCore {
     forward_deadlines: VecDeque<(Time, u64)>,
     /// Leaders of slot groups this node does not serve, as `NotLeader` hints named them.
     remote_leaders: BTreeMap<GroupId, NodeId>,
-    /// Authoritative metadata reads waiting for their ReadIndex.
-    meta_reads: BTreeMap<ReadId, ApiId>,
+    /// Authoritative metadata reads waiting for their ReadIndex: the caller, the key's hash slot, and how
+    /// many groups were asked (a migrated slot is followed).
+    meta_reads: BTreeMap<ReadId, (ApiId, HashSlot, u8)>,
     next_id: u64,
     next_incarnation: u64,
     effects: VecDeque<NodeEffect>,
@@ -313,7 +334,8 @@ impl NodeCore {
             metas: BTreeMap::new(),
             waiting: BTreeMap::new(),
             proposals: BTreeMap::new(),
-            remote_proposals: BTreeMap::new(),
+            sent: BTreeMap::new(),
+            migrations: SlotMigrations::new(now),
             fans: BTreeMap::new(),
             appends: BTreeMap::new(),
             senders: BTreeMap::new(),
@@ -387,6 +409,7 @@ impl NodeCore {
             finished_tasks: self.controller.reports(),
             leadership: self.preferred.decisions(),
             drains: self.controller.drain_reports(),
+            slot_migrations: self.migrations.reports(),
             refused_frames: self.refused_frames.clone(),
             refused_activations: self.refused_activations,
             refused_raft_messages: self.slot.refused_messages(),
@@ -413,7 +436,8 @@ impl NodeCore {
         // Machines touched since the last drain may have moved their timer earlier than the index says.
         let touched = self.dirty.iter().filter_map(|c| self.channels.get(c)?.poll_timeout());
         let indexed = self.timers.first().map(|(t, _)| *t);
-        let controller = self.controller.poll_timeout().min(self.preferred.poll_timeout());
+        let controller =
+            self.controller.poll_timeout().min(self.preferred.poll_timeout()).min(self.migrations.poll_timeout());
         let cannot_lead = self.cannot_lead.values().min().copied();
         touched.chain(indexed).chain(cannot_lead).fold(self.slot.poll_timeout().min(controller), Time::min)
     }
@@ -458,6 +482,7 @@ impl NodeCore {
             }
         }
         self.controller.tick(self.now, &self.slot, &self.reader);
+        self.drive_migrations();
         let down = self.controller.down_nodes(self.now);
         let cluster = ClusterView { nodes: &self.config.nodes, down: &down };
         let view = NodeView { me: self.config.node, reader: &self.reader, cluster };
@@ -549,19 +574,41 @@ impl NodeCore {
     /// Starts an authoritative metadata read of the slot group that owns `key` (raft ReadIndex, confirmed
     /// by the group's leader, never a lease). [`NodeEffect::Done`] with `ApiResult::Meta(Ok(()))` says the
     /// local store ([`NodeCore::reader`]) now reflects every metadata write acknowledged before this call.
-    /// Fails with [`NodeError::NotServed`] on a node that keeps no replica of the group.
+    /// Fails with [`NodeError::NotServed`] on a node that keeps no replica of the group, and with
+    /// [`NodeError::SlotNotServed`] while the key's hash slot is fenced for a migration (retry) — a slot
+    /// that migrated is followed to its new group.
     pub fn read_barrier(&mut self, now: Time, id: ApiId, key: RoutingKey<'_>) {
         self.advance(now);
-        let group = self.slot.table().group_of_key(key.bytes());
+        self.start_read(id, tidings_router::hash_slot(key.bytes()), 1);
+    }
+
+    fn start_read(&mut self, id: ApiId, slot: HashSlot, tries: u8) {
+        let group = self.slot.table().group_of(slot);
         if !self.slot.groups().any(|g| g == group) {
             self.done(id, ApiResult::Meta(Err(NodeError::NotServed(group))));
             return;
         }
-        match self.slot.read_index(now, group) {
+        match self.slot.read_index(self.now, group) {
             Ok(read) => {
-                self.meta_reads.insert(read, id);
+                self.meta_reads.insert(read, (id, slot, tries));
             }
             Err(error) => self.done(id, ApiResult::Meta(Err(error.into()))),
+        }
+    }
+
+    /// A read index of `group` is ready: the read is answered if the group (still) serves the slot.
+    fn finish_read(&mut self, id: ApiId, group: GroupId, slot: HashSlot, tries: u8) {
+        let record = match self.reader.slot_record(group, slot) {
+            Ok(stored) => tidings_slot::fsm::migration::record_in_force(group, self.slot.genesis(), slot, stored),
+            Err(error) => return self.done(id, ApiResult::Meta(Err(error.into()))),
+        };
+        match tidings_slot::fsm::migration::admits(self.slot.genesis(), slot, record.as_ref()) {
+            Ok(()) => self.done(id, ApiResult::Meta(Ok(()))),
+            Err(Refusal::SlotMoved { owner, epoch, .. }) if tries < REMOTE_PROPOSAL_SENDS => {
+                self.learn_slot_owner(slot, owner, epoch);
+                self.start_read(id, slot, tries + 1);
+            }
+            Err(refusal) => self.done(id, ApiResult::Meta(Err(NodeError::SlotNotServed(refusal)))),
         }
     }
 
@@ -693,32 +740,70 @@ impl NodeCore {
 
     /// Proposes through this node's group replica, or through the leader the route table names.
     fn propose_for(&mut self, command: &Command, purpose: ProposalPurpose) -> Result<(), ProposeError> {
-        let proposal = match self.slot.propose(self.now, command) {
-            Err(ProposeError::UnknownGroup { group }) => {
-                let leader = self.group_contact(group).ok_or(ProposeError::NotReady { group })?;
-                let proposal = self.slot.propose_remote(self.now, command, leader)?;
-                self.remote_proposals.insert(proposal, (command.clone(), 1));
-                proposal
-            }
-            other => other?,
-        };
+        let (proposal, remote) = self.submit(command)?;
+        self.sent.insert(proposal, Sent { command: command.clone(), sends: 1, remote });
         self.proposals.insert(proposal, purpose);
         Ok(())
     }
 
-    /// Sends a remote proposal refused with `NotLeader` on to the hinted leader (nothing was proposed, so
-    /// it cannot apply twice), at most `REMOTE_PROPOSAL_SENDS` times in all. `true` if it was sent on.
-    fn follow_hint(&mut self, id: ProposalId, result: &Result<Outcome, ProposeError>) -> bool {
-        let Some((command, sends)) = self.remote_proposals.remove(&id) else { return false };
-        let Err(ProposeError::NotLeader { hint: Some(leader), .. }) = result else { return false };
-        if sends >= REMOTE_PROPOSAL_SENDS || *leader == self.config.node {
+    /// Proposes `command` to its group: through the local replica, else through the group's leader as far
+    /// as this node knows it. `true` with the id if it went to another node.
+    fn submit(&mut self, command: &Command) -> Result<(ProposalId, bool), ProposeError> {
+        match self.slot.propose(self.now, command) {
+            Err(ProposeError::UnknownGroup { group }) => {
+                let leader = self.group_contact(group).ok_or(ProposeError::NotReady { group })?;
+                Ok((self.slot.propose_remote(self.now, command, leader)?, true))
+            }
+            other => Ok((other?, false)),
+        }
+    }
+
+    /// Sends on a proposal whose refusal proposed nothing, at most `REMOTE_PROPOSAL_SENDS` times in all
+    /// (so it cannot apply twice): a remote proposal refused with `NotLeader` goes to the hinted leader; a
+    /// command refused because its hash slot moved goes to the new owner, whose placement this node
+    /// learns. `true` if it was sent on.
+    fn send_on(&mut self, id: ProposalId, result: &Result<Outcome, ProposeError>) -> bool {
+        let Some(sent) = self.sent.remove(&id) else { return false };
+        if sent.sends >= REMOTE_PROPOSAL_SENDS {
             return false;
         }
-        let Ok(next) = self.slot.propose_remote(self.now, &command, *leader) else { return false };
+        let next = match result {
+            Err(ProposeError::NotLeader { hint: Some(leader), .. }) if sent.remote && *leader != self.config.node => {
+                self.slot.propose_remote(self.now, &sent.command, *leader).map(|id| (id, true))
+            }
+            Ok(Outcome::Refused(Refusal::SlotMoved { slot, owner, epoch })) => {
+                self.learn_slot_owner(*slot, *owner, *epoch);
+                self.submit(&sent.command)
+            }
+            _ => return false,
+        };
+        let Ok((next, remote)) = next else { return false };
         let Some(purpose) = self.proposals.remove(&id) else { return false };
         self.proposals.insert(next, purpose);
-        self.remote_proposals.insert(next, (command, sends + 1));
+        self.sent.insert(next, Sent { command: sent.command, sends: sent.sends + 1, remote });
         true
+    }
+
+    /// Routes `slot` to `group` from ownership epoch `epoch` on (unless this node knows a later epoch).
+    fn learn_slot_owner(&mut self, slot: HashSlot, group: GroupId, epoch: u64) {
+        if self.slot.learn_slot_owner(slot, Placement { group, epoch }) {
+            tracing::info!(node = %self.config.node, %slot, %group, epoch, "learned a slot's new owner");
+        }
+        self.router.learn_slot_owner(slot, group, epoch);
+    }
+
+    /// Proposes what the slot-migration driver asks for; an immediate failure is its outcome.
+    fn drive_migrations(&mut self) {
+        let proposals = self.migrations.tick(self.now, &self.config.controller, &self.slot, &self.reader);
+        for MigrationProposal { group, slot, command, tracked } in proposals {
+            let purpose =
+                if tracked { ProposalPurpose::SlotMigration { group, slot } } else { ProposalPurpose::Internal };
+            if let Err(error) = self.propose_for(&command, purpose) {
+                if tracked {
+                    self.migrations.outcome(self.now, &self.config.controller, group, slot, Err(error));
+                }
+            }
+        }
     }
 
     fn wait_for_meta(&mut self, api: ApiId, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord>) {
@@ -877,6 +962,29 @@ impl NodeCore {
             let (_, failed) = self.fans.remove(&api).expect("present");
             self.done(api, ApiResult::Meta(failed.map_or(Ok(()), Err)));
         }
+    }
+
+    /// Starts migrating hash slot `slot` from the group that owns it to group `to`. The owner records the
+    /// export and its leader carries it out (see [`SlotMigrationReport`] in [`NodeStatus::slot_migrations`]
+    /// on that leader): the slot's metadata is copied to `to` while writes go on, the slot is fenced
+    /// (writes refused with the retryable [`Refusal::SlotFenced`]), the keys written during the copy are
+    /// copied, `to` takes the slot over and the source drops its copy. A write routed to the old owner
+    /// afterwards is refused with [`Refusal::SlotMoved`], which nodes follow on their own.
+    /// [`NodeEffect::Done`] with [`ApiResult::Meta`] says whether the export was accepted (a refusal names
+    /// why: the slot is migrating already, `to` is its group or no group of the table...).
+    pub fn migrate_slot(&mut self, now: Time, id: ApiId, slot: HashSlot, to: GroupId) {
+        let group = self.slot.table().group_of(slot);
+        let step = tidings_slot::model::SlotMigrationStep::Export { to };
+        self.propose(now, id, Command::MigrateSlot { group, slot, step });
+    }
+
+    /// Abandons the migration of `slot` if it is not fenced yet: the slot stays with its group, and the
+    /// target drops what it received. Refused once the slot is fenced (the target may own it already:
+    /// the migration then completes).
+    pub fn abort_slot_migration(&mut self, now: Time, id: ApiId, slot: HashSlot) {
+        let group = self.slot.table().group_of(slot);
+        let step = tidings_slot::model::SlotMigrationStep::AbortExport;
+        self.propose(now, id, Command::MigrateSlot { group, slot, step });
     }
 
     /// Abandons `group`'s replica move: its leader takes the membership back to the committed assignment
@@ -1399,13 +1507,13 @@ impl NodeCore {
             SlotEffect::Send { to, message } => self.send(to, FrameBody::Slot(message)),
             SlotEffect::Sync { token } => self.effects.push_back(NodeEffect::SyncSlots { token }),
             SlotEffect::ProposalDone { id, result } => self.proposal_done(id, result),
-            SlotEffect::ReadReady { id, .. } => {
-                if let Some(api) = self.meta_reads.remove(&id) {
-                    self.done(api, ApiResult::Meta(Ok(())));
+            SlotEffect::ReadReady { id, group } => {
+                if let Some((api, slot, tries)) = self.meta_reads.remove(&id) {
+                    self.finish_read(api, group, slot, tries);
                 }
             }
             SlotEffect::ReadFailed { id, error } => {
-                if let Some(api) = self.meta_reads.remove(&id) {
+                if let Some((api, _, _)) = self.meta_reads.remove(&id) {
                     self.done(api, ApiResult::Meta(Err(error.into())));
                 }
             }
@@ -1439,13 +1547,17 @@ impl NodeCore {
                 self.remote_leaders.insert(*group, *leader);
             }
         }
-        if self.follow_hint(id, &result) {
+        if self.send_on(id, &result) {
             return;
         }
-        self.remote_proposals.remove(&id);
+        self.sent.remove(&id);
         let Some(purpose) = self.proposals.remove(&id) else { return };
         if let ProposalPurpose::Task { channel, tag } = &purpose {
             self.controller.proposal_done(self.now, channel, *tag, result);
+            return;
+        }
+        if let ProposalPurpose::SlotMigration { group, slot } = purpose {
+            self.migrations.outcome(self.now, &self.config.controller, group, slot, result);
             return;
         }
         let applied = match result {
@@ -1465,7 +1577,7 @@ impl NodeCore {
             },
             ProposalPurpose::Fan(api) => self.fan_done(api, applied.err()),
             ProposalPurpose::Internal => {}
-            ProposalPurpose::Task { .. } => {}
+            ProposalPurpose::Task { .. } | ProposalPurpose::SlotMigration { .. } => {}
         }
     }
 

@@ -41,6 +41,10 @@ pub enum NodeError {
     /// This node keeps no replica of the slot group (authoritative reads run on its members).
     #[error("this node keeps no replica of slot group {0}")]
     NotServed(GroupId),
+    /// The slot group asked does not serve the key's hash slot now: it is fenced for the last moments of a
+    /// migration (retry shortly), or the group is still receiving it. The refusal names the group.
+    #[error("the slot group does not serve the key's hash slot: {0}")]
+    SlotNotServed(tidings_slot::fsm::Refusal),
     /// Local storage failed.
     #[error(transparent)]
     Storage(#[from] StoreError),

@@ -11,8 +11,8 @@ mod message;
 pub use self::core::{ApiId, ApiResult, ChannelStatus, NodeCore, NodeEffect, NodeStatus};
 pub use config::NodeConfig;
 pub use controller::{
-    ControllerConfig, DrainReport, EvidenceEntry, EvidenceReport, MembershipStep, Reconcile, TaskBlocked, TaskError,
-    TaskKind, TaskReport, TaskStatus,
+    ControllerConfig, DrainReport, EvidenceEntry, EvidenceReport, MembershipStep, MigrationPhase, Reconcile,
+    SlotMigrationReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus,
 };
 pub use error::NodeError;
 pub use fanout::{carry_out_fanout, subscriber_page, FanoutAnswer, FanoutHost, NoFanout};

@@ -140,6 +140,24 @@ impl SlotReader {
         self.get_in(MetaSpace::group_records(group), crate::fsm::migration::record_key(slot))
     }
 
+    /// Every hash slot `group`'s records name (slots it migrated away, is migrating, or received), as this
+    /// node's replica of the group has them. At most one per hash slot.
+    pub fn slot_records(&self, group: GroupId) -> StoreResult<Vec<(HashSlot, SlotRecord)>> {
+        let prefix = Key::new(Kind::SlotRecord).build();
+        let space = MetaSpace::group_records(group);
+        let page = self.store.scan(space, &prefix, None, usize::from(tidings_types::HASH_SLOT_COUNT))?;
+        page.entries
+            .iter()
+            .map(|(key, value)| {
+                let slot = key
+                    .get(1..3)
+                    .and_then(|b| HashSlot::new(u16::from_be_bytes([b[0], b[1]])))
+                    .ok_or_else(|| corrupt(key, "slot record key does not decode"))?;
+                Ok((slot, decode(key, value)?))
+            })
+            .collect()
+    }
+
     /// Up to `limit` keys of hash slot `slot` written while `group` exported it (to be copied once the slot
     /// is fenced), after `cursor`.
     pub fn slot_marks(

@@ -315,3 +315,90 @@ fn group_intent_changes_are_checked_against_the_intent_and_the_membership_in_for
         Outcome::Refused(Refusal::WrongGroup { group: GroupId::new(2) })
     );
 }
+
+/// Applies one command at the next index of `fsm` and returns its outcome.
+fn step(fsm: &SlotFsm, table: &HashToSlot, command: Command) -> Outcome {
+    let next = fsm.applied_index().unwrap() + 1;
+    apply(fsm, table, next, &[command]).remove(0)
+}
+
+#[test]
+fn a_hash_slot_migrates_between_two_groups_on_one_node_without_touching_either_copy() {
+    use tidings_slot::fsm::migration::SlotMigrationError;
+    use tidings_slot::model::{SlotMigrationStep as Step, SlotState};
+    let kv = Arc::new(MemoryKv::new());
+    let store = MetaStore::new(kv);
+    let table = HashToSlot::even_split(2).unwrap();
+    seed_placements(&store, &table).unwrap();
+    let (a, b) = (GroupId::new(1), GroupId::new(2));
+    let source = SlotFsm::new(a, store.clone(), FsmLimits::default());
+    let target = SlotFsm::new(b, store.clone(), FsmLimits::default());
+    let reader = SlotReader::new(store.clone());
+    // Two users of one slot of group 1, and one more written during the copy.
+    let users: Vec<Uid> = (0..2000)
+        .map(|i| uid(&format!("user-{i}")))
+        .filter(|u| table.group_of(hash_slot(u.as_str().as_bytes())) == a)
+        .collect();
+    let slot = hash_slot(users[0].as_str().as_bytes());
+    let in_slot: Vec<Uid> = users.into_iter().filter(|u| hash_slot(u.as_str().as_bytes()) == slot).take(3).collect();
+    let put = |u: &Uid, name: &str| Command::PutUser(User { uid: u.clone(), name: name.into(), banned: false });
+    let migrate = |group, step| Command::MigrateSlot { group, slot, step };
+    assert_eq!(step(&source, &table, put(&in_slot[0], "zero")), Outcome::Applied);
+    assert_eq!(step(&source, &table, put(&in_slot[1], "one")), Outcome::Applied);
+
+    assert_eq!(step(&source, &table, migrate(a, Step::Export { to: b })), Outcome::Applied);
+    assert_eq!(
+        step(&target, &table, migrate(b, Step::BeginImport { from: a, epoch: 1, attempt: 7 })),
+        Outcome::Applied
+    );
+    // The copy, made from the source's copy of the slot.
+    let copy = reader.export_slot(a, slot, None, usize::MAX).unwrap();
+    assert_eq!(copy.items.len(), 2);
+    let entries = copy.items.into_iter().map(|(k, v)| (k, Some(v))).collect();
+    let chunk = Step::ImportChunk { from: a, epoch: 1, attempt: 7, entries };
+    assert_eq!(step(&target, &table, migrate(b, chunk)), Outcome::Applied);
+    // Writes go on at the source meanwhile, and are marked; the target refuses them.
+    assert_eq!(step(&source, &table, put(&in_slot[1], "one, renamed")), Outcome::Applied);
+    assert_eq!(step(&source, &table, put(&in_slot[2], "two")), Outcome::Applied);
+    assert_eq!(
+        step(&target, &table, put(&in_slot[2], "elsewhere")),
+        Outcome::Refused(Refusal::WrongSlot { slot, owner: a })
+    );
+    let marks = reader.slot_marks(a, slot, None, 100).unwrap().items;
+    assert_eq!(marks.len(), 2, "both keys written while exporting are marked");
+    // Fence: writes refused (retryable); reads still served by the source copy.
+    assert_eq!(step(&source, &table, migrate(a, Step::Fence { to: b, epoch: 1 })), Outcome::Applied);
+    assert_eq!(step(&source, &table, put(&in_slot[0], "late")), Outcome::Refused(Refusal::SlotFenced { slot, to: b }));
+    assert_eq!(
+        step(&source, &table, migrate(a, Step::AbortExport)),
+        Outcome::Refused(Refusal::Migration(SlotMigrationError::Fenced))
+    );
+    assert_eq!(reader.user(&in_slot[2]).unwrap().unwrap().name, "two");
+    // The marked keys, then the commit: the node now reads the target's copy.
+    let entries = marks.iter().map(|k| (k.clone(), reader.raw_in(a, slot, k).unwrap())).collect();
+    let delta = Step::ImportChunk { from: a, epoch: 1, attempt: 7, entries };
+    assert_eq!(step(&target, &table, migrate(b, delta)), Outcome::Applied);
+    let stale = Step::ImportChunk { from: a, epoch: 1, attempt: 6, entries: vec![(b"x".to_vec(), None)] };
+    assert_eq!(
+        step(&target, &table, migrate(b, stale)),
+        Outcome::Refused(Refusal::Migration(SlotMigrationError::StaleAttempt { offered: 6, current: 7 }))
+    );
+    assert_eq!(
+        step(&target, &table, migrate(b, Step::CommitImport { from: a, epoch: 1, attempt: 7 })),
+        Outcome::Applied
+    );
+    assert_eq!(store.placement(slot).unwrap().map(|p| (p.group, p.epoch)), Some((b, 1)));
+    assert_eq!(step(&target, &table, put(&in_slot[0], "zero at b")), Outcome::Applied);
+    // The source finishes: its copy goes, the target's stays; the source answers with the new owner.
+    assert_eq!(step(&source, &table, migrate(a, Step::Finish { to: b, epoch: 1 })), Outcome::Applied);
+    assert!(reader.export_slot(a, slot, None, usize::MAX).unwrap().items.is_empty());
+    assert!(reader.slot_marks(a, slot, None, 10).unwrap().items.is_empty());
+    assert_eq!(
+        step(&source, &table, put(&in_slot[0], "stale route")),
+        Outcome::Refused(Refusal::SlotMoved { slot, owner: b, epoch: 1 })
+    );
+    let names: Vec<String> = in_slot.iter().map(|u| reader.user(u).unwrap().unwrap().name).collect();
+    assert_eq!(names, ["zero at b", "one, renamed", "two"]);
+    assert_eq!(reader.slot_record(a, slot).unwrap().map(|r| r.state), Some(SlotState::Gone { to: b }));
+    assert_eq!(reader.slot_record(b, slot).unwrap().map(|r| (r.epoch, r.state)), Some((1, SlotState::Owned)));
+}

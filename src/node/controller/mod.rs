@@ -26,19 +26,25 @@
 //!   preferred node of the group's replicated intent only when it is safe and useful, and records why
 //!   not otherwise.
 //!
-//! Simplified for now: node drain and the rest of the slot-group side (replica moves through joint
-//! consensus, hash-slot migration) are not here yet; slot-group membership is static configuration.
+//! * **Slot-group replica moves and drains** (`membership`): each group's leader takes the group's
+//!   membership one step at a time towards its intent (learner, catch-up, joint consensus, commit).
+//!
+//! * **Hash-slot migrations** (`slot_migration`): the leader of a slot's source group copies the slot
+//!   to the target group, fences it, copies what changed meanwhile and hands it over.
 
 mod liveness;
 mod membership;
 mod preferred;
 mod report;
+mod slot_migration;
 
 pub(crate) use membership::ClusterView;
 pub use membership::MembershipStep;
 pub use preferred::Reconcile;
 pub(crate) use preferred::{NodeView, PreferredLeaders};
 pub use report::{EvidenceEntry, EvidenceReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus};
+pub use slot_migration::{MigrationPhase, SlotMigrationReport};
+pub(crate) use slot_migration::{MigrationProposal, SlotMigrations};
 
 use super::core::ApiId;
 use super::message::NodeMessage;
@@ -83,6 +89,14 @@ pub struct ControllerConfig {
     pub reconcile_interval: Duration,
     /// After handing a group's leadership to its preferred node, no other transfer of that group for this long.
     pub transfer_cooldown: Duration,
+    /// Most bytes of keys and values in one chunk of a hash-slot migration's copy (below the slot layer's
+    /// `proposal_bytes_max`).
+    pub migration_chunk_bytes: usize,
+    /// A hash-slot migration step whose outcome is unknown is tried again after this long.
+    pub migration_retry: Duration,
+    /// Pause between two steps of one hash-slot migration (each a proposal to a slot group), so a copy
+    /// shares the groups with their writes.
+    pub migration_step_pause: Duration,
 }
 
 impl Default for ControllerConfig {
@@ -102,6 +116,9 @@ impl Default for ControllerConfig {
             reports_max: 64,
             reconcile_interval: Duration::from_secs(1),
             transfer_cooldown: Duration::from_secs(10),
+            migration_chunk_bytes: 256 << 10,
+            migration_retry: Duration::from_millis(500),
+            migration_step_pause: Duration::from_millis(1),
         }
     }
 }

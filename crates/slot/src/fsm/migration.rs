@@ -72,13 +72,13 @@ pub fn record_in_force(
     stored.or_else(|| (genesis.group_of(slot) == group).then_some(SlotRecord { epoch: 0, state: SlotState::Owned }))
 }
 
-/// Whether a group whose record of `slot` is `record` serves a write (or, with `write == false`, a read)
-/// of the slot; else the typed answer that sends the caller on.
-pub fn admits(genesis: &HashToSlot, slot: HashSlot, record: Option<&SlotRecord>, write: bool) -> Result<(), Refusal> {
+/// Whether a group whose record of `slot` is `record` serves writes and authoritative reads of the slot;
+/// else the typed answer that sends the caller on. A fenced slot serves neither: the target may own it
+/// already and have taken writes the source's copy lacks.
+pub fn admits(genesis: &HashToSlot, slot: HashSlot, record: Option<&SlotRecord>) -> Result<(), Refusal> {
     let Some(record) = record else { return Err(Refusal::WrongSlot { slot, owner: genesis.group_of(slot) }) };
     match record.state {
         SlotState::Owned | SlotState::Exporting { .. } => Ok(()),
-        SlotState::Fenced { .. } if !write => Ok(()),
         SlotState::Fenced { to } => Err(Refusal::SlotFenced { slot, to }),
         SlotState::Gone { to } => Err(Refusal::SlotMoved { slot, owner: to, epoch: record.epoch }),
         SlotState::Importing { from, .. } => Err(Refusal::WrongSlot { slot, owner: from }),
@@ -334,20 +334,19 @@ mod tests {
         let genesis = HashToSlot::even_split(2).unwrap();
         let slot = HashSlot::new(0).unwrap();
         let at = |state| SlotRecord { epoch: 3, state };
-        assert_eq!(admits(&genesis, slot, Some(&at(SlotState::Exporting { to: g(2) })), true), Ok(()));
+        assert_eq!(admits(&genesis, slot, Some(&at(SlotState::Exporting { to: g(2) }))), Ok(()));
         assert_eq!(
-            admits(&genesis, slot, Some(&at(SlotState::Fenced { to: g(2) })), true),
+            admits(&genesis, slot, Some(&at(SlotState::Fenced { to: g(2) }))),
             Err(Refusal::SlotFenced { slot, to: g(2) })
         );
-        assert_eq!(admits(&genesis, slot, Some(&at(SlotState::Fenced { to: g(2) })), false), Ok(()));
         assert_eq!(
-            admits(&genesis, slot, Some(&at(SlotState::Gone { to: g(2) })), false),
+            admits(&genesis, slot, Some(&at(SlotState::Gone { to: g(2) }))),
             Err(Refusal::SlotMoved { slot, owner: g(2), epoch: 3 })
         );
         assert_eq!(
-            admits(&genesis, slot, Some(&at(SlotState::Importing { from: g(1), attempt: 1 })), false),
+            admits(&genesis, slot, Some(&at(SlotState::Importing { from: g(1), attempt: 1 }))),
             Err(Refusal::WrongSlot { slot, owner: g(1) })
         );
-        assert_eq!(admits(&genesis, slot, None, false), Err(Refusal::WrongSlot { slot, owner: g(1) }));
+        assert_eq!(admits(&genesis, slot, None), Err(Refusal::WrongSlot { slot, owner: g(1) }));
     }
 }

@@ -467,7 +467,7 @@ impl SlotFsm {
         };
         let slot = hash_slot(key.bytes());
         let record = self.record(genesis, overlay, slot)?;
-        if let Err(refusal) = migration::admits(genesis, slot, record.as_ref(), true) {
+        if let Err(refusal) = migration::admits(genesis, slot, record.as_ref()) {
             return Ok(Outcome::Refused(refusal));
         }
         overlay.marking = match record {

@@ -1106,7 +1106,8 @@ impl MultiRaft {
     /// the node hears of it.
     fn placed(&mut self, placements: Vec<(HashSlot, Placement)>) {
         for (slot, placement) in placements {
-            if let Some(next) = self.table.read().with_owner(slot, placement.group, placement.epoch) {
+            let next = self.table.read().with_owner(slot, placement.group, placement.epoch);
+            if let Some(next) = next {
                 *self.table.write() = Arc::new(next);
             }
             self.effects.push_back(SlotEffect::SlotPlaced { slot, placement });

@@ -1,0 +1,373 @@
+//! The driver of hash-slot migrations, run by the leader of the source group.
+//!
+//! Everything that decides ownership is replicated (the groups' slot records, see
+//! `tidings_slot::fsm::migration`); this driver only holds where its copy stands, so a new leader simply
+//! starts a new copy attempt. For each slot its group's records show exporting, it proposes in turn:
+//! `BeginImport` to the target (a fresh copy attempt: the leader's term and a counter, so chunks of an
+//! older attempt or an older leader are refused), the slot's keys as `ImportChunk`s of at most
+//! `chunk_bytes`, `Fence` to its own group, the keys marked as written during the copy (their values now,
+//! or their absence) as more chunks, `CommitImport` to the target, and `Finish` to its own group. One
+//! proposal at a time per slot; an outcome it cannot be sure of (timeout, leader change) restarts the
+//! copy with a new attempt, which the target begins by dropping what it received.
+
+use crate::node::controller::ControllerConfig;
+use std::collections::BTreeMap;
+use tidings_slot::command::Command;
+use tidings_slot::fsm::migration::SlotMigrationError;
+use tidings_slot::fsm::{Outcome, Refusal};
+use tidings_slot::model::{SlotMigrationStep, SlotState};
+use tidings_slot::query::SlotReader;
+use tidings_slot::raft::{MultiRaft, ProposeError};
+use tidings_types::{GroupId, HashSlot, Time};
+
+/// Where one migration's driver stands (in the order the phases run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum MigrationPhase {
+    /// Asking the target to (re)start receiving the slot.
+    Begin,
+    /// Copying the slot's keys; the cursor is the last key sent.
+    Copy,
+    /// Fencing the slot at the source.
+    Fence,
+    /// Copying the keys written during the copy.
+    Marks,
+    /// Asking the target to take the slot over.
+    Commit,
+    /// Dropping the source's copy.
+    Finish,
+}
+
+/// A hash-slot migration this node drives, for operators ([`crate::node::NodeStatus::slot_migrations`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotMigrationReport {
+    /// The slot.
+    pub slot: HashSlot,
+    /// The source group (this node leads it).
+    pub from: GroupId,
+    /// The target group.
+    pub to: GroupId,
+    /// The slot's ownership epoch at the target once done.
+    pub epoch: u64,
+    /// The copy attempt.
+    pub attempt: u64,
+    /// The step in progress.
+    pub phase: MigrationPhase,
+    /// Keys sent to the target in this attempt.
+    pub keys_copied: u64,
+}
+
+/// One export in progress.
+#[derive(Debug)]
+struct Export {
+    to: GroupId,
+    epoch: u64,
+    /// The raft term of the source group the attempt was started in.
+    term: u64,
+    attempt: u64,
+    phase: MigrationPhase,
+    /// The last key sent in the current phase (`Copy` or `Marks`).
+    cursor: Option<Vec<u8>>,
+    /// Where the phase continues once the chunk in flight is applied (`None`: the phase is done).
+    next_cursor: Option<Vec<u8>>,
+    in_flight: bool,
+    retry_at: Time,
+    keys_copied: u64,
+}
+
+/// Drives the exports of the slot groups this node leads.
+#[derive(Debug)]
+pub(crate) struct SlotMigrations {
+    exports: BTreeMap<(GroupId, HashSlot), Export>,
+    next_scan: Time,
+    /// Counts attempts started by this node (the low bits of an attempt number).
+    attempts: u64,
+    /// Best-effort clean-ups of targets whose import was abandoned.
+    abandoned: Vec<(GroupId, HashSlot, GroupId, u64)>,
+}
+
+/// How often the records of the groups this node leads are read for exports.
+const SCAN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+/// Bits of an attempt number below the term.
+const ATTEMPT_COUNTER_BITS: u32 = 24;
+
+/// A proposal the driver wants made: `command`, on behalf of the export of `slot` from `group`.
+pub(crate) struct MigrationProposal {
+    pub(crate) group: GroupId,
+    pub(crate) slot: HashSlot,
+    pub(crate) command: Command,
+    /// `false` for a fire-and-forget clean-up (its outcome is not reported back).
+    pub(crate) tracked: bool,
+}
+
+impl SlotMigrations {
+    pub(crate) fn new(now: Time) -> Self {
+        Self { exports: BTreeMap::new(), next_scan: now, attempts: 0, abandoned: Vec::new() }
+    }
+
+    /// What the exports in progress look like.
+    pub(crate) fn reports(&self) -> Vec<SlotMigrationReport> {
+        self.exports
+            .iter()
+            .map(|((from, slot), e)| SlotMigrationReport {
+                slot: *slot,
+                from: *from,
+                to: e.to,
+                epoch: e.epoch,
+                attempt: e.attempt,
+                phase: e.phase,
+                keys_copied: e.keys_copied,
+            })
+            .collect()
+    }
+
+    /// Reads the records of the groups this node leads (every `SCAN_INTERVAL`), then returns the next
+    /// proposal of every export that waits for none.
+    pub(crate) fn tick(
+        &mut self,
+        now: Time,
+        config: &ControllerConfig,
+        slot: &MultiRaft,
+        reader: &SlotReader,
+    ) -> Vec<MigrationProposal> {
+        if now >= self.next_scan {
+            self.next_scan = now + SCAN_INTERVAL;
+            self.scan(now, slot, reader);
+        }
+        let mut proposals: Vec<MigrationProposal> = self
+            .abandoned
+            .drain(..)
+            .map(|(from, slot, to, epoch)| MigrationProposal {
+                group: from,
+                slot,
+                command: Command::MigrateSlot { group: to, slot, step: SlotMigrationStep::AbortImport { from, epoch } },
+                tracked: false,
+            })
+            .collect();
+        for ((group, hash_slot), export) in self.exports.iter_mut() {
+            if export.in_flight || now < export.retry_at {
+                continue;
+            }
+            match next_command(*group, *hash_slot, export, config.migration_chunk_bytes, reader) {
+                Ok(Some(command)) => {
+                    export.in_flight = true;
+                    proposals.push(MigrationProposal { group: *group, slot: *hash_slot, command, tracked: true });
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(%error, %group, slot = %hash_slot, "slot migration: cannot read the slot");
+                    export.retry_at = now + config.migration_retry;
+                }
+            }
+        }
+        proposals
+    }
+
+    /// Starts an export for every slot the led groups' records show exporting or fenced (a new attempt
+    /// when the group's term changed), and forgets the others.
+    fn scan(&mut self, now: Time, slot: &MultiRaft, reader: &SlotReader) {
+        let mut seen = Vec::new();
+        for group in slot.groups().filter(|g| slot.is_leader(*g)).collect::<Vec<_>>() {
+            let Some(term) = slot.status(group).map(|s| s.term) else { continue };
+            let records = match reader.slot_records(group) {
+                Ok(records) => records,
+                Err(error) => {
+                    tracing::warn!(%error, %group, "slot migration: cannot read the group's slot records");
+                    continue;
+                }
+            };
+            for (hash_slot, record) in records {
+                let (SlotState::Exporting { to } | SlotState::Fenced { to }) = record.state else { continue };
+                seen.push((group, hash_slot));
+                let current = self.exports.get(&(group, hash_slot));
+                if current.is_some_and(|e| e.to == to && e.epoch == record.epoch && e.term == term) {
+                    continue;
+                }
+                self.attempts += 1;
+                let attempt = (term << ATTEMPT_COUNTER_BITS) | (self.attempts & ((1 << ATTEMPT_COUNTER_BITS) - 1));
+                tracing::info!(%group, slot = %hash_slot, %to, epoch = record.epoch, attempt, "slot migration: copy attempt starts");
+                let export = Export {
+                    to,
+                    epoch: record.epoch,
+                    term,
+                    attempt,
+                    phase: MigrationPhase::Begin,
+                    cursor: None,
+                    next_cursor: None,
+                    in_flight: false,
+                    retry_at: now,
+                    keys_copied: 0,
+                };
+                self.exports.insert((group, hash_slot), export);
+            }
+        }
+        let gone: Vec<(GroupId, HashSlot)> = self.exports.keys().filter(|k| !seen.contains(k)).copied().collect();
+        for key in gone {
+            let export = self.exports.remove(&key).expect("present");
+            let (group, hash_slot) = key;
+            // Still leading and the record no longer exporting: aborted (or finished, which the
+            // driver knows itself). Tell the target to drop what it received.
+            if slot.is_leader(group) && export.phase != MigrationPhase::Finish {
+                if let Ok(Some(record)) = reader.slot_record(group, hash_slot) {
+                    if record.state == SlotState::Owned {
+                        self.abandoned.push((group, hash_slot, export.to, export.epoch));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The outcome of the proposal the export of `slot` from `group` made.
+    pub(crate) fn outcome(
+        &mut self,
+        now: Time,
+        config: &ControllerConfig,
+        group: GroupId,
+        slot: HashSlot,
+        result: Result<Outcome, ProposeError>,
+    ) {
+        let Some(export) = self.exports.get_mut(&(group, slot)) else { return };
+        export.in_flight = false;
+        let restart = |export: &mut Export, now: Time, attempts: &mut u64| {
+            *attempts += 1;
+            export.attempt = (export.term << ATTEMPT_COUNTER_BITS) | (*attempts & ((1 << ATTEMPT_COUNTER_BITS) - 1));
+            export.phase = MigrationPhase::Begin;
+            export.cursor = None;
+            export.keys_copied = 0;
+            export.retry_at = now + config.migration_retry;
+        };
+        match result {
+            Ok(Outcome::Applied) => {
+                if advance(export) {
+                    self.exports.remove(&(group, slot));
+                    tracing::info!(%group, %slot, "slot migration: done");
+                }
+            }
+            Ok(Outcome::Refused(Refusal::Migration(SlotMigrationError::Imported { epoch })))
+                if epoch == export.epoch && export.phase != MigrationPhase::Fence =>
+            {
+                // The target took the slot over already (an earlier attempt committed): only the source's
+                // clean-up is left. The source is fenced then: nothing commits before the fence.
+                export.phase = MigrationPhase::Finish;
+            }
+            Ok(Outcome::Refused(refusal)) => {
+                // Out of step or a newer attempt elsewhere: the records say what is true. Forget this
+                // attempt; the next scan starts over from them if the export is still on.
+                tracing::info!(%group, %slot, ?refusal, phase = ?export.phase, "slot migration: step refused");
+                self.exports.remove(&(group, slot));
+                self.next_scan = now;
+            }
+            Ok(other) => {
+                tracing::warn!(%group, %slot, ?other, "slot migration: unexpected outcome");
+                restart(export, now, &mut self.attempts);
+            }
+            Err(error) => match export.phase {
+                // Fencing, committing and finishing can be asked again as they are.
+                MigrationPhase::Fence | MigrationPhase::Commit | MigrationPhase::Finish => {
+                    tracing::info!(%error, %group, %slot, phase = ?export.phase, "slot migration: step retried");
+                    export.retry_at = now + config.migration_retry;
+                }
+                // A chunk's fate is unknown: copy again under a new attempt.
+                _ => {
+                    tracing::info!(%error, %group, %slot, "slot migration: copy restarts");
+                    restart(export, now, &mut self.attempts);
+                }
+            },
+        }
+        if let Some(export) = self.exports.get_mut(&(group, slot)) {
+            // The next step waits a little: the copy shares the groups with their writes.
+            export.retry_at = export.retry_at.max(now + config.migration_step_pause);
+        }
+    }
+
+    /// When the driver next has something to do.
+    pub(crate) fn poll_timeout(&self) -> Time {
+        let ready = self.exports.values().filter(|e| !e.in_flight).map(|e| e.retry_at);
+        ready.fold(self.next_scan, Time::min)
+    }
+}
+
+/// Moves an export past the step that was just applied; `true` when that was the last.
+fn advance(export: &mut Export) -> bool {
+    use MigrationPhase::*;
+    match export.phase {
+        Begin => {
+            export.phase = Copy;
+            export.cursor = None;
+        }
+        Copy | Marks => match export.next_cursor.take() {
+            Some(cursor) => export.cursor = Some(cursor),
+            None => {
+                export.cursor = None;
+                export.phase = if export.phase == Copy { Fence } else { Commit };
+            }
+        },
+        Fence => export.phase = Marks,
+        Commit => export.phase = Finish,
+        Finish => return true,
+    }
+    false
+}
+
+/// The next command of `export`, or `None` when a phase turned out to have nothing to send (the phase
+/// then moved on, and the next tick sends the next step).
+fn next_command(
+    group: GroupId,
+    slot: HashSlot,
+    export: &mut Export,
+    chunk_bytes: usize,
+    reader: &SlotReader,
+) -> Result<Option<Command>, tidings_store::StoreError> {
+    let (to, epoch, attempt) = (export.to, export.epoch, export.attempt);
+    let target = |step| Command::MigrateSlot { group: to, slot, step };
+    let source = |step| Command::MigrateSlot { group, slot, step };
+    let command = match export.phase {
+        MigrationPhase::Begin => target(SlotMigrationStep::BeginImport { from: group, epoch, attempt }),
+        MigrationPhase::Copy => {
+            let page = reader.export_slot(group, slot, export.cursor.as_deref(), chunk_bytes)?;
+            export.next_cursor = page.cursor;
+            export.keys_copied += page.items.len() as u64;
+            let entries = page.items.into_iter().map(|(k, v)| (k, Some(v))).collect();
+            target(SlotMigrationStep::ImportChunk { from: group, epoch, attempt, entries })
+        }
+        MigrationPhase::Fence => {
+            if matches!(reader.slot_record(group, slot)?, Some(r) if matches!(r.state, SlotState::Fenced { .. })) {
+                // Fenced already (a leader before this one fenced it): on to the marked keys.
+                export.phase = MigrationPhase::Marks;
+                return Ok(None);
+            }
+            source(SlotMigrationStep::Fence { to, epoch })
+        }
+        MigrationPhase::Marks => {
+            let mut entries = Vec::new();
+            let mut bytes = 0usize;
+            let mut cursor = export.cursor.clone();
+            loop {
+                let page = reader.slot_marks(group, slot, cursor.as_deref(), 256)?;
+                for key in page.items {
+                    let value = reader.raw_in(group, slot, &key)?;
+                    bytes += key.len() + value.as_ref().map_or(0, Vec::len);
+                    cursor = Some(key.clone());
+                    entries.push((key, value));
+                }
+                if page.cursor.is_none() {
+                    export.next_cursor = None;
+                    break;
+                }
+                if bytes >= chunk_bytes {
+                    export.next_cursor = cursor;
+                    break;
+                }
+            }
+            if entries.is_empty() {
+                export.phase = MigrationPhase::Commit;
+                export.cursor = None;
+                return Ok(None);
+            }
+            export.keys_copied += entries.len() as u64;
+            target(SlotMigrationStep::ImportChunk { from: group, epoch, attempt, entries })
+        }
+        MigrationPhase::Commit => target(SlotMigrationStep::CommitImport { from: group, epoch, attempt }),
+        MigrationPhase::Finish => source(SlotMigrationStep::Finish { to, epoch }),
+    };
+    Ok(Some(command))
+}
