@@ -12,12 +12,12 @@ use tidings::node::{carry_out_fanout, ApiId, ApiResult, NoFanout, NodeConfig, No
 use tidings::router::Router;
 use tidings::slot::command::{Command, MemberList, RoutingKey};
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
-use tidings::slot::model::{Uid, User};
+use tidings::slot::model::{SlotState, Uid, User};
 use tidings::store::message::{
     IdempotencyKey, LogBatch, LogFailOp, LogLimits, MemoryLog, MessageLog, ReadLimits, Record,
 };
 use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
-use tidings::types::{ChannelId, ChannelType, DetRng, GroupId, NodeId, Seq, Time};
+use tidings::types::{ChannelId, ChannelType, DetRng, GroupId, HashSlot, NodeId, Seq, Time};
 
 /// What a run did, and what it found.
 #[derive(Clone, Debug)]
@@ -76,6 +76,10 @@ pub struct Faults {
     pub slot_groups_reconfigured: u64,
     /// Node drains started or stopped.
     pub drains: u64,
+    /// Hash-slot migrations (and aborts) asked for.
+    pub slot_migrations: u64,
+    /// Hash-slot migrations completed during the run (slots whose owner changed).
+    pub slots_migrated: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -91,6 +95,8 @@ impl std::ops::AddAssign for Faults {
         self.slot_moves_accepted += other.slot_moves_accepted;
         self.slot_groups_reconfigured += other.slot_groups_reconfigured;
         self.drains += other.drains;
+        self.slot_migrations += other.slot_migrations;
+        self.slots_migrated += other.slots_migrated;
     }
 }
 
@@ -163,7 +169,8 @@ pub struct World {
     /// Metadata writes in flight: request → the user written.
     user_writes: BTreeMap<ApiId, Uid>,
     /// Users whose write was acknowledged, by slot group.
-    users_acked: BTreeMap<GroupId, Vec<Uid>>,
+    /// Acknowledged user writes, by the hash slot of the uid.
+    users_acked: BTreeMap<HashSlot, Vec<Uid>>,
     /// Authoritative reads in flight: request → the users acknowledged in its group before it was issued.
     barriers: BTreeMap<ApiId, Vec<Uid>>,
     /// Slot-group replica moves and aborts asked for, waiting for their answer.
@@ -489,16 +496,16 @@ impl World {
                 NodeEffect::Done { id: api, result } => {
                     if let Some(uid) = self.user_writes.remove(&api) {
                         if matches!(result, ApiResult::Meta(Ok(()))) {
-                            let group = self.group_of_user(&uid);
-                            self.users_acked.entry(group).or_default().push(uid);
+                            self.users_acked.entry(slot_of_user(&uid)).or_default().push(uid);
                         }
                     }
                     if let Some(expected) = self.barriers.remove(&api) {
+                        // A read barrier covers the key's slot (refused while the slot is fenced).
                         if matches!(result, ApiResult::Meta(Ok(()))) {
                             let core = self.nodes[&id].core.as_ref().expect("answered by a live core");
                             for uid in expected {
                                 if !matches!(core.reader().user(&uid), Ok(Some(_))) {
-                                    let group = self.group_of_user(&uid);
+                                    let group = core.slot().table().group_of(slot_of_user(&uid));
                                     self.oracle.violation(format!(
                                         "{id}: authoritative read misses acknowledged user {} ({group} here: {:?})",
                                         uid.as_str(),
@@ -604,8 +611,7 @@ impl World {
             } else {
                 let uid = acked[usize::try_from(self.rng.below(acked.len() as u64)).unwrap_or(0)].clone();
                 core.read_barrier(now, api, RoutingKey::Uid(&uid));
-                let group = self.group_of_user(&uid);
-                self.barriers.insert(api, self.users_acked.get(&group).cloned().unwrap_or_default());
+                self.barriers.insert(api, self.users_acked.get(&slot_of_user(&uid)).cloned().unwrap_or_default());
             }
             return;
         }
@@ -629,6 +635,24 @@ impl World {
             if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
                 core.drain_node(now, api, target, drain);
                 self.faults.drains += 1;
+            }
+            return;
+        }
+        if roll == 86 && self.params.leader_transfers && self.rng.chance(300_000) {
+            // A hash slot migrates to a random group (refused when it is that group, or migrating), or
+            // the migration in progress is aborted.
+            let table = self.nodes[&node].config.table();
+            let groups: Vec<GroupId> = table.groups().collect();
+            let to = *self.rng.pick(&groups).expect("groups");
+            let slot = HashSlot::new(u16::try_from(self.rng.below(256)).unwrap_or(0)).expect("below 256");
+            let abort = self.rng.chance(250_000);
+            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
+                if abort {
+                    core.abort_slot_migration(now, api, slot);
+                } else {
+                    core.migrate_slot(now, api, slot, to);
+                }
+                self.faults.slot_migrations += 1;
             }
             return;
         }
@@ -789,9 +813,43 @@ impl World {
         }
     }
 
-    fn group_of_user(&self, uid: &Uid) -> GroupId {
-        let config = &self.nodes.values().next().expect("nodes").config;
-        config.table().group_of_key(RoutingKey::Uid(uid).bytes())
+    fn genesis(&self) -> tidings::router::HashToSlot {
+        self.nodes.values().next().expect("nodes").config.table()
+    }
+
+    /// The group that owns `slot` now: from its genesis owner along the groups' records of where it went
+    /// (as their leaders have them).
+    fn owner_of(&self, slot: HashSlot) -> GroupId {
+        let mut group = self.genesis().group_of(slot);
+        for _ in 0..64 {
+            let leader = self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group));
+            let record = leader.and_then(|c| c.reader().slot_record(group, slot).ok().flatten());
+            match record.map(|r| r.state) {
+                Some(SlotState::Gone { to }) => group = to,
+                _ => return group,
+            }
+        }
+        group
+    }
+
+    /// After healing, no hash-slot migration is left half done: no group's leader shows a slot exporting
+    /// or fenced.
+    fn check_migrations_settled(&mut self) {
+        for group in self.genesis().groups().collect::<Vec<_>>() {
+            let Some(core) = self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group))
+            else {
+                continue;
+            };
+            let records = core.reader().slot_records(group).unwrap_or_default();
+            for (slot, record) in records {
+                if matches!(record.state, SlotState::Exporting { .. } | SlotState::Fenced { .. }) {
+                    let driver = core.status().slot_migrations;
+                    self.oracle.violation(format!(
+                        "liveness: {slot} of {group} still migrating after healing ({record:?}, driver {driver:?})"
+                    ));
+                }
+            }
+        }
     }
 
     fn check_hw_monotonic(&mut self) {
@@ -851,8 +909,13 @@ impl World {
             }
             self.oracle.check_durable(&channel, &logs);
         }
-        // Every acknowledged metadata write is on every replica of its group once healed.
-        for (group, uids) in &self.users_acked {
+        // Every acknowledged metadata write is on every replica of the group owning its slot once healed.
+        let owners: BTreeMap<HashSlot, GroupId> =
+            self.users_acked.keys().map(|slot| (*slot, self.owner_of(*slot))).collect();
+        self.faults.slots_migrated +=
+            HashSlot::all().filter(|slot| self.owner_of(*slot) != self.genesis().group_of(*slot)).count() as u64;
+        for (slot, uids) in &self.users_acked {
+            let group = &owners[slot];
             let members = self.group_members(*group);
             for (id, node) in self.nodes.iter().filter(|(id, _)| members.contains(id)) {
                 let Some(core) = node.core.as_ref() else { continue };
@@ -875,6 +938,7 @@ impl World {
         }
         self.check_slot_replicas();
         self.check_moves_settled();
+        self.check_migrations_settled();
         self.oracle.check_answered();
         for channel in &self.channels {
             if !self.probed.contains(channel) {
@@ -915,4 +979,9 @@ impl World {
             }
         }
     }
+}
+
+/// The hash slot of a user's records.
+fn slot_of_user(uid: &Uid) -> HashSlot {
+    tidings::router::hash_slot(RoutingKey::Uid(uid).bytes())
 }
