@@ -194,8 +194,8 @@ struct Sent {
     command: Command,
     /// Times it was sent (a refusal that proposed nothing sends it on).
     sends: u8,
-    /// Sent to another node's replica of the group.
-    remote: bool,
+    /// The other node's replica of the group it was sent to (`None`: through the local replica).
+    remote: Option<NodeId>,
 }
 
 /// An append waiting for its channel's meta.
@@ -263,6 +263,9 @@ pub struct NodeCore {
     forward_deadlines: VecDeque<(Time, u64)>,
     /// Leaders of slot groups this node does not serve, as `NotLeader` hints named them.
     remote_leaders: BTreeMap<GroupId, NodeId>,
+    /// A node that answered a proposal for the group with `NotLeader` and no hint: it is not taken for
+    /// the group's leader (a route observed before a replica move may still name it) until a hint names it.
+    not_leaders: BTreeMap<GroupId, NodeId>,
     /// Authoritative metadata reads waiting for their ReadIndex: the caller, the key's hash slot, and how
     /// many groups were asked (a migrated slot is followed).
     meta_reads: BTreeMap<ReadId, (ApiId, HashSlot, u8)>,
@@ -342,6 +345,7 @@ impl NodeCore {
             forwarded: BTreeMap::new(),
             forward_deadlines: VecDeque::new(),
             remote_leaders: BTreeMap::new(),
+            not_leaders: BTreeMap::new(),
             meta_reads: BTreeMap::new(),
             // Ids of this start live in their own range: see `NodeConfig::boot_id`.
             next_id: ((config.boot_id & 0xffff_ffff) << 32) | 1,
@@ -747,29 +751,35 @@ impl NodeCore {
     }
 
     /// Proposes `command` to its group: through the local replica, else through the group's leader as far
-    /// as this node knows it. `true` with the id if it went to another node.
-    fn submit(&mut self, command: &Command) -> Result<(ProposalId, bool), ProposeError> {
+    /// as this node knows it (that node is returned with the id).
+    fn submit(&mut self, command: &Command) -> Result<(ProposalId, Option<NodeId>), ProposeError> {
         match self.slot.propose(self.now, command) {
             Err(ProposeError::UnknownGroup { group }) => {
                 let leader = self.group_contact(group).ok_or(ProposeError::NotReady { group })?;
-                Ok((self.slot.propose_remote(self.now, command, leader)?, true))
+                Ok((self.slot.propose_remote(self.now, command, leader)?, Some(leader)))
             }
-            other => Ok((other?, false)),
+            other => Ok((other?, None)),
         }
     }
 
     /// Sends on a proposal whose refusal proposed nothing, at most `REMOTE_PROPOSAL_SENDS` times in all
-    /// (so it cannot apply twice): a remote proposal refused with `NotLeader` goes to the hinted leader; a
+    /// (so it cannot apply twice): a remote proposal refused with `NotLeader` goes to the hinted leader, or
+    /// without a hint to another contact (the node that refused it is no longer taken for the leader); a
     /// command refused because its hash slot moved goes to the new owner, whose placement this node
     /// learns. `true` if it was sent on.
     fn send_on(&mut self, id: ProposalId, result: &Result<Outcome, ProposeError>) -> bool {
         let Some(sent) = self.sent.remove(&id) else { return false };
+        if let (Err(ProposeError::NotLeader { group, hint: None }), Some(refused_by)) = (result, sent.remote) {
+            self.not_leaders.insert(*group, refused_by);
+        }
         if sent.sends >= REMOTE_PROPOSAL_SENDS {
             return false;
         }
         let next = match result {
-            Err(ProposeError::NotLeader { hint: Some(leader), .. }) if sent.remote && *leader != self.config.node => {
-                self.slot.propose_remote(self.now, &sent.command, *leader).map(|id| (id, true))
+            Err(ProposeError::NotLeader { group, hint }) if sent.remote.is_some() => {
+                let me = self.config.node;
+                let Some(to) = hint.filter(|l| *l != me).or_else(|| self.group_contact(*group)) else { return false };
+                self.slot.propose_remote(self.now, &sent.command, to).map(|id| (id, Some(to)))
             }
             Ok(Outcome::Refused(Refusal::SlotMoved { slot, owner, epoch })) => {
                 self.learn_slot_owner(*slot, *owner, *epoch);
@@ -848,7 +858,8 @@ impl NodeCore {
         let me = self.config.node;
         // A hint or route naming this node is stale unless its replica leads: a replica moved away
         // leaves its last observation in the route table.
-        let elsewhere = |leader: &NodeId| *leader != me || self.slot.is_leader(group);
+        let refuted = self.not_leaders.get(&group).copied();
+        let elsewhere = |leader: &NodeId| (*leader != me || self.slot.is_leader(group)) && Some(*leader) != refuted;
         self.slot
             .leader(group)
             .or_else(|| self.remote_leaders.get(&group).copied().filter(elsewhere))
@@ -1545,6 +1556,7 @@ impl NodeCore {
         if let Err(ProposeError::NotLeader { group, hint: Some(leader) }) = &result {
             if !self.slot.groups().any(|g| g == *group) {
                 self.remote_leaders.insert(*group, *leader);
+                self.not_leaders.remove(group);
             }
         }
         if self.send_on(id, &result) {
