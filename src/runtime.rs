@@ -114,6 +114,7 @@ pub struct Node {
     threads: Vec<JoinHandle<()>>,
     _write_behind: WriteBehindThread,
     kv: Arc<dyn Kv>,
+    router: Arc<Router>,
     dropped_frames: Arc<AtomicU64>,
 }
 
@@ -164,7 +165,8 @@ impl Node {
         let router = Arc::new(Router::new(config.table()));
         let started = Instant::now();
         let id = config.node;
-        let core = NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), router, Time::ZERO)?;
+        let core =
+            NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), Arc::clone(&router), Time::ZERO)?;
         let (inbox, inputs) = bounded(INBOX_CAPACITY);
         let (sync_tx, sync_rx) = bounded::<u64>(1024);
         let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(GROUP_COMMIT_MAX * 4);
@@ -202,12 +204,19 @@ impl Node {
             };
             shell.run(&inputs);
         }));
-        Ok(Node { id, inbox, threads, _write_behind: write_behind, kv, dropped_frames: Arc::new(AtomicU64::new(0)) })
+        let dropped_frames = Arc::new(AtomicU64::new(0));
+        Ok(Node { id, inbox, threads, _write_behind: write_behind, kv, router, dropped_frames })
     }
 
     /// This node's id.
     pub fn id(&self) -> NodeId {
         self.id
+    }
+
+    /// The routes this node uses now: the hash-slot table (with every slot migration it learned) and the
+    /// slot groups' leaders as observed. Never blocks.
+    pub fn routes(&self) -> Arc<tidings_router::RouteTable> {
+        self.router.snapshot()
     }
 
     /// Hands an inbound frame from `from` to the node. Never blocks: when the inbox is full the frame is

@@ -204,6 +204,10 @@ pub struct SlotFsm {
     group: GroupId,
     store: MetaStore,
     limits: FsmLimits,
+    /// The group's slot records as stored (`None`: no record), read once: every slot command checks its
+    /// slot's. Updated after each write that changes one; [`SlotFsm::forget_records`] after the store
+    /// changed under the FSM (a snapshot installed).
+    records: parking_lot::Mutex<BTreeMap<HashSlot, Option<SlotRecord>>>,
 }
 
 /// Reads through the writes of the batch being built.
@@ -215,6 +219,8 @@ struct Overlay<'a> {
     batch: MetaWriteBatch,
     /// The slot exporting while the current command applies: keys it writes are marked.
     marking: Option<(GroupId, HashSlot)>,
+    /// Slot records this batch writes (remembered by the FSM once the batch is stored).
+    records_written: Vec<(HashSlot, SlotRecord)>,
 }
 
 impl Overlay<'_> {
@@ -281,7 +287,13 @@ pub struct AppliedBatch {
 impl SlotFsm {
     /// The FSM of `group` over `store`.
     pub fn new(group: GroupId, store: MetaStore, limits: FsmLimits) -> Self {
-        Self { group, store, limits }
+        Self { group, store, limits, records: parking_lot::Mutex::new(BTreeMap::new()) }
+    }
+
+    /// Drops what the FSM remembers of the stored slot records (the store was written under it: a
+    /// snapshot was installed).
+    pub fn forget_records(&self) {
+        self.records.lock().clear();
     }
 
     /// The group.
@@ -324,6 +336,7 @@ impl SlotFsm {
             cleared: Vec::new(),
             batch: MetaWriteBatch::new(),
             marking: None,
+            records_written: Vec::new(),
         };
         let mut placements = Vec::new();
         let mut outcomes = Vec::with_capacity(entries.len());
@@ -361,6 +374,10 @@ impl SlotFsm {
                 overlay.batch.place(*slot, *placement);
             }
             self.store.write(&overlay.batch)?;
+            let mut records = self.records.lock();
+            for (slot, record) in overlay.records_written {
+                records.insert(slot, Some(record));
+            }
         }
         Ok(AppliedBatch { outcomes, metas, placements })
     }
@@ -373,12 +390,27 @@ impl SlotFsm {
             cleared: Vec::new(),
             batch: MetaWriteBatch::new(),
             marking: None,
+            records_written: Vec::new(),
         };
         self.record(genesis, &overlay, slot)
     }
 
     fn record(&self, genesis: &HashToSlot, overlay: &Overlay<'_>, slot: HashSlot) -> StoreResult<Option<SlotRecord>> {
-        let stored = overlay.get_decoded(MetaSpace::group_records(self.group), &migration::record_key(slot))?;
+        let space = MetaSpace::group_records(self.group);
+        let key = migration::record_key(slot);
+        if overlay.pending.contains_key(&(space, key.clone())) {
+            let stored = overlay.get_decoded(space, &key)?;
+            return Ok(migration::record_in_force(self.group, genesis, slot, stored));
+        }
+        let cached = self.records.lock().get(&slot).cloned();
+        let stored = match cached {
+            Some(stored) => stored,
+            None => {
+                let stored: Option<SlotRecord> = overlay.get_decoded(space, &key)?;
+                self.records.lock().insert(slot, stored.clone());
+                stored
+            }
+        };
         Ok(migration::record_in_force(self.group, genesis, slot, stored))
     }
 
@@ -445,6 +477,7 @@ impl SlotFsm {
         }
         if let Some(record) = transition.record {
             overlay.put(records, migration::record_key(slot), &record);
+            overlay.records_written.push((slot, record));
         }
         placements.extend(transition.placement.map(|p| (slot, p)));
         Ok(Outcome::Applied)

@@ -931,7 +931,10 @@ impl MultiRaft {
         let snapshot_index = (!snapshot.is_empty()).then(|| snapshot.get_metadata().index);
         if !snapshot.is_empty() {
             let index = snapshot.get_metadata().index;
-            match snapshot::install(&self.meta, id, index, &snapshot.data) {
+            let installed = snapshot::install(&self.meta, id, index, &snapshot.data);
+            // Whatever happened to the store, the FSM reads its records afresh.
+            group.fsm.forget_records();
+            match installed {
                 Ok(installed) => {
                     group.config_epoch = installed.config_epoch;
                     self.placed(installed.placements);
