@@ -272,7 +272,9 @@ fn an_abort_before_the_fence_keeps_the_slot_where_it_was() {
 #[test]
 fn a_migration_completes_after_a_crash_of_either_leader_mid_way() {
     for (victim_group, phase) in [
+        (SOURCE, MigrationPhase::Begin),
         (SOURCE, MigrationPhase::Copy),
+        (SOURCE, MigrationPhase::Fence),
         (SOURCE, MigrationPhase::Marks),
         (SOURCE, MigrationPhase::Finish),
         (TARGET, MigrationPhase::Copy),
