@@ -35,7 +35,9 @@ pub(crate) struct ChannelEntry {
 pub(crate) struct LogCore {
     /// Fx hashing: deterministic (no random seed), and cheap for the short ids channels have.
     pub(crate) channels: FxHashMap<ChannelId, ChannelEntry>,
-    /// State each channel will have once every staged batch is applied.
+    /// State each channel will have once every staged batch is applied. Kept across syncs (once every
+    /// staged batch is durable a tail equals the durable state, which only staged batches change), so a
+    /// channel's state is not copied again for each group commit; dropped with unsynced batches.
     tails: FxHashMap<ChannelId, ChannelLogState>,
     staged: Vec<LogBatch>,
     /// Batches a running sync is making durable (staged before it began).
@@ -72,11 +74,11 @@ impl LogCore {
             }
             .into());
         }
-        let channels = &self.channels;
-        let tail = self
-            .tails
-            .entry(batch.channel.clone())
-            .or_insert_with(|| channels.get(&batch.channel).map(|e| e.state.clone()).unwrap_or_default());
+        if !self.tails.contains_key(&batch.channel) {
+            let durable = self.channels.get(&batch.channel).map(|e| e.state.clone()).unwrap_or_default();
+            self.tails.insert(batch.channel.clone(), durable);
+        }
+        let tail = self.tails.get_mut(&batch.channel).expect("inserted above");
         if let [op] = batch.ops.as_slice() {
             // One op: `apply` changes nothing when it refuses, so no copy is needed.
             tail.apply(&batch.channel, op)?;
@@ -120,9 +122,6 @@ impl LogCore {
         for batch in in_flight {
             // Cannot fail: each batch was checked at stage time against exactly the state it meets now.
             self.apply_durable(batch).expect("staged batch applies to the state it was checked against");
-        }
-        if self.staged.is_empty() {
-            self.tails.clear();
         }
         Some(count)
     }
