@@ -10,7 +10,7 @@ use support::Cluster;
 use tidings::node::{ApiId, MigrationPhase, NodeCore};
 use tidings::router::hash_slot;
 use tidings::slot::command::{Command, RoutingKey};
-use tidings::slot::model::{SlotState, Uid, User};
+use tidings::slot::model::{SlotMigrationStep, SlotState, Uid, User};
 use tidings::types::{GroupId, HashSlot, NodeId, Time};
 
 /// Small chunks and a pause between steps: the copy takes long enough for writes to interleave.
@@ -310,4 +310,41 @@ fn a_migration_completes_after_a_crash_of_either_leader_mid_way() {
         cluster.run_for(3_000);
         check_moved(&mut cluster, &load);
     }
+}
+
+#[test]
+fn an_import_whose_export_was_given_up_is_dropped_by_the_target() {
+    // A late `BeginImport` of an abandoned attempt (or an abort whose clean-up was lost) leaves the
+    // target holding an import nobody finishes: its leader asks the source's and drops it.
+    let mut cluster = Cluster::new(4);
+    cluster.run_for(3_000);
+    let slot = the_slot();
+    let step = SlotMigrationStep::BeginImport { from: SOURCE, epoch: 1, attempt: 999 };
+    let begin = Command::MigrateSlot { group: TARGET, slot, step };
+    assert_eq!(call(&mut cluster, 2, |core, now, id| core.propose(now, id, begin)), "Meta(Ok(()))");
+    let chunk = SlotMigrationStep::ImportChunk {
+        from: SOURCE,
+        epoch: 1,
+        attempt: 999,
+        entries: vec![(b"leftover".to_vec(), Some(b"x".to_vec()))],
+    };
+    let chunk = Command::MigrateSlot { group: TARGET, slot, step: chunk };
+    assert_eq!(call(&mut cluster, 3, |core, now, id| core.propose(now, id, chunk)), "Meta(Ok(()))");
+    let importing = |c: &mut Cluster| {
+        let Some(t) = leader(c, TARGET) else { return true };
+        let record = c.core(t).reader().slot_record(TARGET, slot).unwrap();
+        record.is_some_and(|r| matches!(r.state, SlotState::Importing { .. }))
+    };
+    assert!(importing(&mut cluster));
+    assert!(cluster.run_until(20_000, |c| !importing(c)), "the target drops the import");
+    cluster.run_for(1_000);
+    for node in voters(&mut cluster, TARGET) {
+        let left = cluster.core(node).reader().export_slot(TARGET, slot, None, usize::MAX).unwrap();
+        assert!(left.items.is_empty(), "node {node} keeps the abandoned import");
+        let record = cluster.core(node).reader().slot_record(TARGET, slot).unwrap().unwrap();
+        assert_eq!((record.epoch, record.state), (0, SlotState::Gone { to: SOURCE }));
+    }
+    // The slot still migrates there later.
+    start(&mut cluster, 1);
+    assert!(cluster.run_until(30_000, |c| migrated(c, 1)), "a later migration completes");
 }

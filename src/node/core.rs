@@ -5,8 +5,8 @@
 
 use super::config::NodeConfig;
 use super::controller::{
-    Action, ClusterView, Controller, DrainReport, EvidenceReport, MigrationProposal, NodeView, PreferredLeaders,
-    Reconcile, SlotMigrationReport, SlotMigrations, TaskReport, TaskStatus,
+    Action, ClusterView, Controller, DrainReport, EvidenceReport, ExportQuestion, MigrationProposal, NodeView,
+    PreferredLeaders, Reconcile, SlotMigrationReport, SlotMigrations, TaskReport, TaskStatus,
 };
 use super::error::NodeError;
 use super::fanout::FanoutAnswer;
@@ -23,7 +23,7 @@ use tidings_channel::machine::{
 use tidings_router::Router;
 use tidings_slot::command::{Command, MemberList, RoutingKey};
 use tidings_slot::fsm::{Outcome, Refusal};
-use tidings_slot::model::{ChannelInfo, Uid};
+use tidings_slot::model::{ChannelInfo, SlotState, Uid};
 use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, ProposalId, ProposeError, ReadId, SlotEffect};
 use tidings_store::message::{LogBatch, MessageLog, ReadLimits, Record};
@@ -805,6 +805,12 @@ impl NodeCore {
     /// Proposes what the slot-migration driver asks for; an immediate failure is its outcome.
     fn drive_migrations(&mut self) {
         let proposals = self.migrations.tick(self.now, &self.config.controller, &self.slot, &self.reader);
+        for ExportQuestion { from, slot, to, epoch } in self.migrations.export_questions(self.now) {
+            // Only the source's leader answers; which node that is may be stale here: ask every node.
+            for node in self.config.nodes.clone() {
+                self.send_node(node, NodeMessage::ExportQuery { from, slot, to, epoch });
+            }
+        }
         for MigrationProposal { group, slot, command, tracked } in proposals {
             let purpose =
                 if tracked { ProposalPurpose::SlotMigration { group, slot } } else { ProposalPurpose::Internal };
@@ -1371,6 +1377,26 @@ impl NodeCore {
             NodeMessage::EvidenceRequest { task, meta } => self.answer_evidence(from, task, meta),
             NodeMessage::EvidenceReply { task, channel, version, report } => {
                 self.controller.evidence(self.now, from, task, &channel, version, report)
+            }
+            NodeMessage::ExportQuery { from: source, slot, to, epoch } => {
+                if self.slot.is_leader(source) {
+                    let record = self.reader.slot_record(source, slot);
+                    // Anything but a record of this very export (or of its completion) means it was given up.
+                    let exporting = match record {
+                        Ok(Some(r)) => {
+                            r.epoch == epoch
+                                && matches!(r.state,
+                                    SlotState::Exporting { to: t } | SlotState::Fenced { to: t } | SlotState::Gone { to: t }
+                                    if t == to)
+                        }
+                        Ok(None) => false,
+                        Err(_) => return, // cannot tell: say nothing
+                    };
+                    self.send_node(from, NodeMessage::ExportAnswer { from: source, slot, to, epoch, exporting });
+                }
+            }
+            NodeMessage::ExportAnswer { from: source, slot, to, epoch, exporting } => {
+                self.migrations.export_answer(source, slot, to, epoch, exporting);
             }
             NodeMessage::RequestFailover { channel, version } => {
                 // Only the group's leader acts, on the meta its store holds.

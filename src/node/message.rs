@@ -4,7 +4,7 @@ use super::controller::EvidenceReport;
 use serde::{Deserialize, Serialize};
 use tidings_channel::machine::{AppendAborted, AppendError};
 use tidings_store::message::IdempotencyKey;
-use tidings_types::{ChannelId, ChannelRuntimeMeta, Seq};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, HashSlot, Seq};
 
 /// A node-to-node message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -61,6 +61,32 @@ pub enum NodeMessage {
         channel: ChannelId,
         /// Meta version the replica has.
         version: u64,
+    },
+    /// The leader of group `to`, which holds an import of `slot` from group `from` at ownership epoch
+    /// `epoch` that has not finished, asks whether `from` still exports it there; only `from`'s leader
+    /// answers.
+    ExportQuery {
+        /// The source group.
+        from: GroupId,
+        /// The hash slot.
+        slot: HashSlot,
+        /// The group holding the import.
+        to: GroupId,
+        /// The migration's epoch.
+        epoch: u64,
+    },
+    /// `from`'s leader's answer to an [`NodeMessage::ExportQuery`].
+    ExportAnswer {
+        /// The source group.
+        from: GroupId,
+        /// The hash slot.
+        slot: HashSlot,
+        /// The group holding the import.
+        to: GroupId,
+        /// The migration's epoch.
+        epoch: u64,
+        /// `false`: the export was given up (the import can go).
+        exporting: bool,
     },
 }
 

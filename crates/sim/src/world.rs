@@ -832,8 +832,8 @@ impl World {
         group
     }
 
-    /// After healing, no hash-slot migration is left half done: no group's leader shows a slot exporting
-    /// or fenced.
+    /// After healing, no hash-slot migration is left half done: no group's leader shows a slot exporting,
+    /// fenced or importing (an import whose export was given up is dropped).
     fn check_migrations_settled(&mut self) {
         for group in self.genesis().groups().collect::<Vec<_>>() {
             let Some(core) = self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group))
@@ -842,7 +842,10 @@ impl World {
             };
             let records = core.reader().slot_records(group).unwrap_or_default();
             for (slot, record) in records {
-                if matches!(record.state, SlotState::Exporting { .. } | SlotState::Fenced { .. }) {
+                if matches!(
+                    record.state,
+                    SlotState::Exporting { .. } | SlotState::Fenced { .. } | SlotState::Importing { .. }
+                ) {
                     let driver = core.status().slot_migrations;
                     self.oracle.violation(format!(
                         "liveness: {slot} of {group} still migrating after healing ({record:?}, driver {driver:?})"

@@ -43,8 +43,8 @@ pub use membership::MembershipStep;
 pub use preferred::Reconcile;
 pub(crate) use preferred::{NodeView, PreferredLeaders};
 pub use report::{EvidenceEntry, EvidenceReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus};
+pub(crate) use slot_migration::{ExportQuestion, MigrationProposal, SlotMigrations};
 pub use slot_migration::{MigrationPhase, SlotMigrationReport};
-pub(crate) use slot_migration::{MigrationProposal, SlotMigrations};
 
 use super::core::ApiId;
 use super::message::NodeMessage;

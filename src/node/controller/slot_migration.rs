@@ -9,6 +9,10 @@
 //! or their absence) as more chunks, `CommitImport` to the target, and `Finish` to its own group. One
 //! proposal at a time per slot; an outcome it cannot be sure of (timeout, leader change) restarts the
 //! copy with a new attempt, which the target begins by dropping what it received.
+//!
+//! On the target's side, the leader of a group holding an unfinished import asks the source's leader
+//! every `IMPORT_CHECK_INTERVAL` whether the export is still on; when it was given up (an abort whose
+//! clean-up was lost, or a late `BeginImport` of an abandoned attempt), it drops the import.
 
 use crate::node::controller::ControllerConfig;
 use std::collections::BTreeMap;
@@ -81,8 +85,32 @@ pub(crate) struct SlotMigrations {
     next_scan: Time,
     /// Counts attempts started by this node (the low bits of an attempt number).
     attempts: u64,
-    /// Best-effort clean-ups of targets whose import was abandoned.
+    /// Clean-ups of imports whose export was given up: (source, slot, target, epoch).
     abandoned: Vec<(GroupId, HashSlot, GroupId, u64)>,
+    /// Unfinished imports of the groups this node leads, by (target, slot).
+    imports: BTreeMap<(GroupId, HashSlot), ImportWatch>,
+}
+
+/// An import a led group holds, watched for an export given up.
+#[derive(Debug)]
+struct ImportWatch {
+    from: GroupId,
+    epoch: u64,
+    attempt: u64,
+    /// When this attempt was first seen.
+    since: Time,
+    next_ask: Time,
+}
+
+/// An import is asked about once it has been there this long, and then this often.
+const IMPORT_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A question for the leader of group `from`: does it still export `slot` to `to` at `epoch`?
+pub(crate) struct ExportQuestion {
+    pub(crate) from: GroupId,
+    pub(crate) slot: HashSlot,
+    pub(crate) to: GroupId,
+    pub(crate) epoch: u64,
 }
 
 /// How often the records of the groups this node leads are read for exports.
@@ -101,7 +129,7 @@ pub(crate) struct MigrationProposal {
 
 impl SlotMigrations {
     pub(crate) fn new(now: Time) -> Self {
-        Self { exports: BTreeMap::new(), next_scan: now, attempts: 0, abandoned: Vec::new() }
+        Self { exports: BTreeMap::new(), next_scan: now, attempts: 0, abandoned: Vec::new(), imports: BTreeMap::new() }
     }
 
     /// What the exports in progress look like.
@@ -166,6 +194,7 @@ impl SlotMigrations {
     /// when the group's term changed), and forgets the others.
     fn scan(&mut self, now: Time, slot: &MultiRaft, reader: &SlotReader) {
         let mut seen = Vec::new();
+        let mut seen_imports = Vec::new();
         for group in slot.groups().filter(|g| slot.is_leader(*g)).collect::<Vec<_>>() {
             let Some(term) = slot.status(group).map(|s| s.term) else { continue };
             let records = match reader.slot_records(group) {
@@ -176,6 +205,26 @@ impl SlotMigrations {
                 }
             };
             for (hash_slot, record) in records {
+                if let SlotState::Importing { from, attempt } = record.state {
+                    seen_imports.push((group, hash_slot));
+                    let watch = self.imports.entry((group, hash_slot)).or_insert(ImportWatch {
+                        from,
+                        epoch: record.epoch,
+                        attempt,
+                        since: now,
+                        next_ask: now + IMPORT_CHECK_INTERVAL,
+                    });
+                    if (watch.from, watch.epoch, watch.attempt) != (from, record.epoch, attempt) {
+                        *watch = ImportWatch {
+                            from,
+                            epoch: record.epoch,
+                            attempt,
+                            since: now,
+                            next_ask: now + IMPORT_CHECK_INTERVAL,
+                        };
+                    }
+                    continue;
+                }
                 let (SlotState::Exporting { to } | SlotState::Fenced { to }) = record.state else { continue };
                 seen.push((group, hash_slot));
                 let current = self.exports.get(&(group, hash_slot));
@@ -200,6 +249,7 @@ impl SlotMigrations {
                 self.exports.insert((group, hash_slot), export);
             }
         }
+        self.imports.retain(|key, _| seen_imports.contains(key));
         let gone: Vec<(GroupId, HashSlot)> = self.exports.keys().filter(|k| !seen.contains(k)).copied().collect();
         for key in gone {
             let export = self.exports.remove(&key).expect("present");
@@ -213,6 +263,28 @@ impl SlotMigrations {
                     }
                 }
             }
+        }
+    }
+
+    /// The imports to ask their source about now.
+    pub(crate) fn export_questions(&mut self, now: Time) -> Vec<ExportQuestion> {
+        let mut questions = Vec::new();
+        for ((to, slot), watch) in self.imports.iter_mut() {
+            if now >= watch.next_ask && now >= watch.since + IMPORT_CHECK_INTERVAL {
+                watch.next_ask = now + IMPORT_CHECK_INTERVAL;
+                questions.push(ExportQuestion { from: watch.from, slot: *slot, to: *to, epoch: watch.epoch });
+            }
+        }
+        questions
+    }
+
+    /// The source's leader answered: an import whose export was given up is dropped.
+    pub(crate) fn export_answer(&mut self, from: GroupId, slot: HashSlot, to: GroupId, epoch: u64, exporting: bool) {
+        let Some(watch) = self.imports.get(&(to, slot)) else { return };
+        if !exporting && watch.from == from && watch.epoch == epoch {
+            tracing::info!(%from, %to, %slot, epoch, "slot migration: the export was given up; the import goes");
+            self.imports.remove(&(to, slot));
+            self.abandoned.push((from, slot, to, epoch));
         }
     }
 
@@ -282,7 +354,8 @@ impl SlotMigrations {
     /// When the driver next has something to do.
     pub(crate) fn poll_timeout(&self) -> Time {
         let ready = self.exports.values().filter(|e| !e.in_flight).map(|e| e.retry_at);
-        ready.fold(self.next_scan, Time::min)
+        let asks = self.imports.values().map(|w| w.next_ask.max(w.since + IMPORT_CHECK_INTERVAL));
+        ready.chain(asks).fold(self.next_scan, Time::min)
     }
 }
 
