@@ -681,6 +681,15 @@ impl MultiRaft {
         if message.term != 0 && message.term < g.raw.raft.term {
             self.stale_messages += 1;
         }
+        let vote = matches!(message.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote);
+        if vote && g.raw.raft.prs().conf().voters().ids().is_empty() {
+            // A replica created on demand that no snapshot initialized yet has an empty log and knows no
+            // configuration: it would grant any candidate its vote, and a candidate whose log lacks
+            // committed entries could win with it (sim seed 7009782: a replica destroyed on its removal,
+            // recreated at once by an append still in flight, elected a stale leader). Its vote is never
+            // needed: voters join as learners and catch up (a snapshot) first.
+            return;
+        }
         if g.raw.raft.state == StateRole::Leader && !g.has_member(from.get()) {
             // A replica this group removed (it may not have learnt it): tell it, so it destroys itself.
             let removed = removal(g);
