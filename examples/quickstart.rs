@@ -8,7 +8,7 @@
 //! It prints one failover (old leader, evidence, new leader and epoch) and how long channels took to
 //! resume, restarts the node from its directory, shows it caught up, and reads every acknowledged
 //! message back in order. A toy gateway (half the users online, on node 1 or 2) counts the post-commit
-//! fanout deliveries.
+//! fanout deliveries. Last, a hash slot of users migrates to another slot group while they are written.
 #![allow(clippy::disallowed_methods)] // An example is a runtime shell: it reads the clock to report figures.
 
 use bytes::Bytes;
