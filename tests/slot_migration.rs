@@ -7,16 +7,21 @@ mod support;
 
 use std::collections::BTreeSet;
 use support::Cluster;
-use tidings::node::{ApiId, MigrationPhase, NodeCore};
+use tidings::node::{ApiId, MigrationPhase};
 use tidings::router::hash_slot;
 use tidings::slot::command::{Command, RoutingKey};
 use tidings::slot::model::{SlotMigrationStep, SlotState, Uid, User};
-use tidings::types::{GroupId, HashSlot, NodeId, Time};
+use tidings::types::{GroupId, HashSlot, NodeId};
 
-/// Small chunks and a pause between steps: the copy takes long enough for writes to interleave.
-fn slow_copy(config: &mut tidings::node::NodeConfig, chunk_bytes: usize) {
-    config.controller.migration_chunk_bytes = chunk_bytes;
-    config.controller.migration_step_pause = std::time::Duration::from_millis(15);
+/// A settled 4-node cluster copying slots in small chunks with a pause between steps (the copy takes long
+/// enough for writes to interleave), and a load of `users` users of the slot.
+fn slow_copy_cluster(chunk_bytes: usize, users: usize) -> (Cluster, Load) {
+    let mut cluster = Cluster::with(4, |config| {
+        config.controller.migration_chunk_bytes = chunk_bytes;
+        config.controller.migration_step_pause = std::time::Duration::from_millis(15);
+    });
+    cluster.run_for(3_000);
+    (cluster, Load::new(users))
 }
 
 const SOURCE: GroupId = GroupId::new(1);
@@ -34,20 +39,6 @@ fn uids_in(slot: HashSlot, from: u64, count: usize) -> Vec<Uid> {
         .filter(|u| hash_slot(u.as_str().as_bytes()) == slot)
         .take(count)
         .collect()
-}
-
-fn leader(cluster: &mut Cluster, group: GroupId) -> Option<u64> {
-    let ids: Vec<u64> = cluster.nodes.iter().filter(|(_, n)| n.core.is_some()).map(|(id, _)| id.get()).collect();
-    ids.into_iter().find(|n| cluster.core(*n).slot().is_leader(group))
-}
-
-/// Runs an API call on node `via` and returns its result.
-fn call(cluster: &mut Cluster, via: u64, op: impl FnOnce(&mut NodeCore, Time, ApiId)) -> String {
-    let id = cluster.api();
-    let now = cluster.now;
-    op(cluster.core(via), now, id);
-    assert!(cluster.run_until(10_000, |c| c.results.contains_key(&id)), "no answer");
-    cluster.results[&id].clone()
 }
 
 /// User writes to the migrating slot through rotating nodes; a write refused while the slot is fenced
@@ -81,6 +72,22 @@ impl Load {
             let uid = self.uids[self.next].clone();
             self.next += 1;
             self.write(cluster, uid);
+        }
+    }
+
+    /// `steps` steps, `step_ms` apart.
+    fn run(&mut self, cluster: &mut Cluster, steps: usize, step_ms: u64) {
+        for _ in 0..steps {
+            self.step(cluster);
+            cluster.run_for(step_ms);
+        }
+    }
+
+    /// Steps until every user was written once, `step_ms` apart.
+    fn write_all(&mut self, cluster: &mut Cluster, step_ms: u64) {
+        while self.next < self.uids.len() {
+            self.step(cluster);
+            cluster.run_for(step_ms);
         }
     }
 
@@ -121,7 +128,7 @@ fn run_loaded(cluster: &mut Cluster, load: &mut Load, ms: u64, done: impl Fn(&mu
 
 /// The records of both groups on their leaders show the slot handed over at `epoch`.
 fn migrated(cluster: &mut Cluster, epoch: u64) -> bool {
-    let (Some(s), Some(t)) = (leader(cluster, SOURCE), leader(cluster, TARGET)) else { return false };
+    let (Some(s), Some(t)) = (cluster.slot_leader(SOURCE), cluster.slot_leader(TARGET)) else { return false };
     let source = cluster.core(s).reader().slot_record(SOURCE, the_slot()).ok().flatten();
     let target = cluster.core(t).reader().slot_record(TARGET, the_slot()).ok().flatten();
     source.is_some_and(|r| r.epoch == epoch && r.state == SlotState::Gone { to: TARGET })
@@ -129,7 +136,7 @@ fn migrated(cluster: &mut Cluster, epoch: u64) -> bool {
 }
 
 fn voters(cluster: &mut Cluster, group: GroupId) -> Vec<u64> {
-    let leader = leader(cluster, group).expect("group has a leader");
+    let leader = cluster.slot_leader(group).expect("group has a leader");
     cluster.core(leader).slot().status(group).unwrap().voters.iter().map(|n| n.get()).collect()
 }
 
@@ -153,25 +160,17 @@ fn check_moved(cluster: &mut Cluster, load: &Load) {
 
 fn start(cluster: &mut Cluster, via: u64) {
     let slot = the_slot();
-    assert_eq!(call(cluster, via, |core, now, id| core.migrate_slot(now, id, slot, TARGET)), "Meta(Ok(()))");
+    assert_eq!(cluster.call(via, |core, now, id| core.migrate_slot(now, id, slot, TARGET)), "Meta(Ok(()))");
 }
 
 #[test]
 fn a_slot_migrates_under_write_load_and_every_acknowledged_write_is_at_its_new_group() {
-    let mut cluster = Cluster::with(4, |c| slow_copy(c, 600));
-    cluster.run_for(3_000);
-    let mut load = Load::new(400);
-    for _ in 0..100 {
-        load.step(&mut cluster);
-        cluster.run_for(20);
-    }
+    let (mut cluster, mut load) = slow_copy_cluster(600, 400);
+    load.run(&mut cluster, 100, 20);
     start(&mut cluster, 3);
     let done = run_loaded(&mut cluster, &mut load, 30_000, |c| migrated(c, 1));
     assert!(done, "the migration completes");
-    while load.next < load.uids.len() {
-        load.step(&mut cluster);
-        cluster.run_for(20);
-    }
+    load.write_all(&mut cluster, 20);
     cluster.run_for(3_000);
     load.step(&mut cluster);
     cluster.run_for(3_000);
@@ -182,7 +181,7 @@ fn a_slot_migrates_under_write_load_and_every_acknowledged_write_is_at_its_new_g
         .filter(|r| r.as_str() != "Meta(Ok(()))")
         .collect();
     assert!(failed.is_empty(), "every write is acknowledged in the end: {failed:?}");
-    let l = leader(&mut cluster, SOURCE).unwrap();
+    let l = cluster.slot_leader(SOURCE).unwrap();
     assert!(cluster.core(l).status().slot_migrations.is_empty(), "no export left behind");
     assert!(load.retried > 0, "some writes met the fence and were written again");
     check_moved(&mut cluster, &load);
@@ -191,7 +190,7 @@ fn a_slot_migrates_under_write_load_and_every_acknowledged_write_is_at_its_new_g
     for node in 1..=4u64 {
         let uid = uids_in(the_slot(), 100_000 + node * 1000, 1).remove(0);
         let user = User { uid: uid.clone(), name: "late".into(), banned: false };
-        let answer = call(&mut cluster, node, |core, now, id| core.propose(now, id, Command::PutUser(user)));
+        let answer = cluster.call(node, |core, now, id| core.propose(now, id, Command::PutUser(user)));
         assert_eq!(answer, "Meta(Ok(()))", "a write through node {node} after the migration");
         assert_eq!(cluster.core(node).slot().table().group_of(the_slot()), TARGET, "node {node} routes to the target");
     }
@@ -199,7 +198,7 @@ fn a_slot_migrates_under_write_load_and_every_acknowledged_write_is_at_its_new_g
     let uid = load.acknowledged(&cluster).into_iter().next().unwrap();
     for node in voters(&mut cluster, TARGET) {
         let key = uid.clone();
-        let answer = call(&mut cluster, node, |core, now, id| core.read_barrier(now, id, RoutingKey::Uid(&key)));
+        let answer = cluster.call(node, |core, now, id| core.read_barrier(now, id, RoutingKey::Uid(&key)));
         assert_eq!(answer, "Meta(Ok(()))");
     }
     // And a restart keeps the route and the data.
@@ -219,26 +218,21 @@ fn migrations_are_refused_with_a_reason() {
     let mut cluster = Cluster::new(4);
     cluster.run_for(3_000);
     let slot = the_slot();
-    let answer = call(&mut cluster, 1, |core, now, id| core.migrate_slot(now, id, slot, SOURCE));
+    let answer = cluster.call(1, |core, now, id| core.migrate_slot(now, id, slot, SOURCE));
     assert!(answer.contains("SameGroup"), "{answer}");
-    let answer = call(&mut cluster, 1, |core, now, id| core.migrate_slot(now, id, slot, GroupId::new(9)));
+    let answer = cluster.call(1, |core, now, id| core.migrate_slot(now, id, slot, GroupId::new(9)));
     assert!(answer.contains("UnknownGroup"), "{answer}");
-    let answer = call(&mut cluster, 1, |core, now, id| core.abort_slot_migration(now, id, slot));
+    let answer = cluster.call(1, |core, now, id| core.abort_slot_migration(now, id, slot));
     assert!(answer.contains("OutOfStep"), "{answer}");
     start(&mut cluster, 1);
-    let answer = call(&mut cluster, 2, |core, now, id| core.migrate_slot(now, id, slot, GroupId::new(3)));
+    let answer = cluster.call(2, |core, now, id| core.migrate_slot(now, id, slot, GroupId::new(3)));
     assert!(answer.contains("NotOwned"), "a second migration of a migrating slot: {answer}");
 }
 
 #[test]
 fn an_abort_before_the_fence_keeps_the_slot_where_it_was() {
-    let mut cluster = Cluster::with(4, |c| slow_copy(c, 200));
-    cluster.run_for(3_000);
-    let mut load = Load::new(300);
-    while load.next < load.uids.len() {
-        load.step(&mut cluster);
-        cluster.run_for(10);
-    }
+    let (mut cluster, mut load) = slow_copy_cluster(200, 300);
+    load.write_all(&mut cluster, 10);
     cluster.run_for(2_000);
     let slot = the_slot();
     // The abort follows at once: the copy of 300 users in 200-byte chunks is far from done.
@@ -250,7 +244,7 @@ fn an_abort_before_the_fence_keeps_the_slot_where_it_was() {
     assert_eq!(cluster.results[&start_id], "Meta(Ok(()))");
     assert_eq!(cluster.results[&abort_id], "Meta(Ok(()))", "aborted before the fence");
     cluster.run_for(3_000);
-    let l = leader(&mut cluster, SOURCE).unwrap();
+    let l = cluster.slot_leader(SOURCE).unwrap();
     let record = cluster.core(l).reader().slot_record(SOURCE, slot).unwrap().unwrap();
     assert_eq!((record.epoch, record.state), (0, SlotState::Owned));
     assert!(cluster.core(l).status().slot_migrations.is_empty(), "the driver let go");
@@ -280,33 +274,22 @@ fn a_migration_completes_after_a_crash_of_either_leader_mid_way() {
         (TARGET, MigrationPhase::Copy),
         (TARGET, MigrationPhase::Commit),
     ] {
-        let mut cluster = Cluster::with(4, |c| slow_copy(c, 300));
-        cluster.run_for(3_000);
-        let mut load = Load::new(500);
-        for _ in 0..150 {
-            load.step(&mut cluster);
-            cluster.run_for(10);
-        }
+        let (mut cluster, mut load) = slow_copy_cluster(300, 500);
+        load.run(&mut cluster, 150, 10);
         start(&mut cluster, 1);
         let reached = run_loaded(&mut cluster, &mut load, 20_000, |c| {
-            let Some(l) = leader(c, SOURCE) else { return false };
+            let Some(l) = c.slot_leader(SOURCE) else { return false };
             c.core(l).status().slot_migrations.iter().any(|m| m.phase >= phase)
         });
         assert!(reached, "{victim_group} {phase:?}: the driver gets there");
-        let victim = leader(&mut cluster, victim_group).unwrap();
+        let victim = cluster.slot_leader(victim_group).unwrap();
         cluster.crash(victim);
         run_loaded(&mut cluster, &mut load, 3_000, |_| false);
         cluster.restart(victim);
         let done = run_loaded(&mut cluster, &mut load, 40_000, |c| migrated(c, 1));
         assert!(done, "{victim_group} leader {victim} crashed at {phase:?}: the migration completes");
-        while load.next < load.uids.len() {
-            load.step(&mut cluster);
-            cluster.run_for(10);
-        }
-        for _ in 0..100 {
-            load.step(&mut cluster);
-            cluster.run_for(30);
-        }
+        load.write_all(&mut cluster, 10);
+        load.run(&mut cluster, 100, 30);
         cluster.run_for(3_000);
         check_moved(&mut cluster, &load);
     }
@@ -321,7 +304,7 @@ fn an_import_whose_export_was_given_up_is_dropped_by_the_target() {
     let slot = the_slot();
     let step = SlotMigrationStep::BeginImport { from: SOURCE, epoch: 1, attempt: 999 };
     let begin = Command::MigrateSlot { group: TARGET, slot, step };
-    assert_eq!(call(&mut cluster, 2, |core, now, id| core.propose(now, id, begin)), "Meta(Ok(()))");
+    assert_eq!(cluster.call(2, |core, now, id| core.propose(now, id, begin)), "Meta(Ok(()))");
     let chunk = SlotMigrationStep::ImportChunk {
         from: SOURCE,
         epoch: 1,
@@ -329,9 +312,9 @@ fn an_import_whose_export_was_given_up_is_dropped_by_the_target() {
         entries: vec![(b"leftover".to_vec(), Some(b"x".to_vec()))],
     };
     let chunk = Command::MigrateSlot { group: TARGET, slot, step: chunk };
-    assert_eq!(call(&mut cluster, 3, |core, now, id| core.propose(now, id, chunk)), "Meta(Ok(()))");
+    assert_eq!(cluster.call(3, |core, now, id| core.propose(now, id, chunk)), "Meta(Ok(()))");
     let importing = |c: &mut Cluster| {
-        let Some(t) = leader(c, TARGET) else { return true };
+        let Some(t) = c.slot_leader(TARGET) else { return true };
         let record = c.core(t).reader().slot_record(TARGET, slot).unwrap();
         record.is_some_and(|r| matches!(r.state, SlotState::Importing { .. }))
     };

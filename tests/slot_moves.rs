@@ -16,21 +16,12 @@ fn members(cluster: &Cluster, group: GroupId) -> Vec<NodeId> {
     config.slot_group_members().into_iter().find(|(g, _)| *g == group).unwrap().1
 }
 
-fn leader(cluster: &mut Cluster, group: GroupId) -> Option<u64> {
-    let ids: Vec<u64> = cluster.nodes.iter().filter(|(_, n)| n.core.is_some()).map(|(id, _)| id.get()).collect();
-    ids.into_iter().find(|n| cluster.core(*n).slot().is_leader(group))
-}
-
 /// Proposes a move (or abort) through node 1 and returns the API result.
 fn call(
     cluster: &mut Cluster,
     op: impl FnOnce(&mut tidings::node::NodeCore, tidings::types::Time, tidings::node::ApiId),
 ) -> String {
-    let id = cluster.api();
-    let now = cluster.now;
-    op(cluster.core(1), now, id);
-    assert!(cluster.run_until(5_000, |c| c.results.contains_key(&id)), "no answer");
-    cluster.results[&id].clone()
+    cluster.call(1, op)
 }
 
 fn channel(name: &str) -> ChannelId {
@@ -68,7 +59,7 @@ impl Load {
             }
             acked += 1;
             let group = table.group_of_key(name.route_key());
-            let leader = leader(cluster, group).expect("group has a leader");
+            let leader = cluster.slot_leader(group).expect("group has a leader");
             let voters = cluster.core(leader).slot().status(group).unwrap().voters;
             for voter in voters {
                 let found = cluster.core(voter.get()).reader().channel(name).unwrap();
@@ -93,7 +84,7 @@ fn run_loaded(cluster: &mut Cluster, load: &mut Load, ms: u64, done: impl Fn(&mu
 
 /// What the group's leader shows (for failure messages).
 fn describe(cluster: &mut Cluster, group: GroupId) -> String {
-    let Some(leader) = leader(cluster, group) else { return "no leader".into() };
+    let Some(leader) = cluster.slot_leader(group) else { return "no leader".into() };
     let status = cluster.core(leader).slot().status(group);
     let intent = cluster.core(leader).reader().group_intent(group);
     let decision = cluster.core(leader).status().leadership.into_iter().find(|(g, _)| *g == group);
@@ -102,7 +93,7 @@ fn describe(cluster: &mut Cluster, group: GroupId) -> String {
 
 /// The group's membership equals `voters`, is not joint, and the intent committed it with its epoch.
 fn moved_to(cluster: &mut Cluster, group: GroupId, voters: &[NodeId]) -> bool {
-    let Some(leader) = leader(cluster, group) else { return false };
+    let Some(leader) = cluster.slot_leader(group) else { return false };
     let status = cluster.core(leader).slot().status(group).unwrap();
     let Ok(Some(intent)) = cluster.core(leader).reader().group_intent(group) else { return false };
     !status.joint
@@ -134,7 +125,7 @@ fn plan_move(from_leader: bool) -> Planned {
     cluster.run_for(3_000);
     let before = members(&cluster, GROUP);
     let to = (1..=4).map(NodeId::new).find(|n| !before.contains(n)).unwrap();
-    let group_leader = leader(&mut cluster, GROUP).unwrap();
+    let group_leader = cluster.slot_leader(GROUP).unwrap();
     let from = *before.iter().find(|n| (n.get() == group_leader) == from_leader).unwrap();
     Planned { cluster, before, from, to, load: Load { next: 0, issued: Vec::new() } }
 }
@@ -183,7 +174,7 @@ fn a_leader_replica_hands_leadership_over_before_it_leaves() {
     let after = replaced(&before, from, to);
     let done = run_loaded(&mut cluster, &mut load, 30_000, |c| moved_to(c, GROUP, &after));
     assert!(done, "the move completes: {}", describe(&mut cluster, GROUP));
-    assert_ne!(leader(&mut cluster, GROUP), Some(from.get()));
+    assert_ne!(cluster.slot_leader(GROUP), Some(from.get()));
     cluster.run_for(2_000);
     load.check(&mut cluster);
 }
@@ -207,7 +198,7 @@ fn moves_are_refused_with_a_reason_and_one_runs_at_a_time() {
     let answer = call(&mut cluster, |core, now, id| core.move_slot_replica(now, id, GROUP, before[2], outsider));
     assert!(answer.contains("MoveInProgress"), "{answer}");
     let waiting = |c: &mut Cluster| {
-        let Some(l) = leader(c, GROUP) else { return false };
+        let Some(l) = c.slot_leader(GROUP) else { return false };
         c.core(l)
             .status()
             .leadership
@@ -230,11 +221,11 @@ fn moves_are_refused_with_a_reason_and_one_runs_at_a_time() {
 #[test]
 fn a_move_resumes_when_its_leader_crashes_mid_way() {
     let Planned { mut cluster, before, from, to, mut load } = plan_move(false);
-    let first_leader = leader(&mut cluster, GROUP).unwrap();
+    let first_leader = cluster.slot_leader(GROUP).unwrap();
     start_move(&mut cluster, from, to);
     // Crash the leader once the learner is in (mid-move), then let another leader carry on.
     let learner_in = |c: &mut Cluster| {
-        leader(c, GROUP).is_some_and(|l| c.core(l).slot().status(GROUP).unwrap().learners.contains(&to))
+        c.slot_leader(GROUP).is_some_and(|l| c.core(l).slot().status(GROUP).unwrap().learners.contains(&to))
     };
     assert!(run_loaded(&mut cluster, &mut load, 10_000, learner_in), "the learner joins");
     cluster.crash(first_leader);
@@ -282,14 +273,14 @@ fn draining_a_node_moves_its_slot_and_channel_replicas_away_without_loss() {
     let table = config.table();
     let drained_everywhere = |c: &mut Cluster| {
         let groups_clear = table.groups().all(|g| {
-            leader(c, g).is_some_and(|l| {
+            c.slot_leader(g).is_some_and(|l| {
                 let status = c.core(l).slot().status(g).unwrap();
                 !status.joint && !status.voters.contains(&drained) && !status.learners.contains(&drained)
             })
         });
         let channels_clear = rooms.iter().all(|room| {
             let group = table.group_of_key(room.route_key());
-            leader(c, group).is_some_and(|l| {
+            c.slot_leader(group).is_some_and(|l| {
                 let meta = c.core(l).reader().runtime_meta(room).unwrap().unwrap();
                 !meta.is_replica(drained) && meta.write_fence.is_none()
             })
@@ -312,7 +303,7 @@ fn draining_a_node_moves_its_slot_and_channel_replicas_away_without_loss() {
     load.check(&mut cluster);
     for (room, seq, text) in &acked {
         let group = table.group_of_key(room.route_key());
-        let l = leader(&mut cluster, group).unwrap();
+        let l = cluster.slot_leader(group).unwrap();
         let meta = cluster.core(l).reader().runtime_meta(room).unwrap().unwrap();
         let records = cluster.core(meta.leader.get()).read(room, *seq, 1).unwrap();
         assert_eq!(records.first().map(|r| r.payload.as_ref()), Some(text.as_bytes()), "{room} {seq}");
@@ -325,16 +316,16 @@ fn an_abort_after_the_promotion_takes_the_membership_back() {
     let Planned { mut cluster, before, from, to, mut load } = plan_move(false);
     start_move(&mut cluster, from, to);
     // Abort once the promotion applied: the joint configuration already has `to` voting and `from` leaving.
-    let joint = |c: &mut Cluster| leader(c, GROUP).is_some_and(|l| c.core(l).slot().status(GROUP).unwrap().joint);
+    let joint = |c: &mut Cluster| c.slot_leader(GROUP).is_some_and(|l| c.core(l).slot().status(GROUP).unwrap().joint);
     assert!(run_loaded(&mut cluster, &mut load, 20_000, joint), "the move reaches its joint configuration");
-    let l = leader(&mut cluster, GROUP).unwrap();
+    let l = cluster.slot_leader(GROUP).unwrap();
     let joint_epoch = cluster.core(l).slot().status(GROUP).unwrap().config_epoch;
     assert_eq!(call(&mut cluster, |core, now, id| core.abort_slot_move(now, id, GROUP)), "Meta(Ok(()))");
     // The membership goes back: `from` is added again (its replica, destroyed or not, catches up) and `to`
     // leaves; the assignment is committed again with the epoch it ends in.
     let done = run_loaded(&mut cluster, &mut load, 60_000, |c| moved_to(c, GROUP, &before));
     assert!(done, "the abort restores the assignment: {}", describe(&mut cluster, GROUP));
-    let l = leader(&mut cluster, GROUP).unwrap();
+    let l = cluster.slot_leader(GROUP).unwrap();
     let status = cluster.core(l).slot().status(GROUP).unwrap();
     // Leaving the joint state, adding `from` back as a learner, the second joint state and its end.
     assert!(status.config_epoch.get() >= joint_epoch.get() + 4, "{:?} after {joint_epoch:?}", status.config_epoch);
@@ -361,7 +352,7 @@ fn a_move_finishes_after_a_crash_of_any_participant_in_any_phase() {
             let Planned { mut cluster, before, from, to, mut load } = plan_move(false);
             start_move(&mut cluster, from, to);
             let reached = |c: &mut Cluster| {
-                leader(c, GROUP).is_some_and(|l| {
+                c.slot_leader(GROUP).is_some_and(|l| {
                     let status = c.core(l).slot().status(GROUP).unwrap();
                     if phase_joint {
                         status.joint
@@ -372,7 +363,7 @@ fn a_move_finishes_after_a_crash_of_any_participant_in_any_phase() {
             };
             assert!(run_loaded(&mut cluster, &mut load, 20_000, reached), "phase reached ({phase_joint}, {victim:?})");
             let crashed = match victim {
-                Victim::Leader => leader(&mut cluster, GROUP).unwrap(),
+                Victim::Leader => cluster.slot_leader(GROUP).unwrap(),
                 Victim::Source => from.get(),
                 Victim::Target => to.get(),
             };

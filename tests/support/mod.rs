@@ -15,7 +15,7 @@ use tidings::router::Router;
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
 use tidings::store::message::{LogLimits, MemoryLog, MessageLog, ReadLimits};
 use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
-use tidings::types::{ChannelId, NodeId, Seq, Time};
+use tidings::types::{ChannelId, GroupId, NodeId, Seq, Time};
 
 /// One node: its core while it runs, and its stores, which outlive crashes.
 pub struct SimNode {
@@ -210,6 +210,20 @@ impl Cluster {
 
     pub fn core(&mut self, id: u64) -> &mut NodeCore {
         self.nodes.get_mut(&NodeId::new(id)).unwrap().core.as_mut().expect("node runs")
+    }
+
+    /// The running node that leads slot group `group`, if any.
+    pub fn slot_leader(&self, group: GroupId) -> Option<u64> {
+        self.running().find(|c| c.slot().is_leader(group)).map(|c| c.status().node.get())
+    }
+
+    /// Runs an API call on node `via` and returns its result (it must answer within 10 s).
+    pub fn call(&mut self, via: u64, op: impl FnOnce(&mut NodeCore, Time, ApiId)) -> String {
+        let id = self.api();
+        let now = self.now;
+        op(self.core(via), now, id);
+        assert!(self.run_until(10_000, |c| c.results.contains_key(&id)), "no answer");
+        self.results[&id].clone()
     }
 
     /// Creates `channel` through node `via` and waits for it.

@@ -29,7 +29,7 @@ use tidings_types::{GroupId, HashSlot, Time};
 pub enum MigrationPhase {
     /// Asking the target to (re)start receiving the slot.
     Begin,
-    /// Copying the slot's keys; the cursor is the last key sent.
+    /// Copying the slot's keys.
     Copy,
     /// Fencing the slot at the source.
     Fence,

@@ -99,8 +99,11 @@ pub(crate) struct Transition {
 }
 
 impl Transition {
+    /// Nothing changes: the step was done already, or it only carries keys.
+    const NONE: Transition = Transition { record: None, clear_copy: false, clear_marks: false, placement: None };
+
     fn to(record: SlotRecord) -> Self {
-        Self { record: Some(record), clear_copy: false, clear_marks: false, placement: None }
+        Self { record: Some(record), ..Self::NONE }
     }
 }
 
@@ -143,9 +146,7 @@ pub(crate) fn transition(
             clear_marks: true,
             placement: Some(Placement { group: *to, epoch: e }),
         }),
-        (Step::Finish { to, epoch }, Some((e, Gone { to: t }))) if e == *epoch && t == *to => {
-            Ok(Transition { record: None, clear_copy: false, clear_marks: false, placement: None })
-        }
+        (Step::Finish { to, epoch }, Some((e, Gone { to: t }))) if e == *epoch && t == *to => Ok(Transition::NONE),
         (Step::BeginImport { from, epoch, attempt }, current) => {
             known(*from)?;
             match current {
@@ -166,17 +167,16 @@ pub(crate) fn transition(
                 }),
             }
         }
-        (Step::ImportChunk { from, epoch, attempt, .. }, current) => importing(current, *from, *epoch, *attempt)
-            .map(|()| Transition { record: None, clear_copy: false, clear_marks: false, placement: None }),
+        (Step::ImportChunk { from, epoch, attempt, .. }, current) => {
+            importing(current, *from, *epoch, *attempt).map(|()| Transition::NONE)
+        }
         (Step::CommitImport { from, epoch, attempt }, current) => match importing(current, *from, *epoch, *attempt) {
             Ok(()) => Ok(Transition {
                 placement: Some(Placement { group, epoch: *epoch }),
                 ..Transition::to(record(*epoch, Owned))
             }),
             // Committed already (an answer was lost and the source asks again): done.
-            Err(SlotMigrationError::Imported { epoch: e }) if e == *epoch => {
-                Ok(Transition { record: None, clear_copy: false, clear_marks: false, placement: None })
-            }
+            Err(SlotMigrationError::Imported { epoch: e }) if e == *epoch => Ok(Transition::NONE),
             Err(error) => Err(error),
         },
         (Step::AbortImport { from, epoch }, Some((e, Importing { from: f, .. }))) if e == *epoch && f == *from => {

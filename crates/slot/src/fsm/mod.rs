@@ -221,9 +221,23 @@ struct Overlay<'a> {
     marking: Option<(GroupId, HashSlot)>,
     /// Slot records this batch writes (remembered by the FSM once the batch is stored).
     records_written: Vec<(HashSlot, SlotRecord)>,
+    /// Slot placements this batch changes (recorded with it, and reported to the node).
+    placements: Vec<(HashSlot, Placement)>,
 }
 
-impl Overlay<'_> {
+impl<'a> Overlay<'a> {
+    fn new(store: &'a MetaStore) -> Self {
+        Overlay {
+            store,
+            pending: BTreeMap::new(),
+            cleared: Vec::new(),
+            batch: MetaWriteBatch::new(),
+            marking: None,
+            records_written: Vec::new(),
+            placements: Vec::new(),
+        }
+    }
+
     fn get(&self, space: MetaSpace, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
         match self.pending.get(&(space, key.to_vec())) {
             Some(value) => Ok(value.clone()),
@@ -330,15 +344,7 @@ impl SlotFsm {
     ) -> StoreResult<AppliedBatch> {
         let mut metas = Vec::new();
         let applied = self.applied_index()?;
-        let mut overlay = Overlay {
-            store: &self.store,
-            pending: BTreeMap::new(),
-            cleared: Vec::new(),
-            batch: MetaWriteBatch::new(),
-            marking: None,
-            records_written: Vec::new(),
-        };
-        let mut placements = Vec::new();
+        let mut overlay = Overlay::new(&self.store);
         let mut outcomes = Vec::with_capacity(entries.len());
         let mut last = applied;
         for (index, data) in entries {
@@ -353,7 +359,7 @@ impl SlotFsm {
             }
             let outcome = match Command::decode(data) {
                 Ok(command) => {
-                    let outcome = self.apply_one(genesis, conf, &mut overlay, &mut placements, &command)?;
+                    let outcome = self.apply_one(genesis, conf, &mut overlay, &command)?;
                     if let (Outcome::Applied, Command::CreateRuntimeMeta(meta) | Command::CasRuntimeMeta { meta, .. }) =
                         (&outcome, command)
                     {
@@ -370,7 +376,7 @@ impl SlotFsm {
                 overlay.batch.set_config_epoch(self.group, conf.config_epoch.get());
             }
             overlay.batch.set_applied(self.group, last);
-            for (slot, placement) in &placements {
+            for (slot, placement) in &overlay.placements {
                 overlay.batch.place(*slot, *placement);
             }
             self.store.write(&overlay.batch)?;
@@ -379,20 +385,7 @@ impl SlotFsm {
                 records.insert(slot, Some(record));
             }
         }
-        Ok(AppliedBatch { outcomes, metas, placements })
-    }
-
-    /// This group's record of `slot` in force (see [`migration::record_in_force`]).
-    pub fn slot_record(&self, genesis: &HashToSlot, slot: HashSlot) -> StoreResult<Option<SlotRecord>> {
-        let overlay = Overlay {
-            store: &self.store,
-            pending: BTreeMap::new(),
-            cleared: Vec::new(),
-            batch: MetaWriteBatch::new(),
-            marking: None,
-            records_written: Vec::new(),
-        };
-        self.record(genesis, &overlay, slot)
+        Ok(AppliedBatch { outcomes, metas, placements: overlay.placements })
     }
 
     fn record(&self, genesis: &HashToSlot, overlay: &Overlay<'_>, slot: HashSlot) -> StoreResult<Option<SlotRecord>> {
@@ -420,7 +413,6 @@ impl SlotFsm {
         genesis: &HashToSlot,
         conf: &GroupConf,
         overlay: &mut Overlay<'_>,
-        placements: &mut Vec<(HashSlot, Placement)>,
         command: &Command,
     ) -> StoreResult<Outcome> {
         use Command::*;
@@ -431,7 +423,7 @@ impl SlotFsm {
                 overlay.put(records, intent_key, intent);
                 return Ok(Outcome::Applied);
             }
-            MigrateSlot { slot, step, .. } => return self.migrate_slot(genesis, overlay, placements, *slot, step),
+            MigrateSlot { slot, step, .. } => return self.migrate_slot(genesis, overlay, *slot, step),
             MoveGroupReplica { from, to, .. } => IntentChange::Move { from: *from, to: *to },
             SetPreferredLeader { preferred, .. } => IntentChange::Prefer(*preferred),
             DrainNode { node, drain, .. } => IntentChange::Drain { node: *node, drain: *drain },
@@ -453,7 +445,6 @@ impl SlotFsm {
         &self,
         genesis: &HashToSlot,
         overlay: &mut Overlay<'_>,
-        placements: &mut Vec<(HashSlot, Placement)>,
         slot: HashSlot,
         step: &SlotMigrationStep,
     ) -> StoreResult<Outcome> {
@@ -479,7 +470,7 @@ impl SlotFsm {
             overlay.put(records, migration::record_key(slot), &record);
             overlay.records_written.push((slot, record));
         }
-        placements.extend(transition.placement.map(|p| (slot, p)));
+        overlay.placements.extend(transition.placement.map(|p| (slot, p)));
         Ok(Outcome::Applied)
     }
 
@@ -488,12 +479,11 @@ impl SlotFsm {
         genesis: &HashToSlot,
         conf: &GroupConf,
         overlay: &mut Overlay<'_>,
-        placements: &mut Vec<(HashSlot, Placement)>,
         command: &Command,
     ) -> StoreResult<Outcome> {
         let key = match command.scope() {
             CommandScope::Group(group) if group == self.group => {
-                return self.apply_group_command(genesis, conf, overlay, placements, command);
+                return self.apply_group_command(genesis, conf, overlay, command);
             }
             CommandScope::Group(group) => return Ok(Outcome::Refused(Refusal::WrongGroup { group })),
             CommandScope::Key(key) => key,

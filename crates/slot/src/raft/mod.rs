@@ -42,7 +42,6 @@ pub use message::{SlotBody, SlotMessage};
 
 use crate::command::Command;
 use crate::fsm::{GroupConf, Outcome, SlotFsm};
-use parking_lot::RwLock;
 use protobuf::Message as _;
 use raft::prelude::{ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, StateRole, Storage};
@@ -165,7 +164,7 @@ pub struct MultiRaft {
     /// The table the cluster was built with: the FSMs decide slot ownership from it and their records.
     genesis: Arc<HashToSlot>,
     /// The table this node routes with: the genesis table plus every slot migration it learned of.
-    table: Arc<RwLock<Arc<HashToSlot>>>,
+    table: Arc<HashToSlot>,
     groups: BTreeMap<GroupId, Group>,
     effects: VecDeque<SlotEffect>,
     proposals: BTreeMap<u64, PendingProposal>,
@@ -240,7 +239,7 @@ impl MultiRaft {
     ) -> Result<Self, StoreError> {
         let genesis = Arc::new(table);
         let learned = learned_table(&meta, &genesis)?;
-        let table = Arc::new(RwLock::new(Arc::new(learned)));
+        let table = Arc::new(learned);
         logs.set_snapshot_source(Arc::new(SlotSnapshots {
             meta: meta.clone(),
             logs: Arc::downgrade(&logs),
@@ -327,7 +326,7 @@ impl MultiRaft {
 
     /// The hash-slot table this node routes with: the genesis table plus every migration learned.
     pub fn table(&self) -> Arc<HashToSlot> {
-        Arc::clone(&self.table.read())
+        Arc::clone(&self.table)
     }
 
     /// The hash-slot table the cluster was built with (the FSMs' default ownership).
@@ -339,8 +338,9 @@ impl MultiRaft {
     /// answer, or a migration applied here): routes and local reads follow it, also after a restart.
     /// `false` if this node knew that epoch or a later one already.
     pub fn learn_slot_owner(&mut self, slot: HashSlot, placement: Placement) -> bool {
-        let Some(next) = self.table.read().with_owner(slot, placement.group, placement.epoch) else { return false };
-        *self.table.write() = Arc::new(next);
+        if !self.advance_table(slot, placement) {
+            return false;
+        }
         let mut batch = tidings_store::MetaWriteBatch::new();
         batch.place(slot, placement);
         if let Err(error) = self.meta.write(&batch) {
@@ -453,7 +453,7 @@ impl MultiRaft {
 
     /// Routes and encodes a command, checking its size and the group's pending bound.
     fn prepare(&self, command: &Command) -> Result<(GroupId, Vec<u8>), ProposeError> {
-        let group = command.group_under(&self.table.read());
+        let group = command.group_under(&self.table);
         self.prepare_in(group, command)
     }
 
@@ -1118,11 +1118,19 @@ impl MultiRaft {
     /// the node hears of it.
     fn placed(&mut self, placements: Vec<(HashSlot, Placement)>) {
         for (slot, placement) in placements {
-            let next = self.table.read().with_owner(slot, placement.group, placement.epoch);
-            if let Some(next) = next {
-                *self.table.write() = Arc::new(next);
-            }
+            self.advance_table(slot, placement);
             self.effects.push_back(SlotEffect::SlotPlaced { slot, placement });
+        }
+    }
+
+    /// Routes `slot` by `placement` unless the table knows its epoch or a later one; `true` if it moved.
+    fn advance_table(&mut self, slot: HashSlot, placement: Placement) -> bool {
+        match self.table.with_owner(slot, placement.group, placement.epoch) {
+            Some(next) => {
+                self.table = Arc::new(next);
+                true
+            }
+            None => false,
         }
     }
 
