@@ -52,6 +52,9 @@ pub enum FrameBody {
     Channel(ChannelMessage),
     /// A message between node cores (meta propagation, append forwarding).
     Node(crate::node::NodeMessage),
+    /// Several messages between channel replicas, handled in order: what one drain of the sender's core
+    /// had for this node.
+    Channels(Vec<ChannelMessage>),
 }
 
 /// A frame between two nodes of one cluster.

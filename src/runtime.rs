@@ -461,11 +461,13 @@ impl Shell {
                 }
                 Err(RecvTimeoutError::Timeout) => {}
             }
+            // Drained first: the timeout is then cheap to ask (no machine left to poll for it).
+            self.carry_out();
             let now = self.now();
             if self.core.poll_timeout() <= now {
                 self.core.handle_tick(now);
+                self.carry_out();
             }
-            self.carry_out();
         }
     }
 

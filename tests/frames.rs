@@ -48,3 +48,14 @@ fn hint_round_trips() {
     let frame = Frame { cluster: 3, from: NodeId::new(1), body: FrameBody::Channel(ChannelMessage::Hint(hint)) };
     assert_eq!(decode(&encode(&frame), &FrameLimits::default()).unwrap(), frame);
 }
+
+#[test]
+fn a_batch_of_channel_messages_round_trips_in_order() {
+    let FrameBody::Channel(pull) = sample().body else { unreachable!("the sample carries one message") };
+    let hint = ChannelMessage::Hint(PullHint {
+        channel: ChannelId::new(ChannelType::GROUP, "other").unwrap(),
+        leader_epoch: LeaderEpoch::new(3),
+    });
+    let frame = Frame { cluster: 3, from: NodeId::new(1), body: FrameBody::Channels(vec![hint.clone(), pull, hint]) };
+    assert_eq!(decode(&encode(&frame), &FrameLimits::default()).unwrap(), frame);
+}

@@ -3,6 +3,7 @@
 //! feeds it time, frames, storage completions and API calls, and carries out its effects; the simulator
 //! drives the same code.
 
+use super::active::ActiveChannels;
 use super::config::NodeConfig;
 use super::controller::{
     Action, ClusterView, Controller, DrainReport, EvidenceReport, ExportQuestion, MigrationProposal, NodeView,
@@ -11,9 +12,11 @@ use super::controller::{
 use super::error::NodeError;
 use super::fanout::FanoutAnswer;
 use super::message::{NodeMessage, RemoteAppendError};
+use super::outbox::ChannelOutbox;
 use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
 use bytes::Bytes;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use tidings_channel::fanout::{FanoutEffect, FanoutPlanner, JobId, MessageRef, Target};
 use tidings_channel::machine::{
@@ -230,21 +233,15 @@ pub struct NodeCore {
     reader: SlotReader,
     router: Arc<Router>,
     log: Arc<dyn MessageLog>,
-    channels: BTreeMap<ChannelId, ChannelMachine>,
-    /// Channels whose machines took an input since their effects were last drained: only these are
+    /// Active replicas; only those that took an input since their effects were last drained are
     /// polled, so the cost of an input does not grow with the number of active channels.
-    dirty: BTreeSet<ChannelId>,
-    /// Each active machine's next timer, indexed by time (`timer_of` is the reverse map).
-    timers: BTreeSet<(Time, ChannelId)>,
-    timer_of: BTreeMap<ChannelId, Time>,
+    channels: ActiveChannels,
     /// Idle eviction scans every replica: at most once per `EVICT_SCAN_INTERVAL`.
     next_evict_scan: Time,
-    /// When each active channel last had an input (for eviction).
-    last_used: BTreeMap<ChannelId, Time>,
     /// Channels evicted while leading and quiescent: the leader epoch their next incarnation may resume.
     resumable: BTreeMap<ChannelId, LeaderEpoch>,
-    metas: BTreeMap<ChannelId, ChannelRuntimeMeta>,
-    waiting: BTreeMap<ChannelId, Vec<Waiting>>,
+    metas: FxHashMap<ChannelId, ChannelRuntimeMeta>,
+    waiting: FxHashMap<ChannelId, Vec<Waiting>>,
     proposals: BTreeMap<ProposalId, ProposalPurpose>,
     /// Every proposal's command and how it was sent: a refusal that proposed nothing — `NotLeader` with a
     /// hint for one sent to another node, a stale slot route for any — sends it on, a bounded number of
@@ -272,6 +269,8 @@ pub struct NodeCore {
     next_id: u64,
     next_incarnation: u64,
     effects: VecDeque<NodeEffect>,
+    /// Channel messages packed per destination until the end of the drain.
+    outbox: ChannelOutbox,
     frame_limits: FrameLimits,
     fanout: FanoutPlanner,
     /// Committed messages waiting for room in the fanout queue (each still holds its channel's handoff slot).
@@ -327,15 +326,11 @@ impl NodeCore {
             reader: SlotReader::new(meta),
             router,
             log,
-            channels: BTreeMap::new(),
-            dirty: BTreeSet::new(),
-            timers: BTreeSet::new(),
-            timer_of: BTreeMap::new(),
+            channels: ActiveChannels::default(),
             next_evict_scan: now,
-            last_used: BTreeMap::new(),
             resumable: BTreeMap::new(),
-            metas: BTreeMap::new(),
-            waiting: BTreeMap::new(),
+            metas: FxHashMap::default(),
+            waiting: FxHashMap::default(),
             proposals: BTreeMap::new(),
             sent: BTreeMap::new(),
             migrations: SlotMigrations::new(now),
@@ -351,6 +346,8 @@ impl NodeCore {
             next_id: ((config.boot_id & 0xffff_ffff) << 32) | 1,
             next_incarnation: now.as_millis().wrapping_mul(1 << 20) + 1,
             effects: VecDeque::new(),
+            // Batches stay well within what receivers accept (every node runs with the cluster's limit).
+            outbox: ChannelOutbox::new((config.frame_bytes_max / 4).min(4 << 20)),
             frame_limits,
             fanout: FanoutPlanner::new(config.fanout),
             fanout_waiting: VecDeque::new(),
@@ -386,7 +383,7 @@ impl NodeCore {
     /// Status of the node, its slot groups and its active channel replicas (role, epochs, HW, log end, ISR).
     pub fn status(&self) -> NodeStatus {
         let groups = self.slot.groups().filter_map(|g| self.slot.status(g)).collect();
-        let channels = self
+        let mut channels: Vec<ChannelStatus> = self
             .channels
             .iter()
             .filter_map(|(channel, machine)| {
@@ -405,6 +402,7 @@ impl NodeCore {
                 })
             })
             .collect();
+        channels.sort_by(|a, b| a.channel.cmp(&b.channel));
         NodeStatus {
             node: self.config.node,
             groups,
@@ -438,39 +436,31 @@ impl NodeCore {
     /// When to call [`NodeCore::handle_tick`] next.
     pub fn poll_timeout(&self) -> Time {
         // Machines touched since the last drain may have moved their timer earlier than the index says.
-        let touched = self.dirty.iter().filter_map(|c| self.channels.get(c)?.poll_timeout());
-        let indexed = self.timers.first().map(|(t, _)| *t);
+        let channels = self.channels.next_timeout();
         let controller =
             self.controller.poll_timeout().min(self.preferred.poll_timeout()).min(self.migrations.poll_timeout());
         let cannot_lead = self.cannot_lead.values().min().copied();
-        touched.chain(indexed).chain(cannot_lead).fold(self.slot.poll_timeout().min(controller), Time::min)
+        channels.into_iter().chain(cannot_lead).fold(self.slot.poll_timeout().min(controller), Time::min)
     }
 
     /// Advances time: raft ticks, channel timers, appends that waited too long for a meta.
     pub fn handle_tick(&mut self, now: Time) {
         self.advance(now);
         self.slot.handle_tick(self.now);
-        let expired: Vec<ChannelId> = self
+        let mut expired: Vec<ChannelId> = self
             .waiting
             .iter()
             .filter(|(_, queue)| queue.iter().any(|w| w.deadline <= now))
             .map(|(c, _)| c.clone())
             .collect();
+        expired.sort();
         for channel in expired {
             self.fail_waiting(&channel, |w| w.deadline <= now);
         }
-        let dirty: Vec<ChannelId> = self.dirty.iter().cloned().collect();
-        for channel in dirty {
-            self.reschedule(&channel);
-        }
-        while let Some((at, channel)) = self.timers.first().cloned() {
-            if at > self.now {
-                break;
-            }
-            self.timers.remove(&(at, channel.clone()));
-            self.timer_of.remove(&channel);
+        self.channels.reschedule_dirty();
+        while let Some(channel) = self.channels.pop_due(self.now) {
             let now = self.now;
-            if let Some(machine) = self.machine_mut(&channel) {
+            if let Some(machine) = self.channels.machine_mut(&channel) {
                 machine.handle_timeout(now);
             }
         }
@@ -513,6 +503,11 @@ impl NodeCore {
         match frame.body {
             FrameBody::Slot(message) => self.slot.handle_message(self.now, from, message),
             FrameBody::Channel(message) => self.channel_message(from, message),
+            FrameBody::Channels(messages) => {
+                for message in messages {
+                    self.channel_message(from, message);
+                }
+            }
             FrameBody::Node(message) => self.node_message(from, message),
         }
         Ok(())
@@ -1125,7 +1120,7 @@ impl NodeCore {
         let evictable: Vec<ChannelId> = self
             .channels
             .iter()
-            .filter(|(c, m)| m.is_quiescent() && self.last_used.get(*c).is_none_or(|t| *t <= idle_since))
+            .filter(|(c, m)| m.is_quiescent() && self.channels.last_used(c).is_none_or(|t| t <= idle_since))
             .map(|(c, _)| c.clone())
             .collect();
         for channel in evictable {
@@ -1174,7 +1169,7 @@ impl NodeCore {
             .channels
             .iter()
             .filter(|(_, m)| m.is_quiescent())
-            .min_by_key(|(c, _)| self.last_used.get(*c).copied().unwrap_or(Time::ZERO))
+            .min_by_key(|(c, _)| (self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
             .map(|(c, _)| c.clone());
         let Some(victim) = victim else { return false };
         if let Some(machine) = self.deactivate(&victim) {
@@ -1192,11 +1187,6 @@ impl NodeCore {
     /// incarnation from the store.
     fn deactivate(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
         let machine = self.channels.remove(channel)?;
-        self.last_used.remove(channel);
-        self.dirty.remove(channel);
-        if let Some(at) = self.timer_of.remove(channel) {
-            self.timers.remove(&(at, channel.clone()));
-        }
         self.log.release_caches(channel);
         Some(machine)
     }
@@ -1209,7 +1199,7 @@ impl NodeCore {
     /// Creates the local replica of `channel` if this node is one and the meta is known: open the log
     /// state, load the recent records, apply the full meta, then accept traffic.
     fn activate(&mut self, channel: &ChannelId) {
-        if self.channels.contains_key(channel) {
+        if self.channels.contains(channel) {
             return;
         }
         let Some(meta) = self.known_meta(channel) else { return };
@@ -1247,9 +1237,7 @@ impl NodeCore {
             machine.resume_leadership(epoch);
         }
         let _ = machine.handle_meta(self.now, meta);
-        self.channels.insert(channel.clone(), machine);
-        self.dirty.insert(channel.clone());
-        self.last_used.insert(channel.clone(), self.now);
+        self.channels.insert(channel.clone(), machine, self.now);
     }
 
     /// Fails the appends waiting for `channel`'s meta that `expired` selects.
@@ -1271,9 +1259,7 @@ impl NodeCore {
 
     /// Marks `channel` as in use (eviction waits for it to be idle).
     fn touch(&mut self, channel: &ChannelId) {
-        if self.channels.contains_key(channel) {
-            self.last_used.insert(channel.clone(), self.now);
-        }
+        self.channels.touch(channel, self.now);
     }
 
     fn append_locally(
@@ -1336,7 +1322,7 @@ impl NodeCore {
             }
             ChannelMessage::Pull(_) => false,
         };
-        let evicted = !self.channels.contains_key(&channel);
+        let evicted = !self.channels.contains(&channel);
         if evicted && matches!(&message, ChannelMessage::PullResponse(_)) && !news {
             return;
         }
@@ -1433,6 +1419,14 @@ impl NodeCore {
         }
     }
 
+    fn send_channel_batch(&mut self, to: NodeId, mut batch: Vec<ChannelMessage>) {
+        let body = match batch.len() {
+            1 => FrameBody::Channel(batch.pop().expect("one message")),
+            _ => FrameBody::Channels(batch),
+        };
+        self.send(to, body);
+    }
+
     fn send(&mut self, to: NodeId, body: FrameBody) {
         let frame = encode(&Frame { cluster: self.config.cluster, from: self.config.node, body });
         self.effects.push_back(NodeEffect::Send { to, frame });
@@ -1492,11 +1486,11 @@ impl NodeCore {
             self.slot_effect(effect);
         }
         // Effects may touch further channels (or this one again): drain until nothing is dirty.
-        while let Some(channel) = self.dirty.pop_first() {
-            while let Some(effect) = self.channels.get_mut(&channel).and_then(ChannelMachine::poll_effect) {
+        while let Some(channel) = self.channels.pop_dirty() {
+            while let Some(effect) = self.channels.machine_mut(&channel).and_then(ChannelMachine::poll_effect) {
                 self.channel_effect(&channel, effect);
             }
-            self.reschedule(&channel);
+            self.channels.reschedule(&channel);
         }
         // Channel effects may have produced slot proposals (meta changes): drain those too.
         while let Some(effect) = self.slot.poll_effect() {
@@ -1511,32 +1505,15 @@ impl NodeCore {
         while let Some(effect) = self.slot.poll_effect() {
             self.slot_effect(effect);
         }
+        let batches: Vec<_> = self.outbox.drain().collect();
+        for (to, batch) in batches {
+            self.send_channel_batch(to, batch);
+        }
     }
 
     /// The channel machine `channel`, marked for draining.
     fn machine_mut(&mut self, channel: &ChannelId) -> Option<&mut ChannelMachine> {
-        let machine = self.channels.get_mut(channel)?;
-        if !self.dirty.contains(channel) {
-            self.dirty.insert(channel.clone());
-        }
-        Some(machine)
-    }
-
-    /// Files the machine's next timer in the index.
-    fn reschedule(&mut self, channel: &ChannelId) {
-        let next = self.channels.get(channel).and_then(ChannelMachine::poll_timeout);
-        let filed = self.timer_of.get(channel).copied();
-        if next == filed {
-            return;
-        }
-        if let Some(at) = filed {
-            self.timers.remove(&(at, channel.clone()));
-            self.timer_of.remove(channel);
-        }
-        if let Some(at) = next {
-            self.timers.insert((at, channel.clone()));
-            self.timer_of.insert(channel.clone(), at);
-        }
+        self.channels.get_marked(channel)
     }
 
     fn slot_effect(&mut self, effect: SlotEffect) {
@@ -1622,7 +1599,11 @@ impl NodeCore {
     fn channel_effect(&mut self, channel: &ChannelId, effect: Effect) {
         match effect {
             Effect::Persist { token, batch } => self.effects.push_back(NodeEffect::Persist { token, batch }),
-            Effect::Send { to, message } => self.send(to, FrameBody::Channel(message)),
+            Effect::Send { to, message } => {
+                if let Some(batch) = self.outbox.push(to, message) {
+                    self.send_channel_batch(to, batch);
+                }
+            }
             Effect::Read { token, from, through, max_bytes } => {
                 self.effects.push_back(NodeEffect::Read { channel: channel.clone(), token, from, through, max_bytes })
             }

@@ -1,12 +1,14 @@
 //! The node: the sans-IO [`NodeCore`] and what configures it. The threaded runtime around it is
 //! [`crate::Node`].
 
+mod active;
 mod config;
 mod controller;
 mod core;
 mod error;
 mod fanout;
 mod message;
+mod outbox;
 
 pub use self::core::{ApiId, ApiResult, ChannelStatus, NodeCore, NodeEffect, NodeStatus};
 pub use config::NodeConfig;

@@ -24,6 +24,19 @@ impl ChannelMessage {
             ChannelMessage::Hint(m) => &m.channel,
         }
     }
+
+    /// About how many bytes the message takes on the wire (its records' encoded sizes plus a fixed
+    /// allowance for the rest): enough to keep a batch of messages within a frame limit.
+    pub fn size_hint(&self) -> usize {
+        const FIXED: usize = 64;
+        let records = match self {
+            ChannelMessage::PullResponse(PullResponse { body: PullBody::Records { records, .. }, .. }) => {
+                records.iter().map(|r| r.encoded_len() + 8).sum()
+            }
+            _ => 0,
+        };
+        FIXED + self.channel().id().len() + records
+    }
 }
 
 /// A follower's pull.
