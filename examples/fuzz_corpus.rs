@@ -105,6 +105,6 @@ fn main() {
         hw: Seq::new(2),
         retention_through: Seq::new(0),
     };
-    write("stored_records", "state", &stored::state_to_bytes(&state, Seq::new(2)));
+    write("stored_records", "state", &stored::state_to_bytes(&state, Seq::new(2), 1));
     println!("wrote the seed corpus under fuzz/seeds/");
 }

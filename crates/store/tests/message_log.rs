@@ -42,6 +42,8 @@ fn small_config() -> JournalConfig {
         mem_bytes_max: 1 << 20,
         write_behind_bytes: 256 << 10,
         pack_bytes_max: 512,
+        // Every channel in a sled batch of its own: a cut round leaves some channels ahead of others.
+        write_behind_batch_channels: 1,
         limits: LogLimits { batch_records_max: 64, batch_bytes_max: 16 << 10, idempotency_window: 16 },
         ..JournalConfig::default()
     }
@@ -82,12 +84,29 @@ type Model = BTreeMap<usize, ChannelModel>;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Append { ch: usize, count: u64, bump: bool },
-    Truncate { ch: usize, back: u64 },
-    Hw { ch: usize, fraction: u8 },
-    Retention { ch: usize, fraction: u8 },
+    Append {
+        ch: usize,
+        count: u64,
+        bump: bool,
+    },
+    Truncate {
+        ch: usize,
+        back: u64,
+    },
+    Hw {
+        ch: usize,
+        fraction: u8,
+    },
+    Retention {
+        ch: usize,
+        fraction: u8,
+    },
     Sync,
     WriteBehind,
+    /// A write-behind round that stops after `batches` sled batches; sled then flushes what it took.
+    WriteBehindCut {
+        batches: u64,
+    },
     Restart,
 }
 
@@ -101,6 +120,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Retention { ch, fraction }),
         4 => Just(Op::Sync),
         2 => Just(Op::WriteBehind),
+        1 => (0u64..4).prop_map(|batches| Op::WriteBehindCut { batches }),
         1 => Just(Op::Restart),
     ]
 }
@@ -192,7 +212,7 @@ fn run<L: MessageLog>(
     ops: &[Op],
     mut log: L,
     mut restart: impl FnMut(L) -> L,
-    mut write_behind: impl FnMut(&L),
+    mut write_behind: impl FnMut(&L, Option<u64>),
     staged_may_survive: bool,
 ) {
     let mut durable: Model = BTreeMap::new();
@@ -211,7 +231,8 @@ fn run<L: MessageLog>(
                 durable = tail;
                 staged.clear();
             }
-            Op::WriteBehind => write_behind(&log),
+            Op::WriteBehind => write_behind(&log, None),
+            Op::WriteBehindCut { batches } => write_behind(&log, Some(*batches)),
             Op::Restart => {
                 log = restart(log);
                 // The recovered log is the durable model plus some prefix of the staged batches.
@@ -243,7 +264,7 @@ proptest! {
     #[test]
     fn memory_log_matches_model(ops in proptest::collection::vec(op(), 1..60)) {
         let log = Arc::new(MemoryLog::new(small_config().limits));
-        run(&ops, log, |log| { log.crash(); log }, |_| {}, false);
+        run(&ops, log, |log| { log.crash(); log }, |_, _| {}, false);
     }
 
     #[test]
@@ -253,7 +274,16 @@ proptest! {
         let path = dir.path().to_path_buf();
         let open = |kv: &Arc<MemoryKv>| JournalLog::open(&path, kv.clone(), small_config()).unwrap();
         let log = open(&kv);
-        run(&ops, log, |log| { drop(log); kv.crash(); open(&kv) }, |log| log.write_behind().unwrap(), true);
+        let write_behind = |log: &JournalLog, cut: Option<u64>| match cut {
+            None => log.write_behind().unwrap(),
+            Some(batches) => {
+                kv.fail(FailOp::Apply, batches, 1);
+                let _ = log.write_behind();
+                kv.clear_failpoints();
+                kv.sync().unwrap();
+            }
+        };
+        run(&ops, log, |log| { drop(log); kv.crash(); open(&kv) }, write_behind, true);
     }
 }
 
@@ -268,7 +298,7 @@ proptest! {
             let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.path().join("sled"), 4 << 20).unwrap());
             JournalLog::open(dir.path().join("journal"), kv, small_config()).unwrap()
         };
-        run(&ops, open(), |log| { drop(log); open() }, |log| log.write_behind().unwrap(), true);
+        run(&ops, open(), |log| { drop(log); open() }, |log, _| log.write_behind().unwrap(), true);
     }
 }
 

@@ -79,8 +79,8 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Option<LogBatch> {
 }
 
 /// Encodes a channel's state and how far its records are in sled.
-pub(crate) fn encode_state(state: &ChannelLogState, sled_through: Seq) -> Vec<u8> {
-    let mut out = Vec::with_capacity(40 + state.epochs.len() * 16);
+pub(crate) fn encode_state(state: &ChannelLogState, sled_through: Seq, frames_before: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(48 + state.epochs.len() * 16);
     for v in [state.last_seq.get(), state.hw.get(), state.retention_through.get(), sled_through.get()] {
         out.extend_from_slice(&v.to_le_bytes());
     }
@@ -89,11 +89,13 @@ pub(crate) fn encode_state(state: &ChannelLogState, sled_through: Seq) -> Vec<u8
         out.extend_from_slice(&epoch.get().to_le_bytes());
         out.extend_from_slice(&start.get().to_le_bytes());
     }
+    out.extend_from_slice(&frames_before.to_le_bytes());
     out
 }
 
-/// Decodes [`encode_state`]'s output, checking that it is self-consistent.
-pub(crate) fn decode_state(bytes: &[u8]) -> Option<(ChannelLogState, Seq)> {
+/// Decodes [`encode_state`]'s output, checking that it is self-consistent: the state, how far its
+/// records are in sled, and the journal frame number its state includes everything before.
+pub(crate) fn decode_state(bytes: &[u8]) -> Option<(ChannelLogState, Seq, u64)> {
     let mut input = Reader::new(bytes);
     let last_seq = Seq::new(input.u64()?);
     let hw = Seq::new(input.u64()?);
@@ -107,10 +109,14 @@ pub(crate) fn decode_state(bytes: &[u8]) -> Option<(ChannelLogState, Seq)> {
     for _ in 0..count {
         epochs.push((LeaderEpoch::new(input.u64()?), Seq::new(input.u64()?)));
     }
+    let frames_before = input.u64()?;
     let ordered = epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1);
     let consistent = retention_through <= hw && hw <= last_seq && sled_through <= last_seq;
-    (input.is_empty() && ordered && consistent)
-        .then_some((ChannelLogState { last_seq, epochs, hw, retention_through }, sled_through))
+    (input.is_empty() && ordered && consistent).then_some((
+        ChannelLogState { last_seq, epochs, hw, retention_through },
+        sled_through,
+        frames_before,
+    ))
 }
 
 #[cfg(test)]
@@ -163,10 +169,10 @@ mod tests {
             hw: Seq::new(8),
             retention_through: Seq::new(2),
         };
-        let bytes = encode_state(&state, Seq::new(7));
-        assert_eq!(decode_state(&bytes), Some((state.clone(), Seq::new(7))));
+        let bytes = encode_state(&state, Seq::new(7), 12);
+        assert_eq!(decode_state(&bytes), Some((state.clone(), Seq::new(7), 12)));
         let bad = ChannelLogState { hw: Seq::new(11), ..state };
-        assert!(decode_state(&encode_state(&bad, Seq::new(0))).is_none());
+        assert!(decode_state(&encode_state(&bad, Seq::new(0), 0)).is_none());
         assert!(decode_state(&bytes[..bytes.len() - 1]).is_none());
     }
 }

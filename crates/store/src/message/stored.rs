@@ -41,13 +41,14 @@ pub fn pack_from_bytes(bytes: &[u8]) -> Option<Vec<Record>> {
     reader.is_empty().then_some(records)
 }
 
-/// Encodes a channel state record (with how far its records are written behind into sled).
-pub fn state_to_bytes(state: &ChannelLogState, sled_through: Seq) -> Vec<u8> {
-    encode_state(state, sled_through)
+/// Encodes a channel state record: how far its records are written behind into sled, and the first
+/// journal frame its state does not include (recovery replays that channel's frames from there).
+pub fn state_to_bytes(state: &ChannelLogState, sled_through: Seq, frames_before: u64) -> Vec<u8> {
+    encode_state(state, sled_through, frames_before)
 }
 
-/// Decodes a channel state record, checking that it is self-consistent.
-pub fn state_from_bytes(bytes: &[u8]) -> Option<(ChannelLogState, Seq)> {
+/// Decodes a channel state record, checking that it is self-consistent (see [`state_to_bytes`]).
+pub fn state_from_bytes(bytes: &[u8]) -> Option<(ChannelLogState, Seq, u64)> {
     decode_state(bytes)
 }
 

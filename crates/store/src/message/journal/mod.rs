@@ -45,6 +45,11 @@ pub struct JournalConfig {
     pub busy_wait: Duration,
     /// Largest pack of one channel's records stored as one sled value. Default 64 KiB.
     pub pack_bytes_max: usize,
+    /// Most channels in one sled batch of a write-behind round. Default 256. A round of 10,000 channels
+    /// goes to sled in several batches: sled applies a batch under a lock that every other sled
+    /// operation of the process waits for (the raft logs and metadata included), so one batch of the
+    /// whole round would stall them for its full duration.
+    pub write_behind_batch_channels: usize,
     /// Batch and idempotency limits.
     pub limits: LogLimits,
 }
@@ -58,6 +63,7 @@ impl Default for JournalConfig {
             write_behind_interval: Duration::from_secs(1),
             busy_wait: Duration::from_secs(1),
             pack_bytes_max: 64 << 10,
+            write_behind_batch_channels: 256,
             limits: LogLimits::default(),
         }
     }
@@ -74,8 +80,10 @@ impl JournalConfig {
                 what: "need batch_bytes_max <= mem_bytes_max and write_behind_bytes <= mem_bytes_max",
             });
         }
-        if self.pack_bytes_max == 0 {
-            return Err(StoreError::BadConfig { what: "pack_bytes_max must be positive" });
+        if self.pack_bytes_max == 0 || self.write_behind_batch_channels == 0 {
+            return Err(StoreError::BadConfig {
+                what: "pack_bytes_max and write_behind_batch_channels must be positive",
+            });
         }
         Ok(())
     }
@@ -157,13 +165,17 @@ impl JournalLog {
             })?,
         };
         let mut core = LogCore::new(config.limits);
-        load_states(kv.as_ref(), &mut core)?;
+        let ahead = load_states(kv.as_ref(), &mut core, checkpoint.next_frame)?;
         let journal = Journal::open(dir.as_ref(), config.segment_bytes, checkpoint, |pos, body| {
             let corrupt = |detail| StoreError::Corrupt {
                 location: CorruptLocation::Journal { segment: pos.segment, offset: pos.offset },
                 detail,
             };
             let batch = decode_batch(body).ok_or(corrupt("journal frame does not decode"))?;
+            // A channel written by a round that stopped before its checkpoint already holds this frame.
+            if ahead.get(&batch.channel).is_some_and(|before| pos.next_frame < *before) {
+                return Ok(());
+            }
             core.apply_durable(batch).map_err(|_| corrupt("journal frame does not apply to the log"))
         })?;
         let applied = journal.position();
@@ -230,8 +242,13 @@ impl JournalLog {
         }
     }
 
-    /// Writes every durable record still in memory into sled with the channel states and the journal
-    /// checkpoint (one sled batch + real fsync), then deletes the journal segments before the checkpoint.
+    /// Writes every durable record still in memory into sled with the channel states, then the journal
+    /// checkpoint, then a real fsync; then deletes the journal segments before the checkpoint.
+    ///
+    /// The channels go in sled batches of at most `write_behind_batch_channels`, each channel's packs
+    /// and state in one batch, its state naming the journal frame it includes everything before: a crash
+    /// between two batches (sled may have flushed some) leaves channels ahead of the checkpoint, and
+    /// recovery skips their frames already included.
     pub fn write_behind(&self) -> StoreResult<()> {
         let mut persisted = self.write_behind.lock();
         let (items, checkpoint) = {
@@ -256,13 +273,21 @@ impl JournalLog {
         if items.is_empty() && checkpoint == *persisted {
             return Ok(());
         }
-        let mut batch = KvBatch::new();
-        for item in &items {
-            self.persist_item(item, &mut batch)?;
+        for (index, chunk) in items.chunks(self.config.write_behind_batch_channels).enumerate() {
+            if let Err(error) = self.write_chunk(chunk, checkpoint.next_frame) {
+                // Batches before this one may be in sled, packed from where memory starts: the next
+                // round checks those channels' packs past what is known to be there.
+                self.distrust_written(&items[..index * self.config.write_behind_batch_channels]);
+                return Err(error);
+            }
         }
+        let mut batch = KvBatch::new();
         batch.put(Keyspace::Journal, CHECKPOINT_KEY.to_vec(), &checkpoint.encode());
-        self.kv.apply(batch)?;
-        self.kv.sync()?;
+        let written = self.kv.apply(batch).and_then(|()| self.kv.sync());
+        if let Err(error) = written {
+            self.distrust_written(&items);
+            return Err(error);
+        }
         *persisted = checkpoint;
         let records: usize = items.iter().map(|i| i.records.len()).sum();
         self.finish_write_behind(items);
@@ -271,6 +296,26 @@ impl JournalLog {
         let deleted = self.journal.lock().delete_before(checkpoint)?;
         self.segments_deleted.fetch_add(deleted as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// One sled batch of write-behind: `chunk`'s channels, each state naming `frames_before`.
+    fn write_chunk(&self, chunk: &[WriteBehindItem], frames_before: u64) -> StoreResult<()> {
+        let mut batch = KvBatch::new();
+        for item in chunk {
+            self.persist_item(item, &mut batch, frames_before)?;
+        }
+        self.kv.apply(batch)
+    }
+
+    /// After a failed round: packs of `items` may be in sled past what memory says sled holds; the next
+    /// round clears after that point first (as after a truncation).
+    fn distrust_written(&self, items: &[WriteBehindItem]) {
+        let mut visible = self.visible.lock();
+        for item in items {
+            let Some(entry) = visible.core.channels.get_mut(&item.channel) else { continue };
+            let valid = entry.older_through;
+            entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
+        }
     }
 
     fn finish_write_behind(&self, items: Vec<WriteBehindItem>) {
@@ -297,7 +342,7 @@ impl JournalLog {
     }
 
     /// Adds one channel's packs, cleanups and state to `batch`.
-    fn persist_item(&self, item: &WriteBehindItem, batch: &mut KvBatch) -> StoreResult<()> {
+    fn persist_item(&self, item: &WriteBehindItem, batch: &mut KvBatch, frames_before: u64) -> StoreResult<()> {
         let mut prefix = Vec::new();
         item.channel.encode_key(&mut prefix);
         if let Some(valid_through) = item.dirty_after {
@@ -322,7 +367,7 @@ impl JournalLog {
             self.trim_through(&prefix, item.state.retention_through, batch)?;
         }
         let through = item.records.last().map_or(item.older_through, |r| r.seq);
-        batch.put(Keyspace::MessageState, prefix, &encode_state(&item.state, through));
+        batch.put(Keyspace::MessageState, prefix, &encode_state(&item.state, through, frames_before));
         Ok(())
     }
 
@@ -588,7 +633,14 @@ fn decode_pack(key: &[u8], value: &[u8]) -> StoreResult<Vec<Record>> {
     Ok(records)
 }
 
-fn load_states(kv: &dyn Kv, core: &mut LogCore) -> StoreResult<()> {
+/// Loads every channel's stored state into `core`. Returns the channels whose state is ahead of the
+/// checkpoint (`checkpoint_frame`): with the frame number their state includes everything before.
+fn load_states(
+    kv: &dyn Kv,
+    core: &mut LogCore,
+    checkpoint_frame: u64,
+) -> StoreResult<rustc_hash::FxHashMap<ChannelId, u64>> {
+    let mut ahead = rustc_hash::FxHashMap::default();
     let mut range = KeyRange::prefix(b"");
     loop {
         let page = kv.scan(Keyspace::MessageState, &range, Direction::Forward, 1024)?;
@@ -602,15 +654,18 @@ fn load_states(kv: &dyn Kv, core: &mut LogCore) -> StoreResult<()> {
                 Some((channel, [])) => channel,
                 _ => return Err(corrupt("channel state key does not decode")),
             };
-            let (state, older_through) =
+            let (state, older_through, frames_before) =
                 decode_state(&value).ok_or_else(|| corrupt("channel state does not decode"))?;
+            if frames_before > checkpoint_frame {
+                ahead.insert(channel.clone(), frames_before);
+            }
             let entry = core.channels.entry(channel).or_default();
             entry.state = state;
             entry.older_through = older_through;
             range.start = [key.as_slice(), &[0]].concat();
         }
         if done {
-            return Ok(());
+            return Ok(ahead);
         }
     }
 }
