@@ -41,6 +41,13 @@ pub enum MigrationPhase {
     Finish,
 }
 
+impl MigrationPhase {
+    /// The phase's step is proposed to the target group (the others to the source).
+    fn addresses_target(self) -> bool {
+        matches!(self, Self::Begin | Self::Copy | Self::Marks | Self::Commit)
+    }
+}
+
 /// A hash-slot migration this node drives, for operators ([`crate::node::NodeStatus::slot_migrations`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlotMigrationReport {
@@ -319,6 +326,15 @@ impl SlotMigrations {
             {
                 // The target took the slot over already (an earlier attempt committed): only the source's
                 // clean-up is left. The source is fenced then: nothing commits before the fence.
+                export.phase = MigrationPhase::Finish;
+            }
+            Ok(Outcome::Refused(Refusal::Migration(SlotMigrationError::OutOfStep { found: Some(record) })))
+                if record.epoch > export.epoch && export.phase.addresses_target() =>
+            {
+                // The target is past this epoch: only the owner at this epoch — the target, through this
+                // export's commit — could have given the slot on. The commit happened (its answer was
+                // lost, or the leader that saw it is gone) and the slot moved on since: only the source's
+                // clean-up is left (sim seed 13000241).
                 export.phase = MigrationPhase::Finish;
             }
             Ok(Outcome::Refused(refusal)) => {
