@@ -2,9 +2,9 @@
 //! carries out its effects; every protocol decision is in the core.
 //!
 //! Threads: one core thread (owns the `NodeCore`, its timers and the API calls), one slot-sync worker
-//! (one fsync of the metadata/raft store for every sync asked since the last), one durable-append worker
-//! (stages every queued channel batch and makes them durable with one journal sync: group commit across
-//! channels), one reader (store reads for pulls), one fanout worker (subscriber pages, and the host's
+//! (one fsync of the metadata/raft store for every sync asked since the last), durable-append workers
+//! (each stages the queued channel batches and makes them durable with one journal sync: group commit
+//! across channels; two by default, so one stages while the other waits for its fdatasync), one reader (store reads for pulls), one fanout worker (subscriber pages, and the host's
 //! presence and delivery calls), and the message log's write-behind thread. Storage IO never runs on the
 //! core thread except a channel's activation (loading its log state). Every queue is
 //! bounded: a full inbox drops inbound frames (the protocols resend) and refuses API calls with
@@ -60,12 +60,22 @@ pub struct StorageOptions {
     pub sled_cache_bytes: u64,
     /// Message journal configuration.
     pub journal: JournalConfig,
+    /// Durable-append workers. Each takes a round of queued channel batches, stages them and makes them
+    /// durable with one journal sync; while one waits for its `fdatasync`, the next stages the following
+    /// round (the journal runs one sync at a time and lets staging go on meanwhile). A channel has at
+    /// most one batch in flight, so its batches never overtake each other. Default 2.
+    pub durable_workers: usize,
 }
 
 impl StorageOptions {
     /// Defaults in `data_dir`.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        Self { data_dir: data_dir.into(), sled_cache_bytes: 64 << 20, journal: JournalConfig::default() }
+        Self {
+            data_dir: data_dir.into(),
+            sled_cache_bytes: 64 << 20,
+            journal: JournalConfig::default(),
+            durable_workers: 2,
+        }
     }
 }
 
@@ -153,6 +163,9 @@ impl Node {
         fanout: Arc<dyn FanoutHost>,
     ) -> Result<Node, NodeError> {
         config.validate().map_err(|what| NodeError::Storage(StoreError::BadConfig { what }))?;
+        if storage.durable_workers == 0 {
+            return Err(NodeError::Storage(StoreError::BadConfig { what: "durable_workers must be positive" }));
+        }
         let boot_nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let config = NodeConfig { boot_id: u64::from(boot_nanos.subsec_nanos()) ^ boot_nanos.as_secs(), ..config };
         std::fs::create_dir_all(&storage.data_dir).map_err(|e| StoreError::io("create data directory", e))?;
@@ -178,10 +191,12 @@ impl Node {
             let (kv, inbox) = (kv.clone(), inbox.clone());
             move || slot_sync_worker(&kv, &sync_rx, &inbox)
         }));
-        threads.push(spawn("tidings-durable", {
-            let (log, inbox) = (log.clone(), inbox.clone());
-            move || durable_worker(log.as_ref(), &persist_rx, &inbox)
-        }));
+        for _ in 0..storage.durable_workers {
+            threads.push(spawn("tidings-durable", {
+                let (log, inbox, persist_rx) = (log.clone(), inbox.clone(), persist_rx.clone());
+                move || durable_worker(log.as_ref(), &persist_rx, &inbox)
+            }));
+        }
         threads.push(spawn("tidings-reader", {
             let (log, inbox) = (log.clone(), inbox.clone());
             move || reader_worker(log.as_ref(), &read_rx, &inbox)

@@ -42,8 +42,10 @@ fn small_config() -> JournalConfig {
         mem_bytes_max: 1 << 20,
         write_behind_bytes: 256 << 10,
         pack_bytes_max: 512,
-        // Every channel in a sled batch of its own: a cut round leaves some channels ahead of others.
-        write_behind_batch_channels: 1,
+        // Small write-behind batches (by channels and by bytes): a cut round leaves some channels ahead
+        // of the checkpoint and others not.
+        write_behind_batch_channels: 2,
+        write_behind_batch_bytes: 512,
         limits: LogLimits { batch_records_max: 64, batch_bytes_max: 16 << 10, idempotency_window: 16 },
         ..JournalConfig::default()
     }

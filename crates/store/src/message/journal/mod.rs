@@ -45,11 +45,14 @@ pub struct JournalConfig {
     pub busy_wait: Duration,
     /// Largest pack of one channel's records stored as one sled value. Default 64 KiB.
     pub pack_bytes_max: usize,
-    /// Most channels in one sled batch of a write-behind round. Default 256. A round of 10,000 channels
-    /// goes to sled in several batches: sled applies a batch under a lock that every other sled
-    /// operation of the process waits for (the raft logs and metadata included), so one batch of the
-    /// whole round would stall them for its full duration.
+    /// Most channels in one sled batch of a write-behind round. Default 256. A round goes to sled in
+    /// several batches: sled applies a batch under a lock that every other sled operation of the
+    /// process waits for (the raft logs and metadata included), so one batch of a whole round (10,000
+    /// channels, or tens of MiB) stalled them for its full duration.
     pub write_behind_batch_channels: usize,
+    /// A sled batch of write-behind takes no further channel once it holds this many record bytes.
+    /// Default 2 MiB. (One channel's records and state always go in one batch, however many bytes.)
+    pub write_behind_batch_bytes: usize,
     /// Batch and idempotency limits.
     pub limits: LogLimits,
 }
@@ -64,6 +67,7 @@ impl Default for JournalConfig {
             busy_wait: Duration::from_secs(1),
             pack_bytes_max: 64 << 10,
             write_behind_batch_channels: 256,
+            write_behind_batch_bytes: 2 << 20,
             limits: LogLimits::default(),
         }
     }
@@ -80,9 +84,9 @@ impl JournalConfig {
                 what: "need batch_bytes_max <= mem_bytes_max and write_behind_bytes <= mem_bytes_max",
             });
         }
-        if self.pack_bytes_max == 0 || self.write_behind_batch_channels == 0 {
+        if self.pack_bytes_max == 0 || self.write_behind_batch_channels == 0 || self.write_behind_batch_bytes == 0 {
             return Err(StoreError::BadConfig {
-                what: "pack_bytes_max and write_behind_batch_channels must be positive",
+                what: "pack_bytes_max and the write-behind batch limits must be positive",
             });
         }
         Ok(())
@@ -245,7 +249,7 @@ impl JournalLog {
     /// Writes every durable record still in memory into sled with the channel states, then the journal
     /// checkpoint, then a real fsync; then deletes the journal segments before the checkpoint.
     ///
-    /// The channels go in sled batches of at most `write_behind_batch_channels`, each channel's packs
+    /// The channels go in sled batches (`write_behind_batch_channels`, `write_behind_batch_bytes`), each channel's packs
     /// and state in one batch, its state naming the journal frame it includes everything before: a crash
     /// between two batches (sled may have flushed some) leaves channels ahead of the checkpoint, and
     /// recovery skips their frames already included.
@@ -273,13 +277,16 @@ impl JournalLog {
         if items.is_empty() && checkpoint == *persisted {
             return Ok(());
         }
-        for (index, chunk) in items.chunks(self.config.write_behind_batch_channels).enumerate() {
-            if let Err(error) = self.write_chunk(chunk, checkpoint.next_frame) {
+        let mut start = 0;
+        while start < items.len() {
+            let end = start + self.chunk_len(&items[start..]);
+            if let Err(error) = self.write_chunk(&items[start..end], checkpoint.next_frame) {
                 // Batches before this one may be in sled, packed from where memory starts: the next
                 // round checks those channels' packs past what is known to be there.
-                self.distrust_written(&items[..index * self.config.write_behind_batch_channels]);
+                self.distrust_written(&items[..start]);
                 return Err(error);
             }
+            start = end;
         }
         let mut batch = KvBatch::new();
         batch.put(Keyspace::Journal, CHECKPOINT_KEY.to_vec(), &checkpoint.encode());
@@ -296,6 +303,20 @@ impl JournalLog {
         let deleted = self.journal.lock().delete_before(checkpoint)?;
         self.segments_deleted.fetch_add(deleted as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// How many of `items` (at least one) the next sled batch takes.
+    fn chunk_len(&self, items: &[WriteBehindItem]) -> usize {
+        let mut bytes = 0;
+        let mut taken = 0;
+        for item in items.iter().take(self.config.write_behind_batch_channels) {
+            if taken > 0 && bytes >= self.config.write_behind_batch_bytes {
+                break;
+            }
+            bytes += item.records.iter().map(Record::encoded_len).sum::<usize>();
+            taken += 1;
+        }
+        taken.max(1)
     }
 
     /// One sled batch of write-behind: `chunk`'s channels, each state naming `frames_before`.
