@@ -90,7 +90,7 @@ const REPLACE_TIMEOUT: Duration = Duration::from_secs(180);
 
 enum Input {
     Frame { from: NodeId, bytes: Bytes },
-    Call { call: Call, reply: Sender<ApiResult> },
+    Call { call: Call, reply: Reply },
     Read { channel: ChannelId, from: Seq, limit: usize, reply: Sender<Result<Vec<Record>, NodeError>> },
     Latest { channel: ChannelId, reply: Sender<Result<Seq, NodeError>> },
     Status { reply: Sender<NodeStatus> },
@@ -99,6 +99,24 @@ enum Input {
     ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
     Fanout(FanoutAnswer),
     Stop,
+}
+
+/// Where an API call's result goes.
+enum Reply {
+    /// To a caller waiting on the other end.
+    Wait(Sender<ApiResult>),
+    /// To a callback, run on the core thread.
+    Then(Box<dyn FnOnce(ApiResult) + Send>),
+}
+
+impl Reply {
+    fn deliver(self, result: ApiResult) {
+        match self {
+            // The caller may have stopped waiting: nothing to do then.
+            Reply::Wait(sender) => drop(sender.send(result)),
+            Reply::Then(callback) => callback(result),
+        }
+    }
 }
 
 enum Call {
@@ -260,8 +278,40 @@ impl Node {
     /// Starts an append (any node may be called: non-leaders forward); wait on the handle.
     pub fn append(&self, channel: ChannelId, records: Vec<AppendRecord>) -> Result<AppendHandle, NodeError> {
         let (reply, receiver) = bounded(1);
-        self.send_input(Input::Call { call: Call::Append { channel, sender: None, records }, reply })?;
+        self.send_input(Input::Call {
+            call: Call::Append { channel, sender: None, records },
+            reply: Reply::Wait(reply),
+        })?;
         Ok(AppendHandle { reply: receiver })
+    }
+
+    /// Starts an append and calls `then` with its outcome (the seqs once committed, or why not) — for a
+    /// host that completes its own futures or requests instead of blocking a thread per append.
+    ///
+    /// `then` runs on the node's core thread: it must be short and must not block (hand the result on,
+    /// wake a task). It is called exactly once, with [`NodeError::Stopped`] if the node stops first;
+    /// when this returns an error (`Overloaded`, `Stopped`) it is never called.
+    ///
+    /// ```no_run
+    /// # fn demo(node: &tidings::Node, channel: tidings::types::ChannelId) -> Result<(), tidings::node::NodeError> {
+    /// use tidings::channel::machine::AppendRecord;
+    /// let (done, outcome) = std::sync::mpsc::channel();
+    /// let record = AppendRecord { idempotency_key: None, payload: bytes::Bytes::from_static(b"hi") };
+    /// node.append_then(channel, vec![record], move |result| drop(done.send(result)))?;
+    /// let seqs = outcome.recv().expect("called once")?;
+    /// # let _ = seqs; Ok(()) }
+    /// ```
+    pub fn append_then(
+        &self,
+        channel: ChannelId,
+        records: Vec<AppendRecord>,
+        then: impl FnOnce(Result<Vec<Seq>, NodeError>) + Send + 'static,
+    ) -> Result<(), NodeError> {
+        let reply = Reply::Then(Box::new(move |result| match result {
+            ApiResult::Appended(result) => then(result),
+            ApiResult::Meta(_) | ApiResult::Task(_) => then(Err(NodeError::Stopped)),
+        }));
+        self.send_input(Input::Call { call: Call::Append { channel, sender: None, records }, reply })
     }
 
     /// Appends records sent by user `sender`: refused with `SenderBanned` / `SenderDenied` when the user is
@@ -274,6 +324,7 @@ impl Node {
         records: Vec<AppendRecord>,
     ) -> Result<AppendHandle, NodeError> {
         let (reply, receiver) = bounded(1);
+        let reply = Reply::Wait(reply);
         self.send_input(Input::Call { call: Call::Append { channel, sender: Some(sender), records }, reply })?;
         Ok(AppendHandle { reply: receiver })
     }
@@ -352,7 +403,7 @@ impl Node {
 
     fn task(&self, call: Call, timeout: Duration) -> Result<TaskReport, NodeError> {
         let (reply, receiver) = bounded(1);
-        self.send_input(Input::Call { call, reply })?;
+        self.send_input(Input::Call { call, reply: Reply::Wait(reply) })?;
         match receiver.recv_timeout(timeout) {
             Ok(ApiResult::Task(result)) => result,
             Ok(_) | Err(_) => Err(NodeError::Stopped),
@@ -405,7 +456,7 @@ impl Node {
 
     fn call(&self, call: Call) -> Result<(), NodeError> {
         let (reply, receiver) = bounded(1);
-        self.send_input(Input::Call { call, reply })?;
+        self.send_input(Input::Call { call, reply: Reply::Wait(reply) })?;
         match receiver.recv_timeout(CALL_TIMEOUT) {
             Ok(ApiResult::Meta(result)) => result,
             Ok(ApiResult::Appended(result)) => result.map(drop),
@@ -449,8 +500,20 @@ struct Shell {
     persist_tx: Sender<(PersistToken, LogBatch)>,
     read_tx: Sender<(ChannelId, ReadToken, Seq, Seq, usize)>,
     fanout_tx: Sender<FanoutEffect>,
-    calls: BTreeMap<ApiId, Sender<ApiResult>>,
+    calls: BTreeMap<ApiId, Reply>,
     next_call: u64,
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        // Calls still open when the node stops: waiting callers see their channel close; callbacks are
+        // told, so each is called exactly once.
+        for (_, reply) in std::mem::take(&mut self.calls) {
+            if let Reply::Then(callback) = reply {
+                callback(ApiResult::Appended(Err(NodeError::Stopped)));
+            }
+        }
+    }
 }
 
 impl Shell {
@@ -561,7 +624,7 @@ impl Shell {
                 }
                 NodeEffect::Done { id, result } => {
                     if let Some(reply) = self.calls.remove(&id) {
-                        let _ = reply.send(result);
+                        reply.deliver(result);
                     }
                 }
             }

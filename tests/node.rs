@@ -96,6 +96,42 @@ fn single_node_goes_through_the_same_path() {
 }
 
 #[test]
+fn append_then_calls_back_once_with_the_seqs_or_with_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let ids = [NodeId::new(1)];
+    let node = start(ids[0], &ids, dir.path(), &mesh, |_| {});
+    let ch = channel("callbacks");
+    eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let first = eventually(|| node.append(ch.clone(), record("first"))?.wait())[0];
+    let (done, outcomes) = std::sync::mpsc::channel();
+    for i in 0..3 {
+        let done = done.clone();
+        node.append_then(ch.clone(), record(&format!("then {i}")), move |result| done.send((i, result)).unwrap())
+            .unwrap();
+    }
+    drop(done);
+    let mut seqs: Vec<(i32, Vec<Seq>)> = outcomes.iter().map(|(i, result)| (i, result.unwrap())).collect();
+    seqs.sort();
+    // One call each, in the order the appends were made (seqs follow request order).
+    let after = |n: u64| vec![Seq::new(first.get() + n)];
+    assert_eq!(seqs, vec![(0, after(1)), (1, after(2)), (2, after(3))]);
+    drop(node);
+
+    // A node alone in a three-node cluster learns no channel meta: its append waits, then the node stops.
+    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+    let lonely = start(ids[0], &ids, &dir.path().join("lonely"), &mesh, |_| {});
+    let (done, outcome) = std::sync::mpsc::channel();
+    lonely.append_then(channel("nowhere"), record("lost"), move |result| done.send(result).unwrap()).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(outcome.try_recv().is_err(), "nothing to answer yet");
+    mesh.detach(ids[0]);
+    drop(lonely);
+    assert!(matches!(outcome.recv_timeout(Duration::from_secs(5)), Ok(Err(NodeError::Stopped))));
+    assert!(outcome.recv_timeout(Duration::from_millis(100)).is_err(), "called exactly once");
+}
+
+#[test]
 fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let mesh = InProcessMesh::new();

@@ -2,7 +2,6 @@
 
 use super::{figures, Figures, RECORD_BYTES};
 use bytes::Bytes;
-use crossbeam_channel::bounded;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,6 +84,17 @@ impl Cluster {
         let record = AppendRecord { idempotency_key: None, payload: payload.clone() };
         retry(|| self.leader(channel).append(channel.clone(), vec![record.clone()]))
     }
+
+    /// Appends one record at `channel`'s leader; `then` gets the outcome on the leader's core thread.
+    pub fn append_then(
+        &self,
+        channel: &ChannelId,
+        payload: &Bytes,
+        then: impl FnOnce(Result<Vec<tidings::types::Seq>, NodeError>) + Send + Clone + 'static,
+    ) {
+        let record = AppendRecord { idempotency_key: None, payload: payload.clone() };
+        retry(|| self.leader(channel).append_then(channel.clone(), vec![record.clone()], then.clone()));
+    }
 }
 
 pub fn retry<T>(mut call: impl FnMut() -> Result<T, NodeError>) -> T {
@@ -136,48 +146,35 @@ pub fn max_rate(cluster: &Cluster, channels: &[ChannelId], messages: usize, in_f
     figures(count, started.elapsed(), latencies)
 }
 
-/// Open loop at `rate` messages/s for `duration`: latency from each message's scheduled send time.
+/// Open loop: appends sent at `rate` for `duration` from one thread on a fixed schedule, whatever the
+/// cluster does; each one's latency runs from its scheduled send time to the moment its callback is
+/// called (`Node::append_then`), so queueing shows and a slow append does not delay the measurement of
+/// the others. An append refused because its channel's queue is full is sent again after 200 µs,
+/// keeping its scheduled time.
 pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Duration) -> Figures {
     let payload = Bytes::from(vec![0x42u8; RECORD_BYTES]);
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A few hundred thousand at most.
     let total = (rate * duration.as_secs_f64()) as usize;
     let interval = Duration::from_secs_f64(1.0 / rate);
-    let (to_waiter, handles) = bounded::<(Instant, usize, AppendHandle)>(1 << 20);
+    // Outcomes go from the nodes' core threads (callbacks must not block) to one collector.
+    let (outcomes, collected) = crossbeam_channel::unbounded::<(Instant, usize, Result<Duration, NodeError>)>();
+    let send = |scheduled: Instant, i: usize| {
+        let outcomes = outcomes.clone();
+        cluster.append_then(&channels[i % channels.len()], &payload, move |result| {
+            let _ = outcomes.send((scheduled, i, result.map(|_| scheduled.elapsed())));
+        });
+    };
     let started = Instant::now();
     let latencies = std::thread::scope(|scope| {
-        let retry_payload = payload.clone();
-        let waiter = scope.spawn(move || {
+        let collector = scope.spawn(|| {
             let mut latencies = Vec::with_capacity(total);
-            // Overload shows as queueing: an append refused because its channel's queue is full is sent
-            // again and waited for after the appends already in flight (the wait counts in its latency,
-            // measured from the scheduled send time). Retrying in place instead would make this one
-            // thread wait for each retry in turn while the sender keeps going, and the harness, not the
-            // system, would set the latency.
-            let mut retries: VecDeque<(Instant, usize, AppendHandle)> = VecDeque::new();
-            let mut open = true;
-            loop {
-                let next = match handles.try_recv() {
-                    Ok(item) => Some(item),
-                    Err(_) if !retries.is_empty() => retries.pop_front(),
-                    Err(_) if open => handles.recv().ok(),
-                    Err(_) => None,
-                };
-                let Some((scheduled, i, handle)) = next else {
-                    if open {
-                        open = false;
-                        continue;
-                    }
-                    break;
-                };
-                match handle.wait() {
-                    Ok(_) => latencies.push(scheduled.elapsed()),
+            while latencies.len() < total {
+                let (scheduled, i, outcome) = collected.recv().expect("senders alive");
+                match outcome {
+                    Ok(latency) => latencies.push(latency),
                     Err(NodeError::Append(tidings::channel::machine::AppendError::Busy)) => {
                         std::thread::sleep(Duration::from_micros(200));
-                        retries.push_back((
-                            scheduled,
-                            i,
-                            cluster.append(&channels[i % channels.len()], &retry_payload),
-                        ));
+                        send(scheduled, i);
                     }
                     Err(error) => panic!("append failed: {error}"),
                 }
@@ -189,11 +186,9 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
             if let Some(wait) = scheduled.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
-            let handle = cluster.append(&channels[i % channels.len()], &payload);
-            to_waiter.send((scheduled, i, handle)).expect("waiter alive");
+            send(scheduled, i);
         }
-        drop(to_waiter);
-        waiter.join().expect("waiter")
+        collector.join().expect("collector")
     });
     figures(total, duration, latencies)
 }

@@ -53,6 +53,12 @@ pub struct JournalConfig {
     /// A sled batch of write-behind takes no further channel once it holds this many record bytes.
     /// Default 2 MiB. (One channel's records and state always go in one batch, however many bytes.)
     pub write_behind_batch_bytes: usize,
+    /// Nice value the background write-behind thread runs at (Linux; elsewhere ignored). Default 10:
+    /// write-behind is deferred work, and its bursts (a round every `write_behind_interval`, sled busy
+    /// on a core meanwhile) should not take the CPU from the threads that commit messages. Should it
+    /// fall behind, the memory table fills and appends wait (bounded), nothing is lost. 0 keeps the
+    /// priority of the thread that started it.
+    pub write_behind_nice: i32,
     /// Batch and idempotency limits.
     pub limits: LogLimits,
 }
@@ -68,6 +74,7 @@ impl Default for JournalConfig {
             pack_bytes_max: 64 << 10,
             write_behind_batch_channels: 256,
             write_behind_batch_bytes: 2 << 20,
+            write_behind_nice: 10,
             limits: LogLimits::default(),
         }
     }
@@ -229,6 +236,7 @@ impl JournalLog {
     }
 
     fn write_behind_loop(&self) {
+        lower_thread_priority(self.config.write_behind_nice);
         while !self.stop.load(Ordering::SeqCst) {
             {
                 let mut visible = self.visible.lock();
@@ -653,6 +661,20 @@ fn decode_pack(key: &[u8], value: &[u8]) -> StoreResult<Vec<Record>> {
     }
     Ok(records)
 }
+
+/// Lowers the calling thread's CPU priority to `nice` (on Linux a thread's nice value is its own).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn lower_thread_priority(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    if let Err(error) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), nice) {
+        tracing::debug!(%error, nice, "could not lower the write-behind thread's priority");
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn lower_thread_priority(_nice: i32) {}
 
 /// Loads every channel's stored state into `core`. Returns the channels whose state is ahead of the
 /// checkpoint (`checkpoint_frame`): with the frame number their state includes everything before.
