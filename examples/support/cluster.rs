@@ -41,6 +41,9 @@ impl Cluster {
                     config.machine.pull_timeout = Duration::from_secs(5);
                     config.machine.idle_after_empty_pulls = 1;
                     config.machine.idle_pull_interval = Duration::from_secs(4);
+                    // Followers learn HW with the next records (or within 500 ms): one answer and one
+                    // pull per follower per message instead of two each.
+                    config.machine.hw_notify_delay = Duration::from_millis(500);
                 }
                 tweak(&mut config);
                 let mut storage = StorageOptions::new(root.join(format!("node-{id}")));

@@ -222,3 +222,32 @@ fn lagging_follower_is_shrunk_out_of_the_isr_never_below_min_isr() {
     cluster.run_for(10_000);
     assert_eq!(cluster.meta.isr.len(), 2, "never below MinISR");
 }
+
+#[test]
+fn held_back_hw_news_delays_no_commit_and_reaches_followers_with_the_next_records_or_by_the_delay() {
+    let delay = Duration::from_millis(150);
+    let mut cluster = Cluster::new(3, 3, 2, quiet(), MachineConfig { hw_notify_delay: delay, ..config() });
+    cluster.run_for(300);
+    let first = cluster.append(node(1), &["a"], &[]).unwrap();
+    cluster.run_for(20);
+    // Committed within a few round trips: the delay holds back only what followers are told.
+    let a = acked(&cluster, first)[0];
+    assert_eq!(cluster.machine(node(1)).hw(), a);
+    for n in 2..=3 {
+        assert!(cluster.machine(node(n)).hw() < a, "follower {n} was told at once");
+    }
+    // The next records carry the HW that covers `a`, well before the delay ran out.
+    let second = cluster.append(node(1), &["b"], &[]).unwrap();
+    cluster.run_for(20);
+    let b = acked(&cluster, second)[0];
+    for n in 2..=3 {
+        let hw = cluster.machine(node(n)).hw();
+        assert!(hw >= a && hw < b, "follower {n} HW {hw:?} after the second append");
+    }
+    // With nothing more to send, followers learn `b` once the delay ran out.
+    cluster.run_for(u64::try_from(delay.as_millis()).unwrap() + 20);
+    for n in 2..=3 {
+        assert_eq!(cluster.machine(node(n)).hw(), b, "follower {n} after the delay");
+    }
+    cluster.check_converged();
+}

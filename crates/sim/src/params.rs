@@ -49,6 +49,10 @@ pub struct SimParams {
     /// channel's leadership to a random node, as many to replace a random replica by a random node
     /// (refusals included), and as many set a slot group's preferred leader to a random member.
     pub leader_transfers: bool,
+    /// How long channel leaders may hold back HW news for followers (`MachineConfig::hw_notify_delay`),
+    /// ms; zero in half the seeds. Drawn from its own stream, so the other parameters of a seed are what
+    /// they were before it existed.
+    pub hw_notify_delay_ms: u64,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
 }
@@ -81,6 +85,14 @@ impl SimParams {
             io_error_ppm: u32::try_from(rng.range(0, 200)).unwrap_or(0),
             metadata_workload: true,
             leader_transfers: true,
+            hw_notify_delay_ms: {
+                let mut own = DetRng::new(seed ^ 0x4877_6e6f_7469_6679);
+                if own.chance(500_000) {
+                    own.range(5, 400)
+                } else {
+                    0
+                }
+            },
             unsafe_lying_disk: false,
         }
     }
@@ -92,7 +104,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms{}{}{}",
+             requests={}ppm/ms{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -112,6 +124,11 @@ impl fmt::Display for SimParams {
             self.request_ppm,
             if self.metadata_workload { "" } else { " appends-only" },
             if self.leader_transfers { "" } else { " no-transfers" },
+            if self.hw_notify_delay_ms > 0 {
+                format!(" hw-delay={}ms", self.hw_notify_delay_ms)
+            } else {
+                String::new()
+            },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" }
         )
     }

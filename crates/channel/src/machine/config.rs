@@ -27,6 +27,11 @@ pub struct MachineConfig {
     pub idempotency_window: usize,
     /// How long the leader parks a pull that has nothing new (long poll). Default 500 ms.
     pub pull_park: Duration,
+    /// How long the leader may hold back telling a follower that HW moved, hoping to tell it with the
+    /// next records instead (one answer and one pull per follower per message instead of two each).
+    /// Zero: followers learn every HW change at once. Commits are not delayed by it, only the moment
+    /// followers learn them (what a read on a follower sees). Default zero.
+    pub hw_notify_delay: Duration,
     /// A follower resends a pull that got no answer after this long. Default 2 s (more than `pull_park`).
     pub pull_timeout: Duration,
     /// After this many empty pulls in a row a follower waits `idle_pull_interval` between pulls. Default 4.
@@ -69,6 +74,7 @@ impl Default for MachineConfig {
             cache_bytes_max: 4 << 20,
             idempotency_window: 1024,
             pull_park: Duration::from_millis(500),
+            hw_notify_delay: Duration::ZERO,
             pull_timeout: Duration::from_secs(2),
             idle_after_empty_pulls: 4,
             idle_pull_interval: Duration::from_secs(2),

@@ -466,11 +466,13 @@ impl ChannelMachine {
         let hw = self.log.hw;
         let knows_hw = self.leader().and_then(|l| l.progress.get(&from)).is_some_and(|p| p.told_hw >= hw);
         // Answer at once when there are records to send, or when the replica has not heard the current HW
-        // (its own acknowledgement may just have advanced it): followers learn commits within one round trip.
-        if (request.next_seq <= self.log.end && barrier_durable) || !knows_hw {
+        // (its own acknowledgement may just have advanced it) unless HW news may wait for the next records.
+        let records = request.next_seq <= self.log.end && barrier_durable;
+        let hw_delay = self.config.hw_notify_delay.min(self.config.pull_park);
+        if records || (!knows_hw && hw_delay.is_zero()) {
             self.answer_pull(from, request.pull_id, request.next_seq, max_bytes);
         } else {
-            let deadline = now + self.config.pull_park;
+            let deadline = now + if knows_hw { self.config.pull_park } else { hw_delay };
             if let Some(progress) = self.leader().and_then(|l| l.progress.get_mut(&from)) {
                 progress.parked =
                     Some(Parked { pull_id: request.pull_id, next_seq: request.next_seq, deadline, max_bytes });
@@ -577,6 +579,9 @@ impl ChannelMachine {
 
     fn leader_hw_advanced(&mut self) {
         let hw = self.log.hw;
+        // Followers learn the new HW right away, or within `hw_notify_delay` (sooner with new records).
+        let hw_delay = self.config.hw_notify_delay.min(self.config.pull_park);
+        let notify_by = self.now + hw_delay;
         let Some(leader) = self.leader() else { return };
         let mut done = Vec::new();
         while leader.pending.front().is_some_and(|p| p.through <= hw) {
@@ -588,8 +593,19 @@ impl ChannelMachine {
         }
         let first = leader.reported.next();
         leader.reported = hw;
-        let parked: Vec<(NodeId, Parked)> =
-            leader.progress.iter_mut().filter_map(|(n, p)| p.parked.take().map(|parked| (*n, parked))).collect();
+        let parked: Vec<(NodeId, Parked)> = leader
+            .progress
+            .iter_mut()
+            .filter_map(|(n, p)| {
+                if hw_delay.is_zero() {
+                    return p.parked.take().map(|parked| (*n, parked));
+                }
+                if let Some(parked) = p.parked.as_mut() {
+                    parked.deadline = parked.deadline.min(notify_by);
+                }
+                None
+            })
+            .collect();
         for pending in done {
             self.effects.push_back(Effect::AppendDone { id: pending.id, result: Ok(pending.seqs) });
         }
@@ -597,7 +613,6 @@ impl ChannelMachine {
         if first <= hw {
             self.effects.push_back(Effect::Committed { first, last: hw, messages });
         }
-        // Followers learn the new HW right away.
         for (node, parked) in parked {
             self.answer_pull(node, parked.pull_id, parked.next_seq, parked.max_bytes);
         }
