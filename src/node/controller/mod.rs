@@ -32,6 +32,7 @@
 //! * **Hash-slot migrations** (`slot_migration`): the leader of a slot's source group copies the slot
 //!   to the target group, fences it, copies what changed meanwhile and hands it over.
 
+mod applied_cache;
 mod liveness;
 mod membership;
 mod preferred;

@@ -5,6 +5,7 @@
 //! leadership to the preferred node only when everything says it is safe and useful. Any other case does
 //! nothing and records why — it never picks another node instead.
 
+use super::applied_cache::AppliedCache;
 use super::membership::{next_step, ClusterView, MembershipStep};
 use super::ControllerConfig;
 use std::collections::BTreeMap;
@@ -134,6 +135,8 @@ pub(crate) struct PreferredLeaders {
     next_at: Time,
     cooldown_until: BTreeMap<GroupId, Time>,
     decisions: BTreeMap<GroupId, Reconcile>,
+    /// Each led group's intent as of its applied index.
+    intents: AppliedCache<Option<GroupIntent>>,
 }
 
 impl PreferredLeaders {
@@ -156,9 +159,11 @@ impl PreferredLeaders {
         self.next_at = now + config.reconcile_interval;
         let led: Vec<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
         self.decisions.retain(|g, _| led.contains(g));
+        self.intents.retain(|g| led.contains(&g));
         for group in led {
             let Some(status) = slot.status(group) else { continue };
-            let intent = match reader.group_intent(group) {
+            let intent = match self.intents.get_or_read(group, slot.applied_index(group), || reader.group_intent(group))
+            {
                 Ok(intent) => intent,
                 Err(error) => {
                     tracing::warn!(%error, %group, "reconcile: cannot read the group's intent");

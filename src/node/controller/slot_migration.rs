@@ -14,12 +14,13 @@
 //! every `IMPORT_CHECK_INTERVAL` whether the export is still on; when it was given up (an abort whose
 //! clean-up was lost, or a late `BeginImport` of an abandoned attempt), it drops the import.
 
+use crate::node::controller::applied_cache::AppliedCache;
 use crate::node::controller::ControllerConfig;
 use std::collections::BTreeMap;
 use tidings_slot::command::Command;
 use tidings_slot::fsm::migration::SlotMigrationError;
 use tidings_slot::fsm::{Outcome, Refusal};
-use tidings_slot::model::{SlotMigrationStep, SlotState};
+use tidings_slot::model::{SlotMigrationStep, SlotRecord, SlotState};
 use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, ProposeError};
 use tidings_types::{GroupId, HashSlot, Time};
@@ -96,6 +97,8 @@ pub(crate) struct SlotMigrations {
     abandoned: Vec<(GroupId, HashSlot, GroupId, u64)>,
     /// Unfinished imports of the groups this node leads, by (target, slot).
     imports: BTreeMap<(GroupId, HashSlot), ImportWatch>,
+    /// Each led group's slot records as of its applied index.
+    records: AppliedCache<Vec<(HashSlot, SlotRecord)>>,
 }
 
 /// An import a led group holds, watched for an export given up.
@@ -136,7 +139,14 @@ pub(crate) struct MigrationProposal {
 
 impl SlotMigrations {
     pub(crate) fn new(now: Time) -> Self {
-        Self { exports: BTreeMap::new(), next_scan: now, attempts: 0, abandoned: Vec::new(), imports: BTreeMap::new() }
+        Self {
+            exports: BTreeMap::new(),
+            next_scan: now,
+            attempts: 0,
+            abandoned: Vec::new(),
+            imports: BTreeMap::new(),
+            records: AppliedCache::default(),
+        }
     }
 
     /// What the exports in progress look like.
@@ -202,15 +212,18 @@ impl SlotMigrations {
     fn scan(&mut self, now: Time, slot: &MultiRaft, reader: &SlotReader) {
         let mut seen = Vec::new();
         let mut seen_imports = Vec::new();
-        for group in slot.groups().filter(|g| slot.is_leader(*g)).collect::<Vec<_>>() {
+        let led: Vec<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
+        self.records.retain(|g| led.contains(&g));
+        for group in led {
             let Some(term) = slot.status(group).map(|s| s.term) else { continue };
-            let records = match reader.slot_records(group) {
-                Ok(records) => records,
-                Err(error) => {
-                    tracing::warn!(%error, %group, "slot migration: cannot read the group's slot records");
-                    continue;
-                }
-            };
+            let records =
+                match self.records.get_or_read(group, slot.applied_index(group), || reader.slot_records(group)) {
+                    Ok(records) => records,
+                    Err(error) => {
+                        tracing::warn!(%error, %group, "slot migration: cannot read the group's slot records");
+                        continue;
+                    }
+                };
             for (hash_slot, record) in records {
                 if let SlotState::Importing { from, attempt } = record.state {
                     seen_imports.push((group, hash_slot));
