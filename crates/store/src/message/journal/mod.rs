@@ -50,8 +50,9 @@ pub struct JournalConfig {
     /// process waits for (the raft logs and metadata included), so one batch of a whole round (10,000
     /// channels, or tens of MiB) stalled them for its full duration.
     pub write_behind_batch_channels: usize,
-    /// A sled batch of write-behind takes no further channel once it holds this many record bytes.
-    /// Default 2 MiB. (One channel's records and state always go in one batch, however many bytes.)
+    /// A sled batch of write-behind is cut once it holds this many bytes of packs. Default 1 MiB. The
+    /// cut falls between two packs, so one busy channel's packs may span batches (its state goes with
+    /// the last).
     pub write_behind_batch_bytes: usize,
     /// Nice value the background write-behind thread runs at (Linux; elsewhere ignored). Default 10:
     /// write-behind is deferred work, and its bursts (a round every `write_behind_interval`, sled busy
@@ -73,7 +74,7 @@ impl Default for JournalConfig {
             busy_wait: Duration::from_secs(1),
             pack_bytes_max: 64 << 10,
             write_behind_batch_channels: 256,
-            write_behind_batch_bytes: 2 << 20,
+            write_behind_batch_bytes: 1 << 20,
             write_behind_nice: 10,
             limits: LogLimits::default(),
         }
@@ -257,10 +258,12 @@ impl JournalLog {
     /// Writes every durable record still in memory into sled with the channel states, then the journal
     /// checkpoint, then a real fsync; then deletes the journal segments before the checkpoint.
     ///
-    /// The channels go in sled batches (`write_behind_batch_channels`, `write_behind_batch_bytes`), each channel's packs
-    /// and state in one batch, its state naming the journal frame it includes everything before: a crash
-    /// between two batches (sled may have flushed some) leaves channels ahead of the checkpoint, and
-    /// recovery skips their frames already included.
+    /// The round goes to sled in several batches (`write_behind_batch_channels`,
+    /// `write_behind_batch_bytes`), cut between packs; a channel's state follows its last pack and names
+    /// the journal frame it includes everything before. A crash between two batches (sled may have
+    /// flushed some) leaves some channels ahead of the checkpoint — recovery skips the frames they
+    /// include — and some with packs past their stored state, which reads never look at and the
+    /// channel's next write-behind clears first.
     pub fn write_behind(&self) -> StoreResult<()> {
         let mut persisted = self.write_behind.lock();
         let (items, checkpoint) = {
@@ -285,21 +288,15 @@ impl JournalLog {
         if items.is_empty() && checkpoint == *persisted {
             return Ok(());
         }
-        let mut start = 0;
-        while start < items.len() {
-            let end = start + self.chunk_len(&items[start..]);
-            if let Err(error) = self.write_chunk(&items[start..end], checkpoint.next_frame) {
-                // Batches before this one may be in sled, packed from where memory starts: the next
-                // round checks those channels' packs past what is known to be there.
-                self.distrust_written(&items[..start]);
-                return Err(error);
-            }
-            start = end;
-        }
-        let mut batch = KvBatch::new();
-        batch.put(Keyspace::Journal, CHECKPOINT_KEY.to_vec(), &checkpoint.encode());
-        let written = self.kv.apply(batch).and_then(|()| self.kv.sync());
+        let mut writer = RoundWriter::new(self.kv.as_ref(), &self.config);
+        let written = items
+            .iter()
+            .try_for_each(|item| self.persist_item(item, &mut writer, checkpoint.next_frame))
+            .and_then(|()| writer.finish(&checkpoint))
+            .and_then(|()| self.kv.sync());
         if let Err(error) = written {
+            // Batches of this round may be in sled, packed from where memory starts: the next round
+            // checks these channels' packs past what is known to be there.
             self.distrust_written(&items);
             return Err(error);
         }
@@ -311,29 +308,6 @@ impl JournalLog {
         let deleted = self.journal.lock().delete_before(checkpoint)?;
         self.segments_deleted.fetch_add(deleted as u64, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// How many of `items` (at least one) the next sled batch takes.
-    fn chunk_len(&self, items: &[WriteBehindItem]) -> usize {
-        let mut bytes = 0;
-        let mut taken = 0;
-        for item in items.iter().take(self.config.write_behind_batch_channels) {
-            if taken > 0 && bytes >= self.config.write_behind_batch_bytes {
-                break;
-            }
-            bytes += item.records.iter().map(Record::encoded_len).sum::<usize>();
-            taken += 1;
-        }
-        taken.max(1)
-    }
-
-    /// One sled batch of write-behind: `chunk`'s channels, each state naming `frames_before`.
-    fn write_chunk(&self, chunk: &[WriteBehindItem], frames_before: u64) -> StoreResult<()> {
-        let mut batch = KvBatch::new();
-        for item in chunk {
-            self.persist_item(item, &mut batch, frames_before)?;
-        }
-        self.kv.apply(batch)
     }
 
     /// After a failed round: packs of `items` may be in sled past what memory says sled holds; the next
@@ -371,11 +345,19 @@ impl JournalLog {
     }
 
     /// Adds one channel's packs, cleanups and state to `batch`.
-    fn persist_item(&self, item: &WriteBehindItem, batch: &mut KvBatch, frames_before: u64) -> StoreResult<()> {
+    /// Adds one channel's clean-ups, packs and state to the round; a sled batch may be cut between two
+    /// packs (the state goes after the last one: until it lands, sled's packs past the stored state are
+    /// ignored, and cleaned before the channel is written again — see [`load_states`]).
+    fn persist_item(
+        &self,
+        item: &WriteBehindItem,
+        writer: &mut RoundWriter<'_>,
+        frames_before: u64,
+    ) -> StoreResult<()> {
         let mut prefix = Vec::new();
         item.channel.encode_key(&mut prefix);
         if let Some(valid_through) = item.dirty_after {
-            self.clear_after(&prefix, valid_through, batch)?;
+            self.clear_after(&prefix, valid_through, &mut writer.batch)?;
         }
         let mut start = 0;
         let mut bytes = 0;
@@ -384,20 +366,21 @@ impl JournalLog {
             let last = i + 1 == item.records.len();
             if bytes >= self.config.pack_bytes_max || last {
                 let pack = &item.records[start..=i];
-                batch.put_encoded(Keyspace::MessagePack, pack_key(&prefix, pack[0].seq), |out| {
+                writer.batch.put_encoded(Keyspace::MessagePack, pack_key(&prefix, pack[0].seq), |out| {
                     out.reserve(4 + bytes);
                     encode_records(pack, out);
                 });
+                writer.added(bytes)?;
                 start = i + 1;
                 bytes = 0;
             }
         }
         if item.state.retention_through.get() > 0 {
-            self.trim_through(&prefix, item.state.retention_through, batch)?;
+            self.trim_through(&prefix, item.state.retention_through, &mut writer.batch)?;
         }
         let through = item.records.last().map_or(item.older_through, |r| r.seq);
-        batch.put(Keyspace::MessageState, prefix, &encode_state(&item.state, through, frames_before));
-        Ok(())
+        writer.batch.put(Keyspace::MessageState, prefix, &encode_state(&item.state, through, frames_before));
+        writer.channel_done()
     }
 
     /// Removes records after `valid_through` from sled: the pack holding it is rewritten, later ones deleted.
@@ -662,6 +645,64 @@ fn decode_pack(key: &[u8], value: &[u8]) -> StoreResult<Vec<Record>> {
     Ok(records)
 }
 
+/// Fills the sled batches of one write-behind round, applying each as it reaches
+/// `write_behind_batch_channels` channels or `write_behind_batch_bytes` of packs: sled applies a batch
+/// under a lock every other sled operation of the process waits for.
+struct RoundWriter<'a> {
+    kv: &'a dyn Kv,
+    batch: KvBatch,
+    bytes: usize,
+    channels: usize,
+    bytes_max: usize,
+    channels_max: usize,
+}
+
+impl<'a> RoundWriter<'a> {
+    fn new(kv: &'a dyn Kv, config: &JournalConfig) -> Self {
+        Self {
+            kv,
+            batch: KvBatch::new(),
+            bytes: 0,
+            channels: 0,
+            bytes_max: config.write_behind_batch_bytes,
+            channels_max: config.write_behind_batch_channels,
+        }
+    }
+
+    /// A pack of `bytes` went into the batch.
+    fn added(&mut self, bytes: usize) -> StoreResult<()> {
+        self.bytes += bytes;
+        if self.bytes >= self.bytes_max {
+            self.cut()?;
+        }
+        Ok(())
+    }
+
+    /// A channel's state went into the batch.
+    fn channel_done(&mut self) -> StoreResult<()> {
+        self.channels += 1;
+        if self.channels >= self.channels_max {
+            self.cut()?;
+        }
+        Ok(())
+    }
+
+    fn cut(&mut self) -> StoreResult<()> {
+        self.bytes = 0;
+        self.channels = 0;
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        self.kv.apply(std::mem::take(&mut self.batch))
+    }
+
+    /// The round's last batch, with the journal checkpoint.
+    fn finish(mut self, checkpoint: &Position) -> StoreResult<()> {
+        self.batch.put(Keyspace::Journal, CHECKPOINT_KEY.to_vec(), &checkpoint.encode());
+        self.cut()
+    }
+}
+
 /// Lowers the calling thread's CPU priority to `nice` (on Linux a thread's nice value is its own).
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn lower_thread_priority(nice: i32) {
@@ -705,6 +746,9 @@ fn load_states(
             let entry = core.channels.entry(channel).or_default();
             entry.state = state;
             entry.older_through = older_through;
+            // A round cut between two of its batches may have left packs past the stored state: the
+            // channel's next write-behind clears them first (reads never look past `older_through`).
+            entry.older_dirty_after = Some(older_through);
             range.start = [key.as_slice(), &[0]].concat();
         }
         if done {
