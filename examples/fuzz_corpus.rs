@@ -33,11 +33,10 @@ fn main() {
         write_fence: None,
         retention_through: Seq::new(0),
     };
+    let hint = ChannelMessage::Hint(PullHint { channel: channel.clone(), leader_epoch: LeaderEpoch::new(2) });
     let bodies = [
-        FrameBody::Channel(ChannelMessage::Hint(PullHint {
-            channel: channel.clone(),
-            leader_epoch: LeaderEpoch::new(2),
-        })),
+        FrameBody::Channel(hint.clone()),
+        FrameBody::Channels(vec![hint.clone(), hint]),
         FrameBody::Node(NodeMessage::MetaPush(meta.clone())),
         FrameBody::Slot(SlotMessage {
             group: GroupId::new(1),
