@@ -95,7 +95,8 @@ enum Input {
     Latest { channel: ChannelId, reply: Sender<Result<Seq, NodeError>> },
     Status { reply: Sender<NodeStatus> },
     SlotsSynced { token: u64 },
-    Persisted { channel: ChannelId, token: PersistToken, result: Result<(), StoreError> },
+    /// The outcomes of one durable-append round (one inbox message for the whole round).
+    Persisted(Vec<(ChannelId, PersistToken, Result<(), StoreError>)>),
     ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
     Fanout(FanoutAnswer),
     Stop,
@@ -595,7 +596,11 @@ impl Shell {
                 let _ = reply.send(self.core.status());
             }
             Input::SlotsSynced { token } => self.core.handle_slots_synced(now, token),
-            Input::Persisted { channel, token, result } => self.core.handle_persisted(now, &channel, token, result),
+            Input::Persisted(outcomes) => {
+                for (channel, token, result) in outcomes {
+                    self.core.handle_persisted(now, &channel, token, result);
+                }
+            }
             Input::ReadDone { channel, token, result } => self.core.handle_read(now, &channel, token, result),
             Input::Fanout(answer) => self.core.handle_fanout(now, answer),
             Input::Stop => {}
@@ -662,13 +667,12 @@ fn durable_worker(log: &dyn MessageLog, jobs: &Receiver<(PersistToken, LogBatch)
         let mut round = vec![first];
         round.extend(jobs.try_iter().take(GROUP_COMMIT_MAX - 1));
         let mut staged = Vec::with_capacity(round.len());
+        let mut outcomes = Vec::with_capacity(round.len());
         for (token, batch) in round {
             let channel = batch.channel.clone();
             match log.stage(batch) {
                 Ok(()) => staged.push((channel, token)),
-                Err(error) => {
-                    let _ = inbox.send(Input::Persisted { channel, token, result: Err(error) });
-                }
+                Err(error) => outcomes.push((channel, token, Err(error))),
             }
         }
         let synced = log.sync();
@@ -677,9 +681,11 @@ fn durable_worker(log: &dyn MessageLog, jobs: &Receiver<(PersistToken, LogBatch)
                 Ok(_) => Ok(()),
                 Err(error) => Err(StoreError::io("group commit", std::io::Error::other(error.to_string()))),
             };
-            if inbox.send(Input::Persisted { channel, token, result }).is_err() {
-                return;
-            }
+            outcomes.push((channel, token, result));
+        }
+        // One inbox message for the round: the core thread's inbox is shared with every peer's frames.
+        if inbox.send(Input::Persisted(outcomes)).is_err() {
+            return;
         }
     }
 }
