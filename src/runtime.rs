@@ -89,15 +89,37 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const REPLACE_TIMEOUT: Duration = Duration::from_secs(180);
 
 enum Input {
-    Frame { from: NodeId, bytes: Bytes },
-    Call { call: Call, reply: Reply },
-    Read { channel: ChannelId, from: Seq, limit: usize, reply: Sender<Result<Vec<Record>, NodeError>> },
-    Latest { channel: ChannelId, reply: Sender<Result<Seq, NodeError>> },
-    Status { reply: Sender<NodeStatus> },
-    SlotsSynced { token: u64 },
+    Frame {
+        from: NodeId,
+        bytes: Bytes,
+    },
+    Call {
+        call: Call,
+        reply: Reply,
+    },
+    Read {
+        channel: ChannelId,
+        from: Seq,
+        limit: usize,
+        reply: Sender<Result<Vec<Record>, NodeError>>,
+    },
+    Latest {
+        channel: ChannelId,
+        reply: Sender<Result<Seq, NodeError>>,
+    },
+    Status {
+        reply: Sender<NodeStatus>,
+    },
+    SlotsSynced {
+        token: u64,
+    },
     /// The outcomes of one durable-append round (one inbox message for the whole round).
     Persisted(Vec<(ChannelId, PersistToken, Result<(), StoreError>)>),
-    ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
+    ReadDone {
+        channel: ChannelId,
+        token: ReadToken,
+        result: Result<Vec<Record>, StoreError>,
+    },
     Fanout(FanoutAnswer),
     Stop,
 }
