@@ -192,3 +192,124 @@ impl ActiveChannels {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings_channel::machine::{ChannelMessage, MachineConfig};
+    use tidings_store::message::ChannelLogState;
+    use tidings_types::{ChannelRuntimeMeta, ChannelType, Epoch, LeaderEpoch, NodeId, Seq};
+
+    /// A follower replica created at `now_ms`: its only timer is the resend of the pull it just sent.
+    fn follower(name: &str, now_ms: u64) -> (ChannelId, ChannelMachine) {
+        let channel = ChannelId::new(ChannelType::GROUP, name).expect("channel id");
+        let now = Time::from_millis(now_ms);
+        let config = MachineConfig::default();
+        let mut machine =
+            ChannelMachine::new(channel.clone(), NodeId::new(2), config, 1, now, ChannelLogState::default(), vec![]);
+        let meta = ChannelRuntimeMeta {
+            channel: channel.clone(),
+            version: 1,
+            leader: NodeId::new(1),
+            replicas: vec![NodeId::new(1), NodeId::new(2)],
+            isr: vec![NodeId::new(1), NodeId::new(2)],
+            min_isr: 1,
+            epoch: Epoch::new(1),
+            leader_epoch: LeaderEpoch::new(1),
+            write_fence: None,
+            retention_through: Seq::new(0),
+        };
+        machine.handle_meta(now, meta).expect("first meta");
+        while machine.poll_effect().is_some() {}
+        assert!(machine.poll_timeout().is_some(), "a follower waiting for its pull has a timer");
+        (channel, machine)
+    }
+
+    fn drain(active: &mut ActiveChannels) -> Vec<ChannelId> {
+        let mut drained = Vec::new();
+        while let Some(channel) = active.pop_dirty() {
+            active.reschedule(&channel);
+            drained.push(channel);
+        }
+        drained
+    }
+
+    #[test]
+    fn timers_fire_in_time_order_once_each_and_never_for_removed_replicas() {
+        let mut active = ActiveChannels::default();
+        let mut deadlines = Vec::new();
+        for (name, at) in [("c", 20), ("a", 0), ("b", 10), ("gone", 5)] {
+            let (channel, machine) = follower(name, at);
+            deadlines.push((machine.poll_timeout().expect("timer"), channel.clone()));
+            active.insert(channel, machine, Time::from_millis(at));
+        }
+        deadlines.sort();
+        // Touched replicas count before they are filed.
+        assert_eq!(active.next_timeout(), Some(deadlines[0].0));
+        let mut drained = drain(&mut active);
+        drained.sort();
+        let mut expected: Vec<ChannelId> = deadlines.iter().map(|(_, c)| c.clone()).collect();
+        expected.sort();
+        assert_eq!(drained, expected, "each inserted replica drained once");
+        let gone = ChannelId::new(ChannelType::GROUP, "gone").expect("channel id");
+        assert!(active.remove(&gone).is_some());
+        let deadlines: Vec<_> = deadlines.into_iter().filter(|(_, c)| *c != gone).collect();
+        assert_eq!(active.next_timeout(), Some(deadlines[0].0));
+        assert_eq!(active.pop_due(Time::from_millis(deadlines[0].0.as_millis() - 1)), None, "nothing due yet");
+        let fired: Vec<ChannelId> = std::iter::from_fn(|| active.pop_due(Time::from_millis(u64::MAX / 2))).collect();
+        assert_eq!(fired, deadlines.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>(), "in time order, once each");
+        assert!(active.timers.is_empty(), "fired timers are unfiled");
+        assert_eq!(drain(&mut active).len(), 3, "fired replicas are on the drain list");
+    }
+
+    #[test]
+    fn refiled_timers_keep_the_heap_bounded() {
+        let mut active = ActiveChannels::default();
+        // `early` keeps the earliest timer, so `busy`'s outdated entries sink below it instead of being
+        // dropped at the top: only the rebuild bounds them.
+        let (early, machine) = follower("early", 0);
+        active.insert(early.clone(), machine, Time::ZERO);
+        let (busy, mut machine) = follower("busy", 1);
+        let config = MachineConfig { idle_after_empty_pulls: u32::MAX, ..MachineConfig::default() };
+        machine = ChannelMachine::new(
+            busy.clone(),
+            NodeId::new(2),
+            config,
+            1,
+            Time::from_millis(1),
+            ChannelLogState::default(),
+            vec![],
+        );
+        let meta = follower("busy", 1).1.meta().cloned().expect("meta");
+        machine.handle_meta(Time::from_millis(1), meta).expect("first meta");
+        active.insert(busy.clone(), machine, Time::from_millis(1));
+        let mut pull = None;
+        let mut most_filed = 0;
+        for step in 0..5_000u64 {
+            while let Some(channel) = active.pop_dirty() {
+                while let Some(effect) = active.machine_mut(&channel).expect("active").poll_effect() {
+                    if let tidings_channel::machine::Effect::Send { message: ChannelMessage::Pull(request), .. } =
+                        effect
+                    {
+                        pull = Some(request);
+                    }
+                }
+                active.reschedule(&channel);
+            }
+            most_filed = most_filed.max(active.timers.len());
+            // The leader answers `busy`'s pull with nothing: `busy` pulls again, its timer moves later.
+            let request = pull.take().expect("busy pulled");
+            let answer = ChannelMessage::PullResponse(tidings_channel::machine::PullResponse {
+                channel: busy.clone(),
+                pull_id: request.pull_id,
+                leader_epoch: LeaderEpoch::new(1),
+                body: tidings_channel::machine::PullBody::Records { records: vec![], hw: Seq::new(0) },
+            });
+            let now = Time::from_millis(2 + step);
+            active.get_marked(&busy).expect("active").handle_message(now, NodeId::new(1), answer);
+        }
+        assert!(most_filed > 1_000, "outdated entries piled up ({most_filed}): the test reaches the rebuild");
+        assert!(most_filed <= 4 * active.len() + 1024 + 1, "{most_filed} filed for {} replicas", active.len());
+        assert_eq!(active.pop_due(Time::from_millis(2_000)), Some(early), "the current timers still fire");
+    }
+}
