@@ -196,15 +196,20 @@ impl ActiveChannels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidings_channel::machine::{ChannelMessage, MachineConfig};
+    use tidings_channel::machine::{ChannelMessage, Effect, MachineConfig, PullBody, PullRequest, PullResponse};
     use tidings_store::message::ChannelLogState;
     use tidings_types::{ChannelRuntimeMeta, ChannelType, Epoch, LeaderEpoch, NodeId, Seq};
 
     /// A follower replica created at `now_ms`: its only timer is the resend of the pull it just sent.
     fn follower(name: &str, now_ms: u64) -> (ChannelId, ChannelMachine) {
+        let (channel, machine, _) = follower_with(name, now_ms, MachineConfig::default());
+        (channel, machine)
+    }
+
+    /// Like [`follower`], with `config`; also returns the pull it sent.
+    fn follower_with(name: &str, now_ms: u64, config: MachineConfig) -> (ChannelId, ChannelMachine, PullRequest) {
         let channel = ChannelId::new(ChannelType::GROUP, name).expect("channel id");
         let now = Time::from_millis(now_ms);
-        let config = MachineConfig::default();
         let mut machine =
             ChannelMachine::new(channel.clone(), NodeId::new(2), config, 1, now, ChannelLogState::default(), vec![]);
         let meta = ChannelRuntimeMeta {
@@ -220,18 +225,30 @@ mod tests {
             retention_through: Seq::new(0),
         };
         machine.handle_meta(now, meta).expect("first meta");
-        while machine.poll_effect().is_some() {}
+        let pull = pulls(&mut machine).pop().expect("a follower pulls once it has a meta");
         assert!(machine.poll_timeout().is_some(), "a follower waiting for its pull has a timer");
-        (channel, machine)
+        (channel, machine, pull)
     }
 
-    fn drain(active: &mut ActiveChannels) -> Vec<ChannelId> {
-        let mut drained = Vec::new();
+    /// Drains the machine's effects; returns the pulls it sent.
+    fn pulls(machine: &mut ChannelMachine) -> Vec<PullRequest> {
+        std::iter::from_fn(|| machine.poll_effect())
+            .filter_map(|effect| match effect {
+                Effect::Send { message: ChannelMessage::Pull(request), .. } => Some(request),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Drains every replica on the drain list and files its timer; returns the pulls sent.
+    fn drain(active: &mut ActiveChannels) -> (Vec<ChannelId>, Vec<PullRequest>) {
+        let (mut drained, mut sent) = (Vec::new(), Vec::new());
         while let Some(channel) = active.pop_dirty() {
+            sent.extend(pulls(active.machine_mut(&channel).expect("active")));
             active.reschedule(&channel);
             drained.push(channel);
         }
-        drained
+        (drained, sent)
     }
 
     #[test]
@@ -246,7 +263,7 @@ mod tests {
         deadlines.sort();
         // Touched replicas count before they are filed.
         assert_eq!(active.next_timeout(), Some(deadlines[0].0));
-        let mut drained = drain(&mut active);
+        let (mut drained, _) = drain(&mut active);
         drained.sort();
         let mut expected: Vec<ChannelId> = deadlines.iter().map(|(_, c)| c.clone()).collect();
         expected.sort();
@@ -259,7 +276,7 @@ mod tests {
         let fired: Vec<ChannelId> = std::iter::from_fn(|| active.pop_due(Time::from_millis(u64::MAX / 2))).collect();
         assert_eq!(fired, deadlines.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>(), "in time order, once each");
         assert!(active.timers.is_empty(), "fired timers are unfiled");
-        assert_eq!(drain(&mut active).len(), 3, "fired replicas are on the drain list");
+        assert_eq!(drain(&mut active).0.len(), 3, "fired replicas are on the drain list");
     }
 
     #[test]
@@ -269,41 +286,22 @@ mod tests {
         // dropped at the top: only the rebuild bounds them.
         let (early, machine) = follower("early", 0);
         active.insert(early.clone(), machine, Time::ZERO);
-        let (busy, mut machine) = follower("busy", 1);
+        // Never idles after empty answers: it pulls again after each one.
         let config = MachineConfig { idle_after_empty_pulls: u32::MAX, ..MachineConfig::default() };
-        machine = ChannelMachine::new(
-            busy.clone(),
-            NodeId::new(2),
-            config,
-            1,
-            Time::from_millis(1),
-            ChannelLogState::default(),
-            vec![],
-        );
-        let meta = follower("busy", 1).1.meta().cloned().expect("meta");
-        machine.handle_meta(Time::from_millis(1), meta).expect("first meta");
+        let (busy, machine, first_pull) = follower_with("busy", 1, config);
         active.insert(busy.clone(), machine, Time::from_millis(1));
-        let mut pull = None;
+        let mut pull = Some(first_pull);
         let mut most_filed = 0;
         for step in 0..5_000u64 {
-            while let Some(channel) = active.pop_dirty() {
-                while let Some(effect) = active.machine_mut(&channel).expect("active").poll_effect() {
-                    if let tidings_channel::machine::Effect::Send { message: ChannelMessage::Pull(request), .. } =
-                        effect
-                    {
-                        pull = Some(request);
-                    }
-                }
-                active.reschedule(&channel);
-            }
+            pull = drain(&mut active).1.pop().or(pull);
             most_filed = most_filed.max(active.timers.len());
             // The leader answers `busy`'s pull with nothing: `busy` pulls again, its timer moves later.
             let request = pull.take().expect("busy pulled");
-            let answer = ChannelMessage::PullResponse(tidings_channel::machine::PullResponse {
+            let answer = ChannelMessage::PullResponse(PullResponse {
                 channel: busy.clone(),
                 pull_id: request.pull_id,
                 leader_epoch: LeaderEpoch::new(1),
-                body: tidings_channel::machine::PullBody::Records { records: vec![], hw: Seq::new(0) },
+                body: PullBody::Records { records: vec![], hw: Seq::new(0) },
             });
             let now = Time::from_millis(2 + step);
             active.get_marked(&busy).expect("active").handle_message(now, NodeId::new(1), answer);
