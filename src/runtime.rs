@@ -4,8 +4,9 @@
 //! Threads: one core thread (owns the `NodeCore`, its timers and the API calls), one slot-sync worker
 //! (one fsync of the metadata/raft store for every sync asked since the last), durable-append workers
 //! (each stages the queued channel batches and makes them durable with one journal sync: group commit
-//! across channels; two by default, so one stages while the other waits for its fdatasync), one reader (store reads for pulls), one fanout worker (subscriber pages, and the host's
-//! presence and delivery calls), and the message log's write-behind thread. Storage IO never runs on the
+//! across channels; two by default, so one stages while the other waits for its fdatasync), one reader
+//! (store reads for pulls), one fanout worker (subscriber pages, and the host's presence and delivery
+//! calls), and the message log's write-behind thread. Storage IO never runs on the
 //! core thread except a channel's activation (loading its log state). Every queue is
 //! bounded: a full inbox drops inbound frames (the protocols resend) and refuses API calls with
 //! `Overloaded`.
@@ -89,37 +90,14 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const REPLACE_TIMEOUT: Duration = Duration::from_secs(180);
 
 enum Input {
-    Frame {
-        from: NodeId,
-        bytes: Bytes,
-    },
-    Call {
-        call: Call,
-        reply: Reply,
-    },
-    Read {
-        channel: ChannelId,
-        from: Seq,
-        limit: usize,
-        reply: Sender<Result<Vec<Record>, NodeError>>,
-    },
-    Latest {
-        channel: ChannelId,
-        reply: Sender<Result<Seq, NodeError>>,
-    },
-    Status {
-        reply: Sender<NodeStatus>,
-    },
-    SlotsSynced {
-        token: u64,
-    },
-    /// The outcomes of one durable-append round (one inbox message for the whole round).
+    Frame { from: NodeId, bytes: Bytes },
+    Call { call: Call, reply: Reply },
+    Read { channel: ChannelId, from: Seq, limit: usize, reply: Sender<Result<Vec<Record>, NodeError>> },
+    Latest { channel: ChannelId, reply: Sender<Result<Seq, NodeError>> },
+    Status { reply: Sender<NodeStatus> },
+    SlotsSynced { token: u64 },
     Persisted(Vec<(ChannelId, PersistToken, Result<(), StoreError>)>),
-    ReadDone {
-        channel: ChannelId,
-        token: ReadToken,
-        result: Result<Vec<Record>, StoreError>,
-    },
+    ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
     Fanout(FanoutAnswer),
     Stop,
 }
