@@ -14,9 +14,20 @@ use std::collections::BinaryHeap;
 use tidings_channel::machine::ChannelMachine;
 use tidings_types::{ChannelId, Time};
 
+/// Gives back most of a hash map's capacity once it holds far fewer entries than it has room for: hash
+/// maps keep their capacity, so a burst of 100,000 active channels would otherwise stay allocated after
+/// they are evicted.
+pub(super) fn shrink_if_sparse<K: std::hash::Hash + Eq, V>(map: &mut FxHashMap<K, V>) {
+    if map.capacity() > 4 * map.len() + 1024 {
+        map.shrink_to(2 * map.len());
+    }
+}
+
 /// One replica in memory.
 struct Active {
-    machine: ChannelMachine,
+    /// Boxed: the map's slots stay small, so a map that held many replicas and then evicted most keeps
+    /// little memory for its empty slots (see [`ActiveChannels::remove`]).
+    machine: Box<ChannelMachine>,
     /// The timer filed in the heap for this replica (`None`: none filed).
     timer: Option<Time>,
     /// When the replica last had an input (eviction picks idle ones).
@@ -54,7 +65,7 @@ impl ActiveChannels {
     }
 
     pub(super) fn get(&self, channel: &ChannelId) -> Option<&ChannelMachine> {
-        self.entries.get(channel).map(|a| &a.machine)
+        self.entries.get(channel).map(|a| &*a.machine)
     }
 
     /// The replica, put on the drain list: whatever the caller feeds it, its effects will be drained and
@@ -70,13 +81,13 @@ impl ActiveChannels {
 
     /// Every replica, in no particular order.
     pub(super) fn iter(&self) -> impl Iterator<Item = (&ChannelId, &ChannelMachine)> {
-        self.entries.iter().map(|(c, a)| (c, &a.machine))
+        self.entries.iter().map(|(c, a)| (c, &*a.machine))
     }
 
     /// Adds a new replica, used now and on the drain list.
     pub(super) fn insert(&mut self, channel: ChannelId, machine: ChannelMachine, now: Time) {
         self.dirty.push(channel.clone());
-        let active = Active { machine, timer: None, last_used: now, dirty: true };
+        let active = Active { machine: Box::new(machine), timer: None, last_used: now, dirty: true };
         if self.entries.insert(channel, active).is_some() {
             // Replaced in place: its old heap entries are outdated and skipped.
             self.forget_outdated();
@@ -90,7 +101,8 @@ impl ActiveChannels {
             self.dirty.retain(|c| c != channel);
         }
         self.forget_outdated();
-        Some(active.machine)
+        shrink_if_sparse(&mut self.entries);
+        Some(*active.machine)
     }
 
     /// Marks the replica as used now.
@@ -119,7 +131,7 @@ impl ActiveChannels {
 
     /// The replica's machine, to drain its effects (not put on the drain list again).
     pub(super) fn machine_mut(&mut self, channel: &ChannelId) -> Option<&mut ChannelMachine> {
-        self.entries.get_mut(channel).map(|a| &mut a.machine)
+        self.entries.get_mut(channel).map(|a| &mut *a.machine)
     }
 
     /// Files the replica's next timer as its machine now asks.
@@ -277,6 +289,19 @@ mod tests {
         assert_eq!(fired, deadlines.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>(), "in time order, once each");
         assert!(active.timers.is_empty(), "fired timers are unfiled");
         assert_eq!(drain(&mut active).0.len(), 3, "fired replicas are on the drain list");
+    }
+
+    #[test]
+    fn a_map_emptied_after_a_burst_gives_its_capacity_back() {
+        let mut map: FxHashMap<u32, [u8; 64]> = FxHashMap::default();
+        map.extend((0..100_000).map(|i| (i, [0; 64])));
+        let burst = map.capacity();
+        for i in 10..100_000 {
+            map.remove(&i);
+            shrink_if_sparse(&mut map);
+        }
+        assert_eq!(map.len(), 10);
+        assert!(map.capacity() <= 4 * 10 + 1024, "{} slots kept of {burst}", map.capacity());
     }
 
     #[test]

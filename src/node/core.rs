@@ -3,7 +3,7 @@
 //! feeds it time, frames, storage completions and API calls, and carries out its effects; the simulator
 //! drives the same code.
 
-use super::active::ActiveChannels;
+use super::active::{shrink_if_sparse, ActiveChannels};
 use super::config::NodeConfig;
 use super::controller::{
     Action, ClusterView, Controller, DrainReport, EvidenceReport, ExportQuestion, MigrationProposal, NodeView,
@@ -1159,6 +1159,7 @@ impl NodeCore {
         let stored = self.reader.runtime_meta(channel).ok().flatten().map(|m| m.version);
         if stored.is_some() && stored >= known {
             self.metas.remove(channel);
+            shrink_if_sparse(&mut self.metas);
         }
     }
 
