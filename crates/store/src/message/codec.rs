@@ -109,7 +109,9 @@ pub(crate) fn decode_state(bytes: &[u8]) -> Option<(ChannelLogState, Seq, u64)> 
     for _ in 0..count {
         epochs.push((LeaderEpoch::new(input.u64()?), Seq::new(input.u64()?)));
     }
-    let frames_before = input.u64()?;
+    // Written by a build before write-behind rounds were cut into batches: such a state is never ahead
+    // of the checkpoint (its round was one atomic batch), which 0 says.
+    let frames_before = if input.is_empty() { 0 } else { input.u64()? };
     let ordered = epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1);
     let consistent = retention_through <= hw && hw <= last_seq && sled_through <= last_seq;
     (input.is_empty() && ordered && consistent).then_some((
@@ -171,6 +173,8 @@ mod tests {
         };
         let bytes = encode_state(&state, Seq::new(7), 12);
         assert_eq!(decode_state(&bytes), Some((state.clone(), Seq::new(7), 12)));
+        // The layout before `frames_before` existed still reads, as a state not ahead of the checkpoint.
+        assert_eq!(decode_state(&bytes[..bytes.len() - 8]), Some((state.clone(), Seq::new(7), 0)));
         let bad = ChannelLogState { hw: Seq::new(11), ..state };
         assert!(decode_state(&encode_state(&bad, Seq::new(0), 0)).is_none());
         assert!(decode_state(&bytes[..bytes.len() - 1]).is_none());
