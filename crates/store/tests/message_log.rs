@@ -546,3 +546,35 @@ fn staging_while_a_sync_runs_loses_nothing() {
         assert_eq!(records, (1..=groups).map(|s| record(ch, s, 1)).collect::<Vec<_>>());
     }
 }
+
+#[test]
+fn a_write_behind_round_that_failed_half_way_leaves_no_stale_pack_to_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = Arc::new(MemoryKv::new());
+    let log = JournalLog::open(dir.path(), kv.clone(), small_config()).unwrap();
+    // Records of a given size, so the packs of the two suffixes below start at different seqs.
+    let sized = |seq: u64, epoch: u64, bytes: usize| Record {
+        payload: Bytes::from(vec![u8::try_from(epoch).unwrap(); bytes]),
+        idempotency_key: None,
+        ..record(0, seq, epoch)
+    };
+    let first: Vec<Record> = (1..=40).map(|s| sized(s, 1, 60)).collect();
+    log.commit(LogBatch::new(channel(0), vec![LogOp::Append(first.clone())])).unwrap();
+    // The round reaches sled with its first three batches (a pack each), then fails.
+    kv.fail(FailOp::Apply, 3, 1);
+    assert!(log.write_behind().is_err());
+    kv.clear_failpoints();
+    // A suffix of other sizes replaces everything after seq 2; then two rounds write it behind.
+    log.commit(LogBatch::new(channel(0), vec![LogOp::TruncateAfter(Seq::new(2))])).unwrap();
+    let second: Vec<Record> = (3..=40).map(|s| sized(s, 2, 150)).collect();
+    log.commit(LogBatch::new(channel(0), vec![LogOp::Append(second.clone())])).unwrap();
+    log.write_behind().unwrap();
+    let third: Vec<Record> = (41..=50).map(|s| sized(s, 2, 150)).collect();
+    log.commit(LogBatch::new(channel(0), vec![LogOp::Append(third.clone())])).unwrap();
+    log.write_behind().unwrap();
+    let expect: Vec<Record> = first[..2].iter().chain(&second).chain(&third).cloned().collect();
+    for from in 1..=50 {
+        let read = log.read(&channel(0), Seq::new(from), Seq::new(50), ALL).unwrap();
+        assert_eq!(read, expect[usize::try_from(from - 1).unwrap()..], "read from {from}");
+    }
+}
