@@ -151,7 +151,9 @@ impl ActiveChannels {
 
     /// Files again every replica on the drain list (their machines may want an earlier timer).
     pub(super) fn reschedule_dirty(&mut self) {
-        for channel in self.dirty.clone() {
+        // `reschedule` leaves the drain list as it is: walk it by index rather than copy it.
+        for i in 0..self.dirty.len() {
+            let channel = self.dirty[i].clone();
             self.reschedule(&channel);
         }
     }

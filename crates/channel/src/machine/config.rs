@@ -88,6 +88,11 @@ impl Default for MachineConfig {
 }
 
 impl MachineConfig {
+    /// How long HW news may wait for the next records: `hw_notify_delay`, never longer than a long poll.
+    pub(crate) fn hw_hold(&self) -> Duration {
+        self.hw_notify_delay.min(self.pull_park)
+    }
+
     /// Checks the relationships between limits that the machine relies on.
     pub fn validate(&self) -> Result<(), &'static str> {
         if self.request_records_max == 0 || self.persist_records_max == 0 || self.pull_bytes_max == 0 {

@@ -468,7 +468,7 @@ impl ChannelMachine {
         // Answer at once when there are records to send, or when the replica has not heard the current HW
         // (its own acknowledgement may just have advanced it) unless HW news may wait for the next records.
         let records = request.next_seq <= self.log.end && barrier_durable;
-        let hw_delay = self.config.hw_notify_delay.min(self.config.pull_park);
+        let hw_delay = self.config.hw_hold();
         if records || (!knows_hw && hw_delay.is_zero()) {
             self.answer_pull(from, request.pull_id, request.next_seq, max_bytes);
         } else {
@@ -580,7 +580,7 @@ impl ChannelMachine {
     fn leader_hw_advanced(&mut self) {
         let hw = self.log.hw;
         // Followers learn the new HW right away, or within `hw_notify_delay` (sooner with new records).
-        let hw_delay = self.config.hw_notify_delay.min(self.config.pull_park);
+        let hw_delay = self.config.hw_hold();
         let notify_by = self.now + hw_delay;
         let Some(leader) = self.leader() else { return };
         let mut done = Vec::new();
