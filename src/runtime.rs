@@ -33,7 +33,9 @@ use tidings_router::Router;
 use tidings_slot::command::{Command, RoutingKey};
 use tidings_slot::model::{ChannelInfo, Uid};
 use tidings_slot::query::SlotReader;
-use tidings_store::message::{JournalConfig, JournalLog, LogBatch, MessageLog, ReadLimits, Record, WriteBehindThread};
+use tidings_store::message::{
+    BatchFate, JournalConfig, JournalLog, LogBatch, MessageLog, ReadLimits, Record, WriteBehindThread,
+};
 use tidings_store::{Kv, MetaStore, RaftLogStore, SledKv, StoreError};
 use tidings_types::{ChannelId, GroupId, HashSlot, NodeId, Seq, Time};
 
@@ -671,15 +673,18 @@ fn durable_worker(log: &dyn MessageLog, jobs: &Receiver<(PersistToken, LogBatch)
         for (token, batch) in round {
             let channel = batch.channel.clone();
             match log.stage(batch) {
-                Ok(()) => staged.push((channel, token)),
+                Ok(receipt) => staged.push((channel, token, receipt)),
                 Err(error) => outcomes.push((channel, token, Err(error))),
             }
         }
         let synced = log.sync();
-        for (channel, token) in staged {
-            let result = match &synced {
-                Ok(_) => Ok(()),
-                Err(error) => Err(StoreError::io("group commit", std::io::Error::other(error.to_string()))),
+        for (channel, token, receipt) in staged {
+            // Per batch: another worker's failed write drops what this one staged, and a batch this one
+            // staged may have been made durable by the other's sync before this one's failed.
+            let result = match (log.fate(receipt), &synced) {
+                (BatchFate::Durable, _) => Ok(()),
+                (_, Err(error)) => Err(StoreError::io("group commit", std::io::Error::other(error.to_string()))),
+                (_, Ok(_)) => Err(StoreError::Dropped),
             };
             outcomes.push((channel, token, result));
         }

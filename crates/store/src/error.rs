@@ -90,6 +90,10 @@ pub enum StoreError {
         /// The limit.
         limit: usize,
     },
+    /// A staged batch was dropped by a failed write or sync (possibly another thread's): it is not durable
+    /// and will not reappear. Stage it again to retry.
+    #[error("staged batch was dropped by a failed journal write or sync")]
+    Dropped,
     /// An IO failure left the journal in a state it could not roll back; reopen the log to recover.
     #[error("message log is unusable after an earlier IO failure; reopen it")]
     Unusable,
@@ -119,7 +123,7 @@ impl StoreError {
 
     /// `true` if the error came from the medium (IO or corruption), as opposed to a refused request.
     pub fn is_medium_failure(&self) -> bool {
-        matches!(self, StoreError::Io { .. } | StoreError::Corrupt { .. } | StoreError::Sled(_))
+        matches!(self, StoreError::Io { .. } | StoreError::Corrupt { .. } | StoreError::Sled(_) | StoreError::Dropped)
     }
 }
 

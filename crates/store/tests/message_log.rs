@@ -6,8 +6,8 @@ use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tidings_store::message::{
-    IdempotencyKey, JournalConfig, JournalLog, LogBatch, LogLimits, LogOp, MemoryLog, MessageLog, ReadLimits, Record,
-    RecordKind,
+    BatchFate, IdempotencyKey, JournalConfig, JournalLog, LogBatch, LogLimits, LogOp, MemoryLog, MessageLog,
+    ReadLimits, Record, RecordKind,
 };
 use tidings_store::{FailOp, Kv, MemoryKv, SledKv, StoreError};
 use tidings_types::{ChannelId, ChannelType, LeaderEpoch, Seq};
@@ -544,6 +544,70 @@ fn staging_while_a_sync_runs_loses_nothing() {
     for ch in [0, channels / 2, channels - 1] {
         let records = log.read(&channel(ch), Seq::new(1), Seq::new(u64::MAX), ALL).unwrap();
         assert_eq!(records, (1..=groups).map(|s| record(ch, s, 1)).collect::<Vec<_>>());
+    }
+}
+
+/// One thread's failed sync drops what another thread staged meanwhile: that thread's own sync then finds
+/// nothing to write and returns `Ok`, so its receipts must say the batches are gone (an append reported
+/// durable that is not would be an acknowledged message lost). Batches made durable before the failure
+/// stay durable.
+#[test]
+fn a_failed_sync_drops_what_another_thread_staged_and_its_receipt_says_so() {
+    let log = MemoryLog::new(LogLimits::default());
+    let durable = log.stage(append_batch(0, 1, 3, 1)).unwrap();
+    assert_eq!(log.fate(durable), BatchFate::Pending, "not synced yet");
+    log.sync().unwrap();
+    let other_thread = log.stage(append_batch(1, 1, 2, 1)).unwrap();
+    let failing = log.stage(append_batch(0, 4, 1, 1)).unwrap();
+    log.fail(tidings_store::message::LogFailOp::Sync, 0, 1);
+    assert!(log.sync().is_err());
+    assert_eq!(log.sync().unwrap(), 0, "the other thread's sync has nothing left to write");
+    assert_eq!(log.fate(other_thread), BatchFate::Dropped);
+    assert_eq!(log.fate(failing), BatchFate::Dropped);
+    assert_eq!(log.fate(durable), BatchFate::Durable);
+    assert!(matches!(log.commit(append_batch(1, 3, 1, 1)), Err(StoreError::Refused(_))), "seq 1-2 never landed");
+    let again = log.stage(append_batch(1, 1, 2, 1)).unwrap();
+    log.sync().unwrap();
+    assert_eq!(log.fate(again), BatchFate::Durable);
+    assert_eq!(log.fate(other_thread), BatchFate::Dropped, "a later success does not revive a dropped batch");
+    assert_eq!(log.state(&channel(1)).unwrap().last_seq, Seq::new(2));
+}
+
+/// Several threads stage and sync at once (as the node's durable workers do; a sync applies its group
+/// after the next one's fdatasync began). When a thread's sync returns, every batch it staged is durable
+/// and already readable, whichever sync carried it; a reopen finds all of them in order.
+#[test]
+fn concurrent_stagers_see_their_batches_durable_and_visible_when_their_sync_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.path().join("sled"), 8 << 20).unwrap());
+    let journal_dir = dir.path().join("journal");
+    let log = Arc::new(JournalLog::open(&journal_dir, kv.clone(), JournalConfig::default()).unwrap());
+    let (threads, rounds, channels_each) = (3usize, 40u64, 100usize);
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let log = Arc::clone(&log);
+            std::thread::spawn(move || {
+                for round in 1..=rounds {
+                    let chs = (0..channels_each).map(|c| t * channels_each + c);
+                    let receipts: Vec<_> =
+                        chs.clone().map(|ch| log.stage(append_batch(ch, round, 1, 1)).unwrap()).collect();
+                    log.sync().unwrap();
+                    for (ch, receipt) in chs.zip(receipts) {
+                        assert_eq!(log.fate(receipt), BatchFate::Durable);
+                        assert_eq!(log.state(&channel(ch)).unwrap().last_seq, Seq::new(round), "visible at return");
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    drop(log);
+    let log = JournalLog::open(&journal_dir, kv, JournalConfig::default()).unwrap();
+    for ch in 0..threads * channels_each {
+        let records = log.read(&channel(ch), Seq::new(1), Seq::new(u64::MAX), ALL).unwrap();
+        assert_eq!(records, (1..=rounds).map(|s| record(ch, s, 1)).collect::<Vec<_>>());
     }
 }
 

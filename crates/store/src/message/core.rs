@@ -1,5 +1,4 @@
-//! The part of a message log that both implementations share: staging and validating batches against the
-//! state they will find, applying durable batches to per-channel state, memory tables and idempotency
+//! The durable, visible part of a message log that both implementations share: applying durable batches to per-channel state, memory tables and idempotency
 //! windows, and serving reads from memory with older records supplied by the implementation.
 
 use super::record::{IdempotencyKey, Record};
@@ -35,103 +34,26 @@ pub(crate) struct ChannelEntry {
 pub(crate) struct LogCore {
     /// Fx hashing: deterministic (no random seed), and cheap for the short ids channels have.
     pub(crate) channels: FxHashMap<ChannelId, ChannelEntry>,
-    /// State each channel will have once every staged batch is applied. Kept across syncs (once every
-    /// staged batch is durable a tail equals the durable state, which only staged batches change), so a
-    /// channel's state is not copied again for each group commit; dropped with unsynced batches.
-    tails: FxHashMap<ChannelId, ChannelLogState>,
-    staged: Vec<LogBatch>,
-    /// Batches a running sync is making durable (staged before it began).
-    in_flight: Vec<LogBatch>,
-    /// Bumped whenever unsynced batches are dropped, so a sync that began before knows its batches are gone.
-    drop_epoch: u64,
     pub(crate) mem_bytes: usize,
     pub(crate) limits: LogLimits,
 }
 
 impl LogCore {
     pub(crate) fn new(limits: LogLimits) -> Self {
-        Self {
-            channels: FxHashMap::default(),
-            tails: FxHashMap::default(),
-            staged: Vec::new(),
-            in_flight: Vec::new(),
-            drop_epoch: 0,
-            mem_bytes: 0,
-            limits,
-        }
+        Self { channels: FxHashMap::default(), mem_bytes: 0, limits }
     }
 
-    /// Checks `batch` against the state after every batch staged before it, and stages it.
-    pub(crate) fn stage(&mut self, batch: LogBatch) -> StoreResult<()> {
-        let records = batch.records().count();
-        let bytes = batch.record_bytes();
-        if records > self.limits.batch_records_max || bytes > self.limits.batch_bytes_max {
-            return Err(LogRefusal::BatchTooLarge {
-                records,
-                bytes,
-                records_max: self.limits.batch_records_max,
-                bytes_max: self.limits.batch_bytes_max,
+    /// Applies durable groups, oldest first (from [`Staging::take_durable`](super::staging::Staging)).
+    pub(crate) fn apply_groups<M>(&mut self, groups: Vec<(Vec<LogBatch>, M)>) -> Option<M> {
+        let mut last = None;
+        for (batches, mark) in groups {
+            for batch in batches {
+                // Cannot fail: each batch was checked at stage time against exactly the state it meets now.
+                self.apply_durable(batch).expect("staged batch applies to the state it was checked against");
             }
-            .into());
+            last = Some(mark);
         }
-        if !self.tails.contains_key(&batch.channel) {
-            let durable = self.channels.get(&batch.channel).map(|e| e.state.clone()).unwrap_or_default();
-            self.tails.insert(batch.channel.clone(), durable);
-        }
-        let tail = self.tails.get_mut(&batch.channel).expect("inserted above");
-        if let [op] = batch.ops.as_slice() {
-            // One op: `apply` changes nothing when it refuses, so no copy is needed.
-            tail.apply(&batch.channel, op)?;
-        } else {
-            let mut next = tail.clone();
-            for op in &batch.ops {
-                next.apply(&batch.channel, op)?;
-            }
-            *tail = next;
-        }
-        self.staged.push(batch);
-        Ok(())
-    }
-
-    /// The batch staged last.
-    pub(crate) fn last_staged(&self) -> Option<&LogBatch> {
-        self.staged.last()
-    }
-
-    /// `true` if batches are staged and not yet handed to a sync.
-    pub(crate) fn has_staged(&self) -> bool {
-        !self.staged.is_empty()
-    }
-
-    /// A sync begins: every staged batch is now in flight. Returns the epoch to hand to
-    /// [`LogCore::finish_sync`] and how many batches are in flight.
-    pub(crate) fn begin_sync(&mut self) -> (u64, usize) {
-        debug_assert!(self.in_flight.is_empty(), "one sync at a time");
-        self.in_flight = std::mem::take(&mut self.staged);
-        (self.drop_epoch, self.in_flight.len())
-    }
-
-    /// The sync that began at `epoch` succeeded: its batches become visible. `None` if they were dropped
-    /// meanwhile (a failed write rolled the journal back).
-    pub(crate) fn finish_sync(&mut self, epoch: u64) -> Option<usize> {
-        if epoch != self.drop_epoch {
-            return None;
-        }
-        let in_flight = std::mem::take(&mut self.in_flight);
-        let count = in_flight.len();
-        for batch in in_flight {
-            // Cannot fail: each batch was checked at stage time against exactly the state it meets now.
-            self.apply_durable(batch).expect("staged batch applies to the state it was checked against");
-        }
-        Some(count)
-    }
-
-    /// Drops every batch not yet durable (staged or in flight): they failed.
-    pub(crate) fn drop_unsynced(&mut self) {
-        self.staged.clear();
-        self.in_flight.clear();
-        self.tails.clear();
-        self.drop_epoch += 1;
+        last
     }
 
     /// Applies a durable batch: state, memory table, idempotency window. The batch was checked when staged

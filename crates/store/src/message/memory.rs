@@ -2,6 +2,7 @@
 
 use super::core::LogCore;
 use super::record::{IdempotencyKey, Record};
+use super::staging::{BatchFate, Staged, Staging};
 use super::state::{ChannelLogState, IdempotentHit, LogBatch, ReadLimits};
 use super::{LogLimits, MessageLog};
 use crate::error::StoreResult;
@@ -25,23 +26,30 @@ pub enum LogFailOp {
 /// Crash model: [`MemoryLog::crash`] forgets every batch staged since the last successful sync (as a
 /// power loss forgets writes never fsynced) and every cache; everything synced survives.
 pub struct MemoryLog {
-    core: Mutex<LogCore>,
+    core: Mutex<Parts>,
     failpoints: Mutex<Failpoints<LogFailOp>>,
+}
+
+/// Staging and visible state under one lock: a sync applies its group before it returns.
+struct Parts {
+    staging: Staging<()>,
+    visible: LogCore,
 }
 
 impl MemoryLog {
     /// An empty log with `limits`.
     pub fn new(limits: LogLimits) -> Self {
-        Self { core: Mutex::new(LogCore::new(limits)), failpoints: Mutex::new(Failpoints::default()) }
+        let parts = Parts { staging: Staging::new(limits), visible: LogCore::new(limits) };
+        Self { core: Mutex::new(parts), failpoints: Mutex::new(Failpoints::default()) }
     }
 
     /// Forgets every unsynced batch and every cache.
     pub fn crash(&self) {
-        let mut core = self.core.lock();
-        core.drop_unsynced();
-        let channels: Vec<ChannelId> = core.channels.keys().cloned().collect();
+        let mut parts = self.core.lock();
+        parts.staging.drop_unsynced();
+        let channels: Vec<ChannelId> = parts.visible.channels.keys().cloned().collect();
         for channel in &channels {
-            core.release_caches(channel);
+            parts.visible.release_caches(channel);
         }
     }
 
@@ -57,39 +65,53 @@ impl MemoryLog {
 }
 
 impl MessageLog for MemoryLog {
-    fn stage(&self, batch: LogBatch) -> StoreResult<()> {
+    fn stage(&self, batch: LogBatch) -> StoreResult<Staged> {
         self.failpoints.lock().check(LogFailOp::Stage, "stage")?;
-        self.core.lock().stage(batch)
+        let mut parts = self.core.lock();
+        let Parts { staging, visible } = &mut *parts;
+        if staging.tails_stale() {
+            // Nothing durable waits to be applied here: each sync applied its group before returning.
+            staging.refresh_tails();
+        }
+        staging.stage(batch, |channel| visible.state(channel)).map(|(receipt, _)| receipt)
     }
 
     fn sync(&self) -> StoreResult<usize> {
-        let mut core = self.core.lock();
+        let mut parts = self.core.lock();
         if let Err(error) = self.failpoints.lock().check(LogFailOp::Sync, "sync") {
-            core.drop_unsynced();
+            parts.staging.drop_unsynced();
             return Err(error);
         }
-        let (epoch, _) = core.begin_sync();
-        Ok(core.finish_sync(epoch).expect("nothing dropped it: the core was locked throughout"))
+        let (ticket, count) = parts.staging.begin_sync();
+        let marked = parts.staging.mark_durable(ticket, ());
+        debug_assert!(marked, "nothing dropped it: the log was locked throughout");
+        let groups = parts.staging.take_durable();
+        parts.visible.apply_groups(groups);
+        Ok(count)
+    }
+
+    fn fate(&self, receipt: Staged) -> BatchFate {
+        self.core.lock().staging.fate(receipt)
     }
 
     fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>> {
         self.failpoints.lock().check(LogFailOp::Read, "read")?;
         // Everything readable is in the memory table: nothing is older.
-        self.core.lock().read(channel, from, through, limits, |_, _, _, _| Ok(()))
+        self.core.lock().visible.read(channel, from, through, limits, |_, _, _, _| Ok(()))
     }
 
     fn state(&self, channel: &ChannelId) -> StoreResult<ChannelLogState> {
-        Ok(self.core.lock().state(channel))
+        Ok(self.core.lock().visible.state(channel))
     }
 
     fn idempotent(&self, channel: &ChannelId, key: &IdempotencyKey) -> StoreResult<Option<IdempotentHit>> {
         let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
-        self.core.lock().idempotency(channel, key, |core, from, through| {
+        self.core.lock().visible.idempotency(channel, key, |core, from, through| {
             core.read(channel, from, through, limits, |_, _, _, _| Ok(()))
         })
     }
 
     fn release_caches(&self, channel: &ChannelId) {
-        self.core.lock().release_caches(channel);
+        self.core.lock().visible.release_caches(channel);
     }
 }

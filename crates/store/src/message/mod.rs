@@ -44,15 +44,17 @@ mod core;
 mod journal;
 mod memory;
 mod record;
+mod staging;
 mod state;
 pub mod stored;
 
 pub use journal::{JournalConfig, JournalLog, JournalStats, WriteBehindThread};
 pub use memory::{LogFailOp, MemoryLog};
 pub use record::{IdempotencyKey, Record, RecordKind, IDEMPOTENCY_KEY_BYTES_MAX};
+pub use staging::{BatchFate, Staged};
 pub use state::{ChannelLogState, IdempotentHit, LogBatch, LogOp, LogRefusal, ReadLimits};
 
-use crate::error::StoreResult;
+use crate::error::{StoreError, StoreResult};
 use tidings_types::{ChannelId, Seq};
 
 /// Limits every message log enforces.
@@ -76,17 +78,30 @@ impl Default for LogLimits {
 /// A durable, ordered log per channel. See the [module docs](self) for the calling pattern.
 pub trait MessageLog: Send + Sync {
     /// Checks `batch` against the channel's state after every batch staged before it and stages it. Not
-    /// durable or visible until [`MessageLog::sync`]. A refused batch changes nothing.
-    fn stage(&self, batch: LogBatch) -> StoreResult<()>;
+    /// durable or visible until a [`MessageLog::sync`]. A refused batch changes nothing. The receipt tells
+    /// later what became of the batch ([`MessageLog::fate`]).
+    fn stage(&self, batch: LogBatch) -> StoreResult<Staged>;
 
-    /// Makes every staged batch durable, then visible. Returns how many batches it made durable. On error,
-    /// every staged batch failed and none of them is visible or will reappear after a restart.
+    /// Makes every batch staged before the call durable, then visible (syncs of several threads may
+    /// overlap: one applies its group while the next one's `fdatasync` runs). Returns how many batches this
+    /// call's group held. On error, every batch not yet durable failed and none of them is visible or will
+    /// reappear after a restart. With one thread staging and syncing, `Ok` means all its batches are
+    /// durable; with several, a thread asks [`MessageLog::fate`] of its receipts, since another thread's
+    /// failed write drops every batch not yet durable.
     fn sync(&self) -> StoreResult<usize>;
 
-    /// Stages `batch` and syncs.
+    /// What became of the batch `receipt` was given for. Ask after a `sync` returned: `Pending` before (or
+    /// for a receipt older than the last 1,024 failed writes: treat it as failed).
+    fn fate(&self, receipt: Staged) -> BatchFate;
+
+    /// Stages `batch` and syncs; `Ok` once it is durable.
     fn commit(&self, batch: LogBatch) -> StoreResult<()> {
-        self.stage(batch)?;
-        self.sync().map(drop)
+        let receipt = self.stage(batch)?;
+        let synced = self.sync();
+        match self.fate(receipt) {
+            BatchFate::Durable => Ok(()),
+            BatchFate::Dropped | BatchFate::Pending => Err(synced.err().unwrap_or(StoreError::Dropped)),
+        }
     }
 
     /// Records of `channel` in `[from, through]`, clamped to the readable range (after the retention
@@ -104,12 +119,16 @@ pub trait MessageLog: Send + Sync {
 }
 
 impl<T: MessageLog + ?Sized> MessageLog for std::sync::Arc<T> {
-    fn stage(&self, batch: LogBatch) -> StoreResult<()> {
+    fn stage(&self, batch: LogBatch) -> StoreResult<Staged> {
         (**self).stage(batch)
     }
 
     fn sync(&self) -> StoreResult<usize> {
         (**self).sync()
+    }
+
+    fn fate(&self, receipt: Staged) -> BatchFate {
+        (**self).fate(receipt)
     }
 
     fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>> {

@@ -16,14 +16,15 @@ mod segment;
 use super::codec::{decode_batch, decode_state, encode_batch, encode_state, encoded_batch_len};
 use super::core::LogCore;
 use super::record::{decode_records, encode_records, IdempotencyKey, Reader, Record};
+use super::staging::{BatchFate, Staged, Staging};
 use super::state::{ChannelLogState, IdempotentHit, LogBatch, LogRefusal, ReadBudget, ReadLimits};
 use super::{LogLimits, MessageLog};
 use crate::error::{CorruptLocation, StoreError, StoreResult};
 use crate::kv::{Direction, KeyRange, Keyspace, Kv, KvBatch};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use segment::{Journal, Position};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -142,10 +143,13 @@ struct WriteBehindItem {
 pub struct JournalLog {
     kv: Arc<dyn Kv>,
     config: JournalConfig,
-    /// Lock order: `journal`, then `visible`.
+    /// Lock order: `journal`, then `staging`, then `visible`.
     journal: Mutex<Journal>,
+    /// Batches staged and in flight; a group is applied to `visible` without this lock, so staging goes on.
+    staging: Mutex<Staging<Position>>,
     visible: Mutex<Visible>,
-    /// Serializes syncs (each runs its fdatasync outside `journal`).
+    /// Serializes the writes and fdatasyncs of syncs (each runs its fdatasync outside `journal`); a sync
+    /// applies its group after releasing it, so the next one's fdatasync overlaps that work.
     sync_lock: Mutex<()>,
     /// One write-behind at a time; holds the last checkpoint persisted to sled.
     write_behind: Mutex<Position>,
@@ -154,6 +158,8 @@ pub struct JournalLog {
     background: AtomicBool,
     stop: AtomicBool,
     unusable: AtomicBool,
+    /// `visible.core.mem_bytes`, for stagers to check without waiting for `visible`.
+    mem_bytes: AtomicUsize,
     syncs: AtomicU64,
     frames: AtomicU64,
     write_behinds: AtomicU64,
@@ -191,8 +197,10 @@ impl JournalLog {
             core.apply_durable(batch).map_err(|_| corrupt("journal frame does not apply to the log"))
         })?;
         let applied = journal.position();
+        let mem_bytes = core.mem_bytes;
         Ok(JournalLog {
             kv,
+            staging: Mutex::new(Staging::new(config.limits)),
             config,
             journal: Mutex::new(journal),
             visible: Mutex::new(Visible { core, applied }),
@@ -203,6 +211,7 @@ impl JournalLog {
             background: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             unusable: AtomicBool::new(false),
+            mem_bytes: AtomicUsize::new(mem_bytes),
             syncs: AtomicU64::new(0),
             frames: AtomicU64::new(0),
             write_behinds: AtomicU64::new(0),
@@ -340,6 +349,7 @@ impl JournalLog {
                 entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
             }
         }
+        self.mem_bytes.store(visible.core.mem_bytes, Ordering::Relaxed);
         drop(visible);
         self.mem_freed.notify_all();
     }
@@ -470,7 +480,9 @@ impl JournalLog {
     #[allow(clippy::disallowed_methods)] // An adapter, not a core: a bounded wait needs the clock.
     fn wait_for_memory(&self) -> StoreResult<()> {
         let limit = self.config.mem_bytes_max;
-        if self.visible.lock().core.mem_bytes < limit {
+        // Without `visible`, which a sync holds while it applies a group: the mirror lags by at most the
+        // group being applied, so memory stays bounded by the limit plus one group.
+        if self.mem_bytes.load(Ordering::Relaxed) < limit {
             return Ok(());
         }
         if !self.background.load(Ordering::SeqCst) {
@@ -495,7 +507,27 @@ impl JournalLog {
             tracing::error!(%error, "journal rollback failed; the message log is unusable until reopened");
             self.unusable.store(true, Ordering::SeqCst);
         }
-        self.visible.lock().core.drop_unsynced();
+        self.staging.lock().drop_unsynced();
+    }
+
+    /// Applies the durable groups at the front of `staging`, in order, and returns once every group made
+    /// durable before the call is visible (another thread may be applying some of them: taking `visible`
+    /// before releasing `staging` keeps appliers in order, and waiting for `visible` waits for them).
+    fn apply_durable(&self, mut staging: MutexGuard<'_, Staging<Position>>) {
+        let groups = staging.take_durable();
+        let mut visible = self.visible.lock();
+        drop(staging);
+        self.apply_groups(&mut visible, groups);
+    }
+
+    fn apply_groups(&self, visible: &mut Visible, groups: Vec<(Vec<LogBatch>, Position)>) {
+        if let Some(position) = visible.core.apply_groups(groups) {
+            visible.applied = position;
+        }
+        self.mem_bytes.store(visible.core.mem_bytes, Ordering::Relaxed);
+        if visible.core.mem_bytes >= self.config.write_behind_bytes {
+            self.write_behind_wanted.notify_one();
+        }
     }
 
     fn check_usable(&self) -> StoreResult<()> {
@@ -507,7 +539,7 @@ impl JournalLog {
 }
 
 impl MessageLog for JournalLog {
-    fn stage(&self, batch: LogBatch) -> StoreResult<()> {
+    fn stage(&self, batch: LogBatch) -> StoreResult<Staged> {
         self.check_usable()?;
         self.wait_for_memory()?;
         let body_len = encoded_batch_len(&batch);
@@ -524,58 +556,73 @@ impl MessageLog for JournalLog {
             .into());
         }
         // Check and stage it first (a refusal writes nothing), then frame it straight into the journal's
-        // buffer. Lock order: journal, then visible.
-        let mut visible = self.visible.lock();
-        visible.core.stage(batch)?;
-        let staged = visible.core.last_staged().expect("just staged");
+        // buffer.
+        let mut staging = self.staging.lock();
+        if staging.tails_stale() {
+            // Batches were dropped: tails start again from the visible state, once every durable group is in.
+            let groups = staging.take_durable();
+            self.apply_groups(&mut self.visible.lock(), groups);
+            staging.refresh_tails();
+        }
+        let (receipt, staged) = staging.stage(batch, |channel| self.visible.lock().core.state(channel))?;
         let appended = journal.append_encoded(body_len, |out| encode_batch(staged, out));
-        drop(visible);
+        drop(staging);
         if let Err(error) = appended {
             self.fail_staged(&mut journal);
             return Err(error);
         }
         self.frames.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(receipt)
     }
 
     fn sync(&self) -> StoreResult<usize> {
         self.check_usable()?;
-        // One sync at a time; stagers keep framing the next group while this one's fdatasync runs.
-        let _one_sync = self.sync_lock.lock();
-        let (job, epoch) = {
+        let (staging, count) = {
+            // One write and fdatasync at a time; stagers keep framing the next group while it runs.
+            let _one_sync = self.sync_lock.lock();
             let mut journal = self.journal.lock();
-            if !self.visible.lock().core.has_staged() {
-                return Ok(0);
-            }
-            let job = match journal.prepare_sync() {
-                Ok(job) => job,
-                Err(error) => {
+            let mut staging = self.staging.lock();
+            if !staging.has_staged() {
+                // Nothing of ours to write. Batches staged before the call may be in a group another sync
+                // made durable: by now it holds `visible` while applying it (it took `visible` before it let
+                // go of `staging`), so waiting for `visible` below returns once they are readable.
+                drop(journal);
+                (staging, 0)
+            } else {
+                let job = match journal.prepare_sync() {
+                    Ok(job) => job,
+                    Err(error) => {
+                        drop(staging);
+                        self.fail_staged(&mut journal);
+                        return Err(error);
+                    }
+                };
+                let (ticket, count) = staging.begin_sync();
+                drop(staging);
+                drop(journal);
+                let synced = job.run();
+                let mut journal = self.journal.lock();
+                if let Err(error) = synced {
                     self.fail_staged(&mut journal);
                     return Err(error);
                 }
-            };
-            let (epoch, _) = self.visible.lock().core.begin_sync();
-            (job, epoch)
+                let mut staging = self.staging.lock();
+                if !staging.mark_durable(ticket, job.position) {
+                    // A write failed while the fdatasync ran: the journal was rolled back past these
+                    // batches, so the job's position means nothing any more.
+                    return Err(StoreError::Dropped);
+                }
+                journal.complete_sync(&job);
+                self.syncs.fetch_add(1, Ordering::Relaxed);
+                (staging, count)
+            }
         };
-        let synced = job.run();
-        let mut journal = self.journal.lock();
-        if let Err(error) = synced {
-            self.fail_staged(&mut journal);
-            return Err(error);
-        }
-        let mut visible = self.visible.lock();
-        let Some(count) = visible.core.finish_sync(epoch) else {
-            // A write failed while the fdatasync ran: the journal was rolled back past these batches, so
-            // the job's position means nothing any more.
-            return Err(StoreError::io("journal sync", std::io::Error::other("batches rolled back by a failed write")));
-        };
-        journal.complete_sync(&job);
-        visible.applied = job.position;
-        if visible.core.mem_bytes >= self.config.write_behind_bytes {
-            self.write_behind_wanted.notify_one();
-        }
-        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.apply_durable(staging);
         Ok(count)
+    }
+
+    fn fate(&self, receipt: Staged) -> BatchFate {
+        self.staging.lock().fate(receipt)
     }
 
     fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>> {
