@@ -4,7 +4,8 @@
 //! transport, channels of 3 replicas with MinISR 2, fanout off. For 1, 100 and 10,000 active channels:
 //! committed 128-byte messages per second with many appends in flight (appends go to each channel's
 //! leader; forwarding is measured by the quickstart), then append-to-commit latency p50/p99 at half that
-//! rate (open loop: latency counts from the scheduled send time, so queueing shows). Reported next to the
+//! rate (open loop: latency counts from the scheduled send time, so queueing shows; 15 s, 3 s with
+//! `--quick`). Reported next to the
 //! disk's raw group-commit ceiling and its `fdatasync` p99, measured first in the same run. Three copies
 //! share one disk here, so the fair reference for throughput is ceiling / 3.
 //!
@@ -59,7 +60,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_rate(&cluster, &channels, channels.len().max(CLIENTS * 64), 1024);
         let in_flight = if count == 1 { 256 } else { 2048 };
         let top = max_rate(&cluster, &channels, messages * scale, in_flight);
-        let half = paced(&cluster, &channels, top.rate / 2.0, Duration::from_secs(2 * scale as u64));
+        // Full runs pace for 15 s: long enough to include write-behind rounds (every second) and the
+        // controller's idle repair pass (every 10 s), which both read and write sled beside the traffic.
+        let paced_for = Duration::from_secs(if quick { 3 } else { 15 });
+        let half = paced(&cluster, &channels, top.rate / 2.0, paced_for);
         println!(
             "{count:>6} channels (created in {created:.2?}): {:>7.0} msg/s ({in_flight} in flight, p50 {:.2?} p99 {:.2?}); at half rate p50 {:.2?} p99 {:.2?}",
             top.rate, top.p50, top.p99, half.p50, half.p99

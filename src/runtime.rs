@@ -490,6 +490,9 @@ impl Drop for Node {
     }
 }
 
+/// A core-thread step taking this long is logged.
+const CORE_STALL_WARNING: Duration = Duration::from_millis(500);
+
 fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
     std::thread::Builder::new().name(name.into()).spawn(body).expect("spawn runtime thread")
 }
@@ -543,11 +546,17 @@ impl Shell {
                 Err(RecvTimeoutError::Timeout) => {}
             }
             // Drained first: the timeout is then cheap to ask (no machine left to poll for it).
+            let busy_since = Instant::now();
             self.carry_out();
             let now = self.now();
             if self.core.poll_timeout() <= now {
                 self.core.handle_tick(now);
                 self.carry_out();
+            }
+            let busy = busy_since.elapsed();
+            if busy >= CORE_STALL_WARNING {
+                // Peers count a node silent for `node_down_after` (1.5 s) as down: say why it went quiet.
+                tracing::warn!(node = %self.core.node(), ?busy, "core thread busy in one step (storage waits?)");
             }
         }
     }

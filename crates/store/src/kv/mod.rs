@@ -194,6 +194,13 @@ pub trait Kv: Send + Sync + 'static {
     /// Makes every applied batch durable.
     fn sync(&self) -> StoreResult<()>;
 
+    /// Hands applied batches to the operating system without waiting for the disk (no durability
+    /// promise): a backend that buffers writes empties its buffers, so that a later `sync` (whoever calls
+    /// it) has little left to write. Default: nothing to do.
+    fn write_out(&self) -> StoreResult<()> {
+        Ok(())
+    }
+
     /// The checked value of `key`.
     fn get(&self, keyspace: Keyspace, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
         self.get_sealed(keyspace, key)?.map(|sealed| unseal(keyspace, key, sealed)).transpose()

@@ -170,6 +170,14 @@ impl Kv for SledKv {
         Ok(())
     }
 
+    fn write_out(&self) -> StoreResult<()> {
+        // sled's flush writes its IO buffers out (it does not fsync: see `sync_report`). It holds sled's
+        // process-wide lock for reading while it runs, and a batch waiting behind it holds up every
+        // reader after that: writing out in small steps keeps each such wait short.
+        self.db.flush()?;
+        Ok(())
+    }
+
     fn sync(&self) -> StoreResult<()> {
         self.sync_report().map(drop)
     }

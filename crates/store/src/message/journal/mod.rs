@@ -53,8 +53,16 @@ pub struct JournalConfig {
     pub write_behind_batch_channels: usize,
     /// A sled batch of write-behind is cut once it holds this many bytes of packs. Default 1 MiB. The
     /// cut falls between two packs, so one busy channel's packs may span batches (its state goes with
-    /// the last).
+    /// the last) — except a channel whose stale packs are cleared first (after a truncation or a failed
+    /// round): its clean-up, packs and state go in one batch, since the stored state may rely on what
+    /// the clean-up removes.
     pub write_behind_batch_bytes: usize,
+    /// After each sled batch of a round, write-behind writes it out ([`Kv::write_out`]) and rests for this
+    /// percentage of the time the batch took. Default 100. sled applies a batch under a process-wide lock,
+    /// and its reads take that lock once per item read: without rests, a metadata scan on another thread
+    /// waited for one whole batch per item (seen: one controller step of 256 metas taking 1.1 s during a
+    /// round, long enough for peers to think the node was down). 0: no rest.
+    pub write_behind_rest_percent: u32,
     /// Nice value the background write-behind thread runs at (Linux; elsewhere ignored). Default 10:
     /// write-behind is deferred work, and its bursts (a round every `write_behind_interval`, sled busy
     /// on a core meanwhile) should not take the CPU from the threads that commit messages. Should it
@@ -76,6 +84,7 @@ impl Default for JournalConfig {
             pack_bytes_max: 64 << 10,
             write_behind_batch_channels: 256,
             write_behind_batch_bytes: 1 << 20,
+            write_behind_rest_percent: 100,
             write_behind_nice: 10,
             limits: LogLimits::default(),
         }
@@ -367,6 +376,9 @@ impl JournalLog {
         let mut prefix = Vec::new();
         item.channel.encode_key(&mut prefix);
         if let Some(valid_through) = item.dirty_after {
+            // The stored state may rely on the packs this clears (one a failed round wrote): the clear
+            // must land with the new state, so this channel's packs are not cut into separate batches.
+            writer.whole_channel = true;
             self.clear_after(&prefix, valid_through, &mut writer.batch)?;
         }
         let mut start = 0;
@@ -702,6 +714,9 @@ struct RoundWriter<'a> {
     channels: usize,
     bytes_max: usize,
     channels_max: usize,
+    rest_percent: u32,
+    /// The channel being added goes into one batch (no cut before its state).
+    whole_channel: bool,
 }
 
 impl<'a> RoundWriter<'a> {
@@ -713,13 +728,15 @@ impl<'a> RoundWriter<'a> {
             channels: 0,
             bytes_max: config.write_behind_batch_bytes,
             channels_max: config.write_behind_batch_channels,
+            rest_percent: config.write_behind_rest_percent,
+            whole_channel: false,
         }
     }
 
     /// A pack of `bytes` went into the batch.
     fn added(&mut self, bytes: usize) -> StoreResult<()> {
         self.bytes += bytes;
-        if self.bytes >= self.bytes_max {
+        if self.bytes >= self.bytes_max && !self.whole_channel {
             self.cut()?;
         }
         Ok(())
@@ -728,19 +745,28 @@ impl<'a> RoundWriter<'a> {
     /// A channel's state went into the batch.
     fn channel_done(&mut self) -> StoreResult<()> {
         self.channels += 1;
-        if self.channels >= self.channels_max {
+        self.whole_channel = false;
+        if self.channels >= self.channels_max || self.bytes >= self.bytes_max {
             self.cut()?;
         }
         Ok(())
     }
 
+    #[allow(clippy::disallowed_methods)] // An adapter's background thread, not a core: rests are timed.
     fn cut(&mut self) -> StoreResult<()> {
         self.bytes = 0;
         self.channels = 0;
         if self.batch.is_empty() {
             return Ok(());
         }
-        self.kv.apply(std::mem::take(&mut self.batch))
+        let started = Instant::now();
+        self.kv.apply(std::mem::take(&mut self.batch))?;
+        self.kv.write_out()?;
+        if self.rest_percent > 0 {
+            // Let the threads that waited for sled's lock meanwhile through before the next batch.
+            std::thread::sleep(started.elapsed() * self.rest_percent / 100);
+        }
+        Ok(())
     }
 
     /// The round's last batch, with the journal checkpoint.
