@@ -84,6 +84,9 @@ impl StorageOptions {
 
 /// Capacity of the core thread's inbox. Full: inbound frames are dropped, API calls get `Busy`.
 const INBOX_CAPACITY: usize = 65_536;
+/// How long a durable-append worker waits for room in the message log's memory table before it fails a
+/// batch.
+const ROOM_PATIENCE: Duration = Duration::from_secs(30);
 /// Most channel batches one durable-append round stages before its sync.
 const GROUP_COMMIT_MAX: usize = 4096;
 /// How long an API call waits for its result.
@@ -681,6 +684,13 @@ fn durable_worker(log: &dyn MessageLog, jobs: &Receiver<(PersistToken, LogBatch)
         let mut outcomes = Vec::with_capacity(round.len());
         for (token, batch) in round {
             let channel = batch.channel.clone();
+            // Backpressure, not failure: a full memory table delays the batch (the machine's pending
+            // appends fill meanwhile and new appends get `Busy`); a failed persist would end the replica's
+            // leadership. Failing after `ROOM_PATIENCE` means write-behind cannot write at all.
+            if let Err(error) = log.wait_for_room(ROOM_PATIENCE) {
+                outcomes.push((channel, token, Err(error)));
+                continue;
+            }
             match log.stage(batch) {
                 Ok(receipt) => staged.push((channel, token, receipt)),
                 Err(error) => outcomes.push((channel, token, Err(error))),

@@ -500,7 +500,11 @@ fn full_memory_table_waits_then_reports_busy_and_drops_nothing() {
         assert!(next < 10_000, "memory never filled");
     };
     assert!(matches!(busy, StoreError::Busy { .. }), "{busy:?}");
+    // A background stager asks first, and waits instead of failing its batch.
+    let waited = log.wait_for_room(std::time::Duration::from_millis(20));
+    assert!(matches!(waited, Err(StoreError::Busy { .. })), "{waited:?}");
     kv.clear_failpoints();
+    log.wait_for_room(std::time::Duration::from_secs(30)).unwrap();
     log.commit(append_batch(0, next, 20, 1)).unwrap();
     drop(background);
     assert_eq!(log.read(&channel(0), Seq::new(1), Seq::new(u64::MAX), ALL).unwrap().len() as u64, next + 19);

@@ -116,6 +116,14 @@ pub trait MessageLog: Send + Sync {
 
     /// Drops caches held for `channel` (e.g. when its runtime is evicted); durable data is unaffected.
     fn release_caches(&self, channel: &ChannelId);
+
+    /// Waits up to `patience` for memory to stage into (a [`StoreError::Busy`] from `stage` means records
+    /// wait for write-behind); `Err(Busy)` if there is still none. A background stager calls this before
+    /// staging so that backpressure delays its batches instead of failing them. Default: always room.
+    fn wait_for_room(&self, patience: std::time::Duration) -> StoreResult<()> {
+        let _ = patience;
+        Ok(())
+    }
 }
 
 impl<T: MessageLog + ?Sized> MessageLog for std::sync::Arc<T> {
@@ -145,5 +153,9 @@ impl<T: MessageLog + ?Sized> MessageLog for std::sync::Arc<T> {
 
     fn release_caches(&self, channel: &ChannelId) {
         (**self).release_caches(channel)
+    }
+
+    fn wait_for_room(&self, patience: std::time::Duration) -> StoreResult<()> {
+        (**self).wait_for_room(patience)
     }
 }

@@ -61,7 +61,8 @@ pub struct JournalConfig {
     /// percentage of the time the batch took. Default 100. sled applies a batch under a process-wide lock,
     /// and its reads take that lock once per item read: without rests, a metadata scan on another thread
     /// waited for one whole batch per item (seen: one controller step of 256 metas taking 1.1 s during a
-    /// round, long enough for peers to think the node was down). 0: no rest.
+    /// round, long enough for peers to think the node was down). No rests while half of `mem_bytes_max`
+    /// or more waits: then the backlog matters more. 0: never rest.
     pub write_behind_rest_percent: u32,
     /// Nice value the background write-behind thread runs at (Linux; elsewhere ignored). Default 10:
     /// write-behind is deferred work, and its bursts (a round every `write_behind_interval`, sled busy
@@ -306,7 +307,7 @@ impl JournalLog {
         if items.is_empty() && checkpoint == *persisted {
             return Ok(());
         }
-        let mut writer = RoundWriter::new(self.kv.as_ref(), &self.config);
+        let mut writer = RoundWriter::new(self.kv.as_ref(), &self.config, &self.mem_bytes);
         let written = items
             .iter()
             .try_for_each(|item| self.persist_item(item, &mut writer, checkpoint.next_frame))
@@ -489,8 +490,12 @@ impl JournalLog {
 
     /// Waits (bounded) until the memory table has room, running write-behind inline if no background
     /// thread does it.
-    #[allow(clippy::disallowed_methods)] // An adapter, not a core: a bounded wait needs the clock.
     fn wait_for_memory(&self) -> StoreResult<()> {
+        self.wait_for_memory_up_to(self.config.busy_wait)
+    }
+
+    #[allow(clippy::disallowed_methods)] // An adapter, not a core: a bounded wait needs the clock.
+    fn wait_for_memory_up_to(&self, patience: Duration) -> StoreResult<()> {
         let limit = self.config.mem_bytes_max;
         // Without `visible`, which a sync holds while it applies a group: the mirror lags by at most the
         // group being applied, so memory stays bounded by the limit plus one group.
@@ -500,7 +505,7 @@ impl JournalLog {
         if !self.background.load(Ordering::SeqCst) {
             self.write_behind()?;
         }
-        let deadline = Instant::now() + self.config.busy_wait;
+        let deadline = Instant::now() + patience;
         let mut visible = self.visible.lock();
         while visible.core.mem_bytes >= limit {
             self.write_behind_wanted.notify_one();
@@ -637,6 +642,11 @@ impl MessageLog for JournalLog {
         self.staging.lock().fate(receipt)
     }
 
+    fn wait_for_room(&self, patience: Duration) -> StoreResult<()> {
+        self.check_usable()?;
+        self.wait_for_memory_up_to(patience)
+    }
+
     fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>> {
         let visible = self.visible.lock();
         visible.core.read(channel, from, through, limits, |from, through, budget, out| {
@@ -709,6 +719,10 @@ fn decode_pack(key: &[u8], value: &[u8]) -> StoreResult<Vec<Record>> {
 /// under a lock every other sled operation of the process waits for.
 struct RoundWriter<'a> {
     kv: &'a dyn Kv,
+    /// Record bytes waiting in memory: no rests once they reach `rest_below` (a backlog costs more
+    /// than other sled users waiting).
+    mem_bytes: &'a AtomicUsize,
+    rest_below: usize,
     batch: KvBatch,
     bytes: usize,
     channels: usize,
@@ -720,9 +734,11 @@ struct RoundWriter<'a> {
 }
 
 impl<'a> RoundWriter<'a> {
-    fn new(kv: &'a dyn Kv, config: &JournalConfig) -> Self {
+    fn new(kv: &'a dyn Kv, config: &JournalConfig, mem_bytes: &'a AtomicUsize) -> Self {
         Self {
             kv,
+            mem_bytes,
+            rest_below: config.mem_bytes_max / 2,
             batch: KvBatch::new(),
             bytes: 0,
             channels: 0,
@@ -762,7 +778,7 @@ impl<'a> RoundWriter<'a> {
         let started = Instant::now();
         self.kv.apply(std::mem::take(&mut self.batch))?;
         self.kv.write_out()?;
-        if self.rest_percent > 0 {
+        if self.rest_percent > 0 && self.mem_bytes.load(Ordering::Relaxed) < self.rest_below {
             // Let the threads that waited for sled's lock meanwhile through before the next batch.
             std::thread::sleep(started.elapsed() * self.rest_percent / 100);
         }
