@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::cluster::{max_rate, paced, Cluster, CLIENTS};
 use support::raft_baseline::RaftPerChannel;
-use support::store::{channel, journal_run, sled_alone};
+use support::store::{channel, journal_run, sled_alone, SUSTAINED_COMMITS};
 use support::{ceiling, Figures, CDF_POINTS, RECORD_BYTES};
 use tidings::store::message::{JournalConfig, JournalLog};
 use tidings::store::{Kv, SledKv};
@@ -89,7 +89,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         note: String::new(),
     });
     let background = log.start_write_behind();
-    let sustained = journal_run(&log, &channels, &mut next, 200 * scale);
+    let sustained = journal_run(&log, &channels, &mut next, SUSTAINED_COMMITS * scale);
     drop(background);
     println!("store: sustained with sled write-behind {:.0} records/s", sustained.rate);
     rows.push(Row {

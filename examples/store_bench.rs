@@ -16,7 +16,7 @@ mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
-use support::store::{channel, journal_run, sled_alone};
+use support::store::{channel, journal_run, sled_alone, SUSTAINED_COMMITS};
 use support::{ceiling, PER_SYNC, RECORD_BYTES};
 use tidings::store::message::{JournalConfig, JournalLog};
 use tidings::store::{Kv, SledKv};
@@ -60,9 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let sustained_channels: Vec<ChannelId> = (0..10_000).map(|i| channel(1_000_000 + i)).collect();
     let mut next = vec![1u64; sustained_channels.len()];
     let background = log.start_write_behind();
-    // Long enough to fill the memory table several times over (256 MiB, ~1.3 M records): past that point
-    // staging waits for write-behind, and the rate is the steady state's.
-    let sustained = journal_run(&log, &sustained_channels, &mut next, 1_500 * scale);
+    let sustained = journal_run(&log, &sustained_channels, &mut next, SUSTAINED_COMMITS * scale);
     drop(background);
     let stats = log.stats();
     println!(

@@ -13,6 +13,11 @@ pub fn channel(i: usize) -> ChannelId {
     ChannelId::new(ChannelType::GROUP, &format!("bench-{i}")).expect("valid id")
 }
 
+/// Group commits a sustained run makes per unit of scale: 1.5 M records, more than the journal's memory
+/// table holds (256 MiB, ~1.3 M records), so the run reaches the steady state where staging waits for
+/// write-behind.
+pub const SUSTAINED_COMMITS: usize = 1_500;
+
 /// Group commits of `PER_SYNC` records, one per channel, cycling through `channels` channels. As the
 /// node's two durable-append workers do, one thread stages the next group while two others sync (one's
 /// `fdatasync` runs while the other applies its group; at most two groups wait). Latency is staging start
