@@ -148,6 +148,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 std::thread::sleep(Duration::from_millis(500));
             }
+            // And for write-behind to store their records: the journal's memory tables are not the
+            // replicas' memory.
+            let drained_from = Instant::now();
+            while drained_from.elapsed() < Duration::from_secs(30)
+                && cluster.nodes.iter().any(|n| n.message_log_stats().mem_bytes > 0)
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
             let per = (live().saturating_sub(before)) as f64 / (count * 3) as f64;
             memory.push(("per evicted idle channel replica", per));
         }

@@ -34,7 +34,7 @@ use tidings_slot::command::{Command, RoutingKey};
 use tidings_slot::model::{ChannelInfo, Uid};
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{
-    BatchFate, JournalConfig, JournalLog, LogBatch, MessageLog, ReadLimits, Record, WriteBehindThread,
+    BatchFate, JournalConfig, JournalLog, JournalStats, LogBatch, MessageLog, ReadLimits, Record, WriteBehindThread,
 };
 use tidings_store::{Kv, MetaStore, RaftLogStore, SledKv, StoreError};
 use tidings_types::{ChannelId, GroupId, HashSlot, NodeId, Seq, Time};
@@ -147,6 +147,7 @@ pub struct Node {
     inbox: Sender<Input>,
     threads: Vec<JoinHandle<()>>,
     _write_behind: WriteBehindThread,
+    journal: Arc<JournalLog>,
     kv: Arc<dyn Kv>,
     router: Arc<Router>,
     dropped_frames: Arc<AtomicU64>,
@@ -244,7 +245,7 @@ impl Node {
             shell.run(&inputs);
         }));
         let dropped_frames = Arc::new(AtomicU64::new(0));
-        Ok(Node { id, inbox, threads, _write_behind: write_behind, kv, router, dropped_frames })
+        Ok(Node { id, inbox, threads, _write_behind: write_behind, journal, kv, router, dropped_frames })
     }
 
     /// This node's id.
@@ -269,6 +270,13 @@ impl Node {
     /// Frames dropped because the inbox was full.
     pub fn dropped_frames(&self) -> u64 {
         self.dropped_frames.load(Ordering::Relaxed)
+    }
+
+    /// The message log's counters and gauges: group commits, frames, write-behind rounds and the record
+    /// bytes still waiting for write-behind (`mem_bytes`: a backlog near `JournalConfig::mem_bytes_max`
+    /// means appends are about to wait), journal segments on disk. Does not go through the core thread.
+    pub fn message_log_stats(&self) -> JournalStats {
+        self.journal.stats()
     }
 
     /// Applies a metadata command through the slot layer (any node may be called).

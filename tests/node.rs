@@ -93,6 +93,11 @@ fn single_node_goes_through_the_same_path() {
     assert!(replica.hw >= seqs[0]);
     assert_eq!(read[0].seq, seqs[0]);
     assert_eq!(read[0].payload, Bytes::from_static(b"hello"));
+    // The message log's figures, for operators: the append went through a group commit, and its record
+    // waits in memory for write-behind or is already stored in sled.
+    let stats = node.message_log_stats();
+    assert!(stats.syncs >= 1 && stats.frames >= 1, "{stats:?}");
+    assert!(stats.mem_bytes > 0 || stats.records_written_behind >= 1, "{stats:?}");
 }
 
 #[test]

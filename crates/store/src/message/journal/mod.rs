@@ -238,7 +238,7 @@ impl JournalLog {
             write_behinds: self.write_behinds.load(Ordering::Relaxed),
             records_written_behind: self.records_written_behind.load(Ordering::Relaxed),
             segments_deleted: self.segments_deleted.load(Ordering::Relaxed),
-            mem_bytes: self.visible.lock().core.mem_bytes,
+            mem_bytes: self.mem_bytes.load(Ordering::Relaxed),
             segments: self.journal.lock().segment_count(),
         }
     }
