@@ -148,6 +148,7 @@ pub struct Node {
     threads: Vec<JoinHandle<()>>,
     _write_behind: WriteBehindThread,
     journal: Arc<JournalLog>,
+    logs: Arc<RaftLogStore>,
     kv: Arc<dyn Kv>,
     router: Arc<Router>,
     dropped_frames: Arc<AtomicU64>,
@@ -203,8 +204,14 @@ impl Node {
         let router = Arc::new(Router::new(config.table()));
         let started = Instant::now();
         let id = config.node;
-        let core =
-            NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), Arc::clone(&router), Time::ZERO)?;
+        let core = NodeCore::new(
+            config,
+            logs.clone(),
+            MetaStore::new(kv.clone()),
+            log.clone(),
+            Arc::clone(&router),
+            Time::ZERO,
+        )?;
         let (inbox, inputs) = bounded(INBOX_CAPACITY);
         let (sync_tx, sync_rx) = bounded::<u64>(1024);
         let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(GROUP_COMMIT_MAX * 4);
@@ -213,8 +220,8 @@ impl Node {
         let (fanout_tx, fanout_rx) = bounded::<FanoutEffect>(4096);
         let mut threads = Vec::new();
         threads.push(spawn("tidings-slot-sync", {
-            let (kv, inbox) = (kv.clone(), inbox.clone());
-            move || slot_sync_worker(&kv, &sync_rx, &inbox)
+            let (logs, inbox) = (logs.clone(), inbox.clone());
+            move || slot_sync_worker(&logs, &sync_rx, &inbox)
         }));
         for _ in 0..storage.durable_workers {
             threads.push(spawn("tidings-durable", {
@@ -245,7 +252,7 @@ impl Node {
             shell.run(&inputs);
         }));
         let dropped_frames = Arc::new(AtomicU64::new(0));
-        Ok(Node { id, inbox, threads, _write_behind: write_behind, journal, kv, router, dropped_frames })
+        Ok(Node { id, inbox, threads, _write_behind: write_behind, journal, logs, kv, router, dropped_frames })
     }
 
     /// This node's id.
@@ -495,7 +502,7 @@ impl Drop for Node {
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
-        if let Err(error) = self.kv.sync() {
+        if let Err(error) = self.logs.sync() {
             tracing::warn!(%error, "final metadata sync failed");
         }
     }
@@ -669,11 +676,11 @@ fn fanout_worker(reader: &SlotReader, host: &dyn FanoutHost, work: &Receiver<Fan
     }
 }
 
-fn slot_sync_worker(kv: &Arc<dyn Kv>, tokens: &Receiver<u64>, inbox: &Sender<Input>) {
+fn slot_sync_worker(logs: &RaftLogStore, tokens: &Receiver<u64>, inbox: &Sender<Input>) {
     while let Ok(first) = tokens.recv() {
-        // One fsync covers every sync asked for meanwhile.
+        // One fsync covers every sync asked for meanwhile; the raft logs' deferred writes go first.
         let token = tokens.try_iter().fold(first, u64::max);
-        match kv.sync() {
+        match logs.sync() {
             Ok(()) => {
                 if inbox.send(Input::SlotsSynced { token }).is_err() {
                     return;

@@ -76,8 +76,10 @@ pub enum SlotEffect {
         /// The message.
         message: SlotMessage,
     },
-    /// Make every write to the raft log and metadata stores durable (one fsync for all groups), then call
-    /// [`super::MultiRaft::handle_synced`] with `token`.
+    /// Make every write to the raft log and metadata stores durable (one fsync for all groups) with
+    /// `RaftLogStore::sync` — it first applies the raft-log writes the driver deferred — then call
+    /// [`super::MultiRaft::handle_synced`] with `token`. A sync of the backend alone would declare
+    /// persisted entries that were never written.
     Sync {
         /// Echo in the completion.
         token: u64,
