@@ -148,7 +148,6 @@ pub struct Node {
     threads: Vec<JoinHandle<()>>,
     _write_behind: WriteBehindThread,
     journal: Arc<JournalLog>,
-    logs: Arc<RaftLogStore>,
     kv: Arc<dyn Kv>,
     router: Arc<Router>,
     dropped_frames: Arc<AtomicU64>,
@@ -204,14 +203,8 @@ impl Node {
         let router = Arc::new(Router::new(config.table()));
         let started = Instant::now();
         let id = config.node;
-        let core = NodeCore::new(
-            config,
-            logs.clone(),
-            MetaStore::new(kv.clone()),
-            log.clone(),
-            Arc::clone(&router),
-            Time::ZERO,
-        )?;
+        let core =
+            NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), Arc::clone(&router), Time::ZERO)?;
         let (inbox, inputs) = bounded(INBOX_CAPACITY);
         let (sync_tx, sync_rx) = bounded::<u64>(1024);
         let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(GROUP_COMMIT_MAX * 4);
@@ -220,8 +213,8 @@ impl Node {
         let (fanout_tx, fanout_rx) = bounded::<FanoutEffect>(4096);
         let mut threads = Vec::new();
         threads.push(spawn("tidings-slot-sync", {
-            let (logs, inbox) = (logs.clone(), inbox.clone());
-            move || slot_sync_worker(&logs, &sync_rx, &inbox)
+            let (kv, inbox) = (kv.clone(), inbox.clone());
+            move || slot_sync_worker(&kv, &sync_rx, &inbox)
         }));
         for _ in 0..storage.durable_workers {
             threads.push(spawn("tidings-durable", {
@@ -252,7 +245,7 @@ impl Node {
             shell.run(&inputs);
         }));
         let dropped_frames = Arc::new(AtomicU64::new(0));
-        Ok(Node { id, inbox, threads, _write_behind: write_behind, journal, logs, kv, router, dropped_frames })
+        Ok(Node { id, inbox, threads, _write_behind: write_behind, journal, kv, router, dropped_frames })
     }
 
     /// This node's id.
@@ -502,7 +495,7 @@ impl Drop for Node {
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
-        if let Err(error) = self.logs.sync() {
+        if let Err(error) = self.kv.sync() {
             tracing::warn!(%error, "final metadata sync failed");
         }
     }
@@ -676,11 +669,11 @@ fn fanout_worker(reader: &SlotReader, host: &dyn FanoutHost, work: &Receiver<Fan
     }
 }
 
-fn slot_sync_worker(logs: &RaftLogStore, tokens: &Receiver<u64>, inbox: &Sender<Input>) {
+fn slot_sync_worker(kv: &Arc<dyn Kv>, tokens: &Receiver<u64>, inbox: &Sender<Input>) {
     while let Ok(first) = tokens.recv() {
-        // One fsync covers every sync asked for meanwhile; the raft logs' deferred writes go first.
+        // One fsync covers every sync asked for meanwhile.
         let token = tokens.try_iter().fold(first, u64::max);
-        match logs.sync() {
+        match kv.sync() {
             Ok(()) => {
                 if inbox.send(Input::SlotsSynced { token }).is_err() {
                     return;

@@ -59,9 +59,8 @@ pub enum NodeEffect {
         /// The encoded frame.
         frame: Bytes,
     },
-    /// Make every write to the metadata and raft-log stores durable with `RaftLogStore::sync` on the
-    /// store the core was built with (it applies the raft-log writes the core deferred, then syncs; a
-    /// sync of the backend alone is not enough), then call [`NodeCore::handle_slots_synced`].
+    /// Make every write to the metadata and raft-log stores durable (one fsync), then call
+    /// [`NodeCore::handle_slots_synced`].
     SyncSlots {
         /// Echo it.
         token: u64,

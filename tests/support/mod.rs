@@ -22,8 +22,6 @@ pub struct SimNode {
     pub core: Option<NodeCore>,
     pub kv: Arc<MemoryKv>,
     pub log: Arc<MemoryLog>,
-    /// The running incarnation's raft logs (their deferred writes die with it).
-    pub logs: Option<Arc<RaftLogStore>>,
     pub config: NodeConfig,
     boots: u64,
 }
@@ -70,7 +68,6 @@ impl Cluster {
                 core: None,
                 kv: Arc::new(MemoryKv::new()),
                 log: Arc::new(MemoryLog::new(LogLimits::default())),
-                logs: None,
                 config,
                 boots: 0,
             };
@@ -87,7 +84,6 @@ impl Cluster {
         node.config.boot_id = node.boots;
         let kv: Arc<dyn Kv> = node.kv.clone();
         let logs = Arc::new(RaftLogStore::open(kv.clone()).unwrap());
-        node.logs = Some(logs.clone());
         let router = Arc::new(Router::new(node.config.table()));
         let log: Arc<dyn MessageLog> = node.log.clone();
         node.core = Some(NodeCore::new(node.config.clone(), logs, MetaStore::new(kv), log, router, now).unwrap());
@@ -97,7 +93,6 @@ impl Cluster {
     pub fn crash(&mut self, id: u64) {
         let node = self.nodes.get_mut(&NodeId::new(id)).unwrap();
         node.core = None;
-        node.logs = None;
         node.kv.crash();
         node.log.crash();
     }
@@ -120,7 +115,7 @@ impl Cluster {
             for id in ids {
                 loop {
                     let node = self.nodes.get_mut(&id).unwrap();
-                    let (logs, log) = (node.logs.clone(), node.log.clone());
+                    let (kv, log) = (node.kv.clone(), node.log.clone());
                     let Some(core) = node.core.as_mut() else { break };
                     let Some(effect) = core.poll_effect() else { break };
                     progressed = true;
@@ -132,7 +127,7 @@ impl Cluster {
                             self.queue.push_back((id, to, frame));
                         }
                         NodeEffect::SyncSlots { token } => {
-                            logs.as_ref().expect("a running node has its logs").sync().unwrap();
+                            kv.sync().unwrap();
                             core.handle_slots_synced(self.now, token);
                         }
                         NodeEffect::Persist { token, batch } => {

@@ -135,8 +135,6 @@ struct SimNode {
     config: NodeConfig,
     kv: Arc<MemoryKv>,
     log: Arc<MemoryLog>,
-    /// The raft logs of the running incarnation (its deferred writes die with it at a crash).
-    logs: Option<Arc<RaftLogStore>>,
     core: Option<NodeCore>,
     /// Bumped at every crash: completions of an older incarnation are dropped (the work died with it).
     incarnation: u64,
@@ -194,7 +192,7 @@ impl World {
             config.machine.hw_notify_delay = std::time::Duration::from_millis(params.hw_notify_delay_ms);
             let kv = Arc::new(MemoryKv::new());
             let log = Arc::new(MemoryLog::new(LogLimits::default()));
-            nodes.insert(*id, SimNode { config, kv, log, logs: None, core: None, incarnation: 0 });
+            nodes.insert(*id, SimNode { config, kv, log, core: None, incarnation: 0 });
         }
         let channels = (0..params.channels)
             .map(|i| ChannelId::new(ChannelType::GROUP, &format!("sim-{i}")).expect("valid channel id"))
@@ -300,7 +298,6 @@ impl World {
         let logs = Arc::new(RaftLogStore::open(kv.clone()).expect("memory raft log opens"));
         let router = Arc::new(Router::new(node.config.table()));
         let log: Arc<dyn MessageLog> = node.log.clone();
-        node.logs = Some(logs.clone());
         let core = NodeCore::new(node.config.clone(), logs, MetaStore::new(kv), log, router, self.now)
             .expect("node core starts");
         node.core = Some(core);
@@ -312,7 +309,6 @@ impl World {
             return;
         }
         node.incarnation += 1;
-        node.logs = None;
         if std::env::var("SIM_DEBUG").is_ok() {
             eprintln!("{:?} crash {id}", self.now);
         }
@@ -431,11 +427,7 @@ impl World {
                 if n.incarnation != incarnation {
                     return;
                 }
-                // As the runtime's slot-sync worker: the raft logs' deferred writes, then one sync.
-                match &n.logs {
-                    Some(logs) => logs.sync().expect("memory kv syncs"),
-                    None => n.kv.sync().expect("memory kv syncs"),
-                }
+                n.kv.sync().expect("memory kv syncs");
                 if let Some(core) = n.core.as_mut() {
                     core.handle_slots_synced(now, token);
                 }

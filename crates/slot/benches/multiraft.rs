@@ -25,7 +25,7 @@ const GROUPS: u32 = 8;
 const BURST: usize = 2_000;
 
 struct Bench {
-    nodes: Vec<(MultiRaft, Arc<RaftLogStore>)>,
+    nodes: Vec<(MultiRaft, Arc<dyn Kv>)>,
     now: Time,
     inbox: Vec<Vec<(NodeId, SlotMessage)>>,
     syncs: Vec<Vec<u64>>,
@@ -56,9 +56,8 @@ impl Bench {
             config.pending_proposals_max = BURST;
             config.compact_after_entries = 50_000;
             let driver =
-                MultiRaft::open(config, logs.clone(), MetaStore::new(kv.clone()), table.clone(), &groups, Time::ZERO)
-                    .unwrap();
-            nodes.push((driver, logs));
+                MultiRaft::open(config, logs, MetaStore::new(kv.clone()), table.clone(), &groups, Time::ZERO).unwrap();
+            nodes.push((driver, kv));
         }
         let n = nodes.len();
         let mut bench = Bench {
@@ -92,12 +91,12 @@ impl Bench {
         self.round += 1;
         for i in 0..self.nodes.len() {
             let inbox = std::mem::take(&mut self.inbox[i]);
-            let (driver, logs) = &mut self.nodes[i];
+            let (driver, kv) = &mut self.nodes[i];
             for (from, message) in inbox {
                 driver.handle_message(self.now, from, message);
             }
             for token in std::mem::take(&mut self.syncs[i]) {
-                logs.sync().unwrap();
+                kv.sync().unwrap();
                 driver.handle_synced(self.now, token);
             }
             while let Some(effect) = driver.poll_effect() {

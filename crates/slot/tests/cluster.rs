@@ -23,8 +23,6 @@ enum Event {
 struct Node {
     driver: Option<MultiRaft>,
     kv: Arc<MemoryKv>,
-    /// The running incarnation's raft logs (their deferred writes die with it).
-    logs: Option<Arc<RaftLogStore>>,
     incarnation: u64,
 }
 
@@ -81,7 +79,7 @@ impl Cluster {
             trace: Vec::new(),
         };
         for id in ids {
-            cluster.nodes.insert(id, Node { driver: None, kv: Arc::new(MemoryKv::new()), logs: None, incarnation: 0 });
+            cluster.nodes.insert(id, Node { driver: None, kv: Arc::new(MemoryKv::new()), incarnation: 0 });
             cluster.start(id);
         }
         cluster
@@ -96,7 +94,6 @@ impl Cluster {
             self.groups.iter().filter(|(_, members)| members.contains(&id)).cloned().collect();
         let mut config = (self.config)(id);
         config.seed = self.rng.next_u64();
-        node.logs = Some(logs.clone());
         let driver = MultiRaft::open(config, logs, MetaStore::new(kv), self.table.clone(), &mine, self.now).unwrap();
         node.driver = Some(driver);
         self.trace.push(format!("{} start {id}", self.now));
@@ -105,7 +102,6 @@ impl Cluster {
     fn crash(&mut self, id: NodeId) {
         let node = self.nodes.get_mut(&id).unwrap();
         node.driver = None;
-        node.logs = None;
         node.kv.crash();
         self.trace.push(format!("{} crash {id}", self.now));
     }
@@ -193,7 +189,7 @@ impl Cluster {
                         if n.incarnation != incarnation || n.driver.is_none() {
                             continue;
                         }
-                        n.logs.as_ref().unwrap().sync().unwrap();
+                        n.kv.sync().unwrap();
                         let now = self.now;
                         n.driver.as_mut().unwrap().handle_synced(now, token);
                         self.drain(node);

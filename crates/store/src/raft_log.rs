@@ -34,8 +34,7 @@ use parking_lot::{Mutex, RwLock};
 use protobuf::Message as _;
 use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError as RaftStorageError};
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use tidings_types::GroupId;
 
@@ -136,26 +135,7 @@ pub struct RaftLogStore {
     tombstones: RwLock<BTreeMap<GroupId, u64>>,
     /// Serializes writers: a write computes deletions from the cached state it then replaces.
     writer: Mutex<()>,
-    /// Writes of [`RaftLogStore::write_deferred`] not yet applied to `kv`.
-    pending: Mutex<Pending>,
-    /// Serializes applying to `kv` (pending batches in order, then any inline write).
-    applier: Mutex<()>,
-    /// A deferred batch failed to apply: the store accepts no more writes (see `apply_pending_locked`).
-    deferred_failed: AtomicBool,
     snapshots: RwLock<Option<Arc<dyn SnapshotSource>>>,
-}
-
-/// A deferred batch: its number, its backend changes, and the (group, index) of the entries it puts.
-type PendingBatch = (u64, KvBatch, Vec<(GroupId, u64)>);
-
-/// Deferred writes: batches in order, and the entries they put, readable until applied (raft-rs reads
-/// entries back from storage as soon as a ready is advanced, before it is persisted).
-#[derive(Default)]
-struct Pending {
-    batches: VecDeque<PendingBatch>,
-    /// Entry at (group, index) put by the pending batch numbered `.0` (the newest write of that index).
-    entries: BTreeMap<(GroupId, u64), (u64, Entry)>,
-    next: u64,
 }
 
 const STATE_HARD: u8 = b'h';
@@ -202,9 +182,6 @@ impl RaftLogStore {
             groups: RwLock::new(groups),
             tombstones: RwLock::new(tombstones),
             writer: Mutex::new(()),
-            pending: Mutex::new(Pending::default()),
-            applier: Mutex::new(()),
-            deferred_failed: AtomicBool::new(false),
             snapshots: RwLock::new(None),
         })
     }
@@ -218,11 +195,11 @@ impl RaftLogStore {
         }
         let mut batch = RaftLogBatch::new();
         batch.set_conf_state(group, conf_state).set_hard_state(group, HardState::default());
-        self.write_inner(batch, true, false)?;
+        self.write_inner(batch, true)?;
         if self.tombstones.write().remove(&group).is_some() {
             let mut lift = KvBatch::new();
             lift.delete(Keyspace::RaftState, state_key(group, STATE_TOMBSTONE));
-            self.apply_inline(lift)?;
+            self.kv.apply(lift)?;
         }
         Ok(())
     }
@@ -242,7 +219,7 @@ impl RaftLogStore {
         };
         let mut batch = RaftLogBatch::new();
         batch.set_hard_state(group, HardState::default()).apply_snapshot(group, metadata);
-        self.write_inner(batch, true, false)?;
+        self.write_inner(batch, true)?;
         Ok(true)
     }
 
@@ -271,69 +248,18 @@ impl RaftLogStore {
 
     /// Writes `batch` atomically. Visible at once; durable after [`RaftLogStore::sync`].
     pub fn write(&self, batch: RaftLogBatch) -> StoreResult<()> {
-        self.write_inner(batch, false, false)
+        self.write_inner(batch, false)
     }
 
-    /// Like [`RaftLogStore::write`], but the backend write happens in the next [`RaftLogStore::sync`]
-    /// (or before the next inline write), in order: the caller does not wait for the backend. The log's
-    /// indexes, terms of the first and last entry and states change at once; the entries themselves are
-    /// readable once applied. For a raft driver that reads only entries raft declared persisted (raft-rs
-    /// with `advance_append_async`: unpersisted entries are served from its memory until
-    /// `on_persist_ready`, which follows the sync). Why: sled applies a batch under a process-wide lock, so
-    /// an inline write on a driver's thread waited for other threads' sled work (10–20 ms seen).
-    /// A batch that compacts the log reads terms from the backend, so it is written inline.
-    pub fn write_deferred(&self, batch: RaftLogBatch) -> StoreResult<()> {
-        let compacts = batch.ops.iter().any(|(_, op)| matches!(op, LogOp::Compact(_)));
-        self.write_inner(batch, false, !compacts)
-    }
-
-    /// Applies the deferred batches, then makes every write so far durable (one sync for all groups).
+    /// Makes every write so far durable (one sync for all groups).
     pub fn sync(&self) -> StoreResult<()> {
-        self.apply_pending()?;
         self.kv.sync()
-    }
-
-    /// Applies the deferred batches to the backend, oldest first. A batch that fails stays first in line.
-    pub fn apply_pending(&self) -> StoreResult<()> {
-        let _applier = self.applier.lock();
-        self.apply_pending_locked()
-    }
-
-    fn apply_pending_locked(&self) -> StoreResult<()> {
-        if self.deferred_failed.load(Ordering::SeqCst) {
-            // A lost batch would leave a hole under later ones: nothing more is written, no sync succeeds
-            // (so raft never counts those entries persisted); reopening reloads what the backend holds.
-            return Err(StoreError::io("raft log write", std::io::Error::other("an earlier deferred write failed")));
-        }
-        loop {
-            let Some((number, batch, keys)) = self.pending.lock().batches.pop_front() else { return Ok(()) };
-            if let Err(error) = self.kv.apply(batch) {
-                self.deferred_failed.store(true, Ordering::SeqCst);
-                return Err(error);
-            }
-            // Readable from the backend now, unless a later pending batch wrote the index again.
-            let mut pending = self.pending.lock();
-            for key in keys {
-                if pending.entries.get(&key).is_some_and(|(by, _)| *by == number) {
-                    pending.entries.remove(&key);
-                }
-            }
-        }
-    }
-
-    /// Applies `batch` now, after every deferred batch.
-    fn apply_inline(&self, batch: KvBatch) -> StoreResult<()> {
-        let _applier = self.applier.lock();
-        self.apply_pending_locked()?;
-        self.kv.apply(batch)
     }
 
     /// Removes every trace of `group` and leaves a tombstone with the configuration epoch that removed
     /// this node (after the node left the group).
     pub fn remove_group(&self, group: GroupId, removed_at_epoch: u64) -> StoreResult<()> {
         let _writer = self.writer.lock();
-        // Deferred batches may hold entries of the group: they go first, so the scan sees them.
-        self.apply_pending()?;
         let mut batch = KvBatch::new();
         for keyspace in [Keyspace::RaftEntry, Keyspace::RaftState] {
             let range = KeyRange::prefix(&group_prefix(group));
@@ -342,26 +268,18 @@ impl RaftLogStore {
             }
         }
         batch.put(Keyspace::RaftState, state_key(group, STATE_TOMBSTONE), &removed_at_epoch.to_le_bytes());
-        self.apply_inline(batch)?;
+        self.kv.apply(batch)?;
         self.groups.write().remove(&group);
         self.tombstones.write().insert(group, removed_at_epoch);
         Ok(())
     }
 
-    fn write_inner(&self, batch: RaftLogBatch, allow_create: bool, defer: bool) -> StoreResult<()> {
+    fn write_inner(&self, batch: RaftLogBatch, allow_create: bool) -> StoreResult<()> {
         let _writer = self.writer.lock();
-        if !defer {
-            // Compaction reads terms from the backend: every deferred batch goes first.
-            self.apply_pending()?;
-        }
         let mut staged: BTreeMap<GroupId, GroupLog> = BTreeMap::new();
         let mut kv_batch = KvBatch::new();
         // Terms of entries appended earlier in this batch, which compaction may need before they are applied.
         let mut appended_terms: BTreeMap<(GroupId, u64), u64> = BTreeMap::new();
-        // The entries a deferred batch puts, readable until it is applied. Entries it removes need no
-        // bookkeeping: reads stay within the log's first and last index, which change at once.
-        let mut puts: Vec<Entry> = Vec::new();
-        let mut puts_groups: Vec<GroupId> = Vec::new();
         for (group, op) in batch.ops {
             let log = match staged.get_mut(&group) {
                 Some(log) => log,
@@ -379,10 +297,6 @@ impl RaftLogStore {
                     stage_append(group, log, &entries, &mut kv_batch)?;
                     for e in &entries {
                         appended_terms.insert((group, e.index), e.term);
-                    }
-                    if defer {
-                        puts_groups.extend(std::iter::repeat_n(group, entries.len()));
-                        puts.extend(entries);
                     }
                 }
                 LogOp::HardState(hs) => {
@@ -405,26 +319,12 @@ impl RaftLogStore {
                 }
             }
         }
-        if defer {
-            let mut pending = self.pending.lock();
-            let number = pending.next;
-            pending.next += 1;
-            let keys: Vec<(GroupId, u64)> = puts_groups.iter().zip(&puts).map(|(g, e)| (*g, e.index)).collect();
-            for (key, entry) in keys.iter().zip(puts) {
-                pending.entries.insert(*key, (number, entry));
-            }
-            pending.batches.push_back((number, kv_batch, keys));
-        } else {
-            self.apply_inline(kv_batch)?;
-        }
+        self.kv.apply(kv_batch)?;
         self.groups.write().extend(staged);
         Ok(())
     }
 
     fn read_term(&self, group: GroupId, index: u64) -> StoreResult<u64> {
-        if let Some((_, entry)) = self.pending.lock().entries.get(&(group, index)) {
-            return Ok(entry.term);
-        }
         let key = entry_key(group, index);
         match self.kv.get(Keyspace::RaftEntry, &key)? {
             Some(value) => Ok(decode_entry(&key, &value)?.term),
@@ -433,31 +333,13 @@ impl RaftLogStore {
     }
 
     fn read_entries(&self, group: GroupId, low: u64, high: u64, max_size: Option<u64>) -> StoreResult<Vec<Entry>> {
-        // Deferred entries first (an applier removes them only after the backend has them), then the
-        // backend for the rest.
-        let overlay: BTreeMap<u64, Entry> = self
-            .pending
-            .lock()
-            .entries
-            .range((group, low)..(group, high))
-            .map(|((_, index), (_, entry))| (*index, entry.clone()))
-            .collect();
-        let from_kv_end = (low..high).find(|i| overlay.contains_key(i)).unwrap_or(high);
-        let range = KeyRange { start: entry_key(group, low), end: Some(entry_key(group, from_kv_end)) };
-        let count = usize::try_from(from_kv_end - low).unwrap_or(usize::MAX);
-        let stored = if low < from_kv_end {
-            self.kv.scan(Keyspace::RaftEntry, &range, Direction::Forward, count)?
-        } else {
-            Vec::new()
-        };
-        let mut entries = Vec::with_capacity(usize::try_from(high - low).unwrap_or(usize::MAX).min(1024));
+        let range = KeyRange { start: entry_key(group, low), end: Some(entry_key(group, high)) };
+        let count = usize::try_from(high - low).unwrap_or(usize::MAX);
+        let mut entries = Vec::with_capacity(count.min(1024));
         let mut bytes = 0u64;
-        let decoded = stored.into_iter().map(|(key, value)| decode_entry(&key, &value).map(|e| (Some(key), e)));
-        let deferred = overlay.into_values().map(|e| Ok((None, e)));
-        for item in decoded.chain(deferred) {
-            let (key, entry) = item?;
+        for (key, value) in self.kv.scan(Keyspace::RaftEntry, &range, Direction::Forward, count)? {
+            let entry = decode_entry(&key, &value)?;
             if entry.index != low + entries.len() as u64 {
-                let key = key.unwrap_or_else(|| entry_key(group, entry.index));
                 return Err(corrupt(Keyspace::RaftEntry, &key, "hole in the raft log"));
             }
             bytes += u64::from(entry.compute_size());

@@ -319,7 +319,7 @@ fn read_model(store: &Arc<RaftLogStore>) -> Model {
     Model { entries, truncated, commit: s.initial_state().unwrap().hard_state.commit }
 }
 
-fn run(ops: &[Op], deferred: bool, open: impl Fn() -> Arc<dyn Kv>, crash: impl Fn(&Arc<dyn Kv>)) {
+fn run(ops: &[Op], open: impl Fn() -> Arc<dyn Kv>, crash: impl Fn(&Arc<dyn Kv>)) {
     let mut kv = open();
     let mut store = Arc::new(RaftLogStore::open(kv.clone()).unwrap());
     store.create_group(G1, conf(&[1, 2, 3])).unwrap();
@@ -330,11 +330,7 @@ fn run(ops: &[Op], deferred: bool, open: impl Fn() -> Arc<dyn Kv>, crash: impl F
         let mut batch = RaftLogBatch::new();
         match (op, step(history.last().unwrap(), op, &mut batch)) {
             (_, Some(next)) => {
-                if deferred {
-                    store.write_deferred(batch).unwrap();
-                } else {
-                    store.write(batch).unwrap();
-                }
+                store.write(batch).unwrap();
                 history.push(next);
             }
             (Op::Sync, None) => {
@@ -368,16 +364,7 @@ proptest! {
     fn memory_raft_log_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
         let kv = Arc::new(MemoryKv::new());
         let shared: Arc<dyn Kv> = kv.clone();
-        run(&ops, false, || shared.clone(), |_| kv.crash());
-    }
-
-    /// Deferred writes (applied to the backend only by the next sync): every write readable at once,
-    /// only synced ones survive a crash, compactions and snapshots in between.
-    #[test]
-    fn memory_raft_log_with_deferred_writes_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
-        let kv = Arc::new(MemoryKv::new());
-        let shared: Arc<dyn Kv> = kv.clone();
-        run(&ops, true, || shared.clone(), |_| kv.crash());
+        run(&ops, || shared.clone(), |_| kv.crash());
     }
 }
 
@@ -388,7 +375,7 @@ proptest! {
     fn sled_raft_log_matches_model(ops in proptest::collection::vec(op(), 1..30)) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().to_path_buf();
-        run(&ops, false, || Arc::new(tidings_store::SledKv::open(&path, 4 << 20).unwrap()), |_| {});
+        run(&ops, || Arc::new(tidings_store::SledKv::open(&path, 4 << 20).unwrap()), |_| {});
     }
 }
 

@@ -76,10 +76,8 @@ pub enum SlotEffect {
         /// The message.
         message: SlotMessage,
     },
-    /// Make every write to the raft log and metadata stores durable (one fsync for all groups) with
-    /// `RaftLogStore::sync` — it first applies the raft-log writes the driver deferred — then call
-    /// [`super::MultiRaft::handle_synced`] with `token`. A sync of the backend alone would declare
-    /// persisted entries that were never written.
+    /// Make every write to the raft log and metadata stores durable (one fsync for all groups), then call
+    /// [`super::MultiRaft::handle_synced`] with `token`.
     Sync {
         /// Echo in the completion.
         token: u64,

@@ -959,9 +959,7 @@ impl MultiRaft {
             batch.set_hard_state(id, hs.clone());
         }
         if !batch.is_empty() {
-            // Applied to the backend by the sync this ready waits for (`RaftLogStore::sync`), not here:
-            // raft reads back only entries it counts persisted, which is after that sync.
-            self.logs.write_deferred(batch)?;
+            self.logs.write(batch)?;
         }
         let committed = ready.take_committed_entries();
         let persisted_messages = ready.take_persisted_messages();
