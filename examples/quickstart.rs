@@ -121,7 +121,6 @@ fn load(node: &Node, channels: &[ChannelId], count: usize, tag: &str) -> (Vec<Ac
                     acked.push((channel, seqs[0], record.payload, Instant::now()));
                 }
                 Err(error) => {
-                    eprintln!("RETRY {channel} after {:?}: {error:?}", started.elapsed());
                     assert!(started.elapsed() < Duration::from_secs(60), "{channel}: not acknowledged: {error}");
                     std::thread::sleep(Duration::from_millis(5));
                     let handle = send(&channel, &record);
