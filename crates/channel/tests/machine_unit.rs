@@ -208,3 +208,35 @@ fn pulls_from_nodes_outside_the_replica_set_are_ignored() {
     m.handle_message(t(2), NodeId::new(42), ChannelMessage::Pull(pull));
     assert!(settle(&mut m, &log, t(2)).is_empty());
 }
+
+/// The pulls a settled machine sent.
+fn pulls(effects: &[Effect]) -> Vec<u64> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send { message: ChannelMessage::Pull(pull), .. } => Some(pull.pull_id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A follower's first pull can be lost (its leader's replica was not active yet and dropped it). The
+/// leader's hint then brings a new pull at once, not after the pull timeout: first appends to a fresh
+/// channel waited the whole 2 s before.
+#[test]
+fn a_hint_from_the_leader_replaces_a_pull_that_was_lost() {
+    let mut m = machine();
+    let log = MemoryLog::new(LogLimits::default());
+    m.handle_meta(t(1), meta(2, 1, 1)).unwrap();
+    let first = pulls(&settle(&mut m, &log, t(1)));
+    assert_eq!(first.len(), 1, "a new follower pulls at once");
+    // No answer; the leader hints a moment later (well before the pull timeout).
+    let hint = tidings_channel::machine::PullHint { channel: channel(), leader_epoch: LeaderEpoch::new(1) };
+    m.handle_message(t(50), NodeId::new(2), ChannelMessage::Hint(hint.clone()));
+    let second = pulls(&settle(&mut m, &log, t(50)));
+    assert_eq!(second.len(), 1, "the hint brings a new pull");
+    assert_ne!(second[0], first[0], "under a new id (a late answer to the old one is ignored)");
+    // A hint from a node that is not the leader changes nothing.
+    m.handle_message(t(60), NodeId::new(3), ChannelMessage::Hint(hint));
+    assert!(pulls(&settle(&mut m, &log, t(60))).is_empty());
+}

@@ -101,6 +101,11 @@ impl ChannelMachine {
         if from != follower.leader {
             return;
         }
+        // The leader hints replicas it has no live pull from: a pull of ours still out was lost (sent
+        // before the leader's replica was active, say — it drops pulls for a channel it does not run),
+        // so send another now instead of at the pull timeout (a late answer is ignored by its id).
+        // Seen: first appends after channel creation waiting the whole 2 s pull timeout.
+        follower.outstanding = None;
         follower.next_pull_at = None;
         follower.empty_pulls = 0;
         self.follower_maybe_pull();
