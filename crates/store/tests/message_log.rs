@@ -340,6 +340,11 @@ fn append_batch(ch: usize, from: u64, count: u64, epoch: u64) -> LogBatch {
     LogBatch::new(channel(ch), vec![LogOp::Append((from..from + count).map(|s| record(ch, s, epoch)).collect())])
 }
 
+/// A sled store in `dir` and the journal directory beside it (the production pairing).
+fn sled_and_journal_dir(dir: &std::path::Path) -> (Arc<dyn Kv>, std::path::PathBuf) {
+    (Arc::new(SledKv::open(dir.join("sled"), 8 << 20).unwrap()), dir.join("journal"))
+}
+
 fn segment_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
@@ -353,8 +358,7 @@ fn segment_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 #[test]
 fn group_commit_makes_many_channels_durable_with_one_sync() {
     let dir = tempfile::tempdir().unwrap();
-    let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.path().join("sled"), 8 << 20).unwrap());
-    let journal_dir = dir.path().join("journal");
+    let (kv, journal_dir) = sled_and_journal_dir(dir.path());
     let log = JournalLog::open(&journal_dir, kv.clone(), JournalConfig::default()).unwrap();
     for ch in 0..1000 {
         log.stage(append_batch(ch, 1, 2, 1)).unwrap();
@@ -373,8 +377,7 @@ fn group_commit_makes_many_channels_durable_with_one_sync() {
 #[test]
 fn write_behind_moves_records_into_sled_and_deletes_old_segments() {
     let dir = tempfile::tempdir().unwrap();
-    let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.path().join("sled"), 8 << 20).unwrap());
-    let journal_dir = dir.path().join("journal");
+    let (kv, journal_dir) = sled_and_journal_dir(dir.path());
     let log = JournalLog::open(&journal_dir, kv.clone(), small_config()).unwrap();
     let mut next = [1u64; 4];
     for round in 0..200 {
@@ -549,8 +552,7 @@ fn refused_batches_change_nothing() {
 #[test]
 fn staging_while_a_sync_runs_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.path().join("sled"), 8 << 20).unwrap());
-    let journal_dir = dir.path().join("journal");
+    let (kv, journal_dir) = sled_and_journal_dir(dir.path());
     let log = Arc::new(JournalLog::open(&journal_dir, kv.clone(), JournalConfig::default()).unwrap());
     let (groups, channels) = (40u64, 50usize);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -615,8 +617,7 @@ fn a_failed_sync_drops_what_another_thread_staged_and_its_receipt_says_so() {
 #[test]
 fn concurrent_stagers_see_their_batches_durable_and_visible_when_their_sync_returns() {
     let dir = tempfile::tempdir().unwrap();
-    let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.path().join("sled"), 8 << 20).unwrap());
-    let journal_dir = dir.path().join("journal");
+    let (kv, journal_dir) = sled_and_journal_dir(dir.path());
     let log = Arc::new(JournalLog::open(&journal_dir, kv.clone(), JournalConfig::default()).unwrap());
     let (threads, rounds, channels_each) = (3usize, 40u64, 100usize);
     let workers: Vec<_> = (0..threads)
