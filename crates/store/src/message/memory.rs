@@ -47,10 +47,7 @@ impl MemoryLog {
     pub fn crash(&self) {
         let mut parts = self.core.lock();
         parts.staging.drop_unsynced();
-        let channels: Vec<ChannelId> = parts.visible.channels.keys().cloned().collect();
-        for channel in &channels {
-            parts.visible.release_caches(channel);
-        }
+        parts.visible.release_all_caches();
     }
 
     /// Lets the next `after` calls of `op` succeed, then fails the following `times` calls.
@@ -73,7 +70,11 @@ impl MessageLog for MemoryLog {
             // Nothing durable waits to be applied here: each sync applied its group before returning.
             staging.refresh_tails();
         }
-        staging.stage(batch, |channel| visible.state(channel)).map(|(receipt, _)| receipt)
+        let entry = staging.check(&batch, |channel| {
+            let entry = visible.entry_id(channel);
+            (visible.entry(entry).state.clone(), entry)
+        })?;
+        Ok(staging.push(entry, batch))
     }
 
     fn sync(&self) -> StoreResult<usize> {

@@ -5,7 +5,8 @@
 //! one durable group while the next group is staged and made durable: applying a group of 1,000 batches
 //! over 10,000 channels costs about as much CPU as the `fdatasync` that made it durable takes.
 
-use super::state::{ChannelLogState, LogBatch, LogRefusal};
+use super::core::EntryId;
+use super::state::{ChannelLogState, LogBatch, LogOp, LogRefusal};
 use super::LogLimits;
 use crate::error::StoreResult;
 use rustc_hash::FxHashMap;
@@ -48,7 +49,22 @@ pub(crate) struct Group<M> {
     end: u64,
     /// `Some(mark)` once durable; the mark is the implementation's (the journal's position after it).
     durable: Option<M>,
-    pub(crate) batches: Vec<LogBatch>,
+    pub(crate) batches: Vec<StagedBatch>,
+}
+
+/// A staged batch as it waits to be applied: its channel is named by its entry in the visible state (the
+/// channel id itself is dropped by the staging thread, see [`EntryId`]).
+#[derive(Debug)]
+pub(crate) struct StagedBatch {
+    pub(crate) entry: EntryId,
+    pub(crate) ops: Vec<LogOp>,
+}
+
+/// What staging knows of a channel: its state after every staged batch, and its entry in the visible state.
+#[derive(Debug)]
+struct Tail {
+    state: ChannelLogState,
+    entry: EntryId,
 }
 
 /// Staged and in-flight batches of a log. `M` is what the implementation records with a durable group.
@@ -57,10 +73,10 @@ pub(crate) struct Staging<M> {
     limits: LogLimits,
     /// State each channel will have once every staged batch is applied. Kept across syncs (a channel's state
     /// is not copied again for each group commit); stale after unsynced batches were dropped.
-    tails: FxHashMap<ChannelId, ChannelLogState>,
+    tails: FxHashMap<ChannelId, Tail>,
     /// `tails` include dropped batches: rebuild them (after every durable group is applied) before staging.
     tails_stale: bool,
-    staged: Vec<LogBatch>,
+    staged: Vec<StagedBatch>,
     /// Groups of running or finished syncs, oldest first, not yet taken to be applied.
     in_flight: VecDeque<Group<M>>,
     next_group: u64,
@@ -107,13 +123,17 @@ impl<M> Staging<M> {
         self.tails_stale = false;
     }
 
-    /// Checks `batch` against the state after every batch staged before it, and stages it. `durable` gives
-    /// the visible state of a channel with no tail (every batch of it is applied then).
-    pub(crate) fn stage(
+    /// Checks `batch` against the state after every batch staged before it and advances its channel's tail
+    /// past it; the caller then frames it and hands it to [`Staging::push`]. `durable` gives the visible
+    /// state and entry of a channel with no tail (every batch of it is applied then).
+    ///
+    /// A refusal changes nothing. Once the check passed, the batch must be pushed, or the staged batches
+    /// dropped ([`Staging::drop_unsynced`]): the tail already counts it.
+    pub(crate) fn check(
         &mut self,
-        batch: LogBatch,
-        durable: impl FnOnce(&ChannelId) -> ChannelLogState,
-    ) -> StoreResult<(Staged, &LogBatch)> {
+        batch: &LogBatch,
+        durable: impl FnOnce(&ChannelId) -> (ChannelLogState, EntryId),
+    ) -> StoreResult<EntryId> {
         debug_assert!(!self.tails_stale, "refresh_tails first");
         let records = batch.records().count();
         let bytes = batch.record_bytes();
@@ -128,22 +148,31 @@ impl<M> Staging<M> {
         }
         let tail = match self.tails.get_mut(&batch.channel) {
             Some(tail) => tail,
-            None => self.tails.entry(batch.channel.clone()).or_insert_with(|| durable(&batch.channel)),
+            None => self.tails.entry(batch.channel.clone()).or_insert_with(|| {
+                let (state, entry) = durable(&batch.channel);
+                Tail { state, entry }
+            }),
         };
         if let [op] = batch.ops.as_slice() {
             // One op: `apply` changes nothing when it refuses, so no copy is needed.
-            tail.apply(&batch.channel, op)?;
+            tail.state.apply(&batch.channel, op)?;
         } else {
-            let mut next = tail.clone();
+            let mut next = tail.state.clone();
             for op in &batch.ops {
                 next.apply(&batch.channel, op)?;
             }
-            *tail = next;
+            tail.state = next;
         }
-        self.staged.push(batch);
+        Ok(tail.entry)
+    }
+
+    /// Stages `batch`, checked by [`Staging::check`] (which gave `entry`), and returns its receipt.
+    pub(crate) fn push(&mut self, entry: EntryId, batch: LogBatch) -> Staged {
+        // The channel id is dropped here, on the thread that just hashed it (see `EntryId`).
+        self.staged.push(StagedBatch { entry, ops: batch.ops });
         let receipt = Staged(self.next_receipt);
         self.next_receipt += 1;
-        Ok((receipt, self.staged.last().expect("just pushed")))
+        receipt
     }
 
     /// `true` if batches are staged and not yet handed to a sync.
@@ -178,7 +207,7 @@ impl<M> Staging<M> {
 
     /// Takes the durable groups at the front, oldest first: the caller applies them in this order (holding
     /// the visible state's lock from before it releases this one, so that appliers cannot overtake).
-    pub(crate) fn take_durable(&mut self) -> Vec<(Vec<LogBatch>, M)> {
+    pub(crate) fn take_durable(&mut self) -> Vec<(Vec<StagedBatch>, M)> {
         let mut out = Vec::new();
         while self.in_flight.front().is_some_and(|g| g.durable.is_some()) {
             let group = self.in_flight.pop_front().expect("checked");

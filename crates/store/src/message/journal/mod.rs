@@ -16,7 +16,7 @@ mod segment;
 use super::codec::{decode_batch, decode_state, encode_batch, encode_state, encoded_batch_len};
 use super::core::LogCore;
 use super::record::{decode_records, encode_records, IdempotencyKey, Reader, Record};
-use super::staging::{BatchFate, Staged, Staging};
+use super::staging::{BatchFate, Staged, StagedBatch, Staging};
 use super::state::{ChannelLogState, IdempotentHit, LogBatch, LogRefusal, ReadBudget, ReadLimits};
 use super::{LogLimits, MessageLog};
 use crate::error::{CorruptLocation, StoreError, StoreResult};
@@ -289,11 +289,10 @@ impl JournalLog {
             let visible = self.visible.lock();
             let items: Vec<WriteBehindItem> = visible
                 .core
-                .channels
-                .iter()
-                .filter(|(_, e)| e.changes != e.persisted_changes)
-                .map(|(channel, e)| WriteBehindItem {
-                    channel: channel.clone(),
+                .entries()
+                .filter(|e| e.changes != e.persisted_changes)
+                .map(|e| WriteBehindItem {
+                    channel: e.channel.clone(),
                     records: e.mem.iter().cloned().collect(),
                     state: e.state.clone(),
                     older_through: e.older_through,
@@ -334,7 +333,7 @@ impl JournalLog {
     fn distrust_written(&self, items: &[WriteBehindItem]) {
         let mut visible = self.visible.lock();
         for item in items {
-            let Some(entry) = visible.core.channels.get_mut(&item.channel) else { continue };
+            let Some(entry) = visible.core.get_mut(&item.channel) else { continue };
             let valid = entry.older_through;
             entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
         }
@@ -344,7 +343,7 @@ impl JournalLog {
         let mut visible = self.visible.lock();
         let core = &mut visible.core;
         for item in items {
-            let Some(entry) = core.channels.get_mut(&item.channel) else { continue };
+            let Some(entry) = core.get_mut(&item.channel) else { continue };
             if entry.generation == item.generation {
                 let through = item.records.last().map_or(item.older_through, |r| r.seq);
                 entry.older_through = through;
@@ -537,7 +536,7 @@ impl JournalLog {
         self.apply_groups(&mut visible, groups);
     }
 
-    fn apply_groups(&self, visible: &mut Visible, groups: Vec<(Vec<LogBatch>, Position)>) {
+    fn apply_groups(&self, visible: &mut Visible, groups: Vec<(Vec<StagedBatch>, Position)>) {
         if let Some(position) = visible.core.apply_groups(groups) {
             visible.applied = position;
         }
@@ -581,13 +580,18 @@ impl MessageLog for JournalLog {
             self.apply_groups(&mut self.visible.lock(), groups);
             staging.refresh_tails();
         }
-        let (receipt, staged) = staging.stage(batch, |channel| self.visible.lock().core.state(channel))?;
-        let appended = journal.append_encoded(body_len, |out| encode_batch(staged, out));
-        drop(staging);
-        if let Err(error) = appended {
+        let entry = staging.check(&batch, |channel| {
+            let core = &mut self.visible.lock().core;
+            let entry = core.entry_id(channel);
+            (core.entry(entry).state.clone(), entry)
+        })?;
+        if let Err(error) = journal.append_encoded(body_len, |out| encode_batch(&batch, out)) {
+            drop(staging);
             self.fail_staged(&mut journal);
             return Err(error);
         }
+        let receipt = staging.push(entry, batch);
+        drop(staging);
         self.frames.fetch_add(1, Ordering::Relaxed);
         Ok(receipt)
     }
@@ -832,7 +836,8 @@ fn load_states(
             if frames_before > checkpoint_frame {
                 ahead.insert(channel.clone(), frames_before);
             }
-            let entry = core.channels.entry(channel).or_default();
+            let id = core.entry_id(&channel);
+            let entry = core.entry_mut(id);
             entry.state = state;
             entry.older_through = older_through;
             // A round cut between two of its batches may have left packs past the stored state: the
