@@ -47,7 +47,8 @@ pub fn figures(records: usize, elapsed: Duration, mut latencies: Vec<Duration>) 
 /// The disk's physical ceiling: sequential append + `fdatasync` of `PER_SYNC` records of `RECORD_BYTES`,
 /// `syncs` times. Latencies are the `fdatasync` calls alone.
 pub fn ceiling(dir: &std::path::Path, syncs: usize) -> std::io::Result<Figures> {
-    let mut file = OpenOptions::new().create(true).append(true).open(dir.join("ceiling.log"))?;
+    // A fresh file each time: a measure taken again in the same run writes what the first one did.
+    let mut file = OpenOptions::new().create(true).write(true).truncate(true).open(dir.join("ceiling.log"))?;
     let chunk = vec![0x5au8; RECORD_BYTES * PER_SYNC];
     let mut latencies = Vec::with_capacity(syncs);
     let started = Instant::now();

@@ -2,9 +2,9 @@
 //! windows, and serving reads from memory with older records supplied by the implementation.
 
 use super::record::{IdempotencyKey, Record};
+use super::staging::StagedBatch;
 use super::state::{ChannelLogState, IdempotencyWindow, IdempotentHit, LogBatch, LogOp, LogRefusal, MemTable};
 use super::state::{ReadBudget, ReadLimits};
-use super::staging::StagedBatch;
 use super::LogLimits;
 use crate::error::StoreResult;
 use rustc_hash::FxHashMap;

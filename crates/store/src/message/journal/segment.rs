@@ -20,9 +20,14 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// One sync of the journal, run outside its lock: `fdatasync` of the segments written since the last
-/// sync, and of the directory if segments were created.
+/// One sync of the journal, run outside its lock: the write of the frames still buffered, then
+/// `fdatasync` of the segments written since the last sync, and of the directory if segments were created.
+///
+/// Jobs must run one at a time and none may run while the journal is rolled back: the write lands outside
+/// the lock, and a rollback that zeroed the file before it would see its frames reappear.
 pub(crate) struct SyncJob {
+    /// Frames appended since the last write, and where they go (the active segment's file, at `offset`).
+    pending: Option<(Arc<File>, u64, Vec<u8>)>,
     files: Vec<Arc<File>>,
     dir: Option<PathBuf>,
     closed: usize,
@@ -34,6 +39,9 @@ pub(crate) struct SyncJob {
 impl SyncJob {
     /// Carries out the `fdatasync`s.
     pub(crate) fn run(&self) -> StoreResult<()> {
+        if let Some((file, offset, bytes)) = &self.pending {
+            file.write_all_at(bytes, *offset).map_err(|e| StoreError::io("journal write", e))?;
+        }
         for file in &self.files {
             file.sync_data().map_err(|e| StoreError::io("journal fdatasync", e))?;
         }
@@ -98,6 +106,13 @@ pub(crate) struct Journal {
     /// Frames appended but not yet written to the file, starting at file offset `buf_offset`: one
     /// `pwrite` per sync instead of one per frame.
     buf: Vec<u8>,
+    /// The buffer a finished sync job gave back, for the next one (no 1 MiB allocation per sync).
+    spare_buf: Option<Vec<u8>>,
+    /// An append failed: nothing may be made durable before [`Journal::rollback`] ran.
+    rollback_due: bool,
+    /// Tests: the next append fails as an IO error would.
+    #[cfg(test)]
+    pub(crate) fail_next_append: bool,
     buf_offset: u64,
     /// Checkpointed segment files kept for reuse by the next rolls.
     spares: Vec<PathBuf>,
@@ -164,6 +179,10 @@ impl Journal {
             segments,
             synced: end,
             buf: Vec::with_capacity(WRITE_BUFFER_BYTES),
+            spare_buf: None,
+            rollback_due: false,
+            #[cfg(test)]
+            fail_next_append: false,
             buf_offset: end.offset,
             spares: list_spares(dir)?,
         })
@@ -187,6 +206,10 @@ impl Journal {
         let Some(len) = len else {
             return Err(StoreError::io("journal append", io::Error::other("frame larger than a segment")));
         };
+        #[cfg(test)]
+        if std::mem::take(&mut self.fail_next_append) {
+            return Err(StoreError::io("journal write", io::Error::other("injected by a test")));
+        }
         let frame_len = FRAME_HEADER_BYTES + u64::from(len);
         if self.active.len + frame_len > self.capacity {
             self.roll()?;
@@ -251,31 +274,43 @@ impl Journal {
     /// frame.
     #[cfg(test)]
     pub(crate) fn sync(&mut self) -> StoreResult<Position> {
-        let job = self.prepare_sync()?;
+        let job = self.prepare_sync();
         job.run()?;
-        self.complete_sync(&job);
-        Ok(job.position)
+        let position = job.position;
+        self.complete_sync(job);
+        Ok(position)
     }
 
-    /// Writes the buffered frames out and describes the sync that makes them durable. The job runs
-    /// without the journal (frames appended meanwhile wait for the next sync); [`Journal::complete_sync`]
-    /// records its success.
-    pub(crate) fn prepare_sync(&mut self) -> StoreResult<SyncJob> {
-        self.write_buffer()?;
+    /// Hands the buffered frames to a job that writes them and makes everything appended durable. The job
+    /// runs without the journal (frames appended meanwhile wait for the next sync);
+    /// [`Journal::complete_sync`] records its success.
+    pub(crate) fn prepare_sync(&mut self) -> SyncJob {
+        // The buffer is written by the job, outside the lock: appends go on into a fresh buffer meanwhile
+        // (at later offsets), instead of waiting for the copy into the page cache.
+        let pending = (!self.buf.is_empty()).then(|| {
+            let fresh = self.spare_buf.take().unwrap_or_else(|| Vec::with_capacity(WRITE_BUFFER_BYTES));
+            (Arc::clone(&self.active.file), self.buf_offset, std::mem::replace(&mut self.buf, fresh))
+        });
+        self.buf_offset = self.active.len;
         let mut files = self.closed_unsynced.clone();
         files.push(Arc::clone(&self.active.file));
         let dir = (self.dir_changes > self.dir_synced).then(|| self.dir.clone());
-        Ok(SyncJob {
+        SyncJob {
+            pending,
             files,
             dir,
             closed: self.closed_unsynced.len(),
             dir_changes: self.dir_changes,
             position: self.position(),
-        })
+        }
     }
 
     /// Records that `job` succeeded.
-    pub(crate) fn complete_sync(&mut self, job: &SyncJob) {
+    pub(crate) fn complete_sync(&mut self, job: SyncJob) {
+        if let Some((_, _, mut bytes)) = job.pending {
+            bytes.clear();
+            self.spare_buf = Some(bytes);
+        }
         let closed = job.closed.min(self.closed_unsynced.len());
         self.closed_unsynced.drain(..closed);
         if job.dir.is_some() {
@@ -291,8 +326,21 @@ impl Journal {
         Position { segment: self.active.first_frame, offset: self.active.len, next_frame: self.next_frame }
     }
 
+    /// Records that appends failed and the journal must be rolled back before the next sync: the rollback
+    /// waits for any sync job still running (see [`SyncJob`]), and a sync that comes first must not make
+    /// the failed frames durable.
+    pub(crate) fn mark_rollback_due(&mut self) {
+        self.rollback_due = true;
+    }
+
+    /// `true` between [`Journal::mark_rollback_due`] and the next [`Journal::rollback`].
+    pub(crate) fn rollback_due(&self) -> bool {
+        self.rollback_due
+    }
+
     /// Undoes every frame appended since the last sync (after a failed write or sync).
     pub(crate) fn rollback(&mut self) -> StoreResult<()> {
+        self.rollback_due = false;
         let synced = self.synced;
         let later: Vec<u64> = self.segments.range(synced.segment + 1..).map(|(first, _)| *first).collect();
         for first in later {
@@ -508,6 +556,35 @@ mod tests {
         open(dir.path(), Position::ORIGIN, &mut seen);
         assert_eq!(seen.len(), 5);
         assert_eq!(seen[4], b"after");
+    }
+
+    #[test]
+    fn frames_appended_while_a_sync_job_writes_follow_its_frames() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = open(dir.path(), Position::ORIGIN, &mut Vec::new());
+        journal.append(b"one").unwrap();
+        journal.append(b"two").unwrap();
+        let job = journal.prepare_sync();
+        // The job holds the buffered frames; appends go on (past a roll, too) before it writes them.
+        for _ in 0..40 {
+            journal.append(&[3u8; 100]).unwrap();
+        }
+        assert!(journal.segment_count() > 1);
+        job.run().unwrap();
+        let position = job.position;
+        journal.complete_sync(job);
+        assert_eq!(position.next_frame, 3, "the job made the first two frames durable");
+        journal.append(b"last").unwrap();
+        journal.sync().unwrap();
+        drop(journal);
+        let mut seen = Vec::new();
+        open(dir.path(), Position::ORIGIN, &mut seen);
+        assert_eq!(seen.len(), 43);
+        assert_eq!(
+            (seen[0].as_slice(), seen[1].as_slice(), seen[42].as_slice()),
+            (&b"one"[..], &b"two"[..], &b"last"[..])
+        );
+        assert!(seen[2..42].iter().all(|frame| frame == &[3u8; 100]));
     }
 
     #[test]
