@@ -8,6 +8,7 @@ use super::state::{ReadBudget, ReadLimits};
 use super::LogLimits;
 use crate::error::StoreResult;
 use rustc_hash::FxHashMap;
+use std::sync::Arc;
 use tidings_types::{ChannelId, Seq};
 
 /// Index of a channel's entry in [`LogCore`]; stable for the life of the log (entries are never removed).
@@ -24,8 +25,12 @@ pub(crate) struct EntryId(u32);
 pub(crate) struct ChannelEntry {
     pub(crate) channel: ChannelId,
     pub(crate) state: ChannelLogState,
-    /// Records after `older_through`, in memory.
+    /// Records after those of `flushing` (after `older_through` when there is none), in memory.
     pub(crate) mem: MemTable,
+    /// Records a write-behind round took out of `mem` to write into sled (shared with the round, which
+    /// therefore copies nothing under the lock); readable here until the round finished. Only during a
+    /// round: a finished round drops it, a failed one or a truncation puts its records back into `mem`.
+    pub(crate) flushing: Option<Arc<MemTable>>,
     /// Records at or below this seq live in the implementation's older storage (sled), not in `mem`.
     pub(crate) older_through: Seq,
     /// Older storage may hold stale records after this seq (left by a truncation); the implementation
@@ -41,11 +46,22 @@ pub(crate) struct ChannelEntry {
 }
 
 impl ChannelEntry {
+    /// Puts the records of a write-behind round still running back in front of `mem` (before a change
+    /// the shared copy cannot follow; the round sees the generation moved and writes nothing it relies on).
+    pub(crate) fn unflush(&mut self) {
+        if let Some(flushing) = self.flushing.take() {
+            let mut records = (*flushing).clone();
+            records.append(std::mem::take(&mut self.mem));
+            self.mem = records;
+        }
+    }
+
     fn new(channel: ChannelId) -> Self {
         Self {
             channel,
             state: ChannelLogState::default(),
             mem: MemTable::default(),
+            flushing: None,
             older_through: Seq::default(),
             older_dirty_after: None,
             generation: 0,
@@ -102,9 +118,18 @@ impl LogCore {
         &mut self.entries[id.0 as usize]
     }
 
-    /// Every channel's entry.
-    pub(crate) fn entries(&self) -> impl Iterator<Item = &ChannelEntry> {
-        self.entries.iter()
+    /// Every channel changed since its last write-behind: its memory table moves to `flushing` (an `Arc`
+    /// shared with the caller: no record is copied), and `make` builds the caller's item from the entry.
+    pub(crate) fn take_changed<T>(&mut self, mut make: impl FnMut(&ChannelEntry, Arc<MemTable>) -> T) -> Vec<T> {
+        let mut taken = Vec::new();
+        for entry in self.entries.iter_mut().filter(|e| e.changes != e.persisted_changes) {
+            debug_assert!(entry.flushing.is_none(), "one write-behind round at a time");
+            entry.unflush();
+            let records = Arc::new(std::mem::take(&mut entry.mem));
+            entry.flushing = Some(Arc::clone(&records));
+            taken.push(make(entry, records));
+        }
+        taken
     }
 
     /// Applies durable groups, oldest first (from [`Staging::take_durable`](super::staging::Staging)).
@@ -146,6 +171,7 @@ impl LogCore {
                     }
                 }
                 LogOp::TruncateAfter(to) => {
+                    entry.unflush();
                     let before = entry.mem.bytes();
                     entry.mem.truncate_after(to);
                     self.mem_bytes -= before - entry.mem.bytes();
@@ -163,6 +189,7 @@ impl LogCore {
                     self.mem_bytes -= before - entry.mem.bytes();
                 }
                 LogOp::StartAfter { seq, .. } => {
+                    entry.unflush();
                     entry.older_through = seq;
                     entry.generation += 1;
                 }
@@ -197,6 +224,13 @@ impl LogCore {
         let mut budget = ReadBudget::new(limits);
         if from <= entry.older_through {
             older(from, through.min(entry.older_through), &mut budget, &mut out)?;
+            if budget.exhausted() || out.last().is_some_and(|r| r.seq >= through) {
+                return Ok(out);
+            }
+        }
+        if let Some(flushing) = &entry.flushing {
+            let next = out.last().map_or(from, |r| r.seq.next());
+            flushing.read(next, through, &mut budget, &mut out);
             if budget.exhausted() || out.last().is_some_and(|r| r.seq >= through) {
                 return Ok(out);
             }
@@ -241,5 +275,59 @@ impl LogCore {
         if let Some(entry) = self.get_mut(channel) {
             entry.idempotency = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{LogLimits, RecordKind};
+    use bytes::Bytes;
+    use tidings_types::{ChannelType, LeaderEpoch};
+
+    fn channel() -> ChannelId {
+        ChannelId::new(ChannelType::GROUP, "g").unwrap()
+    }
+
+    fn append(from: u64, count: u64) -> LogBatch {
+        let records = (from..from + count)
+            .map(|seq| Record {
+                seq: Seq::new(seq),
+                kind: RecordKind::Message,
+                leader_epoch: LeaderEpoch::new(1),
+                idempotency_key: None,
+                timestamp_ms: 0,
+                payload: Bytes::from_static(b"payload"),
+            })
+            .collect();
+        LogBatch::new(channel(), vec![LogOp::Append(records)])
+    }
+
+    fn seqs(core: &LogCore, records_max: usize) -> Vec<u64> {
+        let limits = ReadLimits { records_max, bytes_max: usize::MAX };
+        let read = core.read(&channel(), Seq::new(1), Seq::new(u64::MAX), limits, |_, _, _, _| Ok(())).unwrap();
+        read.iter().map(|r| r.seq.get()).collect()
+    }
+
+    /// Write-behind takes a memory table without copying it: its records stay readable (in order with those
+    /// appended meanwhile, within the read's limits), and a truncation meanwhile puts them back into memory
+    /// before it cuts.
+    #[test]
+    fn records_taken_by_write_behind_stay_readable_and_a_truncation_puts_them_back() {
+        let mut core = LogCore::new(LogLimits::default());
+        core.apply_durable(append(1, 5)).unwrap();
+        let per_record = core.mem_bytes / 5;
+        let taken = core.take_changed(|_, records| records);
+        assert_eq!((taken.len(), taken[0].len()), (1, 5));
+        assert!(core.get(&channel()).unwrap().mem.last().is_none(), "taken, not copied");
+        core.apply_durable(append(6, 3)).unwrap();
+        assert_eq!(seqs(&core, usize::MAX), (1..=8).collect::<Vec<_>>());
+        assert_eq!(seqs(&core, 6), (1..=6).collect::<Vec<_>>(), "the limit spans the taken records and memory");
+        assert_eq!(core.mem_bytes, 8 * per_record, "taken records count until their round finished");
+        core.apply_durable(LogBatch::new(channel(), vec![LogOp::TruncateAfter(Seq::new(4))])).unwrap();
+        let entry = core.get(&channel()).unwrap();
+        assert!(entry.flushing.is_none(), "the truncation took the records back");
+        assert_eq!(seqs(&core, usize::MAX), vec![1, 2, 3, 4]);
+        assert_eq!(core.mem_bytes, 4 * per_record);
     }
 }

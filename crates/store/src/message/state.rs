@@ -321,8 +321,26 @@ impl MemTable {
         }
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Record> {
-        self.records.iter()
+    /// The records as (at most) two consecutive runs, oldest first.
+    pub(crate) fn as_slices(&self) -> (&[Record], &[Record]) {
+        self.records.as_slices()
+    }
+
+    /// The last record, if any.
+    pub(crate) fn last(&self) -> Option<&Record> {
+        self.records.back()
+    }
+
+    /// Number of records.
+    pub(crate) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Moves every record of `later` (which must follow this table's last) to the end of this one.
+    pub(crate) fn append(&mut self, mut later: MemTable) {
+        debug_assert!(self.last().zip(later.records.front()).is_none_or(|(a, b)| a.seq.next() == b.seq));
+        self.bytes += later.bytes;
+        self.records.append(&mut later.records);
     }
 }
 

@@ -17,7 +17,7 @@ use super::codec::{decode_batch, decode_state, encode_batch, encode_state, encod
 use super::core::LogCore;
 use super::record::{decode_records, encode_records, IdempotencyKey, Reader, Record};
 use super::staging::{BatchFate, Staged, StagedBatch, Staging};
-use super::state::{ChannelLogState, IdempotentHit, LogBatch, LogRefusal, ReadBudget, ReadLimits};
+use super::state::{ChannelLogState, IdempotentHit, LogBatch, LogRefusal, MemTable, ReadBudget, ReadLimits};
 use super::{LogLimits, MessageLog};
 use crate::error::{CorruptLocation, StoreError, StoreResult};
 use crate::kv::{Direction, KeyRange, Keyspace, Kv, KvBatch};
@@ -143,7 +143,8 @@ struct Visible {
 /// What write-behind persists of one channel.
 struct WriteBehindItem {
     channel: ChannelId,
-    records: Vec<Record>,
+    /// The channel's memory table, taken at the start of the round (shared with its `flushing`).
+    records: Arc<MemTable>,
     state: ChannelLogState,
     older_through: Seq,
     dirty_after: Option<Seq>,
@@ -290,21 +291,19 @@ impl JournalLog {
     pub fn write_behind(&self) -> StoreResult<()> {
         let mut persisted = self.write_behind.lock();
         let (items, checkpoint) = {
-            let visible = self.visible.lock();
-            let items: Vec<WriteBehindItem> = visible
-                .core
-                .entries()
-                .filter(|e| e.changes != e.persisted_changes)
-                .map(|e| WriteBehindItem {
-                    channel: e.channel.clone(),
-                    records: e.mem.iter().cloned().collect(),
-                    state: e.state.clone(),
-                    older_through: e.older_through,
-                    dirty_after: e.older_dirty_after,
-                    generation: e.generation,
-                    changes: e.changes,
-                })
-                .collect();
+            // O(1) per changed channel under the lock: the memory tables are taken, not copied (copying
+            // them here held up every sync's apply for 100-190 ms at times — longer still because this
+            // thread runs at a lower priority and lost the CPU while holding the lock).
+            let mut visible = self.visible.lock();
+            let items = visible.core.take_changed(|e, records| WriteBehindItem {
+                channel: e.channel.clone(),
+                records,
+                state: e.state.clone(),
+                older_through: e.older_through,
+                dirty_after: e.older_dirty_after,
+                generation: e.generation,
+                changes: e.changes,
+            });
             (items, visible.applied)
         };
         if items.is_empty() && checkpoint == *persisted {
@@ -338,6 +337,8 @@ impl JournalLog {
         let mut visible = self.visible.lock();
         for item in items {
             let Some(entry) = visible.core.get_mut(&item.channel) else { continue };
+            // Its records are not known to be in sled: back to memory, for the next round.
+            entry.unflush();
             let valid = entry.older_through;
             entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
         }
@@ -353,10 +354,12 @@ impl JournalLog {
                 entry.older_through = through;
                 entry.older_dirty_after = None;
                 entry.persisted_changes = item.changes;
-                let before = entry.mem.bytes();
-                entry.mem.drop_through(through);
-                core.mem_bytes -= before - entry.mem.bytes();
+                // The records taken are in sled now; what came since stays in `mem`.
+                if let Some(flushing) = entry.flushing.take() {
+                    core.mem_bytes -= flushing.bytes();
+                }
             } else {
+                // A truncation put the taken records back into `mem` already (`ChannelEntry::unflush`).
                 // Truncated meanwhile: what was just written past the valid prefix is stale; clean it next time.
                 let valid = entry.older_through;
                 entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
@@ -385,20 +388,23 @@ impl JournalLog {
             writer.whole_channel = true;
             self.clear_after(&prefix, valid_through, &mut writer.batch)?;
         }
-        let mut start = 0;
-        let mut bytes = 0;
-        for (i, record) in item.records.iter().enumerate() {
-            bytes += record.encoded_len();
-            let last = i + 1 == item.records.len();
-            if bytes >= self.config.pack_bytes_max || last {
-                let pack = &item.records[start..=i];
-                writer.batch.put_encoded(Keyspace::MessagePack, pack_key(&prefix, pack[0].seq), |out| {
-                    out.reserve(4 + bytes);
-                    encode_records(pack, out);
-                });
-                writer.added(bytes)?;
-                start = i + 1;
-                bytes = 0;
+        // The memory table is a ring: its records come as two runs at most (a pack ends with each run).
+        let (front, back) = item.records.as_slices();
+        for run in [front, back] {
+            let mut start = 0;
+            let mut bytes = 0;
+            for (i, record) in run.iter().enumerate() {
+                bytes += record.encoded_len();
+                if bytes >= self.config.pack_bytes_max || i + 1 == run.len() {
+                    let pack = &run[start..=i];
+                    writer.batch.put_encoded(Keyspace::MessagePack, pack_key(&prefix, pack[0].seq), |out| {
+                        out.reserve(4 + bytes);
+                        encode_records(pack, out);
+                    });
+                    writer.added(bytes)?;
+                    start = i + 1;
+                    bytes = 0;
+                }
             }
         }
         if item.state.retention_through.get() > 0 {
