@@ -347,7 +347,8 @@ impl JournalLog {
     fn finish_write_behind(&self, items: Vec<WriteBehindItem>) {
         let mut visible = self.visible.lock();
         let core = &mut visible.core;
-        for item in items {
+        let mut written = Vec::with_capacity(items.len());
+        for item in &items {
             let Some(entry) = core.get_mut(&item.channel) else { continue };
             if entry.generation == item.generation {
                 let through = item.records.last().map_or(item.older_through, |r| r.seq);
@@ -357,10 +358,11 @@ impl JournalLog {
                 // The records taken are in sled now; what came since stays in `mem`.
                 if let Some(flushing) = entry.flushing.take() {
                     core.mem_bytes -= flushing.bytes();
+                    written.push(flushing);
                 }
             } else {
-                // A truncation put the taken records back into `mem` already (`ChannelEntry::unflush`).
-                // Truncated meanwhile: what was just written past the valid prefix is stale; clean it next time.
+                // Truncated meanwhile (which put the taken records back into `mem`): what was just written
+                // past the valid prefix is stale; clean it next time.
                 let valid = entry.older_through;
                 entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
             }
@@ -368,6 +370,10 @@ impl JournalLog {
         self.mem_bytes.store(visible.core.mem_bytes, Ordering::Relaxed);
         drop(visible);
         self.mem_freed.notify_all();
+        // Freeing hundreds of thousands of records takes milliseconds: not under the lock every sync's
+        // apply needs (this thread runs at a lower priority and may lose the CPU meanwhile).
+        drop(written);
+        drop(items);
     }
 
     /// Adds one channel's packs, cleanups and state to `batch`.
