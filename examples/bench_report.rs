@@ -42,6 +42,26 @@ fn live() -> usize {
     tikv_jemalloc_ctl::stats::allocated::read().unwrap_or(0)
 }
 
+/// Waits (up to 20 s) for idle eviction to leave at most `most` replicas active across the cluster.
+fn wait_until_evicted(cluster: &Cluster, most: usize) {
+    let from = Instant::now();
+    while from.elapsed() < Duration::from_secs(20) {
+        let active: usize = cluster.nodes.iter().map(|n| n.status().map_or(0, |s| s.channels.len())).sum();
+        if active <= most {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Waits (up to 30 s) until write-behind stored every record waiting in the journals' memory tables.
+fn wait_for_write_behind(cluster: &Cluster) {
+    let from = Instant::now();
+    while from.elapsed() < Duration::from_secs(30) && cluster.nodes.iter().any(|n| n.message_log_stats().mem_bytes > 0) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// One line of the report.
 struct Row {
     section: &'static str,
@@ -121,12 +141,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let channels: Vec<ChannelId> = (0..count)
             .map(|i| ChannelId::new(ChannelType::GROUP, &format!("r{count}-{i}")).expect("channel id"))
             .collect();
+        if count == 10_000 {
+            // Memory is measured from a quiet start: the earlier scenarios' replicas evicted (their record
+            // caches would be freed during the measure) and the journals' memory tables empty (records
+            // waiting for write-behind are not the replicas' memory).
+            wait_until_evicted(&cluster, 0);
+            wait_for_write_behind(&cluster);
+        }
         let before = live();
         let t = Instant::now();
         cluster.create(&channels);
         let created = t.elapsed();
         max_rate(&cluster, &channels, channels.len().max(CLIENTS * 64), 1024);
         if count == 10_000 {
+            wait_for_write_behind(&cluster);
             let per = (live().saturating_sub(before)) as f64 / (count * 3) as f64;
             memory.push(("per active channel replica", per));
         }
@@ -139,23 +167,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         tidings_rates.push((count, top.rate, half.p99));
         if count == 100_000 {
-            // Wait for idle eviction: every replica of these channels leaves memory.
-            let idle_from = Instant::now();
-            while idle_from.elapsed() < Duration::from_secs(20) {
-                let active: usize = cluster.nodes.iter().map(|n| n.status().map_or(0, |s| s.channels.len())).sum();
-                if active < 3 * 1_000 {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            // And for write-behind to store their records: the journal's memory tables are not the
-            // replicas' memory.
-            let drained_from = Instant::now();
-            while drained_from.elapsed() < Duration::from_secs(30)
-                && cluster.nodes.iter().any(|n| n.message_log_stats().mem_bytes > 0)
-            {
-                std::thread::sleep(Duration::from_millis(200));
-            }
+            // Wait for idle eviction: (nearly) every replica of these channels leaves memory.
+            wait_until_evicted(&cluster, 3 * 1_000);
+            wait_for_write_behind(&cluster);
             let per = (live().saturating_sub(before)) as f64 / (count * 3) as f64;
             memory.push(("per evicted idle channel replica", per));
         }
