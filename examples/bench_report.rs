@@ -57,7 +57,8 @@ fn wait_until_evicted(cluster: &Cluster, most: usize) {
 /// Waits (up to 30 s) until write-behind stored every record waiting in the journals' memory tables.
 fn wait_for_write_behind(cluster: &Cluster) {
     let from = Instant::now();
-    while from.elapsed() < Duration::from_secs(30) && cluster.nodes.iter().any(|n| n.message_log_stats().mem_bytes > 0) {
+    while from.elapsed() < Duration::from_secs(30) && cluster.nodes.iter().any(|n| n.message_log_stats().mem_bytes > 0)
+    {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
