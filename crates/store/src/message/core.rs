@@ -123,6 +123,8 @@ impl LogCore {
     pub(crate) fn take_changed<T>(&mut self, mut make: impl FnMut(&ChannelEntry, Arc<MemTable>) -> T) -> Vec<T> {
         let mut taken = Vec::new();
         for entry in self.entries.iter_mut().filter(|e| e.changes != e.persisted_changes) {
+            // Every round ends by dropping its tables or putting them back; should one not have, its records
+            // go first rather than being lost.
             debug_assert!(entry.flushing.is_none(), "one write-behind round at a time");
             entry.unflush();
             let records = Arc::new(std::mem::take(&mut entry.mem));
