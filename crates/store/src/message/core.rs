@@ -108,9 +108,11 @@ impl LogCore {
         self.index.get(channel).map(|&EntryId(i)| &mut self.entries[i as usize])
     }
 
-    /// The entry `id` names.
-    pub(crate) fn entry(&self, id: EntryId) -> &ChannelEntry {
-        &self.entries[id.0 as usize]
+    /// The durable state of `channel` and its entry (created if it has none): where staging starts a
+    /// channel's tail.
+    pub(crate) fn durable_tail(&mut self, channel: &ChannelId) -> (ChannelLogState, EntryId) {
+        let id = self.entry_id(channel);
+        (self.entries[id.0 as usize].state.clone(), id)
     }
 
     /// The entry `id` names.
@@ -283,26 +285,15 @@ impl LogCore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{LogLimits, RecordKind};
-    use bytes::Bytes;
-    use tidings_types::{ChannelType, LeaderEpoch};
+    use crate::message::LogLimits;
+    use tidings_types::ChannelType;
 
     fn channel() -> ChannelId {
         ChannelId::new(ChannelType::GROUP, "g").unwrap()
     }
 
     fn append(from: u64, count: u64) -> LogBatch {
-        let records = (from..from + count)
-            .map(|seq| Record {
-                seq: Seq::new(seq),
-                kind: RecordKind::Message,
-                leader_epoch: LeaderEpoch::new(1),
-                idempotency_key: None,
-                timestamp_ms: 0,
-                payload: Bytes::from_static(b"payload"),
-            })
-            .collect();
-        LogBatch::new(channel(), vec![LogOp::Append(records)])
+        crate::message::test_append(&channel(), from, count)
     }
 
     fn seqs(core: &LogCore, records_max: usize) -> Vec<u64> {

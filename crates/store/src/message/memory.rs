@@ -70,10 +70,7 @@ impl MessageLog for MemoryLog {
             // Nothing durable waits to be applied here: each sync applied its group before returning.
             staging.refresh_tails();
         }
-        let entry = staging.check(&batch, |channel| {
-            let entry = visible.entry_id(channel);
-            (visible.entry(entry).state.clone(), entry)
-        })?;
+        let entry = staging.check(&batch, |channel| visible.durable_tail(channel))?;
         Ok(staging.push(entry, batch))
     }
 

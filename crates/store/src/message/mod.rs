@@ -159,3 +159,19 @@ impl<T: MessageLog + ?Sized> MessageLog for std::sync::Arc<T> {
         (**self).wait_for_room(patience)
     }
 }
+
+/// Tests: a batch appending records `from..from + count` to `channel` (epoch 1, no idempotency key).
+#[cfg(test)]
+pub(crate) fn test_append(channel: &ChannelId, from: u64, count: u64) -> LogBatch {
+    let records = (from..from + count)
+        .map(|seq| Record {
+            seq: Seq::new(seq),
+            kind: RecordKind::Message,
+            leader_epoch: tidings_types::LeaderEpoch::new(1),
+            idempotency_key: None,
+            timestamp_ms: 0,
+            payload: bytes::Bytes::from_static(b"payload"),
+        })
+        .collect();
+    LogBatch::new(channel.clone(), vec![LogOp::Append(records)])
+}

@@ -597,11 +597,7 @@ impl MessageLog for JournalLog {
             self.apply_groups(&mut self.visible.lock(), groups);
             staging.refresh_tails();
         }
-        let entry = staging.check(&batch, |channel| {
-            let core = &mut self.visible.lock().core;
-            let entry = core.entry_id(channel);
-            (core.entry(entry).state.clone(), entry)
-        })?;
+        let entry = staging.check(&batch, |channel| self.visible.lock().core.durable_tail(channel))?;
         if let Err(error) = journal.append_encoded(body_len, |out| encode_batch(&batch, out)) {
             // The rollback must wait for a sync job writing outside the journal's lock (see `SyncJob`), and
             // `sync_lock` comes before `journal`: mark it due, so that no sync makes the failed frame
@@ -879,20 +875,10 @@ fn load_states(
 mod tests {
     use super::*;
     use crate::kv::MemoryKv;
-    use crate::message::{LogOp, Record, RecordKind};
-    use bytes::Bytes;
-    use tidings_types::{ChannelType, LeaderEpoch};
+    use tidings_types::ChannelType;
 
     fn append(channel: &ChannelId, seq: u64) -> LogBatch {
-        let record = Record {
-            seq: Seq::new(seq),
-            kind: RecordKind::Message,
-            leader_epoch: LeaderEpoch::new(1),
-            idempotency_key: None,
-            timestamp_ms: 0,
-            payload: Bytes::from_static(b"payload"),
-        };
-        LogBatch::new(channel.clone(), vec![LogOp::Append(vec![record])])
+        crate::message::test_append(channel, seq, 1)
     }
 
     fn reopen(dir: &Path, kv: &Arc<dyn Kv>) -> JournalLog {
