@@ -55,6 +55,10 @@ pub struct NodeConfig {
     pub boot_id: u64,
     /// Channel controller: failure detection, failovers, leader transfers, repair loop.
     pub controller: ControllerConfig,
+    /// Channel reactors: the node's channels are split over this many shards by the hash slot of their
+    /// id, and the threaded runtime runs each shard on its own thread (the simulator runs them in turn).
+    /// Each shard keeps its part of `active_channels_max`. Between 1 and 256; default 2.
+    pub reactors: usize,
 }
 
 impl NodeConfig {
@@ -80,6 +84,7 @@ impl NodeConfig {
             fanout_enabled: true,
             boot_id: 0,
             controller: ControllerConfig::default(),
+            reactors: 2,
             nodes,
         }
     }
@@ -103,6 +108,9 @@ impl NodeConfig {
         }
         if self.active_channels_max == 0 || self.waiting_appends_max == 0 || self.frame_bytes_max == 0 {
             return Err("active_channels_max, waiting_appends_max and frame_bytes_max must be positive");
+        }
+        if self.reactors == 0 || self.reactors > super::shard::SHARDS_MAX {
+            return Err("reactors must be between 1 and 256");
         }
         HashToSlot::even_split(self.slot_groups).map_err(|_| "slot_groups must be between 1 and 256")?;
         self.machine.validate()

@@ -3,33 +3,30 @@
 //! feeds it time, frames, storage completions and API calls, and carries out its effects; the simulator
 //! drives the same code.
 
-use super::active::{shrink_if_sparse, ActiveChannels};
 use super::config::NodeConfig;
 use super::controller::{
-    Action, ClusterView, Controller, DrainReport, EvidenceReport, ExportQuestion, MigrationProposal, NodeView,
-    PreferredLeaders, Reconcile, SlotMigrationReport, SlotMigrations, TaskReport, TaskStatus,
+    Action, ClusterView, Controller, DrainReport, ExportQuestion, MigrationProposal, NodeView, PreferredLeaders,
+    Reconcile, SlotMigrationReport, SlotMigrations, TaskReport, TaskStatus,
 };
 use super::error::NodeError;
 use super::fanout::FanoutAnswer;
-use super::message::{NodeMessage, RemoteAppendError};
-use super::outbox::ChannelOutbox;
+use super::message::NodeMessage;
+use super::shard::{
+    shard_of, shard_of_id, ChannelShard, Served, ShardInput, ShardOutput, ShardStatus, TaskStart, SHARDS_MAX,
+};
 use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
 use bytes::Bytes;
-use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use tidings_channel::fanout::{FanoutEffect, FanoutPlanner, JobId, MessageRef, Target};
-use tidings_channel::machine::{
-    AppendAborted, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken, ReadToken,
-    RequestId,
-};
+use tidings_channel::machine::{AppendRecord, ChannelMachine, ChannelMessage, PersistToken, ReadToken};
 use tidings_router::Router;
-use tidings_slot::command::{Command, MemberList, RoutingKey};
+use tidings_slot::command::{Command, RoutingKey};
 use tidings_slot::fsm::{Outcome, Refusal};
 use tidings_slot::model::{ChannelInfo, SlotState, Uid};
 use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, ProposalId, ProposeError, ReadId, SlotEffect};
-use tidings_store::message::{LogBatch, MessageLog, ReadLimits, Record};
+use tidings_store::message::{LogBatch, MessageLog, Record};
 use tidings_store::{MetaStore, Placement, RaftLogStore, StoreError};
 use tidings_types::{ChannelId, ChannelRuntimeMeta, Epoch, GroupId, HashSlot, LeaderEpoch, NodeId, Seq, Time};
 
@@ -159,11 +156,15 @@ pub struct NodeStatus {
     pub storage_failures: u64,
 }
 
-/// Who waits for an append the local machine admitted.
-#[derive(Debug, Clone, Copy)]
-enum AppendOrigin {
-    Local(ApiId),
-    Remote { node: NodeId, id: u64 },
+impl NodeStatus {
+    /// Adds a channel shard's replicas and counters.
+    pub(crate) fn add_shard(&mut self, shard: ShardStatus) {
+        self.channels.extend(shard.channels);
+        self.channels.sort_by(|a, b| a.channel.cmp(&b.channel));
+        self.refused_activations += shard.counters.refused_activations;
+        self.stale_messages += shard.counters.stale_messages;
+        self.storage_failures += shard.counters.storage_failures;
+    }
 }
 
 /// What a metadata proposal of this node is for.
@@ -201,47 +202,45 @@ struct Sent {
     remote: Option<NodeId>,
 }
 
-/// An append waiting for its channel's meta.
-#[derive(Debug)]
-struct Waiting {
-    api: ApiId,
-    sender: Option<String>,
-    records: Vec<AppendRecord>,
-    deadline: Time,
-}
-
-/// How long an append waits for its channel's meta before failing with `UnknownChannel`.
-const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-/// Extra wait for a forwarded append's reply beyond the leader's append timeout.
-const FORWARD_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
-/// A replica that cannot lead repeats its failover request this often until the meta changes.
-const FAILOVER_REQUEST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// A proposal for a group this node does not serve is sent at most this many times (following
 /// `NotLeader` hints).
 const REMOTE_PROPOSAL_SENDS: u8 = 3;
 /// A group nobody here knows the leader of is tried at another node this often.
 const CONTACT_ROTATION: std::time::Duration = std::time::Duration::from_millis(500);
-/// Idle eviction looks at every active replica: at most this often.
-const EVICT_SCAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Where a node's channel shards run.
+enum Shards {
+    /// Driven by the core itself, in index order (the simulator, tests, hosts without threads).
+    Inline(Vec<ChannelShard>),
+    /// Taken out by a runtime that runs each on its own thread: their inputs wait in `inputs` for it.
+    Detached { count: usize, inputs: VecDeque<(usize, ShardInput)> },
+}
+
+impl Shards {
+    fn count(&self) -> usize {
+        match self {
+            Shards::Inline(shards) => shards.len(),
+            Shards::Detached { count, .. } => *count,
+        }
+    }
+}
 
 /// The sans-IO core of one node. Drive it like a channel machine: `handle_*` with the current time, then
 /// drain [`NodeCore::poll_effect`]; call [`NodeCore::handle_tick`] at [`NodeCore::poll_timeout`].
+///
+/// The channel replicas live in `NodeConfig::reactors` channel shards, each owning the channels whose
+/// hash slot falls to it; the core keeps the slot groups, the controller, routing and fanout, and talks
+/// to the shards only by messages. By default it drives them itself; the threaded runtime takes them out
+/// and runs each on a reactor thread.
 pub struct NodeCore {
     config: NodeConfig,
     now: Time,
     slot: MultiRaft,
     reader: SlotReader,
     router: Arc<Router>,
-    log: Arc<dyn MessageLog>,
-    /// Active replicas; only those that took an input since their effects were last drained are
-    /// polled, so the cost of an input does not grow with the number of active channels.
-    channels: ActiveChannels,
-    /// Idle eviction scans every replica: at most once per `EVICT_SCAN_INTERVAL`.
-    next_evict_scan: Time,
-    /// Channels evicted while leading and quiescent: the leader epoch their next incarnation may resume.
-    resumable: BTreeMap<ChannelId, LeaderEpoch>,
-    metas: FxHashMap<ChannelId, ChannelRuntimeMeta>,
-    waiting: FxHashMap<ChannelId, Vec<Waiting>>,
+    shards: Shards,
+    /// What the shards were last told of the groups this node serves.
+    served: Arc<Served>,
     proposals: BTreeMap<ProposalId, ProposalPurpose>,
     /// Every proposal's command and how it was sent: a refusal that proposed nothing — `NotLeader` with a
     /// hint for one sent to another node, a stale slot route for any — sends it on, a bounded number of
@@ -251,13 +250,6 @@ pub struct NodeCore {
     migrations: SlotMigrations,
     /// API calls made of several proposals: how many are outstanding, and the first failure.
     fans: BTreeMap<ApiId, (usize, Option<NodeError>)>,
-    appends: BTreeMap<u64, (AppendOrigin, Option<String>)>,
-    /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
-    senders: BTreeMap<(ChannelId, Seq), String>,
-    /// Appends forwarded to a channel's leader: the caller, the channel, the leader they went to.
-    forwarded: BTreeMap<u64, (ApiId, ChannelId, NodeId)>,
-    /// When each forwarded append stops waiting for its reply (deadlines are increasing: one timeout).
-    forward_deadlines: VecDeque<(Time, u64)>,
     /// Leaders of slot groups this node does not serve, as `NotLeader` hints named them.
     remote_leaders: BTreeMap<GroupId, NodeId>,
     /// A node that answered a proposal for the group with `NotLeader` and no hint: it is not taken for
@@ -266,11 +258,7 @@ pub struct NodeCore {
     /// Authoritative metadata reads waiting for their ReadIndex: the caller, the key's hash slot, and how
     /// many groups were asked (a migrated slot is followed).
     meta_reads: BTreeMap<ReadId, (ApiId, HashSlot, u8)>,
-    next_id: u64,
-    next_incarnation: u64,
     effects: VecDeque<NodeEffect>,
-    /// Channel messages packed per destination until the end of the drain.
-    outbox: ChannelOutbox,
     frame_limits: FrameLimits,
     fanout: FanoutPlanner,
     /// Committed messages waiting for room in the fanout queue (each still holds its channel's handoff slot).
@@ -281,14 +269,7 @@ pub struct NodeCore {
     preferred: PreferredLeaders,
     /// Messages this node sends to itself (the controller asking its own replica), handled in `pump`.
     loopback: VecDeque<NodeMessage>,
-    /// Channels whose local replica is named leader but cannot lead: when to ask for a failover next.
-    cannot_lead: BTreeMap<ChannelId, Time>,
-    /// HW of replicas taken out of memory after a storage failure: their next incarnation keeps it.
-    hw_floor: BTreeMap<ChannelId, Seq>,
-    storage_failures: u64,
     refused_frames: BTreeMap<&'static str, u64>,
-    refused_activations: u64,
-    stale_messages: u64,
 }
 
 impl NodeCore {
@@ -320,34 +301,30 @@ impl NodeCore {
         // Task ids share the boot-id range of the node's other ids, in their own upper half.
         let first_task = ((config.boot_id & 0xffff_ffff) << 32) | (1 << 31);
         let controller = Controller::new(config.controller.clone(), config.node, &config.nodes, first_task, now);
+        let reader = SlotReader::new(meta);
+        let served = Arc::new(Served::new(slot.table(), slot.groups().collect()));
+        let count = config.reactors.clamp(1, SHARDS_MAX);
+        let shards = (0..count)
+            .map(|index| {
+                let (log, reader, served) = (Arc::clone(&log), reader.clone(), Arc::clone(&served));
+                ChannelShard::new(index, count, config.clone(), log, reader, served, now)
+            })
+            .collect();
         Ok(Self {
             now,
             slot,
-            reader: SlotReader::new(meta),
+            reader,
             router,
-            log,
-            channels: ActiveChannels::default(),
-            next_evict_scan: now,
-            resumable: BTreeMap::new(),
-            metas: FxHashMap::default(),
-            waiting: FxHashMap::default(),
+            shards: Shards::Inline(shards),
+            served,
             proposals: BTreeMap::new(),
             sent: BTreeMap::new(),
             migrations: SlotMigrations::new(now),
             fans: BTreeMap::new(),
-            appends: BTreeMap::new(),
-            senders: BTreeMap::new(),
-            forwarded: BTreeMap::new(),
-            forward_deadlines: VecDeque::new(),
             remote_leaders: BTreeMap::new(),
             not_leaders: BTreeMap::new(),
             meta_reads: BTreeMap::new(),
-            // Ids of this start live in their own range: see `NodeConfig::boot_id`.
-            next_id: ((config.boot_id & 0xffff_ffff) << 32) | 1,
-            next_incarnation: now.as_millis().wrapping_mul(1 << 20) + 1,
             effects: VecDeque::new(),
-            // Batches stay well within what receivers accept (every node runs with the cluster's limit).
-            outbox: ChannelOutbox::new((config.frame_bytes_max / 4).min(4 << 20)),
             frame_limits,
             fanout: FanoutPlanner::new(config.fanout),
             fanout_waiting: VecDeque::new(),
@@ -355,12 +332,7 @@ impl NodeCore {
             controller,
             preferred: PreferredLeaders::default(),
             loopback: VecDeque::new(),
-            cannot_lead: BTreeMap::new(),
-            hw_floor: BTreeMap::new(),
-            storage_failures: 0,
             refused_frames: BTreeMap::new(),
-            refused_activations: 0,
-            stale_messages: 0,
             config,
         })
     }
@@ -375,49 +347,40 @@ impl NodeCore {
         &self.slot
     }
 
-    /// The channel machine of `channel`, if active here.
+    /// The channel machine of `channel`, if active here (`None` as well once a runtime took the channel
+    /// shards out: see [`NodeCore::detach_shards`]).
     pub fn channel(&self, channel: &ChannelId) -> Option<&ChannelMachine> {
-        self.channels.get(channel)
+        match &self.shards {
+            Shards::Inline(shards) => shards[shard_of(channel, shards.len())].channel(channel),
+            Shards::Detached { .. } => None,
+        }
     }
 
     /// Status of the node, its slot groups and its active channel replicas (role, epochs, HW, log end, ISR).
+    /// With the shards detached, their part is added by whoever runs them.
     pub fn status(&self) -> NodeStatus {
         let groups = self.slot.groups().filter_map(|g| self.slot.status(g)).collect();
-        let mut channels: Vec<ChannelStatus> = self
-            .channels
-            .iter()
-            .filter_map(|(channel, machine)| {
-                let meta = machine.meta()?;
-                Some(ChannelStatus {
-                    channel: channel.clone(),
-                    role: machine.role(),
-                    meta_version: meta.version,
-                    leader: meta.leader,
-                    leader_epoch: meta.leader_epoch,
-                    epoch: meta.epoch,
-                    isr: meta.isr.clone(),
-                    hw: machine.hw(),
-                    log_end: machine.log_end(),
-                    durable_last: machine.durable_last(),
-                })
-            })
-            .collect();
-        channels.sort_by(|a, b| a.channel.cmp(&b.channel));
-        NodeStatus {
+        let mut status = NodeStatus {
             node: self.config.node,
             groups,
-            channels,
+            channels: Vec::new(),
             tasks: self.controller.status(),
             finished_tasks: self.controller.reports(),
             leadership: self.preferred.decisions(),
             drains: self.controller.drain_reports(),
             slot_migrations: self.migrations.reports(),
             refused_frames: self.refused_frames.clone(),
-            refused_activations: self.refused_activations,
+            refused_activations: 0,
             refused_raft_messages: self.slot.refused_messages(),
-            stale_messages: self.stale_messages + self.slot.stale_messages(),
-            storage_failures: self.storage_failures,
+            stale_messages: self.slot.stale_messages(),
+            storage_failures: 0,
+        };
+        if let Shards::Inline(shards) = &self.shards {
+            for shard in shards {
+                status.add_shard(shard.status());
+            }
         }
+        status
     }
 
     /// Local metadata reads (applied state of the slot groups this node serves).
@@ -435,56 +398,30 @@ impl NodeCore {
 
     /// When to call [`NodeCore::handle_tick`] next.
     pub fn poll_timeout(&self) -> Time {
-        // Machines touched since the last drain may have moved their timer earlier than the index says.
-        let channels = self.channels.next_timeout();
         let controller =
             self.controller.poll_timeout().min(self.preferred.poll_timeout()).min(self.migrations.poll_timeout());
-        let cannot_lead = self.cannot_lead.values().min().copied();
-        channels.into_iter().chain(cannot_lead).fold(self.slot.poll_timeout().min(controller), Time::min)
+        let mut next = self.slot.poll_timeout().min(controller);
+        if let Shards::Inline(shards) = &self.shards {
+            next = shards.iter().filter_map(ChannelShard::poll_timeout).fold(next, Time::min);
+        }
+        next
     }
 
-    /// Advances time: raft ticks, channel timers, appends that waited too long for a meta.
+    /// Advances time: raft ticks, the controller, channel timers, appends that waited too long for a meta
+    /// or a forwarded reply.
     pub fn handle_tick(&mut self, now: Time) {
         self.advance(now);
         self.slot.handle_tick(self.now);
-        let mut expired: Vec<ChannelId> = self
-            .waiting
-            .iter()
-            .filter(|(_, queue)| queue.iter().any(|w| w.deadline <= now))
-            .map(|(c, _)| c.clone())
-            .collect();
-        expired.sort();
-        for channel in expired {
-            self.fail_waiting(&channel, |w| w.deadline <= now);
-        }
-        self.channels.reschedule_dirty();
-        while let Some(channel) = self.channels.pop_due(self.now) {
-            let now = self.now;
-            if let Some(machine) = self.channels.machine_mut(&channel) {
-                machine.handle_timeout(now);
-            }
-        }
-        while let Some((deadline, forward)) = self.forward_deadlines.front().copied() {
-            if deadline > self.now {
-                break;
-            }
-            self.forward_deadlines.pop_front();
-            if let Some((api, channel, _)) = self.forwarded.remove(&forward) {
-                self.done(api, ApiResult::Appended(Err(NodeError::Aborted(AppendAborted::Timeout))));
-                // The leader may be gone: learn the meta in force (a failover may have named another).
-                self.fetch_meta(&channel);
-            }
-        }
         self.controller.tick(self.now, &self.slot, &self.reader);
         self.drive_migrations();
         let down = self.controller.down_nodes(self.now);
         let cluster = ClusterView { nodes: &self.config.nodes, down: &down };
         let view = NodeView { me: self.config.node, reader: &self.reader, cluster };
         self.preferred.tick(self.now, &self.config.controller, &mut self.slot, &view);
-        self.request_failovers();
-        if self.now >= self.next_evict_scan {
-            self.next_evict_scan = self.now + EVICT_SCAN_INTERVAL;
-            self.evict_idle();
+        if let Shards::Inline(shards) = &mut self.shards {
+            for shard in shards {
+                shard.handle_tick(self.now);
+            }
         }
     }
 
@@ -528,10 +465,7 @@ impl NodeCore {
         result: Result<(), StoreError>,
     ) {
         self.advance(now);
-        let now = self.now;
-        if let Some(machine) = self.machine_mut(channel) {
-            machine.handle_persisted(now, token, result);
-        }
+        self.to_shard(channel, ShardInput::Persisted { channel: channel.clone(), token, result });
     }
 
     /// A read for a pull finished.
@@ -543,10 +477,7 @@ impl NodeCore {
         result: Result<Vec<Record>, StoreError>,
     ) {
         self.advance(now);
-        let now = self.now;
-        if let Some(machine) = self.machine_mut(channel) {
-            machine.handle_read(now, token, result);
-        }
+        self.to_shard(channel, ShardInput::ReadDone { channel: channel.clone(), token, result });
     }
 
     /// The answer to a [`NodeEffect::Fanout`] (see [`carry_out_fanout`](crate::node::carry_out_fanout)).
@@ -611,21 +542,6 @@ impl NodeCore {
         }
     }
 
-    /// The high watermark of a channel this node replicates: every seq up to it is committed and readable
-    /// here.
-    pub fn latest(&mut self, channel: &ChannelId) -> Result<Seq, NodeError> {
-        self.activate(channel);
-        self.touch(channel);
-        match self.channels.get(channel) {
-            Some(machine) => Ok(machine.hw()),
-            None if self.metas.contains_key(channel) => Err(NodeError::NotReplica(channel.clone())),
-            None => {
-                self.fetch_meta(channel);
-                Err(NodeError::UnknownChannel(channel.clone()))
-            }
-        }
-    }
-
     /// Creates a channel: its definition, then its runtime meta (replicas placed by
     /// [`NodeConfig::channel_placement`], all in the ISR, the first leading).
     pub fn create_channel(&mut self, now: Time, id: ApiId, info: ChannelInfo) {
@@ -654,7 +570,7 @@ impl NodeCore {
     /// with [`ApiResult::Appended`] follows once the records are committed.
     pub fn append(&mut self, now: Time, id: ApiId, channel: ChannelId, records: Vec<AppendRecord>) {
         self.advance(now);
-        self.route_append(id, channel, None, records);
+        self.to_shard(&channel.clone(), ShardInput::Append { api: id, channel, sender: None, records });
     }
 
     /// Appends records sent by user `sender`: like [`NodeCore::append`], after checking that the sender
@@ -664,73 +580,136 @@ impl NodeCore {
     /// slot group.
     pub fn append_from(&mut self, now: Time, id: ApiId, channel: ChannelId, sender: Uid, records: Vec<AppendRecord>) {
         self.advance(now);
-        match self.check_sender(&channel, &sender) {
-            Ok(()) => self.route_append(id, channel, Some(sender.as_str().to_owned()), records),
-            Err(error) => self.done(id, ApiResult::Appended(Err(error))),
-        }
+        let input = ShardInput::Append { api: id, channel: channel.clone(), sender: Some(sender), records };
+        self.to_shard(&channel, input);
     }
 
-    fn check_sender(&self, channel: &ChannelId, sender: &Uid) -> Result<(), NodeError> {
-        let user_group = self.slot.table().group_of_key(RoutingKey::Uid(sender).bytes());
-        if !self.slot.groups().any(|g| g == user_group) || !self.serves_group_of(channel) {
-            return Err(NodeError::SenderUnverified(sender.clone()));
-        }
-        if self.reader.user(sender)?.is_some_and(|user| user.banned) {
-            return Err(NodeError::SenderBanned(sender.clone()));
-        }
-        if self.reader.is_member(channel, MemberList::Deny, sender)? {
-            return Err(NodeError::SenderDenied(sender.clone()));
-        }
-        Ok(())
-    }
-
-    fn route_append(&mut self, id: ApiId, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord>) {
-        let Some(meta) = self.metas.get(&channel).cloned() else {
-            self.wait_for_meta(id, channel, sender, records);
-            return;
-        };
-        if meta.leader == self.config.node {
-            self.append_locally(AppendOrigin::Local(id), &channel, sender, records);
-        } else {
-            let forward = self.next_id();
-            self.forwarded.insert(forward, (id, channel.clone(), meta.leader));
-            // A lost forward or reply must not leave the caller waiting forever: after the leader's own
-            // append timeout (plus slack for the round trip) the caller gets `Aborted(Timeout)`, outcome
-            // unknown, and retries with the same idempotency keys.
-            let deadline = self.now + self.config.machine.append_timeout + FORWARD_SLACK;
-            self.forward_deadlines.push_back((deadline, forward));
-            let records = records.into_iter().map(|r| (r.idempotency_key, r.payload)).collect();
-            self.send_node(meta.leader, NodeMessage::AppendForward { id: forward, channel, sender, records });
-        }
+    /// The high watermark of a channel this node replicates: every seq up to it is committed and readable
+    /// here. Fails with [`NodeError::Stopped`] once the shards are detached (the runtime asks them).
+    pub fn latest(&mut self, channel: &ChannelId) -> Result<Seq, NodeError> {
+        let now = self.now;
+        self.inline_shard(channel)?.latest(now, channel)
     }
 
     /// Reads committed messages of `channel` from `from` (at most `limit`), bounded by the high watermark
-    /// this replica knows; barrier records are skipped.
+    /// this replica knows; barrier records are skipped. Fails with [`NodeError::Stopped`] once the shards
+    /// are detached (the runtime asks them).
     pub fn read(&mut self, channel: &ChannelId, from: Seq, limit: usize) -> Result<Vec<Record>, NodeError> {
-        self.activate(channel);
-        self.touch(channel);
-        let Some(machine) = self.channels.get(channel) else {
-            if !self.metas.contains_key(channel) {
-                // Learn the meta for next time (a restarted replica activates this way too).
-                self.fetch_meta(channel);
-                return Err(NodeError::UnknownChannel(channel.clone()));
+        let now = self.now;
+        self.inline_shard(channel)?.read(now, channel, from, limit)
+    }
+
+    /// Number of channel replicas active in memory (0 once the shards are detached).
+    pub fn active_channels(&self) -> usize {
+        match &self.shards {
+            Shards::Inline(shards) => shards.iter().map(ChannelShard::active_channels).sum(),
+            Shards::Detached { .. } => 0,
+        }
+    }
+
+    /// Takes the channel shards out, for a runtime that runs each on its own thread. From then on their
+    /// inputs wait in [`NodeCore::poll_shard_input`], and their outputs for the core come back through
+    /// [`NodeCore::handle_shard_output`].
+    pub(crate) fn detach_shards(&mut self) -> Vec<ChannelShard> {
+        let count = self.shards.count();
+        match std::mem::replace(&mut self.shards, Shards::Detached { count, inputs: VecDeque::new() }) {
+            Shards::Inline(shards) => shards,
+            Shards::Detached { count, inputs } => {
+                self.shards = Shards::Detached { count, inputs };
+                Vec::new()
             }
-            return Err(NodeError::NotReplica(channel.clone()));
-        };
-        let hw = machine.hw();
-        let limits = ReadLimits { records_max: limit, bytes_max: usize::MAX };
-        let records = self.log.read(channel, from, hw, limits)?;
-        Ok(records.into_iter().filter(|r| r.kind == tidings_store::message::RecordKind::Message).collect())
+        }
+    }
+
+    /// Next input for a detached shard: its index and the input.
+    pub(crate) fn poll_shard_input(&mut self) -> Option<(usize, ShardInput)> {
+        match &mut self.shards {
+            Shards::Inline(_) => None,
+            Shards::Detached { inputs, .. } => inputs.pop_front(),
+        }
+    }
+
+    /// An output of a shard for the core (not its IO, which whoever runs the shard carries out).
+    pub(crate) fn handle_shard_output(&mut self, now: Time, output: ShardOutput) {
+        self.advance(now);
+        self.shard_output(output);
+    }
+
+    /// The shard of `channel` when the core drives its shards.
+    fn inline_shard(&mut self, channel: &ChannelId) -> Result<&mut ChannelShard, NodeError> {
+        match &mut self.shards {
+            Shards::Inline(shards) => {
+                let index = shard_of(channel, shards.len());
+                Ok(&mut shards[index])
+            }
+            Shards::Detached { .. } => Err(NodeError::Stopped),
+        }
+    }
+
+    /// Hands `input` to the shard of `channel`.
+    fn to_shard(&mut self, channel: &ChannelId, input: ShardInput) {
+        let index = shard_of(channel, self.shards.count());
+        self.to_shard_index(index, input);
+    }
+
+    fn to_shard_index(&mut self, index: usize, input: ShardInput) {
+        self.tell_shards_what_is_served();
+        let now = self.now;
+        match &mut self.shards {
+            Shards::Inline(shards) => shards[index].handle(now, input),
+            Shards::Detached { inputs, .. } => inputs.push_back((index, input)),
+        }
+    }
+
+    /// Gives every shard the served groups and hash-slot table when they changed since they were told.
+    fn tell_shards_what_is_served(&mut self) {
+        let table = self.slot.table();
+        let same_table = Arc::ptr_eq(&table, &self.served.table());
+        if same_table && self.slot.groups().eq(self.served.groups().iter().copied()) {
+            return;
+        }
+        self.served = Arc::new(Served::new(table, self.slot.groups().collect()));
+        let now = self.now;
+        match &mut self.shards {
+            Shards::Inline(shards) => {
+                for shard in shards {
+                    shard.handle(now, ShardInput::Served(Arc::clone(&self.served)));
+                }
+            }
+            Shards::Detached { count, inputs } => {
+                for index in 0..*count {
+                    inputs.push_back((index, ShardInput::Served(Arc::clone(&self.served))));
+                }
+            }
+        }
+    }
+
+    /// A channel message from a peer: to its channel's shard.
+    fn channel_message(&mut self, from: NodeId, message: ChannelMessage) {
+        let channel = message.channel().clone();
+        self.to_shard(&channel, ShardInput::Message { from, message });
+    }
+
+    /// What a shard asks of the core.
+    fn shard_output(&mut self, output: ShardOutput) {
+        match output {
+            ShardOutput::Effect(effect) => self.effects.push_back(effect),
+            ShardOutput::Committed { channel, seq, sender } => {
+                self.fanout_waiting.push_back((channel, seq, sender));
+                self.feed_fanout();
+            }
+            ShardOutput::Propose(command) => {
+                // A refused proposal is retried by the machine after its proposal timeout.
+                let _ = self.propose_for(&command, ProposalPurpose::Internal);
+            }
+            ShardOutput::FetchMeta(channel) => self.fetch_meta(&channel),
+            ShardOutput::Loopback(message) => self.loopback.push_back(message),
+            ShardOutput::TaskMeta { api, meta, start } => self.start_task_with(api, meta, start),
+        }
     }
 
     fn advance(&mut self, now: Time) {
         self.now = self.now.max(now);
-    }
-
-    fn next_id(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        id
     }
 
     fn done(&mut self, id: ApiId, result: ApiResult) {
@@ -817,23 +796,10 @@ impl NodeCore {
         }
     }
 
-    fn wait_for_meta(&mut self, api: ApiId, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord>) {
-        let queue = self.waiting.entry(channel.clone()).or_default();
-        if queue.len() >= self.config.waiting_appends_max {
-            self.done(api, ApiResult::Appended(Err(NodeError::Busy(channel))));
-            return;
-        }
-        let first = queue.is_empty();
-        queue.push(Waiting { api, sender, records, deadline: self.now + META_WAIT });
-        if first {
-            self.fetch_meta(&channel);
-        }
-    }
-
     /// Asks the channel's slot group for its meta (this node's replica if it serves the group).
     fn fetch_meta(&mut self, channel: &ChannelId) {
         let group = self.slot.table().group_of_key(channel.route_key());
-        if self.serves_group_of(channel) {
+        if self.slot.groups().any(|g| g == group) {
             if let Ok(Some(meta)) = self.reader.runtime_meta(channel) {
                 self.learn_meta(meta);
                 return;
@@ -886,7 +852,7 @@ impl NodeCore {
     /// not finish in `controller.drain_timeout` unfences and fails with
     /// [`TaskError::DrainTimedOut`](crate::node::TaskError::DrainTimedOut), the leader unchanged.
     pub fn transfer_leader(&mut self, now: Time, id: ApiId, channel: ChannelId, target: NodeId) {
-        self.start_task(now, id, channel, |controller, now, meta| controller.start_transfer(now, id, meta, target));
+        self.start_task(now, id, channel, TaskStart::Transfer { target });
     }
 
     /// Replaces replica `from` of `channel` by `to` as a controller task run by this node: `to` joins as a
@@ -894,28 +860,28 @@ impl NodeCore {
     /// that puts `to` in the ISR and takes `from` out (and hands over the leadership if `from` led),
     /// unfence. [`NodeEffect::Done`] with [`ApiResult::Task`] follows.
     pub fn replace_replica(&mut self, now: Time, id: ApiId, channel: ChannelId, from: NodeId, to: NodeId) {
-        self.start_task(now, id, channel, |controller, now, meta| {
-            controller.start_replace(now, Some(id), meta, from, to)
-        });
+        self.start_task(now, id, channel, TaskStart::Replace { from, to });
     }
 
-    /// Starts a controller task on the meta this node knows for `channel` (a stale one fails the task's
-    /// first compare-and-set, and the caller retries).
-    fn start_task(
-        &mut self,
-        now: Time,
-        id: ApiId,
-        channel: ChannelId,
-        start: impl FnOnce(&mut Controller, Time, ChannelRuntimeMeta) -> Result<(), super::controller::TaskError>,
-    ) {
+    /// Starts a controller task on the meta this node knows for `channel`, which its shard looks up (a
+    /// stale one fails the task's first compare-and-set, and the caller retries).
+    fn start_task(&mut self, now: Time, api: ApiId, channel: ChannelId, start: TaskStart) {
         self.advance(now);
-        let Some(meta) = self.known_meta(&channel) else {
-            self.fetch_meta(&channel);
-            self.done(id, ApiResult::Task(Err(NodeError::UnknownChannel(channel))));
-            return;
+        self.to_shard(&channel.clone(), ShardInput::TaskMeta { api, channel, start });
+    }
+
+    /// The shard answered with the meta a task starts from (`Err`: the channel it does not know).
+    fn start_task_with(&mut self, api: ApiId, meta: Result<ChannelRuntimeMeta, ChannelId>, start: TaskStart) {
+        let meta = match meta {
+            Ok(meta) => meta,
+            Err(channel) => return self.done(api, ApiResult::Task(Err(NodeError::UnknownChannel(channel)))),
         };
-        if let Err(error) = start(&mut self.controller, self.now, meta) {
-            self.done(id, ApiResult::Task(Err(error.into())));
+        let started = match start {
+            TaskStart::Transfer { target } => self.controller.start_transfer(self.now, api, meta, target),
+            TaskStart::Replace { from, to } => self.controller.start_replace(self.now, Some(api), meta, from, to),
+        };
+        if let Err(error) = started {
+            self.done(api, ApiResult::Task(Err(error.into())));
         }
     }
 
@@ -1005,22 +971,6 @@ impl NodeCore {
         self.propose(now, id, Command::AbortGroupMove { group });
     }
 
-    /// Asks for a failover of every channel whose local replica is named leader but cannot lead, at
-    /// most once per `FAILOVER_REQUEST_INTERVAL` each, until a new meta arrives.
-    fn request_failovers(&mut self) {
-        let due: Vec<ChannelId> =
-            self.cannot_lead.iter().filter(|(_, at)| **at <= self.now).map(|(c, _)| c.clone()).collect();
-        for channel in due {
-            self.cannot_lead.insert(channel.clone(), self.now + FAILOVER_REQUEST_INTERVAL);
-            let Some(version) = self.metas.get(&channel).map(|m| m.version) else { continue };
-            // To every node: only the leader of the channel's slot group acts, and this node's idea of who
-            // leads it, or even of who its members are (replica moves change them), may be stale.
-            for to in self.config.nodes.clone() {
-                self.send_node(to, NodeMessage::RequestFailover { channel: channel.clone(), version });
-            }
-        }
-    }
-
     /// Carries out the controller's actions and the messages this node sent itself.
     fn run_controller(&mut self) {
         loop {
@@ -1051,298 +1001,17 @@ impl NodeCore {
         }
     }
 
-    /// A controller asks this replica for evidence under a fenced meta.
-    fn answer_evidence(&mut self, from: NodeId, task: u64, meta: ChannelRuntimeMeta) {
-        let channel = meta.channel.clone();
-        self.learn_meta(meta);
-        // An evicted replica (or one whose activation failed) answers from a new incarnation.
-        self.activate(&channel);
-        let Some(machine) = self.channels.get(&channel) else { return };
-        let Some(version) = machine.meta().map(|m| m.version) else { return };
-        let evidence = machine.evidence();
-        let drain = machine.drain_status();
-        let report = EvidenceReport {
-            last_epoch: evidence.last_epoch,
-            last_seq: evidence.last_seq,
-            // The HW in memory: the checkpointed one may trail it, and a replacement counts holders of HW.
-            hw: drain.hw.max(evidence.hw),
-            pending_appends: u32::try_from(drain.pending_appends).unwrap_or(u32::MAX),
-            log_end: drain.log_end,
-            drained: drain.drained,
-            fenced_by: machine.meta().and_then(|m| m.write_fence).map(|f| f.task),
-        };
-        self.send_node(from, NodeMessage::EvidenceReply { task, channel, version, report });
-    }
-
-    /// A meta arrived (pushed, fetched or applied here): keep the newest, hand it to the local replica,
-    /// release appends that waited for it.
+    /// A meta arrived (pushed, fetched or applied here): the controller sees it, and the channel's
+    /// shard keeps the newest for its replica and the appends that waited for it.
     fn learn_meta(&mut self, meta: ChannelRuntimeMeta) {
-        let channel = meta.channel.clone();
         self.controller.meta_seen(self.now, &meta);
-        let newer = self.metas.get(&channel).is_none_or(|known| meta.version > known.version);
-        if newer {
-            if self.metas.get(&channel).is_some_and(|known| known.leader_epoch != meta.leader_epoch) {
-                // A new leadership: whatever this replica asked for is settled, and appends forwarded
-                // to another leader end now (outcome unknown: the caller retries with the same keys)
-                // instead of at their timeout.
-                self.cannot_lead.remove(&channel);
-                self.abort_forwards(&channel, meta.leader);
-            }
-            self.metas.insert(channel.clone(), meta.clone());
-            let now = self.now;
-            if let Some(machine) = self.machine_mut(&channel) {
-                // A meta that is not a valid successor is refused by the machine; it keeps the one it has.
-                let _ = machine.handle_meta(now, meta);
-            } else {
-                self.activate(&channel);
-            }
-        }
-        for waiting in self.waiting.remove(&channel).unwrap_or_default() {
-            self.route_append(waiting.api, channel.clone(), waiting.sender, waiting.records);
-        }
+        self.to_shard(&meta.channel.clone(), ShardInput::Meta(meta));
     }
 
-    /// Ends the forwarded appends of `channel` sent to a node other than `leader` with `LeaderChanged`.
-    fn abort_forwards(&mut self, channel: &ChannelId, leader: NodeId) {
-        let stale: Vec<u64> =
-            self.forwarded.iter().filter(|(_, (_, c, to))| c == channel && *to != leader).map(|(id, _)| *id).collect();
-        for id in stale {
-            if let Some((api, ..)) = self.forwarded.remove(&id) {
-                self.done(api, ApiResult::Appended(Err(NodeError::Aborted(AppendAborted::LeaderChanged))));
-            }
-        }
-    }
-
-    /// Evicts channel replicas idle for the configured time and quiescent (nothing pending, everything
-    /// durable and committed). Their logs stay; the next input activates them again.
-    fn evict_idle(&mut self) {
-        let idle_since = self.now - self.config.channel_idle_evict;
-        let evictable: Vec<ChannelId> = self
-            .channels
-            .iter()
-            .filter(|(c, m)| m.is_quiescent() && self.channels.last_used(c).is_none_or(|t| t <= idle_since))
-            .map(|(c, _)| c.clone())
-            .collect();
-        for channel in evictable {
-            let Some(machine) = self.deactivate(&channel) else { continue };
-            if machine.role() == tidings_channel::machine::RoleKind::Leader {
-                if let Some(meta) = machine.meta() {
-                    self.resumable.insert(channel.clone(), meta.leader_epoch);
-                }
-            }
-            self.forget_meta_if_stored(&channel);
-        }
-    }
-
-    /// The meta this node knows for `channel`: in memory, or (for an evicted replica whose meta was let go)
-    /// read back from this node's replica of the channel's slot group.
-    fn known_meta(&mut self, channel: &ChannelId) -> Option<ChannelRuntimeMeta> {
-        if let Some(meta) = self.metas.get(channel) {
-            return Some(meta.clone());
-        }
-        if !self.serves_group_of(channel) {
-            return None;
-        }
-        let meta = self.reader.runtime_meta(channel).ok().flatten()?;
-        self.metas.insert(channel.clone(), meta.clone());
-        Some(meta)
-    }
-
-    /// Lets go of an evicted replica's meta when this node's slot replica keeps it (read back on the next
-    /// use), so an idle channel costs little more than its log.
-    fn forget_meta_if_stored(&mut self, channel: &ChannelId) {
-        if !self.serves_group_of(channel) {
-            return;
-        }
-        // Only when the stored one is at least as new: reading back an older meta would be a step back.
-        let known = self.metas.get(channel).map(|m| m.version);
-        let stored = self.reader.runtime_meta(channel).ok().flatten().map(|m| m.version);
-        if stored.is_some() && stored >= known {
-            self.metas.remove(channel);
-            shrink_if_sparse(&mut self.metas);
-        }
-    }
-
-    /// Makes room for one activation: evicts the least recently used quiescent replica. O(active) but
-    /// only at the cap, which idle eviction normally keeps the node below.
-    fn evict_one(&mut self) -> bool {
-        let victim = self
-            .channels
-            .iter()
-            .filter(|(_, m)| m.is_quiescent())
-            .min_by_key(|(c, _)| (self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
-            .map(|(c, _)| c.clone());
-        let Some(victim) = victim else { return false };
-        if let Some(machine) = self.deactivate(&victim) {
-            if machine.role() == tidings_channel::machine::RoleKind::Leader {
-                if let Some(meta) = machine.meta() {
-                    self.resumable.insert(victim.clone(), meta.leader_epoch);
-                }
-            }
-        }
-        self.forget_meta_if_stored(&victim);
-        true
-    }
-
-    /// Takes the channel's machine out of memory (its log stays); the next input activates a new
-    /// incarnation from the store.
-    fn deactivate(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
-        let machine = self.channels.remove(channel)?;
-        self.log.release_caches(channel);
-        Some(machine)
-    }
-
-    /// Number of channel replicas active in memory.
-    pub fn active_channels(&self) -> usize {
-        self.channels.len()
-    }
-
-    /// Creates the local replica of `channel` if this node is one and the meta is known: open the log
-    /// state, load the recent records, apply the full meta, then accept traffic.
-    fn activate(&mut self, channel: &ChannelId) {
-        if self.channels.contains(channel) {
-            return;
-        }
-        let Some(meta) = self.known_meta(channel) else { return };
-        if !meta.is_replica(self.config.node) {
-            return;
-        }
-        if self.channels.len() >= self.config.active_channels_max && !self.evict_one() {
-            self.refused_activations += 1;
-            return;
-        }
-        // A store that cannot be read leaves the replica inactive (the next input tries again): a machine
-        // without its recent records would forget idempotency keys.
-        let Ok(mut state) = self.log.state(channel) else { return };
-        let window = self.config.machine.idempotency_window as u64;
-        let from = Seq::new(state.last_seq.get().saturating_sub(window).saturating_add(1));
-        let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
-        let Ok(recent) = self.log.read(channel, from, state.last_seq, limits) else { return };
-        if let Some(floor) = self.hw_floor.remove(channel) {
-            // Everything up to the last incarnation's HW was committed: the durable prefix below it is
-            // committed too, so HW does not go back.
-            state.hw = state.hw.max(floor.min(state.last_seq));
-        }
-        let incarnation = self.next_incarnation;
-        self.next_incarnation += 1;
-        let mut machine = ChannelMachine::new(
-            channel.clone(),
-            self.config.node,
-            self.config.machine.clone(),
-            incarnation,
-            self.now,
-            state,
-            recent,
-        );
-        if let Some(epoch) = self.resumable.remove(channel) {
-            machine.resume_leadership(epoch);
-        }
-        let _ = machine.handle_meta(self.now, meta);
-        self.channels.insert(channel.clone(), machine, self.now);
-    }
-
-    /// Fails the appends waiting for `channel`'s meta that `expired` selects.
-    fn fail_waiting(&mut self, channel: &ChannelId, expired: impl Fn(&Waiting) -> bool) {
-        let Some(queue) = self.waiting.remove(channel) else { return };
-        let (failed, kept): (Vec<Waiting>, Vec<Waiting>) = queue.into_iter().partition(|w| expired(w));
-        if !kept.is_empty() {
-            self.waiting.insert(channel.clone(), kept);
-        }
-        for waiting in failed {
-            self.done(waiting.api, ApiResult::Appended(Err(NodeError::UnknownChannel(channel.clone()))));
-        }
-    }
-
+    /// `true` if this node keeps a replica of the slot group owning `channel`.
     fn serves_group_of(&self, channel: &ChannelId) -> bool {
         let group = self.slot.table().group_of_key(channel.route_key());
         self.slot.groups().any(|g| g == group)
-    }
-
-    /// Marks `channel` as in use (eviction waits for it to be idle).
-    fn touch(&mut self, channel: &ChannelId) {
-        self.channels.touch(channel, self.now);
-    }
-
-    fn append_locally(
-        &mut self,
-        origin: AppendOrigin,
-        channel: &ChannelId,
-        sender: Option<String>,
-        records: Vec<AppendRecord>,
-    ) {
-        self.activate(channel);
-        self.touch(channel);
-        let request = self.next_id();
-        let now = self.now;
-        let Some(machine) = self.machine_mut(channel) else {
-            let full = self.channels.len() >= self.config.active_channels_max;
-            let error = if full { RemoteAppendError::TooManyChannels } else { RemoteAppendError::NotReplica };
-            self.fail_append(origin, error);
-            return;
-        };
-        match machine.handle_append(now, AppendRequest { id: RequestId(request), records }) {
-            Ok(()) => {
-                self.appends.insert(request, (origin, sender));
-            }
-            Err(error) => self.fail_append(origin, RemoteAppendError::Refused(error)),
-        }
-    }
-
-    fn fail_append(&mut self, origin: AppendOrigin, error: RemoteAppendError) {
-        match origin {
-            AppendOrigin::Local(api) => {
-                let error = match error {
-                    RemoteAppendError::Refused(e) => NodeError::Append(e),
-                    RemoteAppendError::Aborted(e) => NodeError::Aborted(e),
-                    other => NodeError::Remote(other),
-                };
-                self.done(api, ApiResult::Appended(Err(error)));
-            }
-            AppendOrigin::Remote { node, id } => {
-                self.send_node(node, NodeMessage::AppendReply { id, result: Err(error) })
-            }
-        }
-    }
-
-    fn channel_message(&mut self, from: NodeId, message: ChannelMessage) {
-        let channel = message.channel().clone();
-        // Answers and hints of an older leadership change nothing: refused here and counted. (A stale
-        // pull goes on: the leader answers it with `StaleEpoch`, which sends the follower for the meta.)
-        let epoch = match &message {
-            ChannelMessage::Hint(hint) => Some(hint.leader_epoch),
-            ChannelMessage::PullResponse(response) => Some(response.leader_epoch),
-            ChannelMessage::Pull(_) => None,
-        };
-
-        // New data keeps a channel in memory; replication keep-alives (empty answers to long polls) do
-        // not, and do not bring an evicted replica back either.
-        let news = match &message {
-            ChannelMessage::Hint(_) => true,
-            ChannelMessage::PullResponse(response) => {
-                !matches!(&response.body, tidings_channel::machine::PullBody::Records { records, .. } if records.is_empty())
-            }
-            ChannelMessage::Pull(_) => false,
-        };
-        let evicted = !self.channels.contains(&channel);
-        if evicted && matches!(&message, ChannelMessage::PullResponse(_)) && !news {
-            return;
-        }
-        if news {
-            self.touch(&channel);
-        }
-        self.activate(&channel);
-        let now = self.now;
-        match self.machine_mut(&channel) {
-            Some(machine) => {
-                // Checked against the replica's own meta: no extra lookup on the hot path.
-                if epoch.is_some_and(|e| machine.meta().is_some_and(|m| e < m.leader_epoch)) {
-                    self.stale_messages += 1;
-                } else {
-                    machine.handle_message(now, from, message);
-                }
-            }
-            None => self.fetch_meta(&channel),
-        }
     }
 
     fn node_message(&mut self, from: NodeId, message: NodeMessage) {
@@ -1354,14 +1023,17 @@ impl NodeCore {
                 Ok(None) if self.serves_group_of(&channel) => self.send_node(from, NodeMessage::MetaMissing(channel)),
                 _ => {}
             },
-            NodeMessage::MetaMissing(channel) => self.fail_waiting(&channel, |_| true),
+            NodeMessage::MetaMissing(channel) => self.to_shard(&channel.clone(), ShardInput::MetaMissing(channel)),
             NodeMessage::AppendForward { id, channel, sender, records } => {
                 let records =
                     records.into_iter().map(|(key, payload)| AppendRecord { idempotency_key: key, payload }).collect();
-                self.append_locally(AppendOrigin::Remote { node: from, id }, &channel, sender, records);
+                self.to_shard(&channel.clone(), ShardInput::Forwarded { from, id, channel, sender, records });
             }
             NodeMessage::Ping => {}
-            NodeMessage::EvidenceRequest { task, meta } => self.answer_evidence(from, task, meta),
+            NodeMessage::EvidenceRequest { task, meta } => {
+                self.controller.meta_seen(self.now, &meta);
+                self.to_shard(&meta.channel.clone(), ShardInput::Evidence { from, task, meta });
+            }
             NodeMessage::EvidenceReply { task, channel, version, report } => {
                 self.controller.evidence(self.now, from, task, &channel, version, report)
             }
@@ -1400,14 +1072,8 @@ impl NodeCore {
                 }
             }
             NodeMessage::AppendReply { id, result } => {
-                if let Some((api, ..)) = self.forwarded.remove(&id) {
-                    let result = result.map_err(|e| match e {
-                        RemoteAppendError::Refused(e) => NodeError::Append(e),
-                        RemoteAppendError::Aborted(e) => NodeError::Aborted(e),
-                        other => NodeError::Remote(other),
-                    });
-                    self.done(api, ApiResult::Appended(result));
-                }
+                let index = shard_of_id(id, self.shards.count());
+                self.to_shard_index(index, ShardInput::Reply { id, result });
             }
         }
     }
@@ -1418,14 +1084,6 @@ impl NodeCore {
         } else {
             self.send(to, FrameBody::Node(message));
         }
-    }
-
-    fn send_channel_batch(&mut self, to: NodeId, mut batch: Vec<ChannelMessage>) {
-        let body = match batch.len() {
-            1 => FrameBody::Channel(batch.pop().expect("one message")),
-            _ => FrameBody::Channels(batch),
-        };
-        self.send(to, body);
     }
 
     fn send(&mut self, to: NodeId, body: FrameBody) {
@@ -1471,9 +1129,7 @@ impl NodeCore {
             }
             FanoutEffect::Finished { job, .. } => {
                 if let Some(channel) = self.fanout_jobs.remove(&job) {
-                    if let Some(machine) = self.machine_mut(&channel) {
-                        machine.release_handoff(1);
-                    }
+                    self.to_shard(&channel.clone(), ShardInput::ReleaseHandoff { channel, count: 1 });
                 }
                 self.feed_fanout();
             }
@@ -1482,39 +1138,48 @@ impl NodeCore {
 
     /// Moves effects of the slot driver and the channel machines into node effects.
     fn pump(&mut self) {
-        self.run_controller();
-        while let Some(effect) = self.slot.poll_effect() {
-            self.slot_effect(effect);
-        }
-        // Effects may touch further channels (or this one again): drain until nothing is dirty.
-        while let Some(channel) = self.channels.pop_dirty() {
-            while let Some(effect) = self.channels.machine_mut(&channel).and_then(ChannelMachine::poll_effect) {
-                self.channel_effect(&channel, effect);
+        loop {
+            self.run_controller();
+            self.drain_slot();
+            let moved = self.drain_shards();
+            // Shard outputs may have produced slot proposals (meta changes): drain those too.
+            self.drain_slot();
+            while let Some(effect) = self.fanout.poll_effect() {
+                self.fanout_effect(effect);
             }
-            self.channels.reschedule(&channel);
-        }
-        // Channel effects may have produced slot proposals (meta changes): drain those too.
-        while let Some(effect) = self.slot.poll_effect() {
-            self.slot_effect(effect);
-        }
-        while let Some(effect) = self.fanout.poll_effect() {
-            self.fanout_effect(effect);
-        }
-        // Slot outcomes and metas above may have moved controller tasks on: carry out their actions now
-        // (their proposals and sends become effects on the next drain).
-        self.run_controller();
-        while let Some(effect) = self.slot.poll_effect() {
-            self.slot_effect(effect);
-        }
-        let batches: Vec<_> = self.outbox.drain().collect();
-        for (to, batch) in batches {
-            self.send_channel_batch(to, batch);
+            // Slot outcomes and metas above may have moved controller tasks on: carry out their actions
+            // now (their proposals and sends become effects on the next drain).
+            self.run_controller();
+            self.drain_slot();
+            // What the shards asked for may have handed inputs to shards drained before: go round
+            // again, unless there are effects to carry out first (the next poll comes back here).
+            if !moved || !self.effects.is_empty() {
+                return;
+            }
         }
     }
 
-    /// The channel machine `channel`, marked for draining.
-    fn machine_mut(&mut self, channel: &ChannelId) -> Option<&mut ChannelMachine> {
-        self.channels.get_marked(channel)
+    fn drain_slot(&mut self) {
+        while let Some(effect) = self.slot.poll_effect() {
+            self.slot_effect(effect);
+        }
+    }
+
+    /// Drains the outputs of the shards the core drives, in index order. `true` if there were any.
+    fn drain_shards(&mut self) -> bool {
+        let mut moved = false;
+        for index in 0..self.shards.count() {
+            loop {
+                let output = match &mut self.shards {
+                    Shards::Inline(shards) => shards[index].poll_output(),
+                    Shards::Detached { .. } => None,
+                };
+                let Some(output) = output else { break };
+                moved = true;
+                self.shard_output(output);
+            }
+        }
+        moved
     }
 
     fn slot_effect(&mut self, effect: SlotEffect) {
@@ -1594,76 +1259,6 @@ impl NodeCore {
             ProposalPurpose::Fan(api) => self.fan_done(api, applied.err()),
             ProposalPurpose::Internal => {}
             ProposalPurpose::Task { .. } | ProposalPurpose::SlotMigration { .. } => {}
-        }
-    }
-
-    fn channel_effect(&mut self, channel: &ChannelId, effect: Effect) {
-        match effect {
-            Effect::Persist { token, batch } => self.effects.push_back(NodeEffect::Persist { token, batch }),
-            Effect::Send { to, message } => {
-                if let Some(batch) = self.outbox.push(to, message) {
-                    self.send_channel_batch(to, batch);
-                }
-            }
-            Effect::Read { token, from, through, max_bytes } => {
-                self.effects.push_back(NodeEffect::Read { channel: channel.clone(), token, from, through, max_bytes })
-            }
-            Effect::AppendDone { id, result } => {
-                let Some((origin, sender)) = self.appends.remove(&id.0) else { return };
-                if let (Some(sender), Ok(seqs), true) = (sender, &result, self.config.fanout_enabled) {
-                    // AppendDone comes before the `Committed` that hands these seqs to fanout.
-                    for seq in seqs {
-                        self.senders.insert((channel.clone(), *seq), sender.clone());
-                    }
-                }
-                match (origin, result) {
-                    (AppendOrigin::Local(api), Ok(seqs)) => self.done(api, ApiResult::Appended(Ok(seqs))),
-                    (AppendOrigin::Remote { node, id }, Ok(seqs)) => {
-                        self.send_node(node, NodeMessage::AppendReply { id, result: Ok(seqs) })
-                    }
-                    (origin, Err(aborted)) => self.fail_append(origin, RemoteAppendError::Aborted(aborted)),
-                }
-            }
-            Effect::Committed { last, messages, .. } => {
-                if self.config.fanout_enabled {
-                    for seq in messages {
-                        let sender = self.senders.remove(&(channel.clone(), seq));
-                        self.fanout_waiting.push_back((channel.clone(), seq, sender));
-                    }
-                    // Senders of retries answered from committed records have no `Committed` of their own.
-                    let stale: Vec<_> = self
-                        .senders
-                        .range((channel.clone(), Seq::new(0))..=(channel.clone(), last))
-                        .map(|(k, _)| k.clone())
-                        .collect();
-                    for key in stale {
-                        self.senders.remove(&key);
-                    }
-                    self.feed_fanout();
-                } else if let Some(machine) = self.machine_mut(channel) {
-                    machine.release_handoff(messages.len());
-                }
-            }
-            Effect::ProposeMeta { expected_version, meta, .. } => {
-                let command = Command::CasRuntimeMeta { expected_version, meta, proof: None };
-                // A refused proposal is retried by the machine after its proposal timeout.
-                let _ = self.propose_for(&command, ProposalPurpose::Internal);
-            }
-            Effect::RefreshMeta => self.fetch_meta(channel),
-            Effect::NeedsFailover => {
-                tracing::warn!(%channel, node = %self.config.node, "channel replica cannot lead: asking for a failover");
-                self.cannot_lead.insert(channel.clone(), self.now);
-            }
-            Effect::StorageFailed => {
-                // The machine stops writing for good; a new incarnation starts from what the store holds
-                // durably, under the new leader epoch the failover brings.
-                tracing::warn!(%channel, node = %self.config.node, "channel log failed: asking for a failover");
-                self.cannot_lead.insert(channel.clone(), self.now);
-                self.storage_failures += 1;
-                if let Some(machine) = self.deactivate(channel) {
-                    self.hw_floor.insert(channel.clone(), machine.hw());
-                }
-            }
         }
     }
 }

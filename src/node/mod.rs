@@ -9,6 +9,7 @@ mod error;
 mod fanout;
 mod message;
 mod outbox;
+pub(crate) mod shard;
 
 pub use self::core::{ApiId, ApiResult, ChannelStatus, NodeCore, NodeEffect, NodeStatus};
 pub use config::NodeConfig;

@@ -1,0 +1,941 @@
+//! `ChannelShard`: the channel side of a node — the channel replicas whose channels hash to one shard,
+//! and everything kept per channel around them (metas, appends waiting for a meta, append origins,
+//! forwarded appends, resumable leaderships, HW floors, failover requests, eviction). Sans-IO like
+//! the rest of the core: it takes inputs with `now` and returns outputs.
+//!
+//! A node splits its channels over a fixed number of shards by the hash slot of the channel id
+//! ([`shard_of`]); a channel always lives in one shard, and shards share nothing. [`NodeCore`] keeps
+//! the slot groups, the controller, fanout and routing, and talks to its shards only through
+//! [`ShardInput`] and [`ShardOutput`]: the simulator runs the shards inline, in index order (as
+//! deterministic as one shard), and the threaded runtime runs each on its own reactor thread.
+//!
+//! [`NodeCore`]: super::NodeCore
+
+use super::active::{shrink_if_sparse, ActiveChannels};
+use super::config::NodeConfig;
+use super::controller::EvidenceReport;
+use super::core::{ApiId, ApiResult, ChannelStatus, NodeEffect};
+use super::error::NodeError;
+use super::message::{NodeMessage, RemoteAppendError};
+use super::outbox::ChannelOutbox;
+use crate::frame::{encode, Frame, FrameBody};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use tidings_channel::machine::{
+    AppendAborted, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken, ReadToken,
+    RequestId, RoleKind,
+};
+use tidings_router::HashToSlot;
+use tidings_slot::command::{Command, MemberList, RoutingKey};
+use tidings_slot::model::Uid;
+use tidings_slot::query::SlotReader;
+use tidings_store::message::{MessageLog, ReadLimits, Record, RecordKind};
+use tidings_store::StoreError;
+use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, LeaderEpoch, NodeId, Seq, Time};
+
+/// How long an append waits for its channel's meta before failing with `UnknownChannel`.
+const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Extra wait for a forwarded append's reply beyond the leader's append timeout.
+const FORWARD_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
+/// A replica that cannot lead repeats its failover request this often until the meta changes.
+const FAILOVER_REQUEST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Idle eviction looks at every active replica of the shard: at most this often.
+const EVICT_SCAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Most shards a node runs: ids the shard hands out carry its index in one byte.
+pub(crate) const SHARDS_MAX: usize = 256;
+/// Ids a shard hands out (append requests, forwarded appends) count in the low 24 bits, above them the
+/// shard's index, above that the node's boot id.
+const ID_COUNTER_BITS: u32 = 24;
+
+/// The shard of `channel` among `shards`: by its hash slot, which spreads channels evenly.
+pub(crate) fn shard_of(channel: &ChannelId, shards: usize) -> usize {
+    usize::from(tidings_router::hash_slot(channel.route_key()).index()) % shards.max(1)
+}
+
+/// The shard that handed out `id` (a forwarded append's id, echoed in its reply).
+pub(crate) fn shard_of_id(id: u64, shards: usize) -> usize {
+    usize::try_from((id >> ID_COUNTER_BITS) & 0xff).unwrap_or(0) % shards.max(1)
+}
+
+/// Which slot groups this node serves, and the hash-slot table: what a shard needs to know whether
+/// this node's metadata store holds a channel's meta (or a user's record). `NodeCore` hands a new one
+/// to its shards whenever either changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Served {
+    table: Arc<HashToSlot>,
+    groups: Vec<GroupId>,
+}
+
+impl Served {
+    pub(crate) fn new(table: Arc<HashToSlot>, groups: Vec<GroupId>) -> Self {
+        Self { table, groups }
+    }
+
+    /// `true` if this node keeps a replica of the slot group owning `key`.
+    pub(crate) fn serves_key(&self, key: &[u8]) -> bool {
+        self.groups.contains(&self.table.group_of_key(key))
+    }
+
+    fn serves(&self, channel: &ChannelId) -> bool {
+        self.serves_key(channel.route_key())
+    }
+
+    pub(crate) fn table(&self) -> Arc<HashToSlot> {
+        Arc::clone(&self.table)
+    }
+
+    pub(crate) fn groups(&self) -> &[GroupId] {
+        &self.groups
+    }
+}
+
+/// A controller task an API call starts once the channel's shard gave its meta.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum TaskStart {
+    /// Move the leadership to `target`.
+    Transfer { target: NodeId },
+    /// Replace replica `from` by `to`.
+    Replace { from: NodeId, to: NodeId },
+}
+
+/// An input for a shard.
+#[derive(Debug)]
+pub(crate) enum ShardInput {
+    /// A channel message from a peer.
+    Message { from: NodeId, message: ChannelMessage },
+    /// An API append (`sender`: checked before it is admitted or forwarded).
+    Append { api: ApiId, channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord> },
+    /// An append another node forwarded here (its sender was checked there).
+    Forwarded { from: NodeId, id: u64, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord> },
+    /// The leader's answer to an append this shard forwarded.
+    Reply { id: u64, result: Result<Vec<Seq>, RemoteAppendError> },
+    /// A channel's meta, as the node learned it (pushed, fetched or applied).
+    Meta(ChannelRuntimeMeta),
+    /// The channel's slot group holds no meta for it.
+    MetaMissing(ChannelId),
+    /// A controller on `from` asks this replica for its evidence under the fenced `meta`.
+    Evidence { from: NodeId, task: u64, meta: ChannelRuntimeMeta },
+    /// A durable append finished.
+    Persisted { channel: ChannelId, token: PersistToken, result: Result<(), StoreError> },
+    /// A read for a pull finished.
+    ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
+    /// Fanout finished `count` committed messages of `channel`: their handoff slots are free.
+    ReleaseHandoff { channel: ChannelId, count: usize },
+    /// The node's served groups or hash-slot table changed.
+    Served(Arc<Served>),
+    /// An API call starts a controller task on the channel: the node needs the meta the shard knows.
+    TaskMeta { api: ApiId, channel: ChannelId, start: TaskStart },
+}
+
+/// An output of a shard.
+#[derive(Debug)]
+pub(crate) enum ShardOutput {
+    /// IO (`Send`, `Persist`, `Read`) or an API call's end (`Done`): carried out by whoever runs the
+    /// shard, exactly as the node's own effects.
+    Effect(NodeEffect),
+    /// A committed message for post-commit fanout (the machine holds its handoff slot until
+    /// [`ShardInput::ReleaseHandoff`]).
+    Committed { channel: ChannelId, seq: Seq, sender: Option<String> },
+    /// A metadata proposal (a leader's ISR change); nobody waits for it.
+    Propose(Command),
+    /// The shard needs `channel`'s meta: the node fetches it and answers with [`ShardInput::Meta`].
+    FetchMeta(ChannelId),
+    /// A message for this node's own core (a controller here asked for evidence or a failover).
+    Loopback(NodeMessage),
+    /// The meta a task starts from (`Err`: the shard knows none for the channel, and fetches it).
+    TaskMeta { api: ApiId, meta: Result<ChannelRuntimeMeta, ChannelId>, start: TaskStart },
+}
+
+/// A shard's counters, for the node's status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ShardCounters {
+    pub(crate) refused_activations: u64,
+    pub(crate) stale_messages: u64,
+    pub(crate) storage_failures: u64,
+}
+
+/// What a shard shows of itself: its replicas and counters.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ShardStatus {
+    pub(crate) channels: Vec<ChannelStatus>,
+    pub(crate) counters: ShardCounters,
+}
+
+/// Who waits for an append the local machine admitted.
+#[derive(Debug, Clone, Copy)]
+enum AppendOrigin {
+    Local(ApiId),
+    Remote { node: NodeId, id: u64 },
+}
+
+/// An append waiting for its channel's meta.
+#[derive(Debug)]
+struct Waiting {
+    api: ApiId,
+    sender: Option<String>,
+    records: Vec<AppendRecord>,
+    deadline: Time,
+}
+
+/// The channel side of a node for the channels hashing to one shard (see the module docs).
+pub(crate) struct ChannelShard {
+    index: usize,
+    config: NodeConfig,
+    /// This shard's part of `active_channels_max`.
+    active_max: usize,
+    now: Time,
+    log: Arc<dyn MessageLog>,
+    reader: SlotReader,
+    served: Arc<Served>,
+    /// Active replicas; only those that took an input since their effects were last drained are
+    /// polled, so the cost of an input does not grow with the number of active channels.
+    channels: ActiveChannels,
+    /// Idle eviction scans every replica: at most once per `EVICT_SCAN_INTERVAL`.
+    next_evict_scan: Time,
+    /// Channels evicted while leading and quiescent: the leader epoch their next incarnation may resume.
+    resumable: BTreeMap<ChannelId, LeaderEpoch>,
+    metas: FxHashMap<ChannelId, ChannelRuntimeMeta>,
+    waiting: FxHashMap<ChannelId, Vec<Waiting>>,
+    appends: BTreeMap<u64, (AppendOrigin, Option<String>)>,
+    /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
+    senders: BTreeMap<(ChannelId, Seq), String>,
+    /// Appends forwarded to a channel's leader: the caller, the channel, the leader they went to.
+    forwarded: BTreeMap<u64, (ApiId, ChannelId, NodeId)>,
+    /// When each forwarded append stops waiting for its reply (deadlines are increasing: one timeout).
+    forward_deadlines: VecDeque<(Time, u64)>,
+    /// Channels whose local replica is named leader but cannot lead: when to ask for a failover next.
+    cannot_lead: BTreeMap<ChannelId, Time>,
+    /// HW of replicas taken out of memory after a storage failure: their next incarnation keeps it.
+    hw_floor: BTreeMap<ChannelId, Seq>,
+    id_base: u64,
+    id_counter: u64,
+    next_incarnation: u64,
+    /// Channel messages packed per destination until the end of the drain.
+    outbox: ChannelOutbox,
+    outputs: VecDeque<ShardOutput>,
+    counters: ShardCounters,
+}
+
+impl ChannelShard {
+    /// Shard `index` of `shards` on the node `config` describes.
+    pub(crate) fn new(
+        index: usize,
+        shards: usize,
+        config: NodeConfig,
+        log: Arc<dyn MessageLog>,
+        reader: SlotReader,
+        served: Arc<Served>,
+        now: Time,
+    ) -> Self {
+        let shards = shards.clamp(1, SHARDS_MAX);
+        let index_bits = u64::try_from(index % shards).unwrap_or(0) << ID_COUNTER_BITS;
+        Self {
+            index,
+            active_max: config.active_channels_max.div_ceil(shards).max(1),
+            now,
+            log,
+            reader,
+            served,
+            channels: ActiveChannels::default(),
+            next_evict_scan: now,
+            resumable: BTreeMap::new(),
+            metas: FxHashMap::default(),
+            waiting: FxHashMap::default(),
+            appends: BTreeMap::new(),
+            senders: BTreeMap::new(),
+            forwarded: BTreeMap::new(),
+            forward_deadlines: VecDeque::new(),
+            cannot_lead: BTreeMap::new(),
+            hw_floor: BTreeMap::new(),
+            // Ids of this start live in their own range: see `NodeConfig::boot_id`.
+            id_base: ((config.boot_id & 0xffff_ffff) << 32) | index_bits,
+            id_counter: 0,
+            next_incarnation: now.as_millis().wrapping_mul(1 << 20) + 1,
+            // Batches stay well within what receivers accept (every node runs with the cluster's limit).
+            outbox: ChannelOutbox::new((config.frame_bytes_max / 4).min(4 << 20)),
+            outputs: VecDeque::new(),
+            counters: ShardCounters::default(),
+            config,
+        }
+    }
+
+    /// This shard's index.
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The channel machine of `channel`, if active here.
+    pub(crate) fn channel(&self, channel: &ChannelId) -> Option<&ChannelMachine> {
+        self.channels.get(channel)
+    }
+
+    /// Number of channel replicas active in memory.
+    pub(crate) fn active_channels(&self) -> usize {
+        self.channels.len()
+    }
+
+    /// The shard's replicas (sorted by channel) and counters.
+    pub(crate) fn status(&self) -> ShardStatus {
+        let mut channels: Vec<ChannelStatus> = self
+            .channels
+            .iter()
+            .filter_map(|(channel, machine)| {
+                let meta = machine.meta()?;
+                Some(ChannelStatus {
+                    channel: channel.clone(),
+                    role: machine.role(),
+                    meta_version: meta.version,
+                    leader: meta.leader,
+                    leader_epoch: meta.leader_epoch,
+                    epoch: meta.epoch,
+                    isr: meta.isr.clone(),
+                    hw: machine.hw(),
+                    log_end: machine.log_end(),
+                    durable_last: machine.durable_last(),
+                })
+            })
+            .collect();
+        channels.sort_by(|a, b| a.channel.cmp(&b.channel));
+        ShardStatus { channels, counters: self.counters }
+    }
+
+    /// Next output (drains the machines touched since the last call first).
+    pub(crate) fn poll_output(&mut self) -> Option<ShardOutput> {
+        if self.outputs.is_empty() {
+            self.drain_machines();
+        }
+        self.outputs.pop_front()
+    }
+
+    /// When to call [`ChannelShard::handle_tick`] next (`None`: nothing scheduled).
+    pub(crate) fn poll_timeout(&self) -> Option<Time> {
+        let deadlines = [
+            self.channels.next_timeout(),
+            self.cannot_lead.values().min().copied(),
+            self.forward_deadlines.front().map(|(at, _)| *at),
+            self.waiting.values().flat_map(|queue| queue.iter().map(|w| w.deadline)).min(),
+            (self.channels.len() > 0).then_some(self.next_evict_scan),
+        ];
+        deadlines.into_iter().flatten().min()
+    }
+
+    /// Advances time: channel timers, appends that waited too long for a meta or a forwarded reply,
+    /// failover requests, idle eviction.
+    pub(crate) fn handle_tick(&mut self, now: Time) {
+        self.advance(now);
+        let mut expired: Vec<ChannelId> = self
+            .waiting
+            .iter()
+            .filter(|(_, queue)| queue.iter().any(|w| w.deadline <= now))
+            .map(|(c, _)| c.clone())
+            .collect();
+        expired.sort();
+        for channel in expired {
+            self.fail_waiting(&channel, |w| w.deadline <= now);
+        }
+        self.channels.reschedule_dirty();
+        while let Some(channel) = self.channels.pop_due(self.now) {
+            let now = self.now;
+            if let Some(machine) = self.channels.machine_mut(&channel) {
+                machine.handle_timeout(now);
+            }
+        }
+        while let Some((deadline, forward)) = self.forward_deadlines.front().copied() {
+            if deadline > self.now {
+                break;
+            }
+            self.forward_deadlines.pop_front();
+            if let Some((api, channel, _)) = self.forwarded.remove(&forward) {
+                self.done(api, ApiResult::Appended(Err(NodeError::Aborted(AppendAborted::Timeout))));
+                // The leader may be gone: learn the meta in force (a failover may have named another).
+                self.fetch_meta(&channel);
+            }
+        }
+        self.request_failovers();
+        if self.now >= self.next_evict_scan {
+            self.next_evict_scan = self.now + EVICT_SCAN_INTERVAL;
+            self.evict_idle();
+        }
+    }
+
+    /// Takes one input.
+    pub(crate) fn handle(&mut self, now: Time, input: ShardInput) {
+        self.advance(now);
+        match input {
+            ShardInput::Message { from, message } => self.channel_message(from, message),
+            ShardInput::Append { api, channel, sender, records } => match sender {
+                None => self.route_append(api, channel, None, records),
+                Some(sender) => match self.check_sender(&channel, &sender) {
+                    Ok(()) => self.route_append(api, channel, Some(sender.as_str().to_owned()), records),
+                    Err(error) => self.done(api, ApiResult::Appended(Err(error))),
+                },
+            },
+            ShardInput::Forwarded { from, id, channel, sender, records } => {
+                self.append_locally(AppendOrigin::Remote { node: from, id }, &channel, sender, records)
+            }
+            ShardInput::Reply { id, result } => {
+                if let Some((api, ..)) = self.forwarded.remove(&id) {
+                    self.done(api, ApiResult::Appended(result.map_err(remote_error)));
+                }
+            }
+            ShardInput::Meta(meta) => self.learn_meta(meta),
+            ShardInput::MetaMissing(channel) => self.fail_waiting(&channel, |_| true),
+            ShardInput::Evidence { from, task, meta } => self.answer_evidence(from, task, meta),
+            ShardInput::Persisted { channel, token, result } => {
+                let now = self.now;
+                if let Some(machine) = self.machine_mut(&channel) {
+                    machine.handle_persisted(now, token, result);
+                }
+            }
+            ShardInput::ReadDone { channel, token, result } => {
+                let now = self.now;
+                if let Some(machine) = self.machine_mut(&channel) {
+                    machine.handle_read(now, token, result);
+                }
+            }
+            ShardInput::ReleaseHandoff { channel, count } => {
+                if let Some(machine) = self.machine_mut(&channel) {
+                    machine.release_handoff(count);
+                }
+            }
+            ShardInput::Served(served) => self.served = served,
+            ShardInput::TaskMeta { api, channel, start } => {
+                let meta = self.known_meta(&channel).ok_or_else(|| channel.clone());
+                if meta.is_err() {
+                    self.fetch_meta(&channel);
+                }
+                self.outputs.push_back(ShardOutput::TaskMeta { api, meta, start });
+            }
+        }
+    }
+
+    /// The high watermark of a channel this node replicates: every seq up to it is committed and readable
+    /// here.
+    pub(crate) fn latest(&mut self, now: Time, channel: &ChannelId) -> Result<Seq, NodeError> {
+        self.advance(now);
+        self.activate(channel);
+        self.touch(channel);
+        match self.channels.get(channel) {
+            Some(machine) => Ok(machine.hw()),
+            None if self.metas.contains_key(channel) => Err(NodeError::NotReplica(channel.clone())),
+            None => {
+                self.fetch_meta(channel);
+                Err(NodeError::UnknownChannel(channel.clone()))
+            }
+        }
+    }
+
+    /// Reads committed messages of `channel` from `from` (at most `limit`), bounded by the high watermark
+    /// this replica knows; barrier records are skipped.
+    pub(crate) fn read(
+        &mut self,
+        now: Time,
+        channel: &ChannelId,
+        from: Seq,
+        limit: usize,
+    ) -> Result<Vec<Record>, NodeError> {
+        self.advance(now);
+        self.activate(channel);
+        self.touch(channel);
+        let Some(machine) = self.channels.get(channel) else {
+            if !self.metas.contains_key(channel) {
+                // Learn the meta for next time (a restarted replica activates this way too).
+                self.fetch_meta(channel);
+                return Err(NodeError::UnknownChannel(channel.clone()));
+            }
+            return Err(NodeError::NotReplica(channel.clone()));
+        };
+        let hw = machine.hw();
+        let limits = ReadLimits { records_max: limit, bytes_max: usize::MAX };
+        let records = self.log.read(channel, from, hw, limits)?;
+        Ok(records.into_iter().filter(|r| r.kind == RecordKind::Message).collect())
+    }
+
+    fn advance(&mut self, now: Time) {
+        self.now = self.now.max(now);
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.id_counter = (self.id_counter + 1) & ((1 << ID_COUNTER_BITS) - 1);
+        self.id_base | self.id_counter
+    }
+
+    fn done(&mut self, id: ApiId, result: ApiResult) {
+        self.outputs.push_back(ShardOutput::Effect(NodeEffect::Done { id, result }));
+    }
+
+    /// Refuses a banned sender or one on the channel's deny list, from this node's slot replicas (fails
+    /// closed when it serves neither the user's nor the channel's group).
+    fn check_sender(&self, channel: &ChannelId, sender: &Uid) -> Result<(), NodeError> {
+        if !self.served.serves_key(RoutingKey::Uid(sender).bytes()) || !self.served.serves(channel) {
+            return Err(NodeError::SenderUnverified(sender.clone()));
+        }
+        if self.reader.user(sender)?.is_some_and(|user| user.banned) {
+            return Err(NodeError::SenderBanned(sender.clone()));
+        }
+        if self.reader.is_member(channel, MemberList::Deny, sender)? {
+            return Err(NodeError::SenderDenied(sender.clone()));
+        }
+        Ok(())
+    }
+
+    fn route_append(&mut self, api: ApiId, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord>) {
+        let Some(leader) = self.metas.get(&channel).map(|m| m.leader) else {
+            self.wait_for_meta(api, channel, sender, records);
+            return;
+        };
+        if leader == self.config.node {
+            self.append_locally(AppendOrigin::Local(api), &channel, sender, records);
+        } else {
+            let forward = self.next_id();
+            self.forwarded.insert(forward, (api, channel.clone(), leader));
+            // A lost forward or reply must not leave the caller waiting forever: after the leader's own
+            // append timeout (plus slack for the round trip) the caller gets `Aborted(Timeout)`, outcome
+            // unknown, and retries with the same idempotency keys.
+            let deadline = self.now + self.config.machine.append_timeout + FORWARD_SLACK;
+            self.forward_deadlines.push_back((deadline, forward));
+            let records = records.into_iter().map(|r| (r.idempotency_key, r.payload)).collect();
+            self.send_node(leader, NodeMessage::AppendForward { id: forward, channel, sender, records });
+        }
+    }
+
+    fn wait_for_meta(&mut self, api: ApiId, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord>) {
+        let queue = self.waiting.entry(channel.clone()).or_default();
+        if queue.len() >= self.config.waiting_appends_max {
+            self.done(api, ApiResult::Appended(Err(NodeError::Busy(channel))));
+            return;
+        }
+        let first = queue.is_empty();
+        queue.push(Waiting { api, sender, records, deadline: self.now + META_WAIT });
+        if first {
+            self.fetch_meta(&channel);
+        }
+    }
+
+    /// Learns `channel`'s meta: from this node's slot replica right away when it keeps one, else the
+    /// node fetches it.
+    fn fetch_meta(&mut self, channel: &ChannelId) {
+        if self.served.serves(channel) {
+            if let Ok(Some(meta)) = self.reader.runtime_meta(channel) {
+                self.learn_meta(meta);
+                return;
+            }
+        }
+        self.outputs.push_back(ShardOutput::FetchMeta(channel.clone()));
+    }
+
+    /// Asks for a failover of every channel whose local replica is named leader but cannot lead, at
+    /// most once per `FAILOVER_REQUEST_INTERVAL` each, until a new meta arrives.
+    fn request_failovers(&mut self) {
+        let due: Vec<ChannelId> =
+            self.cannot_lead.iter().filter(|(_, at)| **at <= self.now).map(|(c, _)| c.clone()).collect();
+        for channel in due {
+            self.cannot_lead.insert(channel.clone(), self.now + FAILOVER_REQUEST_INTERVAL);
+            let Some(version) = self.metas.get(&channel).map(|m| m.version) else { continue };
+            // To every node: only the leader of the channel's slot group acts, and this node's idea of who
+            // leads it, or even of who its members are (replica moves change them), may be stale.
+            for to in self.config.nodes.clone() {
+                self.send_node(to, NodeMessage::RequestFailover { channel: channel.clone(), version });
+            }
+        }
+    }
+
+    /// A controller asks this replica for evidence under a fenced meta.
+    fn answer_evidence(&mut self, from: NodeId, task: u64, meta: ChannelRuntimeMeta) {
+        let channel = meta.channel.clone();
+        self.learn_meta(meta);
+        // An evicted replica (or one whose activation failed) answers from a new incarnation.
+        self.activate(&channel);
+        let Some(machine) = self.channels.get(&channel) else { return };
+        let Some(version) = machine.meta().map(|m| m.version) else { return };
+        let evidence = machine.evidence();
+        let drain = machine.drain_status();
+        let report = EvidenceReport {
+            last_epoch: evidence.last_epoch,
+            last_seq: evidence.last_seq,
+            // The HW in memory: the checkpointed one may trail it, and a replacement counts holders of HW.
+            hw: drain.hw.max(evidence.hw),
+            pending_appends: u32::try_from(drain.pending_appends).unwrap_or(u32::MAX),
+            log_end: drain.log_end,
+            drained: drain.drained,
+            fenced_by: machine.meta().and_then(|m| m.write_fence).map(|f| f.task),
+        };
+        self.send_node(from, NodeMessage::EvidenceReply { task, channel, version, report });
+    }
+
+    /// A meta arrived: keep the newest, hand it to the local replica, release appends that waited for it.
+    fn learn_meta(&mut self, meta: ChannelRuntimeMeta) {
+        let channel = meta.channel.clone();
+        let newer = self.metas.get(&channel).is_none_or(|known| meta.version > known.version);
+        if newer {
+            if self.metas.get(&channel).is_some_and(|known| known.leader_epoch != meta.leader_epoch) {
+                // A new leadership: whatever this replica asked for is settled, and appends forwarded
+                // to another leader end now (outcome unknown: the caller retries with the same keys)
+                // instead of at their timeout.
+                self.cannot_lead.remove(&channel);
+                self.abort_forwards(&channel, meta.leader);
+            }
+            self.metas.insert(channel.clone(), meta.clone());
+            let now = self.now;
+            if let Some(machine) = self.machine_mut(&channel) {
+                // A meta that is not a valid successor is refused by the machine; it keeps the one it has.
+                let _ = machine.handle_meta(now, meta);
+            } else {
+                self.activate(&channel);
+            }
+        }
+        for waiting in self.waiting.remove(&channel).unwrap_or_default() {
+            self.route_append(waiting.api, channel.clone(), waiting.sender, waiting.records);
+        }
+    }
+
+    /// Ends the forwarded appends of `channel` sent to a node other than `leader` with `LeaderChanged`.
+    fn abort_forwards(&mut self, channel: &ChannelId, leader: NodeId) {
+        let stale: Vec<u64> =
+            self.forwarded.iter().filter(|(_, (_, c, to))| c == channel && *to != leader).map(|(id, _)| *id).collect();
+        for id in stale {
+            if let Some((api, ..)) = self.forwarded.remove(&id) {
+                self.done(api, ApiResult::Appended(Err(NodeError::Aborted(AppendAborted::LeaderChanged))));
+            }
+        }
+    }
+
+    /// Evicts channel replicas idle for the configured time and quiescent (nothing pending, everything
+    /// durable and committed). Their logs stay; the next input activates them again.
+    fn evict_idle(&mut self) {
+        let idle_since = self.now - self.config.channel_idle_evict;
+        let evictable: Vec<ChannelId> = self
+            .channels
+            .iter()
+            .filter(|(c, m)| m.is_quiescent() && self.channels.last_used(c).is_none_or(|t| t <= idle_since))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in evictable {
+            self.evict(&channel);
+        }
+    }
+
+    /// Makes room for one activation: evicts the least recently used quiescent replica. O(active) but
+    /// only at the cap, which idle eviction normally keeps the shard below.
+    fn evict_one(&mut self) -> bool {
+        let victim = self
+            .channels
+            .iter()
+            .filter(|(_, m)| m.is_quiescent())
+            .min_by_key(|(c, _)| (self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
+            .map(|(c, _)| c.clone());
+        let Some(victim) = victim else { return false };
+        self.evict(&victim);
+        true
+    }
+
+    /// Takes a quiescent replica out of memory; a leader's epoch is kept for its next incarnation to
+    /// resume, and its meta is let go when this node's slot replica keeps it.
+    fn evict(&mut self, channel: &ChannelId) {
+        if let Some(machine) = self.deactivate(channel) {
+            if machine.role() == RoleKind::Leader {
+                if let Some(meta) = machine.meta() {
+                    self.resumable.insert(channel.clone(), meta.leader_epoch);
+                }
+            }
+        }
+        self.forget_meta_if_stored(channel);
+    }
+
+    /// The meta this shard knows for `channel`: in memory, or (for an evicted replica whose meta was let
+    /// go) read back from this node's replica of the channel's slot group.
+    fn known_meta(&mut self, channel: &ChannelId) -> Option<ChannelRuntimeMeta> {
+        if let Some(meta) = self.metas.get(channel) {
+            return Some(meta.clone());
+        }
+        if !self.served.serves(channel) {
+            return None;
+        }
+        let meta = self.reader.runtime_meta(channel).ok().flatten()?;
+        self.metas.insert(channel.clone(), meta.clone());
+        Some(meta)
+    }
+
+    /// Lets go of an evicted replica's meta when this node's slot replica keeps it (read back on the next
+    /// use), so an idle channel costs little more than its log.
+    fn forget_meta_if_stored(&mut self, channel: &ChannelId) {
+        if !self.served.serves(channel) {
+            return;
+        }
+        // Only when the stored one is at least as new: reading back an older meta would be a step back.
+        let known = self.metas.get(channel).map(|m| m.version);
+        let stored = self.reader.runtime_meta(channel).ok().flatten().map(|m| m.version);
+        if stored.is_some() && stored >= known {
+            self.metas.remove(channel);
+            shrink_if_sparse(&mut self.metas);
+        }
+    }
+
+    /// Takes the channel's machine out of memory (its log stays); the next input activates a new
+    /// incarnation from the store.
+    fn deactivate(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
+        let machine = self.channels.remove(channel)?;
+        self.log.release_caches(channel);
+        Some(machine)
+    }
+
+    /// Creates the local replica of `channel` if this node is one and the meta is known: open the log
+    /// state, load the recent records, apply the full meta, then accept traffic.
+    fn activate(&mut self, channel: &ChannelId) {
+        if self.channels.contains(channel) {
+            return;
+        }
+        let Some(meta) = self.known_meta(channel) else { return };
+        if !meta.is_replica(self.config.node) {
+            return;
+        }
+        if self.channels.len() >= self.active_max && !self.evict_one() {
+            self.counters.refused_activations += 1;
+            return;
+        }
+        // A store that cannot be read leaves the replica inactive (the next input tries again): a machine
+        // without its recent records would forget idempotency keys.
+        let Ok(mut state) = self.log.state(channel) else { return };
+        let window = self.config.machine.idempotency_window as u64;
+        let from = Seq::new(state.last_seq.get().saturating_sub(window).saturating_add(1));
+        let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+        let Ok(recent) = self.log.read(channel, from, state.last_seq, limits) else { return };
+        if let Some(floor) = self.hw_floor.remove(channel) {
+            // Everything up to the last incarnation's HW was committed: the durable prefix below it is
+            // committed too, so HW does not go back.
+            state.hw = state.hw.max(floor.min(state.last_seq));
+        }
+        let incarnation = self.next_incarnation;
+        self.next_incarnation += 1;
+        let mut machine = ChannelMachine::new(
+            channel.clone(),
+            self.config.node,
+            self.config.machine.clone(),
+            incarnation,
+            self.now,
+            state,
+            recent,
+        );
+        if let Some(epoch) = self.resumable.remove(channel) {
+            machine.resume_leadership(epoch);
+        }
+        let _ = machine.handle_meta(self.now, meta);
+        self.channels.insert(channel.clone(), machine, self.now);
+    }
+
+    /// Fails the appends waiting for `channel`'s meta that `expired` selects.
+    fn fail_waiting(&mut self, channel: &ChannelId, expired: impl Fn(&Waiting) -> bool) {
+        let Some(queue) = self.waiting.remove(channel) else { return };
+        let (failed, kept): (Vec<Waiting>, Vec<Waiting>) = queue.into_iter().partition(|w| expired(w));
+        if !kept.is_empty() {
+            self.waiting.insert(channel.clone(), kept);
+        }
+        for waiting in failed {
+            self.done(waiting.api, ApiResult::Appended(Err(NodeError::UnknownChannel(channel.clone()))));
+        }
+    }
+
+    /// Marks `channel` as in use (eviction waits for it to be idle).
+    fn touch(&mut self, channel: &ChannelId) {
+        self.channels.touch(channel, self.now);
+    }
+
+    fn append_locally(
+        &mut self,
+        origin: AppendOrigin,
+        channel: &ChannelId,
+        sender: Option<String>,
+        records: Vec<AppendRecord>,
+    ) {
+        self.activate(channel);
+        self.touch(channel);
+        let request = self.next_id();
+        let now = self.now;
+        let full = self.channels.len() >= self.active_max;
+        let Some(machine) = self.machine_mut(channel) else {
+            let error = if full { RemoteAppendError::TooManyChannels } else { RemoteAppendError::NotReplica };
+            self.fail_append(origin, error);
+            return;
+        };
+        match machine.handle_append(now, AppendRequest { id: RequestId(request), records }) {
+            Ok(()) => {
+                self.appends.insert(request, (origin, sender));
+            }
+            Err(error) => self.fail_append(origin, RemoteAppendError::Refused(error)),
+        }
+    }
+
+    fn fail_append(&mut self, origin: AppendOrigin, error: RemoteAppendError) {
+        match origin {
+            AppendOrigin::Local(api) => self.done(api, ApiResult::Appended(Err(remote_error(error)))),
+            AppendOrigin::Remote { node, id } => {
+                self.send_node(node, NodeMessage::AppendReply { id, result: Err(error) })
+            }
+        }
+    }
+
+    fn channel_message(&mut self, from: NodeId, message: ChannelMessage) {
+        let channel = message.channel().clone();
+        // Answers and hints of an older leadership change nothing: refused here and counted. (A stale
+        // pull goes on: the leader answers it with `StaleEpoch`, which sends the follower for the meta.)
+        let epoch = match &message {
+            ChannelMessage::Hint(hint) => Some(hint.leader_epoch),
+            ChannelMessage::PullResponse(response) => Some(response.leader_epoch),
+            ChannelMessage::Pull(_) => None,
+        };
+        // New data keeps a channel in memory; replication keep-alives (empty answers to long polls) do
+        // not, and do not bring an evicted replica back either.
+        let news = match &message {
+            ChannelMessage::Hint(_) => true,
+            ChannelMessage::PullResponse(response) => {
+                !matches!(&response.body, tidings_channel::machine::PullBody::Records { records, .. } if records.is_empty())
+            }
+            ChannelMessage::Pull(_) => false,
+        };
+        let evicted = !self.channels.contains(&channel);
+        if evicted && matches!(&message, ChannelMessage::PullResponse(_)) && !news {
+            return;
+        }
+        if news {
+            self.touch(&channel);
+        }
+        self.activate(&channel);
+        let now = self.now;
+        match self.machine_mut(&channel) {
+            Some(machine) => {
+                // Checked against the replica's own meta: no extra lookup on the hot path.
+                if epoch.is_some_and(|e| machine.meta().is_some_and(|m| e < m.leader_epoch)) {
+                    self.counters.stale_messages += 1;
+                } else {
+                    machine.handle_message(now, from, message);
+                }
+            }
+            None => self.fetch_meta(&channel),
+        }
+    }
+
+    /// Sends a node message: to a peer as a frame, to this node's core through the loopback.
+    fn send_node(&mut self, to: NodeId, message: NodeMessage) {
+        if to == self.config.node {
+            self.outputs.push_back(ShardOutput::Loopback(message));
+        } else {
+            self.send(to, FrameBody::Node(message));
+        }
+    }
+
+    fn send_channel_batch(&mut self, to: NodeId, mut batch: Vec<ChannelMessage>) {
+        let body = match batch.len() {
+            1 => FrameBody::Channel(batch.pop().expect("one message")),
+            _ => FrameBody::Channels(batch),
+        };
+        self.send(to, body);
+    }
+
+    fn send(&mut self, to: NodeId, body: FrameBody) {
+        let frame = encode(&Frame { cluster: self.config.cluster, from: self.config.node, body });
+        self.outputs.push_back(ShardOutput::Effect(NodeEffect::Send { to, frame }));
+    }
+
+    /// Drains the effects of every machine touched since the last drain, then sends what the outbox
+    /// packed.
+    fn drain_machines(&mut self) {
+        // Effects may touch further channels (or this one again): drain until nothing is dirty.
+        while let Some(channel) = self.channels.pop_dirty() {
+            while let Some(effect) = self.channels.machine_mut(&channel).and_then(ChannelMachine::poll_effect) {
+                self.channel_effect(&channel, effect);
+            }
+            self.channels.reschedule(&channel);
+        }
+        let batches: Vec<_> = self.outbox.drain().collect();
+        for (to, batch) in batches {
+            self.send_channel_batch(to, batch);
+        }
+    }
+
+    /// The channel machine `channel`, marked for draining.
+    fn machine_mut(&mut self, channel: &ChannelId) -> Option<&mut ChannelMachine> {
+        self.channels.get_marked(channel)
+    }
+
+    fn channel_effect(&mut self, channel: &ChannelId, effect: Effect) {
+        match effect {
+            Effect::Persist { token, batch } => {
+                self.outputs.push_back(ShardOutput::Effect(NodeEffect::Persist { token, batch }))
+            }
+            Effect::Send { to, message } => {
+                if let Some(batch) = self.outbox.push(to, message) {
+                    self.send_channel_batch(to, batch);
+                }
+            }
+            Effect::Read { token, from, through, max_bytes } => {
+                let read = NodeEffect::Read { channel: channel.clone(), token, from, through, max_bytes };
+                self.outputs.push_back(ShardOutput::Effect(read))
+            }
+            Effect::AppendDone { id, result } => {
+                let Some((origin, sender)) = self.appends.remove(&id.0) else { return };
+                if let (Some(sender), Ok(seqs), true) = (sender, &result, self.config.fanout_enabled) {
+                    // AppendDone comes before the `Committed` that hands these seqs to fanout.
+                    for seq in seqs {
+                        self.senders.insert((channel.clone(), *seq), sender.clone());
+                    }
+                }
+                match (origin, result) {
+                    (AppendOrigin::Local(api), Ok(seqs)) => self.done(api, ApiResult::Appended(Ok(seqs))),
+                    (AppendOrigin::Remote { node, id }, Ok(seqs)) => {
+                        self.send_node(node, NodeMessage::AppendReply { id, result: Ok(seqs) })
+                    }
+                    (origin, Err(aborted)) => self.fail_append(origin, RemoteAppendError::Aborted(aborted)),
+                }
+            }
+            Effect::Committed { last, messages, .. } => {
+                if self.config.fanout_enabled {
+                    for seq in messages {
+                        let sender = self.senders.remove(&(channel.clone(), seq));
+                        self.outputs.push_back(ShardOutput::Committed { channel: channel.clone(), seq, sender });
+                    }
+                    // Senders of retries answered from committed records have no `Committed` of their own.
+                    let stale: Vec<_> = self
+                        .senders
+                        .range((channel.clone(), Seq::new(0))..=(channel.clone(), last))
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for key in stale {
+                        self.senders.remove(&key);
+                    }
+                } else if let Some(machine) = self.machine_mut(channel) {
+                    machine.release_handoff(messages.len());
+                }
+            }
+            Effect::ProposeMeta { expected_version, meta, .. } => {
+                // A refused proposal is retried by the machine after its proposal timeout.
+                let command = Command::CasRuntimeMeta { expected_version, meta, proof: None };
+                self.outputs.push_back(ShardOutput::Propose(command));
+            }
+            Effect::RefreshMeta => self.fetch_meta(channel),
+            Effect::NeedsFailover => {
+                tracing::warn!(%channel, node = %self.config.node, "channel replica cannot lead: asking for a failover");
+                self.cannot_lead.insert(channel.clone(), self.now);
+            }
+            Effect::StorageFailed => {
+                // The machine stops writing for good; a new incarnation starts from what the store holds
+                // durably, under the new leader epoch the failover brings.
+                tracing::warn!(%channel, node = %self.config.node, "channel log failed: asking for a failover");
+                self.cannot_lead.insert(channel.clone(), self.now);
+                self.counters.storage_failures += 1;
+                if let Some(machine) = self.deactivate(channel) {
+                    self.hw_floor.insert(channel.clone(), machine.hw());
+                }
+            }
+        }
+    }
+}
+
+/// A forwarded append's failure as the caller sees it.
+fn remote_error(error: RemoteAppendError) -> NodeError {
+    match error {
+        RemoteAppendError::Refused(e) => NodeError::Append(e),
+        RemoteAppendError::Aborted(e) => NodeError::Aborted(e),
+        other => NodeError::Remote(other),
+    }
+}
