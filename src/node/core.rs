@@ -465,7 +465,7 @@ impl NodeCore {
         result: Result<(), StoreError>,
     ) {
         self.advance(now);
-        self.to_shard(channel, ShardInput::Persisted { channel: channel.clone(), token, result });
+        self.feed_shard(channel, ShardInput::Persisted { channel: channel.clone(), token, result });
     }
 
     /// A read for a pull finished.
@@ -477,7 +477,7 @@ impl NodeCore {
         result: Result<Vec<Record>, StoreError>,
     ) {
         self.advance(now);
-        self.to_shard(channel, ShardInput::ReadDone { channel: channel.clone(), token, result });
+        self.feed_shard(channel, ShardInput::ReadDone { channel: channel.clone(), token, result });
     }
 
     /// The answer to a [`NodeEffect::Fanout`] (see [`carry_out_fanout`](crate::node::carry_out_fanout)).
@@ -570,7 +570,7 @@ impl NodeCore {
     /// with [`ApiResult::Appended`] follows once the records are committed.
     pub fn append(&mut self, now: Time, id: ApiId, channel: ChannelId, records: Vec<AppendRecord>) {
         self.advance(now);
-        self.to_shard(&channel.clone(), ShardInput::Append { api: id, channel, sender: None, records });
+        self.feed_shard(&channel.clone(), ShardInput::Append { api: id, channel, sender: None, records });
     }
 
     /// Appends records sent by user `sender`: like [`NodeCore::append`], after checking that the sender
@@ -581,7 +581,7 @@ impl NodeCore {
     pub fn append_from(&mut self, now: Time, id: ApiId, channel: ChannelId, sender: Uid, records: Vec<AppendRecord>) {
         self.advance(now);
         let input = ShardInput::Append { api: id, channel: channel.clone(), sender: Some(sender), records };
-        self.to_shard(&channel, input);
+        self.feed_shard(&channel, input);
     }
 
     /// The high watermark of a channel this node replicates: every seq up to it is committed and readable
@@ -647,12 +647,12 @@ impl NodeCore {
     }
 
     /// Hands `input` to the shard of `channel`.
-    fn to_shard(&mut self, channel: &ChannelId, input: ShardInput) {
+    fn feed_shard(&mut self, channel: &ChannelId, input: ShardInput) {
         let index = shard_of(channel, self.shards.count());
-        self.to_shard_index(index, input);
+        self.feed_shard_at(index, input);
     }
 
-    fn to_shard_index(&mut self, index: usize, input: ShardInput) {
+    fn feed_shard_at(&mut self, index: usize, input: ShardInput) {
         self.tell_shards_what_is_served();
         let now = self.now;
         match &mut self.shards {
@@ -687,7 +687,7 @@ impl NodeCore {
     /// A channel message from a peer: to its channel's shard.
     fn channel_message(&mut self, from: NodeId, message: ChannelMessage) {
         let channel = message.channel().clone();
-        self.to_shard(&channel, ShardInput::Message { from, message });
+        self.feed_shard(&channel, ShardInput::Message { from, message });
     }
 
     /// What a shard asks of the core.
@@ -867,7 +867,7 @@ impl NodeCore {
     /// stale one fails the task's first compare-and-set, and the caller retries).
     fn start_task(&mut self, now: Time, api: ApiId, channel: ChannelId, start: TaskStart) {
         self.advance(now);
-        self.to_shard(&channel.clone(), ShardInput::TaskMeta { api, channel, start });
+        self.feed_shard(&channel.clone(), ShardInput::TaskMeta { api, channel, start });
     }
 
     /// The shard answered with the meta a task starts from (`Err`: the channel it does not know).
@@ -1005,7 +1005,7 @@ impl NodeCore {
     /// shard keeps the newest for its replica and the appends that waited for it.
     fn learn_meta(&mut self, meta: ChannelRuntimeMeta) {
         self.controller.meta_seen(self.now, &meta);
-        self.to_shard(&meta.channel.clone(), ShardInput::Meta(meta));
+        self.feed_shard(&meta.channel.clone(), ShardInput::Meta(meta));
     }
 
     /// `true` if this node keeps a replica of the slot group owning `channel`.
@@ -1023,16 +1023,16 @@ impl NodeCore {
                 Ok(None) if self.serves_group_of(&channel) => self.send_node(from, NodeMessage::MetaMissing(channel)),
                 _ => {}
             },
-            NodeMessage::MetaMissing(channel) => self.to_shard(&channel.clone(), ShardInput::MetaMissing(channel)),
+            NodeMessage::MetaMissing(channel) => self.feed_shard(&channel.clone(), ShardInput::MetaMissing(channel)),
             NodeMessage::AppendForward { id, channel, sender, records } => {
                 let records =
                     records.into_iter().map(|(key, payload)| AppendRecord { idempotency_key: key, payload }).collect();
-                self.to_shard(&channel.clone(), ShardInput::Forwarded { from, id, channel, sender, records });
+                self.feed_shard(&channel.clone(), ShardInput::Forwarded { from, id, channel, sender, records });
             }
             NodeMessage::Ping => {}
             NodeMessage::EvidenceRequest { task, meta } => {
                 self.controller.meta_seen(self.now, &meta);
-                self.to_shard(&meta.channel.clone(), ShardInput::Evidence { from, task, meta });
+                self.feed_shard(&meta.channel.clone(), ShardInput::Evidence { from, task, meta });
             }
             NodeMessage::EvidenceReply { task, channel, version, report } => {
                 self.controller.evidence(self.now, from, task, &channel, version, report)
@@ -1073,7 +1073,7 @@ impl NodeCore {
             }
             NodeMessage::AppendReply { id, result } => {
                 let index = shard_of_id(id, self.shards.count());
-                self.to_shard_index(index, ShardInput::Reply { id, result });
+                self.feed_shard_at(index, ShardInput::Reply { id, result });
             }
         }
     }
@@ -1129,7 +1129,7 @@ impl NodeCore {
             }
             FanoutEffect::Finished { job, .. } => {
                 if let Some(channel) = self.fanout_jobs.remove(&job) {
-                    self.to_shard(&channel.clone(), ShardInput::ReleaseHandoff { channel, count: 1 });
+                    self.feed_shard(&channel.clone(), ShardInput::ReleaseHandoff { channel, count: 1 });
                 }
                 self.feed_fanout();
             }

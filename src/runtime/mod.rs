@@ -1,43 +1,54 @@
 //! The threaded runtime around [`NodeCore`]: the production shell. It only moves inputs to the core and
-//! carries out its effects; every protocol decision is in the core.
+//! its channel shards and carries out their effects; every protocol decision is in the sans-IO code.
 //!
-//! Threads: one core thread (owns the `NodeCore`, its timers and the API calls), one slot-sync worker
-//! (one fsync of the metadata/raft store for every sync asked since the last), durable-append workers
-//! (each stages the queued channel batches and makes them durable with one journal sync: group commit
-//! across channels; two by default, so one stages while the other waits for its fdatasync), one reader
-//! (store reads for pulls), one fanout worker (subscriber pages, and the host's presence and delivery
-//! calls), and the message log's write-behind thread. Storage IO never runs on the
-//! core thread except a channel's activation (loading its log state). Every queue is
-//! bounded: a full inbox drops inbound frames (the protocols resend) and refuses API calls with
-//! `Overloaded`.
+//! Threads:
+//! - one core thread (`core_thread`): the `NodeCore` with its slot groups, controller, routing and
+//!   fanout planner, its timers and the metadata API calls;
+//! - reactors (`reactor`, `NodeConfig::reactors`, 2 by default): each runs one channel shard — the
+//!   channel replicas whose channels hash to it — with its own mailbox and timers; API appends, reads
+//!   and `latest` go straight to the channel's reactor;
+//! - IO workers (`workers`): a slot-sync worker (one fsync of the metadata/raft store for every sync
+//!   asked since the last), durable-append workers (each stages the queued channel batches of every
+//!   reactor and makes them durable with one journal sync: group commit across channels; two by
+//!   default, so one stages while the other waits for its fdatasync), one reader (store reads for
+//!   pulls), one fanout worker (subscriber pages, and the host's presence and delivery calls);
+//! - and the message log's write-behind thread.
 //!
-//! Simplified for now (see the issue notes): one core thread drives every channel of the node (reactors
-//! that hash channels onto several threads come next).
+//! Storage IO never runs on the core or a reactor thread except a channel's activation (loading its log
+//! state). Every queue is bounded: a full inbox or mailbox drops inbound frames (the protocols resend)
+//! and refuses API calls with `Overloaded`.
 #![allow(clippy::disallowed_methods)] // The runtime shell is where the clock is read.
 
-use crate::node::{
-    carry_out_fanout, ApiId, ApiResult, FanoutAnswer, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeEffect,
-    NodeError, NodeStatus, TaskReport,
-};
+mod calls;
+mod core_thread;
+mod reactor;
+mod workers;
+
+use crate::node::shard::shard_of;
+use crate::node::{ApiResult, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeError, NodeStatus, TaskReport};
 use bytes::Bytes;
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
-use std::collections::BTreeMap;
+use calls::{Calls, Io, Reply};
+use core_thread::{Call, Input, Shell, INBOX_CAPACITY};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
+use reactor::{appended, Reactor, ReactorInput, MAILBOX_CAPACITY};
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tidings_channel::fanout::FanoutEffect;
-use tidings_channel::machine::{AppendRecord, PersistToken, ReadToken};
+use tidings_channel::machine::{AppendRecord, PersistToken};
 use tidings_router::Router;
-use tidings_slot::command::{Command, RoutingKey};
+use tidings_slot::command::Command;
 use tidings_slot::model::{ChannelInfo, Uid};
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{
-    BatchFate, JournalConfig, JournalLog, JournalStats, LogBatch, MessageLog, ReadLimits, Record, WriteBehindThread,
+    JournalConfig, JournalLog, JournalStats, LogBatch, MessageLog, Record, WriteBehindThread,
 };
 use tidings_store::{Kv, MetaStore, RaftLogStore, SledKv, StoreError};
 use tidings_types::{ChannelId, GroupId, HashSlot, NodeId, Seq, Time};
+use workers::{durable_worker, fanout_worker, reader_worker, slot_sync_worker, Completions, ReadJob};
 
 /// How a node sends frames to its peers. Implemented by the host (its network stack).
 pub trait Transport: Send + Sync + 'static {
@@ -82,8 +93,6 @@ impl StorageOptions {
     }
 }
 
-/// Capacity of the core thread's inbox. Full: inbound frames are dropped, API calls get `Busy`.
-const INBOX_CAPACITY: usize = 65_536;
 /// How long a durable-append worker waits for room in the message log's memory table before it fails a
 /// batch.
 const ROOM_PATIENCE: Duration = Duration::from_secs(30);
@@ -93,58 +102,27 @@ const GROUP_COMMIT_MAX: usize = 4096;
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a replica replacement call waits (the controller's catch-up timeout is 120 s by default).
 const REPLACE_TIMEOUT: Duration = Duration::from_secs(180);
+/// A core or reactor step taking this long is logged.
+const STEP_STALL_WARNING: Duration = Duration::from_millis(500);
 
-enum Input {
-    Frame { from: NodeId, bytes: Bytes },
-    Call { call: Call, reply: Reply },
-    Read { channel: ChannelId, from: Seq, limit: usize, reply: Sender<Result<Vec<Record>, NodeError>> },
-    Latest { channel: ChannelId, reply: Sender<Result<Seq, NodeError>> },
-    Status { reply: Sender<NodeStatus> },
-    SlotsSynced { token: u64 },
-    Persisted(Vec<(ChannelId, PersistToken, Result<(), StoreError>)>),
-    ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
-    Fanout(FanoutAnswer),
-    Stop,
+/// The runtime's clock: milliseconds since the node started, the `now` every thread hands the cores.
+#[derive(Clone, Copy)]
+struct Clock {
+    started: Instant,
 }
 
-/// Where an API call's result goes.
-enum Reply {
-    /// To a caller waiting on the other end.
-    Wait(Sender<ApiResult>),
-    /// To a callback, run on the core thread.
-    Then(Box<dyn FnOnce(ApiResult) + Send>),
-}
-
-impl Reply {
-    fn deliver(self, result: ApiResult) {
-        match self {
-            // The caller may have stopped waiting: nothing to do then.
-            Reply::Wait(sender) => drop(sender.send(result)),
-            Reply::Then(callback) => callback(result),
-        }
+impl Clock {
+    fn now(&self) -> Time {
+        Time::from_millis(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX))
     }
-}
-
-enum Call {
-    Propose(Command),
-    CreateChannel(ChannelInfo),
-    Append { channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord> },
-    ReadBarrier(RouteKey),
-    TransferLeader { channel: ChannelId, target: NodeId },
-    ReplaceReplica { channel: ChannelId, from: NodeId, to: NodeId },
-    SetGroupIntent(tidings_slot::model::GroupIntent),
-    MoveSlotReplica { group: GroupId, from: NodeId, to: NodeId },
-    AbortSlotMove(GroupId),
-    MigrateSlot { slot: HashSlot, to: GroupId },
-    AbortSlotMigration(HashSlot),
-    SetPreferredLeader { group: GroupId, preferred: Option<NodeId> },
-    DrainNode { node: NodeId, drain: bool },
 }
 
 /// A running node. Dropping it stops its threads (after a last write-behind).
 pub struct Node {
     id: NodeId,
     inbox: Sender<Input>,
+    /// Each channel shard's reactor mailbox, by shard index.
+    reactors: Vec<Sender<ReactorInput>>,
     threads: Vec<JoinHandle<()>>,
     _write_behind: WriteBehindThread,
     journal: Arc<JournalLog>,
@@ -161,10 +139,7 @@ pub struct AppendHandle {
 impl AppendHandle {
     /// Waits for the append to commit (or fail).
     pub fn wait(self) -> Result<Vec<Seq>, NodeError> {
-        match self.reply.recv_timeout(CALL_TIMEOUT) {
-            Ok(ApiResult::Appended(result)) => result,
-            Ok(ApiResult::Meta(_) | ApiResult::Task(_)) | Err(_) => Err(NodeError::Stopped),
-        }
+        self.reply.recv_timeout(CALL_TIMEOUT).map_or(Err(NodeError::Stopped), appended)
     }
 }
 
@@ -201,16 +176,22 @@ impl Node {
         let write_behind = journal.start_write_behind();
         let log: Arc<dyn MessageLog> = journal.clone();
         let router = Arc::new(Router::new(config.table()));
-        let started = Instant::now();
+        let clock = Clock { started: Instant::now() };
         let id = config.node;
-        let core =
+        let mut core =
             NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), Arc::clone(&router), Time::ZERO)?;
+        let shards = core.detach_shards();
         let (inbox, inputs) = bounded(INBOX_CAPACITY);
         let (sync_tx, sync_rx) = bounded::<u64>(1024);
         let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(GROUP_COMMIT_MAX * 4);
-        let (read_tx, read_rx) = bounded::<(ChannelId, ReadToken, Seq, Seq, usize)>(4096);
+        let (read_tx, read_rx) = bounded::<ReadJob>(4096);
         // The planner bounds its outstanding requests (plans in flight plus one page or locate per job).
         let (fanout_tx, fanout_rx) = bounded::<FanoutEffect>(4096);
+        let (mailboxes, mailbox_rx): (Vec<_>, Vec<_>) = shards.iter().map(|_| bounded(MAILBOX_CAPACITY)).unzip();
+        let (completion_tx, completion_rx): (Vec<_>, Vec<_>) = shards.iter().map(|_| unbounded()).unzip();
+        let completions = Completions::new(completion_tx);
+        let io = Io { transport, persist_tx, read_tx };
+        let dropped_frames = Arc::new(AtomicU64::new(0));
         let mut threads = Vec::new();
         threads.push(spawn("tidings-slot-sync", {
             let (kv, inbox) = (kv.clone(), inbox.clone());
@@ -218,34 +199,54 @@ impl Node {
         }));
         for _ in 0..storage.durable_workers {
             threads.push(spawn("tidings-durable", {
-                let (log, inbox, persist_rx) = (log.clone(), inbox.clone(), persist_rx.clone());
-                move || durable_worker(log.as_ref(), &persist_rx, &inbox)
+                let (log, completions, persist_rx) = (log.clone(), completions.clone(), persist_rx.clone());
+                move || durable_worker(log.as_ref(), &persist_rx, &completions)
             }));
         }
         threads.push(spawn("tidings-reader", {
-            let (log, inbox) = (log.clone(), inbox.clone());
-            move || reader_worker(log.as_ref(), &read_rx, &inbox)
+            let (log, completions) = (log.clone(), completions.clone());
+            move || reader_worker(log.as_ref(), &read_rx, &completions)
         }));
         threads.push(spawn("tidings-fanout", {
             let (reader, inbox) = (SlotReader::new(MetaStore::new(kv.clone())), inbox.clone());
             move || fanout_worker(&reader, fanout.as_ref(), &fanout_rx, &inbox)
         }));
-        threads.push(spawn("tidings-core", move || {
+        for ((shard, mailbox), completions) in shards.into_iter().zip(mailbox_rx).zip(completion_rx) {
+            let mut reactor = Reactor {
+                shard,
+                clock,
+                io: io.clone(),
+                core: inbox.clone(),
+                calls: Calls::default(),
+                for_core: Vec::new(),
+            };
+            threads.push(spawn("tidings-reactor", move || reactor.run(&mailbox, &completions)));
+        }
+        threads.push(spawn("tidings-core", {
             let mut shell = Shell {
                 core,
-                started,
-                transport,
+                clock,
+                io,
                 sync_tx,
-                persist_tx,
-                read_tx,
                 fanout_tx,
-                calls: BTreeMap::new(),
-                next_call: 1,
+                calls: Calls::default(),
+                parked: mailboxes.iter().map(|_| VecDeque::new()).collect(),
+                reactors: mailboxes.clone(),
+                dropped_frames: Arc::clone(&dropped_frames),
             };
-            shell.run(&inputs);
+            move || shell.run(&inputs)
         }));
-        let dropped_frames = Arc::new(AtomicU64::new(0));
-        Ok(Node { id, inbox, threads, _write_behind: write_behind, journal, kv, router, dropped_frames })
+        Ok(Node {
+            id,
+            inbox,
+            reactors: mailboxes,
+            threads,
+            _write_behind: write_behind,
+            journal,
+            kv,
+            router,
+            dropped_frames,
+        })
     }
 
     /// This node's id.
@@ -267,7 +268,8 @@ impl Node {
         }
     }
 
-    /// Frames dropped because the inbox was full.
+    /// Frames (or peer channel messages in them) dropped because the inbox or a reactor's mailbox was
+    /// full.
     pub fn dropped_frames(&self) -> u64 {
         self.dropped_frames.load(Ordering::Relaxed)
     }
@@ -292,18 +294,15 @@ impl Node {
     /// Starts an append (any node may be called: non-leaders forward); wait on the handle.
     pub fn append(&self, channel: ChannelId, records: Vec<AppendRecord>) -> Result<AppendHandle, NodeError> {
         let (reply, receiver) = bounded(1);
-        self.send_input(Input::Call {
-            call: Call::Append { channel, sender: None, records },
-            reply: Reply::Wait(reply),
-        })?;
+        self.send_append(channel, None, records, Reply::Wait(reply))?;
         Ok(AppendHandle { reply: receiver })
     }
 
     /// Starts an append and calls `then` with its outcome (the seqs once committed, or why not) — for a
     /// host that completes its own futures or requests instead of blocking a thread per append.
     ///
-    /// `then` runs on the node's core thread: it must be short and must not block (hand the result on,
-    /// wake a task). It is called exactly once, with [`NodeError::Stopped`] if the node stops first;
+    /// `then` runs on the channel's reactor thread: it must be short and must not block (hand the result
+    /// on, wake a task). It is called exactly once, with [`NodeError::Stopped`] if the node stops first;
     /// when this returns an error (`Overloaded`, `Stopped`) it is never called.
     ///
     /// ```no_run
@@ -321,11 +320,8 @@ impl Node {
         records: Vec<AppendRecord>,
         then: impl FnOnce(Result<Vec<Seq>, NodeError>) + Send + 'static,
     ) -> Result<(), NodeError> {
-        let reply = Reply::Then(Box::new(move |result| match result {
-            ApiResult::Appended(result) => then(result),
-            ApiResult::Meta(_) | ApiResult::Task(_) => then(Err(NodeError::Stopped)),
-        }));
-        self.send_input(Input::Call { call: Call::Append { channel, sender: None, records }, reply })
+        let reply = Reply::Then(Box::new(move |result| then(appended(result))));
+        self.send_append(channel, None, records, reply)
     }
 
     /// Appends records sent by user `sender`: refused with `SenderBanned` / `SenderDenied` when the user is
@@ -338,9 +334,24 @@ impl Node {
         records: Vec<AppendRecord>,
     ) -> Result<AppendHandle, NodeError> {
         let (reply, receiver) = bounded(1);
-        let reply = Reply::Wait(reply);
-        self.send_input(Input::Call { call: Call::Append { channel, sender: Some(sender), records }, reply })?;
+        self.send_append(channel, Some(sender), records, Reply::Wait(reply))?;
         Ok(AppendHandle { reply: receiver })
+    }
+
+    /// Hands an append to its channel's reactor.
+    fn send_append(
+        &self,
+        channel: ChannelId,
+        sender: Option<Uid>,
+        records: Vec<AppendRecord>,
+        reply: Reply,
+    ) -> Result<(), NodeError> {
+        let reactor = self.reactor_of(&channel);
+        send_to(reactor, ReactorInput::Append { channel, sender, records, reply })
+    }
+
+    fn reactor_of(&self, channel: &ChannelId) -> &Sender<ReactorInput> {
+        &self.reactors[shard_of(channel, self.reactors.len())]
     }
 
     /// Moves the leadership of `channel` to `target`, an in-sync replica: fence, drain, switch with the
@@ -427,7 +438,7 @@ impl Node {
     /// The latest committed seq (high watermark) of a channel this node replicates.
     pub fn latest(&self, channel: &ChannelId) -> Result<Seq, NodeError> {
         let (reply, receiver) = bounded(1);
-        self.send_input(Input::Latest { channel: channel.clone(), reply })?;
+        send_to(self.reactor_of(channel), ReactorInput::Latest { channel: channel.clone(), reply })?;
         receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)?
     }
 
@@ -456,7 +467,7 @@ impl Node {
     /// Reads committed messages of a channel this node replicates, bounded by its high watermark.
     pub fn read(&self, channel: &ChannelId, from: Seq, limit: usize) -> Result<Vec<Record>, NodeError> {
         let (reply, receiver) = bounded(1);
-        self.send_input(Input::Read { channel: channel.clone(), from, limit, reply })?;
+        send_to(self.reactor_of(channel), ReactorInput::Read { channel: channel.clone(), from, limit, reply })?;
         receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)?
     }
 
@@ -465,7 +476,13 @@ impl Node {
     pub fn status(&self) -> Result<NodeStatus, NodeError> {
         let (reply, receiver) = bounded(1);
         self.send_input(Input::Status { reply })?;
-        receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)
+        let mut status = receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)?;
+        for reactor in &self.reactors {
+            let (reply, receiver) = bounded(1);
+            send_to(reactor, ReactorInput::Status { reply })?;
+            status.add_shard(receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)?);
+        }
+        Ok(status)
     }
 
     fn call(&self, call: Call) -> Result<(), NodeError> {
@@ -480,18 +497,27 @@ impl Node {
     }
 
     fn send_input(&self, input: Input) -> Result<(), NodeError> {
-        match self.inbox.try_send(input) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(NodeError::Overloaded),
-            Err(TrySendError::Disconnected(_)) => Err(NodeError::Stopped),
-        }
+        send_to(&self.inbox, input)
+    }
+}
+
+/// Offers an API input to a thread's inbox: `Overloaded` when it is full, `Stopped` when it is gone.
+fn send_to<T>(inbox: &Sender<T>, input: T) -> Result<(), NodeError> {
+    match inbox.try_send(input) {
+        Ok(()) => Ok(()),
+        Err(TrySendError::Full(_)) => Err(NodeError::Overloaded),
+        Err(TrySendError::Disconnected(_)) => Err(NodeError::Stopped),
     }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
         let _ = self.inbox.send(Input::Stop);
-        // The core thread exits on Stop and drops its senders; the workers exit when their queues close.
+        for reactor in &self.reactors {
+            let _ = reactor.send(ReactorInput::Stop);
+        }
+        // The core and reactor threads exit on Stop and drop their senders; the workers exit when their
+        // queues close.
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
@@ -501,236 +527,6 @@ impl Drop for Node {
     }
 }
 
-/// A core-thread step taking this long is logged.
-const CORE_STALL_WARNING: Duration = Duration::from_millis(500);
-
 fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
     std::thread::Builder::new().name(name.into()).spawn(body).expect("spawn runtime thread")
-}
-
-/// The core thread's state.
-struct Shell {
-    core: NodeCore,
-    started: Instant,
-    transport: Arc<dyn Transport>,
-    sync_tx: Sender<u64>,
-    persist_tx: Sender<(PersistToken, LogBatch)>,
-    read_tx: Sender<(ChannelId, ReadToken, Seq, Seq, usize)>,
-    fanout_tx: Sender<FanoutEffect>,
-    calls: BTreeMap<ApiId, Reply>,
-    next_call: u64,
-}
-
-impl Drop for Shell {
-    fn drop(&mut self) {
-        // Calls still open when the node stops: waiting callers see their channel close; callbacks are
-        // told, so each is called exactly once.
-        for (_, reply) in std::mem::take(&mut self.calls) {
-            if let Reply::Then(callback) = reply {
-                callback(ApiResult::Appended(Err(NodeError::Stopped)));
-            }
-        }
-    }
-}
-
-impl Shell {
-    fn now(&self) -> Time {
-        Time::from_millis(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX))
-    }
-
-    fn run(&mut self, inputs: &Receiver<Input>) {
-        loop {
-            let wait = self.core.poll_timeout().as_millis().saturating_sub(self.now().as_millis());
-            match inputs.recv_timeout(Duration::from_millis(wait.min(100))) {
-                Ok(Input::Stop) | Err(RecvTimeoutError::Disconnected) => return,
-                Ok(input) => {
-                    self.handle(input);
-                    // Take whatever else is queued before carrying out effects: bigger batches.
-                    for _ in 0..1024 {
-                        match inputs.try_recv() {
-                            Ok(Input::Stop) => return,
-                            Ok(input) => self.handle(input),
-                            Err(_) => break,
-                        }
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-            // Drained first: the timeout is then cheap to ask (no machine left to poll for it).
-            let busy_since = Instant::now();
-            self.carry_out();
-            let now = self.now();
-            if self.core.poll_timeout() <= now {
-                self.core.handle_tick(now);
-                self.carry_out();
-            }
-            let busy = busy_since.elapsed();
-            if busy >= CORE_STALL_WARNING {
-                // Peers count a node silent for `node_down_after` (1.5 s) as down: say why it went quiet.
-                tracing::warn!(node = %self.core.node(), ?busy, "core thread busy in one step (storage waits?)");
-            }
-        }
-    }
-
-    fn handle(&mut self, input: Input) {
-        let now = self.now();
-        match input {
-            Input::Frame { from, bytes } => {
-                if let Err(error) = self.core.handle_frame(now, from, &bytes) {
-                    tracing::debug!(%error, %from, "refused a frame");
-                }
-            }
-            Input::Call { call, reply } => {
-                let id = ApiId(self.next_call);
-                self.next_call += 1;
-                self.calls.insert(id, reply);
-                match call {
-                    Call::Propose(command) => self.core.propose(now, id, command),
-                    Call::CreateChannel(info) => self.core.create_channel(now, id, info),
-                    Call::ReadBarrier(RouteKey::Uid(uid)) => self.core.read_barrier(now, id, RoutingKey::Uid(&uid)),
-                    Call::ReadBarrier(RouteKey::Channel(channel)) => {
-                        self.core.read_barrier(now, id, RoutingKey::Channel(&channel))
-                    }
-                    Call::Append { channel, sender: None, records } => self.core.append(now, id, channel, records),
-                    Call::Append { channel, sender: Some(sender), records } => {
-                        self.core.append_from(now, id, channel, sender, records)
-                    }
-                    Call::TransferLeader { channel, target } => self.core.transfer_leader(now, id, channel, target),
-                    Call::ReplaceReplica { channel, from, to } => self.core.replace_replica(now, id, channel, from, to),
-                    Call::SetGroupIntent(intent) => self.core.set_group_intent(now, id, intent),
-                    Call::MoveSlotReplica { group, from, to } => self.core.move_slot_replica(now, id, group, from, to),
-                    Call::AbortSlotMove(group) => self.core.abort_slot_move(now, id, group),
-                    Call::MigrateSlot { slot, to } => self.core.migrate_slot(now, id, slot, to),
-                    Call::AbortSlotMigration(slot) => self.core.abort_slot_migration(now, id, slot),
-                    Call::DrainNode { node, drain } => self.core.drain_node(now, id, node, drain),
-                    Call::SetPreferredLeader { group, preferred } => {
-                        self.core.set_preferred_leader(now, id, group, preferred)
-                    }
-                }
-            }
-            Input::Read { channel, from, limit, reply } => {
-                let _ = reply.send(self.core.read(&channel, from, limit));
-            }
-            Input::Latest { channel, reply } => {
-                let _ = reply.send(self.core.latest(&channel));
-            }
-            Input::Status { reply } => {
-                let _ = reply.send(self.core.status());
-            }
-            Input::SlotsSynced { token } => self.core.handle_slots_synced(now, token),
-            Input::Persisted(outcomes) => {
-                for (channel, token, result) in outcomes {
-                    self.core.handle_persisted(now, &channel, token, result);
-                }
-            }
-            Input::ReadDone { channel, token, result } => self.core.handle_read(now, &channel, token, result),
-            Input::Fanout(answer) => self.core.handle_fanout(now, answer),
-            Input::Stop => {}
-        }
-    }
-
-    fn carry_out(&mut self) {
-        while let Some(effect) = self.core.poll_effect() {
-            match effect {
-                NodeEffect::Send { to, frame } => self.transport.send(to, frame),
-                NodeEffect::SyncSlots { token } => {
-                    // Bounded wait when the worker is behind: never an unbounded queue.
-                    let _ = self.sync_tx.send(token);
-                }
-                NodeEffect::Persist { token, batch } => {
-                    let _ = self.persist_tx.send((token, batch));
-                }
-                NodeEffect::Read { channel, token, from, through, max_bytes } => {
-                    if self.read_tx.try_send((channel, token, from, through, max_bytes)).is_err() {
-                        tracing::debug!("reader busy; the follower pulls again");
-                    }
-                }
-                // Bounded wait when the fanout worker is behind (the planner bounds what it asks for).
-                NodeEffect::Fanout(work) => {
-                    let _ = self.fanout_tx.send(work);
-                }
-                NodeEffect::Done { id, result } => {
-                    if let Some(reply) = self.calls.remove(&id) {
-                        reply.deliver(result);
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn fanout_worker(reader: &SlotReader, host: &dyn FanoutHost, work: &Receiver<FanoutEffect>, inbox: &Sender<Input>) {
-    while let Ok(item) = work.recv() {
-        if let Some(answer) = carry_out_fanout(reader, host, item) {
-            if inbox.send(Input::Fanout(answer)).is_err() {
-                return;
-            }
-        }
-    }
-}
-
-fn slot_sync_worker(kv: &Arc<dyn Kv>, tokens: &Receiver<u64>, inbox: &Sender<Input>) {
-    while let Ok(first) = tokens.recv() {
-        // One fsync covers every sync asked for meanwhile.
-        let token = tokens.try_iter().fold(first, u64::max);
-        match kv.sync() {
-            Ok(()) => {
-                if inbox.send(Input::SlotsSynced { token }).is_err() {
-                    return;
-                }
-            }
-            Err(error) => tracing::error!(%error, "metadata sync failed; raft will not make progress past it"),
-        }
-    }
-}
-
-fn durable_worker(log: &dyn MessageLog, jobs: &Receiver<(PersistToken, LogBatch)>, inbox: &Sender<Input>) {
-    while let Ok(first) = jobs.recv() {
-        let mut round = vec![first];
-        round.extend(jobs.try_iter().take(GROUP_COMMIT_MAX - 1));
-        let mut staged = Vec::with_capacity(round.len());
-        let mut outcomes = Vec::with_capacity(round.len());
-        for (token, batch) in round {
-            let channel = batch.channel.clone();
-            // Backpressure, not failure: a full memory table delays the batch (the machine's pending
-            // appends fill meanwhile and new appends get `Busy`); a failed persist would end the replica's
-            // leadership. Failing after `ROOM_PATIENCE` means write-behind cannot write at all.
-            if let Err(error) = log.wait_for_room(ROOM_PATIENCE) {
-                outcomes.push((channel, token, Err(error)));
-                continue;
-            }
-            match log.stage(batch) {
-                Ok(receipt) => staged.push((channel, token, receipt)),
-                Err(error) => outcomes.push((channel, token, Err(error))),
-            }
-        }
-        let synced = log.sync();
-        for (channel, token, receipt) in staged {
-            // Per batch: another worker's failed write drops what this one staged, and a batch this one
-            // staged may have been made durable by the other's sync before this one's failed.
-            let result = match (log.fate(receipt), &synced) {
-                (BatchFate::Durable, _) => Ok(()),
-                (_, Err(error)) => Err(StoreError::io("group commit", std::io::Error::other(error.to_string()))),
-                (_, Ok(_)) => Err(StoreError::Dropped),
-            };
-            outcomes.push((channel, token, result));
-        }
-        // One inbox message for the round: the core thread's inbox is shared with every peer's frames.
-        if inbox.send(Input::Persisted(outcomes)).is_err() {
-            return;
-        }
-    }
-}
-
-fn reader_worker(
-    log: &dyn MessageLog,
-    reads: &Receiver<(ChannelId, ReadToken, Seq, Seq, usize)>,
-    inbox: &Sender<Input>,
-) {
-    while let Ok((channel, token, from, through, max_bytes)) = reads.recv() {
-        let result = log.read(&channel, from, through, ReadLimits { records_max: usize::MAX, bytes_max: max_bytes });
-        if inbox.send(Input::ReadDone { channel, token, result }).is_err() {
-            return;
-        }
-    }
 }

@@ -1,0 +1,94 @@
+//! API calls in progress on one runtime thread, and carrying out the effects every thread shares (frames
+//! to send, durable appends, pull reads, calls that finished).
+
+use crate::node::{ApiId, ApiResult, NodeEffect, NodeError};
+use crate::runtime::workers::ReadJob;
+use crate::runtime::Transport;
+use crossbeam_channel::Sender;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tidings_channel::machine::PersistToken;
+use tidings_store::message::LogBatch;
+
+/// Where an API call's result goes.
+pub(super) enum Reply {
+    /// To a caller waiting on the other end.
+    Wait(Sender<ApiResult>),
+    /// To a callback, run on the thread that finished the call.
+    Then(Box<dyn FnOnce(ApiResult) + Send>),
+}
+
+impl Reply {
+    fn deliver(self, result: ApiResult) {
+        match self {
+            // The caller may have stopped waiting: nothing to do then.
+            Reply::Wait(sender) => drop(sender.send(result)),
+            Reply::Then(callback) => callback(result),
+        }
+    }
+}
+
+/// The API calls a thread took and has not finished. Dropped with the thread: waiting callers see their
+/// channel close, callbacks are told `Stopped`, so each is called exactly once.
+#[derive(Default)]
+pub(super) struct Calls {
+    open: BTreeMap<ApiId, Reply>,
+    next: u64,
+}
+
+impl Calls {
+    /// Registers a call; its id goes to the core or shard that runs it.
+    pub(super) fn open(&mut self, reply: Reply) -> ApiId {
+        self.next += 1;
+        let id = ApiId(self.next);
+        self.open.insert(id, reply);
+        id
+    }
+
+    /// Hands a finished call's result to its caller.
+    pub(super) fn finish(&mut self, id: ApiId, result: ApiResult) {
+        if let Some(reply) = self.open.remove(&id) {
+            reply.deliver(result);
+        }
+    }
+}
+
+impl Drop for Calls {
+    fn drop(&mut self) {
+        for (_, reply) in std::mem::take(&mut self.open) {
+            if let Reply::Then(callback) = reply {
+                callback(ApiResult::Appended(Err(NodeError::Stopped)));
+            }
+        }
+    }
+}
+
+/// The IO both the core thread and the reactors carry out.
+#[derive(Clone)]
+pub(super) struct Io {
+    pub(super) transport: Arc<dyn Transport>,
+    pub(super) persist_tx: Sender<(PersistToken, LogBatch)>,
+    pub(super) read_tx: Sender<ReadJob>,
+}
+
+impl Io {
+    /// Carries out `effect` if it is shared IO or a call's end; gives back the effects only the core
+    /// thread has (slot syncs, fanout work).
+    pub(super) fn carry_out(&self, effect: NodeEffect, calls: &mut Calls) -> Option<NodeEffect> {
+        match effect {
+            NodeEffect::Send { to, frame } => self.transport.send(to, frame),
+            NodeEffect::Persist { token, batch } => {
+                // Bounded wait when the durable workers are behind: never an unbounded queue.
+                let _ = self.persist_tx.send((token, batch));
+            }
+            NodeEffect::Read { channel, token, from, through, max_bytes } => {
+                if self.read_tx.try_send((channel, token, from, through, max_bytes)).is_err() {
+                    tracing::debug!("reader busy; the follower pulls again");
+                }
+            }
+            NodeEffect::Done { id, result } => calls.finish(id, result),
+            other @ (NodeEffect::SyncSlots { .. } | NodeEffect::Fanout(_)) => return Some(other),
+        }
+        None
+    }
+}

@@ -1,0 +1,185 @@
+//! A reactor thread: runs one channel shard. It takes the shard's inputs from its mailbox (peer channel
+//! messages and metas from the core thread, API appends, reads and status from callers) and its
+//! storage completions, carries out the shard's IO itself (frames, durable appends, pull reads, calls
+//! that finished) and hands what only the core can do (fanout, metadata proposals, meta fetches,
+//! messages to its own controller) to the core thread.
+//!
+//! Neither side ever blocks on the other: what does not fit in the core's inbox waits here and is
+//! offered again a millisecond later, and the core does the same with a full mailbox (dropping only peer
+//! channel messages, which the protocols resend).
+
+use super::calls::{Calls, Io, Reply};
+use super::core_thread::Input;
+use super::{Clock, STEP_STALL_WARNING};
+use crate::node::shard::{ChannelShard, ShardInput, ShardOutput, ShardStatus};
+use crate::node::{ApiResult, NodeError};
+use crossbeam_channel::{select, Receiver, Sender, TrySendError};
+use std::time::{Duration, Instant};
+use tidings_channel::machine::{AppendRecord, PersistToken, ReadToken};
+use tidings_slot::model::Uid;
+use tidings_store::message::Record;
+use tidings_store::StoreError;
+use tidings_types::{ChannelId, Seq};
+
+/// Capacity of a reactor's mailbox. Full: API calls get `Overloaded`, peer channel messages are dropped.
+pub(super) const MAILBOX_CAPACITY: usize = 65_536;
+/// Most inputs a reactor takes before it drains the shard's outputs.
+const INPUTS_PER_STEP: usize = 1024;
+/// How soon outputs the core thread had no room for are offered again.
+const RETRY: Duration = Duration::from_millis(1);
+
+/// What a reactor's mailbox carries.
+pub(super) enum ReactorInput {
+    /// From the core thread.
+    Shard(ShardInput),
+    /// An API append.
+    Append { channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord>, reply: Reply },
+    /// An API read.
+    Read { channel: ChannelId, from: Seq, limit: usize, reply: Sender<Result<Vec<Record>, NodeError>> },
+    /// An API latest-seq query.
+    Latest { channel: ChannelId, reply: Sender<Result<Seq, NodeError>> },
+    /// The shard's part of the node's status.
+    Status { reply: Sender<ShardStatus> },
+    /// The node stops.
+    Stop,
+}
+
+/// A storage completion for a reactor's channels.
+pub(super) enum Completion {
+    /// A durable-append round's outcomes for this reactor's channels.
+    Persisted(Vec<(ChannelId, PersistToken, Result<(), StoreError>)>),
+    /// A pull read finished.
+    ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
+}
+
+/// One reactor thread's state.
+pub(super) struct Reactor {
+    pub(super) shard: ChannelShard,
+    pub(super) clock: Clock,
+    pub(super) io: Io,
+    pub(super) core: Sender<Input>,
+    pub(super) calls: Calls,
+    /// Outputs for the core thread that did not fit in its inbox yet.
+    pub(super) for_core: Vec<ShardOutput>,
+}
+
+impl Reactor {
+    pub(super) fn run(&mut self, mailbox: &Receiver<ReactorInput>, completions: &Receiver<Completion>) {
+        loop {
+            let now = self.clock.now().as_millis();
+            let due = self.shard.poll_timeout().map_or(100, |at| at.as_millis().saturating_sub(now)).min(100);
+            let wait = if self.for_core.is_empty() { Duration::from_millis(due) } else { RETRY };
+            select! {
+                recv(mailbox) -> input => match input {
+                    Ok(ReactorInput::Stop) | Err(_) => return,
+                    Ok(input) => self.handle(input),
+                },
+                recv(completions) -> completion => {
+                    if let Ok(completion) = completion {
+                        self.complete(completion);
+                    }
+                }
+                default(wait) => {}
+            }
+            // Take whatever else is queued before carrying out effects: bigger batches.
+            for _ in 0..INPUTS_PER_STEP {
+                let completion = completions.try_recv();
+                let input = mailbox.try_recv();
+                if completion.is_err() && input.is_err() {
+                    break;
+                }
+                if let Ok(completion) = completion {
+                    self.complete(completion);
+                }
+                match input {
+                    Ok(ReactorInput::Stop) => return,
+                    Ok(input) => self.handle(input),
+                    Err(_) => {}
+                }
+            }
+            let busy_since = Instant::now();
+            self.carry_out();
+            let now = self.clock.now();
+            if self.shard.poll_timeout().is_some_and(|at| at <= now) {
+                self.shard.handle_tick(now);
+                self.carry_out();
+            }
+            self.offer_to_core();
+            let busy = busy_since.elapsed();
+            if busy >= STEP_STALL_WARNING {
+                tracing::warn!(shard = self.shard.index(), ?busy, "reactor busy in one step (storage waits?)");
+            }
+        }
+    }
+
+    fn handle(&mut self, input: ReactorInput) {
+        let now = self.clock.now();
+        match input {
+            ReactorInput::Shard(input) => self.shard.handle(now, input),
+            ReactorInput::Append { channel, sender, records, reply } => {
+                let api = self.calls.open(reply);
+                self.shard.handle(now, ShardInput::Append { api, channel, sender, records });
+            }
+            ReactorInput::Read { channel, from, limit, reply } => {
+                let _ = reply.send(self.shard.read(now, &channel, from, limit));
+            }
+            ReactorInput::Latest { channel, reply } => {
+                let _ = reply.send(self.shard.latest(now, &channel));
+            }
+            ReactorInput::Status { reply } => {
+                let _ = reply.send(self.shard.status());
+            }
+            ReactorInput::Stop => {}
+        }
+    }
+
+    fn complete(&mut self, completion: Completion) {
+        let now = self.clock.now();
+        match completion {
+            Completion::Persisted(outcomes) => {
+                for (channel, token, result) in outcomes {
+                    self.shard.handle(now, ShardInput::Persisted { channel, token, result });
+                }
+            }
+            Completion::ReadDone { channel, token, result } => {
+                self.shard.handle(now, ShardInput::ReadDone { channel, token, result })
+            }
+        }
+    }
+
+    fn carry_out(&mut self) {
+        while let Some(output) = self.shard.poll_output() {
+            match output {
+                ShardOutput::Effect(effect) => {
+                    if let Some(core_only) = self.io.carry_out(effect, &mut self.calls) {
+                        // Shards do not sync slot stores or fan out; should one ever, the core does it.
+                        self.for_core.push(ShardOutput::Effect(core_only));
+                    }
+                }
+                for_core => self.for_core.push(for_core),
+            }
+        }
+    }
+
+    /// Hands the core thread what only it can do, in one inbox message.
+    fn offer_to_core(&mut self) {
+        if self.for_core.is_empty() {
+            return;
+        }
+        let outputs = std::mem::take(&mut self.for_core);
+        match self.core.try_send(Input::FromShard(outputs)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(Input::FromShard(outputs))) => self.for_core = outputs,
+            // The core thread stopped: the node is stopping.
+            Err(_) => {}
+        }
+    }
+}
+
+/// An append's result as the API's `append_then` callback takes it.
+pub(super) fn appended(result: ApiResult) -> Result<Vec<Seq>, NodeError> {
+    match result {
+        ApiResult::Appended(result) => result,
+        ApiResult::Meta(_) | ApiResult::Task(_) => Err(NodeError::Stopped),
+    }
+}

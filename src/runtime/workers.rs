@@ -1,0 +1,128 @@
+//! The runtime's IO workers: durable appends (group commit across channels), pull reads, the slot
+//! stores' sync, and fanout's host calls. Storage IO runs here, never on the core or a reactor thread.
+
+use super::core_thread::Input;
+use super::reactor::Completion;
+use super::{GROUP_COMMIT_MAX, ROOM_PATIENCE};
+use crate::node::shard::shard_of;
+use crate::node::{carry_out_fanout, FanoutHost};
+use crossbeam_channel::{Receiver, Sender};
+use std::sync::Arc;
+use tidings_channel::fanout::FanoutEffect;
+use tidings_channel::machine::{PersistToken, ReadToken};
+use tidings_slot::query::SlotReader;
+use tidings_store::message::{BatchFate, LogBatch, MessageLog, ReadLimits};
+use tidings_store::{Kv, StoreError};
+use tidings_types::{ChannelId, Seq};
+
+/// A read for a pull: channel, token to echo, first and last seq, byte budget.
+pub(super) type ReadJob = (ChannelId, ReadToken, Seq, Seq, usize);
+
+/// Where storage completions go: the reactor of each channel's shard. Unbounded channels, bounded by
+/// the protocol: a channel's machine has at most one durable append and one read per follower in
+/// flight, so a reactor has at most that many completions waiting for each of its active replicas.
+#[derive(Clone)]
+pub(super) struct Completions {
+    reactors: Vec<Sender<Completion>>,
+}
+
+impl Completions {
+    pub(super) fn new(reactors: Vec<Sender<Completion>>) -> Self {
+        Self { reactors }
+    }
+
+    fn reactor_of(&self, channel: &ChannelId) -> &Sender<Completion> {
+        &self.reactors[shard_of(channel, self.reactors.len())]
+    }
+
+    /// Hands a round's outcomes to their reactors, one message per reactor (a stopped reactor's are
+    /// dropped: the node is stopping).
+    fn persisted(&self, outcomes: Vec<(ChannelId, PersistToken, Result<(), StoreError>)>) {
+        let mut per_reactor: Vec<Vec<_>> = self.reactors.iter().map(|_| Vec::new()).collect();
+        for outcome in outcomes {
+            per_reactor[shard_of(&outcome.0, self.reactors.len())].push(outcome);
+        }
+        for (reactor, outcomes) in self.reactors.iter().zip(per_reactor) {
+            if !outcomes.is_empty() {
+                let _ = reactor.send(Completion::Persisted(outcomes));
+            }
+        }
+    }
+}
+
+pub(super) fn fanout_worker(
+    reader: &SlotReader,
+    host: &dyn FanoutHost,
+    work: &Receiver<FanoutEffect>,
+    inbox: &Sender<Input>,
+) {
+    while let Ok(item) = work.recv() {
+        if let Some(answer) = carry_out_fanout(reader, host, item) {
+            if inbox.send(Input::Fanout(answer)).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+pub(super) fn slot_sync_worker(kv: &Arc<dyn Kv>, tokens: &Receiver<u64>, inbox: &Sender<Input>) {
+    while let Ok(first) = tokens.recv() {
+        // One fsync covers every sync asked for meanwhile.
+        let token = tokens.try_iter().fold(first, u64::max);
+        match kv.sync() {
+            Ok(()) => {
+                if inbox.send(Input::SlotsSynced { token }).is_err() {
+                    return;
+                }
+            }
+            Err(error) => tracing::error!(%error, "metadata sync failed; raft will not make progress past it"),
+        }
+    }
+}
+
+pub(super) fn durable_worker(
+    log: &dyn MessageLog,
+    jobs: &Receiver<(PersistToken, LogBatch)>,
+    completions: &Completions,
+) {
+    while let Ok(first) = jobs.recv() {
+        let mut round = vec![first];
+        round.extend(jobs.try_iter().take(GROUP_COMMIT_MAX - 1));
+        let mut staged = Vec::with_capacity(round.len());
+        let mut outcomes = Vec::with_capacity(round.len());
+        for (token, batch) in round {
+            let channel = batch.channel.clone();
+            // Backpressure, not failure: a full memory table delays the batch (the machine's pending
+            // appends fill meanwhile and new appends get `Busy`); a failed persist would end the replica's
+            // leadership. Failing after `ROOM_PATIENCE` means write-behind cannot write at all.
+            if let Err(error) = log.wait_for_room(ROOM_PATIENCE) {
+                outcomes.push((channel, token, Err(error)));
+                continue;
+            }
+            match log.stage(batch) {
+                Ok(receipt) => staged.push((channel, token, receipt)),
+                Err(error) => outcomes.push((channel, token, Err(error))),
+            }
+        }
+        let synced = log.sync();
+        for (channel, token, receipt) in staged {
+            // Per batch: another worker's failed write drops what this one staged, and a batch this one
+            // staged may have been made durable by the other's sync before this one's failed.
+            let result = match (log.fate(receipt), &synced) {
+                (BatchFate::Durable, _) => Ok(()),
+                (_, Err(error)) => Err(StoreError::io("group commit", std::io::Error::other(error.to_string()))),
+                (_, Ok(_)) => Err(StoreError::Dropped),
+            };
+            outcomes.push((channel, token, result));
+        }
+        completions.persisted(outcomes);
+    }
+}
+
+pub(super) fn reader_worker(log: &dyn MessageLog, reads: &Receiver<ReadJob>, completions: &Completions) {
+    while let Ok((channel, token, from, through, max_bytes)) = reads.recv() {
+        let result = log.read(&channel, from, through, ReadLimits { records_max: usize::MAX, bytes_max: max_bytes });
+        let reactor = completions.reactor_of(&channel);
+        let _ = reactor.send(Completion::ReadDone { channel, token, result });
+    }
+}
