@@ -174,6 +174,41 @@ fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
 }
 
 #[test]
+fn channels_on_several_reactors_take_forwarded_appends_and_show_in_one_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+    let nodes: Vec<Arc<Node>> =
+        ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |config| config.reactors = 3)).collect();
+    let channels: Vec<ChannelId> = (0..12).map(|i| channel(&format!("reactor-{i}"))).collect();
+    for ch in &channels {
+        eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    }
+    // Through every node: two of three forward to the leader's reactor, whose reply finds the reactor
+    // of the forwarding node that holds the caller.
+    for ch in &channels {
+        for (n, node) in nodes.iter().enumerate() {
+            let text = format!("{ch} via n{}", n + 1);
+            eventually(|| node.append(ch.clone(), record(&text))?.wait());
+        }
+    }
+    for ch in &channels {
+        let leader = NodeConfig::new(ids[0], ids.clone()).channel_placement(ch)[0];
+        let node = &nodes[usize::try_from(leader.get() - 1).unwrap()];
+        let texts: BTreeSet<Vec<u8>> =
+            node.read(ch, Seq::new(1), 10).unwrap().into_iter().map(|r| r.payload.to_vec()).collect();
+        let expected: BTreeSet<Vec<u8>> = (1..=3).map(|n| format!("{ch} via n{n}").into_bytes()).collect();
+        assert_eq!(texts, expected, "{ch}");
+        assert!(node.latest(ch).unwrap() >= Seq::new(3));
+    }
+    // One status for the node, every reactor's replicas in it.
+    let status = nodes[0].status().unwrap();
+    for ch in &channels {
+        assert!(status.channels.iter().any(|c| &c.channel == ch), "{ch} missing from the status");
+    }
+}
+
+#[test]
 fn a_flood_gets_typed_busy_errors_not_unbounded_queues() {
     let dir = tempfile::tempdir().unwrap();
     let mesh = InProcessMesh::new();

@@ -135,3 +135,41 @@ fn messages_of_an_older_leadership_are_refused_and_counted() {
     let after: Vec<_> = (1..=3).map(|n| cluster.core(n).status().channels).collect();
     assert_eq!(before, after, "a stale message changes no replica");
 }
+
+#[test]
+fn channels_spread_over_several_shards_commit_forward_and_report_as_one_node() {
+    let mut cluster = Cluster::with(3, |config| config.reactors = 4);
+    cluster.run_for(5_000);
+    let channels: Vec<ChannelId> =
+        (0..16).map(|i| ChannelId::new(ChannelType::GROUP, &format!("spread-{i}")).unwrap()).collect();
+    for channel in &channels {
+        cluster.create_channel(1, channel);
+    }
+    // Every channel through every node: forwarded appends are answered to the shard that sent them.
+    let mut appends = Vec::new();
+    for channel in &channels {
+        for n in 1..=3 {
+            let id = cluster.api();
+            let now = cluster.now;
+            cluster.core(n).append(now, id, channel.clone(), records(&[&format!("{channel} via n{n}")]));
+            appends.push((id, channel.clone()));
+        }
+    }
+    cluster.run_for(2_000);
+    for (id, channel) in &appends {
+        assert!(cluster.appended.contains_key(id), "{channel}: {:?}", cluster.results.get(id));
+    }
+    for n in 1..=3 {
+        let status = cluster.core(n).status();
+        for channel in &channels {
+            let replica = status.channels.iter().find(|c| &c.channel == channel);
+            // Committed everywhere (the log also holds the leadership's barrier records).
+            assert!(
+                replica.is_some_and(|r| r.hw == r.log_end && r.hw >= Seq::new(3)),
+                "node {n}, {channel}: {replica:?}"
+            );
+            assert_eq!(cluster.core(n).read(channel, Seq::new(1), 10).unwrap().len(), 3);
+        }
+        assert_eq!(cluster.core(n).active_channels(), channels.len());
+    }
+}

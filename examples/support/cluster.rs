@@ -34,6 +34,9 @@ impl Cluster {
             .iter()
             .map(|id| {
                 let mut config = NodeConfig::new(*id, ids.clone());
+                if let Some(reactors) = std::env::var("TIDINGS_REACTORS").ok().and_then(|r| r.parse().ok()) {
+                    config.reactors = reactors;
+                }
                 if tuned {
                     // Quieter idle channels: long polls park longer, followers go idle after one empty
                     // pull and then pull every 4 s (a hint wakes them at once when data arrives).

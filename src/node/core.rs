@@ -436,8 +436,21 @@ impl NodeCore {
                 return Err(error);
             }
         };
+        self.handle_frame_body(from, frame.body);
+        Ok(())
+    }
+
+    /// The body of a frame from `from` that the runtime decoded and checked already
+    /// ([`crate::frame::decode_from`]) — a runtime that hands peer channel messages straight to the
+    /// reactors gives the core the rest this way.
+    pub(crate) fn handle_decoded(&mut self, now: Time, from: NodeId, body: FrameBody) {
+        self.advance(now);
+        self.handle_frame_body(from, body);
+    }
+
+    fn handle_frame_body(&mut self, from: NodeId, body: FrameBody) {
         self.controller.heard(from, self.now);
-        match frame.body {
+        match body {
             FrameBody::Slot(message) => self.slot.handle_message(self.now, from, message),
             FrameBody::Channel(message) => self.channel_message(from, message),
             FrameBody::Channels(messages) => {
@@ -447,7 +460,6 @@ impl NodeCore {
             }
             FrameBody::Node(message) => self.node_message(from, message),
         }
-        Ok(())
     }
 
     /// The runtime made the slot stores durable through the `SyncSlots` with `token`.

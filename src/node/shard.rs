@@ -53,6 +53,12 @@ pub(crate) fn shard_of(channel: &ChannelId, shards: usize) -> usize {
     usize::from(tidings_router::hash_slot(channel.route_key()).index()) % shards.max(1)
 }
 
+/// The first id shard `index` hands out in the start `boot_id`: ids of one start live in their own range
+/// (see `NodeConfig::boot_id`), and each shard in its own part of it.
+fn id_base(boot_id: u64, index: usize) -> u64 {
+    ((boot_id & 0xffff_ffff) << 32) | (u64::try_from(index).unwrap_or(0) << ID_COUNTER_BITS)
+}
+
 /// The shard that handed out `id` (a forwarded append's id, echoed in its reply).
 pub(crate) fn shard_of_id(id: u64, shards: usize) -> usize {
     usize::try_from((id >> ID_COUNTER_BITS) & 0xff).unwrap_or(0) % shards.max(1)
@@ -229,7 +235,6 @@ impl ChannelShard {
         now: Time,
     ) -> Self {
         let shards = shards.clamp(1, SHARDS_MAX);
-        let index_bits = u64::try_from(index % shards).unwrap_or(0) << ID_COUNTER_BITS;
         Self {
             index,
             active_max: config.active_channels_max.div_ceil(shards).max(1),
@@ -248,8 +253,7 @@ impl ChannelShard {
             forward_deadlines: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
             hw_floor: BTreeMap::new(),
-            // Ids of this start live in their own range: see `NodeConfig::boot_id`.
-            id_base: ((config.boot_id & 0xffff_ffff) << 32) | index_bits,
+            id_base: id_base(config.boot_id, index % shards),
             id_counter: 0,
             next_incarnation: now.as_millis().wrapping_mul(1 << 20) + 1,
             // Batches stay well within what receivers accept (every node runs with the cluster's limit).
@@ -937,5 +941,34 @@ fn remote_error(error: RemoteAppendError) -> NodeError {
         RemoteAppendError::Refused(e) => NodeError::Append(e),
         RemoteAppendError::Aborted(e) => NodeError::Aborted(e),
         other => NodeError::Remote(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings_types::ChannelType;
+
+    #[test]
+    fn ids_name_the_shard_that_handed_them_out_for_every_count() {
+        for shards in [1, 2, 3, 7, SHARDS_MAX] {
+            for index in [0, 1, shards / 2, shards - 1] {
+                let base = id_base(0xdead_beef_1234_5678, index);
+                for counter in [1, 2, (1 << ID_COUNTER_BITS) - 1] {
+                    assert_eq!(shard_of_id(base | counter, shards), index % shards, "{shards} shards, {index}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn channels_spread_evenly_over_the_shards() {
+        let shards = 4;
+        let mut counts = [0usize; 4];
+        for i in 0..4_000 {
+            let channel = ChannelId::new(ChannelType::GROUP, &format!("room-{i}")).unwrap();
+            counts[shard_of(&channel, shards)] += 1;
+        }
+        assert!(counts.iter().all(|c| (800..=1_200).contains(c)), "{counts:?}");
     }
 }

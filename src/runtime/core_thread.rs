@@ -5,6 +5,7 @@
 use super::calls::{Calls, Io, Reply};
 use super::reactor::ReactorInput;
 use super::{Clock, RouteKey, STEP_STALL_WARNING};
+use crate::frame::FrameBody;
 use crate::node::shard::{ShardInput, ShardOutput};
 use crate::node::{FanoutAnswer, NodeCore, NodeEffect, NodeStatus};
 use bytes::Bytes;
@@ -27,8 +28,10 @@ const RETRY: Duration = Duration::from_millis(1);
 
 /// What the core thread's inbox carries.
 pub(super) enum Input {
-    /// A peer's frame.
+    /// A peer's frame the receiving thread could not decode (the core counts it by kind and refuses it).
     Frame { from: NodeId, bytes: Bytes },
+    /// A peer's frame, decoded and checked, without channel messages (those went to the reactors).
+    Decoded { from: NodeId, body: FrameBody },
     /// A metadata or controller API call.
     Call { call: Call, reply: Reply },
     /// The node's status (without its shards' part).
@@ -121,6 +124,7 @@ impl Shell {
                     tracing::debug!(%error, %from, "refused a frame");
                 }
             }
+            Input::Decoded { from, body } => self.core.handle_decoded(now, from, body),
             Input::Call { call, reply } => {
                 let id = self.calls.open(reply);
                 let core = &mut self.core;

@@ -24,6 +24,7 @@ mod core_thread;
 mod reactor;
 mod workers;
 
+use crate::frame::{decode_from, Frame, FrameBody, FrameLimits};
 use crate::node::shard::shard_of;
 use crate::node::{ApiResult, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeError, NodeStatus, TaskReport};
 use bytes::Bytes;
@@ -38,7 +39,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tidings_channel::fanout::FanoutEffect;
-use tidings_channel::machine::{AppendRecord, PersistToken};
+use tidings_channel::machine::{AppendRecord, ChannelMessage, PersistToken};
 use tidings_router::Router;
 use tidings_slot::command::Command;
 use tidings_slot::model::{ChannelInfo, Uid};
@@ -105,6 +106,13 @@ const REPLACE_TIMEOUT: Duration = Duration::from_secs(180);
 /// A core or reactor step taking this long is logged.
 const STEP_STALL_WARNING: Duration = Duration::from_millis(500);
 
+/// The checks of an inbound frame: this cluster, a member sender, the size limit.
+struct FrameGate {
+    cluster: u64,
+    nodes: Vec<NodeId>,
+    limits: FrameLimits,
+}
+
 /// The runtime's clock: milliseconds since the node started, the `now` every thread hands the cores.
 #[derive(Clone, Copy)]
 struct Clock {
@@ -120,6 +128,8 @@ impl Clock {
 /// A running node. Dropping it stops its threads (after a last write-behind).
 pub struct Node {
     id: NodeId,
+    /// What an inbound frame is checked against.
+    gate: FrameGate,
     inbox: Sender<Input>,
     /// Each channel shard's reactor mailbox, by shard index.
     reactors: Vec<Sender<ReactorInput>>,
@@ -178,6 +188,11 @@ impl Node {
         let router = Arc::new(Router::new(config.table()));
         let clock = Clock { started: Instant::now() };
         let id = config.node;
+        let gate = FrameGate {
+            cluster: config.cluster,
+            nodes: config.nodes.clone(),
+            limits: FrameLimits { frame_bytes_max: config.frame_bytes_max },
+        };
         let mut core =
             NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), Arc::clone(&router), Time::ZERO)?;
         let shards = core.detach_shards();
@@ -238,6 +253,7 @@ impl Node {
         }));
         Ok(Node {
             id,
+            gate,
             inbox,
             reactors: mailboxes,
             threads,
@@ -260,11 +276,36 @@ impl Node {
         self.router.snapshot()
     }
 
-    /// Hands an inbound frame from `from` to the node. Never blocks: when the inbox is full the frame is
-    /// dropped and counted (the protocols resend).
+    /// Hands an inbound frame from `from` to the node. Never blocks: when the inbox (or a reactor's
+    /// mailbox) is full the frame is dropped and counted (the protocols resend).
+    ///
+    /// The frame is decoded and checked on the calling thread; its channel messages go straight to
+    /// their channels' reactors, the rest to the core thread. A frame that fails the checks goes to the
+    /// core thread as it came, which refuses it and counts it in [`NodeStatus::refused_frames`].
     pub fn handle_frame(&self, from: NodeId, bytes: Bytes) {
-        if self.inbox.try_send(Input::Frame { from, bytes }).is_err() {
+        let gate = &self.gate;
+        let is_member = |node: NodeId| gate.nodes.contains(&node);
+        let input = match decode_from(&bytes, from, gate.cluster, is_member, &gate.limits) {
+            Err(_) => Input::Frame { from, bytes },
+            Ok(Frame { body: FrameBody::Channel(message), .. }) => return self.to_reactors(from, vec![message]),
+            Ok(Frame { body: FrameBody::Channels(messages), .. }) => return self.to_reactors(from, messages),
+            Ok(Frame { body, .. }) => Input::Decoded { from, body },
+        };
+        if self.inbox.try_send(input).is_err() {
             self.dropped_frames.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Hands a peer's channel messages to their reactors, in order, one mailbox message per reactor.
+    fn to_reactors(&self, from: NodeId, messages: Vec<ChannelMessage>) {
+        let mut per_reactor: Vec<Vec<ChannelMessage>> = self.reactors.iter().map(|_| Vec::new()).collect();
+        for message in messages {
+            per_reactor[shard_of(message.channel(), self.reactors.len())].push(message);
+        }
+        for (reactor, messages) in self.reactors.iter().zip(per_reactor).filter(|(_, m)| !m.is_empty()) {
+            if reactor.try_send(ReactorInput::Messages { from, messages }).is_err() {
+                self.dropped_frames.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 

@@ -15,11 +15,11 @@ use crate::node::shard::{ChannelShard, ShardInput, ShardOutput, ShardStatus};
 use crate::node::{ApiResult, NodeError};
 use crossbeam_channel::{select, Receiver, Sender, TrySendError};
 use std::time::{Duration, Instant};
-use tidings_channel::machine::{AppendRecord, PersistToken, ReadToken};
+use tidings_channel::machine::{AppendRecord, ChannelMessage, PersistToken, ReadToken};
 use tidings_slot::model::Uid;
 use tidings_store::message::Record;
 use tidings_store::StoreError;
-use tidings_types::{ChannelId, Seq};
+use tidings_types::{ChannelId, NodeId, Seq};
 
 /// Capacity of a reactor's mailbox. Full: API calls get `Overloaded`, peer channel messages are dropped.
 pub(super) const MAILBOX_CAPACITY: usize = 65_536;
@@ -32,6 +32,8 @@ const RETRY: Duration = Duration::from_millis(1);
 pub(super) enum ReactorInput {
     /// From the core thread.
     Shard(ShardInput),
+    /// Channel messages of one peer frame, in order (decoded by the thread that received it).
+    Messages { from: NodeId, messages: Vec<ChannelMessage> },
     /// An API append.
     Append { channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord>, reply: Reply },
     /// An API read.
@@ -116,6 +118,11 @@ impl Reactor {
         let now = self.clock.now();
         match input {
             ReactorInput::Shard(input) => self.shard.handle(now, input),
+            ReactorInput::Messages { from, messages } => {
+                for message in messages {
+                    self.shard.handle(now, ShardInput::Message { from, message });
+                }
+            }
             ReactorInput::Append { channel, sender, records, reply } => {
                 let api = self.calls.open(reply);
                 self.shard.handle(now, ShardInput::Append { api, channel, sender, records });

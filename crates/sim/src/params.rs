@@ -53,6 +53,9 @@ pub struct SimParams {
     /// ms; zero in half the seeds. Drawn from its own stream, so the other parameters of a seed are what
     /// they were before it existed.
     pub hw_notify_delay_ms: u64,
+    /// Channel shards per node (`NodeConfig::reactors`), 1 to 3: the node's channels split over them
+    /// and their messages with the core cross a shard boundary. Drawn from its own stream.
+    pub reactors: usize,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
 }
@@ -93,6 +96,7 @@ impl SimParams {
                     0
                 }
             },
+            reactors: usize::try_from(DetRng::new(seed ^ 0x7265_6163_746f_7273).range(1, 3)).unwrap_or(1),
             unsafe_lying_disk: false,
         }
     }
@@ -104,7 +108,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -122,6 +126,7 @@ impl fmt::Display for SimParams {
             self.partition_ms,
             self.io_error_ppm,
             self.request_ppm,
+            self.reactors,
             if self.metadata_workload { "" } else { " appends-only" },
             if self.leader_transfers { "" } else { " no-transfers" },
             if self.hw_notify_delay_ms > 0 {

@@ -189,6 +189,7 @@ impl World {
             config.channel_min_isr = params.min_isr;
             config.seed = params.seed;
             config.fanout_enabled = false;
+            config.reactors = params.reactors;
             config.machine.hw_notify_delay = std::time::Duration::from_millis(params.hw_notify_delay_ms);
             let kv = Arc::new(MemoryKv::new());
             let log = Arc::new(MemoryLog::new(LogLimits::default()));
