@@ -1,14 +1,12 @@
 //! The node: the sans-IO [`NodeCore`] and what configures it. The threaded runtime around it is
 //! [`crate::Node`].
 
-mod active;
 mod config;
 mod controller;
 mod core;
 mod error;
 mod fanout;
 mod message;
-mod outbox;
 pub(crate) mod shard;
 
 pub use self::core::{ApiId, ApiResult, ChannelStatus, NodeCore, NodeEffect, NodeStatus};

@@ -11,13 +11,11 @@
 //!
 //! [`NodeCore`]: super::NodeCore
 
-use super::active::{shrink_if_sparse, ActiveChannels};
 use super::config::NodeConfig;
 use super::controller::EvidenceReport;
 use super::core::{ApiId, ApiResult, ChannelStatus, NodeEffect};
 use super::error::NodeError;
 use super::message::{NodeMessage, RemoteAppendError};
-use super::outbox::ChannelOutbox;
 use crate::frame::{encode, Frame, FrameBody};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
@@ -26,6 +24,7 @@ use tidings_channel::machine::{
     AppendAborted, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken, ReadToken,
     RequestId, RoleKind,
 };
+use tidings_channel::reactor::{shrink_if_sparse, ActiveChannels, ChannelOutbox};
 use tidings_router::HashToSlot;
 use tidings_slot::command::{Command, MemberList, RoutingKey};
 use tidings_slot::model::Uid;
@@ -319,7 +318,7 @@ impl ChannelShard {
             self.cannot_lead.values().min().copied(),
             self.forward_deadlines.front().map(|(at, _)| *at),
             self.waiting.values().flat_map(|queue| queue.iter().map(|w| w.deadline)).min(),
-            (self.channels.len() > 0).then_some(self.next_evict_scan),
+            (!self.channels.is_empty()).then_some(self.next_evict_scan),
         ];
         deadlines.into_iter().flatten().min()
     }

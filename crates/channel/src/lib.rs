@@ -24,3 +24,4 @@
 
 pub mod fanout;
 pub mod machine;
+pub mod reactor;

@@ -8,16 +8,16 @@
 //! timers sit in a min-heap ordered by `(time, filing number)` whose outdated entries are skipped when
 //! they reach the top (a replica's filed time in its entry is the truth).
 
+use crate::machine::ChannelMachine;
 use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use tidings_channel::machine::ChannelMachine;
 use tidings_types::{ChannelId, Time};
 
 /// Gives back most of a hash map's capacity once it holds far fewer entries than it has room for: hash
 /// maps keep their capacity, so a burst of 100,000 active channels would otherwise stay allocated after
 /// they are evicted.
-pub(super) fn shrink_if_sparse<K: std::hash::Hash + Eq, V>(map: &mut FxHashMap<K, V>) {
+pub fn shrink_if_sparse<K: std::hash::Hash + Eq, V>(map: &mut FxHashMap<K, V>) {
     if map.capacity() > 4 * map.len() + 1024 {
         map.shrink_to(2 * map.len());
     }
@@ -47,7 +47,7 @@ struct Filed {
 
 /// Active channel replicas (see the module docs).
 #[derive(Default)]
-pub(super) struct ActiveChannels {
+pub struct ActiveChannels {
     entries: FxHashMap<ChannelId, Active>,
     dirty: Vec<ChannelId>,
     timers: BinaryHeap<Reverse<Filed>>,
@@ -56,21 +56,28 @@ pub(super) struct ActiveChannels {
 
 impl ActiveChannels {
     /// Number of replicas in memory.
-    pub(super) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub(super) fn contains(&self, channel: &ChannelId) -> bool {
+    /// `true` when no replica is in memory.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// `true` if `channel`'s replica is in memory.
+    pub fn contains(&self, channel: &ChannelId) -> bool {
         self.entries.contains_key(channel)
     }
 
-    pub(super) fn get(&self, channel: &ChannelId) -> Option<&ChannelMachine> {
+    /// The replica of `channel`, untouched (not put on the drain list).
+    pub fn get(&self, channel: &ChannelId) -> Option<&ChannelMachine> {
         self.entries.get(channel).map(|a| &*a.machine)
     }
 
     /// The replica, put on the drain list: whatever the caller feeds it, its effects will be drained and
     /// its timer filed again.
-    pub(super) fn get_marked(&mut self, channel: &ChannelId) -> Option<&mut ChannelMachine> {
+    pub fn get_marked(&mut self, channel: &ChannelId) -> Option<&mut ChannelMachine> {
         let active = self.entries.get_mut(channel)?;
         if !active.dirty {
             active.dirty = true;
@@ -80,12 +87,12 @@ impl ActiveChannels {
     }
 
     /// Every replica, in no particular order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&ChannelId, &ChannelMachine)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&ChannelId, &ChannelMachine)> {
         self.entries.iter().map(|(c, a)| (c, &*a.machine))
     }
 
     /// Adds a new replica, used now and on the drain list.
-    pub(super) fn insert(&mut self, channel: ChannelId, machine: ChannelMachine, now: Time) {
+    pub fn insert(&mut self, channel: ChannelId, machine: ChannelMachine, now: Time) {
         self.dirty.push(channel.clone());
         let active = Active { machine: Box::new(machine), timer: None, last_used: now, dirty: true };
         if self.entries.insert(channel, active).is_some() {
@@ -95,7 +102,7 @@ impl ActiveChannels {
     }
 
     /// Takes a replica out (its heap entries become outdated; its drain-list entry is skipped).
-    pub(super) fn remove(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
+    pub fn remove(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
         let active = self.entries.remove(channel)?;
         if active.dirty {
             self.dirty.retain(|c| c != channel);
@@ -106,20 +113,20 @@ impl ActiveChannels {
     }
 
     /// Marks the replica as used now.
-    pub(super) fn touch(&mut self, channel: &ChannelId, now: Time) {
+    pub fn touch(&mut self, channel: &ChannelId, now: Time) {
         if let Some(active) = self.entries.get_mut(channel) {
             active.last_used = now;
         }
     }
 
     /// When the replica was last used.
-    pub(super) fn last_used(&self, channel: &ChannelId) -> Option<Time> {
+    pub fn last_used(&self, channel: &ChannelId) -> Option<Time> {
         self.entries.get(channel).map(|a| a.last_used)
     }
 
     /// Next replica on the drain list (taken off it). The caller drains its effects, then calls
     /// [`ActiveChannels::reschedule`].
-    pub(super) fn pop_dirty(&mut self) -> Option<ChannelId> {
+    pub fn pop_dirty(&mut self) -> Option<ChannelId> {
         while let Some(channel) = self.dirty.pop() {
             if let Some(active) = self.entries.get_mut(&channel) {
                 active.dirty = false;
@@ -130,12 +137,12 @@ impl ActiveChannels {
     }
 
     /// The replica's machine, to drain its effects (not put on the drain list again).
-    pub(super) fn machine_mut(&mut self, channel: &ChannelId) -> Option<&mut ChannelMachine> {
+    pub fn machine_mut(&mut self, channel: &ChannelId) -> Option<&mut ChannelMachine> {
         self.entries.get_mut(channel).map(|a| &mut *a.machine)
     }
 
     /// Files the replica's next timer as its machine now asks.
-    pub(super) fn reschedule(&mut self, channel: &ChannelId) {
+    pub fn reschedule(&mut self, channel: &ChannelId) {
         let Some(active) = self.entries.get_mut(channel) else { return };
         let next = active.machine.poll_timeout();
         if next == active.timer {
@@ -150,7 +157,7 @@ impl ActiveChannels {
     }
 
     /// Files again every replica on the drain list (their machines may want an earlier timer).
-    pub(super) fn reschedule_dirty(&mut self) {
+    pub fn reschedule_dirty(&mut self) {
         // `reschedule` leaves the drain list as it is: walk it by index rather than copy it.
         for i in 0..self.dirty.len() {
             let channel = self.dirty[i].clone();
@@ -160,7 +167,7 @@ impl ActiveChannels {
 
     /// The earliest timer: of the filed ones, and of the replicas on the drain list (their machines
     /// took inputs since they were last filed).
-    pub(super) fn next_timeout(&self) -> Option<Time> {
+    pub fn next_timeout(&self) -> Option<Time> {
         let filed = self.timers.peek().map(|Reverse(f)| f.at);
         let touched = self.dirty.iter().filter_map(|c| self.entries.get(c)?.machine.poll_timeout());
         touched.chain(filed).min()
@@ -168,7 +175,7 @@ impl ActiveChannels {
 
     /// The next replica whose filed timer is due at `now` (its timer is then unfiled; the caller fires
     /// it, and it is on the drain list).
-    pub(super) fn pop_due(&mut self, now: Time) -> Option<ChannelId> {
+    pub fn pop_due(&mut self, now: Time) -> Option<ChannelId> {
         let Reverse(head) = self.timers.peek()?;
         if head.at > now {
             return None;
@@ -210,7 +217,7 @@ impl ActiveChannels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidings_channel::machine::{ChannelMessage, Effect, MachineConfig, PullBody, PullRequest, PullResponse};
+    use crate::machine::{ChannelMessage, Effect, MachineConfig, PullBody, PullRequest, PullResponse};
     use tidings_store::message::ChannelLogState;
     use tidings_types::{ChannelRuntimeMeta, ChannelType, Epoch, LeaderEpoch, NodeId, Seq};
 

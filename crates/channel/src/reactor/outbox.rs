@@ -8,7 +8,7 @@
 //! at the end of a drain, so packing never delays a message past the drain that made it. Order between
 //! two messages to one node is kept.
 
-use tidings_channel::machine::ChannelMessage;
+use crate::machine::ChannelMessage;
 use tidings_types::NodeId;
 
 /// Most messages in one batch.
@@ -22,21 +22,21 @@ struct Batch {
 }
 
 /// Channel messages waiting for the end of a drain (see the module docs).
-pub(super) struct ChannelOutbox {
+pub struct ChannelOutbox {
     batches: Vec<Batch>,
     bytes_max: usize,
 }
 
 impl ChannelOutbox {
     /// An outbox cutting batches at about `bytes_max` bytes.
-    pub(super) fn new(bytes_max: usize) -> Self {
+    pub fn new(bytes_max: usize) -> Self {
         Self { batches: Vec::new(), bytes_max: bytes_max.max(1) }
     }
 
     /// Adds a message for `to`. Returns a batch for `to` that is full and must leave now: the batch
     /// before this message when the message would not fit beside it, or the batch with it when it
     /// reached the cap.
-    pub(super) fn push(&mut self, to: NodeId, message: ChannelMessage) -> Option<Vec<ChannelMessage>> {
+    pub fn push(&mut self, to: NodeId, message: ChannelMessage) -> Option<Vec<ChannelMessage>> {
         let size = message.size_hint();
         let index = match self.batches.iter().position(|b| b.to == to) {
             Some(index) => index,
@@ -64,7 +64,7 @@ impl ChannelOutbox {
     }
 
     /// Takes every batch (at the end of a drain), in the order their destinations were first used.
-    pub(super) fn drain(&mut self) -> impl Iterator<Item = (NodeId, Vec<ChannelMessage>)> + '_ {
+    pub fn drain(&mut self) -> impl Iterator<Item = (NodeId, Vec<ChannelMessage>)> + '_ {
         self.batches.drain(..).filter(|b| !b.messages.is_empty()).map(|b| (b.to, b.messages))
     }
 }
@@ -72,7 +72,7 @@ impl ChannelOutbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidings_channel::machine::PullHint;
+    use crate::machine::PullHint;
     use tidings_types::{ChannelId, ChannelType, LeaderEpoch};
 
     fn hint(i: usize) -> ChannelMessage {
