@@ -57,7 +57,9 @@ pub struct NodeConfig {
     pub controller: ControllerConfig,
     /// Channel reactors: the node's channels are split over this many shards by the hash slot of their
     /// id, and the threaded runtime runs each shard on its own thread (the simulator runs them in turn).
-    /// Each shard keeps its part of `active_channels_max`. Between 1 and 256; default 2.
+    /// Each shard keeps its part of `active_channels_max`. At most 256. `0` (the default) lets the
+    /// threaded runtime choose: one reactor per two cores the process may use, between 1 and 16 (the
+    /// node's IO workers and the host need the rest); a `NodeCore` driven directly then runs 1.
     pub reactors: usize,
 }
 
@@ -84,7 +86,7 @@ impl NodeConfig {
             fanout_enabled: true,
             boot_id: 0,
             controller: ControllerConfig::default(),
-            reactors: 2,
+            reactors: 0,
             nodes,
         }
     }
@@ -109,11 +111,19 @@ impl NodeConfig {
         if self.active_channels_max == 0 || self.waiting_appends_max == 0 || self.frame_bytes_max == 0 {
             return Err("active_channels_max, waiting_appends_max and frame_bytes_max must be positive");
         }
-        if self.reactors == 0 || self.reactors > super::shard::SHARDS_MAX {
-            return Err("reactors must be between 1 and 256");
+        if self.reactors > super::shard::SHARDS_MAX {
+            return Err("reactors must be at most 256");
         }
         HashToSlot::even_split(self.slot_groups).map_err(|_| "slot_groups must be between 1 and 256")?;
         self.machine.validate()
+    }
+
+    /// The number of channel shards `reactors` asks for, `auto` standing in for the default (`0`).
+    pub fn reactors_or(&self, auto: usize) -> usize {
+        match self.reactors {
+            0 => auto.clamp(1, 16),
+            fixed => fixed.min(super::shard::SHARDS_MAX),
+        }
     }
 
     /// The initial slot → group table.
@@ -154,5 +164,25 @@ impl NodeConfig {
             .collect();
         ranked.sort_unstable_by(|a, b| b.cmp(a));
         ranked.into_iter().take(self.channel_replicas).map(|(_, node)| node).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reactors_default_to_the_runtime_choice_and_are_bounded() {
+        let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+        let mut config = NodeConfig::new(ids[0], ids.clone());
+        assert_eq!(config.reactors, 0, "the default leaves the choice to the runtime");
+        assert_eq!(config.reactors_or(0), 1, "at least one");
+        assert_eq!(config.reactors_or(6), 6);
+        assert_eq!(config.reactors_or(64), 16, "auto stays at most 16");
+        config.reactors = 40;
+        assert_eq!(config.reactors_or(2), 40, "a fixed count is kept");
+        assert!(config.validate().is_ok());
+        config.reactors = 257;
+        assert!(config.validate().is_err());
     }
 }

@@ -11,9 +11,7 @@ use super::controller::{
 use super::error::NodeError;
 use super::fanout::FanoutAnswer;
 use super::message::NodeMessage;
-use super::shard::{
-    shard_of, shard_of_id, ChannelShard, Served, ShardInput, ShardOutput, ShardStatus, TaskStart, SHARDS_MAX,
-};
+use super::shard::{shard_of, shard_of_id, ChannelShard, Served, ShardInput, ShardOutput, ShardStatus, TaskStart};
 use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
@@ -303,7 +301,7 @@ impl NodeCore {
         let controller = Controller::new(config.controller.clone(), config.node, &config.nodes, first_task, now);
         let reader = SlotReader::new(meta);
         let served = Arc::new(Served::new(slot.table(), slot.groups().collect()));
-        let count = config.reactors.clamp(1, SHARDS_MAX);
+        let count = config.reactors_or(1);
         let shards = (0..count)
             .map(|index| {
                 let (log, reader, served) = (Arc::clone(&log), reader.clone(), Arc::clone(&served));

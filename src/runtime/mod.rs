@@ -4,9 +4,9 @@
 //! Threads:
 //! - one core thread (`core_thread`): the `NodeCore` with its slot groups, controller, routing and
 //!   fanout planner, its timers and the metadata API calls;
-//! - reactors (`reactor`, `NodeConfig::reactors`, 2 by default): each runs one channel shard — the
-//!   channel replicas whose channels hash to it — with its own mailbox and timers; API appends, reads
-//!   and `latest` go straight to the channel's reactor;
+//! - reactors (`reactor`, `NodeConfig::reactors`; by default one per two cores): each runs one channel
+//!   shard — the channel replicas whose channels hash to it — with its own mailbox and timers; API
+//!   appends, reads and `latest` go straight to the channel's reactor;
 //! - IO workers (`workers`): a slot-sync worker (one fsync of the metadata/raft store for every sync
 //!   asked since the last), durable-append workers (each stages the queued channel batches of every
 //!   reactor and makes them durable with one journal sync: group commit across channels; two by
@@ -176,6 +176,9 @@ impl Node {
         if storage.durable_workers == 0 {
             return Err(NodeError::Storage(StoreError::BadConfig { what: "durable_workers must be positive" }));
         }
+        // The default number of reactors: one per two cores (the IO workers and the host need the rest).
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
+        let config = NodeConfig { reactors: config.reactors_or(cores / 2), ..config };
         let boot_nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let config = NodeConfig { boot_id: u64::from(boot_nanos.subsec_nanos()) ^ boot_nanos.as_secs(), ..config };
         std::fs::create_dir_all(&storage.data_dir).map_err(|e| StoreError::io("create data directory", e))?;
