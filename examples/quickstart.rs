@@ -138,10 +138,14 @@ fn main() {
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
     let mesh = InProcessMesh::new();
     let gateway = Arc::new(Gateway::default());
-    println!("tidings quickstart: 3 nodes, data under {}", root.path().display());
     let mut nodes: BTreeMap<NodeId, Arc<Node>> =
         ids.iter().map(|id| (*id, start(*id, &ids, root.path(), &mesh, &gateway))).collect();
     let first = Arc::clone(&nodes[&ids[0]]);
+    println!(
+        "tidings quickstart: 3 nodes ({} channel reactor thread(s) each), data under {}",
+        first.reactors(),
+        root.path().display()
+    );
 
     // Metadata through the slot layer: users and channels with subscribers.
     let t = Instant::now();

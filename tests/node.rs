@@ -180,6 +180,7 @@ fn channels_on_several_reactors_take_forwarded_appends_and_show_in_one_status() 
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
     let nodes: Vec<Arc<Node>> =
         ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |config| config.reactors = 3)).collect();
+    assert!(nodes.iter().all(|node| node.reactors() == 3));
     let channels: Vec<ChannelId> = (0..12).map(|i| channel(&format!("reactor-{i}"))).collect();
     for ch in &channels {
         eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));

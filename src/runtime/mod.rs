@@ -273,6 +273,12 @@ impl Node {
         self.id
     }
 
+    /// How many reactor threads run this node's channels (`NodeConfig::reactors`, or the runtime's
+    /// choice when it was left at 0).
+    pub fn reactors(&self) -> usize {
+        self.reactors.len()
+    }
+
     /// The routes this node uses now: the hash-slot table (with every slot migration it learned) and the
     /// slot groups' leaders as observed. Never blocks.
     pub fn routes(&self) -> Arc<tidings_router::RouteTable> {
