@@ -12,7 +12,8 @@
 //! `--channels N` runs only the scenario with N channels; `--tuned` runs with quieter idle channels
 //! (longer long polls, followers idle after one empty pull), HW news for followers held back up to
 //! 500 ms (it travels with the next records) and a 30 s write-behind interval, which matter when
-//! thousands of channels each see a few messages per second.
+//! thousands of channels each see a few messages per second. `TIDINGS_REACTORS=N` sets every node's
+//! number of channel reactor threads (default: the runtime's choice, one per two cores).
 #![allow(clippy::disallowed_methods)] // A benchmark tool reads the clock.
 
 #[path = "support/mod.rs"]
