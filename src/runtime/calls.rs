@@ -4,7 +4,7 @@
 use crate::node::{ApiId, ApiResult, NodeEffect, NodeError};
 use crate::runtime::workers::ReadJob;
 use crate::runtime::Transport;
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Sender, TrySendError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tidings_channel::machine::PersistToken;
@@ -72,15 +72,17 @@ pub(super) struct Io {
 }
 
 impl Io {
-    /// Carries out `effect` if it is shared IO or a call's end; gives back the effects only the core
-    /// thread has (slot syncs, fanout work).
+    /// Carries out `effect` if it is shared IO or a call's end, without ever blocking. Gives back what
+    /// it did not carry out: a durable append the workers' full queue did not take (the caller offers it
+    /// again later: a bounded wait that never blocks its thread), and the effects only the core thread
+    /// has (slot syncs, fanout work).
     pub(super) fn carry_out(&self, effect: NodeEffect, calls: &mut Calls) -> Option<NodeEffect> {
         match effect {
             NodeEffect::Send { to, frame } => self.transport.send(to, frame),
-            NodeEffect::Persist { token, batch } => {
-                // Bounded wait when the durable workers are behind: never an unbounded queue.
-                let _ = self.persist_tx.send((token, batch));
-            }
+            NodeEffect::Persist { token, batch } => match self.persist_tx.try_send((token, batch)) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+                Err(TrySendError::Full((token, batch))) => return Some(NodeEffect::Persist { token, batch }),
+            },
             NodeEffect::Read { channel, token, from, through, max_bytes } => {
                 if self.read_tx.try_send((channel, token, from, through, max_bytes)).is_err() {
                     tracing::debug!("reader busy; the follower pulls again");

@@ -170,7 +170,8 @@ impl Shell {
                 Some(NodeEffect::SyncSlots { token }) => drop(self.sync_tx.send(token)),
                 // Bounded wait when the fanout worker is behind (the planner bounds what it asks for).
                 Some(NodeEffect::Fanout(work)) => drop(self.fanout_tx.send(work)),
-                Some(other) => tracing::error!(?other, "an effect no runtime thread carries out"),
+                // The core's shards are on the reactors: no durable append comes this way.
+                Some(other) => tracing::error!(?other, "an effect the core thread does not carry out"),
             }
         }
         self.pass_on_shard_inputs();

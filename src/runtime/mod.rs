@@ -237,6 +237,7 @@ impl Node {
                 core: inbox.clone(),
                 calls: Calls::default(),
                 for_core: Vec::new(),
+                unpersisted: VecDeque::new(),
             };
             threads.push(spawn("tidings-reactor", move || reactor.run(&mailbox, &completions)));
         }

@@ -12,8 +12,9 @@ use super::calls::{Calls, Io, Reply};
 use super::core_thread::Input;
 use super::{Clock, STEP_STALL_WARNING};
 use crate::node::shard::{ChannelShard, ShardInput, ShardOutput, ShardStatus};
-use crate::node::{ApiResult, NodeError};
+use crate::node::{ApiResult, NodeEffect, NodeError};
 use crossbeam_channel::{select, Receiver, Sender, TrySendError};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tidings_channel::machine::{AppendRecord, ChannelMessage, PersistToken, ReadToken};
 use tidings_slot::model::Uid;
@@ -63,6 +64,10 @@ pub(super) struct Reactor {
     pub(super) calls: Calls,
     /// Outputs for the core thread that did not fit in its inbox yet.
     pub(super) for_core: Vec<ShardOutput>,
+    /// Durable appends the workers' full queue did not take yet, oldest first. Bounded by the shard's
+    /// active replicas: a machine has one durable append in flight, and its appends meanwhile wait in
+    /// its own bounded queue (full: `Busy`).
+    pub(super) unpersisted: VecDeque<NodeEffect>,
 }
 
 impl Reactor {
@@ -70,7 +75,8 @@ impl Reactor {
         loop {
             let now = self.clock.now().as_millis();
             let due = self.shard.poll_timeout().map_or(100, |at| at.as_millis().saturating_sub(now)).min(100);
-            let wait = if self.for_core.is_empty() { Duration::from_millis(due) } else { RETRY };
+            let waiting = !self.for_core.is_empty() || !self.unpersisted.is_empty();
+            let wait = if waiting { RETRY } else { Duration::from_millis(due) };
             select! {
                 recv(mailbox) -> input => match input {
                     Ok(ReactorInput::Stop) | Err(_) => return,
@@ -155,14 +161,25 @@ impl Reactor {
     }
 
     fn carry_out(&mut self) {
+        // Durable appends the workers had no room for go first, in order: the workers never block this
+        // thread, their backlog waits here (retried every millisecond) instead.
+        while let Some(effect) = self.unpersisted.pop_front() {
+            if let Some(effect) = self.io.carry_out(effect, &mut self.calls) {
+                self.unpersisted.push_front(effect);
+                break;
+            }
+        }
         while let Some(output) = self.shard.poll_output() {
             match output {
-                ShardOutput::Effect(effect) => {
-                    if let Some(core_only) = self.io.carry_out(effect, &mut self.calls) {
-                        // Shards do not sync slot stores or fan out; should one ever, the core does it.
-                        self.for_core.push(ShardOutput::Effect(core_only));
-                    }
+                ShardOutput::Effect(effect @ NodeEffect::Persist { .. }) if !self.unpersisted.is_empty() => {
+                    self.unpersisted.push_back(effect)
                 }
+                ShardOutput::Effect(effect) => match self.io.carry_out(effect, &mut self.calls) {
+                    None => {}
+                    Some(effect @ NodeEffect::Persist { .. }) => self.unpersisted.push_back(effect),
+                    // Shards do not sync slot stores or fan out; should one ever, the core does it.
+                    Some(core_only) => self.for_core.push(ShardOutput::Effect(core_only)),
+                },
                 for_core => self.for_core.push(for_core),
             }
         }
