@@ -1164,6 +1164,9 @@ impl NodeCore {
             // What the shards asked for may have handed inputs to shards drained before: go round
             // again, unless there are effects to carry out first (the next poll comes back here).
             if !moved || !self.effects.is_empty() {
+                // Slot changes above (a group joined or left, a migration learned) reach the shards now,
+                // not only with their next input.
+                self.tell_shards_what_is_served();
                 return;
             }
         }
