@@ -751,12 +751,13 @@ impl ChannelShard {
         sender: Option<String>,
         records: Vec<AppendRecord>,
     ) {
-        self.activate(channel);
-        self.touch(channel);
         let request = self.next_id();
         let now = self.now;
         let full = self.channels.len() >= self.active_max;
-        let Some(machine) = self.machine_mut(channel) else {
+        if !self.channels.contains(channel) {
+            self.activate(channel);
+        }
+        let Some(machine) = self.channels.get_used(channel, now) else {
             let error = if full { RemoteAppendError::TooManyChannels } else { RemoteAppendError::NotReplica };
             self.fail_append(origin, error);
             return;
@@ -796,16 +797,18 @@ impl ChannelShard {
             }
             ChannelMessage::Pull(_) => false,
         };
-        let evicted = !self.channels.contains(&channel);
-        if evicted && matches!(&message, ChannelMessage::PullResponse(_)) && !news {
-            return;
-        }
-        if news {
-            self.touch(&channel);
-        }
-        self.activate(&channel);
         let now = self.now;
-        match self.machine_mut(&channel) {
+        // An active replica takes it with one lookup (the hot path at many channels).
+        let active = if news { self.channels.get_used(&channel, now) } else { self.channels.get_marked(&channel) };
+        let machine = match active {
+            Some(machine) => Some(machine),
+            None if matches!(&message, ChannelMessage::PullResponse(_)) && !news => return,
+            None => {
+                self.activate(&channel);
+                self.machine_mut(&channel)
+            }
+        };
+        match machine {
             Some(machine) => {
                 // Checked against the replica's own meta: no extra lookup on the hot path.
                 if epoch.is_some_and(|e| machine.meta().is_some_and(|m| e < m.leader_epoch)) {
@@ -844,11 +847,11 @@ impl ChannelShard {
     /// packed.
     fn drain_machines(&mut self) {
         // Effects may touch further channels (or this one again): drain until nothing is dirty.
-        while let Some(channel) = self.channels.pop_dirty() {
-            while let Some(effect) = self.channels.machine_mut(&channel).and_then(ChannelMachine::poll_effect) {
+        let mut effects = Vec::new();
+        while let Some(channel) = self.channels.drain_next(&mut effects) {
+            for effect in effects.drain(..) {
                 self.channel_effect(&channel, effect);
             }
-            self.channels.reschedule(&channel);
         }
         let batches: Vec<_> = self.outbox.drain().collect();
         for (to, batch) in batches {

@@ -8,7 +8,7 @@
 //! timers sit in a min-heap ordered by `(time, filing number)` whose outdated entries are skipped when
 //! they reach the top (a replica's filed time in its entry is the truth).
 
-use crate::machine::ChannelMachine;
+use crate::machine::{ChannelMachine, Effect};
 use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -86,6 +86,40 @@ impl ActiveChannels {
         Some(&mut active.machine)
     }
 
+    /// The replica, put on the drain list and marked as used now: one lookup for what an input to an
+    /// active replica needs.
+    pub fn get_used(&mut self, channel: &ChannelId, now: Time) -> Option<&mut ChannelMachine> {
+        let active = self.entries.get_mut(channel)?;
+        active.last_used = now;
+        if !active.dirty {
+            active.dirty = true;
+            self.dirty.push(channel.clone());
+        }
+        Some(&mut active.machine)
+    }
+
+    /// Takes the next replica off the drain list with every effect its machine has, and files its timer
+    /// again — one lookup per replica drained. Feeding the replica while handling those effects puts it
+    /// back on the drain list.
+    pub fn drain_next(&mut self, effects: &mut Vec<Effect>) -> Option<ChannelId> {
+        while let Some(channel) = self.dirty.pop() {
+            let Some(active) = self.entries.get_mut(&channel) else { continue };
+            active.dirty = false;
+            effects.extend(std::iter::from_fn(|| active.machine.poll_effect()));
+            let next = active.machine.poll_timeout();
+            if next != active.timer {
+                active.timer = next;
+                if let Some(at) = next {
+                    self.filed += 1;
+                    self.timers.push(Reverse(Filed { at, number: self.filed, channel: channel.clone() }));
+                }
+                self.forget_outdated();
+            }
+            return Some(channel);
+        }
+        None
+    }
+
     /// Every replica, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&ChannelId, &ChannelMachine)> {
         self.entries.iter().map(|(c, a)| (c, &*a.machine))
@@ -124,25 +158,13 @@ impl ActiveChannels {
         self.entries.get(channel).map(|a| a.last_used)
     }
 
-    /// Next replica on the drain list (taken off it). The caller drains its effects, then calls
-    /// [`ActiveChannels::reschedule`].
-    pub fn pop_dirty(&mut self) -> Option<ChannelId> {
-        while let Some(channel) = self.dirty.pop() {
-            if let Some(active) = self.entries.get_mut(&channel) {
-                active.dirty = false;
-                return Some(channel);
-            }
-        }
-        None
-    }
-
     /// The replica's machine, to drain its effects (not put on the drain list again).
     pub fn machine_mut(&mut self, channel: &ChannelId) -> Option<&mut ChannelMachine> {
         self.entries.get_mut(channel).map(|a| &mut *a.machine)
     }
 
     /// Files the replica's next timer as its machine now asks.
-    pub fn reschedule(&mut self, channel: &ChannelId) {
+    fn reschedule(&mut self, channel: &ChannelId) {
         let Some(active) = self.entries.get_mut(channel) else { return };
         let next = active.machine.poll_timeout();
         if next == active.timer {
@@ -263,10 +285,12 @@ mod tests {
 
     /// Drains every replica on the drain list and files its timer; returns the pulls sent.
     fn drain(active: &mut ActiveChannels) -> (Vec<ChannelId>, Vec<PullRequest>) {
-        let (mut drained, mut sent) = (Vec::new(), Vec::new());
-        while let Some(channel) = active.pop_dirty() {
-            sent.extend(pulls(active.machine_mut(&channel).expect("active")));
-            active.reschedule(&channel);
+        let (mut drained, mut sent, mut effects) = (Vec::new(), Vec::new(), Vec::new());
+        while let Some(channel) = active.drain_next(&mut effects) {
+            sent.extend(effects.drain(..).filter_map(|effect| match effect {
+                Effect::Send { message: ChannelMessage::Pull(request), .. } => Some(request),
+                _ => None,
+            }));
             drained.push(channel);
         }
         (drained, sent)
@@ -343,5 +367,21 @@ mod tests {
         assert!(most_filed > 1_000, "outdated entries piled up ({most_filed}): the test reaches the rebuild");
         assert!(most_filed <= 4 * active.len() + 1024 + 1, "{most_filed} filed for {} replicas", active.len());
         assert_eq!(active.pop_due(Time::from_millis(2_000)), Some(early), "the current timers still fire");
+    }
+
+    #[test]
+    fn an_input_through_get_used_marks_the_replica_used_and_drains_it_once() {
+        let mut active = ActiveChannels::default();
+        let (channel, machine) = follower("used", 0);
+        active.insert(channel.clone(), machine, Time::ZERO);
+        let _ = drain(&mut active);
+        assert!(active.get_used(&channel, Time::from_millis(70)).is_some());
+        assert!(active.get_used(&channel, Time::from_millis(90)).is_some());
+        assert_eq!(active.last_used(&channel), Some(Time::from_millis(90)));
+        let (drained, _) = drain(&mut active);
+        assert_eq!(drained, vec![channel.clone()], "on the drain list once however often it was fed");
+        let unknown = ChannelId::new(ChannelType::GROUP, "unknown").expect("channel id");
+        assert!(active.get_used(&unknown, Time::from_millis(90)).is_none());
+        assert_eq!(drain(&mut active).0, Vec::<ChannelId>::new());
     }
 }

@@ -13,10 +13,12 @@
 //!
 //! let mut active = ActiveChannels::default();
 //! assert!(active.is_empty());
-//! // A drain: poll every replica touched since the last one, then file its timer again.
-//! while let Some(channel) = active.pop_dirty() {
-//!     while let Some(_effect) = active.machine_mut(&channel).and_then(|m| m.poll_effect()) {}
-//!     active.reschedule(&channel);
+//! // A drain: every replica touched since the last one gives its effects and files its timer again.
+//! let mut effects = Vec::new();
+//! while let Some(channel) = active.drain_next(&mut effects) {
+//!     for effect in effects.drain(..) {
+//!         let _ = (&channel, effect); // send, persist, complete appends...
+//!     }
 //! }
 //! assert_eq!(active.pop_due(Time::from_millis(1_000)), None);
 //! ```
