@@ -5,11 +5,12 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tidings_store::kv::{Direction, KeyRange};
 use tidings_store::message::{
     BatchFate, IdempotencyKey, JournalConfig, JournalLog, LogBatch, LogLimits, LogOp, MemoryLog, MessageLog,
     ReadLimits, Record, RecordKind,
 };
-use tidings_store::{FailOp, Kv, MemoryKv, SledKv, StoreError};
+use tidings_store::{FailOp, Keyspace, Kv, MemoryKv, SledKv, StoreError};
 use tidings_types::{ChannelId, ChannelType, LeaderEpoch, Seq};
 
 const ALL: ReadLimits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
@@ -303,7 +304,19 @@ fn journal_model_run(ops: &[Op]) {
             write_behind,
             true,
         );
+        packs_and_bodies_match(kv.as_ref());
     }
+}
+
+/// Every pack index entry names a body that exists, and every body is named by exactly one entry: the
+/// two are written and deleted in the same sled batch, so neither is ever left alone (a body alone
+/// would be space lost for good).
+fn packs_and_bodies_match(kv: &dyn Kv) {
+    let all = |keyspace| kv.scan(keyspace, &KeyRange::prefix(b""), Direction::Forward, usize::MAX).unwrap();
+    let mut named: Vec<Vec<u8>> = all(Keyspace::MessagePack).into_iter().map(|(_, body)| body).collect();
+    named.sort();
+    let bodies: Vec<Vec<u8>> = all(Keyspace::MessageBody).into_iter().map(|(key, _)| key).collect();
+    assert_eq!(named, bodies, "pack index entries and pack bodies differ");
 }
 
 /// A case the model test once found: two rounds cut after a few sled batches, then a crash.
@@ -333,6 +346,8 @@ proptest! {
             JournalLog::open(dir.path().join("journal"), kv, small_config()).unwrap()
         };
         run(&ops, open(), |log| { drop(log); open() }, |log, _| log.write_behind().unwrap(), true);
+        let kv = SledKv::open(dir.path().join("sled"), 4 << 20).unwrap();
+        packs_and_bodies_match(&kv);
     }
 }
 
@@ -717,8 +732,12 @@ fn a_write_behind_round_that_failed_half_way_leaves_no_stale_pack_to_read() {
         ..record(0, seq, epoch)
     };
     let first: Vec<Record> = (1..=40).map(|s| sized(s, 1, 60)).collect();
-    log.commit(LogBatch::new(channel(0), vec![LogOp::Append(first.clone())])).unwrap();
-    // The round reaches sled with its first three batches (a pack each), then fails.
+    // The channel's first round (which clears what a channel new to the process may have left in sled,
+    // with its state, in one batch) writes two records.
+    log.commit(LogBatch::new(channel(0), vec![LogOp::Append(first[..2].to_vec())])).unwrap();
+    log.write_behind().unwrap();
+    log.commit(LogBatch::new(channel(0), vec![LogOp::Append(first[2..].to_vec())])).unwrap();
+    // The next round reaches sled with its first three batches (a pack each), then fails.
     kv.fail(FailOp::Apply, 3, 1);
     assert!(log.write_behind().is_err());
     kv.clear_failpoints();

@@ -31,8 +31,12 @@ pub enum Keyspace {
     RaftEntry = b'e',
     /// Raft hard state, conf state and truncation marker per group.
     RaftState = b's',
-    /// Message-log record packs written behind the journal.
+    /// Where each message-log record pack written behind the journal lives, keyed by channel then the
+    /// pack's first seq (the value is the pack's key in [`Keyspace::MessageBody`]).
     MessagePack = b'p',
+    /// The record packs themselves, keyed by write-behind round, then channel, then first seq: a
+    /// round's packs land at the end of the keyspace, next to each other.
+    MessageBody = b'b',
     /// Per-channel message-log state (epoch history, checkpointed HW, retention).
     MessageState = b'c',
     /// The message journal's checkpoint: where replay starts after a restart.

@@ -63,7 +63,10 @@ impl ChannelEntry {
             mem: MemTable::default(),
             flushing: None,
             older_through: Seq::default(),
-            older_dirty_after: None,
+            // New to this process, not to the store: a round cut before the channel's state landed,
+            // then a restart, leaves packs with no state saying so. Its first write-behind clears them
+            // (one range scan that finds nothing for a channel really new).
+            older_dirty_after: Some(Seq::default()),
             generation: 0,
             idempotency: None,
             changes: 0,
