@@ -97,6 +97,15 @@ pub enum StoreError {
     /// An IO failure left the journal in a state it could not roll back; reopen the log to recover.
     #[error("message log is unusable after an earlier IO failure; reopen it")]
     Unusable,
+    /// The message log on disk was written in another layout than this build reads; it was not opened
+    /// (nothing was changed). Move its data with the build that wrote it, or start from an empty directory.
+    #[error("message log written in format {found}; this build reads format {expected}")]
+    IncompatibleFormat {
+        /// The format found (1: written before formats were recorded).
+        found: u32,
+        /// The format this build reads and writes.
+        expected: u32,
+    },
     /// A configuration value is out of range; the store was not opened.
     #[error("bad store configuration: {what}")]
     BadConfig {

@@ -395,7 +395,7 @@ fn write_behind_moves_records_into_sled_and_deletes_old_segments() {
     let (kv, journal_dir) = sled_and_journal_dir(dir.path());
     let log = JournalLog::open(&journal_dir, kv.clone(), small_config()).unwrap();
     let mut next = [1u64; 4];
-    for round in 0..200 {
+    for round in 0..400 {
         let ch = round % 4;
         log.stage(append_batch(ch, next[ch], 10, 1)).unwrap();
         next[ch] += 10;
@@ -406,7 +406,7 @@ fn write_behind_moves_records_into_sled_and_deletes_old_segments() {
     log.write_behind().unwrap();
     let after = log.stats();
     assert_eq!(after.mem_bytes, 0);
-    assert_eq!(after.records_written_behind, 2000);
+    assert_eq!(after.records_written_behind, 4000);
     assert_eq!(after.segments, 1, "segments before the checkpoint are deleted: {after:?}");
     // Reads now come from sled packs, across pack boundaries, within limits.
     let got =
@@ -415,8 +415,8 @@ fn write_behind_moves_records_into_sled_and_deletes_old_segments() {
     assert_eq!(got.unwrap(), expected);
     drop(log);
     let log = JournalLog::open(&journal_dir, kv, small_config()).unwrap();
-    assert_eq!(log.read(&channel(3), Seq::new(1), Seq::new(500), ALL).unwrap().len(), 500);
-    assert_eq!(log.state(&channel(3)).unwrap().last_seq, Seq::new(500));
+    assert_eq!(log.read(&channel(3), Seq::new(1), Seq::new(1000), ALL).unwrap().len(), 1000);
+    assert_eq!(log.state(&channel(3)).unwrap().last_seq, Seq::new(1000));
 }
 
 #[test]
@@ -469,7 +469,7 @@ fn crash_between_sled_batch_and_segment_deletion_replays_nothing_twice() {
     let dir = tempfile::tempdir().unwrap();
     let kv = Arc::new(MemoryKv::new());
     let log = JournalLog::open(dir.path(), kv.clone(), small_config()).unwrap();
-    for from in (1..1200).step_by(20) {
+    for from in (1..2400).step_by(20) {
         log.commit(append_batch(1, from, 20, 1)).unwrap();
     }
     let saved: Vec<(std::path::PathBuf, Vec<u8>)> = segment_files(dir.path())
@@ -481,7 +481,7 @@ fn crash_between_sled_batch_and_segment_deletion_replays_nothing_twice() {
         .collect();
     assert!(saved.len() > 1);
     log.write_behind().unwrap();
-    log.commit(LogBatch::new(channel(1), vec![LogOp::TruncateAfter(Seq::new(1190))])).unwrap();
+    log.commit(LogBatch::new(channel(1), vec![LogOp::TruncateAfter(Seq::new(2390))])).unwrap();
     drop(log);
     // The crash: the segment deletions never happened.
     for (path, bytes) in &saved {
@@ -491,7 +491,7 @@ fn crash_between_sled_batch_and_segment_deletion_replays_nothing_twice() {
     }
     let log = JournalLog::open(dir.path(), kv, small_config()).unwrap();
     let records = log.read(&channel(1), Seq::new(1), Seq::new(5000), ALL).unwrap();
-    assert_eq!(records, (1..=1190).map(|s| record(1, s, 1)).collect::<Vec<_>>());
+    assert_eq!(records, (1..=2390).map(|s| record(1, s, 1)).collect::<Vec<_>>());
     assert_eq!(log.stats().segments, 1, "stale segments are deleted at open");
 }
 

@@ -1,6 +1,6 @@
 //! Binary encodings of log batches (journal frames) and channel log state (sled), checked on decode.
 
-use super::record::{decode_records, encode_records, Reader};
+use super::record::{decode_records, encode_records, put_varint, Reader};
 use super::state::{ChannelLogState, LogBatch, LogOp};
 use tidings_types::{ChannelId, LeaderEpoch, Seq};
 
@@ -10,25 +10,26 @@ const OP_CHECKPOINT_HW: u8 = 3;
 const OP_SET_RETENTION: u8 = 4;
 const OP_START_AFTER: u8 = 5;
 
-/// Exact length of [`encode_batch`]'s output for `batch`.
-pub(crate) fn encoded_batch_len(batch: &LogBatch) -> usize {
+/// Most bytes [`encode_batch`]'s output takes for `batch` (what the journal reserves for the frame).
+pub(crate) fn encoded_batch_len_max(batch: &LogBatch) -> usize {
     let channel = 2 + batch.channel.id().len();
     let ops: usize = batch
         .ops
         .iter()
         .map(|op| match op {
-            LogOp::Append(records) => 1 + 4 + records.iter().map(|r| r.encoded_len()).sum::<usize>(),
+            // Tag, record count and first seq (varints), the records.
+            LogOp::Append(records) => 1 + 10 + 10 + records.iter().map(|r| r.encoded_len()).sum::<usize>(),
             LogOp::StartAfter { .. } => 1 + 16,
             _ => 1 + 8,
         })
         .sum();
-    channel + 4 + ops
+    channel + 10 + ops
 }
 
 /// Appends the encoding of `batch` to `out`.
 pub(crate) fn encode_batch(batch: &LogBatch, out: &mut Vec<u8>) {
     batch.channel.encode_key(out);
-    out.extend_from_slice(&u32::try_from(batch.ops.len()).unwrap_or(u32::MAX).to_le_bytes());
+    put_varint(out, batch.ops.len() as u64);
     for op in &batch.ops {
         match op {
             LogOp::Append(records) => {
@@ -55,7 +56,7 @@ fn put_seq(out: &mut Vec<u8>, tag: u8, seq: Seq) {
 pub(crate) fn decode_batch(bytes: &[u8]) -> Option<LogBatch> {
     let (channel, rest) = ChannelId::decode_key(bytes)?;
     let mut input = Reader::new(rest);
-    let count = usize::try_from(input.u32()?).ok()?;
+    let count = usize::try_from(input.varint()?).ok()?;
     // Every op takes at least 9 bytes: a count beyond that is garbage.
     if count > rest.len() / 9 + 1 {
         return None;
@@ -154,7 +155,7 @@ mod tests {
         let batch = batch();
         let mut out = Vec::new();
         encode_batch(&batch, &mut out);
-        assert_eq!(out.len(), encoded_batch_len(&batch));
+        assert!(out.len() <= encoded_batch_len_max(&batch));
         assert_eq!(decode_batch(&out).unwrap(), batch);
         for cut in 0..out.len() {
             assert!(decode_batch(&out[..cut]).is_none(), "cut at {cut}");

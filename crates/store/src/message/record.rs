@@ -50,23 +50,6 @@ pub enum RecordKind {
     Barrier,
 }
 
-impl RecordKind {
-    fn tag(self) -> u8 {
-        match self {
-            RecordKind::Message => 0,
-            RecordKind::Barrier => 1,
-        }
-    }
-
-    fn from_tag(tag: u8) -> Option<Self> {
-        match tag {
-            0 => Some(RecordKind::Message),
-            1 => Some(RecordKind::Barrier),
-            _ => None,
-        }
-    }
-}
-
 /// One record in a channel log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
@@ -84,45 +67,87 @@ pub struct Record {
     pub payload: Bytes,
 }
 
-/// Fixed part of an encoded record: seq, kind, leader epoch, timestamp, key length, payload length.
-pub(crate) const RECORD_HEADER_BYTES: usize = 8 + 1 + 8 + 8 + 1 + 4;
+/// Most bytes an encoded record takes besides its key and payload: flags, an explicit seq, the leader
+/// epoch and the timestamp (varints of up to 10 bytes), the key length, the payload length (a varint of up
+/// to 5 bytes). Most records take far less (see [`encode_records`]).
+pub(crate) const RECORD_OVERHEAD_MAX: usize = 1 + 10 + 10 + 10 + 1 + 5;
+/// Fewest bytes an encoded record takes: flags, timestamp, payload length.
+const RECORD_BYTES_MIN: usize = 3;
+
+/// Flags of an encoded record: what follows it.
+const BARRIER: u8 = 1;
+const HAS_KEY: u8 = 2;
+/// The leader epoch follows (first record of a pack, or a change of epoch).
+const HAS_EPOCH: u8 = 4;
+/// The seq follows: the record does not follow the one before it (never the case in a valid pack: decoding
+/// refuses it, so a gap written by mistake is caught on read).
+const HAS_SEQ: u8 = 8;
+const KNOWN_FLAGS: u8 = BARRIER | HAS_KEY | HAS_EPOCH | HAS_SEQ;
 
 impl Record {
-    /// Bytes this record takes when encoded.
+    /// Most bytes this record takes when encoded (memory and batch-size accounting use it).
     pub fn encoded_len(&self) -> usize {
-        RECORD_HEADER_BYTES + self.idempotency_key.as_ref().map_or(0, |k| k.0.len()) + self.payload.len()
+        RECORD_OVERHEAD_MAX + self.idempotency_key.as_ref().map_or(0, |k| k.0.len()) + self.payload.len()
+    }
+}
+
+/// Appends `value` as a LEB128 varint.
+pub(crate) fn put_varint(out: &mut Vec<u8>, value: u64) {
+    let mut header = Header::default();
+    header.varint(value);
+    out.extend_from_slice(header.bytes());
+}
+
+/// A record's encoded header, built on the stack and appended in one copy (pushing byte by byte into
+/// the journal's buffer cost more than the bytes the compact layout saves).
+struct Header {
+    bytes: [u8; RECORD_OVERHEAD_MAX],
+    len: usize,
+}
+
+impl Default for Header {
+    fn default() -> Self {
+        Self { bytes: [0; RECORD_OVERHEAD_MAX], len: 0 }
+    }
+}
+
+impl Header {
+    fn byte(&mut self, byte: u8) {
+        self.bytes[self.len] = byte;
+        self.len += 1;
     }
 
-    /// Appends the encoding of this record to `out`.
-    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.seq.get().to_le_bytes());
-        out.push(self.kind.tag());
-        out.extend_from_slice(&self.leader_epoch.get().to_le_bytes());
-        out.extend_from_slice(&self.timestamp_ms.to_le_bytes());
-        let key = self.idempotency_key.as_ref().map_or(&[][..], |k| k.as_bytes());
-        // Cannot truncate: keys are at most IDEMPOTENCY_KEY_BYTES_MAX (64) bytes, checked in `new`.
-        out.push(u8::try_from(key.len()).expect("idempotency key length checked at construction"));
-        out.extend_from_slice(key);
-        // Payload length is bounded by the log's limits (far below 4 GiB) before a record is encoded.
-        out.extend_from_slice(&u32::try_from(self.payload.len()).unwrap_or(u32::MAX).to_le_bytes());
-        out.extend_from_slice(&self.payload);
+    fn varint(&mut self, mut value: u64) {
+        while value >= 0x80 {
+            self.byte(value.to_le_bytes()[0] | 0x80);
+            value >>= 7;
+        }
+        self.byte(value.to_le_bytes()[0]);
     }
 
-    /// Decodes one record from the front of `input`, advancing it. `None` if the bytes are not a record.
-    pub(crate) fn decode(input: &mut Reader<'_>) -> Option<Record> {
-        let seq = Seq::new(input.u64()?);
-        let kind = RecordKind::from_tag(input.u8()?)?;
-        let leader_epoch = LeaderEpoch::new(input.u64()?);
-        let timestamp_ms = input.u64()?;
-        let key_len = usize::from(input.u8()?);
-        let idempotency_key = match key_len {
-            0 => None,
-            len => Some(IdempotencyKey::new(Bytes::copy_from_slice(input.bytes(len)?))?),
-        };
-        let payload_len = usize::try_from(input.u32()?).ok()?;
-        let payload = Bytes::copy_from_slice(input.bytes(payload_len)?);
-        Some(Record { seq, kind, leader_epoch, idempotency_key, timestamp_ms, payload })
+    fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
     }
+}
+
+/// Zigzag: small negative and positive differences both encode short.
+fn zigzag(delta: i64) -> u64 {
+    u64::from_ne_bytes(((delta << 1) ^ (delta >> 63)).to_ne_bytes())
+}
+
+fn unzigzag(value: u64) -> i64 {
+    let half = i64::from_ne_bytes((value >> 1).to_ne_bytes());
+    half ^ -i64::from_ne_bytes((value & 1).to_ne_bytes())
+}
+
+/// The difference `now - before` of two timestamps, as a signed number (clocks may go back).
+fn time_delta(now: u64, before: u64) -> i64 {
+    i64::from_ne_bytes(now.wrapping_sub(before).to_ne_bytes())
+}
+
+/// `before` moved by `delta` (the inverse of [`time_delta`]).
+fn time_after(before: u64, delta: i64) -> u64 {
+    before.wrapping_add(u64::from_ne_bytes(delta.to_ne_bytes()))
 }
 
 /// A bounds-checked cursor over bytes read from disk or the wire: every read returns `None` rather than
@@ -160,33 +185,121 @@ impl<'a> Reader<'a> {
     pub(crate) fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.bytes(8)?.try_into().ok()?))
     }
+
+    /// A LEB128 varint of at most 10 bytes that fits in a `u64`.
+    pub(crate) fn varint(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        for i in 0..10 {
+            let byte = self.u8()?;
+            let bits = u64::from(byte & 0x7f);
+            if i == 9 && bits > 1 {
+                return None;
+            }
+            value |= bits << (7 * i);
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
 }
 
-/// Encodes `records` as a pack: a count, then the records.
+/// Encodes `records` (consecutive seqs) as a pack: the count and the first seq, then each record as its
+/// flags, its leader epoch when it differs from the record before, its timestamp as the difference from
+/// the record before, its idempotency key, and its payload with its length. A one-record pack of a
+/// 128-byte message takes 142 bytes with a wall-clock timestamp (162 in the fixed-width layout this
+/// replaced): at 10,000 channels most group-committed batches hold one record.
 pub(crate) fn encode_records(records: &[Record], out: &mut Vec<u8>) {
-    out.extend_from_slice(&u32::try_from(records.len()).unwrap_or(u32::MAX).to_le_bytes());
+    put_varint(out, records.len() as u64);
+    let Some(first) = records.first() else { return };
+    put_varint(out, first.seq.get());
+    let mut prev: Option<&Record> = None;
     for record in records {
-        record.encode(out);
+        let key = record.idempotency_key.as_ref().map(IdempotencyKey::as_bytes);
+        let follows = prev.is_none_or(|p| p.seq.checked_next() == Some(record.seq));
+        let epoch_changes = prev.is_none_or(|p| p.leader_epoch != record.leader_epoch);
+        let mut flags = 0;
+        if record.kind == RecordKind::Barrier {
+            flags |= BARRIER;
+        }
+        if key.is_some() {
+            flags |= HAS_KEY;
+        }
+        if epoch_changes {
+            flags |= HAS_EPOCH;
+        }
+        if !follows {
+            flags |= HAS_SEQ;
+        }
+        // At most RECORD_OVERHEAD_MAX bytes: flags, three varints, the key length; the payload length
+        // goes after the key.
+        let mut header = Header::default();
+        header.byte(flags);
+        if !follows {
+            header.varint(record.seq.get());
+        }
+        if epoch_changes {
+            header.varint(record.leader_epoch.get());
+        }
+        let before = prev.map_or(0, |p| p.timestamp_ms);
+        header.varint(zigzag(time_delta(record.timestamp_ms, before)));
+        if let Some(key) = key {
+            // Cannot truncate: keys are at most IDEMPOTENCY_KEY_BYTES_MAX (64) bytes, checked in `new`.
+            header.byte(u8::try_from(key.len()).expect("idempotency key length checked at construction"));
+            out.extend_from_slice(header.bytes());
+            out.extend_from_slice(key);
+            header = Header::default();
+        }
+        header.varint(record.payload.len() as u64);
+        out.extend_from_slice(header.bytes());
+        out.extend_from_slice(&record.payload);
+        prev = Some(record);
     }
 }
 
 /// Decodes a pack written by [`encode_records`]; `None` if the bytes are not one, or if its seqs are not
 /// consecutive.
 pub(crate) fn decode_records(input: &mut Reader<'_>) -> Option<Vec<Record>> {
-    let count = usize::try_from(input.u32()?).ok()?;
-    // Each record takes at least its header: a count larger than the bytes left is garbage.
-    if count > input.bytes.len() / RECORD_HEADER_BYTES {
+    let count = usize::try_from(input.varint()?).ok()?;
+    // Each record takes a few bytes at least: a count larger than the bytes left allow is garbage.
+    if count > input.bytes.len() / RECORD_BYTES_MIN {
         return None;
     }
     let mut records: Vec<Record> = Vec::with_capacity(count);
-    for _ in 0..count {
-        let record = Record::decode(input)?;
-        if let Some(prev) = records.last() {
-            if prev.seq.checked_next() != Some(record.seq) {
+    if count == 0 {
+        return Some(records);
+    }
+    let mut seq = Seq::new(input.varint()?);
+    let mut leader_epoch = LeaderEpoch::new(0);
+    let mut timestamp_ms = 0u64;
+    for i in 0..count {
+        let flags = input.u8()?;
+        if flags & !KNOWN_FLAGS != 0 || (i == 0 && flags & HAS_EPOCH == 0) {
+            return None;
+        }
+        if i > 0 {
+            // Consecutive by construction; an explicit seq only ever says the pack has a gap.
+            if flags & HAS_SEQ != 0 {
                 return None;
             }
+            seq = seq.checked_next()?;
+        } else if flags & HAS_SEQ != 0 {
+            return None;
         }
-        records.push(record);
+        if flags & HAS_EPOCH != 0 {
+            leader_epoch = LeaderEpoch::new(input.varint()?);
+        }
+        timestamp_ms = time_after(timestamp_ms, unzigzag(input.varint()?));
+        let idempotency_key = if flags & HAS_KEY != 0 {
+            let len = usize::from(input.u8()?);
+            Some(IdempotencyKey::new(Bytes::copy_from_slice(input.bytes(len)?))?)
+        } else {
+            None
+        };
+        let payload_len = usize::try_from(input.varint()?).ok()?;
+        let payload = Bytes::copy_from_slice(input.bytes(payload_len)?);
+        let kind = if flags & BARRIER != 0 { RecordKind::Barrier } else { RecordKind::Message };
+        records.push(Record { seq, kind, leader_epoch, idempotency_key, timestamp_ms, payload });
     }
     Some(records)
 }
@@ -208,13 +321,47 @@ mod tests {
 
     #[test]
     fn pack_round_trips() {
-        let records = vec![record(7, Some("alice:1"), "hello"), record(8, None, ""), record(9, None, "x")];
+        let mut records = vec![record(7, Some("alice:1"), "hello"), record(8, None, ""), record(9, None, "x")];
+        // A new leader epoch, a barrier, and a clock that went back: each must come back as it was.
+        records[1].leader_epoch = LeaderEpoch::new(4);
+        records[1].kind = RecordKind::Barrier;
+        records[2].timestamp_ms = 5;
         let mut out = Vec::new();
         encode_records(&records, &mut out);
-        assert_eq!(out.len(), 4 + records.iter().map(Record::encoded_len).sum::<usize>());
+        assert!(out.len() <= records.iter().map(Record::encoded_len).sum::<usize>());
         let mut reader = Reader::new(&out);
         assert_eq!(decode_records(&mut reader).unwrap(), records);
         assert!(reader.is_empty());
+        let mut empty = Vec::new();
+        encode_records(&[], &mut empty);
+        assert_eq!(decode_records(&mut Reader::new(&empty)), Some(Vec::new()));
+    }
+
+    #[test]
+    fn a_one_record_pack_is_compact() {
+        // 128-byte payload, wall-clock timestamp, no key: flags, epoch, timestamp (6), length (2), payload,
+        // behind the count and first seq.
+        let one = vec![record(1_000, None, &"m".repeat(128))];
+        let mut out = Vec::new();
+        encode_records(&one, &mut out);
+        assert_eq!(out.len(), 1 + 2 + 1 + 1 + 6 + 2 + 128);
+    }
+
+    #[test]
+    fn varints_round_trip_and_overlong_ones_are_refused() {
+        for value in [0, 1, 127, 128, 300, u64::from(u32::MAX), u64::MAX] {
+            let mut out = Vec::new();
+            put_varint(&mut out, value);
+            let mut reader = Reader::new(&out);
+            assert_eq!(reader.varint(), Some(value));
+            assert!(reader.is_empty());
+        }
+        assert_eq!(Reader::new(&[0xff; 10]).varint(), None, "more than 64 bits");
+        assert_eq!(Reader::new(&[0x80; 11]).varint(), None, "more than 10 bytes");
+        assert_eq!(Reader::new(&[0x80]).varint(), None, "cut short");
+        for delta in [0i64, 1, -1, i64::MAX, i64::MIN] {
+            assert_eq!(unzigzag(zigzag(delta)), delta);
+        }
     }
 
     #[test]

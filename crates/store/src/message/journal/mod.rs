@@ -13,7 +13,7 @@
 
 mod segment;
 
-use super::codec::{decode_batch, decode_state, encode_batch, encode_state, encoded_batch_len};
+use super::codec::{decode_batch, decode_state, encode_batch, encode_state, encoded_batch_len_max};
 use super::core::LogCore;
 use super::record::{decode_records, encode_records, IdempotencyKey, Reader, Record};
 use super::staging::{BatchFate, Staged, StagedBatch, Staging};
@@ -183,6 +183,10 @@ pub struct JournalLog {
 }
 
 const CHECKPOINT_KEY: &[u8] = b"checkpoint";
+/// The layout of journal frames and sled packs this build writes and reads (2: compact records, pack
+/// bodies keyed by write-behind round). A store in another layout is refused at open, never misread.
+const FORMAT: u32 = 2;
+const FORMAT_KEY: &[u8] = b"format";
 const SCAN_PAGE: usize = 64;
 
 impl JournalLog {
@@ -190,6 +194,7 @@ impl JournalLog {
     /// after the checkpoint.
     pub fn open(dir: impl AsRef<Path>, kv: Arc<dyn Kv>, config: JournalConfig) -> StoreResult<JournalLog> {
         config.validate()?;
+        check_format(kv.as_ref(), dir.as_ref())?;
         let checkpoint = match kv.get(Keyspace::Journal, CHECKPOINT_KEY)? {
             None => Position::ORIGIN,
             Some(bytes) => Position::decode(&bytes).ok_or_else(|| StoreError::Corrupt {
@@ -604,7 +609,7 @@ impl MessageLog for JournalLog {
     fn stage(&self, batch: LogBatch) -> StoreResult<Staged> {
         self.check_usable()?;
         self.wait_for_memory()?;
-        let body_len = encoded_batch_len(&batch);
+        let body_len = encoded_batch_len_max(&batch);
         let mut journal = self.journal.lock();
         if body_len as u64 > journal.body_bytes_max() {
             let records = batch.records().count();
@@ -869,6 +874,28 @@ fn lower_thread_priority(nice: i32) {
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 fn lower_thread_priority(_nice: i32) {}
 
+/// Checks that the store is in [`FORMAT`], recording it in a store that holds nothing yet. A store that
+/// holds a checkpoint, a channel state or journal segments but no format was written before formats were
+/// recorded (format 1).
+fn check_format(kv: &dyn Kv, dir: &Path) -> StoreResult<()> {
+    if let Some(bytes) = kv.get(Keyspace::Journal, FORMAT_KEY)? {
+        let found = <[u8; 4]>::try_from(bytes.as_slice()).map(u32::from_le_bytes).map_err(|_| StoreError::Corrupt {
+            location: CorruptLocation::Kv { keyspace: Keyspace::Journal, key: FORMAT_KEY.to_vec() },
+            detail: "message log format does not decode",
+        })?;
+        return if found == FORMAT { Ok(()) } else { Err(StoreError::IncompatibleFormat { found, expected: FORMAT }) };
+    }
+    let any_state = !kv.scan(Keyspace::MessageState, &KeyRange::prefix(b""), Direction::Forward, 1)?.is_empty();
+    let any_segment = dir.exists() && !segment::list_segments(dir)?.is_empty();
+    if any_state || any_segment || kv.get(Keyspace::Journal, CHECKPOINT_KEY)?.is_some() {
+        return Err(StoreError::IncompatibleFormat { found: 1, expected: FORMAT });
+    }
+    let mut batch = KvBatch::new();
+    batch.put(Keyspace::Journal, FORMAT_KEY.to_vec(), &FORMAT.to_le_bytes());
+    kv.apply(batch)?;
+    kv.sync()
+}
+
 /// Loads every channel's stored state into `core`. Returns the channels whose state is ahead of the
 /// checkpoint (`checkpoint_frame`): with the frame number their state includes everything before.
 fn load_states(
@@ -922,6 +949,29 @@ mod tests {
 
     fn reopen(dir: &Path, kv: &Arc<dyn Kv>) -> JournalLog {
         JournalLog::open(dir, Arc::clone(kv), JournalConfig::default()).unwrap()
+    }
+
+    /// A store written in another layout is refused, not misread: one with a different format recorded,
+    /// and one with data but no format (written before formats were recorded).
+    #[test]
+    fn a_store_in_another_format_is_refused_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv: Arc<dyn Kv> = Arc::new(MemoryKv::new());
+        let channel = ChannelId::new(ChannelType::GROUP, "g").unwrap();
+        let log = reopen(dir.path(), &kv);
+        log.commit(append(&channel, 1)).unwrap();
+        drop(log);
+        assert_eq!(reopen(dir.path(), &kv).state(&channel).unwrap().last_seq, Seq::new(1), "its own format opens");
+        let mut other = KvBatch::new();
+        other.put(Keyspace::Journal, FORMAT_KEY.to_vec(), &7u32.to_le_bytes());
+        kv.apply(other).unwrap();
+        let refused = JournalLog::open(dir.path(), Arc::clone(&kv), JournalConfig::default());
+        assert!(matches!(refused, Err(StoreError::IncompatibleFormat { found: 7, expected: FORMAT })));
+        let mut unrecorded = KvBatch::new();
+        unrecorded.delete(Keyspace::Journal, FORMAT_KEY.to_vec());
+        kv.apply(unrecorded).unwrap();
+        let refused = JournalLog::open(dir.path(), Arc::clone(&kv), JournalConfig::default());
+        assert!(matches!(refused, Err(StoreError::IncompatibleFormat { found: 1, .. })));
     }
 
     /// A failed append drops what was staged and not yet synced (their receipts say so); the failed frame

@@ -199,37 +199,39 @@ impl Journal {
         self.append_encoded(body.len(), |out| out.extend_from_slice(body))
     }
 
-    /// Appends a frame whose body `encode` writes straight into the journal's buffer; the body must be
-    /// exactly `body_len` bytes.
-    pub(crate) fn append_encoded(&mut self, body_len: usize, encode: impl FnOnce(&mut Vec<u8>)) -> StoreResult<()> {
-        let len = u32::try_from(body_len).ok().filter(|len| u64::from(*len) <= self.body_bytes_max());
-        let Some(len) = len else {
+    /// Appends a frame whose body `encode` writes straight into the journal's buffer; the body must take
+    /// at most `body_len_max` bytes (which decides whether the frame still fits in the active segment).
+    pub(crate) fn append_encoded(&mut self, body_len_max: usize, encode: impl FnOnce(&mut Vec<u8>)) -> StoreResult<()> {
+        let max = u32::try_from(body_len_max).ok().filter(|len| u64::from(*len) <= self.body_bytes_max());
+        let Some(max) = max else {
             return Err(StoreError::io("journal append", io::Error::other("frame larger than a segment")));
         };
         #[cfg(test)]
         if std::mem::take(&mut self.fail_next_append) {
             return Err(StoreError::io("journal write", io::Error::other("injected by a test")));
         }
-        let frame_len = FRAME_HEADER_BYTES + u64::from(len);
-        if self.active.len + frame_len > self.capacity {
+        if self.active.len + FRAME_HEADER_BYTES + u64::from(max) > self.capacity {
             self.roll()?;
         }
         let frame_seq = self.next_frame;
         let start = self.buf.len();
-        self.buf.extend_from_slice(&len.to_le_bytes());
-        self.buf.extend_from_slice(&[0; 4]); // CRC, filled in below
+        self.buf.extend_from_slice(&[0; 8]); // length and CRC, filled in below
         self.buf.extend_from_slice(&frame_seq.to_le_bytes());
         encode(&mut self.buf);
         let body_start = start + 16;
-        // The length was promised up front (it decides the segment roll): a mismatch is a bug, and writing
-        // such a frame would corrupt the journal, so it is refused.
-        if self.buf.len() - body_start != body_len {
-            self.buf.truncate(start);
-            return Err(StoreError::io("journal append", io::Error::other("encoded frame length differs")));
-        }
+        // The bound was promised up front (it decided the segment roll): a longer body is a bug, and
+        // writing such a frame could run past the segment, so it is refused.
+        let len = match u32::try_from(self.buf.len() - body_start).ok().filter(|len| *len <= max) {
+            Some(len) => len,
+            None => {
+                self.buf.truncate(start);
+                return Err(StoreError::io("journal append", io::Error::other("encoded frame longer than promised")));
+            }
+        };
         let crc = frame_crc(frame_seq, &self.buf[body_start..]);
+        self.buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
         self.buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-        self.active.len += frame_len;
+        self.active.len += FRAME_HEADER_BYTES + u64::from(len);
         self.next_frame += 1;
         if self.buf.len() >= WRITE_BUFFER_BYTES {
             self.write_buffer()?;
@@ -435,7 +437,7 @@ fn segment_path(dir: &Path, first_frame: u64) -> PathBuf {
     dir.join(format!("{first_frame:020}.seg"))
 }
 
-fn list_segments(dir: &Path) -> StoreResult<BTreeMap<u64, PathBuf>> {
+pub(super) fn list_segments(dir: &Path) -> StoreResult<BTreeMap<u64, PathBuf>> {
     let mut segments = BTreeMap::new();
     for entry in fs::read_dir(dir).map_err(|e| StoreError::io("list journal", e))? {
         let entry = entry.map_err(|e| StoreError::io("list journal", e))?;
