@@ -43,26 +43,34 @@ pub fn journal_run(log: &Arc<JournalLog>, channels: &[ChannelId], next_seq: &mut
     let started = Instant::now();
     for _ in 0..commits {
         let t = Instant::now();
-        for _ in 0..PER_SYNC {
-            let i = cursor % channels.len();
-            cursor += 1;
-            let batch = || {
-                let record = Record {
-                    seq: Seq::new(next_seq[i]),
-                    kind: RecordKind::Message,
-                    leader_epoch: LeaderEpoch::new(1),
-                    idempotency_key: None,
-                    timestamp_ms: 0,
-                    payload: payload.clone(),
-                };
-                LogBatch::new(channels[i].clone(), vec![LogOp::Append(vec![record])])
+        let batch = |i: usize, seq: u64| {
+            let record = Record {
+                seq: Seq::new(seq),
+                kind: RecordKind::Message,
+                leader_epoch: LeaderEpoch::new(1),
+                idempotency_key: None,
+                timestamp_ms: 0,
+                payload: payload.clone(),
             };
+            LogBatch::new(channels[i].clone(), vec![LogOp::Append(vec![record])])
+        };
+        // The group, staged as the node's durable-append workers stage theirs: in runs (`stage_all`).
+        let mut group: Vec<usize> = (0..PER_SYNC).map(|k| (cursor + k) % channels.len()).collect();
+        cursor += PER_SYNC;
+        while !group.is_empty() {
+            let outcomes = log.stage_all(group.iter().map(|&i| batch(i, next_seq[i])).collect());
             // Busy is the backpressure of a memory table full of records write-behind has not stored yet:
-            // staging waited for it; try again (the sustained rate is write-behind's rate then).
-            while let Err(error) = log.stage(batch()) {
-                assert!(matches!(error, StoreError::Busy { .. }), "stage: {error}");
+            // staging waited for it; those batches are staged again (the sustained rate is write-behind's
+            // rate then). A refused batch stops the run's channel from going further: none is expected.
+            let mut again = Vec::new();
+            for (i, outcome) in group.into_iter().zip(outcomes) {
+                match outcome {
+                    Ok(_) => next_seq[i] += 1,
+                    Err(StoreError::Busy { .. }) => again.push(i),
+                    Err(error) => panic!("stage: {error}"),
+                }
             }
-            next_seq[i] += 1;
+            group = again;
         }
         to_syncer.send(t).expect("syncer alive");
     }

@@ -15,6 +15,9 @@ use tidings_store::message::{BatchFate, LogBatch, MessageLog, ReadLimits};
 use tidings_store::{Kv, StoreError};
 use tidings_types::{ChannelId, Seq};
 
+/// Batches staged per wait for room in the message log (see [`MessageLog::stage_all`]).
+const STAGE_RUN: usize = 256;
+
 /// A read for a pull: channel, token to echo, first and last seq, byte budget.
 pub(super) type ReadJob = (ChannelId, ReadToken, Seq, Seq, usize);
 
@@ -90,18 +93,24 @@ pub(super) fn durable_worker(
         round.extend(jobs.try_iter().take(GROUP_COMMIT_MAX - 1));
         let mut staged = Vec::with_capacity(round.len());
         let mut outcomes = Vec::with_capacity(round.len());
-        for (token, batch) in round {
-            let channel = batch.channel.clone();
-            // Backpressure, not failure: a full memory table delays the batch (the machine's pending
+        let mut round = round.into_iter().peekable();
+        while round.peek().is_some() {
+            let (ids, batches): (Vec<_>, Vec<_>) =
+                round.by_ref().take(STAGE_RUN).map(|(token, batch)| ((batch.channel.clone(), token), batch)).unzip();
+            // Backpressure, not failure: a full memory table delays the batches (the machines' pending
             // appends fill meanwhile and new appends get `Busy`); a failed persist would end the replica's
             // leadership. Failing after `ROOM_PATIENCE` means write-behind cannot write at all.
             if let Err(error) = log.wait_for_room(ROOM_PATIENCE) {
-                outcomes.push((channel, token, Err(error)));
+                let failed = ids.into_iter().map(|(channel, token)| (channel, token, Err(same_failure(&error))));
+                outcomes.extend(failed);
                 continue;
             }
-            match log.stage(batch) {
-                Ok(receipt) => staged.push((channel, token, receipt)),
-                Err(error) => outcomes.push((channel, token, Err(error))),
+            // One run of batches under the journal's locks, not one lock per batch.
+            for ((channel, token), outcome) in ids.into_iter().zip(log.stage_all(batches)) {
+                match outcome {
+                    Ok(receipt) => staged.push((channel, token, receipt)),
+                    Err(error) => outcomes.push((channel, token, Err(error))),
+                }
             }
         }
         let synced = log.sync();
@@ -110,12 +119,22 @@ pub(super) fn durable_worker(
             // staged may have been made durable by the other's sync before this one's failed.
             let result = match (log.fate(receipt), &synced) {
                 (BatchFate::Durable, _) => Ok(()),
-                (_, Err(error)) => Err(StoreError::io("group commit", std::io::Error::other(error.to_string()))),
+                (_, Err(error)) => Err(same_failure(error)),
                 (_, Ok(_)) => Err(StoreError::Dropped),
             };
             outcomes.push((channel, token, result));
         }
         completions.persisted(outcomes);
+    }
+}
+
+/// The failure one store call reported, for each of the batches it failed (a store error is not `Clone`:
+/// it may carry an IO error).
+fn same_failure(error: &StoreError) -> StoreError {
+    match error {
+        StoreError::Busy { bytes, limit } => StoreError::Busy { bytes: *bytes, limit: *limit },
+        StoreError::Dropped => StoreError::Dropped,
+        other => StoreError::io("group commit", std::io::Error::other(other.to_string())),
     }
 }
 

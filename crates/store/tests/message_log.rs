@@ -370,6 +370,43 @@ fn segment_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     files
 }
 
+/// A run of batches staged at once: each is checked against what was staged before it in the run, a
+/// refused one changes nothing and the rest go on, and one sync makes the staged ones durable — the same
+/// outcomes as staging them one by one, on the journal (which takes its locks once per run) and on the
+/// memory twin (which stages one by one).
+fn stage_all_matches_staging_one_by_one(log: &impl MessageLog) {
+    let outcomes = log.stage_all(vec![
+        append_batch(0, 1, 2, 1),
+        append_batch(1, 1, 1, 1),
+        append_batch(0, 5, 1, 1), // a gap after seq 2
+        append_batch(0, 3, 1, 1),
+        append_batch(1, 2, 1, 0), // an older epoch
+    ]);
+    assert_eq!(outcomes.len(), 5);
+    assert!(matches!(outcomes[2], Err(StoreError::Refused(tidings_store::message::LogRefusal::NotContiguous { .. }))));
+    assert!(matches!(
+        outcomes[4],
+        Err(StoreError::Refused(tidings_store::message::LogRefusal::EpochRegression { .. }))
+    ));
+    assert_eq!(log.sync().unwrap(), 3, "one sync for the three staged batches");
+    for outcome in outcomes.into_iter().filter_map(Result::ok) {
+        assert_eq!(log.fate(outcome), BatchFate::Durable);
+    }
+    assert_eq!(
+        log.read(&channel(0), Seq::new(1), Seq::new(9), ALL).unwrap(),
+        (1..=3).map(|s| record(0, s, 1)).collect::<Vec<_>>()
+    );
+    assert_eq!(log.read(&channel(1), Seq::new(1), Seq::new(9), ALL).unwrap(), vec![record(1, 1, 1)]);
+}
+
+#[test]
+fn stage_all_stages_in_order_and_refuses_only_what_stage_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let (kv, journal_dir) = sled_and_journal_dir(dir.path());
+    stage_all_matches_staging_one_by_one(&JournalLog::open(&journal_dir, kv, JournalConfig::default()).unwrap());
+    stage_all_matches_staging_one_by_one(&MemoryLog::new(LogLimits::default()));
+}
+
 #[test]
 fn group_commit_makes_many_channels_durable_with_one_sync() {
     let dir = tempfile::tempdir().unwrap();

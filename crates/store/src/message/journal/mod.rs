@@ -183,6 +183,17 @@ pub struct JournalLog {
 }
 
 const CHECKPOINT_KEY: &[u8] = b"checkpoint";
+/// Most batches [`MessageLog::stage_all`] stages under one hold of the journal's locks (a sync waits for
+/// the run to end before it takes the group).
+const STAGE_RUN: usize = 256;
+
+/// Why a batch was not staged.
+enum StageFailure {
+    /// Refused by the log's rules or limits; nothing was written.
+    Refused(StoreError),
+    /// Framing it into the journal failed: what is not yet synced must be rolled back.
+    Append(StoreError),
+}
 /// The layout of journal frames and sled packs this build writes and reads (2: compact records, pack
 /// bodies keyed by write-behind round). A store in another layout is refused at open, never misread.
 const FORMAT: u32 = 2;
@@ -597,6 +608,40 @@ impl JournalLog {
         }
     }
 
+    /// Checks and stages one batch under the journal and staging locks; a refusal writes nothing, then
+    /// the batch is framed straight into the journal's buffer.
+    fn stage_locked(
+        &self,
+        journal: &mut Journal,
+        staging: &mut Staging<Position>,
+        batch: LogBatch,
+    ) -> Result<Staged, StageFailure> {
+        let body_len = encoded_batch_len_max(&batch);
+        if body_len as u64 > journal.body_bytes_max() {
+            let records = batch.records().count();
+            let limits = self.config.limits;
+            let refusal = LogRefusal::BatchTooLarge {
+                records,
+                bytes: body_len,
+                records_max: limits.batch_records_max,
+                bytes_max: limits.batch_bytes_max,
+            };
+            return Err(StageFailure::Refused(refusal.into()));
+        }
+        if staging.tails_stale() {
+            // Batches were dropped: tails start again from the visible state, once every durable group is in.
+            let groups = staging.take_durable();
+            self.apply_groups(&mut self.visible.lock(), groups);
+            staging.refresh_tails();
+        }
+        let entry = staging
+            .check(&batch, |channel| self.visible.lock().core.durable_tail(channel))
+            .map_err(StageFailure::Refused)?;
+        journal.append_encoded(body_len, |out| encode_batch(&batch, out)).map_err(StageFailure::Append)?;
+        self.frames.fetch_add(1, Ordering::Relaxed);
+        Ok(staging.push(entry, batch))
+    }
+
     fn check_usable(&self) -> StoreResult<()> {
         if self.unusable.load(Ordering::SeqCst) {
             return Err(StoreError::Unusable);
@@ -607,49 +652,45 @@ impl JournalLog {
 
 impl MessageLog for JournalLog {
     fn stage(&self, batch: LogBatch) -> StoreResult<Staged> {
-        self.check_usable()?;
-        self.wait_for_memory()?;
-        let body_len = encoded_batch_len_max(&batch);
-        let mut journal = self.journal.lock();
-        if body_len as u64 > journal.body_bytes_max() {
-            let records = batch.records().count();
-            let limits = self.config.limits;
-            return Err(LogRefusal::BatchTooLarge {
-                records,
-                bytes: body_len,
-                records_max: limits.batch_records_max,
-                bytes_max: limits.batch_bytes_max,
+        self.stage_all(vec![batch]).pop().unwrap_or(Err(StoreError::Dropped))
+    }
+
+    fn stage_all(&self, batches: Vec<LogBatch>) -> Vec<StoreResult<Staged>> {
+        let mut outcomes = Vec::with_capacity(batches.len());
+        let mut batches = batches.into_iter().peekable();
+        while batches.peek().is_some() {
+            if let Err(error) = self.check_usable().and_then(|()| self.wait_for_memory()) {
+                // That batch fails, as `stage` alone would have; the next one waits again.
+                batches.next();
+                outcomes.push(Err(error));
+                continue;
             }
-            .into());
-        }
-        // Check and stage it first (a refusal writes nothing), then frame it straight into the journal's
-        // buffer.
-        let mut staging = self.staging.lock();
-        if staging.tails_stale() {
-            // Batches were dropped: tails start again from the visible state, once every durable group is in.
-            let groups = staging.take_durable();
-            self.apply_groups(&mut self.visible.lock(), groups);
-            staging.refresh_tails();
-        }
-        let entry = staging.check(&batch, |channel| self.visible.lock().core.durable_tail(channel))?;
-        if let Err(error) = journal.append_encoded(body_len, |out| encode_batch(&batch, out)) {
-            // The rollback must wait for a sync job writing outside the journal's lock (see `SyncJob`), and
-            // `sync_lock` comes before `journal`: mark it due, so that no sync makes the failed frame
-            // durable meanwhile, and carry it out once both locks are held.
-            journal.mark_rollback_due();
-            drop(staging);
-            drop(journal);
-            let _no_sync = self.sync_lock.lock();
+            // Both locks for a run of batches, not for each: a sync waits for the run, so runs are short.
             let mut journal = self.journal.lock();
-            if journal.rollback_due() {
-                self.fail_staged(&mut journal);
+            let mut staging = self.staging.lock();
+            for batch in batches.by_ref().take(STAGE_RUN) {
+                match self.stage_locked(&mut journal, &mut staging, batch) {
+                    Ok(receipt) => outcomes.push(Ok(receipt)),
+                    Err(StageFailure::Refused(error)) => outcomes.push(Err(error)),
+                    Err(StageFailure::Append(error)) => {
+                        // The rollback must wait for a sync job writing outside the journal's lock (see
+                        // `SyncJob`), and `sync_lock` comes before `journal`: mark it due, so that no sync
+                        // makes the failed frame durable meanwhile, and carry it out once both locks are held.
+                        journal.mark_rollback_due();
+                        drop(staging);
+                        drop(journal);
+                        let _no_sync = self.sync_lock.lock();
+                        let mut journal = self.journal.lock();
+                        if journal.rollback_due() {
+                            self.fail_staged(&mut journal);
+                        }
+                        outcomes.push(Err(error));
+                        break;
+                    }
+                }
             }
-            return Err(error);
         }
-        let receipt = staging.push(entry, batch);
-        drop(staging);
-        self.frames.fetch_add(1, Ordering::Relaxed);
-        Ok(receipt)
+        outcomes
     }
 
     fn sync(&self) -> StoreResult<usize> {
