@@ -346,7 +346,7 @@ impl NodeCore {
     }
 
     /// The channel machine of `channel`, if active here (`None` as well once a runtime took the channel
-    /// shards out: see [`NodeCore::detach_shards`]).
+    /// shards out to run them on its reactor threads).
     pub fn channel(&self, channel: &ChannelId) -> Option<&ChannelMachine> {
         match &self.shards {
             Shards::Inline(shards) => shards[shard_of(channel, shards.len())].channel(channel),
