@@ -50,6 +50,9 @@ impl Cluster {
                 }
                 tweak(&mut config);
                 let mut storage = StorageOptions::new(root.join(format!("node-{id}")));
+                if let Some(mb) = std::env::var("TIDINGS_SLED_CACHE_MB").ok().and_then(|v| v.parse::<u64>().ok()) {
+                    storage.sled_cache_bytes = mb << 20;
+                }
                 if tuned {
                     // Fewer, larger sled packs when each channel gets a few messages per second.
                     storage.journal.write_behind_interval = Duration::from_secs(30);
