@@ -992,14 +992,19 @@ mod tests {
         JournalLog::open(dir, Arc::clone(kv), JournalConfig::default()).unwrap()
     }
 
+    /// A new log on a memory store, and a channel to write.
+    fn fresh() -> (tempfile::TempDir, Arc<dyn Kv>, ChannelId, JournalLog) {
+        let dir = tempfile::tempdir().unwrap();
+        let kv: Arc<dyn Kv> = Arc::new(MemoryKv::new());
+        let log = reopen(dir.path(), &kv);
+        (dir, kv, ChannelId::new(ChannelType::GROUP, "g").unwrap(), log)
+    }
+
     /// A store written in another layout is refused, not misread: one with a different format recorded,
     /// and one with data but no format (written before formats were recorded).
     #[test]
     fn a_store_in_another_format_is_refused_at_open() {
-        let dir = tempfile::tempdir().unwrap();
-        let kv: Arc<dyn Kv> = Arc::new(MemoryKv::new());
-        let channel = ChannelId::new(ChannelType::GROUP, "g").unwrap();
-        let log = reopen(dir.path(), &kv);
+        let (dir, kv, channel, log) = fresh();
         log.commit(append(&channel, 1)).unwrap();
         drop(log);
         assert_eq!(reopen(dir.path(), &kv).state(&channel).unwrap().last_seq, Seq::new(1), "its own format opens");
@@ -1019,10 +1024,7 @@ mod tests {
     /// and the dropped ones never come back, and the log goes on from the last synced state.
     #[test]
     fn a_failed_append_rolls_back_what_was_not_synced() {
-        let dir = tempfile::tempdir().unwrap();
-        let kv: Arc<dyn Kv> = Arc::new(MemoryKv::new());
-        let channel = ChannelId::new(ChannelType::GROUP, "g").unwrap();
-        let log = reopen(dir.path(), &kv);
+        let (dir, kv, channel, log) = fresh();
         let synced = log.stage(append(&channel, 1)).unwrap();
         log.sync().unwrap();
         let unsynced = log.stage(append(&channel, 2)).unwrap();
@@ -1043,10 +1045,7 @@ mod tests {
     /// rollback due and let go of the journal to take the sync lock first) makes nothing durable.
     #[test]
     fn a_sync_before_a_due_rollback_drops_everything_unsynced() {
-        let dir = tempfile::tempdir().unwrap();
-        let kv: Arc<dyn Kv> = Arc::new(MemoryKv::new());
-        let channel = ChannelId::new(ChannelType::GROUP, "g").unwrap();
-        let log = reopen(dir.path(), &kv);
+        let (dir, kv, channel, log) = fresh();
         let staged = log.stage(append(&channel, 1)).unwrap();
         log.journal.lock().mark_rollback_due();
         assert!(matches!(log.sync(), Err(StoreError::Dropped)));

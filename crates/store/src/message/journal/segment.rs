@@ -515,6 +515,13 @@ mod tests {
         .unwrap()
     }
 
+    /// The frames a journal opened in `dir` from `checkpoint` replays.
+    fn replayed(dir: &Path, checkpoint: Position) -> Vec<Vec<u8>> {
+        let mut seen = Vec::new();
+        open(dir, checkpoint, &mut seen);
+        seen
+    }
+
     #[test]
     fn frames_survive_reopen_and_roll_across_segments() {
         let dir = tempfile::tempdir().unwrap();
@@ -554,8 +561,7 @@ mod tests {
         journal.append(b"after").unwrap();
         journal.sync().unwrap();
         drop(journal);
-        let mut seen = Vec::new();
-        open(dir.path(), Position::ORIGIN, &mut seen);
+        let seen = replayed(dir.path(), Position::ORIGIN);
         assert_eq!(seen.len(), 5);
         assert_eq!(seen[4], b"after");
     }
@@ -579,8 +585,7 @@ mod tests {
         journal.append(b"last").unwrap();
         journal.sync().unwrap();
         drop(journal);
-        let mut seen = Vec::new();
-        open(dir.path(), Position::ORIGIN, &mut seen);
+        let seen = replayed(dir.path(), Position::ORIGIN);
         assert_eq!(seen.len(), 43);
         assert_eq!(
             (seen[0].as_slice(), seen[1].as_slice(), seen[42].as_slice()),
@@ -604,8 +609,7 @@ mod tests {
         journal.append(b"next").unwrap();
         journal.sync().unwrap();
         drop(journal);
-        let mut seen = Vec::new();
-        open(dir.path(), Position::ORIGIN, &mut seen);
+        let seen = replayed(dir.path(), Position::ORIGIN);
         assert_eq!(seen, vec![b"kept".to_vec(), b"next".to_vec()]);
     }
 
@@ -645,8 +649,7 @@ mod tests {
         journal.sync().unwrap();
         assert!(journal.spares.len() < SPARES_MAX, "a spare was reused");
         drop(journal);
-        let mut seen = Vec::new();
-        open(dir.path(), checkpoint, &mut seen);
+        let seen = replayed(dir.path(), checkpoint);
         let firsts: Vec<u32> = seen.iter().map(|b| u32::from_le_bytes(b[..4].try_into().unwrap())).collect();
         assert_eq!(firsts, (1000..1060).collect::<Vec<_>>());
     }
