@@ -14,9 +14,11 @@
 //!   pulls), one fanout worker (subscriber pages, and the host's presence and delivery calls);
 //! - and the message log's write-behind thread.
 //!
-//! Storage IO never runs on the core or a reactor thread except a channel's activation (loading its log
-//! state). Every queue is bounded: a full inbox or mailbox drops inbound frames (the protocols resend)
-//! and refuses API calls with `Overloaded`.
+//! Writes and syncs never run on the core or a reactor thread. Reads do, where the answer is needed at
+//! once: a channel's activation (its log state and recent records), `Node::read`, a sender check against
+//! the local slot replica, and a meta looked up there; they mostly hit sled's and the journal's caches.
+//! Every queue is bounded: a full inbox or mailbox drops inbound frames (the protocols resend) and
+//! refuses API calls with `Overloaded`.
 #![allow(clippy::disallowed_methods)] // The runtime shell is where the clock is read.
 
 mod calls;
