@@ -185,7 +185,9 @@ impl<M> Staging<M> {
     pub(crate) fn begin_sync(&mut self) -> (SyncTicket, usize) {
         let id = self.next_group;
         self.next_group += 1;
-        let batches = std::mem::take(&mut self.staged);
+        // The next group is likely as large as this one: room for it now, not by doubling while staging.
+        let room = self.staged.len();
+        let batches = std::mem::replace(&mut self.staged, Vec::with_capacity(room));
         let count = batches.len();
         self.in_flight.push_back(Group { id, end: self.next_receipt, durable: None, batches });
         (SyncTicket { epoch: self.drop_epoch, group: id }, count)
