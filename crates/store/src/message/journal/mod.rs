@@ -126,8 +126,10 @@ pub struct JournalStats {
     pub write_behinds: u64,
     /// Records written behind into sled.
     pub records_written_behind: u64,
-    /// Journal segments deleted after a checkpoint.
+    /// Journal segments deleted after a checkpoint (or kept as spares).
     pub segments_deleted: u64,
+    /// Spare segments zero-filled ahead of need ([`JournalLog::fill_spares`]).
+    pub spares_filled: u64,
     /// Record bytes waiting in memory for write-behind now.
     pub mem_bytes: usize,
     /// Journal segment files on disk now.
@@ -180,6 +182,9 @@ pub struct JournalLog {
     write_behinds: AtomicU64,
     records_written_behind: AtomicU64,
     segments_deleted: AtomicU64,
+    spares_filled: AtomicU64,
+    /// One spare zero-filled at a time.
+    filling_spares: Mutex<()>,
 }
 
 const CHECKPOINT_KEY: &[u8] = b"checkpoint";
@@ -248,6 +253,8 @@ impl JournalLog {
             write_behinds: AtomicU64::new(0),
             records_written_behind: AtomicU64::new(0),
             segments_deleted: AtomicU64::new(0),
+            spares_filled: AtomicU64::new(0),
+            filling_spares: Mutex::new(()),
         })
     }
 
@@ -259,6 +266,7 @@ impl JournalLog {
             write_behinds: self.write_behinds.load(Ordering::Relaxed),
             records_written_behind: self.records_written_behind.load(Ordering::Relaxed),
             segments_deleted: self.segments_deleted.load(Ordering::Relaxed),
+            spares_filled: self.spares_filled.load(Ordering::Relaxed),
             mem_bytes: self.mem_bytes.load(Ordering::Relaxed),
             segments: self.journal.lock().segment_count(),
         }
@@ -291,7 +299,57 @@ impl JournalLog {
             if let Err(error) = self.write_behind() {
                 tracing::error!(%error, "message log write-behind failed; will retry");
                 std::thread::sleep(self.config.write_behind_interval);
+                continue;
             }
+            self.fill_spares_or_log();
+        }
+    }
+
+    /// The background thread's [`JournalLog::fill_spares`]: only for a journal in use (a node that
+    /// wrote little — tests, a quiet host — never rolls a segment, and should not write 128 MiB of zeros).
+    fn fill_spares_or_log(&self) {
+        if !self.journal.lock().in_use() {
+            return;
+        }
+        if let Err(error) = self.fill_spares() {
+            // Not fatal: the next roll creates a preallocated segment instead, only its syncs are slower.
+            tracing::warn!(%error, "message log could not prepare a spare journal segment");
+        }
+    }
+
+    /// Zero-fills spare journal segments until the journal holds its two spares; returns how many it
+    /// made. The next segment rolls then take a spare: syncs write over blocks already written, which
+    /// costs the disk less than writing into fresh ones (see the measure in the module's segment code),
+    /// and a roll never waits for a segment to be created.
+    ///
+    /// A journal that has not written a frame since it was created also swaps its first segment for a
+    /// spare. Checkpointed segments are recycled as spares too, so under steady load this rarely writes
+    /// anything; it matters after a start and when the journal grows. The background write-behind
+    /// thread ([`JournalLog::start_write_behind`]) calls it after each round once the journal has
+    /// written a quarter of a segment since open; a host running write-behind itself, or wanting spares
+    /// ready before load arrives, may call it when convenient. Writes `segment_bytes` (64 MiB) per
+    /// spare, in 1 MiB pieces each made durable, without holding the journal's lock.
+    pub fn fill_spares(&self) -> StoreResult<usize> {
+        let _one_at_a_time = self.filling_spares.lock();
+        let mut made = 0;
+        loop {
+            let (missing, (dir, capacity)) = {
+                let mut journal = self.journal.lock();
+                if journal.spares_missing() == 0 && journal.start_in_a_spare()? {
+                    // A new journal's first segment was preallocated, not written: one spare replaced it.
+                    continue;
+                }
+                (journal.spares_missing(), journal.spare_shape())
+            };
+            if missing == 0 || self.stop.load(Ordering::SeqCst) {
+                return Ok(made);
+            }
+            let Some(spare) = segment::zero_filled_spare(&dir, capacity, || !self.stop.load(Ordering::SeqCst))? else {
+                return Ok(made);
+            };
+            self.journal.lock().add_spare(spare)?;
+            self.spares_filled.fetch_add(1, Ordering::Relaxed);
+            made += 1;
         }
     }
 
@@ -998,6 +1056,25 @@ mod tests {
         let kv: Arc<dyn Kv> = Arc::new(MemoryKv::new());
         let log = reopen(dir.path(), &kv);
         (dir, kv, ChannelId::new(ChannelType::GROUP, "g").unwrap(), log)
+    }
+
+    #[test]
+    fn fill_spares_tops_up_the_spares_once_and_a_new_journal_starts_in_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = LogLimits { batch_bytes_max: 64 << 10, ..LogLimits::default() };
+        let config = JournalConfig { segment_bytes: 1 << 20, limits, ..JournalConfig::default() };
+        let log = JournalLog::open(dir.path(), Arc::new(MemoryKv::new()), config).unwrap();
+        let channel = ChannelId::new(ChannelType::GROUP, "g").unwrap();
+        // Two spares, and a third after one replaced the new journal's (preallocated) first segment.
+        assert_eq!(log.fill_spares().unwrap(), 3);
+        assert_eq!(log.fill_spares().unwrap(), 0, "already full");
+        assert_eq!(log.stats().spares_filled, 3);
+        let spares = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "spare"));
+        assert_eq!(spares.count(), 2);
+        log.commit(append(&channel, 1)).unwrap();
+        assert_eq!(log.state(&channel).unwrap().last_seq, Seq::new(1), "the log works as before");
     }
 
     /// A store written in another layout is refused, not misread: one with a different format recorded,

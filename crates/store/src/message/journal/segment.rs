@@ -116,10 +116,21 @@ pub(crate) struct Journal {
     buf_offset: u64,
     /// Checkpointed segment files kept for reuse by the next rolls.
     spares: Vec<PathBuf>,
+    /// Frame bytes appended since open: a journal that wrote little has no use for zero-filled spares.
+    appended_since_open: u64,
+    /// The active segment was a spare (every block written before), not created preallocated.
+    active_was_spare: bool,
 }
 
-/// Most spare segments kept for reuse; older checkpointed segments are deleted.
+/// Most spare segments kept ready for the next rolls; older checkpointed segments are deleted.
 const SPARES_MAX: usize = 2;
+
+/// A spare being zero-filled ([`zero_filled_spare`]); one left by a crash is deleted at open.
+const ZEROING_NAME: &str = "zeroing.tmp";
+
+/// Bytes of zeros a spare is written and made durable in, one piece after another: the disk's queue then
+/// never holds more than this ahead of the journal's own `fdatasync`s, which run meanwhile.
+const ZERO_FILL_CHUNK: usize = 1 << 20;
 
 /// Appended frames are written out once this many bytes wait in the buffer.
 const WRITE_BUFFER_BYTES: usize = 1 << 20;
@@ -168,6 +179,10 @@ impl Journal {
         zero_from(&file, end.offset, capacity)?;
         sync_dir(dir)?;
         let active = Segment { first_frame: end.segment, file: Arc::new(file), len: end.offset };
+        match fs::remove_file(dir.join(ZEROING_NAME)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(StoreError::io("delete unfinished spare", e)),
+            _ => {}
+        }
         Ok(Journal {
             dir: dir.to_path_buf(),
             capacity,
@@ -185,6 +200,8 @@ impl Journal {
             fail_next_append: false,
             buf_offset: end.offset,
             spares: list_spares(dir)?,
+            appended_since_open: 0,
+            active_was_spare: false,
         })
     }
 
@@ -232,6 +249,7 @@ impl Journal {
         self.buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
         self.buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
         self.active.len += FRAME_HEADER_BYTES + u64::from(len);
+        self.appended_since_open += FRAME_HEADER_BYTES + u64::from(len);
         self.next_frame += 1;
         if self.buf.len() >= WRITE_BUFFER_BYTES {
             self.write_buffer()?;
@@ -255,6 +273,7 @@ impl Journal {
     fn roll(&mut self) -> StoreResult<()> {
         self.write_buffer()?;
         let path = segment_path(&self.dir, self.next_frame);
+        self.active_was_spare = !self.spares.is_empty();
         let file = match self.spares.pop() {
             Some(spare) => {
                 fs::rename(&spare, &path).map_err(|e| StoreError::io("reuse journal segment", e))?;
@@ -386,6 +405,93 @@ impl Journal {
     pub(crate) fn segment_count(&self) -> usize {
         self.segments.len()
     }
+
+    /// Spares wanted before the journal holds [`SPARES_MAX`].
+    pub(crate) fn spares_missing(&self) -> usize {
+        SPARES_MAX.saturating_sub(self.spares.len())
+    }
+
+    /// `true` once a quarter of a segment was appended since open: the journal is in use enough to
+    /// roll soon, so spares are worth their writing.
+    pub(crate) fn in_use(&self) -> bool {
+        self.appended_since_open >= self.capacity / 4
+    }
+
+    /// Puts a spare in place of an active segment that was created preallocated and holds no frame yet
+    /// (a journal just created starts in one); `true` if it did. Its syncs are then as cheap as in any
+    /// later segment (see [`zero_filled_spare`]).
+    pub(crate) fn start_in_a_spare(&mut self) -> StoreResult<bool> {
+        if self.active_was_spare || self.active.len != 0 || !self.buf.is_empty() {
+            return Ok(false);
+        }
+        let Some(spare) = self.spares.pop() else { return Ok(false) };
+        let path = segment_path(&self.dir, self.active.first_frame);
+        // Either file at this path is a valid empty segment, so a crash around the rename loses nothing.
+        fs::rename(&spare, &path).map_err(|e| StoreError::io("reuse journal segment", e))?;
+        let file =
+            OpenOptions::new().read(true).write(true).open(&path).map_err(|e| StoreError::io("open segment", e))?;
+        self.active.file = Arc::new(file);
+        self.active_was_spare = true;
+        self.dir_changes += 1;
+        Ok(true)
+    }
+
+    /// The journal's directory and segment size, for [`zero_filled_spare`].
+    pub(crate) fn spare_shape(&self) -> (PathBuf, u64) {
+        (self.dir.clone(), self.capacity)
+    }
+
+    /// Keeps the spare at `path` (from [`zero_filled_spare`]) for the next rolls, or deletes it if
+    /// recycled segments filled the spares meanwhile.
+    pub(crate) fn add_spare(&mut self, path: PathBuf) -> StoreResult<()> {
+        if self.spares.len() < SPARES_MAX {
+            self.spares.push(path);
+            Ok(())
+        } else {
+            fs::remove_file(&path).map_err(|e| StoreError::io("delete spare segment", e))
+        }
+    }
+}
+
+/// Writes a new spare segment of `capacity` bytes of zeros in `dir`, durable, and returns its path (for
+/// [`Journal::add_spare`]), or `None` if `go_on` said stop between two pieces (the log is closing).
+/// Runs without the journal's lock; one at a time per directory.
+///
+/// Why zeros and not only reserved blocks: a preallocated segment's blocks are reserved but unwritten,
+/// and the first write into each makes the next `fdatasync` also commit the file system's record of
+/// them. Measured here (store_bench's journal at 10,000 channels): runs into recycled or zero-filled
+/// segments reach 1.75–1.87 M records/s against 1.44–1.70 M into fresh preallocated ones. PostgreSQL
+/// zero-fills its WAL segments for the same reason.
+pub(crate) fn zero_filled_spare(dir: &Path, capacity: u64, go_on: impl Fn() -> bool) -> StoreResult<Option<PathBuf>> {
+    let staging = dir.join(ZEROING_NAME);
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&staging)
+        .map_err(|e| StoreError::io("create spare segment", e))?;
+    let zeros = vec![0u8; ZERO_FILL_CHUNK];
+    let mut offset = 0;
+    while offset < capacity {
+        if !go_on() {
+            drop(file);
+            fs::remove_file(&staging).map_err(|e| StoreError::io("delete unfinished spare", e))?;
+            return Ok(None);
+        }
+        let len = usize::try_from(capacity - offset).map_or(zeros.len(), |rest| rest.min(zeros.len()));
+        file.write_all_at(&zeros[..len], offset).map_err(|e| StoreError::io("zero-fill spare segment", e))?;
+        file.sync_data().map_err(|e| StoreError::io("fdatasync spare segment", e))?;
+        offset += len as u64;
+    }
+    file.sync_all().map_err(|e| StoreError::io("fsync spare segment", e))?;
+    // A name no spare has: recycled ones are named after their first frame, these after a free number.
+    let path = (0u64..)
+        .map(|n| dir.join(format!("zeroed-{n}.spare")))
+        .find(|candidate| !candidate.exists())
+        .expect("some number is free");
+    fs::rename(&staging, &path).map_err(|e| StoreError::io("keep spare segment", e))?;
+    sync_dir(dir)?;
+    Ok(Some(path))
 }
 
 fn frame_crc(frame_seq: u64, body: &[u8]) -> u32 {
@@ -652,6 +758,66 @@ mod tests {
         let seen = replayed(dir.path(), checkpoint);
         let firsts: Vec<u32> = seen.iter().map(|b| u32::from_le_bytes(b[..4].try_into().unwrap())).collect();
         assert_eq!(firsts, (1000..1060).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn zero_filled_spares_are_taken_by_the_next_rolls_and_replay_nothing_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = open(dir.path(), Position::ORIGIN, &mut Vec::new());
+        assert_eq!(journal.spares_missing(), SPARES_MAX);
+        assert!(!journal.in_use(), "nothing appended yet");
+        let (spare_dir, capacity) = journal.spare_shape();
+        for _ in 0..SPARES_MAX {
+            let spare = zero_filled_spare(&spare_dir, capacity, || true).unwrap().expect("not stopped");
+            let bytes = fs::read(&spare).unwrap();
+            assert_eq!(bytes.len() as u64, capacity);
+            assert!(bytes.iter().all(|&b| b == 0), "a spare holds zeros only");
+            journal.add_spare(spare).unwrap();
+        }
+        assert_eq!(journal.spares_missing(), 0);
+        assert!(journal.start_in_a_spare().unwrap(), "the new journal's empty first segment is replaced");
+        assert!(!journal.start_in_a_spare().unwrap(), "only once");
+        assert_eq!(journal.spares_missing(), 1);
+        journal.add_spare(zero_filled_spare(&spare_dir, capacity, || true).unwrap().unwrap()).unwrap();
+        let extra = zero_filled_spare(&spare_dir, capacity, || true).unwrap().unwrap();
+        journal.add_spare(extra.clone()).unwrap();
+        assert!(!extra.exists(), "a spare beyond the most kept is deleted");
+        assert!(zero_filled_spare(&spare_dir, capacity, || false).unwrap().is_none(), "stopped");
+        assert!(!spare_dir.join(ZEROING_NAME).exists(), "a stopped fill leaves nothing behind");
+        for i in 0..60u32 {
+            journal.append(&i.to_le_bytes().repeat(25)).unwrap();
+        }
+        journal.sync().unwrap();
+        assert!(journal.in_use());
+        assert!(journal.segment_count() > 1 && journal.spares_missing() > 0, "rolls took spares");
+        drop(journal);
+        let seen = replayed(dir.path(), Position::ORIGIN);
+        let firsts: Vec<u32> = seen.iter().map(|b| u32::from_le_bytes(b[..4].try_into().unwrap())).collect();
+        assert_eq!(firsts, (0..60).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_segment_holding_frames_is_never_replaced_by_a_spare() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = open(dir.path(), Position::ORIGIN, &mut Vec::new());
+        journal.append(b"kept").unwrap();
+        let (spare_dir, capacity) = journal.spare_shape();
+        journal.add_spare(zero_filled_spare(&spare_dir, capacity, || true).unwrap().unwrap()).unwrap();
+        assert!(!journal.start_in_a_spare().unwrap(), "a frame is buffered");
+        journal.sync().unwrap();
+        assert!(!journal.start_in_a_spare().unwrap(), "a frame is written");
+        drop(journal);
+        assert_eq!(replayed(dir.path(), Position::ORIGIN), vec![b"kept".to_vec()]);
+    }
+
+    #[test]
+    fn a_spare_left_half_filled_by_a_crash_is_deleted_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open(dir.path(), Position::ORIGIN, &mut Vec::new()));
+        fs::write(dir.path().join(ZEROING_NAME), [0u8; 100]).unwrap();
+        let journal = open(dir.path(), Position::ORIGIN, &mut Vec::new());
+        assert!(!dir.path().join(ZEROING_NAME).exists());
+        assert_eq!(journal.spares_missing(), SPARES_MAX, "not taken for a spare");
     }
 
     #[test]
