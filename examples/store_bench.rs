@@ -68,13 +68,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let sustained_channels: Vec<ChannelId> = (0..10_000).map(|i| channel(1_000_000 + i)).collect();
     let mut next = vec![1u64; sustained_channels.len()];
+    let spares_before = log.stats().spares_filled;
     let background = log.start_write_behind();
     let sustained = journal_run(&log, &sustained_channels, &mut next, SUSTAINED_COMMITS * scale);
     drop(background);
     let stats = log.stats();
     println!(
-        "sustained (10,000 channels, sled w-b)  {:>10.0} records/s   commit    p50 {:>7.1?} p99 {:>7.1?}   ({} write-behinds, {} segments deleted)",
-        sustained.rate, sustained.p50, sustained.p99, stats.write_behinds, stats.segments_deleted
+        "sustained (10,000 channels, sled w-b)  {:>10.0} records/s   commit    p50 {:>7.1?} p99 {:>7.1?}   ({} write-behinds, {} segments deleted, {} spares zero-filled)",
+        sustained.rate, sustained.p50, sustained.p99, stats.write_behinds, stats.segments_deleted, stats.spares_filled - spares_before
     );
 
     let sled = sled_alone(dir.path(), 10 * scale);
