@@ -136,7 +136,7 @@ impl LogCore {
             // go first rather than being lost.
             debug_assert!(entry.flushing.is_none(), "one write-behind round at a time");
             entry.unflush();
-            let records = Arc::new(entry.mem.take_sized_alike());
+            let records = Arc::new(std::mem::take(&mut entry.mem));
             entry.flushing = Some(Arc::clone(&records));
             taken.push(make(entry, records));
         }

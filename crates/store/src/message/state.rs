@@ -271,9 +271,6 @@ impl ChannelLogState {
     }
 }
 
-/// Most room [`MemTable::take_sized_alike`] keeps for a channel's next records (a few tens of KiB).
-const MEM_ROOM_CARRIED: usize = 256;
-
 /// Consecutive records held in memory, oldest first.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct MemTable {
@@ -294,14 +291,6 @@ impl MemTable {
         debug_assert!(self.records.back().is_none_or(|last| last.seq.next() == record.seq));
         self.bytes += record.encoded_len();
         self.records.push_back(record);
-    }
-
-    /// Takes every record, leaving an empty table with room for as many (up to
-    /// [`MEM_ROOM_CARRIED`]): a channel busy in one write-behind round is likely busy in the next, and its
-    /// table would otherwise grow again by doubling, copying its records each time.
-    pub(crate) fn take_sized_alike(&mut self) -> MemTable {
-        let room = self.records.len().min(MEM_ROOM_CARRIED);
-        std::mem::replace(self, MemTable { records: VecDeque::with_capacity(room), bytes: 0 })
     }
 
     /// Drops records after `seq`.
@@ -571,22 +560,5 @@ mod tests {
         mem.drop_through(Seq::new(2));
         assert_eq!(mem.first_seq(), Some(Seq::new(3)));
         assert_eq!(mem.bytes(), one * 3);
-    }
-
-    #[test]
-    fn a_taken_memtable_leaves_an_empty_one_with_room_for_as_many() {
-        let mut mem = MemTable::default();
-        for seq in 1..=(MEM_ROOM_CARRIED as u64 + 10) {
-            mem.push(rec(seq, 1));
-        }
-        let bytes = mem.bytes();
-        let taken = mem.take_sized_alike();
-        assert_eq!((taken.len(), taken.bytes()), (MEM_ROOM_CARRIED + 10, bytes), "every record taken");
-        assert_eq!((mem.len(), mem.bytes(), mem.first_seq()), (0, 0, None), "nothing left behind");
-        assert!(mem.records.capacity() >= MEM_ROOM_CARRIED, "room kept, up to the cap");
-        let mut small = MemTable::default();
-        small.push(rec(1, 1));
-        small.take_sized_alike();
-        assert!(small.records.capacity() < MEM_ROOM_CARRIED, "no more room than the last round used");
     }
 }
