@@ -21,8 +21,8 @@ use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use tidings_channel::machine::{
-    AppendAborted, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, PersistToken, ReadToken,
-    RequestId, RoleKind,
+    AppendAborted, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, MachineConfig, PersistToken,
+    ReadToken, RequestId, RoleKind,
 };
 use tidings_channel::reactor::{shrink_if_sparse, ActiveChannels, ChannelOutbox};
 use tidings_router::HashToSlot;
@@ -187,6 +187,8 @@ struct Waiting {
 pub(crate) struct ChannelShard {
     index: usize,
     config: NodeConfig,
+    /// `config.machine`, shared by every machine of the shard.
+    machine_config: Arc<MachineConfig>,
     /// This shard's part of `active_channels_max`.
     active_max: usize,
     now: Time,
@@ -259,6 +261,7 @@ impl ChannelShard {
             outbox: ChannelOutbox::new((config.frame_bytes_max / 4).min(4 << 20)),
             outputs: VecDeque::new(),
             counters: ShardCounters::default(),
+            machine_config: Arc::new(config.machine.clone()),
             config,
         }
     }
@@ -714,7 +717,7 @@ impl ChannelShard {
         let mut machine = ChannelMachine::new(
             channel.clone(),
             self.config.node,
-            self.config.machine.clone(),
+            Arc::clone(&self.machine_config),
             incarnation,
             self.now,
             state,

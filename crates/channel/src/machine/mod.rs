@@ -53,6 +53,7 @@ use follower::FollowerState;
 use idempotency::IdempotencyIndex;
 use leader::LeaderState;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use tidings_store::message::{ChannelLogState, LogBatch, LogOp, Record};
 use tidings_store::StoreError;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, LeaderEpoch, MetaError, NodeId, Seq, Time};
@@ -196,7 +197,8 @@ enum Role {
 pub struct ChannelMachine {
     channel: ChannelId,
     me: NodeId,
-    config: MachineConfig,
+    /// Shared by every machine a runtime creates (one copy per machine was 208 bytes per replica).
+    config: Arc<MachineConfig>,
     incarnation: u64,
     now: Time,
     meta: Option<ChannelRuntimeMeta>,
@@ -217,15 +219,17 @@ impl ChannelMachine {
     /// A machine for `channel` on node `me`, over a log whose durable state is `durable` and whose last
     /// records (up to the idempotency window; at least none) are `recent`. `incarnation` must differ from
     /// every earlier machine of this channel on this node (completions of those are then ignored).
+    /// `config` may be an `Arc` shared by many machines.
     pub fn new(
         channel: ChannelId,
         me: NodeId,
-        config: MachineConfig,
+        config: impl Into<Arc<MachineConfig>>,
         incarnation: u64,
         now: Time,
         durable: ChannelLogState,
         recent: Vec<Record>,
     ) -> Self {
+        let config = config.into();
         let mut cache = RecordCache::default();
         let mut idempotency = IdempotencyIndex::new(config.idempotency_window);
         let suffix_ok = recent.last().is_none_or(|r| r.seq == durable.last_seq);
@@ -362,7 +366,20 @@ impl ChannelMachine {
 
     /// Next effect to carry out, if any.
     pub fn poll_effect(&mut self) -> Option<Effect> {
-        self.effects.pop_front()
+        let effect = self.effects.pop_front();
+        if effect.is_none() && self.effects.capacity() > 0 {
+            // Drained: the buffer goes too. Kept, it held ~0.7 KB per replica of a node with 10,000
+            // channels (heaptrack: 14.7 MB of followers' and 6.4 MB of leaders' buffers, all empty), for
+            // an allocation saved per step.
+            self.effects = VecDeque::new();
+        }
+        effect
+    }
+
+    /// Room the effect buffer holds (tests: a drained machine holds none).
+    #[cfg(test)]
+    pub(crate) fn effects_capacity(&self) -> usize {
+        self.effects.capacity()
     }
 
     /// When [`ChannelMachine::handle_timeout`] should next be called, if at all.

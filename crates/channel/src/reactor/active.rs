@@ -269,6 +269,7 @@ mod tests {
         };
         machine.handle_meta(now, meta).expect("first meta");
         let pull = pulls(&mut machine).pop().expect("a follower pulls once it has a meta");
+        assert_eq!(machine.effects_capacity(), 0, "a drained machine keeps no effect buffer");
         assert!(machine.poll_timeout().is_some(), "a follower waiting for its pull has a timer");
         (channel, machine, pull)
     }
