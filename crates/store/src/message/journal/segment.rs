@@ -116,8 +116,6 @@ pub(crate) struct Journal {
     buf_offset: u64,
     /// Checkpointed segment files kept for reuse by the next rolls.
     spares: Vec<PathBuf>,
-    /// Frame bytes appended since open: a journal that wrote little has no use for zero-filled spares.
-    appended_since_open: u64,
     /// The active segment was a spare (every block written before), not created preallocated.
     active_was_spare: bool,
 }
@@ -200,7 +198,6 @@ impl Journal {
             fail_next_append: false,
             buf_offset: end.offset,
             spares: list_spares(dir)?,
-            appended_since_open: 0,
             active_was_spare: false,
         })
     }
@@ -249,7 +246,6 @@ impl Journal {
         self.buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
         self.buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
         self.active.len += FRAME_HEADER_BYTES + u64::from(len);
-        self.appended_since_open += FRAME_HEADER_BYTES + u64::from(len);
         self.next_frame += 1;
         if self.buf.len() >= WRITE_BUFFER_BYTES {
             self.write_buffer()?;
@@ -409,12 +405,6 @@ impl Journal {
     /// Spares wanted before the journal holds [`SPARES_MAX`].
     pub(crate) fn spares_missing(&self) -> usize {
         SPARES_MAX.saturating_sub(self.spares.len())
-    }
-
-    /// `true` once a quarter of a segment was appended since open: the journal is in use enough to
-    /// roll soon, so spares are worth their writing.
-    pub(crate) fn in_use(&self) -> bool {
-        self.appended_since_open >= self.capacity / 4
     }
 
     /// Puts a spare in place of an active segment that was created preallocated and holds no frame yet
@@ -765,7 +755,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut journal = open(dir.path(), Position::ORIGIN, &mut Vec::new());
         assert_eq!(journal.spares_missing(), SPARES_MAX);
-        assert!(!journal.in_use(), "nothing appended yet");
         let (spare_dir, capacity) = journal.spare_shape();
         for _ in 0..SPARES_MAX {
             let spare = zero_filled_spare(&spare_dir, capacity, || true).unwrap().expect("not stopped");
@@ -788,7 +777,6 @@ mod tests {
             journal.append(&i.to_le_bytes().repeat(25)).unwrap();
         }
         journal.sync().unwrap();
-        assert!(journal.in_use());
         assert!(journal.segment_count() > 1 && journal.spares_missing() > 0, "rolls took spares");
         drop(journal);
         let seen = replayed(dir.path(), Position::ORIGIN);
