@@ -60,15 +60,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Warm up: every channel activated on its replicas and its first message committed.
         max_rate(&cluster, &channels, channels.len().max(CLIENTS * 64), 1024);
         let in_flight = if count == 1 { 256 } else { 2048 };
+        let journal = JournalTally::now(&cluster);
         let top = max_rate(&cluster, &channels, messages * scale, in_flight);
+        let journal_top = journal.since(&cluster);
         // Full runs pace for 15 s: long enough to include write-behind rounds (every second) and the
         // controller's idle repair pass (every 10 s), which both read and write sled beside the traffic.
         let paced_for = Duration::from_secs(if quick { 3 } else { 15 });
+        let journal = JournalTally::now(&cluster);
         let half = paced(&cluster, &channels, top.rate / 2.0, paced_for);
+        let journal_half = journal.since(&cluster);
         println!(
             "{count:>6} channels (created in {created:.2?}): {:>7.0} msg/s ({in_flight} in flight, p50 {:.2?} p99 {:.2?}); at half rate p50 {:.2?} p99 {:.2?}",
             top.rate, top.p50, top.p99, half.p50, half.p99
         );
+        println!("         journal syncs, all nodes: {journal_top} at full rate; {journal_half} at half rate");
         summary.push((count, top.rate, half.p99));
     }
     println!();
@@ -80,4 +85,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// The journals' sync and frame counts summed over the nodes, to tell how many channel batches each
+/// `fdatasync` carried in a phase (every sync costs CPU in the kernel and a device round trip).
+struct JournalTally {
+    at: Instant,
+    syncs: u64,
+    frames: u64,
+}
+
+impl JournalTally {
+    fn now(cluster: &Cluster) -> Self {
+        let (syncs, frames) = cluster
+            .nodes
+            .iter()
+            .map(|n| n.message_log_stats())
+            .fold((0, 0), |(s, f), stats| (s + stats.syncs, f + stats.frames));
+        Self { at: Instant::now(), syncs, frames }
+    }
+
+    /// What happened since `self`, as a printable summary.
+    fn since(&self, cluster: &Cluster) -> String {
+        let now = Self::now(cluster);
+        let syncs = now.syncs - self.syncs;
+        let per_second = syncs as f64 / now.at.duration_since(self.at).as_secs_f64();
+        let per_sync = (now.frames - self.frames) as f64 / syncs.max(1) as f64;
+        format!("{per_second:.0}/s, {per_sync:.1} channel batches each")
+    }
 }
