@@ -618,6 +618,12 @@ mod tests {
         seen
     }
 
+    /// The first little-endian `u32` of each frame replayed from `checkpoint` (the tests write a counter
+    /// there).
+    fn first_words_replayed(dir: &Path, checkpoint: Position) -> Vec<u32> {
+        replayed(dir, checkpoint).iter().map(|b| u32::from_le_bytes(b[..4].try_into().unwrap())).collect()
+    }
+
     #[test]
     fn frames_survive_reopen_and_roll_across_segments() {
         let dir = tempfile::tempdir().unwrap();
@@ -745,9 +751,7 @@ mod tests {
         journal.sync().unwrap();
         assert!(journal.spares.len() < SPARES_MAX, "a spare was reused");
         drop(journal);
-        let seen = replayed(dir.path(), checkpoint);
-        let firsts: Vec<u32> = seen.iter().map(|b| u32::from_le_bytes(b[..4].try_into().unwrap())).collect();
-        assert_eq!(firsts, (1000..1060).collect::<Vec<_>>());
+        assert_eq!(first_words_replayed(dir.path(), checkpoint), (1000..1060).collect::<Vec<_>>());
     }
 
     #[test]
@@ -779,9 +783,7 @@ mod tests {
         journal.sync().unwrap();
         assert!(journal.segment_count() > 1 && journal.spares_missing() > 0, "rolls took spares");
         drop(journal);
-        let seen = replayed(dir.path(), Position::ORIGIN);
-        let firsts: Vec<u32> = seen.iter().map(|b| u32::from_le_bytes(b[..4].try_into().unwrap())).collect();
-        assert_eq!(firsts, (0..60).collect::<Vec<_>>());
+        assert_eq!(first_words_replayed(dir.path(), Position::ORIGIN), (0..60).collect::<Vec<_>>());
     }
 
     #[test]
