@@ -376,6 +376,13 @@ impl ChannelMachine {
         effect
     }
 
+    /// Moves every pending effect to the end of `out`, in order (what [`ChannelMachine::poll_effect`]
+    /// would return one by one, moved in bulk), and frees the machine's buffer as `poll_effect` does.
+    pub fn drain_effects(&mut self, out: &mut Vec<Effect>) {
+        out.extend(self.effects.drain(..));
+        self.effects = VecDeque::new();
+    }
+
     /// Room the effect buffer holds (tests: a drained machine holds none).
     #[cfg(test)]
     pub(crate) fn effects_capacity(&self) -> usize {

@@ -105,7 +105,7 @@ impl ActiveChannels {
         while let Some(channel) = self.dirty.pop() {
             let Some(active) = self.entries.get_mut(&channel) else { continue };
             active.dirty = false;
-            effects.extend(std::iter::from_fn(|| active.machine.poll_effect()));
+            active.machine.drain_effects(effects);
             let next = active.machine.poll_timeout();
             if next != active.timer {
                 active.timer = next;
@@ -410,6 +410,7 @@ mod tests {
         assert_eq!(active.last_used(&channel), Some(Time::from_millis(90)));
         let (drained, _) = drain(&mut active);
         assert_eq!(drained, vec![channel.clone()], "on the drain list once however often it was fed");
+        assert_eq!(active.get(&channel).expect("active").effects_capacity(), 0, "drained in bulk, buffer freed");
         let unknown = ChannelId::new(ChannelType::GROUP, "unknown").expect("channel id");
         assert!(active.get_used(&unknown, Time::from_millis(90)).is_none());
         assert_eq!(drain(&mut active).0, Vec::<ChannelId>::new());
