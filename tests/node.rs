@@ -101,6 +101,27 @@ fn single_node_goes_through_the_same_path() {
 }
 
 #[test]
+fn a_node_asked_to_prepare_journal_spares_starts_with_them_and_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let id = NodeId::new(1);
+    let mut config = NodeConfig::new(id, vec![id]);
+    config.slot_groups = 2;
+    let mut storage = StorageOptions::new(dir.path().join("1"));
+    storage.journal_spares_at_start = true;
+    storage.journal.segment_bytes = 1 << 20;
+    storage.journal.limits.batch_bytes_max = 64 << 10;
+    let node = Arc::new(Node::start(config, storage, mesh.transport(id)).unwrap());
+    mesh.attach(&node);
+    // Two spares, and a third after one replaced the new journal's preallocated first segment.
+    assert_eq!(node.message_log_stats().spares_filled, 3);
+    let ch = channel("spared");
+    eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let seqs = eventually(|| node.append(ch.clone(), record("first"))?.wait());
+    assert_eq!(node.read(&ch, seqs[0], 1).unwrap()[0].payload, Bytes::from_static(b"first"));
+}
+
+#[test]
 fn append_then_calls_back_once_with_the_seqs_or_with_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let mesh = InProcessMesh::new();
