@@ -305,9 +305,21 @@ impl JournalLog {
 
     /// Zero-fills spare journal segments until the journal holds its two spares; returns how many it
     /// made. The next segment rolls then take a spare: syncs write over blocks already written, which
-    /// costs the disk less than writing into fresh ones (see the measure in the module's segment code),
-    /// and a roll never waits for a segment to be created. A journal that has not written a frame since
-    /// it was created also swaps its first segment for a spare.
+    /// costs the disk less than writing into fresh, preallocated ones (store_bench's journal at 10,000
+    /// channels: 1.67–1.70 M records/s with spares against 1.30–1.43 M without), and a roll never waits
+    /// for a segment to be created. A journal that has not written a frame since it was created also
+    /// swaps its first segment for a spare.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # use tidings_store::message::{JournalConfig, JournalLog};
+    /// # use tidings_store::{Kv, MemoryKv};
+    /// let kv: Arc<dyn Kv> = Arc::new(MemoryKv::new());
+    /// let log = JournalLog::open("/var/lib/host/journal", kv, JournalConfig::default())?;
+    /// let made = log.fill_spares()?; // before load arrives: 64 MiB of zeros per spare
+    /// assert_eq!(log.stats().spares_filled, made as u64);
+    /// # Ok::<(), tidings_store::StoreError>(())
+    /// ```
     ///
     /// Write-behind recycles checkpointed segments as spares, so a journal under steady load has them
     /// anyway; this is for the start (a host may call it before load arrives) and for benchmarks. It is
