@@ -473,9 +473,8 @@ impl JournalLog {
             writer.whole_channel = true;
             self.clear_after(&prefix, valid_through, &mut writer.batch)?;
         }
-        // The memory table is a ring: its records come as two runs at most (a pack ends with each run).
-        let (front, back) = item.records.as_slices();
-        for run in [front, back] {
+        // The memory table keeps its records in runs of contiguous memory (a pack ends with each run).
+        for run in item.records.slices() {
             let mut start = 0;
             let mut bytes = 0;
             for (i, record) in run.iter().enumerate() {
