@@ -473,26 +473,25 @@ impl JournalLog {
             writer.whole_channel = true;
             self.clear_after(&prefix, valid_through, &mut writer.batch)?;
         }
-        // The memory table keeps its records in runs of contiguous memory (a pack ends with each run).
-        for run in item.records.slices() {
-            let mut start = 0;
-            let mut bytes = 0;
-            for (i, record) in run.iter().enumerate() {
-                bytes += record.encoded_len();
-                if bytes >= self.config.pack_bytes_max || i + 1 == run.len() {
-                    let pack = &run[start..=i];
-                    // The body under the round's key, the channel's index entry naming it: both in one
-                    // batch (a cut falls after them).
-                    let body = body_key(frames_before, &prefix, pack[0].seq);
-                    writer.batch.put_encoded(Keyspace::MessageBody, body.clone(), |out| {
-                        out.reserve(4 + bytes);
-                        encode_records(pack, out);
-                    });
-                    writer.batch.put(Keyspace::MessagePack, pack_key(&prefix, pack[0].seq), &body);
-                    writer.added(bytes)?;
-                    start = i + 1;
-                    bytes = 0;
-                }
+        // Packs of up to `pack_bytes_max`, across the memory table's runs.
+        let mut pack: Vec<&Record> = Vec::new();
+        let mut bytes = 0;
+        let mut records = item.records.slices().flatten().peekable();
+        while let Some(record) = records.next() {
+            pack.push(record);
+            bytes += record.encoded_len();
+            if bytes >= self.config.pack_bytes_max || records.peek().is_none() {
+                // The body under the round's key, the channel's index entry naming it: both in one batch
+                // (a cut falls after them).
+                let body = body_key(frames_before, &prefix, pack[0].seq);
+                writer.batch.put_encoded(Keyspace::MessageBody, body.clone(), |out| {
+                    out.reserve(4 + bytes);
+                    encode_records(pack.iter().copied(), out);
+                });
+                writer.batch.put(Keyspace::MessagePack, pack_key(&prefix, pack[0].seq), &body);
+                writer.added(bytes)?;
+                pack.clear();
+                bytes = 0;
             }
         }
         if item.state.retention_through.get() > 0 {
