@@ -286,7 +286,11 @@ const MEM_RUN_MAX: usize = 256;
 /// 100 channels stalled every commit for 0.3–0.5 s each time the memory tables crossed 128 and 192 MiB.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct MemTable {
-    runs: VecDeque<VecDeque<Record>>,
+    /// Full runs, oldest first.
+    full: VecDeque<VecDeque<Record>>,
+    /// The run being filled, after every full one: kept here, not behind `full`, so a push touches no
+    /// more memory than with one ring (the apply of a group touches thousands of tables).
+    tail: VecDeque<Record>,
     len: usize,
     bytes: usize,
 }
@@ -296,41 +300,51 @@ impl MemTable {
         self.bytes
     }
 
+    /// Every run, oldest first (the tail last; any may be empty).
+    fn runs(&self) -> impl Iterator<Item = &VecDeque<Record>> {
+        self.full.iter().chain(std::iter::once(&self.tail))
+    }
+
     pub(crate) fn first_seq(&self) -> Option<Seq> {
-        self.runs.front().and_then(|run| run.front()).map(|r| r.seq)
+        self.runs().find_map(|run| run.front()).map(|r| r.seq)
     }
 
     pub(crate) fn push(&mut self, record: Record) {
         debug_assert!(self.last().is_none_or(|last| last.seq.next() == record.seq));
         self.bytes += record.encoded_len();
         self.len += 1;
-        if let Some(run) = self.runs.back_mut().filter(|run| run.len() < run.capacity()) {
-            run.push_back(record);
-            return;
+        if self.tail.len() == self.tail.capacity() {
+            let run = VecDeque::with_capacity(self.len.clamp(4, MEM_RUN_MAX));
+            let full = std::mem::replace(&mut self.tail, run);
+            if !full.is_empty() {
+                self.full.push_back(full);
+            }
         }
-        let mut run = VecDeque::with_capacity(self.len.clamp(4, MEM_RUN_MAX));
-        run.push_back(record);
-        self.runs.push_back(run);
+        self.tail.push_back(record);
     }
 
     /// Drops records after `seq`.
     pub(crate) fn truncate_after(&mut self, seq: Seq) {
-        while let Some(run) = self.runs.back_mut() {
-            while run.back().is_some_and(|r| r.seq > seq) {
-                let r = run.pop_back().expect("checked non-empty");
+        loop {
+            while self.tail.back().is_some_and(|r| r.seq > seq) {
+                let r = self.tail.pop_back().expect("checked non-empty");
                 self.bytes -= r.encoded_len();
                 self.len -= 1;
             }
-            if !run.is_empty() {
+            if !self.tail.is_empty() {
                 return;
             }
-            self.runs.pop_back();
+            // The tail emptied: the last full run becomes the tail (it takes no more records, being full).
+            match self.full.pop_back() {
+                Some(run) => self.tail = run,
+                None => return,
+            }
         }
     }
 
     /// Drops records at or before `seq`.
     pub(crate) fn drop_through(&mut self, seq: Seq) {
-        while let Some(run) = self.runs.front_mut() {
+        while let Some(run) = self.full.front_mut() {
             while run.front().is_some_and(|r| r.seq <= seq) {
                 let r = run.pop_front().expect("checked non-empty");
                 self.bytes -= r.encoded_len();
@@ -339,7 +353,12 @@ impl MemTable {
             if !run.is_empty() {
                 return;
             }
-            self.runs.pop_front();
+            self.full.pop_front();
+        }
+        while self.tail.front().is_some_and(|r| r.seq <= seq) {
+            let r = self.tail.pop_front().expect("checked non-empty");
+            self.bytes -= r.encoded_len();
+            self.len -= 1;
         }
     }
 
@@ -347,7 +366,7 @@ impl MemTable {
     pub(crate) fn read(&self, from: Seq, through: Seq, budget: &mut ReadBudget, out: &mut Vec<Record>) {
         let Some(first) = self.first_seq() else { return };
         let mut skip = usize::try_from(from.get().saturating_sub(first.get())).unwrap_or(usize::MAX);
-        for run in &self.runs {
+        for run in self.runs() {
             if skip >= run.len() {
                 skip -= run.len();
                 continue;
@@ -364,7 +383,7 @@ impl MemTable {
 
     /// The records as consecutive runs of contiguous memory, oldest first.
     pub(crate) fn slices(&self) -> impl Iterator<Item = &[Record]> {
-        self.runs.iter().flat_map(|run| {
+        self.runs().flat_map(|run| {
             let (front, back) = run.as_slices();
             [front, back]
         })
@@ -372,7 +391,7 @@ impl MemTable {
 
     /// The last record, if any.
     pub(crate) fn last(&self) -> Option<&Record> {
-        self.runs.back().and_then(|run| run.back())
+        self.tail.back().or_else(|| self.full.back().and_then(|run| run.back()))
     }
 
     /// Number of records.
@@ -381,11 +400,15 @@ impl MemTable {
     }
 
     /// Moves every record of `later` (which must follow this table's last) to the end of this one.
-    pub(crate) fn append(&mut self, mut later: MemTable) {
+    pub(crate) fn append(&mut self, later: MemTable) {
         debug_assert!(self.last().zip(later.first_seq()).is_none_or(|(a, b)| a.seq.next() == b));
         self.bytes += later.bytes;
         self.len += later.len;
-        self.runs.append(&mut later.runs);
+        let tail = std::mem::replace(&mut self.tail, later.tail);
+        if !tail.is_empty() {
+            self.full.push_back(tail);
+        }
+        self.full.extend(later.full.into_iter().filter(|run| !run.is_empty()));
     }
 }
 
@@ -595,7 +618,7 @@ mod tests {
             mem.push(rec(seq, 1));
         }
         assert!(std::ptr::eq(first, mem.slices().next().unwrap().as_ptr()), "the first run never moved");
-        assert!(mem.runs.iter().all(|run| run.len() <= MEM_RUN_MAX), "runs stay bounded");
+        assert!(mem.runs().all(|run| run.len() <= MEM_RUN_MAX), "runs stay bounded");
         let seqs: Vec<u64> = mem.slices().flatten().map(|r| r.seq.get()).collect();
         assert_eq!(seqs, (1..=2_000).collect::<Vec<_>>(), "the runs hold every record, in order");
         assert_eq!(
@@ -614,7 +637,7 @@ mod tests {
         assert_eq!((mem.first_seq(), mem.last().map(|r| r.seq)), (Some(Seq::new(301)), Some(Seq::new(1_500))));
         mem.push(rec(1_501, 1));
         mem.truncate_after(Seq::new(0));
-        assert_eq!((mem.len(), mem.bytes(), mem.runs.len()), (0, 0, 0), "emptied entirely");
+        assert_eq!((mem.len(), mem.bytes(), mem.full.len(), mem.tail.len()), (0, 0, 0, 0), "emptied entirely");
     }
 
     #[test]
