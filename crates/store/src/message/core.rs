@@ -42,7 +42,9 @@ pub(crate) struct ChannelEntry {
     pub(crate) older_dirty_after: Option<Seq>,
     /// Bumped by every truncation, so write-behind can tell that its snapshot went stale.
     pub(crate) generation: u64,
-    pub(crate) idempotency: Option<IdempotencyWindow>,
+    /// Boxed: built only for channels whose keys are looked up, and dropped on eviction, so most entries
+    /// hold `None` (8 bytes instead of 64 inline).
+    pub(crate) idempotency: Option<Box<IdempotencyWindow>>,
     /// Count of durable batches applied; write-behind persists the channel when it differs from
     /// `persisted_changes`.
     pub(crate) changes: u64,
@@ -290,7 +292,7 @@ impl LogCore {
             for record in &records {
                 window.insert(record);
             }
-            self.get_mut(channel).expect("checked above").idempotency = Some(window);
+            self.get_mut(channel).expect("checked above").idempotency = Some(Box::new(window));
         }
         Ok(self.get(channel).and_then(|e| e.idempotency.as_ref()).and_then(|w| w.get(key)))
     }
