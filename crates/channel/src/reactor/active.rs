@@ -359,6 +359,19 @@ mod tests {
             .collect()
     }
 
+    /// `count` follower replicas inserted and drained (each has filed its timer); returns their channels.
+    fn burst(active: &mut ActiveChannels, count: usize) -> Vec<ChannelId> {
+        let channels = (0..count)
+            .map(|i| {
+                let (channel, machine) = follower(&format!("burst-{i}"), 0);
+                active.insert(channel.clone(), machine, Time::ZERO);
+                channel
+            })
+            .collect();
+        let _ = drain(active);
+        channels
+    }
+
     /// Drains every replica on the drain list and files its timer; returns the pulls sent.
     fn drain(active: &mut ActiveChannels) -> (Vec<ChannelId>, Vec<PullRequest>) {
         let (mut drained, mut sent, mut effects) = (Vec::new(), Vec::new(), Vec::new());
@@ -416,14 +429,7 @@ mod tests {
     #[test]
     fn a_timer_heap_emptied_after_a_burst_gives_its_room_back() {
         let mut active = ActiveChannels::default();
-        let channels: Vec<ChannelId> = (0..3_000)
-            .map(|i| {
-                let (channel, machine) = follower(&format!("burst-{i}"), 0);
-                active.insert(channel.clone(), machine, Time::ZERO);
-                channel
-            })
-            .collect();
-        let _ = drain(&mut active);
+        let channels = burst(&mut active, 3_000);
         let burst = active.timers.capacity();
         assert!(burst >= 3_000, "every replica filed a timer");
         for channel in &channels[10..] {
@@ -460,14 +466,7 @@ mod tests {
     #[test]
     fn compaction_after_a_burst_keeps_the_survivors_whole() {
         let mut active = ActiveChannels::default();
-        let channels: Vec<ChannelId> = (0..3_000)
-            .map(|i| {
-                let (channel, machine) = follower(&format!("burst-{i}"), 0);
-                active.insert(channel.clone(), machine, Time::ZERO);
-                channel
-            })
-            .collect();
-        let _ = drain(&mut active);
+        let channels = burst(&mut active, 3_000);
         // Survivors spread over the slots, some on the drain list when the compaction happens.
         let survivors: Vec<ChannelId> = channels.iter().step_by(300).cloned().collect();
         for channel in &survivors[..5] {
@@ -528,14 +527,24 @@ mod tests {
     #[test]
     fn an_input_through_get_used_marks_the_replica_used_and_drains_it_once() {
         let mut active = ActiveChannels::default();
-        let (channel, machine) = follower("used", 0);
+        let config = MachineConfig { idle_after_empty_pulls: u32::MAX, ..MachineConfig::default() };
+        let (channel, machine, pull) = follower_with("used", 0, config);
         active.insert(channel.clone(), machine, Time::ZERO);
         let _ = drain(&mut active);
         assert!(active.get_used(&channel, Time::from_millis(70)).is_some());
-        assert!(active.get_used(&channel, Time::from_millis(90)).is_some());
+        // An empty answer to its pull: the follower pulls again, so the drain below has an effect to move.
+        let answer = ChannelMessage::PullResponse(PullResponse {
+            channel: channel.clone(),
+            pull_id: pull.pull_id,
+            leader_epoch: LeaderEpoch::new(1),
+            body: PullBody::Records { records: vec![], hw: Seq::new(0) },
+        });
+        let machine = active.get_used(&channel, Time::from_millis(90)).expect("active");
+        machine.handle_message(Time::from_millis(90), NodeId::new(1), answer);
         assert_eq!(active.last_used(&channel), Some(Time::from_millis(90)));
-        let (drained, _) = drain(&mut active);
+        let (drained, pulls) = drain(&mut active);
         assert_eq!(drained, vec![channel.clone()], "on the drain list once however often it was fed");
+        assert_eq!(pulls.len(), 1, "the drain moved the machine's pull");
         assert_eq!(active.get(&channel).expect("active").effects_capacity(), 0, "drained in bulk, buffer freed");
         let unknown = ChannelId::new(ChannelType::GROUP, "unknown").expect("channel id");
         assert!(active.get_used(&unknown, Time::from_millis(90)).is_none());
