@@ -291,7 +291,6 @@ pub(crate) struct MemTable {
     /// The run being filled, after every full one: kept here, not behind `full`, so a push touches no
     /// more memory than with one ring (the apply of a group touches thousands of tables).
     tail: VecDeque<Record>,
-    len: usize,
     bytes: usize,
 }
 
@@ -312,9 +311,8 @@ impl MemTable {
     pub(crate) fn push(&mut self, record: Record) {
         debug_assert!(self.last().is_none_or(|last| last.seq.next() == record.seq));
         self.bytes += record.encoded_len();
-        self.len += 1;
         if self.tail.len() == self.tail.capacity() {
-            let run = VecDeque::with_capacity(self.len.clamp(4, MEM_RUN_MAX));
+            let run = VecDeque::with_capacity((self.len() + 1).clamp(4, MEM_RUN_MAX));
             let full = std::mem::replace(&mut self.tail, run);
             if !full.is_empty() {
                 self.full.push_back(full);
@@ -329,7 +327,6 @@ impl MemTable {
             while self.tail.back().is_some_and(|r| r.seq > seq) {
                 let r = self.tail.pop_back().expect("checked non-empty");
                 self.bytes -= r.encoded_len();
-                self.len -= 1;
             }
             if !self.tail.is_empty() {
                 return;
@@ -348,7 +345,6 @@ impl MemTable {
             while run.front().is_some_and(|r| r.seq <= seq) {
                 let r = run.pop_front().expect("checked non-empty");
                 self.bytes -= r.encoded_len();
-                self.len -= 1;
             }
             if !run.is_empty() {
                 return;
@@ -358,7 +354,6 @@ impl MemTable {
         while self.tail.front().is_some_and(|r| r.seq <= seq) {
             let r = self.tail.pop_front().expect("checked non-empty");
             self.bytes -= r.encoded_len();
-            self.len -= 1;
         }
     }
 
@@ -394,16 +389,16 @@ impl MemTable {
         self.tail.back().or_else(|| self.full.back().and_then(|run| run.back()))
     }
 
-    /// Number of records.
+    /// Number of records, added up over the runs: asked when a run starts (every 256 pushes at most)
+    /// and once per channel per write-behind round, so not worth a counter to keep in step.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.runs().map(VecDeque::len).sum()
     }
 
     /// Moves every record of `later` (which must follow this table's last) to the end of this one.
     pub(crate) fn append(&mut self, later: MemTable) {
         debug_assert!(self.last().zip(later.first_seq()).is_none_or(|(a, b)| a.seq.next() == b));
         self.bytes += later.bytes;
-        self.len += later.len;
         let tail = std::mem::replace(&mut self.tail, later.tail);
         if !tail.is_empty() {
             self.full.push_back(tail);
