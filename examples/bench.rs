@@ -10,10 +10,13 @@
 //! share one disk here, so the fair reference for throughput is ceiling / 3.
 //!
 //! `--channels N` runs only the scenario with N channels; `--tuned` runs with quieter idle channels
-//! (longer long polls, followers idle after one empty pull), HW news for followers held back up to
-//! 500 ms (it travels with the next records) and a 30 s write-behind interval, which matter when
-//! thousands of channels each see a few messages per second. `TIDINGS_REACTORS=N` sets every node's
-//! number of channel reactor threads (default: the runtime's choice, one per two cores).
+//! (longer long polls, and HW news for followers held as long, followers idle after one empty pull)
+//! and a 30 s write-behind interval, which matter when thousands of channels each see a few messages
+//! per second. `--in-flight N` sets the appends in flight at full rate (default 256 for one channel,
+//! 2,048 otherwise); `--paced-rate R` paces the latency phase at R msg/s instead of half the full rate
+//! (to compare two settings at the same load). `TIDINGS_REACTORS=N` sets every node's number of channel
+//! reactor threads (default: the runtime's choice, one per two cores); `TIDINGS_HW_NOTIFY_MS=N` its
+//! channels' `hw_notify_delay`.
 #![allow(clippy::disallowed_methods)] // A benchmark tool reads the clock.
 
 #[path = "support/mod.rs"]
@@ -46,7 +49,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tuned = std::env::args().any(|a| a == "--tuned");
     let cluster = Cluster::start(dir.path(), tuned);
     let mut summary = Vec::new();
-    let only: Option<usize> = std::env::args().skip_while(|a| a != "--channels").nth(1).and_then(|n| n.parse().ok());
+    let only: Option<usize> = flag_value("--channels");
+    let in_flight_override: Option<usize> = flag_value("--in-flight");
+    let paced_rate: Option<usize> = flag_value("--paced-rate");
     for (count, messages) in [(1usize, 20_000usize), (100, 50_000), (10_000, 60_000)] {
         if only.is_some_and(|only| only != count) {
             continue;
@@ -59,7 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let created = t.elapsed();
         // Warm up: every channel activated on its replicas and its first message committed.
         max_rate(&cluster, &channels, channels.len().max(CLIENTS * 64), 1024);
-        let in_flight = if count == 1 { 256 } else { 2048 };
+        let in_flight = in_flight_override.unwrap_or(if count == 1 { 256 } else { 2048 });
         let journal = JournalTally::now(&cluster);
         let top = max_rate(&cluster, &channels, messages * scale, in_flight);
         let journal_top = journal.since(&cluster);
@@ -67,7 +72,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // controller's idle repair pass (every 10 s), which both read and write sled beside the traffic.
         let paced_for = Duration::from_secs(if quick { 3 } else { 15 });
         let journal = JournalTally::now(&cluster);
-        let half = paced(&cluster, &channels, top.rate / 2.0, paced_for);
+        #[allow(clippy::cast_precision_loss)] // A rate of messages per second.
+        let half_rate = paced_rate.map_or(top.rate / 2.0, |r| r as f64);
+        let half = paced(&cluster, &channels, half_rate, paced_for);
         let journal_half = journal.since(&cluster);
         println!(
             "{count:>6} channels (created in {created:.2?}): {:>7.0} msg/s ({in_flight} in flight, p50 {:.2?} p99 {:.2?}); at half rate p50 {:.2?} p99 {:.2?}",
@@ -85,6 +92,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// The number after `flag` on the command line, if any.
+fn flag_value(flag: &str) -> Option<usize> {
+    std::env::args().skip_while(|a| a != flag).nth(1).and_then(|n| n.parse().ok())
 }
 
 /// The journals' sync and frame counts summed over the nodes, to tell how many channel batches each

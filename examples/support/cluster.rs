@@ -44,9 +44,13 @@ impl Cluster {
                     config.machine.pull_timeout = Duration::from_secs(5);
                     config.machine.idle_after_empty_pulls = 1;
                     config.machine.idle_pull_interval = Duration::from_secs(4);
-                    // Followers learn HW with the next records (or within 500 ms): one answer and one
-                    // pull per follower per message instead of two each.
-                    config.machine.hw_notify_delay = Duration::from_millis(500);
+                    // HW news waits as long as the long poll (a shorter hold answers parked pulls from
+                    // timers: see `MachineConfig::hw_notify_delay`).
+                    config.machine.hw_notify_delay = config.machine.pull_park;
+                }
+                // For A/B runs of the HW news hold (`MachineConfig::hw_notify_delay`).
+                if let Some(ms) = std::env::var("TIDINGS_HW_NOTIFY_MS").ok().and_then(|v| v.parse().ok()) {
+                    config.machine.hw_notify_delay = Duration::from_millis(ms);
                 }
                 tweak(&mut config);
                 let mut storage = StorageOptions::new(root.join(format!("node-{id}")));

@@ -224,6 +224,21 @@ fn lagging_follower_is_shrunk_out_of_the_isr_never_below_min_isr() {
 }
 
 #[test]
+fn with_hw_news_not_held_followers_learn_each_commit_at_once() {
+    let mut cluster = Cluster::new(3, 3, 2, quiet(), MachineConfig { hw_notify_delay: Duration::ZERO, ..config() });
+    cluster.run_for(300);
+    for payload in ["a", "b"] {
+        let id = cluster.append(node(1), &[payload], &[]).unwrap();
+        cluster.run_for(20);
+        let seq = acked(&cluster, id)[0];
+        for n in 2..=3 {
+            assert_eq!(cluster.machine(node(n)).hw(), seq, "follower {n} not told of {payload} at once");
+        }
+    }
+    cluster.check_converged();
+}
+
+#[test]
 fn held_back_hw_news_delays_no_commit_and_reaches_followers_with_the_next_records_or_by_the_delay() {
     let delay = Duration::from_millis(150);
     let mut cluster = Cluster::new(3, 3, 2, quiet(), MachineConfig { hw_notify_delay: delay, ..config() });

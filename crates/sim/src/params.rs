@@ -50,8 +50,9 @@ pub struct SimParams {
     /// (refusals included), and as many set a slot group's preferred leader to a random member.
     pub leader_transfers: bool,
     /// How long channel leaders may hold back HW news for followers (`MachineConfig::hw_notify_delay`),
-    /// ms; zero in half the seeds. Drawn from its own stream, so the other parameters of a seed are what
-    /// they were before it existed.
+    /// ms: zero in a third of the seeds, the node's default (as long as a long poll) in a third, 5 to
+    /// 400 ms in the rest. Drawn from its own stream, so the other parameters of a seed are what they
+    /// were before it existed.
     pub hw_notify_delay_ms: u64,
     /// Channel shards per node (`NodeConfig::reactors`), 1 to 3: the node's channels split over them
     /// and their messages with the core cross a shard boundary. Drawn from its own stream.
@@ -90,10 +91,10 @@ impl SimParams {
             leader_transfers: true,
             hw_notify_delay_ms: {
                 let mut own = DetRng::new(seed ^ 0x4877_6e6f_7469_6679);
-                if own.chance(500_000) {
-                    own.range(5, 400)
-                } else {
-                    0
+                match own.range(0, 2) {
+                    0 => 0,
+                    1 => own.range(5, 400),
+                    _ => default_hw_notify_delay_ms(),
                 }
             },
             reactors: usize::try_from(DetRng::new(seed ^ 0x7265_6163_746f_7273).range(1, 3)).unwrap_or(1),
@@ -137,4 +138,10 @@ impl fmt::Display for SimParams {
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" }
         )
     }
+}
+
+/// The node's default `hw_notify_delay`, in ms.
+fn default_hw_notify_delay_ms() -> u64 {
+    let delay = tidings::channel::machine::MachineConfig::default().hw_notify_delay;
+    u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)
 }
