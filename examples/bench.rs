@@ -9,7 +9,9 @@
 //! disk's raw group-commit ceiling and its `fdatasync` p99, measured first in the same run. Three copies
 //! share one disk here, so the fair reference for throughput is ceiling / 3.
 //!
-//! `--channels N` runs only the scenario with N channels; `--tuned` runs with quieter idle channels
+//! `--channels N` runs only the scenario with N channels (any N); `--idle-evict-secs S` evicts idle
+//! replicas after S seconds (`NodeConfig::channel_idle_evict`; with more channels than a phase can
+//! touch in S seconds, every message then pays a replica activation); `--tuned` runs with quieter idle channels
 //! (longer long polls, and HW news for followers held as long, followers idle after one empty pull)
 //! and a 30 s write-behind interval, which matter when thousands of channels each see a few messages
 //! per second. `--in-flight N` sets the appends in flight at full rate (default 256 for one channel,
@@ -47,15 +49,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let tuned = std::env::args().any(|a| a == "--tuned");
-    let cluster = Cluster::start(dir.path(), tuned);
+    let evict_after = flag_value("--idle-evict-secs");
+    let cluster = Cluster::start_with(dir.path(), tuned, |config| {
+        if let Some(secs) = evict_after {
+            config.channel_idle_evict = Duration::from_secs(secs as u64);
+        }
+    });
     let mut summary = Vec::new();
     let only: Option<usize> = flag_value("--channels");
     let in_flight_override: Option<usize> = flag_value("--in-flight");
     let paced_rate: Option<usize> = flag_value("--paced-rate");
-    for (count, messages) in [(1usize, 20_000usize), (100, 50_000), (10_000, 60_000)] {
-        if only.is_some_and(|only| only != count) {
-            continue;
-        }
+    let scenarios = match only {
+        Some(count) => vec![(count, [(1, 20_000), (100, 50_000)].into_iter().find(|s| s.0 == count).map_or(60_000, |s| s.1))],
+        None => vec![(1usize, 20_000usize), (100, 50_000), (10_000, 60_000)],
+    };
+    for (count, messages) in scenarios {
         let channels: Vec<ChannelId> = (0..count)
             .map(|i| ChannelId::new(ChannelType::GROUP, &format!("c{count}-{i}")).expect("channel id"))
             .collect();

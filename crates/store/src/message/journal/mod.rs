@@ -204,6 +204,8 @@ enum StageFailure {
 const FORMAT: u32 = 2;
 const FORMAT_KEY: &[u8] = b"format";
 const SCAN_PAGE: usize = 64;
+/// Packs a read looks at first, from its end backwards (see `JournalLog::read_older`).
+const TAIL_PACKS: usize = 4;
 
 impl JournalLog {
     /// Opens the log: the journal in `dir`, older records and the checkpoint in `kv`. Replays the journal
@@ -551,9 +553,7 @@ impl JournalLog {
             .get(Keyspace::MessageBody, body_key)?
             .ok_or_else(|| corrupt_pack(index_key, "pack body missing"))?;
         let records = decode_pack(body_key, &body)?;
-        let first =
-            index_key.get(index_key.len().saturating_sub(8)..).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
-        if records.first().map(|r| r.seq.get()) != first {
+        if records.first().map(|r| r.seq.get()) != pack_first_seq(index_key) {
             return Err(corrupt_pack(index_key, "pack body does not match its index entry"));
         }
         Ok(records)
@@ -570,29 +570,34 @@ impl JournalLog {
     ) -> StoreResult<()> {
         let mut prefix = Vec::new();
         channel.encode_key(&mut prefix);
+        let mut expected = from;
+        // A replica's activation reads its last records (its idempotency window), which most often lie in
+        // the channel's last few packs: one reverse scan from `through` finds them, where finding the pack
+        // holding `from` and then reading forward takes two (sled scans dominate an activation's cost).
+        let up_to_through = KeyRange { start: pack_key(&prefix, Seq::new(0)), end: Some(pack_key(&prefix, through.next())) };
+        let mut tail = self.kv.scan_sealed(Keyspace::MessagePack, &up_to_through, Direction::Reverse, TAIL_PACKS)?;
+        if tail.last().is_some_and(|(key, _)| pack_first_seq(key).is_some_and(|first| first <= from.get())) {
+            tail.reverse();
+            for (key, sealed) in tail {
+                let body = crate::kv::unseal(Keyspace::MessagePack, &key, sealed)?;
+                if !self.take_from_pack(&key, &body, &mut expected, through, budget, out)? {
+                    break;
+                }
+            }
+            return Ok(());
+        }
         let containing = KeyRange { start: pack_key(&prefix, Seq::new(0)), end: Some(pack_key(&prefix, from.next())) };
         let start = match self.kv.scan_sealed(Keyspace::MessagePack, &containing, Direction::Reverse, 1)?.pop() {
             Some((key, _)) => key,
             None => pack_key(&prefix, from),
         };
         let mut range = KeyRange { start, end: Some(pack_key(&prefix, through.next())) };
-        let mut expected = from;
         loop {
             let page = self.kv.scan(Keyspace::MessagePack, &range, Direction::Forward, SCAN_PAGE)?;
             let done = page.len() < SCAN_PAGE;
             for (key, body) in page {
-                for record in self.read_pack(&key, &body)? {
-                    if record.seq < expected {
-                        continue;
-                    }
-                    if record.seq != expected {
-                        return Err(corrupt_pack(&key, "hole between packs"));
-                    }
-                    if record.seq > through || !budget.take(&record) {
-                        return Ok(());
-                    }
-                    expected = record.seq.next();
-                    out.push(record);
+                if !self.take_from_pack(&key, &body, &mut expected, through, budget, out)? {
+                    return Ok(());
                 }
                 range.start = [key.as_slice(), &[0]].concat();
             }
@@ -600,6 +605,33 @@ impl JournalLog {
                 return Ok(());
             }
         }
+    }
+
+    /// Adds the records of pack `key` (body at `body_key`) from `expected` on to `out`, through `through`
+    /// and within `budget`. False once the read is complete.
+    fn take_from_pack(
+        &self,
+        key: &[u8],
+        body_key: &[u8],
+        expected: &mut Seq,
+        through: Seq,
+        budget: &mut ReadBudget,
+        out: &mut Vec<Record>,
+    ) -> StoreResult<bool> {
+        for record in self.read_pack(key, body_key)? {
+            if record.seq < *expected {
+                continue;
+            }
+            if record.seq != *expected {
+                return Err(corrupt_pack(key, "hole between packs"));
+            }
+            if record.seq > through || !budget.take(&record) {
+                return Ok(false);
+            }
+            *expected = record.seq.next();
+            out.push(record);
+        }
+        Ok(true)
     }
 
     /// Waits (bounded) until the memory table has room, running write-behind inline if no background
@@ -851,6 +883,11 @@ impl Drop for WriteBehindThread {
 
 fn pack_key(prefix: &[u8], first: Seq) -> Vec<u8> {
     [prefix, &first.get().to_be_bytes()].concat()
+}
+
+/// The first seq of the pack whose index key is `key` (its last 8 bytes; `None` if it is shorter).
+fn pack_first_seq(key: &[u8]) -> Option<u64> {
+    key.get(key.len().checked_sub(8)?..).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes)
 }
 
 /// The key of a pack's body: the write-behind round (the journal frame its channel states include
