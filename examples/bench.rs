@@ -60,7 +60,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let in_flight_override: Option<usize> = flag_value("--in-flight");
     let paced_rate: Option<usize> = flag_value("--paced-rate");
     let scenarios = match only {
-        Some(count) => vec![(count, [(1, 20_000), (100, 50_000)].into_iter().find(|s| s.0 == count).map_or(60_000, |s| s.1))],
+        Some(count) => {
+            vec![(count, [(1, 20_000), (100, 50_000)].into_iter().find(|s| s.0 == count).map_or(60_000, |s| s.1))]
+        }
         None => vec![(1usize, 20_000usize), (100, 50_000), (10_000, 60_000)],
     };
     for (count, messages) in scenarios {

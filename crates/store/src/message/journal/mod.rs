@@ -574,7 +574,8 @@ impl JournalLog {
         // A replica's activation reads its last records (its idempotency window), which most often lie in
         // the channel's last few packs: one reverse scan from `through` finds them, where finding the pack
         // holding `from` and then reading forward takes two (sled scans dominate an activation's cost).
-        let up_to_through = KeyRange { start: pack_key(&prefix, Seq::new(0)), end: Some(pack_key(&prefix, through.next())) };
+        let up_to_through =
+            KeyRange { start: pack_key(&prefix, Seq::new(0)), end: Some(pack_key(&prefix, through.next())) };
         let mut tail = self.kv.scan_sealed(Keyspace::MessagePack, &up_to_through, Direction::Reverse, TAIL_PACKS)?;
         if tail.last().is_some_and(|(key, _)| pack_first_seq(key).is_some_and(|first| first <= from.get())) {
             tail.reverse();
