@@ -18,7 +18,8 @@
 //! 2,048 otherwise); `--paced-rate R` paces the latency phase at R msg/s instead of half the full rate
 //! (to compare two settings at the same load). `TIDINGS_REACTORS=N` sets every node's number of channel
 //! reactor threads (default: the runtime's choice, one per two cores); `TIDINGS_HW_NOTIFY_MS=N` its
-//! channels' `hw_notify_delay`.
+//! channels' `hw_notify_delay`; `TIDINGS_WRITE_BEHIND_MS=N` and `TIDINGS_WRITE_BEHIND_NICE=N` its
+//! journal's `write_behind_interval` and `write_behind_nice` (for A/B runs).
 #![allow(clippy::disallowed_methods)] // A benchmark tool reads the clock.
 
 #[path = "support/mod.rs"]

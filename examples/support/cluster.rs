@@ -57,6 +57,12 @@ impl Cluster {
                 if let Some(mb) = std::env::var("TIDINGS_SLED_CACHE_MB").ok().and_then(|v| v.parse::<u64>().ok()) {
                     storage.sled_cache_bytes = mb << 20;
                 }
+                if let Some(ms) = std::env::var("TIDINGS_WRITE_BEHIND_MS").ok().and_then(|v| v.parse().ok()) {
+                    storage.journal.write_behind_interval = Duration::from_millis(ms);
+                }
+                if let Some(nice) = std::env::var("TIDINGS_WRITE_BEHIND_NICE").ok().and_then(|v| v.parse().ok()) {
+                    storage.journal.write_behind_nice = nice;
+                }
                 if tuned {
                     // Fewer, larger sled packs when each channel gets a few messages per second.
                     storage.journal.write_behind_interval = Duration::from_secs(30);
