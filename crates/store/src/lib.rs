@@ -33,6 +33,15 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+/// Gives back most of a hash map's capacity once it holds far fewer entries than it has room for: hash
+/// maps keep their capacity, so a burst of 100,000 channels would otherwise stay allocated after they
+/// left memory.
+pub fn shrink_if_sparse<K: std::hash::Hash + Eq, V>(map: &mut rustc_hash::FxHashMap<K, V>) {
+    if map.capacity() > 4 * map.len() + 1024 {
+        map.shrink_to(2 * map.len());
+    }
+}
+
 mod error;
 mod failpoint;
 pub mod kv;

@@ -105,6 +105,11 @@ enum Op {
         fraction: u8,
     },
     Sync,
+    /// The channel's replica leaves memory (`release_caches`): its caches and staging tail may go, what
+    /// it staged must not.
+    Release {
+        ch: usize,
+    },
     WriteBehind,
     /// A write-behind round that stops after `batches` sled batches; sled then flushes what it took.
     WriteBehindCut {
@@ -122,6 +127,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Hw { ch, fraction }),
         1 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Retention { ch, fraction }),
         4 => Just(Op::Sync),
+        2 => (0..CHANNELS).prop_map(|ch| Op::Release { ch }),
         2 => Just(Op::WriteBehind),
         1 => (0u64..4).prop_map(|batches| Op::WriteBehindCut { batches }),
         1 => Just(Op::Restart),
@@ -234,6 +240,7 @@ fn run<L: MessageLog>(
                 durable = tail;
                 staged.clear();
             }
+            Op::Release { ch } => log.release_caches(&channel(*ch)),
             Op::WriteBehind => write_behind(&log, None),
             Op::WriteBehindCut { batches } => write_behind(&log, Some(*batches)),
             Op::Restart => {

@@ -17,14 +17,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use tidings_types::{ChannelId, Time};
 
-/// Gives back most of a hash map's capacity once it holds far fewer entries than it has room for: hash
-/// maps keep their capacity, so a burst of 100,000 active channels would otherwise stay allocated after
-/// they are evicted.
-pub fn shrink_if_sparse<K: std::hash::Hash + Eq, V>(map: &mut FxHashMap<K, V>) {
-    if map.capacity() > 4 * map.len() + 1024 {
-        map.shrink_to(2 * map.len());
-    }
-}
+pub use tidings_store::shrink_if_sparse;
 
 /// One replica in memory.
 struct Active {

@@ -110,6 +110,8 @@ impl MessageLog for MemoryLog {
     }
 
     fn release_caches(&self, channel: &ChannelId) {
-        self.core.lock().visible.release_caches(channel);
+        let mut parts = self.core.lock();
+        parts.staging.forget_tail(channel);
+        parts.visible.release_caches(channel);
     }
 }

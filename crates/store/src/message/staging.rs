@@ -65,6 +65,8 @@ pub(crate) struct StagedBatch {
 struct Tail {
     state: ChannelLogState,
     entry: EntryId,
+    /// Receipt of the last batch staged for the channel (or one a later batch took: never too low).
+    last_receipt: u64,
 }
 
 /// Staged and in-flight batches of a log. `M` is what the implementation records with a durable group.
@@ -72,7 +74,8 @@ struct Tail {
 pub(crate) struct Staging<M> {
     limits: LogLimits,
     /// State each channel will have once every staged batch is applied. Kept across syncs (a channel's state
-    /// is not copied again for each group commit); stale after unsynced batches were dropped.
+    /// is not copied again for each group commit) until the channel's replica leaves memory
+    /// ([`Staging::forget_tail`]); stale after unsynced batches were dropped.
     tails: FxHashMap<ChannelId, Tail>,
     /// `tails` include dropped batches: rebuild them (after every durable group is applied) before staging.
     tails_stale: bool,
@@ -84,6 +87,8 @@ pub(crate) struct Staging<M> {
     next_receipt: u64,
     /// Receipts below this were made durable or dropped.
     durable_end: u64,
+    /// Receipts below this are in groups taken to be applied ([`Staging::take_durable`]) or were dropped.
+    taken_end: u64,
     /// Ranges of receipts dropped, oldest first (at most [`DROPS_REMEMBERED`]).
     dropped: VecDeque<(u64, u64)>,
     /// Receipts below this may have been dropped by a range no longer remembered.
@@ -103,6 +108,7 @@ impl<M> Staging<M> {
             next_group: 0,
             next_receipt: 0,
             durable_end: 0,
+            taken_end: 0,
             dropped: VecDeque::new(),
             forgotten_below: 0,
             drop_epoch: 0,
@@ -150,7 +156,7 @@ impl<M> Staging<M> {
             Some(tail) => tail,
             None => self.tails.entry(batch.channel.clone()).or_insert_with(|| {
                 let (state, entry) = durable(&batch.channel);
-                Tail { state, entry }
+                Tail { state, entry, last_receipt: 0 }
             }),
         };
         if let [op] = batch.ops.as_slice() {
@@ -163,7 +169,30 @@ impl<M> Staging<M> {
             }
             tail.state = next;
         }
+        // The receipt `push` gives this batch next.
+        tail.last_receipt = self.next_receipt;
         Ok(tail.entry)
+    }
+
+    /// Forgets `channel`'s tail once none of its batches waits to be staged, synced or taken to be
+    /// applied: the visible state then says the same, and the next batch reads it from there (the
+    /// caller takes the visible state's lock only while holding this one, so a group taken is applied
+    /// before that read). Called when the channel's replica leaves memory: otherwise every channel ever
+    /// written keeps a copy of its state here. `false` if batches of the channel are still on their way.
+    pub(crate) fn forget_tail(&mut self, channel: &ChannelId) -> bool {
+        let Some(tail) = self.tails.get(channel) else { return true };
+        if !self.tails_stale && tail.last_receipt >= self.taken_end {
+            return false;
+        }
+        self.tails.remove(channel);
+        crate::shrink_if_sparse(&mut self.tails);
+        true
+    }
+
+    /// Number of channels with a tail.
+    #[cfg(test)]
+    pub(crate) fn tails_len(&self) -> usize {
+        self.tails.len()
     }
 
     /// Stages `batch`, checked by [`Staging::check`] (which gave `entry`), and returns its receipt.
@@ -213,6 +242,7 @@ impl<M> Staging<M> {
         let mut out = Vec::new();
         while self.in_flight.front().is_some_and(|g| g.durable.is_some()) {
             let group = self.in_flight.pop_front().expect("checked");
+            self.taken_end = group.end;
             out.push((group.batches, group.durable.expect("checked")));
         }
         out

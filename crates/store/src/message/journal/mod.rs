@@ -855,6 +855,8 @@ impl MessageLog for JournalLog {
     }
 
     fn release_caches(&self, channel: &ChannelId) {
+        // Staging before visible (the lock order); a channel with batches still on their way keeps its tail.
+        self.staging.lock().forget_tail(channel);
         self.visible.lock().core.release_caches(channel);
     }
 }
@@ -1090,6 +1092,25 @@ mod tests {
         let kv: Arc<dyn Kv> = Arc::new(MemoryKv::new());
         let log = reopen(dir.path(), &kv);
         (dir, kv, ChannelId::new(ChannelType::GROUP, "g").unwrap(), log)
+    }
+
+    #[test]
+    fn a_released_channel_keeps_no_staging_tail_once_its_batches_are_applied() {
+        let (_dir, _kv, channel, log) = fresh();
+        log.stage(append(&channel, 1)).unwrap();
+        // Staged, not yet synced: the tail stays (without it the next batch would be checked against a
+        // state that lacks seq 1, and refused).
+        log.release_caches(&channel);
+        assert_eq!(log.staging.lock().tails_len(), 1);
+        log.stage(append(&channel, 2)).unwrap();
+        log.sync().unwrap();
+        log.release_caches(&channel);
+        assert_eq!(log.staging.lock().tails_len(), 0, "applied: the visible state says the same");
+        // The next batch is checked against the visible state: a gap is refused, the next seq taken.
+        assert!(log.stage(append(&channel, 4)).is_err());
+        log.stage(append(&channel, 3)).unwrap();
+        log.sync().unwrap();
+        assert_eq!(log.state(&channel).unwrap().last_seq, Seq::new(3));
     }
 
     #[test]
