@@ -81,19 +81,69 @@ impl ChannelEntry {
     }
 }
 
+/// Entries per chunk of an [`EntryTable`] (~850 KB of entries).
+const ENTRY_CHUNK: usize = 4096;
+
+/// The entries, in chunks of [`ENTRY_CHUNK`] that never move once full. As one vector, every doubling
+/// copied all entries under the lock every sync's apply needs (200 MB at a million channels), and up to
+/// half of its room stood empty.
+#[derive(Debug, Default)]
+struct EntryTable {
+    chunks: Vec<Vec<ChannelEntry>>,
+}
+
+impl EntryTable {
+    fn len(&self) -> usize {
+        // Every chunk but the last is full.
+        self.chunks.last().map_or(0, |last| (self.chunks.len() - 1) * ENTRY_CHUNK + last.len())
+    }
+
+    fn push(&mut self, entry: ChannelEntry) {
+        match self.chunks.last_mut() {
+            // The first chunk grows as a vector does (a small log stays small); later ones start whole.
+            Some(chunk) if chunk.len() < ENTRY_CHUNK => chunk.push(entry),
+            _ => {
+                let mut chunk = Vec::with_capacity(if self.chunks.is_empty() { 0 } else { ENTRY_CHUNK });
+                chunk.push(entry);
+                self.chunks.push(chunk);
+            }
+        }
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut ChannelEntry> {
+        self.chunks.iter_mut().flatten()
+    }
+}
+
+impl std::ops::Index<EntryId> for EntryTable {
+    type Output = ChannelEntry;
+
+    fn index(&self, id: EntryId) -> &ChannelEntry {
+        let i = id.0 as usize;
+        &self.chunks[i / ENTRY_CHUNK][i % ENTRY_CHUNK]
+    }
+}
+
+impl std::ops::IndexMut<EntryId> for EntryTable {
+    fn index_mut(&mut self, id: EntryId) -> &mut ChannelEntry {
+        let i = id.0 as usize;
+        &mut self.chunks[i / ENTRY_CHUNK][i % ENTRY_CHUNK]
+    }
+}
+
 /// Shared message-log state. Not thread-safe by itself: implementations hold it behind a lock.
 #[derive(Debug)]
 pub(crate) struct LogCore {
     /// Fx hashing: deterministic (no random seed), and cheap for the short ids channels have.
     index: FxHashMap<ChannelId, EntryId>,
-    entries: Vec<ChannelEntry>,
+    entries: EntryTable,
     pub(crate) mem_bytes: usize,
     pub(crate) limits: LogLimits,
 }
 
 impl LogCore {
     pub(crate) fn new(limits: LogLimits) -> Self {
-        Self { index: FxHashMap::default(), entries: Vec::new(), mem_bytes: 0, limits }
+        Self { index: FxHashMap::default(), entries: EntryTable::default(), mem_bytes: 0, limits }
     }
 
     /// The entry of `channel`, created (empty: the state of a never-written channel) if it has none.
@@ -109,24 +159,24 @@ impl LogCore {
 
     /// The entry of `channel`, if it has one.
     pub(crate) fn get(&self, channel: &ChannelId) -> Option<&ChannelEntry> {
-        self.index.get(channel).map(|&EntryId(i)| &self.entries[i as usize])
+        self.index.get(channel).map(|&id| &self.entries[id])
     }
 
     /// The entry of `channel`, if it has one.
     pub(crate) fn get_mut(&mut self, channel: &ChannelId) -> Option<&mut ChannelEntry> {
-        self.index.get(channel).map(|&EntryId(i)| &mut self.entries[i as usize])
+        self.index.get(channel).map(|&id| &mut self.entries[id])
     }
 
     /// The durable state of `channel` and its entry (created if it has none): where staging starts a
     /// channel's tail.
     pub(crate) fn durable_tail(&mut self, channel: &ChannelId) -> (ChannelLogState, EntryId) {
         let id = self.entry_id(channel);
-        (self.entries[id.0 as usize].state.clone(), id)
+        (self.entries[id].state.clone(), id)
     }
 
     /// The entry `id` names.
     pub(crate) fn entry_mut(&mut self, id: EntryId) -> &mut ChannelEntry {
-        &mut self.entries[id.0 as usize]
+        &mut self.entries[id]
     }
 
     /// Every channel changed since its last write-behind: its memory table moves to `flushing` (an `Arc`
@@ -173,7 +223,7 @@ impl LogCore {
             if let Some(LogOp::Append(records)) = batch.ops.first() {
                 touched ^= records.first().map_or(0, |r| r.seq.get());
             }
-            let entry = &self.entries[batch.entry.0 as usize];
+            let entry = &self.entries[batch.entry];
             touched ^= entry.changes ^ entry.mem.last().map_or(0, |r| r.seq.get());
         }
         std::hint::black_box(touched);
@@ -190,7 +240,7 @@ impl LogCore {
 
     /// [`LogCore::apply_durable`] for the channel of entry `id`.
     fn apply_ops(&mut self, id: EntryId, ops: Vec<LogOp>) -> Result<(), LogRefusal> {
-        let entry = &mut self.entries[id.0 as usize];
+        let entry = &mut self.entries[id];
         entry.changes += 1;
         for op in ops {
             entry.state.apply(&entry.channel, &op)?;
@@ -299,7 +349,7 @@ impl LogCore {
 
     /// Drops every channel's idempotency window from memory (rebuilt on the next lookup).
     pub(crate) fn release_all_caches(&mut self) {
-        for entry in &mut self.entries {
+        for entry in self.entries.iter_mut() {
             entry.idempotency = None;
         }
     }
@@ -330,6 +380,25 @@ mod tests {
         let limits = ReadLimits { records_max, bytes_max: usize::MAX };
         let read = core.read(&channel(), Seq::new(1), Seq::new(u64::MAX), limits, |_, _, _, _| Ok(())).unwrap();
         read.iter().map(|r| r.seq.get()).collect()
+    }
+
+    #[test]
+    fn entries_beyond_one_chunk_keep_their_ids_and_states() {
+        let mut core = LogCore::new(LogLimits::default());
+        let channels: Vec<ChannelId> =
+            (0..ENTRY_CHUNK * 2 + 3).map(|i| ChannelId::new(ChannelType::GROUP, &format!("c{i}")).unwrap()).collect();
+        let ids: Vec<EntryId> = channels.iter().map(|c| core.entry_id(c)).collect();
+        assert_eq!(core.entries.len(), channels.len());
+        assert_eq!(core.entries.chunks.len(), 3);
+        for (i, channel) in channels.iter().enumerate().step_by(97) {
+            core.apply_durable(crate::message::test_append(channel, 1, i as u64 % 3 + 1)).unwrap();
+        }
+        for (i, (channel, id)) in channels.iter().zip(&ids).enumerate() {
+            assert_eq!(core.entry_id(channel), *id, "ids are stable");
+            let expected = if i % 97 == 0 { i as u64 % 3 + 1 } else { 0 };
+            assert_eq!(core.state(channel).last_seq, Seq::new(expected), "{channel}");
+            assert_eq!(&core.entry_mut(*id).channel, channel);
+        }
     }
 
     /// Write-behind takes a memory table without copying it: its records stay readable (in order with those
