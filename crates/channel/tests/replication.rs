@@ -224,6 +224,33 @@ fn lagging_follower_is_shrunk_out_of_the_isr_never_below_min_isr() {
 }
 
 #[test]
+fn a_replica_is_quiescent_only_once_its_hw_is_checkpointed() {
+    // An evicted replica comes back from its checkpoint: evicting it with a newer HW in memory would have
+    // its HW go back (the simulator saw it once replicas were evicted within a second of a commit).
+    let mut cluster = Cluster::new(3, 3, 2, quiet(), MachineConfig { hw_notify_delay: Duration::ZERO, ..config() });
+    cluster.run_for(300);
+    let first = cluster.append(node(1), &["a"], &[]).unwrap();
+    cluster.run_for(1_500);
+    acked(&cluster, first);
+    for n in 1..=3 {
+        assert!(cluster.machine(node(n)).is_quiescent(), "node {n} idle and checkpointed");
+    }
+    // Two commits in a row: the second one's HW waits up to a second for its checkpoint.
+    let second = cluster.append(node(1), &["b"], &[]).unwrap();
+    cluster.run_for(100);
+    acked(&cluster, second);
+    let third = cluster.append(node(1), &["c"], &[]).unwrap();
+    cluster.run_for(20);
+    let c = acked(&cluster, third)[0];
+    assert_eq!(cluster.machine(node(1)).hw(), c);
+    assert!(!cluster.machine(node(1)).is_quiescent(), "committed, but its HW not yet checkpointed");
+    cluster.run_for(1_200);
+    for n in 1..=3 {
+        assert!(cluster.machine(node(n)).is_quiescent(), "node {n} once its checkpoint is written");
+    }
+}
+
+#[test]
 fn with_hw_news_not_held_followers_learn_each_commit_at_once() {
     let mut cluster = Cluster::new(3, 3, 2, quiet(), MachineConfig { hw_notify_delay: Duration::ZERO, ..config() });
     cluster.run_for(300);

@@ -54,6 +54,11 @@ pub struct SimParams {
     /// 400 ms in the rest. Drawn from its own stream, so the other parameters of a seed are what they
     /// were before it existed.
     pub hw_notify_delay_ms: u64,
+    /// How long a channel replica stays idle before it is evicted (`NodeConfig::channel_idle_evict`), ms:
+    /// 300 to 3,000 in a third of the seeds, so replicas leave memory and come back (from the log, the
+    /// slot replica's meta and a resumable leadership) mid-run; 0 in the rest (the node's default of
+    /// 30 s, longer than a run). Drawn from its own stream.
+    pub idle_evict_ms: u64,
     /// Channel shards per node (`NodeConfig::reactors`), 1 to 3: the node's channels split over them
     /// and their messages with the core cross a shard boundary. Drawn from its own stream.
     pub reactors: usize,
@@ -98,6 +103,14 @@ impl SimParams {
                 }
             },
             reactors: usize::try_from(DetRng::new(seed ^ 0x7265_6163_746f_7273).range(1, 3)).unwrap_or(1),
+            idle_evict_ms: {
+                let mut own = DetRng::new(seed ^ 0x6576_6963_7469_6f6e);
+                if own.range(0, 2) == 0 {
+                    own.range(300, 3_000)
+                } else {
+                    0
+                }
+            },
             unsafe_lying_disk: false,
         }
     }
@@ -109,7 +122,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -135,6 +148,7 @@ impl fmt::Display for SimParams {
             } else {
                 String::new()
             },
+            if self.idle_evict_ms > 0 { format!(" idle-evict={}ms", self.idle_evict_ms) } else { String::new() },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" }
         )
     }

@@ -191,6 +191,9 @@ impl World {
             config.fanout_enabled = false;
             config.reactors = params.reactors;
             config.machine.hw_notify_delay = std::time::Duration::from_millis(params.hw_notify_delay_ms);
+            if params.idle_evict_ms > 0 {
+                config.channel_idle_evict = std::time::Duration::from_millis(params.idle_evict_ms);
+            }
             let kv = Arc::new(MemoryKv::new());
             let log = Arc::new(MemoryLog::new(LogLimits::default()));
             nodes.insert(*id, SimNode { config, kv, log, core: None, incarnation: 0 });
