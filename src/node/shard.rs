@@ -702,16 +702,11 @@ impl ChannelShard {
         }
         // A store that cannot be read leaves the replica inactive (the next input tries again): a machine
         // without its recent records would forget idempotency keys.
-        let Ok(mut state) = self.log.state(channel) else { return };
+        let Ok(state) = self.log.state(channel) else { return };
         let window = self.config.machine.idempotency_window as u64;
         let from = Seq::new(state.last_seq.get().saturating_sub(window).saturating_add(1));
         let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
         let Ok(recent) = self.log.read(channel, from, state.last_seq, limits) else { return };
-        if let Some(floor) = self.hw_floor.remove(channel) {
-            // Everything up to the last incarnation's HW was committed: the durable prefix below it is
-            // committed too, so HW does not go back.
-            state.hw = state.hw.max(floor.min(state.last_seq));
-        }
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
         let mut machine = ChannelMachine::new(
@@ -723,6 +718,14 @@ impl ChannelShard {
             state,
             recent,
         );
+        if let Some(floor) = self.hw_floor.remove(channel) {
+            // Everything up to the last incarnation's HW was committed: the durable prefix below it is
+            // committed too, so HW does not go back. Raised in the machine, not in the state it starts
+            // from: that state is what the store holds, and the machine is not quiescent (evictable)
+            // until its HW is checkpointed there (seen in the simulator: a replica rebuilt after a
+            // storage failure, evicted before its checkpoint, came back with the older HW).
+            machine.raise_hw(floor);
+        }
         if let Some(epoch) = self.resumable.remove(channel) {
             machine.resume_leadership(epoch);
         }

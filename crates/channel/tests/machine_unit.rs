@@ -240,3 +240,37 @@ fn a_hint_from_the_leader_replaces_a_pull_that_was_lost() {
     m.handle_message(t(60), NodeId::new(3), ChannelMessage::Hint(hint));
     assert!(pulls(&settle(&mut m, &log, t(60))).is_empty());
 }
+
+#[test]
+fn a_raised_hw_keeps_the_replica_from_eviction_until_it_is_checkpointed() {
+    use tidings_store::message::{LogBatch, LogOp, Record, RecordKind};
+    // Three records durable, HW checkpointed at 1: the store of a replica rebuilt after a storage
+    // failure, whose previous incarnation knew seq 3 committed.
+    let log = MemoryLog::new(LogLimits::default());
+    let records = (1..=3)
+        .map(|seq| Record {
+            seq: Seq::new(seq),
+            kind: RecordKind::Message,
+            leader_epoch: LeaderEpoch::new(1),
+            idempotency_key: None,
+            timestamp_ms: 0,
+            payload: Bytes::from_static(b"m"),
+        })
+        .collect();
+    let ops = vec![LogOp::Append(records), LogOp::CheckpointHw(Seq::new(1))];
+    log.commit(LogBatch::new(channel(), ops)).unwrap();
+    let state = log.state(&channel()).unwrap();
+    let mut m = ChannelMachine::new(channel(), NodeId::new(2), MachineConfig::default(), 1, t(0), state, vec![]);
+    m.raise_hw(Seq::new(7));
+    assert_eq!(m.hw(), Seq::new(3), "capped at the durable log end");
+    // Everything committed and durable, but the HW is ahead of the store's checkpoint: evicting the replica
+    // now would bring it back with HW 1.
+    assert!(!m.is_quiescent());
+    // A follower under a meta; once the checkpoint is due and written, the replica may leave memory.
+    m.handle_meta(t(10), meta(1, 1, 1)).unwrap();
+    settle(&mut m, &log, t(10));
+    m.handle_timeout(t(1_500));
+    settle(&mut m, &log, t(1_500));
+    assert_eq!(log.state(&channel()).unwrap().hw, Seq::new(3));
+    assert!(m.is_quiescent());
+}

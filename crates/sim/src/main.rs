@@ -1,5 +1,6 @@
 //! `cargo run --release -p tidings-sim -- --seeds N [--from S]` runs N seeds and prints a summary;
-//! `-- --seed S` replays one seed and prints its report. `--no-metadata` runs appends only.
+//! `-- --seed S` replays one seed and prints its report. `--no-metadata` runs appends only;
+//! `--idle-evict-ms N` overrides the seed's idle eviction (0: the node's default, longer than a run).
 #![allow(clippy::disallowed_methods)] // The command-line tool reads the clock to report speed.
 
 use std::time::Instant;
@@ -7,7 +8,9 @@ use tidings_sim::{run, SimParams};
 
 fn params(seed: u64) -> SimParams {
     let appends_only = std::env::args().any(|a| a == "--no-metadata");
-    SimParams { metadata_workload: !appends_only, ..SimParams::from_seed(seed) }
+    let seeded = SimParams::from_seed(seed);
+    let idle_evict_ms = arg("--idle-evict-ms").unwrap_or(seeded.idle_evict_ms);
+    SimParams { metadata_workload: !appends_only, idle_evict_ms, ..seeded }
 }
 
 fn arg(name: &str) -> Option<u64> {

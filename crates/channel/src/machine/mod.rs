@@ -354,6 +354,16 @@ impl ChannelMachine {
         self.log.cache.bytes() + self.idempotency.len() * 96
     }
 
+    /// Raises HW to `floor`, capped at the durable log end: what an earlier incarnation of this replica
+    /// knew to be committed (its store may hold an older checkpoint). The checkpoint follows within a
+    /// second, and until then the replica is not quiescent.
+    pub fn raise_hw(&mut self, floor: Seq) {
+        let hw = floor.min(self.log.durable.last_seq);
+        if hw > self.log.hw {
+            self.log.hw = hw;
+        }
+    }
+
     /// `true` if the machine can be evicted without losing anything: no meta-dependent work pending,
     /// everything durable, nothing waiting for commit or handoff, and its HW checkpointed (the next
     /// incarnation starts from the checkpoint: an HW ahead of it would go back — seen in the simulator
