@@ -27,7 +27,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 use support::cluster::{max_rate, paced, Cluster, CLIENTS};
-use support::{ceiling, RECORD_BYTES};
+use support::{ceiling, flag_value, RECORD_BYTES};
 use tidings::types::{ChannelId, ChannelType};
 
 // jemalloc, as a host running a busy node would: under glibc's allocator, large buffers freed and
@@ -50,21 +50,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let tuned = std::env::args().any(|a| a == "--tuned");
-    let evict_after = flag_value("--idle-evict-secs");
+    let evict_after: Option<u64> = flag_value("--idle-evict-secs");
     let cluster = Cluster::start_with(dir.path(), tuned, |config| {
         if let Some(secs) = evict_after {
-            config.channel_idle_evict = Duration::from_secs(secs as u64);
+            config.channel_idle_evict = Duration::from_secs(secs);
         }
     });
     let mut summary = Vec::new();
     let only: Option<usize> = flag_value("--channels");
     let in_flight_override: Option<usize> = flag_value("--in-flight");
     let paced_rate: Option<usize> = flag_value("--paced-rate");
+    // (channels, messages at full rate); any other `--channels N` sends as many as the last.
+    const SCENARIOS: [(usize, usize); 3] = [(1, 20_000), (100, 50_000), (10_000, 60_000)];
     let scenarios = match only {
-        Some(count) => {
-            vec![(count, [(1, 20_000), (100, 50_000)].into_iter().find(|s| s.0 == count).map_or(60_000, |s| s.1))]
-        }
-        None => vec![(1usize, 20_000usize), (100, 50_000), (10_000, 60_000)],
+        Some(count) => vec![(count, SCENARIOS.iter().find(|s| s.0 == count).unwrap_or(&SCENARIOS[2]).1)],
+        None => SCENARIOS.to_vec(),
     };
     for (count, messages) in scenarios {
         let channels: Vec<ChannelId> = (0..count)
@@ -103,11 +103,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
-}
-
-/// The number after `flag` on the command line, if any.
-fn flag_value(flag: &str) -> Option<usize> {
-    std::env::args().skip_while(|a| a != flag).nth(1).and_then(|n| n.parse().ok())
 }
 
 /// The journals' sync and frame counts summed over the nodes, to tell how many channel batches each

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use support::cluster::{max_rate, paced, Cluster, CLIENTS};
 use support::raft_baseline::RaftPerChannel;
 use support::store::{channel, journal_run, sled_alone, SUSTAINED_COMMITS};
-use support::{ceiling, Figures, CDF_POINTS, PER_SYNC, RECORD_BYTES};
+use support::{ceiling, env_value, flag_value, Figures, CDF_POINTS, PER_SYNC, RECORD_BYTES};
 use tidings::store::message::{JournalConfig, JournalLog};
 use tidings::store::{Kv, SledKv};
 use tidings::types::{ChannelId, ChannelType};
@@ -76,8 +76,7 @@ struct Row {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let quick = std::env::args().any(|a| a == "--quick");
-    let max_channels: usize =
-        std::env::args().skip_while(|a| a != "--max-channels").nth(1).and_then(|n| n.parse().ok()).unwrap_or(100_000);
+    let max_channels: usize = flag_value("--max-channels").unwrap_or(100_000);
     let scale = if quick { 1 } else { 3 };
     let dir = tempfile::tempdir()?;
     println!("bench_report: {RECORD_BYTES}-byte messages, data in {}", dir.path().display());
@@ -254,8 +253,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "(the channel figures include what sled's page cache grew by meanwhile, up to its capacity of {} MiB per node: \
          TIDINGS_SLED_CACHE_MB=2 leaves it out)",
-        std::env::var("TIDINGS_SLED_CACHE_MB")
-            .unwrap_or_else(|_| (tidings::StorageOptions::new(dir.path()).sled_cache_bytes >> 20).to_string())
+        env_value::<u64>("TIDINGS_SLED_CACHE_MB")
+            .unwrap_or(tidings::StorageOptions::new(dir.path()).sled_cache_bytes >> 20)
     );
 
     write_csv(&rows)?;

@@ -1,6 +1,6 @@
 //! The in-process 3-node cluster the benchmark examples drive, and its closed- and open-loop load.
 
-use super::{figures, Figures, RECORD_BYTES};
+use super::{env_value, figures, Figures, RECORD_BYTES};
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -34,7 +34,7 @@ impl Cluster {
             .iter()
             .map(|id| {
                 let mut config = NodeConfig::new(*id, ids.clone());
-                if let Some(reactors) = std::env::var("TIDINGS_REACTORS").ok().and_then(|r| r.parse().ok()) {
+                if let Some(reactors) = env_value("TIDINGS_REACTORS") {
                     config.reactors = reactors;
                 }
                 if tuned {
@@ -48,24 +48,24 @@ impl Cluster {
                     // timers: see `MachineConfig::hw_notify_delay`).
                     config.machine.hw_notify_delay = config.machine.pull_park;
                 }
-                // For A/B runs of the HW news hold (`MachineConfig::hw_notify_delay`).
-                if let Some(ms) = std::env::var("TIDINGS_HW_NOTIFY_MS").ok().and_then(|v| v.parse().ok()) {
+                // A/B knobs: they win over `tuned`.
+                if let Some(ms) = env_value("TIDINGS_HW_NOTIFY_MS") {
                     config.machine.hw_notify_delay = Duration::from_millis(ms);
                 }
                 tweak(&mut config);
                 let mut storage = StorageOptions::new(root.join(format!("node-{id}")));
-                if let Some(mb) = std::env::var("TIDINGS_SLED_CACHE_MB").ok().and_then(|v| v.parse::<u64>().ok()) {
-                    storage.sled_cache_bytes = mb << 20;
-                }
-                if let Some(ms) = std::env::var("TIDINGS_WRITE_BEHIND_MS").ok().and_then(|v| v.parse().ok()) {
-                    storage.journal.write_behind_interval = Duration::from_millis(ms);
-                }
-                if let Some(nice) = std::env::var("TIDINGS_WRITE_BEHIND_NICE").ok().and_then(|v| v.parse().ok()) {
-                    storage.journal.write_behind_nice = nice;
-                }
                 if tuned {
                     // Fewer, larger sled packs when each channel gets a few messages per second.
                     storage.journal.write_behind_interval = Duration::from_secs(30);
+                }
+                if let Some(mb) = env_value::<u64>("TIDINGS_SLED_CACHE_MB") {
+                    storage.sled_cache_bytes = mb << 20;
+                }
+                if let Some(ms) = env_value("TIDINGS_WRITE_BEHIND_MS") {
+                    storage.journal.write_behind_interval = Duration::from_millis(ms);
+                }
+                if let Some(nice) = env_value("TIDINGS_WRITE_BEHIND_NICE") {
+                    storage.journal.write_behind_nice = nice;
                 }
                 let node = Arc::new(Node::start(config, storage, mesh.transport(*id)).expect("node starts"));
                 mesh.attach(&node);

@@ -7,7 +7,18 @@ pub mod store;
 
 use std::fs::OpenOptions;
 use std::io::Write;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
+
+/// The value after `flag` on the command line, if there is one and it parses.
+pub fn flag_value<T: FromStr>(flag: &str) -> Option<T> {
+    std::env::args().skip_while(|a| a != flag).nth(1).and_then(|v| v.parse().ok())
+}
+
+/// The environment variable `name`, if it is set and parses (the examples' A/B knobs).
+pub fn env_value<T: FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
 
 /// Record size of the message benchmarks.
 pub const RECORD_BYTES: usize = 128;

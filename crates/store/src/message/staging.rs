@@ -178,15 +178,13 @@ impl<M> Staging<M> {
     /// applied: the visible state then says the same, and the next batch reads it from there (the
     /// caller takes the visible state's lock only while holding this one, so a group taken is applied
     /// before that read). Called when the channel's replica leaves memory: otherwise every channel ever
-    /// written keeps a copy of its state here. `false` if batches of the channel are still on their way.
-    pub(crate) fn forget_tail(&mut self, channel: &ChannelId) -> bool {
-        let Some(tail) = self.tails.get(channel) else { return true };
-        if !self.tails_stale && tail.last_receipt >= self.taken_end {
-            return false;
+    /// written keeps a copy of its state here. A channel with batches still on their way keeps its tail.
+    pub(crate) fn forget_tail(&mut self, channel: &ChannelId) {
+        let on_their_way =
+            self.tails.get(channel).is_some_and(|t| !self.tails_stale && t.last_receipt >= self.taken_end);
+        if !on_their_way && self.tails.remove(channel).is_some() {
+            crate::shrink_if_sparse(&mut self.tails);
         }
-        self.tails.remove(channel);
-        crate::shrink_if_sparse(&mut self.tails);
-        true
     }
 
     /// Number of channels with a tail.

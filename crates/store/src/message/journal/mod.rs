@@ -579,9 +579,10 @@ impl JournalLog {
         let mut tail = self.kv.scan_sealed(Keyspace::MessagePack, &up_to_through, Direction::Reverse, TAIL_PACKS)?;
         if tail.last().is_some_and(|(key, _)| pack_first_seq(key).is_some_and(|first| first <= from.get())) {
             tail.reverse();
+            // Sealed above: a scan that falls back to the forward read checks nothing it will not use.
             for (key, sealed) in tail {
-                let body = crate::kv::unseal(Keyspace::MessagePack, &key, sealed)?;
-                if !self.take_from_pack(&key, &body, &mut expected, through, budget, out)? {
+                let body_key = crate::kv::unseal(Keyspace::MessagePack, &key, sealed)?;
+                if !self.take_from_pack(&key, &body_key, &mut expected, through, budget, out)? {
                     break;
                 }
             }
@@ -596,8 +597,8 @@ impl JournalLog {
         loop {
             let page = self.kv.scan(Keyspace::MessagePack, &range, Direction::Forward, SCAN_PAGE)?;
             let done = page.len() < SCAN_PAGE;
-            for (key, body) in page {
-                if !self.take_from_pack(&key, &body, &mut expected, through, budget, out)? {
+            for (key, body_key) in page {
+                if !self.take_from_pack(&key, &body_key, &mut expected, through, budget, out)? {
                     return Ok(());
                 }
                 range.start = [key.as_slice(), &[0]].concat();
