@@ -10,6 +10,7 @@ use tidings::frame::FrameError;
 use tidings::node::NodeError;
 use tidings::slot::command::Command;
 use tidings::slot::model::{Uid, User};
+use tidings::store::FailOp;
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
 
 #[test]
@@ -105,6 +106,37 @@ fn idle_channels_are_evicted_and_reactivate_without_loss() {
             cluster.core(n).read(&channel, Seq::new(1), 10).unwrap().iter().map(|r| r.payload.to_vec()).collect();
         assert_eq!(texts, vec![b"before".to_vec(), b"after".to_vec()], "node {n}");
     }
+}
+
+#[test]
+fn an_evicted_replica_lets_go_of_a_meta_its_slot_replica_applied_without_reading_it_back() {
+    let mut cluster = Cluster::with(3, |config| config.channel_idle_evict = Duration::from_secs(3));
+    cluster.run_for(5_000);
+    let channel = ChannelId::new(ChannelType::GROUP, "forgetful").unwrap();
+    cluster.create_channel(1, &channel);
+    let first = cluster.append(2, &channel, &["before"]);
+    cluster.run_for(1_000);
+    assert!(cluster.appended.contains_key(&first));
+    for n in 1..=3 {
+        assert_eq!(cluster.core(n).status().channel_metas_held, 1, "node {n} holds its active replica's meta");
+    }
+    // Every node's slot replica applied the meta. With every store read failing, eviction still lets it
+    // go: it knows the store holds it (reading it back, as before, would fail and keep it).
+    for node in cluster.nodes.values() {
+        node.kv.fail(FailOp::Get, 0, u64::MAX);
+    }
+    cluster.run_for(8_000);
+    for n in 1..=3 {
+        assert!(cluster.core(n).channel(&channel).is_none(), "node {n} kept an idle channel");
+        assert_eq!(cluster.core(n).status().channel_metas_held, 0, "node {n} kept an evicted replica's meta");
+    }
+    // Read back on the next use.
+    for node in cluster.nodes.values() {
+        node.kv.clear_failpoints();
+    }
+    let second = cluster.append(3, &channel, &["after"]);
+    cluster.run_for(2_000);
+    assert!(cluster.appended.contains_key(&second), "{:?}", cluster.results.get(&second));
 }
 
 #[test]

@@ -152,6 +152,10 @@ pub struct NodeStatus {
     /// keeps its HW as far as its log holds it durably; a record committed by the other ISR members but
     /// lost here in the failed write comes back from the leader.
     pub storage_failures: u64,
+    /// Channel metas the channel shards hold in memory: those of active replicas, and of evicted ones
+    /// whose meta this node's slot replicas do not keep (an evicted replica's meta kept there is let go
+    /// and read back on its next use).
+    pub channel_metas_held: usize,
 }
 
 impl NodeStatus {
@@ -162,6 +166,7 @@ impl NodeStatus {
         self.refused_activations += shard.counters.refused_activations;
         self.stale_messages += shard.counters.stale_messages;
         self.storage_failures += shard.counters.storage_failures;
+        self.channel_metas_held += shard.metas_held;
     }
 }
 
@@ -372,6 +377,7 @@ impl NodeCore {
             refused_raft_messages: self.slot.refused_messages(),
             stale_messages: self.slot.stale_messages(),
             storage_failures: 0,
+            channel_metas_held: 0,
         };
         if let Shards::Inline(shards) = &self.shards {
             for shard in shards {
@@ -811,7 +817,7 @@ impl NodeCore {
         let group = self.slot.table().group_of_key(channel.route_key());
         if self.slot.groups().any(|g| g == group) {
             if let Ok(Some(meta)) = self.reader.runtime_meta(channel) {
-                self.learn_meta(meta);
+                self.learn_meta(meta, true);
                 return;
             }
         }
@@ -1012,10 +1018,11 @@ impl NodeCore {
     }
 
     /// A meta arrived (pushed, fetched or applied here): the controller sees it, and the channel's
-    /// shard keeps the newest for its replica and the appends that waited for it.
-    fn learn_meta(&mut self, meta: ChannelRuntimeMeta) {
+    /// shard keeps the newest for its replica and the appends that waited for it. `stored_here`: this
+    /// node's slot replica holds it (applied or read there).
+    fn learn_meta(&mut self, meta: ChannelRuntimeMeta, stored_here: bool) {
         self.controller.meta_seen(self.now, &meta);
-        self.feed_shard(&meta.channel.clone(), ShardInput::Meta(meta));
+        self.feed_shard(&meta.channel.clone(), ShardInput::Meta { meta, stored_here });
     }
 
     /// `true` if this node keeps a replica of the slot group owning `channel`.
@@ -1026,7 +1033,7 @@ impl NodeCore {
 
     fn node_message(&mut self, from: NodeId, message: NodeMessage) {
         match message {
-            NodeMessage::MetaPush(meta) => self.learn_meta(meta),
+            NodeMessage::MetaPush(meta) => self.learn_meta(meta, false),
             NodeMessage::MetaFetch(channel) => match self.reader.runtime_meta(&channel) {
                 Ok(Some(meta)) => self.send_node(from, NodeMessage::MetaPush(meta)),
                 // Only a member that applied its group's log can say the channel does not exist.
@@ -1218,7 +1225,7 @@ impl NodeCore {
                         self.send_node(replica, NodeMessage::MetaPush(meta.clone()));
                     }
                 }
-                self.learn_meta(meta);
+                self.learn_meta(meta, true);
             }
             SlotEffect::Observed { group, observation } => {
                 // A stale or conflicting observation is refused by the router; the newer one stands.

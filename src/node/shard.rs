@@ -116,7 +116,13 @@ pub(crate) enum ShardInput {
     /// The leader's answer to an append this shard forwarded.
     Reply { id: u64, result: Result<Vec<Seq>, RemoteAppendError> },
     /// A channel's meta, as the node learned it (pushed, fetched or applied).
-    Meta(ChannelRuntimeMeta),
+    Meta {
+        /// The meta.
+        meta: ChannelRuntimeMeta,
+        /// This node's slot replica holds it (applied or read there): an evicted replica can let it go
+        /// without reading it back first.
+        stored_here: bool,
+    },
     /// The channel's slot group holds no meta for it.
     MetaMissing(ChannelId),
     /// A controller on `from` asks this replica for its evidence under the fenced `meta`.
@@ -165,6 +171,8 @@ pub(crate) struct ShardCounters {
 pub(crate) struct ShardStatus {
     pub(crate) channels: Vec<ChannelStatus>,
     pub(crate) counters: ShardCounters,
+    /// Channel metas held in memory.
+    pub(crate) metas_held: usize,
 }
 
 /// Who waits for an append the local machine admitted.
@@ -181,6 +189,13 @@ struct Waiting {
     sender: Option<String>,
     records: Vec<AppendRecord>,
     deadline: Time,
+}
+
+/// A channel's meta as a shard knows it.
+struct KnownMeta {
+    meta: ChannelRuntimeMeta,
+    /// This node's slot replica holds this version or a newer one (the meta was applied or read there).
+    stored_here: bool,
 }
 
 /// The channel side of a node for the channels hashing to one shard (see the module docs).
@@ -202,7 +217,7 @@ pub(crate) struct ChannelShard {
     next_evict_scan: Time,
     /// Channels evicted while leading and quiescent: the leader epoch their next incarnation may resume.
     resumable: BTreeMap<ChannelId, LeaderEpoch>,
-    metas: FxHashMap<ChannelId, ChannelRuntimeMeta>,
+    metas: FxHashMap<ChannelId, KnownMeta>,
     waiting: FxHashMap<ChannelId, Vec<Waiting>>,
     appends: BTreeMap<u64, (AppendOrigin, Option<String>)>,
     /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
@@ -303,7 +318,7 @@ impl ChannelShard {
             })
             .collect();
         channels.sort_by(|a, b| a.channel.cmp(&b.channel));
-        ShardStatus { channels, counters: self.counters }
+        ShardStatus { channels, counters: self.counters, metas_held: self.metas.len() }
     }
 
     /// Next output (drains the machines touched since the last call first).
@@ -385,7 +400,7 @@ impl ChannelShard {
                     self.done(api, ApiResult::Appended(result.map_err(remote_error)));
                 }
             }
-            ShardInput::Meta(meta) => self.learn_meta(meta),
+            ShardInput::Meta { meta, stored_here } => self.learn_meta(meta, stored_here),
             ShardInput::MetaMissing(channel) => self.fail_waiting(&channel, |_| true),
             ShardInput::Evidence { from, task, meta } => self.answer_evidence(from, task, meta),
             ShardInput::Persisted { channel, token, result } => {
@@ -487,7 +502,7 @@ impl ChannelShard {
     }
 
     fn route_append(&mut self, api: ApiId, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord>) {
-        let Some(leader) = self.metas.get(&channel).map(|m| m.leader) else {
+        let Some(leader) = self.metas.get(&channel).map(|m| m.meta.leader) else {
             self.wait_for_meta(api, channel, sender, records);
             return;
         };
@@ -524,7 +539,7 @@ impl ChannelShard {
     fn fetch_meta(&mut self, channel: &ChannelId) {
         if self.served.serves(channel) {
             if let Ok(Some(meta)) = self.reader.runtime_meta(channel) {
-                self.learn_meta(meta);
+                self.learn_meta(meta, true);
                 return;
             }
         }
@@ -538,7 +553,7 @@ impl ChannelShard {
             self.cannot_lead.iter().filter(|(_, at)| **at <= self.now).map(|(c, _)| c.clone()).collect();
         for channel in due {
             self.cannot_lead.insert(channel.clone(), self.now + FAILOVER_REQUEST_INTERVAL);
-            let Some(version) = self.metas.get(&channel).map(|m| m.version) else { continue };
+            let Some(version) = self.metas.get(&channel).map(|m| m.meta.version) else { continue };
             // To every node: only the leader of the channel's slot group acts, and this node's idea of who
             // leads it, or even of who its members are (replica moves change them), may be stale.
             for to in self.config.nodes.clone() {
@@ -550,7 +565,7 @@ impl ChannelShard {
     /// A controller asks this replica for evidence under a fenced meta.
     fn answer_evidence(&mut self, from: NodeId, task: u64, meta: ChannelRuntimeMeta) {
         let channel = meta.channel.clone();
-        self.learn_meta(meta);
+        self.learn_meta(meta, false);
         // An evicted replica (or one whose activation failed) answers from a new incarnation.
         self.activate(&channel);
         let Some(machine) = self.channels.get(&channel) else { return };
@@ -571,18 +586,24 @@ impl ChannelShard {
     }
 
     /// A meta arrived: keep the newest, hand it to the local replica, release appends that waited for it.
-    fn learn_meta(&mut self, meta: ChannelRuntimeMeta) {
+    /// `stored_here`: this node's slot replica holds it.
+    fn learn_meta(&mut self, meta: ChannelRuntimeMeta, stored_here: bool) {
         let channel = meta.channel.clone();
-        let newer = self.metas.get(&channel).is_none_or(|known| meta.version > known.version);
+        let known = self.metas.get_mut(&channel);
+        let newer = known.as_ref().is_none_or(|known| meta.version > known.meta.version);
+        if let Some(known) = known.filter(|known| known.meta.version == meta.version) {
+            // The version pushed by the slot leader, now applied by this node's slot replica too.
+            known.stored_here |= stored_here;
+        }
         if newer {
-            if self.metas.get(&channel).is_some_and(|known| known.leader_epoch != meta.leader_epoch) {
+            if self.metas.get(&channel).is_some_and(|known| known.meta.leader_epoch != meta.leader_epoch) {
                 // A new leadership: whatever this replica asked for is settled, and appends forwarded
                 // to another leader end now (outcome unknown: the caller retries with the same keys)
                 // instead of at their timeout.
                 self.cannot_lead.remove(&channel);
                 self.abort_forwards(&channel, meta.leader);
             }
-            self.metas.insert(channel.clone(), meta.clone());
+            self.metas.insert(channel.clone(), KnownMeta { meta: meta.clone(), stored_here });
             let now = self.now;
             if let Some(machine) = self.machine_mut(&channel) {
                 // A meta that is not a valid successor is refused by the machine; it keeps the one it has.
@@ -652,14 +673,14 @@ impl ChannelShard {
     /// The meta this shard knows for `channel`: in memory, or (for an evicted replica whose meta was let
     /// go) read back from this node's replica of the channel's slot group.
     fn known_meta(&mut self, channel: &ChannelId) -> Option<ChannelRuntimeMeta> {
-        if let Some(meta) = self.metas.get(channel) {
-            return Some(meta.clone());
+        if let Some(known) = self.metas.get(channel) {
+            return Some(known.meta.clone());
         }
         if !self.served.serves(channel) {
             return None;
         }
         let meta = self.reader.runtime_meta(channel).ok().flatten()?;
-        self.metas.insert(channel.clone(), meta.clone());
+        self.metas.insert(channel.clone(), KnownMeta { meta: meta.clone(), stored_here: true });
         Some(meta)
     }
 
@@ -670,9 +691,18 @@ impl ChannelShard {
             return;
         }
         // Only when the stored one is at least as new: reading back an older meta would be a step back.
-        let known = self.metas.get(channel).map(|m| m.version);
-        let stored = self.reader.runtime_meta(channel).ok().flatten().map(|m| m.version);
-        if stored.is_some() && stored >= known {
+        // A meta this node's slot replica applied (or was read from) is there already, at that version
+        // or a newer one: no read (at 100,000 channels with idle eviction, reading it back was about a
+        // tenth of a reactor's time). Only a meta pushed before the local replica applied it is checked.
+        let forget = match self.metas.get(channel) {
+            Some(known) if known.stored_here => true,
+            known => {
+                let known = known.map(|k| k.meta.version);
+                let stored = self.reader.runtime_meta(channel).ok().flatten().map(|m| m.version);
+                stored.is_some() && stored >= known
+            }
+        };
+        if forget {
             self.metas.remove(channel);
             shrink_if_sparse(&mut self.metas);
         }
