@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 use support::{records, Cluster};
 use tidings::frame::FrameError;
-use tidings::node::NodeError;
+use tidings::node::{ApiId, NodeError};
 use tidings::slot::command::Command;
 use tidings::slot::model::{Uid, User};
 use tidings::store::FailOp;
@@ -78,17 +78,22 @@ fn appends_to_unknown_channels_and_bad_frames_are_refused() {
     assert_eq!(cluster.core(1).handle_frame(now, NodeId::new(9), &frame), Err(FrameError::UnknownNode(NodeId::new(9))));
 }
 
-#[test]
-fn idle_channels_are_evicted_and_reactivate_without_loss() {
+/// Three nodes evicting replicas idle for 3 s, and `name`, a channel created on node 1 whose first
+/// message, "before", was appended through node 2 and committed (its id is returned).
+fn evicting_cluster_with_one_message(name: &str) -> (Cluster, ChannelId, ApiId) {
     let mut cluster = Cluster::with(3, |config| config.channel_idle_evict = Duration::from_secs(3));
     cluster.run_for(5_000);
-    let channel = ChannelId::new(ChannelType::GROUP, "sleepy").unwrap();
+    let channel = ChannelId::new(ChannelType::GROUP, name).unwrap();
     cluster.create_channel(1, &channel);
-    let first = cluster.api();
-    let now = cluster.now;
-    cluster.core(2).append(now, first, channel.clone(), records(&["before"]));
+    let first = cluster.append(2, &channel, &["before"]);
     cluster.run_for(1_000);
     assert!(cluster.appended.contains_key(&first));
+    (cluster, channel, first)
+}
+
+#[test]
+fn idle_channels_are_evicted_and_reactivate_without_loss() {
+    let (mut cluster, channel, first) = evicting_cluster_with_one_message("sleepy");
     // Idle for longer than the eviction bound: every replica leaves memory, its log stays.
     cluster.run_for(8_000);
     for n in 1..=3 {
@@ -110,13 +115,7 @@ fn idle_channels_are_evicted_and_reactivate_without_loss() {
 
 #[test]
 fn an_evicted_replica_lets_go_of_a_meta_its_slot_replica_applied_without_reading_it_back() {
-    let mut cluster = Cluster::with(3, |config| config.channel_idle_evict = Duration::from_secs(3));
-    cluster.run_for(5_000);
-    let channel = ChannelId::new(ChannelType::GROUP, "forgetful").unwrap();
-    cluster.create_channel(1, &channel);
-    let first = cluster.append(2, &channel, &["before"]);
-    cluster.run_for(1_000);
-    assert!(cluster.appended.contains_key(&first));
+    let (mut cluster, channel, _) = evicting_cluster_with_one_message("forgetful");
     for n in 1..=3 {
         assert_eq!(cluster.core(n).status().channel_metas_held, 1, "node {n} holds its active replica's meta");
     }
