@@ -125,9 +125,10 @@ impl Reactor {
         match input {
             ReactorInput::Shard(input) => self.shard.handle(now, input),
             ReactorInput::Messages { from, messages } => {
-                for message in messages {
-                    self.shard.handle(now, ShardInput::Message { from, message });
-                }
+                self.shard.handle_all(now, messages, ChannelMessage::channel, |message| ShardInput::Message {
+                    from,
+                    message,
+                });
             }
             ReactorInput::Append { channel, sender, records, reply } => {
                 let api = self.calls.open(reply);
@@ -150,9 +151,12 @@ impl Reactor {
         let now = self.clock.now();
         match completion {
             Completion::Persisted(outcomes) => {
-                for (channel, token, result) in outcomes {
-                    self.shard.handle(now, ShardInput::Persisted { channel, token, result });
-                }
+                self.shard.handle_all(
+                    now,
+                    outcomes,
+                    |(channel, ..)| channel,
+                    |(channel, token, result)| ShardInput::Persisted { channel, token, result },
+                );
             }
             Completion::ReadDone { channel, token, result } => {
                 self.shard.handle(now, ShardInput::ReadDone { channel, token, result })

@@ -27,6 +27,11 @@ pub(super) struct FollowerState {
 }
 
 impl FollowerState {
+    /// See [`ChannelMachine::warm`].
+    pub(super) fn warm(&self) -> u64 {
+        self.leader_hw.get() ^ self.next_pull_id
+    }
+
     pub(super) fn new(leader: NodeId, _now: Time) -> Self {
         Self { leader, next_pull_id: 1, outstanding: None, next_pull_at: None, empty_pulls: 0, leader_hw: Seq::new(0) }
     }

@@ -78,6 +78,12 @@ pub(super) struct LeaderState {
 const WAKE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl LeaderState {
+    /// See [`ChannelMachine::warm`]: the state itself and its followers' progress.
+    pub(super) fn warm(&self) -> u64 {
+        let progress = self.progress.values().next().map_or(0, |p| p.match_seq.get());
+        self.barrier_seq.get() ^ self.reported.get() ^ progress
+    }
+
     pub(super) fn new(meta: &ChannelRuntimeMeta, me: NodeId, now: Time) -> Self {
         let progress = meta.replicas.iter().filter(|n| **n != me).map(|n| (*n, Progress::new(now))).collect();
         Self {

@@ -19,6 +19,11 @@ use tidings_types::{ChannelId, Time};
 
 pub use tidings_store::shrink_if_sparse;
 
+/// How many replicas a caller with many inputs touches in one loop before it feeds them (see
+/// [`ChannelMachine::warm`]): enough misses to keep the CPU busy, few enough that what they brought in is
+/// still cached when their turn comes.
+pub const WARM_RUN: usize = 32;
+
 /// One replica in memory.
 struct Active {
     channel: ChannelId,
@@ -54,6 +59,8 @@ pub struct ActiveChannels {
     dirty: Vec<u32>,
     timers: BinaryHeap<Reverse<Filed>>,
     filed: u64,
+    /// Drains left before the next run of the drain list is touched (see [`ActiveChannels::drain_next`]).
+    drain_warmed: usize,
 }
 
 impl ActiveChannels {
@@ -114,10 +121,27 @@ impl ActiveChannels {
         Some(&mut active.machine)
     }
 
+    /// Touches `channel`'s replica, if it is in memory, ahead of feeding it (see [`ChannelMachine::warm`]
+    /// and [`WARM_RUN`]). Returns a value only so that the reads stay.
+    pub fn warm(&self, channel: &ChannelId) -> u64 {
+        self.index.get(channel).map_or(0, |&slot| self.warm_slot(slot))
+    }
+
+    fn warm_slot(&self, slot: u32) -> u64 {
+        self.slots[slot as usize].as_ref().map_or(0, |a| a.last_used.as_millis() ^ a.machine.warm())
+    }
+
     /// Takes the next replica off the drain list with every effect its machine has, and files its timer
     /// again — no lookup by name. Feeding the replica while handling those effects puts it back on the
     /// drain list.
     pub fn drain_next(&mut self, effects: &mut Vec<Effect>) -> Option<ChannelId> {
+        if self.drain_warmed == 0 {
+            // The drain list is taken from its end: touch the next run's replicas in one loop.
+            let run = self.dirty.len().saturating_sub(WARM_RUN);
+            std::hint::black_box(self.dirty[run..].iter().fold(0, |acc, &slot| acc ^ self.warm_slot(slot)));
+            self.drain_warmed = WARM_RUN;
+        }
+        self.drain_warmed -= 1;
         while let Some(slot) = self.dirty.pop() {
             let Some(active) = self.slots[slot as usize].as_mut().filter(|a| a.dirty) else { continue };
             active.dirty = false;

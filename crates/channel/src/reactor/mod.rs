@@ -26,5 +26,5 @@
 mod active;
 mod outbox;
 
-pub use active::{shrink_if_sparse, ActiveChannels};
+pub use active::{shrink_if_sparse, ActiveChannels, WARM_RUN};
 pub use outbox::ChannelOutbox;
