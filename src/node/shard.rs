@@ -24,7 +24,7 @@ use tidings_channel::machine::{
     AppendAborted, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, MachineConfig, PersistToken,
     ReadToken, RequestId, RoleKind,
 };
-use tidings_channel::reactor::{shrink_if_sparse, ActiveChannels, ChannelOutbox, WARM_RUN};
+use tidings_channel::reactor::{feed_in_warm_runs, shrink_if_sparse, ActiveChannels, ChannelOutbox};
 use tidings_router::HashToSlot;
 use tidings_slot::command::{Command, MemberList, RoutingKey};
 use tidings_slot::model::Uid;
@@ -296,10 +296,10 @@ impl ChannelShard {
         self.channels.len()
     }
 
-    /// Feeds `inputs` in order, [`WARM_RUN`] at a time, touching the replicas of a run in one tight loop
-    /// before feeding them (see `ChannelMachine::warm`): a frame of a peer or a round of storage
-    /// completions names hundreds of replicas, and fed one by one each waited for its own cache misses
-    /// (perf at 10,000 channels: two thirds of a completion's time in the machine went to its first load).
+    /// Feeds `inputs` in order, touching the replicas of `WARM_RUN` of them in one loop before feeding
+    /// those (see `ChannelMachine::warm`): a frame of a peer or a round of storage completions names
+    /// hundreds of replicas, and fed one by one each waited for its own cache misses (perf at 10,000
+    /// channels: two thirds of a completion's time in the machine went to its first load).
     pub(crate) fn handle_all<T>(
         &mut self,
         now: Time,
@@ -307,16 +307,12 @@ impl ChannelShard {
         channel: impl Fn(&T) -> &ChannelId,
         input: impl Fn(T) -> ShardInput,
     ) {
-        let mut inputs = inputs;
-        // Taken from the end, so a run is the last `WARM_RUN`.
-        inputs.reverse();
-        while !inputs.is_empty() {
-            let run = inputs.len().saturating_sub(WARM_RUN);
-            std::hint::black_box(inputs[run..].iter().fold(0, |acc, next| acc ^ self.channels.warm(channel(next))));
-            for next in inputs.drain(run..).rev() {
-                self.handle(now, input(next));
-            }
-        }
+        feed_in_warm_runs(
+            self,
+            inputs,
+            |shard, run| run.iter().fold(0, |acc, next| acc ^ shard.channels.warm(channel(next))),
+            |shard, next| shard.handle(now, input(next)),
+        );
     }
 
     /// The shard's replicas (sorted by channel) and counters.

@@ -26,5 +26,5 @@
 mod active;
 mod outbox;
 
-pub use active::{shrink_if_sparse, ActiveChannels, WARM_RUN};
+pub use active::{feed_in_warm_runs, shrink_if_sparse, ActiveChannels, WARM_RUN};
 pub use outbox::ChannelOutbox;
