@@ -493,7 +493,10 @@ impl ChannelMachine {
             Role::None => 0,
         };
         let queued = self.effects.len() as u64;
-        self.now.as_millis() ^ self.log.end.get() ^ self.log.durable.last_seq.get() ^ queued ^ role
+        // The meta's ISR and the record cache live in buffers of their own.
+        let isr = self.meta.as_ref().and_then(|m| m.isr.first()).map_or(0, |n| n.get());
+        let cached = self.log.cache.first_seq().map_or(0, |s| s.get());
+        self.now.as_millis() ^ self.log.end.get() ^ self.log.durable.last_seq.get() ^ queued ^ role ^ isr ^ cached
     }
 
     /// Completion of a durable append. A token that is not the one in flight is ignored.
