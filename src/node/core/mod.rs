@@ -1,0 +1,565 @@
+//! `NodeCore`: the sans-IO core of one node — its slot groups (multi-raft), its channel replica machines,
+//! the route table, and the plumbing between them (meta propagation, append forwarding). The runtime
+//! feeds it time, frames, storage completions and API calls, and carries out its effects; the simulator
+//! drives the same code.
+
+use super::config::NodeConfig;
+use super::controller::{ClusterView, Controller, NodeView, PreferredLeaders, SlotMigrations, TaskReport};
+use super::error::NodeError;
+use super::fanout::FanoutAnswer;
+use super::message::NodeMessage;
+use super::shard::{shard_of, shard_of_id, ChannelShard, Served, ShardInput};
+use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
+use bytes::Bytes;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use tidings_channel::fanout::{FanoutEffect, FanoutPlanner, JobId, MessageRef, Target};
+use tidings_channel::machine::{AppendRecord, ChannelMachine, PersistToken, ReadToken};
+use tidings_router::Router;
+use tidings_slot::model::{SlotState, Uid};
+use tidings_slot::query::SlotReader;
+use tidings_slot::raft::{MultiRaft, ProposalId, ReadId};
+use tidings_store::message::{LogBatch, MessageLog, Record};
+use tidings_store::{MetaStore, RaftLogStore, StoreError};
+use tidings_types::{ChannelId, GroupId, HashSlot, NodeId, Seq, Time};
+
+mod metadata;
+mod operations;
+mod shards;
+mod status;
+
+use metadata::{ProposalPurpose, Sent};
+use shards::Shards;
+pub use status::{ChannelStatus, NodeStatus};
+
+/// Identifies an API call; chosen by the runtime, echoed in [`NodeEffect::Done`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ApiId(pub u64);
+
+/// The result of an API call.
+#[derive(Debug)]
+pub enum ApiResult {
+    /// A metadata write: applied, or why not.
+    Meta(Result<(), NodeError>),
+    /// An append: one seq per record, or why not.
+    Appended(Result<Vec<Seq>, NodeError>),
+    /// A channel task (leader transfer): its report, or why it did not start.
+    Task(Result<TaskReport, NodeError>),
+}
+
+/// An effect for the runtime.
+#[derive(Debug)]
+#[must_use]
+pub enum NodeEffect {
+    /// Send an encoded frame to `to` (non-blocking; a lost frame is retried by the protocols).
+    Send {
+        /// Destination.
+        to: NodeId,
+        /// The encoded frame.
+        frame: Bytes,
+    },
+    /// Make every write to the metadata and raft-log stores durable (one fsync), then call
+    /// [`NodeCore::handle_slots_synced`].
+    SyncSlots {
+        /// Echo it.
+        token: u64,
+    },
+    /// Make `batch` durable in the message log (stage + group-committed sync), then call
+    /// [`NodeCore::handle_persisted`].
+    Persist {
+        /// Echo it.
+        token: PersistToken,
+        /// The channel's operations.
+        batch: LogBatch,
+    },
+    /// Read records for a pull, then call [`NodeCore::handle_read`].
+    Read {
+        /// The channel.
+        channel: ChannelId,
+        /// Echo it.
+        token: ReadToken,
+        /// First seq.
+        from: Seq,
+        /// Last seq.
+        through: Seq,
+        /// Byte budget.
+        max_bytes: usize,
+    },
+    /// Post-commit fanout work (`FetchPage`, `Locate`, `Deliver`, `Failed`; never `Finished`, which the
+    /// core handles): carry it out with [`carry_out_fanout`](crate::node::carry_out_fanout), off the core thread, and hand the answer to
+    /// [`NodeCore::handle_fanout`].
+    Fanout(FanoutEffect),
+    /// An API call finished.
+    Done {
+        /// The call.
+        id: ApiId,
+        /// Its result.
+        result: ApiResult,
+    },
+}
+
+/// The sans-IO core of one node. Drive it like a channel machine: `handle_*` with the current time, then
+/// drain [`NodeCore::poll_effect`]; call [`NodeCore::handle_tick`] at [`NodeCore::poll_timeout`].
+///
+/// The channel replicas live in `NodeConfig::reactors` channel shards, each owning the channels whose
+/// hash slot falls to it; the core keeps the slot groups, the controller, routing and fanout, and talks
+/// to the shards only by messages. By default it drives them itself; the threaded runtime takes them out
+/// and runs each on a reactor thread.
+pub struct NodeCore {
+    config: NodeConfig,
+    now: Time,
+    slot: MultiRaft,
+    reader: SlotReader,
+    router: Arc<Router>,
+    shards: Shards,
+    /// What the shards were last told of the groups this node serves.
+    served: Arc<Served>,
+    proposals: BTreeMap<ProposalId, ProposalPurpose>,
+    /// Every proposal's command and how it was sent: a refusal that proposed nothing — `NotLeader` with a
+    /// hint for one sent to another node, a stale slot route for any — sends it on, a bounded number of
+    /// times.
+    sent: BTreeMap<ProposalId, Sent>,
+    /// Hash-slot migrations this node drives (as leader of their source groups).
+    migrations: SlotMigrations,
+    /// API calls made of several proposals: how many are outstanding, and the first failure.
+    fans: BTreeMap<ApiId, (usize, Option<NodeError>)>,
+    /// Leaders of slot groups this node does not serve, as `NotLeader` hints named them.
+    remote_leaders: BTreeMap<GroupId, NodeId>,
+    /// A node that answered a proposal for the group with `NotLeader` and no hint: it is not taken for
+    /// the group's leader (a route observed before a replica move may still name it) until a hint names it.
+    not_leaders: BTreeMap<GroupId, NodeId>,
+    /// Authoritative metadata reads waiting for their ReadIndex: the caller, the key's hash slot, and how
+    /// many groups were asked (a migrated slot is followed).
+    meta_reads: BTreeMap<ReadId, (ApiId, HashSlot, u8)>,
+    effects: VecDeque<NodeEffect>,
+    frame_limits: FrameLimits,
+    fanout: FanoutPlanner,
+    /// Committed messages waiting for room in the fanout queue (each still holds its channel's handoff slot).
+    fanout_waiting: VecDeque<(ChannelId, Seq, Option<String>)>,
+    /// Which channel each fanout job belongs to (to release its handoff slot when done).
+    fanout_jobs: BTreeMap<JobId, ChannelId>,
+    controller: Controller,
+    preferred: PreferredLeaders,
+    /// Messages this node sends to itself (the controller asking its own replica), handled in `pump`.
+    loopback: VecDeque<NodeMessage>,
+    refused_frames: BTreeMap<&'static str, u64>,
+}
+
+impl NodeCore {
+    /// The core of `config.node`, over its stores: `logs` and `meta` share one durable backend (one sync
+    /// covers both), `log` is the message log.
+    pub fn new(
+        config: NodeConfig,
+        logs: Arc<RaftLogStore>,
+        meta: MetaStore,
+        log: Arc<dyn MessageLog>,
+        router: Arc<Router>,
+        now: Time,
+    ) -> Result<Self, StoreError> {
+        let members: Vec<_> =
+            config.slot_group_members().into_iter().filter(|(_, m)| m.contains(&config.node)).collect();
+        let mut raft_config = config.raft.clone();
+        raft_config.node = config.node;
+        // Mixed with the node id: members of a group sharing a seed would otherwise draw the same pinned
+        // election timeout and split their votes forever when their clocks tick in step.
+        raft_config.seed = config.seed ^ config.node.get().wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        raft_config.boot_id = config.boot_id;
+        let slot = MultiRaft::open(raft_config, logs, meta.clone(), config.table(), &members, now)?;
+        // Routes start from what this node learned of slot migrations before it stopped.
+        let learned = slot.table();
+        for hash_slot in tidings_types::HashSlot::all().filter(|s| learned.epoch_of(*s) > 0) {
+            router.learn_slot_owner(hash_slot, learned.group_of(hash_slot), learned.epoch_of(hash_slot));
+        }
+        let frame_limits = FrameLimits { frame_bytes_max: config.frame_bytes_max };
+        // Task ids share the boot-id range of the node's other ids, in their own upper half.
+        let first_task = ((config.boot_id & 0xffff_ffff) << 32) | (1 << 31);
+        let controller = Controller::new(config.controller.clone(), config.node, &config.nodes, first_task, now);
+        let reader = SlotReader::new(meta);
+        let served = Arc::new(Served::new(slot.table(), slot.groups().collect()));
+        let count = config.reactors_or(1);
+        let shards = (0..count)
+            .map(|index| {
+                let (log, reader, served) = (Arc::clone(&log), reader.clone(), Arc::clone(&served));
+                ChannelShard::new(index, count, config.clone(), log, reader, served, now)
+            })
+            .collect();
+        Ok(Self {
+            now,
+            slot,
+            reader,
+            router,
+            shards: Shards::Inline(shards),
+            served,
+            proposals: BTreeMap::new(),
+            sent: BTreeMap::new(),
+            migrations: SlotMigrations::new(now),
+            fans: BTreeMap::new(),
+            remote_leaders: BTreeMap::new(),
+            not_leaders: BTreeMap::new(),
+            meta_reads: BTreeMap::new(),
+            effects: VecDeque::new(),
+            frame_limits,
+            fanout: FanoutPlanner::new(config.fanout),
+            fanout_waiting: VecDeque::new(),
+            fanout_jobs: BTreeMap::new(),
+            controller,
+            preferred: PreferredLeaders::default(),
+            loopback: VecDeque::new(),
+            refused_frames: BTreeMap::new(),
+            config,
+        })
+    }
+
+    /// This node.
+    pub fn node(&self) -> NodeId {
+        self.config.node
+    }
+
+    /// The slot driver (status, leadership).
+    pub fn slot(&self) -> &MultiRaft {
+        &self.slot
+    }
+
+    /// The channel machine of `channel`, if active here (`None` as well once a runtime took the channel
+    /// shards out to run them on its reactor threads).
+    pub fn channel(&self, channel: &ChannelId) -> Option<&ChannelMachine> {
+        match &self.shards {
+            Shards::Inline(shards) => shards[shard_of(channel, shards.len())].channel(channel),
+            Shards::Detached { .. } => None,
+        }
+    }
+
+    /// Local metadata reads (applied state of the slot groups this node serves).
+    pub fn reader(&self) -> &SlotReader {
+        &self.reader
+    }
+
+    /// Next effect to carry out.
+    pub fn poll_effect(&mut self) -> Option<NodeEffect> {
+        if self.effects.is_empty() {
+            self.pump();
+        }
+        self.effects.pop_front()
+    }
+
+    /// When to call [`NodeCore::handle_tick`] next.
+    pub fn poll_timeout(&self) -> Time {
+        let controller =
+            self.controller.poll_timeout().min(self.preferred.poll_timeout()).min(self.migrations.poll_timeout());
+        let mut next = self.slot.poll_timeout().min(controller);
+        if let Shards::Inline(shards) = &self.shards {
+            next = shards.iter().filter_map(ChannelShard::poll_timeout).fold(next, Time::min);
+        }
+        next
+    }
+
+    /// Advances time: raft ticks, the controller, channel timers, appends that waited too long for a meta
+    /// or a forwarded reply.
+    pub fn handle_tick(&mut self, now: Time) {
+        self.advance(now);
+        self.slot.handle_tick(self.now);
+        self.controller.tick(self.now, &self.slot, &self.reader);
+        self.drive_migrations();
+        let down = self.controller.down_nodes(self.now);
+        let cluster = ClusterView { nodes: &self.config.nodes, down: &down };
+        let view = NodeView { me: self.config.node, reader: &self.reader, cluster };
+        self.preferred.tick(self.now, &self.config.controller, &mut self.slot, &view);
+        if let Shards::Inline(shards) = &mut self.shards {
+            for shard in shards {
+                shard.handle_tick(self.now);
+            }
+        }
+    }
+
+    /// An inbound frame from `from`. Bad frames are refused with a typed error and change nothing.
+    pub fn handle_frame(&mut self, now: Time, from: NodeId, bytes: &[u8]) -> Result<(), FrameError> {
+        self.advance(now);
+        let nodes = &self.config.nodes;
+        let frame = match decode_from(bytes, from, self.config.cluster, |n| nodes.contains(&n), &self.frame_limits) {
+            Ok(frame) => frame,
+            Err(error) => {
+                *self.refused_frames.entry(error.kind()).or_default() += 1;
+                return Err(error);
+            }
+        };
+        self.handle_frame_body(from, frame.body);
+        Ok(())
+    }
+
+    /// The body of a frame from `from` that the runtime decoded and checked already
+    /// ([`crate::frame::decode_from`]) — a runtime that hands peer channel messages straight to the
+    /// reactors gives the core the rest this way.
+    pub(crate) fn handle_decoded(&mut self, now: Time, from: NodeId, body: FrameBody) {
+        self.advance(now);
+        self.handle_frame_body(from, body);
+    }
+
+    fn handle_frame_body(&mut self, from: NodeId, body: FrameBody) {
+        self.controller.heard(from, self.now);
+        match body {
+            FrameBody::Slot(message) => self.slot.handle_message(self.now, from, message),
+            FrameBody::Channel(message) => self.channel_message(from, message),
+            FrameBody::Channels(messages) => {
+                for message in messages {
+                    self.channel_message(from, message);
+                }
+            }
+            FrameBody::Node(message) => self.node_message(from, message),
+        }
+    }
+
+    /// The runtime made the slot stores durable through the `SyncSlots` with `token`.
+    pub fn handle_slots_synced(&mut self, now: Time, token: u64) {
+        self.advance(now);
+        self.slot.handle_synced(self.now, token);
+    }
+
+    /// A durable append of a channel finished.
+    pub fn handle_persisted(
+        &mut self,
+        now: Time,
+        channel: &ChannelId,
+        token: PersistToken,
+        result: Result<(), StoreError>,
+    ) {
+        self.advance(now);
+        self.feed_shard(channel, ShardInput::Persisted { channel: channel.clone(), token, result });
+    }
+
+    /// A read for a pull finished.
+    pub fn handle_read(
+        &mut self,
+        now: Time,
+        channel: &ChannelId,
+        token: ReadToken,
+        result: Result<Vec<Record>, StoreError>,
+    ) {
+        self.advance(now);
+        self.feed_shard(channel, ShardInput::ReadDone { channel: channel.clone(), token, result });
+    }
+
+    /// The answer to a [`NodeEffect::Fanout`] (see [`carry_out_fanout`](crate::node::carry_out_fanout)).
+    pub fn handle_fanout(&mut self, now: Time, answer: FanoutAnswer) {
+        self.advance(now);
+        match answer {
+            FanoutAnswer::Page { job, members, next } => self.fanout.handle_page(job, members, next),
+            FanoutAnswer::Located { job, targets } => {
+                let targets = targets.into_iter().map(|t| t.map(|node| Target { node })).collect();
+                self.fanout.handle_located(job, targets);
+            }
+            FanoutAnswer::Delivered { plan, delivered } => self.fanout.handle_delivered(plan, delivered),
+        }
+    }
+
+    /// Appends records to a channel; any node may be called (non-leaders forward). [`NodeEffect::Done`]
+    /// with [`ApiResult::Appended`] follows once the records are committed.
+    pub fn append(&mut self, now: Time, id: ApiId, channel: ChannelId, records: Vec<AppendRecord>) {
+        self.advance(now);
+        self.feed_shard(&channel.clone(), ShardInput::Append { api: id, channel, sender: None, records });
+    }
+
+    /// Appends records sent by user `sender`: like [`NodeCore::append`], after checking that the sender
+    /// may send (not banned, not on the channel's deny list), and fanout marks the sender's own entry
+    /// (`is_sender`: no unread increment). The check reads this node's slot replicas and fails closed
+    /// with [`NodeError::SenderUnverified`] on a node that serves neither the user's nor the channel's
+    /// slot group.
+    pub fn append_from(&mut self, now: Time, id: ApiId, channel: ChannelId, sender: Uid, records: Vec<AppendRecord>) {
+        self.advance(now);
+        let input = ShardInput::Append { api: id, channel: channel.clone(), sender: Some(sender), records };
+        self.feed_shard(&channel, input);
+    }
+
+    /// The high watermark of a channel this node replicates: every seq up to it is committed and readable
+    /// here. Fails with [`NodeError::Stopped`] once the shards are detached (the runtime asks them).
+    pub fn latest(&mut self, channel: &ChannelId) -> Result<Seq, NodeError> {
+        let now = self.now;
+        self.inline_shard(channel)?.latest(now, channel)
+    }
+
+    /// Reads committed messages of `channel` from `from` (at most `limit`), bounded by the high watermark
+    /// this replica knows; barrier records are skipped. Fails with [`NodeError::Stopped`] once the shards
+    /// are detached (the runtime asks them).
+    pub fn read(&mut self, channel: &ChannelId, from: Seq, limit: usize) -> Result<Vec<Record>, NodeError> {
+        let now = self.now;
+        self.inline_shard(channel)?.read(now, channel, from, limit)
+    }
+
+    fn advance(&mut self, now: Time) {
+        self.now = self.now.max(now);
+    }
+
+    fn done(&mut self, id: ApiId, result: ApiResult) {
+        self.effects.push_back(NodeEffect::Done { id, result });
+    }
+
+    fn node_message(&mut self, from: NodeId, message: NodeMessage) {
+        match message {
+            NodeMessage::MetaPush(meta) => self.learn_meta(meta, false),
+            NodeMessage::MetaFetch(channel) => match self.reader.runtime_meta(&channel) {
+                Ok(Some(meta)) => self.send_node(from, NodeMessage::MetaPush(meta)),
+                // Only a member that applied its group's log can say the channel does not exist.
+                Ok(None) if self.serves_group_of(&channel) => self.send_node(from, NodeMessage::MetaMissing(channel)),
+                _ => {}
+            },
+            NodeMessage::MetaMissing(channel) => self.feed_shard(&channel.clone(), ShardInput::MetaMissing(channel)),
+            NodeMessage::AppendForward { id, channel, sender, records } => {
+                let records =
+                    records.into_iter().map(|(key, payload)| AppendRecord { idempotency_key: key, payload }).collect();
+                self.feed_shard(&channel.clone(), ShardInput::Forwarded { from, id, channel, sender, records });
+            }
+            NodeMessage::Ping => {}
+            NodeMessage::EvidenceRequest { task, meta } => {
+                self.controller.meta_seen(self.now, &meta);
+                self.feed_shard(&meta.channel.clone(), ShardInput::Evidence { from, task, meta });
+            }
+            NodeMessage::EvidenceReply { task, channel, version, report } => {
+                self.controller.evidence(self.now, from, task, &channel, version, report)
+            }
+            NodeMessage::ExportQuery { from: source, slot, to, epoch } => {
+                if self.slot.is_leader(source) {
+                    let record = self.reader.slot_record(source, slot);
+                    // Anything but a record of this very export (or of its completion) means it was given up.
+                    let exporting = match record {
+                        Ok(Some(r)) => {
+                            r.epoch == epoch
+                                && matches!(r.state,
+                                    SlotState::Exporting { to: t } | SlotState::Fenced { to: t } | SlotState::Gone { to: t }
+                                    if t == to)
+                        }
+                        Ok(None) => false,
+                        Err(_) => return, // cannot tell: say nothing
+                    };
+                    self.send_node(from, NodeMessage::ExportAnswer { from: source, slot, to, epoch, exporting });
+                }
+            }
+            NodeMessage::ExportAnswer { from: source, slot, to, epoch, exporting } => {
+                self.migrations.export_answer(source, slot, to, epoch, exporting);
+            }
+            NodeMessage::RequestFailover { channel, version } => {
+                // Only the group's leader acts, on the meta its store holds.
+                let group = self.slot.table().group_of_key(channel.route_key());
+                if self.slot.is_leader(group) {
+                    if let Ok(Some(meta)) = self.reader.runtime_meta(&channel) {
+                        if meta.version > version {
+                            // The replica asks under a meta that was replaced (the push was lost): teach it.
+                            self.send_node(from, NodeMessage::MetaPush(meta));
+                        } else if meta.version == version {
+                            self.controller.failover_requested(self.now, from, meta);
+                        }
+                    }
+                }
+            }
+            NodeMessage::AppendReply { id, result } => {
+                let index = shard_of_id(id, self.shards.count());
+                self.feed_shard_at(index, ShardInput::Reply { id, result });
+            }
+        }
+    }
+
+    fn send_node(&mut self, to: NodeId, message: NodeMessage) {
+        if to == self.config.node {
+            self.loopback.push_back(message);
+        } else {
+            self.send(to, FrameBody::Node(message));
+        }
+    }
+
+    fn send(&mut self, to: NodeId, body: FrameBody) {
+        let frame = encode(&Frame { cluster: self.config.cluster, from: self.config.node, body });
+        self.effects.push_back(NodeEffect::Send { to, frame });
+    }
+
+    /// Hands committed messages to the fanout planner while it has room.
+    fn feed_fanout(&mut self) {
+        while self.fanout.capacity() > 0 {
+            let Some((channel, seq, sender)) = self.fanout_waiting.pop_front() else { return };
+            let person = channel.kind().is_person().then(|| channel.id().split_once('@')).flatten();
+            let members = person.map(|(a, b)| [a.to_owned(), b.to_owned()]);
+            let message = MessageRef { channel: channel.clone(), seq, sender: sender.clone() };
+            match self.fanout.submit(message, members) {
+                Ok(job) => {
+                    self.fanout_jobs.insert(job, channel);
+                }
+                Err(_) => {
+                    // Submit refuses only when full (checked above); the message waits its turn.
+                    self.fanout_waiting.push_front((channel, seq, sender));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn fanout_effect(&mut self, effect: FanoutEffect) {
+        match effect {
+            FanoutEffect::FetchPage { job, channel, cursor, limit } => {
+                if self.serves_group_of(&channel) {
+                    let fetch = FanoutEffect::FetchPage { job, channel, cursor, limit };
+                    self.effects.push_back(NodeEffect::Fanout(fetch));
+                } else {
+                    // No local copy of the channel's subscribers: nothing fans out from here (documented
+                    // limitation; pages from a remote slot replica come with the controller work).
+                    tracing::warn!(%channel, "fanout: subscribers live in a slot group this node does not serve");
+                    self.fanout.handle_page(job, Vec::new(), None);
+                }
+            }
+            host_work @ (FanoutEffect::Locate { .. } | FanoutEffect::Deliver(_) | FanoutEffect::Failed(_)) => {
+                self.effects.push_back(NodeEffect::Fanout(host_work));
+            }
+            FanoutEffect::Finished { job, .. } => {
+                if let Some(channel) = self.fanout_jobs.remove(&job) {
+                    self.feed_shard(&channel.clone(), ShardInput::ReleaseHandoff { channel, count: 1 });
+                }
+                self.feed_fanout();
+            }
+        }
+    }
+
+    /// Moves effects of the slot driver and the channel machines into node effects.
+    fn pump(&mut self) {
+        loop {
+            self.run_controller();
+            self.drain_slot();
+            let moved = self.drain_shards();
+            // Shard outputs may have produced slot proposals (meta changes): drain those too.
+            self.drain_slot();
+            while let Some(effect) = self.fanout.poll_effect() {
+                self.fanout_effect(effect);
+            }
+            // Slot outcomes and metas above may have moved controller tasks on: carry out their actions
+            // now (their proposals and sends become effects on the next drain).
+            self.run_controller();
+            self.drain_slot();
+            // What the shards asked for may have handed inputs to shards drained before: go round
+            // again, unless there are effects to carry out first (the next poll comes back here).
+            if !moved || !self.effects.is_empty() {
+                // Slot changes above (a group joined or left, a migration learned) reach the shards now,
+                // not only with their next input.
+                self.tell_shards_what_is_served();
+                return;
+            }
+        }
+    }
+
+    fn drain_slot(&mut self) {
+        while let Some(effect) = self.slot.poll_effect() {
+            self.slot_effect(effect);
+        }
+    }
+
+    /// Drains the outputs of the shards the core drives, in index order. `true` if there were any.
+    fn drain_shards(&mut self) -> bool {
+        let mut moved = false;
+        for index in 0..self.shards.count() {
+            loop {
+                let output = match &mut self.shards {
+                    Shards::Inline(shards) => shards[index].poll_output(),
+                    Shards::Detached { .. } => None,
+                };
+                let Some(output) = output else { break };
+                moved = true;
+                self.shard_output(output);
+            }
+        }
+        moved
+    }
+}

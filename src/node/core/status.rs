@@ -1,0 +1,114 @@
+//! What an operator sees of a node: its channel replicas and counters (`NodeCore::status`).
+
+use super::shards::Shards;
+use super::NodeCore;
+use crate::node::controller::{DrainReport, Reconcile, SlotMigrationReport, TaskReport, TaskStatus};
+use crate::node::shard::ShardStatus;
+use std::collections::BTreeMap;
+use tidings_types::{ChannelId, Epoch, GroupId, LeaderEpoch, NodeId, Seq};
+
+/// Operator view of one channel replica on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelStatus {
+    /// The channel.
+    pub channel: ChannelId,
+    /// This replica's role.
+    pub role: tidings_channel::machine::RoleKind,
+    /// Meta version, leader, leader epoch and membership epoch in force here.
+    pub meta_version: u64,
+    /// The leader named by the meta.
+    pub leader: NodeId,
+    /// Leader epoch.
+    pub leader_epoch: LeaderEpoch,
+    /// Membership epoch.
+    pub epoch: Epoch,
+    /// ISR.
+    pub isr: Vec<NodeId>,
+    /// High watermark.
+    pub hw: Seq,
+    /// Last seq of the local log.
+    pub log_end: Seq,
+    /// Last durable seq.
+    pub durable_last: Seq,
+}
+
+/// Operator view of a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// The node.
+    pub node: NodeId,
+    /// Raft status of the slot groups it serves.
+    pub groups: Vec<tidings_slot::raft::GroupStatus>,
+    /// Its active channel replicas.
+    pub channels: Vec<ChannelStatus>,
+    /// Channel tasks (failovers, transfers) this node's controller runs.
+    pub tasks: Vec<TaskStatus>,
+    /// The last tasks it finished, oldest first.
+    pub finished_tasks: Vec<TaskReport>,
+    /// Slot-group reconciliation (replica moves, preferred leader): the last decision for each slot
+    /// group this node leads.
+    pub leadership: Vec<(GroupId, Reconcile)>,
+    /// Drains in progress, as far as the slot groups this node leads show them (see [`DrainReport`]).
+    pub drains: Vec<DrainReport>,
+    /// Hash-slot migrations this node drives (it leads their source groups).
+    pub slot_migrations: Vec<SlotMigrationReport>,
+    /// Inbound frames refused since start, by reason ([`FrameError::kind`](crate::frame::FrameError::kind)); they changed nothing.
+    pub refused_frames: BTreeMap<&'static str, u64>,
+    /// Channel activations refused because `active_channels_max` replicas were active and none idle.
+    pub refused_activations: u64,
+    /// Raft messages in accepted frames that the slot layer refused (see `MultiRaft::refused_messages`).
+    pub refused_raft_messages: u64,
+    /// Channel answers and hints of an older leader epoch than the meta in force, refused, plus raft
+    /// messages of an older term (raft-rs ignores or answers those; they change no state).
+    pub stale_messages: u64,
+    /// Channel replicas rebuilt from their store after a storage failure since start. A rebuilt replica
+    /// keeps its HW as far as its log holds it durably; a record committed by the other ISR members but
+    /// lost here in the failed write comes back from the leader.
+    pub storage_failures: u64,
+    /// Channel metas the channel shards hold in memory: those of active replicas, and of evicted ones
+    /// whose meta this node's slot replicas do not keep (an evicted replica's meta kept there is let go
+    /// and read back on its next use).
+    pub channel_metas_held: usize,
+}
+
+impl NodeStatus {
+    /// Adds a channel shard's replicas and counters.
+    pub(crate) fn add_shard(&mut self, shard: ShardStatus) {
+        self.channels.extend(shard.channels);
+        self.channels.sort_by(|a, b| a.channel.cmp(&b.channel));
+        self.refused_activations += shard.counters.refused_activations;
+        self.stale_messages += shard.counters.stale_messages;
+        self.storage_failures += shard.counters.storage_failures;
+        self.channel_metas_held += shard.metas_held;
+    }
+}
+
+impl NodeCore {
+    /// Status of the node, its slot groups and its active channel replicas (role, epochs, HW, log end, ISR).
+    /// With the shards detached, their part is added by whoever runs them.
+    pub fn status(&self) -> NodeStatus {
+        let groups = self.slot.groups().filter_map(|g| self.slot.status(g)).collect();
+        let mut status = NodeStatus {
+            node: self.config.node,
+            groups,
+            channels: Vec::new(),
+            tasks: self.controller.status(),
+            finished_tasks: self.controller.reports(),
+            leadership: self.preferred.decisions(),
+            drains: self.controller.drain_reports(),
+            slot_migrations: self.migrations.reports(),
+            refused_frames: self.refused_frames.clone(),
+            refused_activations: 0,
+            refused_raft_messages: self.slot.refused_messages(),
+            stale_messages: self.slot.stale_messages(),
+            storage_failures: 0,
+            channel_metas_held: 0,
+        };
+        if let Shards::Inline(shards) = &self.shards {
+            for shard in shards {
+                status.add_shard(shard.status());
+            }
+        }
+        status
+    }
+}
