@@ -1,0 +1,154 @@
+//! Groups coming and going on this node: raft messages stepped into their group, replicas created on
+//! demand by a peer's message, removed when the peers say so, checked against the configuration and
+//! destroyed once they left it.
+
+use super::effect::{ProposeError, SlotEffect};
+use super::message::SlotBody;
+use super::{guard, removal, MultiRaft};
+use protobuf::Message as _;
+use raft::prelude::{ConfState, Message, MessageType};
+use raft::StateRole;
+use tidings_types::{GroupId, NodeId};
+
+impl MultiRaft {
+    pub(super) fn step_raft(&mut self, from: NodeId, group: GroupId, bytes: &[u8]) {
+        let Ok(message) = Message::parse_from_bytes(bytes) else {
+            self.refused_messages += 1;
+            return;
+        };
+        if !self.groups.contains_key(&group) && !self.create_on_demand(group, &message) {
+            return;
+        }
+        if self.leaving.contains(&group) {
+            return; // Destroyed at the end of this round: it must not take (and acknowledge) more entries.
+        }
+        let Some(g) = self.groups.get_mut(&group) else { return };
+        if !guard::admissible(&g.raw, from.get(), self.config.node.get(), &message) {
+            self.refused_messages += 1;
+            return;
+        }
+        if message.term != 0 && message.term < g.raw.raft.term {
+            self.stale_messages += 1;
+        }
+        let vote = matches!(message.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote);
+        if vote && g.raw.raft.prs().conf().voters().ids().is_empty() {
+            // A replica created on demand that no snapshot initialized yet has an empty log and knows no
+            // configuration: it would grant any candidate its vote, and a candidate whose log lacks
+            // committed entries could win with it (sim seed 7009782: a replica destroyed on its removal,
+            // recreated at once by an append still in flight, elected a stale leader). Its vote is never
+            // needed: voters join as learners and catch up (a snapshot) first.
+            return;
+        }
+        if g.raw.raft.state == StateRole::Leader && !g.has_member(from.get()) {
+            // A replica this group removed (it may not have learnt it): tell it, so it destroys itself.
+            let removed = removal(g);
+            self.send(from, group, removed);
+            return;
+        }
+        // raft-rs refuses local-only message types from the wire; other errors are stale messages.
+        let _ = g.raw.step(message);
+        g.seed_election_timeout();
+    }
+
+    /// A leader reaches this node for a group it does not hold: this node was added to the group (as a
+    /// learner). Creates an empty replica that a snapshot initializes — only for groups of the hash-slot
+    /// table, on messages only a leader sends, and within `groups_max`.
+    pub(super) fn create_on_demand(&mut self, group: GroupId, message: &Message) -> bool {
+        let from_leader = matches!(
+            message.get_msg_type(),
+            MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
+        );
+        let known = self.genesis.groups().any(|g| g == group);
+        if !from_leader || !known || self.groups.len() >= self.config.groups_max || message.term == 0 {
+            return false;
+        }
+        let created = self.logs.create_group(group, ConfState::default()).and_then(|()| self.open_group(group));
+        match created {
+            Ok(()) => {
+                tracing::info!(%group, "slot replica created: a leader added this node");
+                true
+            }
+            Err(error) => {
+                tracing::error!(%error, %group, "cannot create a slot replica");
+                false
+            }
+        }
+    }
+
+    /// The leader of `group` says this node is not a member of its configuration at `config_epoch`, its
+    /// log ending at `last_index`.
+    pub(super) fn removed_by_peer(&mut self, group: GroupId, config_epoch: u64, last_index: u64) {
+        let Some(g) = self.groups.get(&group) else { return };
+        // Not older than the configuration this replica applied, and nothing in this log the leader did
+        // not have when it answered: entries beyond it may add this node back, and the leader may count
+        // on this replica's acknowledgement of them. (Raft ids are node ids: an emptied replica that was
+        // counted would leave the leader waiting for entries it believes are held.)
+        let stale = config_epoch < g.config_epoch || g.raw.raft.raft_log.last_index() > last_index;
+        if !stale && !self.leaving.contains(&group) {
+            self.leaving.push(group);
+        }
+    }
+
+    /// Replicas whose configuration does not include this node (removed, or created for a membership
+    /// change that never reached them), or that know no leader, ask whether they are still wanted; only
+    /// the leader's `Removed` destroys them.
+    pub(super) fn check_membership(&mut self) {
+        let me = self.config.node.get();
+        let mut checks = Vec::new();
+        for (group, g) in &self.groups {
+            let raft = &g.raw.raft;
+            let leader = raft.leader_id;
+            // A learner the group moved away from hears from nobody, and never campaigns to find out.
+            let silent = raft.state != StateRole::Leader && raft.election_elapsed >= 2 * g.election_tick;
+            if leader == me || (g.has_member(me) && leader != 0 && !silent) {
+                continue;
+            }
+            // Outside its own configuration, leaderless or silent: ask the leader it knows and every voter
+            // it knows (only the leader answers).
+            let mut ask: Vec<u64> = g.conf().voters.iter().map(|n| n.get()).collect();
+            ask.push(leader);
+            ask.sort_unstable();
+            ask.dedup();
+            checks.extend(ask.into_iter().filter(|n| *n != me && *n != 0).map(|to| (NodeId::new(to), *group)));
+        }
+        for (to, group) in checks {
+            self.send(to, group, SlotBody::MemberCheck);
+        }
+    }
+
+    /// Destroys the replicas of groups this node left: raft state, applied data and its hash slots' metadata
+    /// go; a tombstone stops a restart from bringing the replica back.
+    pub(super) fn destroy_leaving(&mut self) {
+        for group in std::mem::take(&mut self.leaving) {
+            let Some(g) = self.groups.remove(&group) else { continue };
+            let epoch = g.config_epoch;
+            let mut batch = tidings_store::MetaWriteBatch::new();
+            batch.clear_group(group);
+            let destroyed = self
+                .meta
+                .write(&batch)
+                .and_then(|()| self.meta.forget_group(group))
+                .and_then(|()| self.logs.remove_group(group, epoch));
+            if let Err(error) = destroyed {
+                tracing::error!(%error, %group, "cannot destroy a removed slot replica");
+            }
+            // Reads of the group fail, also those found ready earlier in this round: the data they would
+            // read is gone.
+            let gone = ProposeError::UnknownGroup { group };
+            for effect in self.effects.iter_mut() {
+                if let SlotEffect::ReadReady { id, group: g } = effect {
+                    if *g == group {
+                        *effect = SlotEffect::ReadFailed { id: *id, error: gone.clone() };
+                    }
+                }
+            }
+            for read in g.reads {
+                self.effects.push_back(SlotEffect::ReadFailed { id: read.id, error: gone.clone() });
+            }
+            self.awaiting.retain(|a| a.group != group);
+            tracing::info!(%group, epoch, "slot replica destroyed: this node left the group");
+            self.effects.push_back(SlotEffect::GroupRemoved { group });
+            self.sync_requested = true;
+        }
+    }
+}

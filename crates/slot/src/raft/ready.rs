@@ -1,0 +1,325 @@
+//! Raft readies of the groups: persisting, sending, applying committed entries through the slot FSM,
+//! configuration changes, log compaction, finished reads and what the route table observes.
+
+use super::effect::SlotEffect;
+use super::message::SlotBody;
+use super::{batch, snapshot, AwaitingSync, MultiRaft};
+use protobuf::Message as _;
+use raft::prelude::{ConfChangeV2, Entry, EntryType, Snapshot};
+use raft::{StateRole, Storage};
+use std::sync::Arc;
+use tidings_router::{GroupObservation, HashToSlot};
+use tidings_store::{Placement, RaftLogBatch, StoreError};
+use tidings_types::{GroupId, HashSlot, NodeId, Term};
+
+impl MultiRaft {
+    /// Proposes what this round queued, handles every group's ready, then asks for one sync covering all
+    /// their writes.
+    pub(super) fn process_all(&mut self) {
+        self.flush_queued();
+        let ids: Vec<GroupId> = self.groups.keys().copied().collect();
+        for id in ids {
+            // A group may produce several readies in a row (e.g. after applying).
+            for _ in 0..4 {
+                if !self.groups.get(&id).is_some_and(|g| g.raw.has_ready()) {
+                    break;
+                }
+                if let Err(error) = self.process_ready(id) {
+                    tracing::error!(%error, group = %id, "slot group storage failed");
+                    break;
+                }
+            }
+            if self.groups.contains_key(&id) {
+                self.observe(id);
+            }
+        }
+        self.destroy_leaving();
+        if self.sync_requested {
+            self.sync_requested = false;
+            let token = self.next_sync;
+            self.next_sync += 1;
+            for awaiting in self.awaiting.iter_mut().filter(|a| a.token == 0) {
+                awaiting.token = token;
+            }
+            self.effects.push_back(SlotEffect::Sync { token });
+        }
+    }
+
+    pub(super) fn process_ready(&mut self, id: GroupId) -> Result<(), StoreError> {
+        let table = Arc::clone(&self.genesis);
+        let group = self.groups.get_mut(&id).expect("group exists");
+        let mut ready = group.raw.ready();
+        let messages = ready.take_messages();
+        let mut batch = RaftLogBatch::new();
+        let snapshot: Snapshot = ready.snapshot().clone();
+        let snapshot_index = (!snapshot.is_empty()).then(|| snapshot.get_metadata().index);
+        if !snapshot.is_empty() {
+            let index = snapshot.get_metadata().index;
+            let installed = snapshot::install(&self.meta, id, index, &snapshot.data);
+            // Whatever happened to the store, the FSM reads its records afresh.
+            group.fsm.forget_records();
+            match installed {
+                Ok(installed) => {
+                    group.config_epoch = installed.config_epoch;
+                    self.placed(installed.placements);
+                }
+                Err(error) => tracing::error!(%error, group = %id, "snapshot install failed"),
+            }
+            batch.apply_snapshot(id, snapshot.get_metadata().clone());
+        }
+        let entries = ready.take_entries();
+        let wrote = !snapshot.is_empty() || !entries.is_empty() || ready.hs().is_some();
+        batch.append(id, entries);
+        if let Some(hs) = ready.hs() {
+            batch.set_hard_state(id, hs.clone());
+        }
+        if !batch.is_empty() {
+            self.logs.write(batch)?;
+        }
+        let committed = ready.take_committed_entries();
+        let persisted_messages = ready.take_persisted_messages();
+        let number = ready.number();
+        for message in messages {
+            self.send_raft(id, message);
+        }
+        let read_states = ready.take_read_states();
+        let group = self.groups.get_mut(&id).expect("group exists");
+        for state in read_states {
+            let read_id = state.request_ctx.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+            if let Some(read) = group.reads.iter_mut().find(|r| Some(r.id.0) == read_id) {
+                read.index = Some(state.index);
+            }
+        }
+        group.raw.advance_append_async(ready);
+        // A ready that wrote nothing still waits behind this group's earlier readies that await a sync:
+        // `on_persist_ready(number)` declares every ready up to `number` persisted, and its messages (an
+        // append response for entries already in the log, say) must not overtake their sync. (Found by the
+        // simulator: a follower acknowledged entries before they were durable.)
+        let behind_unsynced = self.awaiting.iter().any(|a| a.group == id);
+        if wrote || behind_unsynced {
+            let awaiting = AwaitingSync { token: 0, group: id, number, messages: persisted_messages, snapshot_index };
+            self.awaiting.push_back(awaiting);
+            self.sync_requested = true;
+        } else {
+            group.raw.on_persist_ready(number);
+            for message in persisted_messages {
+                self.send_raft(id, message);
+            }
+        }
+        self.apply_committed(id, &table, committed)?;
+        self.finish_reads(id);
+        Ok(())
+    }
+
+    pub(super) fn apply_committed(
+        &mut self,
+        id: GroupId,
+        table: &HashToSlot,
+        entries: Vec<Entry>,
+    ) -> Result<(), StoreError> {
+        let mut start = 0;
+        while start < entries.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < entries.len() && end - start < self.config.apply_batch_records_max {
+                bytes += entries[end].data.len();
+                if end > start && bytes > self.config.apply_batch_bytes_max {
+                    break;
+                }
+                end += 1;
+            }
+            self.apply_batch(id, table, &entries[start..end])?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Applies `entries`: commands under the membership in force at their index, so a membership change
+    /// ends a run; the change itself is recorded (configuration and epoch) with its applied index.
+    pub(super) fn apply_batch(&mut self, id: GroupId, table: &HashToSlot, entries: &[Entry]) -> Result<(), StoreError> {
+        let mut start = 0;
+        for (at, entry) in entries.iter().enumerate() {
+            if entry.get_entry_type() != EntryType::EntryNormal {
+                self.apply_run(id, table, &entries[start..at], false)?;
+                self.apply_conf_change(id, entry)?;
+                self.apply_run(id, table, &entries[at..=at], true)?;
+                start = at + 1;
+                // A configuration without this node does not destroy a follower here: later entries (which
+                // it may have acknowledged already) can add it back, and a leader counting on those
+                // acknowledgements must never face an emptied replica. The leader says when it may go
+                // (`SlotBody::Removed`), asked by `check_membership` if need be. A leader that removed
+                // itself (it inherited the change) cannot go on: raft-rs does not step such a leader down
+                // and fails on its next persist. Its log holds no later change (one at a time), so it goes
+                // now, and the remaining members elect a leader.
+                let g = self.groups.get(&id).expect("group exists");
+                if g.raw.raft.state == StateRole::Leader && !g.raw.raft.prs().conf().voters().contains(g.raw.raft.id) {
+                    if !self.leaving.contains(&id) {
+                        self.leaving.push(id);
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        self.apply_run(id, table, &entries[start..], false)?;
+        self.maybe_compact(id)
+    }
+
+    /// Applies a run of entries through the FSM in one atomic write (membership-change entries carry no
+    /// command), then answers their proposers.
+    pub(super) fn apply_run(
+        &mut self,
+        id: GroupId,
+        table: &HashToSlot,
+        entries: &[Entry],
+        record_config_epoch: bool,
+    ) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let me = self.config.node;
+        // One FSM command per proposal: batch entries are unpacked, each proposal keeps who waits for it.
+        let mut commands: Vec<(u64, &[u8])> = Vec::with_capacity(entries.len());
+        let mut owners: Vec<Option<(NodeId, u64)>> = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let normal = entry.get_entry_type() == EntryType::EntryNormal;
+            match (normal && entry.context == batch::BATCH_CONTEXT).then(|| batch::decode(&entry.data)) {
+                Some(Some(decoded)) => {
+                    for proposal in decoded.proposals {
+                        commands.push((entry.index, proposal.command));
+                        owners.push(Some((proposal.origin, proposal.id)));
+                    }
+                }
+                // A batch that does not decode applies nothing (its index still counts as applied).
+                Some(None) => {
+                    commands.push((entry.index, &[]));
+                    owners.push(None);
+                }
+                // A leader's empty entry or a membership change: no command.
+                None => {
+                    commands.push((entry.index, &[]));
+                    owners.push(None);
+                }
+            }
+        }
+        let group = self.groups.get_mut(&id).expect("group exists");
+        let conf = group.conf();
+        let applied = group.fsm.apply_in(table, &conf, record_config_epoch, &commands)?;
+        let leader = group.raw.raft.state == StateRole::Leader;
+        for meta in applied.metas {
+            self.effects.push_back(SlotEffect::MetaChanged { group: id, meta, leader });
+        }
+        self.placed(applied.placements);
+        let outcomes = applied.outcomes;
+        let group = self.groups.get_mut(&id).expect("group exists");
+        let last = entries.last().map(|e| e.index);
+        let mut forwarded = Vec::new();
+        let mut local = Vec::new();
+        for (owner, outcome) in owners.into_iter().zip(outcomes) {
+            let (Some(outcome), Some((origin, pid))) = (outcome, owner) else { continue };
+            if origin == me {
+                local.push((pid, outcome));
+            } else if leader {
+                forwarded.push((origin, pid, outcome));
+            }
+        }
+        if let Some(last) = last {
+            group.raw.advance_apply_to(last);
+        }
+        for (pid, outcome) in local {
+            self.complete(pid, Ok(outcome));
+        }
+        for (origin, pid, outcome) in forwarded {
+            self.send(origin, id, SlotBody::ForwardDone { id: pid, outcome });
+        }
+        Ok(())
+    }
+
+    /// Routes by slot placements the store recorded (applied or installed here): the table moves forward and
+    /// the node hears of it.
+    pub(super) fn placed(&mut self, placements: Vec<(HashSlot, Placement)>) {
+        for (slot, placement) in placements {
+            self.advance_table(slot, placement);
+            self.effects.push_back(SlotEffect::SlotPlaced { slot, placement });
+        }
+    }
+
+    /// Routes `slot` by `placement` unless the table knows its epoch or a later one; `true` if it moved.
+    pub(super) fn advance_table(&mut self, slot: HashSlot, placement: Placement) -> bool {
+        match self.table.with_owner(slot, placement.group, placement.epoch) {
+            Some(next) => {
+                self.table = Arc::new(next);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Applies a membership change entry to raft-rs and the stored configuration. Every such entry sets the
+    /// configuration epoch to its index — also one raft-rs refuses (the same on every replica), so the epoch
+    /// is a pure function of the log.
+    pub(super) fn apply_conf_change(&mut self, id: GroupId, entry: &Entry) -> Result<(), StoreError> {
+        let group = self.groups.get_mut(&id).expect("group exists");
+        group.config_epoch = entry.index;
+        let conf = match entry.get_entry_type() {
+            EntryType::EntryConfChangeV2 => ConfChangeV2::parse_from_bytes(&entry.data)
+                .ok()
+                .and_then(|change| group.raw.apply_conf_change(&change).ok()),
+            _ => raft::prelude::ConfChange::parse_from_bytes(&entry.data)
+                .ok()
+                .and_then(|change| group.raw.apply_conf_change(&change).ok()),
+        };
+        if let Some(conf) = conf {
+            let mut batch = RaftLogBatch::new();
+            batch.set_conf_state(id, conf);
+            self.logs.write(batch)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn maybe_compact(&mut self, id: GroupId) -> Result<(), StoreError> {
+        let group = self.groups.get(&id).expect("group exists");
+        let applied = group.raw.raft.raft_log.applied;
+        let first = group.raw.store().first_index().unwrap_or(1);
+        if applied.saturating_sub(first) > self.config.compact_after_entries {
+            let keep_from = applied - self.config.compact_after_entries / 2;
+            let mut batch = RaftLogBatch::new();
+            batch.compact(id, keep_from);
+            self.logs.write(batch)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn finish_reads(&mut self, id: GroupId) {
+        let group = self.groups.get_mut(&id).expect("group exists");
+        let applied = group.raw.raft.raft_log.applied;
+        let mut ready = Vec::new();
+        group.reads.retain(|read| match read.index {
+            Some(index) if index <= applied => {
+                ready.push(read.id);
+                false
+            }
+            _ => true,
+        });
+        for read in ready {
+            self.effects.push_back(SlotEffect::ReadReady { id: read, group: id });
+        }
+    }
+
+    /// Publishes what raft status shows of the group when it changed.
+    pub(super) fn observe(&mut self, id: GroupId) {
+        let group = self.groups.get_mut(&id).expect("group exists");
+        let conf = group.conf();
+        let leader = (group.raw.raft.leader_id != 0).then(|| NodeId::new(group.raw.raft.leader_id));
+        let observation = GroupObservation {
+            leader,
+            term: Term::new(group.raw.raft.term),
+            voters: conf.voters,
+            learners: conf.learners,
+            config_epoch: conf.config_epoch,
+        };
+        if group.observed.as_ref() != Some(&observation) {
+            group.observed = Some(observation.clone());
+            self.effects.push_back(SlotEffect::Observed { group: id, observation });
+        }
+    }
+}
