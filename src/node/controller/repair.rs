@@ -1,0 +1,193 @@
+//! The repair pass over the metas of the slot groups this node leads: failovers for channels whose
+//! leader is down, replacements of replicas on down or drained nodes, and fences a vanished controller
+//! left behind.
+
+use super::report::TaskKind;
+use super::{Controller, DrainReport, FENCES_SEEN_MAX};
+use std::time::Duration;
+use tidings_slot::query::SlotReader;
+use tidings_slot::raft::MultiRaft;
+use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, NodeId, Time};
+
+impl Controller {
+    /// One page of the repair walk over the slots of the groups this node leads.
+    pub(super) fn repair_step(&mut self, now: Time, slot: &MultiRaft, reader: &SlotReader) {
+        if !self.scan.active {
+            let table = slot.table();
+            let led: Vec<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
+            self.scan.slots =
+                led.iter().flat_map(|g| table.slots_of(*g).map(|s| (*g, s)).collect::<Vec<_>>()).collect();
+            self.scan.index = 0;
+            self.scan.cursor = None;
+            self.scan.active = true;
+            self.scan.draining.clear();
+            self.scan.drain_left.clear();
+            self.scan.drain_groups.clear();
+            for group in led {
+                let draining = match reader.group_intent(group) {
+                    Ok(intent) => intent.map(|i| i.draining).unwrap_or_default(),
+                    Err(error) => {
+                        tracing::warn!(%error, %group, "repair: cannot read the group's intent");
+                        Vec::new()
+                    }
+                };
+                let members = slot.status(group).map(|s| [s.voters, s.learners].concat()).unwrap_or_default();
+                for node in draining {
+                    self.scan.drain_left.entry(node).or_default();
+                    if members.contains(&node) {
+                        self.scan.drain_groups.entry(node).or_default().push(group);
+                    }
+                    self.scan.draining.insert(node);
+                }
+            }
+        }
+        let mut budget = self.config.repair_page;
+        while budget > 0 && self.tasks.len() < self.config.tasks_max {
+            let Some((group, hash_slot)) = self.scan.slots.get(self.scan.index).copied() else { break };
+            let page = match reader.runtime_metas(group, hash_slot, self.scan.cursor.as_deref(), budget) {
+                Ok(page) => page,
+                Err(error) => {
+                    tracing::warn!(%error, slot = %hash_slot, "repair: cannot read runtime metas; slot skipped");
+                    tidings_slot::query::Page { items: Vec::new(), cursor: None }
+                }
+            };
+            budget = budget.saturating_sub(page.items.len().max(1));
+            for meta in page.items {
+                self.consider(now, meta);
+            }
+            match page.cursor {
+                Some(cursor) => self.scan.cursor = Some(cursor),
+                None => {
+                    self.scan.index += 1;
+                    self.scan.cursor = None;
+                }
+            }
+        }
+        let done = self.scan.index >= self.scan.slots.len();
+        if done {
+            self.scan.active = false;
+            let scan = &mut self.scan;
+            self.drain_reports = scan
+                .drain_left
+                .iter()
+                .map(|(node, left)| DrainReport {
+                    node: *node,
+                    slot_groups: scan.drain_groups.remove(node).unwrap_or_default(),
+                    channel_replicas: *left,
+                })
+                .collect();
+            let busy = !self.down.is_empty() || !self.scan.draining.is_empty();
+            let pause = if busy { self.config.repair_interval } else { self.config.repair_idle_interval };
+            self.scan.next_pass = now + pause;
+        } else {
+            // Continue on the next tick; pages keep each step short.
+            self.scan.next_pass = now + Duration::from_millis(5);
+        }
+    }
+
+    pub(super) fn consider(&mut self, now: Time, meta: ChannelRuntimeMeta) {
+        self.track_fence(now, &meta);
+        if meta.write_fence.is_some() || self.tasks.contains_key(&meta.channel) {
+            return;
+        }
+        if meta.leader != self.me && self.is_down(meta.leader, now) {
+            self.start_failover(now, meta);
+            return;
+        }
+        if let Some(from) = meta.replicas.iter().copied().find(|n| self.scan.draining.contains(n)) {
+            *self.scan.drain_left.entry(from).or_default() += 1;
+            // A replica on a drained node moves to a live, undrained node (one task per channel at a time).
+            if let Some(to) = self.spare_node(&meta, now) {
+                tracing::info!(channel = %meta.channel, %from, %to, "repair: moving a replica off a drained node");
+                if let Err(error) = self.start_replace(now, None, meta, from, to) {
+                    tracing::debug!(%error, %from, "repair: drain replacement not started");
+                }
+            }
+            return;
+        }
+        // Fewer live ISR members than MinISR: nothing commits until a replica that has been down for
+        // `replace_down_after` is replaced by a live node that keeps no copy yet.
+        let live = meta.isr.iter().filter(|n| !self.is_down(**n, now)).count();
+        if live >= usize::from(meta.min_isr) {
+            return;
+        }
+        let long_down =
+            |n: &NodeId| self.liveness.silent_for(*n, now).is_some_and(|d| d >= self.config.replace_down_after);
+        let Some(from) = meta.isr.iter().copied().find(long_down) else { return };
+        let Some(to) = self.spare_node(&meta, now) else { return };
+        tracing::info!(channel = %meta.channel, %from, %to, "repair: ISR below MinISR, replacing a replica that is down");
+        let _ = self.start_replace(now, None, meta, from, to);
+    }
+
+    /// A live node that keeps no copy of the channel, chosen by rendezvous hash so repairs spread.
+    pub(super) fn spare_node(&self, meta: &ChannelRuntimeMeta, now: Time) -> Option<NodeId> {
+        let mut key = Vec::new();
+        meta.channel.encode_key(&mut key);
+        self.liveness
+            .peers()
+            .chain(std::iter::once(self.me))
+            .filter(|n| !meta.is_replica(*n) && !self.is_down(*n, now) && !self.scan.draining.contains(n))
+            .max_by_key(|n| {
+                let mut hasher = crc32fast::Hasher::new();
+                hasher.update(&key);
+                hasher.update(&n.get().to_le_bytes());
+                hasher.finalize()
+            })
+    }
+
+    /// Notes when a fence no local task owns was first seen (or forgets a cleared one).
+    pub(super) fn track_fence(&mut self, now: Time, meta: &ChannelRuntimeMeta) {
+        let owned = self.tasks.get(&meta.channel).map(|t| t.id);
+        match meta.write_fence {
+            Some(fence) if owned != Some(fence.task) => {
+                let full = self.fences_seen.len() >= FENCES_SEEN_MAX;
+                match self.fences_seen.get_mut(&meta.channel) {
+                    Some(seen) if seen.0 != fence.task => *seen = (fence.task, now),
+                    Some(_) => {}
+                    None if !full => {
+                        self.fences_seen.insert(meta.channel.clone(), (fence.task, now));
+                    }
+                    None => {}
+                }
+            }
+            _ => {
+                self.fences_seen.remove(&meta.channel);
+            }
+        }
+    }
+
+    /// Takes over fences nobody moved for `fence_takeover_after`: a frozen one (or one whose leader is
+    /// down) by resuming the failover, any other by clearing it.
+    pub(super) fn take_over_fences(&mut self, now: Time, reader: &SlotReader) {
+        let due: Vec<ChannelId> = self
+            .fences_seen
+            .iter()
+            .filter(|(_, (_, since))| now.since(*since) >= self.config.fence_takeover_after)
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in due {
+            self.fences_seen.remove(&channel);
+            let Ok(Some(meta)) = reader.runtime_meta(&channel) else { continue };
+            let Some(fence) = meta.write_fence else { continue };
+            if self.tasks.contains_key(&channel) {
+                // A local task on the channel (not the fence's owner) must end first: look again later.
+                self.fences_seen.insert(channel, (fence.task, now));
+                continue;
+            }
+            if fence.freeze_replication || self.is_down(meta.leader, now) {
+                self.start_failover(now, meta);
+            } else if self.admit(&channel).is_ok() {
+                let task = self.new_task(fence.task, TaskKind::ClearFence, None, meta, now);
+                self.start(now, task);
+            }
+        }
+    }
+
+    /// A meta the slot FSM applied here; `leader` when this node leads the group (then it watches the
+    /// meta's fence).
+    pub(crate) fn meta_applied(&mut self, now: Time, meta: &ChannelRuntimeMeta, leader: bool) {
+        if leader {
+            self.track_fence(now, meta);
+        }
+    }
+}
