@@ -1,0 +1,120 @@
+//! Appends on their way in: routed to the local leader or forwarded to the channel's leader, held
+//! while the channel's meta is fetched, sender checks, and their failures.
+
+use super::{remote_error, AppendOrigin, ChannelShard, Waiting, FORWARD_SLACK, META_WAIT};
+use crate::node::core::{ApiId, ApiResult};
+use crate::node::error::NodeError;
+use crate::node::message::{NodeMessage, RemoteAppendError};
+use tidings_channel::machine::{AppendRecord, AppendRequest, RequestId};
+use tidings_slot::command::{MemberList, RoutingKey};
+use tidings_slot::model::Uid;
+use tidings_types::ChannelId;
+
+impl ChannelShard {
+    /// Refuses a banned sender or one on the channel's deny list, from this node's slot replicas (fails
+    /// closed when it serves neither the user's nor the channel's group).
+    pub(super) fn check_sender(&self, channel: &ChannelId, sender: &Uid) -> Result<(), NodeError> {
+        if !self.served.serves_key(RoutingKey::Uid(sender).bytes()) || !self.served.serves(channel) {
+            return Err(NodeError::SenderUnverified(sender.clone()));
+        }
+        if self.reader.user(sender)?.is_some_and(|user| user.banned) {
+            return Err(NodeError::SenderBanned(sender.clone()));
+        }
+        if self.reader.is_member(channel, MemberList::Deny, sender)? {
+            return Err(NodeError::SenderDenied(sender.clone()));
+        }
+        Ok(())
+    }
+
+    pub(super) fn route_append(
+        &mut self,
+        api: ApiId,
+        channel: ChannelId,
+        sender: Option<String>,
+        records: Vec<AppendRecord>,
+    ) {
+        let Some(leader) = self.metas.get(&channel).map(|m| m.meta.leader) else {
+            self.wait_for_meta(api, channel, sender, records);
+            return;
+        };
+        if leader == self.config.node {
+            self.append_locally(AppendOrigin::Local(api), &channel, sender, records);
+        } else {
+            let forward = self.next_id();
+            self.forwarded.insert(forward, (api, channel.clone(), leader));
+            // A lost forward or reply must not leave the caller waiting forever: after the leader's own
+            // append timeout (plus slack for the round trip) the caller gets `Aborted(Timeout)`, outcome
+            // unknown, and retries with the same idempotency keys.
+            let deadline = self.now + self.config.machine.append_timeout + FORWARD_SLACK;
+            self.forward_deadlines.push_back((deadline, forward));
+            let records = records.into_iter().map(|r| (r.idempotency_key, r.payload)).collect();
+            self.send_node(leader, NodeMessage::AppendForward { id: forward, channel, sender, records });
+        }
+    }
+
+    pub(super) fn wait_for_meta(
+        &mut self,
+        api: ApiId,
+        channel: ChannelId,
+        sender: Option<String>,
+        records: Vec<AppendRecord>,
+    ) {
+        let queue = self.waiting.entry(channel.clone()).or_default();
+        if queue.len() >= self.config.waiting_appends_max {
+            self.done(api, ApiResult::Appended(Err(NodeError::Busy(channel))));
+            return;
+        }
+        let first = queue.is_empty();
+        queue.push(Waiting { api, sender, records, deadline: self.now + META_WAIT });
+        if first {
+            self.fetch_meta(&channel);
+        }
+    }
+
+    /// Fails the appends waiting for `channel`'s meta that `expired` selects.
+    pub(super) fn fail_waiting(&mut self, channel: &ChannelId, expired: impl Fn(&Waiting) -> bool) {
+        let Some(queue) = self.waiting.remove(channel) else { return };
+        let (failed, kept): (Vec<Waiting>, Vec<Waiting>) = queue.into_iter().partition(|w| expired(w));
+        if !kept.is_empty() {
+            self.waiting.insert(channel.clone(), kept);
+        }
+        for waiting in failed {
+            self.done(waiting.api, ApiResult::Appended(Err(NodeError::UnknownChannel(channel.clone()))));
+        }
+    }
+
+    pub(super) fn append_locally(
+        &mut self,
+        origin: AppendOrigin,
+        channel: &ChannelId,
+        sender: Option<String>,
+        records: Vec<AppendRecord>,
+    ) {
+        let request = self.next_id();
+        let now = self.now;
+        let full = self.channels.len() >= self.active_max;
+        if !self.channels.contains(channel) {
+            self.activate(channel);
+        }
+        let Some(machine) = self.channels.get_used(channel, now) else {
+            let error = if full { RemoteAppendError::TooManyChannels } else { RemoteAppendError::NotReplica };
+            self.fail_append(origin, error);
+            return;
+        };
+        match machine.handle_append(now, AppendRequest { id: RequestId(request), records }) {
+            Ok(()) => {
+                self.appends.insert(request, (origin, sender));
+            }
+            Err(error) => self.fail_append(origin, RemoteAppendError::Refused(error)),
+        }
+    }
+
+    pub(super) fn fail_append(&mut self, origin: AppendOrigin, error: RemoteAppendError) {
+        match origin {
+            AppendOrigin::Local(api) => self.done(api, ApiResult::Appended(Err(remote_error(error)))),
+            AppendOrigin::Remote { node, id } => {
+                self.send_node(node, NodeMessage::AppendReply { id, result: Err(error) })
+            }
+        }
+    }
+}

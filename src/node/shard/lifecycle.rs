@@ -1,0 +1,245 @@
+//! Replicas coming and going: metas learned, fetched and let go, activation on first use (meta, log
+//! state, recent records, then traffic), eviction of idle quiescent replicas, failover requests and
+//! evidence for a controller.
+
+use super::{ChannelShard, KnownMeta, ShardOutput, FAILOVER_REQUEST_INTERVAL};
+use crate::node::controller::EvidenceReport;
+use crate::node::core::ApiResult;
+use crate::node::error::NodeError;
+use crate::node::message::NodeMessage;
+use std::sync::Arc;
+use tidings_channel::machine::{AppendAborted, ChannelMachine, RoleKind};
+use tidings_channel::reactor::shrink_if_sparse;
+use tidings_store::message::{MessageLog, ReadLimits};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Seq, Time};
+
+impl ChannelShard {
+    /// Learns `channel`'s meta: from this node's slot replica right away when it keeps one, else the
+    /// node fetches it.
+    pub(super) fn fetch_meta(&mut self, channel: &ChannelId) {
+        if self.served.serves(channel) {
+            if let Ok(Some(meta)) = self.reader.runtime_meta(channel) {
+                self.learn_meta(meta, true);
+                return;
+            }
+        }
+        self.outputs.push_back(ShardOutput::FetchMeta(channel.clone()));
+    }
+
+    /// Asks for a failover of every channel whose local replica is named leader but cannot lead, at
+    /// most once per `FAILOVER_REQUEST_INTERVAL` each, until a new meta arrives.
+    pub(super) fn request_failovers(&mut self) {
+        let due: Vec<ChannelId> =
+            self.cannot_lead.iter().filter(|(_, at)| **at <= self.now).map(|(c, _)| c.clone()).collect();
+        for channel in due {
+            self.cannot_lead.insert(channel.clone(), self.now + FAILOVER_REQUEST_INTERVAL);
+            let Some(version) = self.metas.get(&channel).map(|m| m.meta.version) else { continue };
+            // To every node: only the leader of the channel's slot group acts, and this node's idea of who
+            // leads it, or even of who its members are (replica moves change them), may be stale.
+            for to in self.config.nodes.clone() {
+                self.send_node(to, NodeMessage::RequestFailover { channel: channel.clone(), version });
+            }
+        }
+    }
+
+    /// A controller asks this replica for evidence under a fenced meta.
+    pub(super) fn answer_evidence(&mut self, from: NodeId, task: u64, meta: ChannelRuntimeMeta) {
+        let channel = meta.channel.clone();
+        self.learn_meta(meta, false);
+        // An evicted replica (or one whose activation failed) answers from a new incarnation.
+        self.activate(&channel);
+        let Some(machine) = self.channels.get(&channel) else { return };
+        let Some(version) = machine.meta().map(|m| m.version) else { return };
+        let evidence = machine.evidence();
+        let drain = machine.drain_status();
+        let report = EvidenceReport {
+            last_epoch: evidence.last_epoch,
+            last_seq: evidence.last_seq,
+            // The HW in memory: the checkpointed one may trail it, and a replacement counts holders of HW.
+            hw: drain.hw.max(evidence.hw),
+            pending_appends: u32::try_from(drain.pending_appends).unwrap_or(u32::MAX),
+            log_end: drain.log_end,
+            drained: drain.drained,
+            fenced_by: machine.meta().and_then(|m| m.write_fence).map(|f| f.task),
+        };
+        self.send_node(from, NodeMessage::EvidenceReply { task, channel, version, report });
+    }
+
+    /// A meta arrived: keep the newest, hand it to the local replica, release appends that waited for it.
+    /// `stored_here`: this node's slot replica holds it.
+    pub(super) fn learn_meta(&mut self, meta: ChannelRuntimeMeta, stored_here: bool) {
+        let channel = meta.channel.clone();
+        let known = self.metas.get_mut(&channel);
+        let newer = known.as_ref().is_none_or(|known| meta.version > known.meta.version);
+        if let Some(known) = known.filter(|known| known.meta.version == meta.version) {
+            // The version pushed by the slot leader, now applied by this node's slot replica too.
+            known.stored_here |= stored_here;
+        }
+        if newer {
+            if self.metas.get(&channel).is_some_and(|known| known.meta.leader_epoch != meta.leader_epoch) {
+                // A new leadership: whatever this replica asked for is settled, and appends forwarded
+                // to another leader end now (outcome unknown: the caller retries with the same keys)
+                // instead of at their timeout.
+                self.cannot_lead.remove(&channel);
+                self.abort_forwards(&channel, meta.leader);
+            }
+            self.metas.insert(channel.clone(), KnownMeta { meta: meta.clone(), stored_here });
+            let now = self.now;
+            if let Some(machine) = self.machine_mut(&channel) {
+                // A meta that is not a valid successor is refused by the machine; it keeps the one it has.
+                let _ = machine.handle_meta(now, meta);
+            } else {
+                self.activate(&channel);
+            }
+        }
+        for waiting in self.waiting.remove(&channel).unwrap_or_default() {
+            self.route_append(waiting.api, channel.clone(), waiting.sender, waiting.records);
+        }
+    }
+
+    /// Ends the forwarded appends of `channel` sent to a node other than `leader` with `LeaderChanged`.
+    pub(super) fn abort_forwards(&mut self, channel: &ChannelId, leader: NodeId) {
+        let stale: Vec<u64> =
+            self.forwarded.iter().filter(|(_, (_, c, to))| c == channel && *to != leader).map(|(id, _)| *id).collect();
+        for id in stale {
+            if let Some((api, ..)) = self.forwarded.remove(&id) {
+                self.done(api, ApiResult::Appended(Err(NodeError::Aborted(AppendAborted::LeaderChanged))));
+            }
+        }
+    }
+
+    /// Evicts channel replicas idle for the configured time and quiescent (nothing pending, everything
+    /// durable and committed). Their logs stay; the next input activates them again.
+    pub(super) fn evict_idle(&mut self) {
+        let idle_since = self.now - self.config.channel_idle_evict;
+        let evictable: Vec<ChannelId> = self
+            .channels
+            .iter()
+            .filter(|(c, m)| m.is_quiescent() && self.channels.last_used(c).is_none_or(|t| t <= idle_since))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in evictable {
+            self.evict(&channel);
+        }
+    }
+
+    /// Makes room for one activation: evicts the least recently used quiescent replica. O(active) but
+    /// only at the cap, which idle eviction normally keeps the shard below.
+    pub(super) fn evict_one(&mut self) -> bool {
+        let victim = self
+            .channels
+            .iter()
+            .filter(|(_, m)| m.is_quiescent())
+            .min_by_key(|(c, _)| (self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
+            .map(|(c, _)| c.clone());
+        let Some(victim) = victim else { return false };
+        self.evict(&victim);
+        true
+    }
+
+    /// Takes a quiescent replica out of memory; a leader's epoch is kept for its next incarnation to
+    /// resume, and its meta is let go when this node's slot replica keeps it.
+    pub(super) fn evict(&mut self, channel: &ChannelId) {
+        if let Some(machine) = self.deactivate(channel) {
+            if machine.role() == RoleKind::Leader {
+                if let Some(meta) = machine.meta() {
+                    self.resumable.insert(channel.clone(), meta.leader_epoch);
+                }
+            }
+        }
+        self.forget_meta_if_stored(channel);
+    }
+
+    /// The meta this shard knows for `channel`: in memory, or (for an evicted replica whose meta was let
+    /// go) read back from this node's replica of the channel's slot group.
+    pub(super) fn known_meta(&mut self, channel: &ChannelId) -> Option<ChannelRuntimeMeta> {
+        if let Some(known) = self.metas.get(channel) {
+            return Some(known.meta.clone());
+        }
+        if !self.served.serves(channel) {
+            return None;
+        }
+        let meta = self.reader.runtime_meta(channel).ok().flatten()?;
+        self.metas.insert(channel.clone(), KnownMeta { meta: meta.clone(), stored_here: true });
+        Some(meta)
+    }
+
+    /// Lets go of an evicted replica's meta when this node's slot replica keeps it (read back on the next
+    /// use), so an idle channel costs little more than its log.
+    pub(super) fn forget_meta_if_stored(&mut self, channel: &ChannelId) {
+        if !self.served.serves(channel) {
+            return;
+        }
+        // Only when the stored one is at least as new: reading back an older meta would be a step back.
+        // A meta this node's slot replica applied (or was read from) is there already, at that version
+        // or a newer one: no read (at 100,000 channels with idle eviction, reading it back was about a
+        // tenth of a reactor's time). Only a meta pushed before the local replica applied it is checked.
+        let forget = match self.metas.get(channel) {
+            Some(known) if known.stored_here => true,
+            known => {
+                let known = known.map(|k| k.meta.version);
+                let stored = self.reader.runtime_meta(channel).ok().flatten().map(|m| m.version);
+                stored.is_some() && stored >= known
+            }
+        };
+        if forget {
+            self.metas.remove(channel);
+            shrink_if_sparse(&mut self.metas);
+        }
+    }
+
+    /// Takes the channel's machine out of memory (its log stays); the next input activates a new
+    /// incarnation from the store.
+    pub(super) fn deactivate(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
+        let machine = self.channels.remove(channel)?;
+        self.log.release_caches(channel);
+        Some(machine)
+    }
+
+    /// Creates the local replica of `channel` if this node is one and the meta is known: open the log
+    /// state, load the recent records, apply the full meta, then accept traffic.
+    pub(super) fn activate(&mut self, channel: &ChannelId) {
+        if self.channels.contains(channel) {
+            return;
+        }
+        let Some(meta) = self.known_meta(channel) else { return };
+        if !meta.is_replica(self.config.node) {
+            return;
+        }
+        if self.channels.len() >= self.active_max && !self.evict_one() {
+            self.counters.refused_activations += 1;
+            return;
+        }
+        // A store that cannot be read leaves the replica inactive (the next input tries again): a machine
+        // without its recent records would forget idempotency keys.
+        let Ok(state) = self.log.state(channel) else { return };
+        let window = self.config.machine.idempotency_window as u64;
+        let from = Seq::new(state.last_seq.get().saturating_sub(window).saturating_add(1));
+        let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+        let Ok(recent) = self.log.read(channel, from, state.last_seq, limits) else { return };
+        let incarnation = self.next_incarnation;
+        self.next_incarnation += 1;
+        let mut machine = ChannelMachine::new(
+            channel.clone(),
+            self.config.node,
+            Arc::clone(&self.machine_config),
+            incarnation,
+            self.now,
+            state,
+            recent,
+        );
+        if let Some(floor) = self.hw_floor.remove(channel) {
+            // Everything up to the last incarnation's HW was committed: the durable prefix below it is
+            // committed too, so HW does not go back. Raised in the machine, not in the state it starts
+            // from: that state is what the store holds, and the machine is not quiescent (evictable)
+            // until its HW is checkpointed there (seen in the simulator: a replica rebuilt after a
+            // storage failure, evicted before its checkpoint, came back with the older HW).
+            machine.raise_hw(floor);
+        }
+        if let Some(epoch) = self.resumable.remove(channel) {
+            machine.resume_leadership(epoch);
+        }
+        let _ = machine.handle_meta(self.now, meta);
+        self.channels.insert(channel.clone(), machine, self.now);
+    }
+}
