@@ -11,13 +11,17 @@
 //! waits up to [`JournalConfig::busy_wait`] for write-behind to drain them, then returns
 //! [`StoreError::Busy`]. Nothing is dropped.
 
+mod packs;
 mod segment;
+mod write_behind;
 
-use super::codec::{decode_batch, decode_state, encode_batch, encode_state, encoded_batch_len_max};
+pub use write_behind::WriteBehindThread;
+
+use super::codec::{decode_batch, decode_state, encode_batch, encoded_batch_len_max};
 use super::core::LogCore;
-use super::record::{decode_records, encode_records, IdempotencyKey, Reader, Record};
+use super::record::{IdempotencyKey, Record};
 use super::staging::{BatchFate, Staged, StagedBatch, Staging};
-use super::state::{ChannelLogState, IdempotentHit, LogBatch, LogRefusal, MemTable, ReadBudget, ReadLimits};
+use super::state::{ChannelLogState, IdempotentHit, LogBatch, LogRefusal, ReadLimits};
 use super::{LogLimits, MessageLog};
 use crate::error::{CorruptLocation, StoreError, StoreResult};
 use crate::kv::{Direction, KeyRange, Keyspace, Kv, KvBatch};
@@ -26,7 +30,6 @@ use segment::{Journal, Position};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tidings_types::{ChannelId, Seq};
 
@@ -140,18 +143,6 @@ struct Visible {
     core: LogCore,
     /// Journal position after the last frame applied to `core`.
     applied: Position,
-}
-
-/// What write-behind persists of one channel.
-struct WriteBehindItem {
-    channel: ChannelId,
-    /// The channel's memory table, taken at the start of the round (shared with its `flushing`).
-    records: Arc<MemTable>,
-    state: ChannelLogState,
-    older_through: Seq,
-    dirty_after: Option<Seq>,
-    generation: u64,
-    changes: u64,
 }
 
 /// The journal + sled message log: segments of CRC-framed batches made durable with one `fdatasync` per
@@ -274,37 +265,6 @@ impl JournalLog {
         }
     }
 
-    /// Runs write-behind in a background thread until the returned handle is dropped. Without it,
-    /// write-behind runs inline when memory fills, or when [`JournalLog::write_behind`] is called.
-    pub fn start_write_behind(self: &Arc<Self>) -> WriteBehindThread {
-        self.background.store(true, Ordering::SeqCst);
-        let log = Arc::clone(self);
-        let thread = std::thread::Builder::new()
-            .name("tidings-write-behind".into())
-            .spawn(move || log.write_behind_loop())
-            .expect("spawn write-behind thread");
-        WriteBehindThread { log: Arc::clone(self), thread: Some(thread) }
-    }
-
-    fn write_behind_loop(&self) {
-        lower_thread_priority(self.config.write_behind_nice);
-        while !self.stop.load(Ordering::SeqCst) {
-            {
-                let mut visible = self.visible.lock();
-                if visible.core.mem_bytes < self.config.write_behind_bytes && !self.stop.load(Ordering::SeqCst) {
-                    self.write_behind_wanted.wait_for(&mut visible, self.config.write_behind_interval);
-                }
-            }
-            if self.stop.load(Ordering::SeqCst) {
-                break;
-            }
-            if let Err(error) = self.write_behind() {
-                tracing::error!(%error, "message log write-behind failed; will retry");
-                std::thread::sleep(self.config.write_behind_interval);
-            }
-        }
-    }
-
     /// Zero-fills spare journal segments until the journal holds its two spares; returns how many it
     /// made. The next segment rolls then take a spare: syncs write over blocks already written, which
     /// costs the disk less than writing into fresh, preallocated ones (store_bench's journal at 10,000
@@ -351,289 +311,6 @@ impl JournalLog {
             self.spares_filled.fetch_add(1, Ordering::Relaxed);
             made += 1;
         }
-    }
-
-    /// Writes every durable record still in memory into sled with the channel states, then the journal
-    /// checkpoint, then a real fsync; then deletes the journal segments before the checkpoint.
-    ///
-    /// The round goes to sled in several batches (`write_behind_batch_channels`,
-    /// `write_behind_batch_bytes`), cut between packs; a channel's state follows its last pack and names
-    /// the journal frame it includes everything before. A crash between two batches (sled may have
-    /// flushed some) leaves some channels ahead of the checkpoint — recovery skips the frames they
-    /// include — and some with packs past their stored state, which reads never look at and the
-    /// channel's next write-behind clears first.
-    pub fn write_behind(&self) -> StoreResult<()> {
-        let mut persisted = self.write_behind.lock();
-        let (items, checkpoint) = {
-            // O(1) per changed channel under the lock: the memory tables are taken, not copied (copying
-            // them here held up every sync's apply for 100-190 ms at times — longer still because this
-            // thread runs at a lower priority and lost the CPU while holding the lock).
-            let mut visible = self.visible.lock();
-            let items = visible.core.take_changed(|e, records| WriteBehindItem {
-                channel: e.channel.clone(),
-                records,
-                state: e.state.clone(),
-                older_through: e.older_through,
-                dirty_after: e.older_dirty_after,
-                generation: e.generation,
-                changes: e.changes,
-            });
-            (items, visible.applied)
-        };
-        if items.is_empty() && checkpoint == *persisted {
-            return Ok(());
-        }
-        // In key order: the round's pack bodies then go into sled one after another (see `body_key`).
-        let mut items = items;
-        items.sort_by_cached_key(|item| {
-            let mut prefix = Vec::new();
-            item.channel.encode_key(&mut prefix);
-            prefix
-        });
-        let mut writer = RoundWriter::new(self.kv.as_ref(), &self.config, &self.mem_bytes);
-        let written = items
-            .iter()
-            .try_for_each(|item| self.persist_item(item, &mut writer, checkpoint.next_frame))
-            .and_then(|()| writer.finish(&checkpoint))
-            .and_then(|()| self.kv.sync());
-        if let Err(error) = written {
-            // Batches of this round may be in sled, packed from where memory starts: the next round
-            // checks these channels' packs past what is known to be there.
-            self.distrust_written(&items);
-            return Err(error);
-        }
-        *persisted = checkpoint;
-        let records: usize = items.iter().map(|i| i.records.len()).sum();
-        self.finish_write_behind(items);
-        self.write_behinds.fetch_add(1, Ordering::Relaxed);
-        self.records_written_behind.fetch_add(records as u64, Ordering::Relaxed);
-        let deleted = self.journal.lock().delete_before(checkpoint)?;
-        self.segments_deleted.fetch_add(deleted as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// After a failed round: packs of `items` may be in sled past what memory says sled holds; the next
-    /// round clears after that point first (as after a truncation).
-    fn distrust_written(&self, items: &[WriteBehindItem]) {
-        let mut visible = self.visible.lock();
-        for item in items {
-            let Some(entry) = visible.core.get_mut(&item.channel) else { continue };
-            // Its records are not known to be in sled: back to memory, for the next round.
-            entry.unflush();
-            let valid = entry.older_through;
-            entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
-        }
-    }
-
-    fn finish_write_behind(&self, items: Vec<WriteBehindItem>) {
-        let mut visible = self.visible.lock();
-        let core = &mut visible.core;
-        let mut written = Vec::with_capacity(items.len());
-        for item in &items {
-            let Some(entry) = core.get_mut(&item.channel) else { continue };
-            if entry.generation == item.generation {
-                let through = item.records.last().map_or(item.older_through, |r| r.seq);
-                entry.older_through = through;
-                entry.older_dirty_after = None;
-                entry.persisted_changes = item.changes;
-                // The records taken are in sled now; what came since stays in `mem`.
-                if let Some(flushing) = entry.flushing.take() {
-                    core.mem_bytes -= flushing.bytes();
-                    written.push(flushing);
-                }
-            } else {
-                // Truncated meanwhile (which put the taken records back into `mem`): what was just written
-                // past the valid prefix is stale; clean it next time.
-                let valid = entry.older_through;
-                entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
-            }
-        }
-        self.mem_bytes.store(visible.core.mem_bytes, Ordering::Relaxed);
-        drop(visible);
-        self.mem_freed.notify_all();
-        // Freeing hundreds of thousands of records takes milliseconds: not under the lock every sync's
-        // apply needs (this thread runs at a lower priority and may lose the CPU meanwhile).
-        drop(written);
-        drop(items);
-    }
-
-    /// Adds one channel's packs, cleanups and state to `batch`.
-    /// Adds one channel's clean-ups, packs and state to the round; a sled batch may be cut between two
-    /// packs (the state goes after the last one: until it lands, sled's packs past the stored state are
-    /// ignored, and cleaned before the channel is written again — see [`load_states`]).
-    fn persist_item(
-        &self,
-        item: &WriteBehindItem,
-        writer: &mut RoundWriter<'_>,
-        frames_before: u64,
-    ) -> StoreResult<()> {
-        let mut prefix = Vec::new();
-        item.channel.encode_key(&mut prefix);
-        if let Some(valid_through) = item.dirty_after {
-            // The stored state may rely on the packs this clears (one a failed round wrote): the clear
-            // must land with the new state, so this channel's packs are not cut into separate batches.
-            writer.whole_channel = true;
-            self.clear_after(&prefix, valid_through, &mut writer.batch)?;
-        }
-        // Packs of up to `pack_bytes_max`, across the memory table's runs.
-        let mut pack: Vec<&Record> = Vec::new();
-        let mut bytes = 0;
-        let mut records = item.records.slices().flatten().peekable();
-        while let Some(record) = records.next() {
-            pack.push(record);
-            bytes += record.encoded_len();
-            if bytes >= self.config.pack_bytes_max || records.peek().is_none() {
-                // The body under the round's key, the channel's index entry naming it: both in one batch
-                // (a cut falls after them).
-                let body = body_key(frames_before, &prefix, pack[0].seq);
-                writer.batch.put_encoded(Keyspace::MessageBody, body.clone(), |out| {
-                    out.reserve(4 + bytes);
-                    encode_records(pack.iter().copied(), out);
-                });
-                writer.batch.put(Keyspace::MessagePack, pack_key(&prefix, pack[0].seq), &body);
-                writer.added(bytes)?;
-                pack.clear();
-                bytes = 0;
-            }
-        }
-        if item.state.retention_through.get() > 0 {
-            self.trim_through(&prefix, item.state.retention_through, &mut writer.batch)?;
-        }
-        let through = item.records.last().map_or(item.older_through, |r| r.seq);
-        writer.batch.put(Keyspace::MessageState, prefix, &encode_state(&item.state, through, frames_before));
-        writer.channel_done()
-    }
-
-    /// Removes records after `valid_through` from sled: the pack holding it is rewritten, later ones deleted.
-    fn clear_after(&self, prefix: &[u8], valid_through: Seq, batch: &mut KvBatch) -> StoreResult<()> {
-        let up_to =
-            KeyRange { start: pack_key(prefix, Seq::new(0)), end: Some(pack_key(prefix, valid_through.next())) };
-        if let Some((key, body)) = self.kv.scan(Keyspace::MessagePack, &up_to, Direction::Reverse, 1)?.pop() {
-            let records = self.read_pack(&key, &body)?;
-            if records.last().is_some_and(|r| r.seq > valid_through) {
-                let kept: Vec<Record> = records.into_iter().filter(|r| r.seq <= valid_through).collect();
-                let mut pack = Vec::new();
-                encode_records(&kept, &mut pack);
-                batch.put(Keyspace::MessageBody, body, &pack);
-            }
-        }
-        let mut after = KeyRange { start: pack_key(prefix, valid_through.next()), end: crate::kv::prefix_end(prefix) };
-        loop {
-            let page = self.kv.scan(Keyspace::MessagePack, &after, Direction::Forward, SCAN_PAGE)?;
-            let done = page.len() < SCAN_PAGE;
-            for (key, body) in page {
-                after.start = [key.as_slice(), &[0]].concat();
-                batch.delete(Keyspace::MessagePack, key);
-                batch.delete(Keyspace::MessageBody, body);
-            }
-            if done {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Deletes packs whose records are all at or below `retention` (a bounded number per round).
-    fn trim_through(&self, prefix: &[u8], retention: Seq, batch: &mut KvBatch) -> StoreResult<()> {
-        let range =
-            KeyRange { start: pack_key(prefix, Seq::new(0)), end: Some(pack_key(prefix, retention.next().next())) };
-        let packs = self.kv.scan(Keyspace::MessagePack, &range, Direction::Forward, SCAN_PAGE)?;
-        // A pack is wholly retained-away when the next pack starts at or before the first readable seq.
-        for pair in packs.windows(2) {
-            let (key, body) = pair[0].clone();
-            batch.delete(Keyspace::MessagePack, key);
-            batch.delete(Keyspace::MessageBody, body);
-        }
-        Ok(())
-    }
-
-    /// The records of the pack `index_key` names, from its body at `body_key`.
-    fn read_pack(&self, index_key: &[u8], body_key: &[u8]) -> StoreResult<Vec<Record>> {
-        let body = self
-            .kv
-            .get(Keyspace::MessageBody, body_key)?
-            .ok_or_else(|| corrupt_pack(index_key, "pack body missing"))?;
-        let records = decode_pack(body_key, &body)?;
-        if records.first().map(|r| r.seq.get()) != pack_first_seq(index_key) {
-            return Err(corrupt_pack(index_key, "pack body does not match its index entry"));
-        }
-        Ok(records)
-    }
-
-    /// Reads records in `[from, through]` from sled packs.
-    fn read_older(
-        &self,
-        channel: &ChannelId,
-        from: Seq,
-        through: Seq,
-        budget: &mut ReadBudget,
-        out: &mut Vec<Record>,
-    ) -> StoreResult<()> {
-        let mut prefix = Vec::new();
-        channel.encode_key(&mut prefix);
-        let mut expected = from;
-        // A replica's activation reads its last records (its idempotency window), which most often lie in
-        // the channel's last few packs: one reverse scan from `through` finds them, where finding the pack
-        // holding `from` and then reading forward takes two (sled scans dominate an activation's cost).
-        let up_to_through =
-            KeyRange { start: pack_key(&prefix, Seq::new(0)), end: Some(pack_key(&prefix, through.next())) };
-        let mut tail = self.kv.scan_sealed(Keyspace::MessagePack, &up_to_through, Direction::Reverse, TAIL_PACKS)?;
-        if tail.last().is_some_and(|(key, _)| pack_first_seq(key).is_some_and(|first| first <= from.get())) {
-            tail.reverse();
-            // Sealed above: a scan that falls back to the forward read checks nothing it will not use.
-            for (key, sealed) in tail {
-                let body_key = crate::kv::unseal(Keyspace::MessagePack, &key, sealed)?;
-                if !self.take_from_pack(&key, &body_key, &mut expected, through, budget, out)? {
-                    break;
-                }
-            }
-            return Ok(());
-        }
-        let containing = KeyRange { start: pack_key(&prefix, Seq::new(0)), end: Some(pack_key(&prefix, from.next())) };
-        let start = match self.kv.scan_sealed(Keyspace::MessagePack, &containing, Direction::Reverse, 1)?.pop() {
-            Some((key, _)) => key,
-            None => pack_key(&prefix, from),
-        };
-        let mut range = KeyRange { start, end: Some(pack_key(&prefix, through.next())) };
-        loop {
-            let page = self.kv.scan(Keyspace::MessagePack, &range, Direction::Forward, SCAN_PAGE)?;
-            let done = page.len() < SCAN_PAGE;
-            for (key, body_key) in page {
-                if !self.take_from_pack(&key, &body_key, &mut expected, through, budget, out)? {
-                    return Ok(());
-                }
-                range.start = [key.as_slice(), &[0]].concat();
-            }
-            if done {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Adds the records of pack `key` (body at `body_key`) from `expected` on to `out`, through `through`
-    /// and within `budget`. False once the read is complete.
-    fn take_from_pack(
-        &self,
-        key: &[u8],
-        body_key: &[u8],
-        expected: &mut Seq,
-        through: Seq,
-        budget: &mut ReadBudget,
-        out: &mut Vec<Record>,
-    ) -> StoreResult<bool> {
-        for record in self.read_pack(key, body_key)? {
-            if record.seq < *expected {
-                continue;
-            }
-            if record.seq != *expected {
-                return Err(corrupt_pack(key, "hole between packs"));
-            }
-            if record.seq > through || !budget.take(&record) {
-                return Ok(false);
-            }
-            *expected = record.seq.next();
-            out.push(record);
-        }
-        Ok(true)
     }
 
     /// Waits (bounded) until the memory table has room, running write-behind inline if no background
@@ -859,140 +536,6 @@ impl MessageLog for JournalLog {
         // Staging before visible (the lock order); a channel with batches still on their way keeps its tail.
         self.staging.lock().forget_tail(channel);
         self.visible.lock().core.release_caches(channel);
-    }
-}
-
-/// Stops the background write-behind when dropped (after one last round).
-pub struct WriteBehindThread {
-    log: Arc<JournalLog>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Drop for WriteBehindThread {
-    fn drop(&mut self) {
-        self.log.stop.store(true, Ordering::SeqCst);
-        {
-            let _visible = self.log.visible.lock();
-            self.log.write_behind_wanted.notify_all();
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-        self.log.background.store(false, Ordering::SeqCst);
-        if let Err(error) = self.log.write_behind() {
-            tracing::warn!(%error, "final write-behind failed; the journal still holds the records");
-        }
-    }
-}
-
-fn pack_key(prefix: &[u8], first: Seq) -> Vec<u8> {
-    [prefix, &first.get().to_be_bytes()].concat()
-}
-
-/// The first seq of the pack whose index key is `key` (its last 8 bytes; `None` if it is shorter).
-fn pack_first_seq(key: &[u8]) -> Option<u64> {
-    key.get(key.len().checked_sub(8)?..).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes)
-}
-
-/// The key of a pack's body: the write-behind round (the journal frame its channel states include
-/// everything before, which only grows), then the pack's index key. A round's bodies are written in
-/// channel order at the end of [`Keyspace::MessageBody`], next to each other: sled finds the leaf for
-/// each insert in its cache. Keyed by channel alone, each insert landed in a leaf full of the channel's
-/// earlier packs, and at 10,000 channels sled read those leaves back from disk for about 70% of the
-/// write-behind thread's time.
-fn body_key(round: u64, prefix: &[u8], first: Seq) -> Vec<u8> {
-    [&round.to_be_bytes()[..], prefix, &first.get().to_be_bytes()].concat()
-}
-
-fn corrupt_pack(key: &[u8], detail: &'static str) -> StoreError {
-    StoreError::Corrupt { location: CorruptLocation::Kv { keyspace: Keyspace::MessagePack, key: key.to_vec() }, detail }
-}
-
-fn decode_pack(key: &[u8], value: &[u8]) -> StoreResult<Vec<Record>> {
-    let mut reader = Reader::new(value);
-    let records = decode_records(&mut reader).ok_or_else(|| corrupt_pack(key, "pack does not decode"))?;
-    let first = key.get(key.len().saturating_sub(8)..).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
-    if !reader.is_empty() || records.first().map(|r| r.seq.get()) != first {
-        return Err(corrupt_pack(key, "pack does not match its key"));
-    }
-    Ok(records)
-}
-
-/// Fills the sled batches of one write-behind round, applying each as it reaches
-/// `write_behind_batch_channels` channels or `write_behind_batch_bytes` of packs: sled applies a batch
-/// under a lock every other sled operation of the process waits for.
-struct RoundWriter<'a> {
-    kv: &'a dyn Kv,
-    /// Record bytes waiting in memory: no rests once they reach `rest_below` (a backlog costs more
-    /// than other sled users waiting).
-    mem_bytes: &'a AtomicUsize,
-    rest_below: usize,
-    batch: KvBatch,
-    bytes: usize,
-    channels: usize,
-    bytes_max: usize,
-    channels_max: usize,
-    rest_percent: u32,
-    /// The channel being added goes into one batch (no cut before its state).
-    whole_channel: bool,
-}
-
-impl<'a> RoundWriter<'a> {
-    fn new(kv: &'a dyn Kv, config: &JournalConfig, mem_bytes: &'a AtomicUsize) -> Self {
-        Self {
-            kv,
-            mem_bytes,
-            rest_below: config.mem_bytes_max / 2,
-            batch: KvBatch::new(),
-            bytes: 0,
-            channels: 0,
-            bytes_max: config.write_behind_batch_bytes,
-            channels_max: config.write_behind_batch_channels,
-            rest_percent: config.write_behind_rest_percent,
-            whole_channel: false,
-        }
-    }
-
-    /// A pack of `bytes` went into the batch.
-    fn added(&mut self, bytes: usize) -> StoreResult<()> {
-        self.bytes += bytes;
-        if self.bytes >= self.bytes_max && !self.whole_channel {
-            self.cut()?;
-        }
-        Ok(())
-    }
-
-    /// A channel's state went into the batch.
-    fn channel_done(&mut self) -> StoreResult<()> {
-        self.channels += 1;
-        self.whole_channel = false;
-        if self.channels >= self.channels_max || self.bytes >= self.bytes_max {
-            self.cut()?;
-        }
-        Ok(())
-    }
-
-    #[allow(clippy::disallowed_methods)] // An adapter's background thread, not a core: rests are timed.
-    fn cut(&mut self) -> StoreResult<()> {
-        self.bytes = 0;
-        self.channels = 0;
-        if self.batch.is_empty() {
-            return Ok(());
-        }
-        let started = Instant::now();
-        self.kv.apply(std::mem::take(&mut self.batch))?;
-        self.kv.write_out()?;
-        if self.rest_percent > 0 && self.mem_bytes.load(Ordering::Relaxed) < self.rest_below {
-            // Let the threads that waited for sled's lock meanwhile through before the next batch.
-            std::thread::sleep(started.elapsed() * self.rest_percent / 100);
-        }
-        Ok(())
-    }
-
-    /// The round's last batch, with the journal checkpoint.
-    fn finish(mut self, checkpoint: &Position) -> StoreResult<()> {
-        self.batch.put(Keyspace::Journal, CHECKPOINT_KEY.to_vec(), &checkpoint.encode());
-        self.cut()
     }
 }
 
