@@ -1,0 +1,293 @@
+//! What every seed must satisfy, checked as the run goes (HW never goes back, slot replicas agree) and
+//! once it healed (every acknowledged append read back in order and once, every channel writable again,
+//! no move or migration left half done).
+
+use super::World;
+use bytes::Bytes;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use tidings::channel::machine::AppendRecord;
+use tidings::slot::model::SlotState;
+use tidings::store::message::{MessageLog, ReadLimits, Record};
+use tidings::store::{Kv, MetaStore};
+use tidings::types::{ChannelId, GroupId, HashSlot, NodeId, Seq};
+
+impl World {
+    /// After healing, no slot-replica move is left half done: every group's leader shows no move target
+    /// in its intent and no joint configuration.
+    pub(super) fn check_moves_settled(&mut self) {
+        let table = self.nodes.values().next().expect("nodes").config.table();
+        for group in table.groups().collect::<Vec<_>>() {
+            let Some(core) = self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group))
+            else {
+                continue;
+            };
+            let joint = core.slot().status(group).is_some_and(|s| s.joint);
+            let intent = core.reader().group_intent(group).ok().flatten();
+            let moving = intent.as_ref().and_then(|i| i.target_peers.clone());
+            if joint || moving.is_some() {
+                let decision = core.status().leadership.into_iter().find(|(g, _)| *g == group);
+                self.oracle.violation(format!(
+                    "liveness: {group} still moving after healing (joint {joint}, target {moving:?}, {decision:?})"
+                ));
+            }
+        }
+    }
+
+    /// The voters of `group` in force, as its leader has them: replica moves change them, a replica moved
+    /// away may linger until it hears it was removed, and a learner a move added late in the healing phase
+    /// may still be catching up (neither is a replica the checks compare).
+    pub(super) fn group_members(&self, group: GroupId) -> Vec<NodeId> {
+        self.nodes
+            .values()
+            .filter_map(|n| n.core.as_ref())
+            .find(|c| c.slot().is_leader(group))
+            .and_then(|c| c.slot().status(group))
+            .map(|s| s.voters)
+            .unwrap_or_else(|| {
+                // No leader to ask: every replica held counts (the checks then stay strict).
+                let holding = self
+                    .nodes
+                    .iter()
+                    .filter(|(_, n)| n.core.as_ref().is_some_and(|c| c.slot().groups().any(|g| g == group)));
+                holding.map(|(id, _)| *id).collect()
+            })
+    }
+
+    /// Replicas of a slot group hold identical metadata at the same applied index, and after the
+    /// liveness phase every running replica of a group has applied as far as the others.
+    pub(super) fn check_slot_replicas(&mut self) {
+        let table = self.nodes.values().next().expect("nodes").config.table();
+        for group in table.groups().collect::<Vec<_>>() {
+            let reconfigured =
+                self.nodes.values().filter_map(|n| n.core.as_ref()).any(|c| {
+                    c.slot().is_leader(group) && c.slot().status(group).is_some_and(|s| s.config_epoch.get() > 0)
+                });
+            self.faults.slot_groups_reconfigured += u64::from(reconfigured);
+            let members = self.group_members(group);
+            let mut seen: Vec<(NodeId, u64, u64)> = Vec::new();
+            for (id, node) in self.nodes.iter().filter(|(id, _)| members.contains(id)) {
+                let Some(applied) = node.core.as_ref().and_then(|c| c.slot().applied_index(group)) else { continue };
+                let kv: Arc<dyn Kv> = node.kv.clone();
+                let store = MetaStore::new(kv);
+                let mut digest = 0xcbf2_9ce4_8422_2325u64;
+                // Everything the replica holds of the group: its copies of slots and its own records.
+                let entries = store.export_group(group, None, usize::MAX).map(|c| c.entries).unwrap_or_default();
+                for entry in entries {
+                    let space = entry.space.hash_slot().map_or(u16::MAX, |s| s.index());
+                    for byte in [&space.to_le_bytes()[..], &entry.key, &entry.value].concat() {
+                        digest = (digest ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+                    }
+                }
+                seen.push((*id, applied, digest));
+            }
+            let Some(&(first, applied, digest)) = seen.first() else { continue };
+            for &(id, other_applied, other_digest) in &seen[1..] {
+                if other_applied != applied && std::env::var("SIM_DEBUG").is_ok() {
+                    for (nid, n) in &self.nodes {
+                        let st = n.core.as_ref().and_then(|c| c.slot().status(group));
+                        eprintln!("{nid}: {st:?}");
+                    }
+                }
+                if other_applied != applied {
+                    self.oracle.violation(format!(
+                        "{group}: {first} applied through {applied}, {id} through {other_applied} after healing"
+                    ));
+                } else if other_digest != digest {
+                    self.oracle.violation(format!("{group}: {first} and {id} differ at applied index {applied}"));
+                }
+            }
+        }
+    }
+
+    /// One append, through a random node, to every channel that has not acknowledged a probe yet.
+    pub(super) fn probe(&mut self) {
+        let waiting: BTreeSet<ChannelId> = self.probes.values().cloned().collect();
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for channel in self.channels.clone() {
+            if self.probed.contains(&channel) || waiting.contains(&channel) {
+                continue;
+            }
+            let node = *self.rng.pick(&ids).expect("nodes");
+            let api = self.api();
+            let now = self.now;
+            let payload = Bytes::from(format!("probe-{}-{}", self.params.seed, api.0));
+            let record = AppendRecord { idempotency_key: None, payload: payload.clone() };
+            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
+                core.append(now, api, channel.clone(), vec![record]);
+                self.oracle.expect_append(api, node, channel.clone(), payload, None);
+                self.probes.insert(api, channel);
+            }
+        }
+    }
+
+    pub(super) fn genesis(&self) -> tidings::router::HashToSlot {
+        self.nodes.values().next().expect("nodes").config.table()
+    }
+
+    /// The group that owns `slot` now: from its genesis owner along the groups' records of where it went
+    /// (as their leaders have them).
+    pub(super) fn owner_of(&self, slot: HashSlot) -> GroupId {
+        let mut group = self.genesis().group_of(slot);
+        for _ in 0..64 {
+            let leader = self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group));
+            let record = leader.and_then(|c| c.reader().slot_record(group, slot).ok().flatten());
+            match record.map(|r| r.state) {
+                Some(SlotState::Gone { to }) => group = to,
+                _ => return group,
+            }
+        }
+        group
+    }
+
+    /// After healing, no hash-slot migration is left half done: no group's leader shows a slot exporting,
+    /// fenced or importing (an import whose export was given up is dropped).
+    pub(super) fn check_migrations_settled(&mut self) {
+        for group in self.genesis().groups().collect::<Vec<_>>() {
+            let Some(core) = self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group))
+            else {
+                continue;
+            };
+            let records = core.reader().slot_records(group).unwrap_or_default();
+            for (slot, record) in records {
+                if matches!(
+                    record.state,
+                    SlotState::Exporting { .. } | SlotState::Fenced { .. } | SlotState::Importing { .. }
+                ) {
+                    let driver = core.status().slot_migrations;
+                    self.oracle.violation(format!(
+                        "liveness: {slot} of {group} still migrating after healing ({record:?}, driver {driver:?})"
+                    ));
+                }
+            }
+        }
+    }
+
+    pub(super) fn check_hw_monotonic(&mut self) {
+        for (id, node) in &self.nodes {
+            let Some(core) = node.core.as_ref() else { continue };
+            let status = core.status();
+            // A replica rebuilt after a storage failure lost what the failed write held, like a crash of
+            // that replica: its HW may go back to what its log holds durably (the rest is on the others).
+            if self
+                .storage_failures_seen
+                .insert(*id, status.storage_failures)
+                .is_some_and(|s| s < status.storage_failures)
+            {
+                self.hw_seen.retain(|(n, _), _| n != id);
+            }
+            for channel in status.channels {
+                let key = (*id, channel.channel.clone());
+                if let Some(seen) = self.hw_seen.get(&key) {
+                    if channel.hw < *seen {
+                        self.oracle.violation(format!(
+                            "{id}: HW of {} went back from {seen} to {}",
+                            channel.channel, channel.hw
+                        ));
+                    }
+                }
+                self.hw_seen.insert(key, channel.hw);
+            }
+        }
+    }
+
+    /// No acknowledged append lost or changed; replicas agree at every seq at or below their HW; every
+    /// request answered unless its channel waits for a failover.
+    pub(super) fn final_checks(&mut self) {
+        for channel in self.channels.clone() {
+            // The replicas the newest meta names (replacements move them).
+            let Some(meta) = self
+                .nodes
+                .values()
+                .filter_map(|n| n.core.as_ref()?.reader().runtime_meta(&channel).ok().flatten())
+                .max_by_key(|m| m.version)
+            else {
+                self.oracle.violation(format!("{channel}: no node stores its meta"));
+                continue;
+            };
+            let replicas = meta.replicas;
+            let mut logs: Vec<(NodeId, Seq, Vec<Record>)> = Vec::new();
+            for id in &replicas {
+                let node = &self.nodes[id];
+                let hw = node
+                    .core
+                    .as_ref()
+                    .and_then(|c| c.status().channels.into_iter().find(|s| s.channel == channel))
+                    .map_or(Seq::new(0), |s| s.hw);
+                let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+                let records = node.log.read(&channel, Seq::new(1), Seq::new(u64::MAX), limits).unwrap_or_default();
+                logs.push((*id, hw, records));
+            }
+            self.oracle.check_durable(&channel, &logs);
+        }
+        // Every acknowledged metadata write is on every replica of the group owning its slot once healed.
+        let owners: BTreeMap<HashSlot, GroupId> =
+            self.users_acked.keys().map(|slot| (*slot, self.owner_of(*slot))).collect();
+        self.faults.slots_migrated +=
+            HashSlot::all().filter(|slot| self.owner_of(*slot) != self.genesis().group_of(*slot)).count() as u64;
+        for (slot, uids) in &self.users_acked {
+            let group = &owners[slot];
+            let members = self.group_members(*group);
+            for (id, node) in self.nodes.iter().filter(|(id, _)| members.contains(id)) {
+                let Some(core) = node.core.as_ref() else { continue };
+                for uid in uids {
+                    if !matches!(core.reader().user(uid), Ok(Some(_))) {
+                        if std::env::var("SIM_DEBUG").is_ok() {
+                            eprintln!("{id} {group}: {:?}", core.slot().status(*group));
+                        }
+                        self.oracle.violation(format!("{id}: acknowledged user {} missing in {group}", uid.as_str()));
+                    }
+                }
+            }
+        }
+        if std::env::var("SIM_DEBUG").is_ok() {
+            for node in self.nodes.values() {
+                for task in node.core.as_ref().map(|c| c.status().finished_tasks).unwrap_or_default() {
+                    eprintln!("{}: {task:?}", node.config.node);
+                }
+            }
+        }
+        self.check_slot_replicas();
+        self.check_moves_settled();
+        self.check_migrations_settled();
+        self.oracle.check_answered();
+        for channel in &self.channels {
+            if !self.probed.contains(channel) {
+                let statuses: Vec<String> = self
+                    .nodes
+                    .values()
+                    .filter_map(|n| n.core.as_ref())
+                    .flat_map(|c| c.status().channels.into_iter().filter(|s| &s.channel == channel))
+                    .map(|s| format!("{:?}", s))
+                    .collect();
+                if std::env::var("SIM_DEBUG").is_ok() {
+                    for (id, node) in &self.nodes {
+                        let Some(core) = node.core.as_ref() else { continue };
+                        for group in core.slot().groups().collect::<Vec<_>>() {
+                            eprintln!("{id} {group}: {:?}", core.slot().status(group));
+                        }
+                    }
+                }
+                let tasks: Vec<String> = self
+                    .nodes
+                    .values()
+                    .filter_map(|n| n.core.as_ref())
+                    .flat_map(|c| {
+                        let status = c.status();
+                        let running =
+                            status.tasks.into_iter().filter(|t| &t.channel == channel).map(|t| format!("{t:?}"));
+                        let done = status
+                            .finished_tasks
+                            .into_iter()
+                            .filter(|t| &t.channel == channel)
+                            .map(|t| format!("{t:?}"));
+                        running.chain(done).map(move |t| format!("{}: {t}", c.node())).collect::<Vec<_>>()
+                    })
+                    .collect();
+                self.oracle.violation(format!(
+                    "liveness: {channel} takes no append after healing: {statuses:?}, tasks {tasks:?}"
+                ));
+            }
+        }
+    }
+}
