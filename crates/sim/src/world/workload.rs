@@ -4,135 +4,33 @@
 use super::{slot_of_user, World};
 use bytes::Bytes;
 use tidings::channel::machine::AppendRecord;
+use tidings::node::ApiId;
 use tidings::slot::command::{Command, MemberList, RoutingKey};
 use tidings::slot::model::{Uid, User};
 use tidings::store::message::IdempotencyKey;
-use tidings::types::{GroupId, HashSlot, NodeId, Seq};
+use tidings::types::{ChannelId, GroupId, HashSlot, NodeId, Seq};
 
 impl World {
     /// One client request: an append (half with an idempotency key), a retry of an earlier keyed
-    /// append with the same key and payload, or a read.
+    /// append with the same key and payload, a read, a metadata write or read, or (with
+    /// `leader_transfers`) an operator call. The order of the draws is part of each seed's run.
     pub(super) fn request(&mut self) {
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         let node = *self.rng.pick(&ids).expect("nodes");
         let api = self.api();
-        let now = self.now;
         let roll = self.rng.below(100);
-        if roll < 15 {
-            if let Some((channel, key, payload)) = self.oracle.pick_retry(&mut self.rng) {
-                let record = AppendRecord { idempotency_key: Some(key.clone()), payload: payload.clone() };
-                if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
-                    core.append(now, api, channel.clone(), vec![record]);
-                    self.oracle.expect_append(api, node, channel, payload, Some(key));
-                }
-                return;
-            }
+        if roll < 15 && self.retry_keyed_append(node, api) {
+            return;
         }
         if roll >= 92 && self.params.metadata_workload {
-            // Metadata: write a new user, change a channel's subscribers, or read authoritatively in the
-            // group of a user written before.
-            let acked: Vec<Uid> = self.users_acked.values().flatten().cloned().collect();
-            let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return };
-            if (94..96).contains(&roll) && !acked.is_empty() {
-                // Subscriber changes: add or remove a few known users on a channel.
-                let channel =
-                    self.channels[usize::try_from(self.rng.below(self.channels.len() as u64)).unwrap_or(0)].clone();
-                let count = 1 + self.rng.below(3);
-                let uids: Vec<Uid> = (0..count)
-                    .map(|_| acked[usize::try_from(self.rng.below(acked.len() as u64)).unwrap_or(0)].clone())
-                    .collect();
-                let list = MemberList::Subscribers;
-                let command = if roll == 94 {
-                    Command::AddMembers { channel, list, uids }
-                } else {
-                    Command::RemoveMembers { channel, list, uids }
-                };
-                core.propose(now, api, command);
-            } else if roll >= 96 || acked.is_empty() {
-                let uid = Uid::new(format!("u{}", api.0)).expect("valid uid");
-                let user = User { uid: uid.clone(), name: format!("user {}", api.0), banned: false };
-                core.propose(now, api, Command::PutUser(user));
-                self.user_writes.insert(api, uid);
-            } else {
-                let uid = acked[usize::try_from(self.rng.below(acked.len() as u64)).unwrap_or(0)].clone();
-                core.read_barrier(now, api, RoutingKey::Uid(&uid));
-                self.barriers.insert(api, self.users_acked.get(&slot_of_user(&uid)).cloned().unwrap_or_default());
-            }
+            self.metadata_request(node, api, roll);
             return;
         }
         let channel = self.channels[usize::try_from(self.rng.below(self.channels.len() as u64)).unwrap_or(0)].clone();
-        if roll == 89 && self.params.leader_transfers {
-            // A slot group's preferred leader: a random node (the group's leader hands over when it fits).
-            let table = self.nodes[&node].config.table();
-            let groups: Vec<GroupId> = table.groups().collect();
-            let group = *self.rng.pick(&groups).expect("groups");
-            let preferred = *self.rng.pick(&ids).expect("nodes");
-            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
-                core.set_preferred_leader(now, api, group, Some(preferred));
-                self.faults.transfers += 1;
-            }
+        if self.params.leader_transfers && self.operator_request(node, api, roll, &ids, &channel) {
             return;
         }
-        if roll == 87 && self.params.leader_transfers && self.rng.chance(200_000) {
-            // A node is drained (or its drain is stopped): slot and channel replicas move off it.
-            let target = *self.rng.pick(&ids).expect("nodes");
-            let drain = self.rng.chance(500_000);
-            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
-                core.drain_node(now, api, target, drain);
-                self.faults.drains += 1;
-            }
-            return;
-        }
-        if roll == 86 && self.params.leader_transfers && self.rng.chance(300_000) {
-            // A hash slot migrates to a random group (refused when it is that group, or migrating), or
-            // the migration in progress is aborted.
-            let table = self.nodes[&node].config.table();
-            let groups: Vec<GroupId> = table.groups().collect();
-            let to = *self.rng.pick(&groups).expect("groups");
-            let slot = HashSlot::new(u16::try_from(self.rng.below(256)).unwrap_or(0)).expect("below 256");
-            let abort = self.rng.chance(250_000);
-            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
-                if abort {
-                    core.abort_slot_migration(now, api, slot);
-                } else {
-                    core.migrate_slot(now, api, slot, to);
-                }
-                self.faults.slot_migrations += 1;
-            }
-            return;
-        }
-        if roll == 88 && self.params.leader_transfers {
-            // A slot group's replica moves from a random node to a random node (the group refuses what
-            // does not fit its membership), or the move in progress is aborted.
-            let table = self.nodes[&node].config.table();
-            let groups: Vec<GroupId> = table.groups().collect();
-            let group = *self.rng.pick(&groups).expect("groups");
-            let (from, to) = (*self.rng.pick(&ids).expect("nodes"), *self.rng.pick(&ids).expect("nodes"));
-            let abort = self.rng.chance(250_000);
-            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
-                if abort {
-                    core.abort_slot_move(now, api, group);
-                } else {
-                    core.move_slot_replica(now, api, group, from, to);
-                }
-                self.slot_moves.insert(api);
-                self.faults.slot_moves += 1;
-            }
-            return;
-        }
-        if (roll == 90 || roll == 91) && self.params.leader_transfers {
-            let target = *self.rng.pick(&ids).expect("nodes");
-            let from = *self.rng.pick(&ids).expect("nodes");
-            if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
-                if roll == 91 {
-                    core.transfer_leader(now, api, channel, target);
-                } else {
-                    core.replace_replica(now, api, channel, from, target);
-                }
-                self.faults.transfers += 1;
-            }
-            return;
-        }
+        let now = self.now;
         if roll < 30 {
             if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
                 if let Ok(records) = core.read(&channel, Seq::new(1), 1_000) {
@@ -148,5 +46,120 @@ impl World {
             core.append(now, api, channel.clone(), vec![record]);
             self.oracle.expect_append(api, node, channel, payload, key);
         }
+    }
+
+    /// Sends again an earlier keyed append, same key and payload, through `node`; `false` if there is
+    /// none to retry.
+    fn retry_keyed_append(&mut self, node: NodeId, api: ApiId) -> bool {
+        let Some((channel, key, payload)) = self.oracle.pick_retry(&mut self.rng) else { return false };
+        let record = AppendRecord { idempotency_key: Some(key.clone()), payload: payload.clone() };
+        let now = self.now;
+        if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
+            core.append(now, api, channel.clone(), vec![record]);
+            self.oracle.expect_append(api, node, channel, payload, Some(key));
+        }
+        true
+    }
+
+    /// Metadata: write a new user, change a channel's subscribers, or read authoritatively in the group
+    /// of a user written before.
+    fn metadata_request(&mut self, node: NodeId, api: ApiId, roll: u64) {
+        let now = self.now;
+        let acked: Vec<Uid> = self.users_acked.values().flatten().cloned().collect();
+        let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return };
+        if (94..96).contains(&roll) && !acked.is_empty() {
+            // Subscriber changes: add or remove a few known users on a channel.
+            let channel =
+                self.channels[usize::try_from(self.rng.below(self.channels.len() as u64)).unwrap_or(0)].clone();
+            let count = 1 + self.rng.below(3);
+            let uids: Vec<Uid> = (0..count)
+                .map(|_| acked[usize::try_from(self.rng.below(acked.len() as u64)).unwrap_or(0)].clone())
+                .collect();
+            let list = MemberList::Subscribers;
+            let command = if roll == 94 {
+                Command::AddMembers { channel, list, uids }
+            } else {
+                Command::RemoveMembers { channel, list, uids }
+            };
+            core.propose(now, api, command);
+        } else if roll >= 96 || acked.is_empty() {
+            let uid = Uid::new(format!("u{}", api.0)).expect("valid uid");
+            let user = User { uid: uid.clone(), name: format!("user {}", api.0), banned: false };
+            core.propose(now, api, Command::PutUser(user));
+            self.user_writes.insert(api, uid);
+        } else {
+            let uid = acked[usize::try_from(self.rng.below(acked.len() as u64)).unwrap_or(0)].clone();
+            core.read_barrier(now, api, RoutingKey::Uid(&uid));
+            self.barriers.insert(api, self.users_acked.get(&slot_of_user(&uid)).cloned().unwrap_or_default());
+        }
+    }
+
+    /// An operator call through `node` when `roll` picks one: a preferred slot leader, a drain, a
+    /// hash-slot migration, a slot-replica move, a channel leader transfer or replica replacement (each
+    /// an abort now and then). `false` if `roll` picked none.
+    fn operator_request(&mut self, node: NodeId, api: ApiId, roll: u64, ids: &[NodeId], channel: &ChannelId) -> bool {
+        if !(86..=91).contains(&roll) {
+            return false;
+        }
+        let now = self.now;
+        let groups: Vec<GroupId> = self.nodes[&node].config.table().groups().collect();
+        match roll {
+            89 => {
+                // The group's leader hands over when it fits.
+                let group = *self.rng.pick(&groups).expect("groups");
+                let preferred = *self.rng.pick(ids).expect("nodes");
+                let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return true };
+                core.set_preferred_leader(now, api, group, Some(preferred));
+                self.faults.transfers += 1;
+            }
+            87 if self.rng.chance(200_000) => {
+                // Slot and channel replicas move off the drained node (or its drain is stopped).
+                let target = *self.rng.pick(ids).expect("nodes");
+                let drain = self.rng.chance(500_000);
+                let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return true };
+                core.drain_node(now, api, target, drain);
+                self.faults.drains += 1;
+            }
+            86 if self.rng.chance(300_000) => {
+                // Refused when the slot is in that group already, or migrating.
+                let to = *self.rng.pick(&groups).expect("groups");
+                let slot = HashSlot::new(u16::try_from(self.rng.below(256)).unwrap_or(0)).expect("below 256");
+                let abort = self.rng.chance(250_000);
+                let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return true };
+                if abort {
+                    core.abort_slot_migration(now, api, slot);
+                } else {
+                    core.migrate_slot(now, api, slot, to);
+                }
+                self.faults.slot_migrations += 1;
+            }
+            88 => {
+                // From a random node to a random node: the group refuses what does not fit its membership.
+                let group = *self.rng.pick(&groups).expect("groups");
+                let (from, to) = (*self.rng.pick(ids).expect("nodes"), *self.rng.pick(ids).expect("nodes"));
+                let abort = self.rng.chance(250_000);
+                let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return true };
+                if abort {
+                    core.abort_slot_move(now, api, group);
+                } else {
+                    core.move_slot_replica(now, api, group, from, to);
+                }
+                self.slot_moves.insert(api);
+                self.faults.slot_moves += 1;
+            }
+            90 | 91 => {
+                let target = *self.rng.pick(ids).expect("nodes");
+                let from = *self.rng.pick(ids).expect("nodes");
+                let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return true };
+                if roll == 91 {
+                    core.transfer_leader(now, api, channel.clone(), target);
+                } else {
+                    core.replace_replica(now, api, channel.clone(), from, target);
+                }
+                self.faults.transfers += 1;
+            }
+            _ => return false,
+        }
+        true
     }
 }
