@@ -25,6 +25,8 @@
 
 mod active;
 mod outbox;
+mod warm;
 
-pub use active::{feed_in_warm_runs, shrink_if_sparse, ActiveChannels, WARM_RUN};
+pub use active::{shrink_if_sparse, ActiveChannels};
 pub use outbox::ChannelOutbox;
+pub use warm::{feed_in_warm_runs, WARM_RUN};
