@@ -1,10 +1,10 @@
 //! A task's steps: started, fenced, evidence gathered and evaluated, the switch or unfence proposed and
 //! seen applied, its timer, and its end.
 
-use super::super::message::NodeMessage;
-use super::report::{EvidenceEntry, TaskBlocked, TaskError, TaskKind, TaskReport};
+use super::report::{EvidenceEntry, EvidenceReport, TaskBlocked, TaskError, TaskKind, TaskReport};
 use super::{fenced, replacement_target, switch_proof, unfenced, Action, Change, Controller, Step, Task};
-use std::collections::BTreeSet;
+use crate::node::message::NodeMessage;
+use std::collections::{BTreeMap, BTreeSet};
 use tidings_slot::command::Command;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Time, WriteFence};
 
@@ -156,76 +156,13 @@ impl Controller {
     /// Decides whether the evidence gathered allows the switch, and proposes it.
     pub(super) fn evaluate(&mut self, now: Time, channel: &ChannelId) {
         let Some(task) = self.tasks.get_mut(channel) else { return };
-        let meta = &task.meta;
-        if let Some((node, report)) = task.evidence.iter().find(|(_, r)| r.last_epoch > meta.leader_epoch) {
-            // Fail closed: nothing explains such a record; an operator must look.
-            task.blocked = Some(TaskBlocked::ConflictingEvidence {
-                node: *node,
-                last_epoch: report.last_epoch,
-                meta_leader_epoch: meta.leader_epoch,
-            });
-            return;
-        }
-        let need = meta.isr.len() - usize::from(meta.min_isr) + 1;
-        let have = task.evidence.keys().filter(|n| meta.in_isr(**n)).count();
-        let chosen = match task.kind {
-            TaskKind::Failover => {
-                if have < need {
-                    task.blocked = Some(TaskBlocked::NotEnoughEvidence { have, need });
-                    return;
-                }
-                // The most advanced log; on a tie the current leader (least churn), then the lowest id.
-                task.evidence
-                    .iter()
-                    .max_by_key(|(node, r)| {
-                        (r.last_epoch, r.last_seq, **node == meta.leader, std::cmp::Reverse(**node))
-                    })
-                    .map(|(node, _)| *node)
-                    .expect("need >= 1 answers")
+        let chosen = match switch_target(task.kind, &task.meta, &task.evidence) {
+            None => return,
+            Some(Err(blocked)) => {
+                task.blocked = Some(blocked);
+                return;
             }
-            TaskKind::Transfer { target } => {
-                let leader = task.evidence.get(&meta.leader);
-                let caught_up = match (leader, task.evidence.get(&target)) {
-                    (Some(l), Some(t)) => {
-                        l.drained && l.pending_appends == 0 && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
-                    }
-                    _ => false,
-                };
-                if !caught_up || have < need {
-                    task.blocked = Some(TaskBlocked::Draining);
-                    return;
-                }
-                target
-            }
-            TaskKind::Replace { from, to } => {
-                let leader = task.evidence.get(&meta.leader);
-                let caught_up = match (leader, task.evidence.get(&to)) {
-                    (Some(l), Some(t)) => {
-                        l.pending_appends == 0
-                            && l.log_end == l.last_seq
-                            && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
-                    }
-                    _ => false,
-                };
-                // Every committed record must stay on MinISR members of the new ISR. `to` may already be
-                // one of the holders (the leader puts a caught-up learner in the ISR itself), so count
-                // the holders rather than assume `to` adds one. The bar is the leader's log end, not its
-                // HW: under this fence (which does not freeze) HW may still rise to the log end under the
-                // old ISR before the switch commits.
-                let bar = leader.map_or(tidings_types::Seq::new(u64::MAX), |l| l.log_end);
-                let new_isr: BTreeSet<NodeId> =
-                    meta.isr.iter().copied().chain(std::iter::once(to)).filter(|n| *n != from).collect();
-                let holders =
-                    new_isr.iter().filter(|n| task.evidence.get(n).is_some_and(|e| e.last_seq >= bar)).count();
-                // Only a change of leader needs the evidence quorum (the slot FSM checks it as proof).
-                let leader_moves = from == meta.leader;
-                if !caught_up || holders < usize::from(meta.min_isr) || (leader_moves && have < need) {
-                    task.blocked = Some(TaskBlocked::Draining);
-                    return;
-                }
-                to
-            }
-            TaskKind::ClearFence => return,
+            Some(Ok(chosen)) => chosen,
         };
         task.blocked = None;
         task.proof = task
@@ -233,26 +170,7 @@ impl Controller {
             .iter()
             .map(|(node, r)| EvidenceEntry { node: *node, last_epoch: r.last_epoch, last_seq: r.last_seq })
             .collect();
-        let mut next = task.meta.clone();
-        next.version += 1;
-        if let TaskKind::Replace { from, to } = task.kind {
-            next.epoch = next.epoch.next();
-            next.replicas.retain(|n| *n != from);
-            next.isr.retain(|n| *n != from);
-            if !next.isr.contains(&to) {
-                next.isr.push(to);
-            }
-            if next.leader == from {
-                next.leader = to;
-                next.leader_epoch = task.meta.leader_epoch.next();
-            }
-        } else {
-            next.leader = chosen;
-            next.leader_epoch = task.meta.leader_epoch.next();
-        }
-        // The fence stays until the new leader is in place; it no longer freezes replication, so the
-        // followers replicate from the new leader at once.
-        next.write_fence = task.meta.write_fence.map(|f| WriteFence { freeze_replication: false, ..f });
+        let next = switched_meta(task.kind, &task.meta, chosen);
         self.propose(now, channel, Change::Switch, next);
     }
 
@@ -274,5 +192,238 @@ impl Controller {
         }
         self.reports.push_back(report.clone());
         self.actions.push_back(Action::Finished { api: task.api, report });
+    }
+}
+
+/// Who leads once a task of `kind` on `meta` makes its switch, judged on the `evidence` it gathered:
+/// `Err` says what the task waits for (or why it must stop: evidence nothing explains fails closed);
+/// `None` for a task that switches nothing.
+fn switch_target(
+    kind: TaskKind,
+    meta: &ChannelRuntimeMeta,
+    evidence: &BTreeMap<NodeId, EvidenceReport>,
+) -> Option<Result<NodeId, TaskBlocked>> {
+    if let Some((node, report)) = evidence.iter().find(|(_, r)| r.last_epoch > meta.leader_epoch) {
+        // Fail closed: nothing explains such a record; an operator must look.
+        return Some(Err(TaskBlocked::ConflictingEvidence {
+            node: *node,
+            last_epoch: report.last_epoch,
+            meta_leader_epoch: meta.leader_epoch,
+        }));
+    }
+    let need = meta.isr.len() - usize::from(meta.min_isr) + 1;
+    let have = evidence.keys().filter(|n| meta.in_isr(**n)).count();
+    let chosen = match kind {
+        TaskKind::Failover => {
+            if have < need {
+                return Some(Err(TaskBlocked::NotEnoughEvidence { have, need }));
+            }
+            // The most advanced log; on a tie the current leader (least churn), then the lowest id.
+            evidence
+                .iter()
+                .max_by_key(|(node, r)| (r.last_epoch, r.last_seq, **node == meta.leader, std::cmp::Reverse(**node)))
+                .map(|(node, _)| *node)
+                .expect("need >= 1 answers")
+        }
+        TaskKind::Transfer { target } => {
+            let leader = evidence.get(&meta.leader);
+            let caught_up = match (leader, evidence.get(&target)) {
+                (Some(l), Some(t)) => {
+                    l.drained && l.pending_appends == 0 && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
+                }
+                _ => false,
+            };
+            if !caught_up || have < need {
+                return Some(Err(TaskBlocked::Draining));
+            }
+            target
+        }
+        TaskKind::Replace { from, to } => {
+            let leader = evidence.get(&meta.leader);
+            let caught_up = match (leader, evidence.get(&to)) {
+                (Some(l), Some(t)) => {
+                    l.pending_appends == 0
+                        && l.log_end == l.last_seq
+                        && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
+                }
+                _ => false,
+            };
+            // Every committed record must stay on MinISR members of the new ISR. `to` may already be
+            // one of the holders (the leader puts a caught-up learner in the ISR itself), so count
+            // the holders rather than assume `to` adds one. The bar is the leader's log end, not its
+            // HW: under this fence (which does not freeze) HW may still rise to the log end under the
+            // old ISR before the switch commits.
+            let bar = leader.map_or(tidings_types::Seq::new(u64::MAX), |l| l.log_end);
+            let new_isr: BTreeSet<NodeId> =
+                meta.isr.iter().copied().chain(std::iter::once(to)).filter(|n| *n != from).collect();
+            let holders = new_isr.iter().filter(|n| evidence.get(n).is_some_and(|e| e.last_seq >= bar)).count();
+            // Only a change of leader needs the evidence quorum (the slot FSM checks it as proof).
+            let leader_moves = from == meta.leader;
+            if !caught_up || holders < usize::from(meta.min_isr) || (leader_moves && have < need) {
+                return Some(Err(TaskBlocked::Draining));
+            }
+            to
+        }
+        TaskKind::ClearFence => return None,
+    };
+    Some(Ok(chosen))
+}
+
+/// The meta a task of `kind` proposes to switch `meta` to `chosen`: the next version with `chosen` leading
+/// in the next leader epoch (a replacement also swaps the replica and moves to the next membership
+/// epoch), the fence kept but no longer freezing replication.
+fn switched_meta(kind: TaskKind, meta: &ChannelRuntimeMeta, chosen: NodeId) -> ChannelRuntimeMeta {
+    let mut next = meta.clone();
+    next.version += 1;
+    if let TaskKind::Replace { from, to } = kind {
+        next.epoch = next.epoch.next();
+        next.replicas.retain(|n| *n != from);
+        next.isr.retain(|n| *n != from);
+        if !next.isr.contains(&to) {
+            next.isr.push(to);
+        }
+        if next.leader == from {
+            next.leader = to;
+            next.leader_epoch = meta.leader_epoch.next();
+        }
+    } else {
+        next.leader = chosen;
+        next.leader_epoch = meta.leader_epoch.next();
+    }
+    // The fence stays until the new leader is in place; it no longer freezes replication, so the
+    // followers replicate from the new leader at once.
+    next.write_fence = meta.write_fence.map(|f| WriteFence { freeze_replication: false, ..f });
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings_types::{ChannelType, Epoch, LeaderEpoch, Seq};
+
+    /// Three replicas, all in the ISR, MinISR 2, node 1 leading in leader epoch 3, fenced by task 7.
+    fn meta() -> ChannelRuntimeMeta {
+        let nodes: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+        ChannelRuntimeMeta {
+            channel: ChannelId::new(ChannelType::GROUP, "switch").expect("channel id"),
+            version: 5,
+            leader: NodeId::new(1),
+            replicas: nodes.clone(),
+            isr: nodes,
+            min_isr: 2,
+            epoch: Epoch::new(2),
+            leader_epoch: LeaderEpoch::new(3),
+            write_fence: Some(WriteFence { task: 7, since_version: 5, freeze_replication: true }),
+            retention_through: Seq::new(0),
+        }
+    }
+
+    /// A replica's evidence: its last durable record `(epoch, seq)`, its log end, drained or not.
+    fn report(epoch: u64, seq: u64, log_end: u64, drained: bool) -> EvidenceReport {
+        EvidenceReport {
+            last_epoch: LeaderEpoch::new(epoch),
+            last_seq: Seq::new(seq),
+            hw: Seq::new(seq.min(log_end)),
+            pending_appends: 0,
+            log_end: Seq::new(log_end),
+            drained,
+            fenced_by: Some(7),
+        }
+    }
+
+    fn evidence(reports: &[(u64, EvidenceReport)]) -> BTreeMap<NodeId, EvidenceReport> {
+        reports.iter().map(|(n, r)| (NodeId::new(*n), *r)).collect()
+    }
+
+    #[test]
+    fn a_failover_switches_to_the_most_advanced_log_and_on_a_tie_keeps_the_current_leader() {
+        let ahead = evidence(&[(2, report(3, 10, 10, false)), (3, report(3, 12, 12, false))]);
+        assert_eq!(switch_target(TaskKind::Failover, &meta(), &ahead), Some(Ok(NodeId::new(3))));
+        let tie = evidence(&[(1, report(3, 10, 10, false)), (2, report(3, 10, 10, false))]);
+        assert_eq!(switch_target(TaskKind::Failover, &meta(), &tie), Some(Ok(NodeId::new(1))));
+        // A later leader epoch beats a longer log of an earlier one.
+        let epochs = evidence(&[(2, report(2, 20, 20, false)), (3, report(3, 11, 11, false))]);
+        assert_eq!(switch_target(TaskKind::Failover, &meta(), &epochs), Some(Ok(NodeId::new(3))));
+    }
+
+    #[test]
+    fn a_failover_waits_for_isr_minus_min_isr_plus_one_isr_members() {
+        // |ISR| 3 − MinISR 2 + 1 = 2 answers needed; a node outside the ISR does not count.
+        let mut outside = meta();
+        outside.isr.retain(|n| *n != NodeId::new(3));
+        outside.min_isr = 1;
+        let one = evidence(&[(2, report(3, 10, 10, false))]);
+        let blocked = Some(Err(TaskBlocked::NotEnoughEvidence { have: 1, need: 2 }));
+        assert_eq!(switch_target(TaskKind::Failover, &meta(), &one), blocked);
+        let from_outside = evidence(&[(3, report(3, 10, 10, false))]);
+        let blocked = Some(Err(TaskBlocked::NotEnoughEvidence { have: 0, need: 2 }));
+        assert_eq!(switch_target(TaskKind::Failover, &outside, &from_outside), blocked);
+    }
+
+    #[test]
+    fn evidence_of_a_leader_epoch_newer_than_the_meta_fails_closed() {
+        let newer = evidence(&[(2, report(4, 10, 10, false)), (3, report(3, 12, 12, false))]);
+        let blocked = Some(Err(TaskBlocked::ConflictingEvidence {
+            node: NodeId::new(2),
+            last_epoch: LeaderEpoch::new(4),
+            meta_leader_epoch: LeaderEpoch::new(3),
+        }));
+        assert_eq!(switch_target(TaskKind::Failover, &meta(), &newer), blocked);
+    }
+
+    #[test]
+    fn a_transfer_waits_for_a_drained_leader_and_a_target_that_holds_its_whole_log() {
+        let transfer = TaskKind::Transfer { target: NodeId::new(2) };
+        let behind = evidence(&[(1, report(3, 12, 12, true)), (2, report(3, 11, 11, false))]);
+        assert_eq!(switch_target(transfer, &meta(), &behind), Some(Err(TaskBlocked::Draining)));
+        let not_drained = evidence(&[(1, report(3, 12, 12, false)), (2, report(3, 12, 12, false))]);
+        assert_eq!(switch_target(transfer, &meta(), &not_drained), Some(Err(TaskBlocked::Draining)));
+        let ready = evidence(&[(1, report(3, 12, 12, true)), (2, report(3, 12, 12, false))]);
+        assert_eq!(switch_target(transfer, &meta(), &ready), Some(Ok(NodeId::new(2))));
+    }
+
+    #[test]
+    fn a_replacement_waits_until_min_isr_members_of_the_new_isr_hold_the_leaders_log() {
+        // Node 3 is replaced by node 4, which caught up; node 2 gave no evidence.
+        let replace = TaskKind::Replace { from: NodeId::new(3), to: NodeId::new(4) };
+        let one_holder = evidence(&[(1, report(3, 12, 12, false)), (4, report(3, 12, 12, false))]);
+        // New ISR {1, 2, 4}: holders 1 and 4 = MinISR 2, and the leader does not move, so no quorum needed.
+        assert_eq!(switch_target(replace, &meta(), &one_holder), Some(Ok(NodeId::new(4))));
+        let target_behind = evidence(&[(1, report(3, 12, 12, false)), (4, report(3, 11, 11, false))]);
+        assert_eq!(switch_target(replace, &meta(), &target_behind), Some(Err(TaskBlocked::Draining)));
+    }
+
+    #[test]
+    fn a_fence_clearing_task_switches_nothing() {
+        assert_eq!(switch_target(TaskKind::ClearFence, &meta(), &BTreeMap::new()), None);
+    }
+
+    #[test]
+    fn the_switched_meta_moves_leadership_or_the_replica_and_keeps_the_fence_unfrozen() {
+        let base = meta();
+        let failover = switched_meta(TaskKind::Failover, &base, NodeId::new(3));
+        assert_eq!(
+            (failover.version, failover.leader, failover.leader_epoch),
+            (6, NodeId::new(3), LeaderEpoch::new(4))
+        );
+        assert_eq!((failover.epoch, failover.isr.clone()), (base.epoch, base.isr.clone()), "membership unchanged");
+        let fence = failover.write_fence.expect("the fence stays until the new leader is in place");
+        assert!(!fence.freeze_replication && fence.task == 7);
+        // Replacing the leader's own replica (node 4 joined the replicas as a learner while it caught
+        // up): the membership epoch and the leadership both move.
+        let mut base = base;
+        base.replicas.push(NodeId::new(4));
+        let replace = TaskKind::Replace { from: NodeId::new(1), to: NodeId::new(4) };
+        let replaced = switched_meta(replace, &base, NodeId::new(4));
+        assert_eq!(replaced.replicas, vec![NodeId::new(2), NodeId::new(3), NodeId::new(4)]);
+        assert_eq!(replaced.isr, vec![NodeId::new(2), NodeId::new(3), NodeId::new(4)]);
+        assert_eq!(
+            (replaced.leader, replaced.leader_epoch, replaced.epoch),
+            (NodeId::new(4), LeaderEpoch::new(4), Epoch::new(3))
+        );
+        // Replacing a follower keeps the leader and its leader epoch.
+        let follower =
+            switched_meta(TaskKind::Replace { from: NodeId::new(3), to: NodeId::new(4) }, &base, NodeId::new(4));
+        assert_eq!((follower.leader, follower.leader_epoch), (NodeId::new(1), LeaderEpoch::new(3)));
     }
 }
