@@ -542,9 +542,9 @@ impl ChannelMachine {
     /// HW = the MinISR-th highest durable match among ISR members, but only once this leader's barrier is
     /// covered.
     pub(super) fn leader_recompute_hw(&mut self) {
-        let Some(meta) = self.meta.clone() else { return };
-        if meta.replication_frozen() {
-            // This leader reported evidence for a failover: what it commits now, the evidence cannot show.
+        // No meta, or frozen: this leader reported evidence for a failover, and what it commits now the
+        // evidence cannot show.
+        if self.meta.as_ref().is_none_or(ChannelRuntimeMeta::replication_frozen) {
             return;
         }
         // Our own match: the durable log, cut at any truncation not yet durable.
@@ -555,23 +555,7 @@ impl ChannelMachine {
                 self.leader_new_records();
             }
         }
-        let end = self.log.end;
-        let me = self.me;
-        let Some(leader) = self.leader() else { return };
-        let min_isr = usize::from(meta.min_isr);
-        let quorum_match = |isr: &[NodeId]| -> Option<Seq> {
-            let mut matches: Vec<Seq> = isr
-                .iter()
-                .map(|n| if *n == me { own } else { leader.progress.get(n).map_or(Seq::new(0), |p| p.match_seq) })
-                .collect();
-            matches.sort_unstable_by(|a, b| b.cmp(a));
-            matches.get(min_isr - 1).copied()
-        };
-        let Some(mut candidate) = quorum_match(&meta.isr) else { return };
-        if let Some((_, proposed)) = &leader.pending_isr {
-            candidate = candidate.min(quorum_match(proposed).unwrap_or(Seq::new(0)));
-        }
-        let candidate = candidate.min(end);
+        let Some(candidate) = self.quorum_candidate(own) else { return };
         let barrier_rule = !self.config.unsafe_test_switches.skip_barrier_rule;
         let Some(leader) = self.leader() else { return };
         if barrier_rule && candidate < leader.barrier_seq {
@@ -581,6 +565,27 @@ impl ChannelMachine {
             self.log.hw = candidate;
             self.leader_hw_advanced();
         }
+    }
+
+    /// The highest seq that MinISR members of the ISR hold durably (and of the proposed ISR too, while
+    /// one is pending), with `own` as this leader's durable match; never past the log's end. `None`
+    /// without meta or leadership, or with fewer ISR members than MinISR.
+    fn quorum_candidate(&self, own: Seq) -> Option<Seq> {
+        let (Some(meta), Role::Leader(leader)) = (&self.meta, &self.role) else { return None };
+        let (me, min_isr) = (self.me, usize::from(meta.min_isr));
+        let quorum_match = |isr: &[NodeId]| -> Option<Seq> {
+            let mut matches: Vec<Seq> = isr
+                .iter()
+                .map(|n| if *n == me { own } else { leader.progress.get(n).map_or(Seq::new(0), |p| p.match_seq) })
+                .collect();
+            matches.sort_unstable_by(|a, b| b.cmp(a));
+            matches.get(min_isr - 1).copied()
+        };
+        let mut candidate = quorum_match(&meta.isr)?;
+        if let Some((_, proposed)) = &leader.pending_isr {
+            candidate = candidate.min(quorum_match(proposed).unwrap_or(Seq::new(0)));
+        }
+        Some(candidate.min(self.log.end))
     }
 
     fn leader_hw_advanced(&mut self) {
@@ -661,13 +666,12 @@ impl ChannelMachine {
     /// below HW, and taking out a member that holds HW instead would leave committed records on fewer
     /// than MinISR ISR members — too few for a failover's evidence to be sure to include one.
     fn maybe_propose_shrink(&mut self) {
-        let Some(meta) = self.meta.clone() else { return };
         let now = self.now;
         let lag = self.config.isr_lag;
         let me = self.me;
         let hw = self.log.hw;
         let own = self.log.consistent_durable_end();
-        let Some(leader) = self.leader() else { return };
+        let (Some(meta), Role::Leader(leader)) = (&self.meta, &self.role) else { return };
         if leader.proposal.is_some() || meta.isr.len() <= usize::from(meta.min_isr) || meta.write_fence.is_some() {
             return;
         }
@@ -683,6 +687,8 @@ impl ChannelMachine {
             late && keeps_commits(n)
         });
         let Some(&node) = lagging else { return };
+        // Copied only now: this runs on every timer of every leader.
+        let meta = meta.clone();
         let mut isr = meta.isr.clone();
         isr.retain(|n| *n != node);
         self.propose_isr(&meta, isr, MetaChangeReason::ShrinkIsr { node });
@@ -704,19 +710,20 @@ impl ChannelMachine {
     /// Proposes adding a replica to the ISR once it proved, under this leader and epoch, that it holds
     /// everything committed and has caught up with our log end.
     fn maybe_propose_expansion(&mut self, node: NodeId) {
-        let Some(meta) = self.meta.clone() else { return };
+        let (Some(meta), Role::Leader(leader)) = (&self.meta, &self.role) else { return };
         if meta.in_isr(node) || meta.write_fence.is_some() {
             return;
         }
         let hw = self.log.hw;
         let end = self.log.end;
-        let Some(leader) = self.leader() else { return };
         let Some(progress) = leader.progress.get(&node) else { return };
         let proven = progress.match_seq >= hw && progress.match_seq >= end && hw >= leader.barrier_seq;
         if leader.proposal.is_some() || !proven {
             return;
         }
         let match_seq = progress.match_seq;
+        // Copied only now: this runs on every pull a leader takes.
+        let meta = meta.clone();
         let mut isr = meta.isr.clone();
         isr.push(node);
         self.propose_isr(&meta, isr, MetaChangeReason::ExpandIsr { node, match_seq, hw });
