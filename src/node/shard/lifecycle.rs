@@ -69,14 +69,19 @@ impl ChannelShard {
     /// `stored_here`: this node's slot replica holds it.
     pub(super) fn learn_meta(&mut self, meta: ChannelRuntimeMeta, stored_here: bool) {
         let channel = meta.channel.clone();
-        let known = self.metas.get_mut(&channel);
-        let newer = known.as_ref().is_none_or(|known| meta.version > known.meta.version);
-        if let Some(known) = known.filter(|known| known.meta.version == meta.version) {
-            // The version pushed by the slot leader, now applied by this node's slot replica too.
-            known.stored_here |= stored_here;
-        }
+        let (newer, new_leadership) = match self.metas.get_mut(&channel) {
+            None => (true, false),
+            Some(known) if meta.version > known.meta.version => (true, known.meta.leader_epoch != meta.leader_epoch),
+            Some(known) => {
+                if known.meta.version == meta.version {
+                    // The version pushed by the slot leader, now applied by this node's slot replica too.
+                    known.stored_here |= stored_here;
+                }
+                (false, false)
+            }
+        };
         if newer {
-            if self.metas.get(&channel).is_some_and(|known| known.meta.leader_epoch != meta.leader_epoch) {
+            if new_leadership {
                 // A new leadership: whatever this replica asked for is settled, and appends forwarded
                 // to another leader end now (outcome unknown: the caller retries with the same keys)
                 // instead of at their timeout.
@@ -174,6 +179,8 @@ impl ChannelShard {
         // A meta this node's slot replica applied (or was read from) is there already, at that version
         // or a newer one: no read (at 100,000 channels with idle eviction, reading it back was about a
         // tenth of a reactor's time). Only a meta pushed before the local replica applied it is checked.
+        // Should the store have let it go since (a hash slot migrated away before this shard heard), the
+        // next use finds none here and fetches it from the slot group: slower, never a wrong meta.
         let forget = match self.metas.get(channel) {
             Some(known) if known.stored_here => true,
             known => {

@@ -300,7 +300,8 @@ impl ChannelShard {
     /// Feeds `inputs` in order, touching the replicas of `WARM_RUN` of them in one loop before feeding
     /// those (see `ChannelMachine::warm`): a frame of a peer or a round of storage completions names
     /// hundreds of replicas, and fed one by one each waited for its own cache misses (perf at 10,000
-    /// channels: two thirds of a completion's time in the machine went to its first load).
+    /// channels: two thirds of the time `ChannelMachine::handle_persisted` spent in its own code went to
+    /// its first load of the machine).
     pub(crate) fn handle_all<T>(
         &mut self,
         now: Time,

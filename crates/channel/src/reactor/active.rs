@@ -56,7 +56,8 @@ pub struct ActiveChannels {
     dirty: Vec<u32>,
     timers: BinaryHeap<Reverse<Filed>>,
     filed: u64,
-    /// Drains left before the next run of the drain list is touched (see [`ActiveChannels::drain_next`]).
+    /// Drains left before the next run of the drain list is touched (see [`ActiveChannels::drain_next`]);
+    /// 0 at the start of each drain.
     drain_warmed: usize,
 }
 
@@ -147,6 +148,8 @@ impl ActiveChannels {
             self.refile(slot);
             return Some(channel);
         }
+        // The drain ended: the next one starts by touching its first run.
+        self.drain_warmed = 0;
         None
     }
 
