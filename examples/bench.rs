@@ -27,7 +27,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 use support::cluster::{max_rate, paced, Cluster, CLIENTS};
-use support::{ceiling, cpu_per_message, flag_value, process_cpu, RECORD_BYTES};
+use support::{ceiling, flag_value, with_cpu_per_message, RECORD_BYTES};
 use tidings::types::{ChannelId, ChannelType};
 
 // jemalloc, as a host running a busy node would: under glibc's allocator, large buffers freed and
@@ -77,9 +77,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_rate(&cluster, &channels, channels.len().max(CLIENTS * 64), 1024);
         let in_flight = in_flight_override.unwrap_or(if count == 1 { 256 } else { 2048 });
         let journal = JournalTally::now(&cluster);
-        let cpu = process_cpu();
-        let top = max_rate(&cluster, &channels, messages * scale, in_flight);
-        let cpu_top = cpu_per_message(cpu, process_cpu(), messages * scale);
+        let (top, cpu_top) =
+            with_cpu_per_message(messages * scale, || max_rate(&cluster, &channels, messages * scale, in_flight));
         let journal_top = journal.since(&cluster);
         // Full runs pace for 15 s: long enough to include write-behind rounds (every second) and the
         // controller's idle repair pass (every 10 s), which both read and write sled beside the traffic.
@@ -87,10 +86,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let journal = JournalTally::now(&cluster);
         #[allow(clippy::cast_precision_loss)] // A rate of messages per second.
         let half_rate = paced_rate.map_or(top.rate / 2.0, |r| r as f64);
-        let cpu = process_cpu();
-        let half = paced(&cluster, &channels, half_rate, paced_for);
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A count of messages sent.
-        let cpu_half = cpu_per_message(cpu, process_cpu(), (half_rate * paced_for.as_secs_f64()) as usize);
+        let sent = (half_rate * paced_for.as_secs_f64()) as usize;
+        let (half, cpu_half) = with_cpu_per_message(sent, || paced(&cluster, &channels, half_rate, paced_for));
         let journal_half = journal.since(&cluster);
         println!(
             "{count:>6} channels (created in {created:.2?}): {:>7.0} msg/s ({in_flight} in flight, p50 {:.2?} p99 {:.2?}); at half rate p50 {:.2?} p99 {:.2?}",

@@ -29,9 +29,7 @@ use std::time::{Duration, Instant};
 use support::cluster::{max_rate, paced, Cluster, CLIENTS};
 use support::raft_baseline::RaftPerChannel;
 use support::store::{channel, journal_run, sled_alone, SUSTAINED_COMMITS};
-use support::{
-    ceiling, cpu_per_message, env_value, flag_value, process_cpu, Figures, CDF_POINTS, PER_SYNC, RECORD_BYTES,
-};
+use support::{ceiling, env_value, flag_value, with_cpu_per_message, Figures, CDF_POINTS, PER_SYNC, RECORD_BYTES};
 use tidings::store::message::{JournalConfig, JournalLog};
 use tidings::store::{Kv, SledKv};
 use tidings::types::{ChannelId, ChannelType};
@@ -168,9 +166,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             memory.push(("per active channel replica", per));
         }
         let in_flight = if count == 1 { 256 } else { 2048 };
-        let cpu = process_cpu();
-        let top = max_rate(&cluster, &channels, messages * scale.min(2), in_flight);
-        let cpu = cpu_per_message(cpu, process_cpu(), messages * scale.min(2));
+        let sent = messages * scale.min(2);
+        let (top, cpu) = with_cpu_per_message(sent, || max_rate(&cluster, &channels, sent, in_flight));
         let half = paced(&cluster, &channels, top.rate / 2.0, Duration::from_secs(2 * scale as u64));
         println!(
             "tidings {count:>6} channels (created in {created:.1?}): {:>7.0} msg/s ({cpu}), p50 {:.2?} p99 {:.2?} p99.9 {:.2?}; half rate p99 {:.2?}",
@@ -209,9 +206,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             memory.push(("per raft group replica (= per slot group replica)", per));
         }
         let in_flight = if count == 1 { 256 } else { 2048 };
-        let cpu = process_cpu();
-        let f = baseline.run(messages * scale.min(2), in_flight);
-        let cpu = cpu_per_message(cpu, process_cpu(), messages * scale.min(2));
+        let sent = messages * scale.min(2);
+        let (f, cpu) = with_cpu_per_message(sent, || baseline.run(sent, in_flight));
         println!(
             "raft-per-channel {count:>6} groups (elected in {started:.1?}): {:>7.0} msg/s ({cpu}), p50 {:.2?} p99 {:.2?} p99.9 {:.2?}",
             f.rate, f.p50, f.p99, f.p999

@@ -34,14 +34,18 @@ pub fn process_cpu() -> Option<Duration> {
     Some(Duration::from_millis((user + system) * 10))
 }
 
-/// CPU per message between two [`process_cpu`] readings, as "N µs CPU/msg" (empty when unknown).
-pub fn cpu_per_message(before: Option<Duration>, after: Option<Duration>, messages: usize) -> String {
-    match (before, after) {
+/// Runs `phase`, which sends `messages`, and returns its result with the process's CPU per message
+/// over it, as "N µs CPU/msg" (empty where [`process_cpu`] is unknown).
+pub fn with_cpu_per_message<T>(messages: usize, phase: impl FnOnce() -> T) -> (T, String) {
+    let before = process_cpu();
+    let result = phase();
+    let per_message = match (before, process_cpu()) {
         (Some(b), Some(a)) if messages > 0 => {
             format!("{:.1} µs CPU/msg", a.saturating_sub(b).as_secs_f64() * 1e6 / messages as f64)
         }
         _ => String::new(),
-    }
+    };
+    (result, per_message)
 }
 
 /// Record size of the message benchmarks.
