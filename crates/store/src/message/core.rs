@@ -15,7 +15,9 @@ use tidings_types::{ChannelId, Seq};
 /// enough that what they brought in is still cached when the apply reaches it.
 const WARM_RUN: usize = 32;
 
-/// Index of a channel's entry in [`LogCore`]; stable for the life of the log (entries are never removed).
+/// Index of a channel's entry in [`LogCore`]; stable while the entry is in memory (a slot is reused only
+/// after its entry left, and an entry leaves only when no staged batch names it: see
+/// [`LogCore::drop_released`]).
 ///
 /// Staging resolves it once per channel and hands it with each staged batch, so applying a durable group
 /// neither hashes channel ids nor touches them: the id's bytes and reference count were last written by
@@ -49,6 +51,11 @@ pub(crate) struct ChannelEntry {
     /// `persisted_changes`.
     pub(crate) changes: u64,
     pub(crate) persisted_changes: u64,
+    /// On [`LogCore`]'s list of changed entries (see [`LogCore::take_changed`]).
+    listed: bool,
+    /// Nothing in memory uses the channel (its replica left, or it was loaded only to be read): the entry
+    /// may leave memory once everything it holds is in older storage ([`LogCore::drop_released`]).
+    released: bool,
 }
 
 impl ChannelEntry {
@@ -77,41 +84,66 @@ impl ChannelEntry {
             idempotency: None,
             changes: 0,
             persisted_changes: 0,
+            listed: false,
+            released: false,
         }
+    }
+
+    /// Everything the entry holds is in older storage, and no write-behind round holds it.
+    fn is_written_behind(&self) -> bool {
+        self.changes == self.persisted_changes && self.flushing.is_none() && self.mem.last().is_none()
     }
 }
 
-/// Entries per chunk of an [`EntryTable`] (~850 KB of entries).
-const ENTRY_CHUNK: usize = 4096;
-
-/// The entries, in chunks of [`ENTRY_CHUNK`] that never move once full. As one vector, every doubling
-/// copied all entries under the lock every sync's apply needs (208 B an entry: ~200 MB at a million channels), and up to
-/// half of its room stood empty.
+/// The entries, each boxed in a slot of one vector; a slot emptied by an entry that left memory is reused
+/// by the next new one. Boxed so that entries that left cost 8 bytes at most (a burst of channels would
+/// otherwise keep its whole footprint), and so that growing the vector copies pointers, not entries.
 #[derive(Debug, Default)]
 struct EntryTable {
-    chunks: Vec<Vec<ChannelEntry>>,
+    slots: Vec<Option<Box<ChannelEntry>>>,
+    /// Empty slots.
+    free: Vec<u32>,
 }
 
 impl EntryTable {
+    /// Entries in memory.
     fn len(&self) -> usize {
-        // Every chunk but the last is full.
-        self.chunks.last().map_or(0, |last| (self.chunks.len() - 1) * ENTRY_CHUNK + last.len())
+        self.slots.len() - self.free.len()
     }
 
-    fn push(&mut self, entry: ChannelEntry) {
-        match self.chunks.last_mut() {
-            // The first chunk grows as a vector does (a small log stays small); later ones start whole.
-            Some(chunk) if chunk.len() < ENTRY_CHUNK => chunk.push(entry),
-            _ => {
-                let mut chunk = Vec::with_capacity(if self.chunks.is_empty() { 0 } else { ENTRY_CHUNK });
-                chunk.push(entry);
-                self.chunks.push(chunk);
-            }
+    fn insert(&mut self, entry: ChannelEntry) -> EntryId {
+        let entry = Some(Box::new(entry));
+        if let Some(slot) = self.free.pop() {
+            self.slots[slot as usize] = entry;
+            return EntryId(slot);
         }
+        let slot = u32::try_from(self.slots.len()).expect("fewer than 2^32 channels in memory");
+        self.slots.push(entry);
+        EntryId(slot)
+    }
+
+    fn remove(&mut self, id: EntryId) -> Box<ChannelEntry> {
+        let entry = self.slots[id.0 as usize].take().expect("an entry removed once");
+        self.free.push(id.0);
+        entry
+    }
+
+    /// Gives back the room of empty slots once most slots are empty.
+    fn shrink_if_sparse(&mut self) {
+        if self.slots.len() <= 4 * self.len() + 1024 {
+            return;
+        }
+        while self.slots.last().is_some_and(Option::is_none) {
+            self.slots.pop();
+        }
+        let len = self.slots.len() as u32;
+        self.free.retain(|slot| *slot < len);
+        self.slots.shrink_to(2 * self.len() + 1024);
+        self.free.shrink_to_fit();
     }
 
     fn iter_mut(&mut self) -> impl Iterator<Item = &mut ChannelEntry> {
-        self.chunks.iter_mut().flatten()
+        self.slots.iter_mut().flatten().map(|entry| &mut **entry)
     }
 }
 
@@ -119,42 +151,93 @@ impl std::ops::Index<EntryId> for EntryTable {
     type Output = ChannelEntry;
 
     fn index(&self, id: EntryId) -> &ChannelEntry {
-        let i = id.0 as usize;
-        &self.chunks[i / ENTRY_CHUNK][i % ENTRY_CHUNK]
+        self.slots[id.0 as usize].as_deref().expect("an id in use names an entry in memory")
     }
 }
 
 impl std::ops::IndexMut<EntryId> for EntryTable {
     fn index_mut(&mut self, id: EntryId) -> &mut ChannelEntry {
-        let i = id.0 as usize;
-        &mut self.chunks[i / ENTRY_CHUNK][i % ENTRY_CHUNK]
+        self.slots[id.0 as usize].as_deref_mut().expect("an id in use names an entry in memory")
     }
 }
 
 /// Shared message-log state. Not thread-safe by itself: implementations hold it behind a lock.
+///
+/// A log backed by older storage ([`LogCore::backed`], the journal) lets entries leave memory: a
+/// channel whose replica left ([`LogCore::release`]) keeps no entry once everything it holds is written
+/// behind ([`LogCore::drop_released`]), and the implementation loads it again on its next use
+/// ([`LogCore::insert_loaded`]). Without that, every channel a node ever wrote kept ~300 bytes here.
 #[derive(Debug)]
 pub(crate) struct LogCore {
     /// Fx hashing: deterministic (no random seed), and cheap for the short ids channels have.
     index: FxHashMap<ChannelId, EntryId>,
     entries: EntryTable,
+    /// Entries changed since write-behind last took them, each once (so a round's cost follows the
+    /// channels written, not the channels in memory). Only when `backed`.
+    changed: Vec<EntryId>,
+    /// Channels released while in memory, to drop once written behind. May name a channel twice, or one
+    /// whose entry left or was used again since. Only when `backed`.
+    released: Vec<ChannelId>,
+    backed: bool,
     pub(crate) mem_bytes: usize,
     pub(crate) limits: LogLimits,
 }
 
 impl LogCore {
+    /// A log that keeps every entry in memory (nothing is written behind).
     pub(crate) fn new(limits: LogLimits) -> Self {
-        Self { index: FxHashMap::default(), entries: EntryTable::default(), mem_bytes: 0, limits }
+        Self {
+            index: FxHashMap::default(),
+            entries: EntryTable::default(),
+            changed: Vec::new(),
+            released: Vec::new(),
+            backed: false,
+            mem_bytes: 0,
+            limits,
+        }
     }
 
-    /// The entry of `channel`, created (empty: the state of a never-written channel) if it has none.
+    /// A log whose records and states are written behind into older storage, from which the
+    /// implementation loads the entries that left memory.
+    pub(crate) fn backed(limits: LogLimits) -> Self {
+        Self { backed: true, ..Self::new(limits) }
+    }
+
+    /// The entry of `channel`, created (empty: the state of a never-written channel) if it has none. A
+    /// backed log's caller loads a channel's stored entry first ([`LogCore::insert_loaded`]).
     pub(crate) fn entry_id(&mut self, channel: &ChannelId) -> EntryId {
         if let Some(&id) = self.index.get(channel) {
             return id;
         }
-        let id = EntryId(u32::try_from(self.entries.len()).expect("fewer than 2^32 channels in one log"));
-        self.entries.push(ChannelEntry::new(channel.clone()));
+        let id = self.entries.insert(ChannelEntry::new(channel.clone()));
         self.index.insert(channel.clone(), id);
         id
+    }
+
+    /// Puts back in memory the entry of `channel` as older storage holds it: its state and the last seq
+    /// stored there. Released: it leaves again once written behind, unless staging takes it. Older
+    /// storage may hold stale packs past `older_through` (a round cut before this state landed, before a
+    /// restart), so its next write-behind clears them first.
+    pub(crate) fn insert_loaded(&mut self, channel: &ChannelId, state: ChannelLogState, older_through: Seq) -> EntryId {
+        debug_assert!(!self.index.contains_key(channel), "loaded only when not in memory");
+        let mut entry = ChannelEntry::new(channel.clone());
+        entry.state = state;
+        entry.older_through = older_through;
+        entry.older_dirty_after = Some(older_through);
+        let id = self.entries.insert(entry);
+        self.index.insert(channel.clone(), id);
+        self.release(channel);
+        id
+    }
+
+    /// `true` if `channel`'s entry is in memory.
+    pub(crate) fn contains(&self, channel: &ChannelId) -> bool {
+        self.index.contains_key(channel)
+    }
+
+    /// Entries in memory.
+    pub(crate) fn resident(&self) -> usize {
+        self.entries.len()
     }
 
     /// The entry of `channel`, if it has one.
@@ -168,22 +251,26 @@ impl LogCore {
     }
 
     /// The durable state of `channel` and its entry (created if it has none): where staging starts a
-    /// channel's tail.
+    /// channel's tail. The entry is in use again: it stays in memory until released.
     pub(crate) fn durable_tail(&mut self, channel: &ChannelId) -> (ChannelLogState, EntryId) {
         let id = self.entry_id(channel);
-        (self.entries[id].state.clone(), id)
-    }
-
-    /// The entry `id` names.
-    pub(crate) fn entry_mut(&mut self, id: EntryId) -> &mut ChannelEntry {
-        &mut self.entries[id]
+        let entry = &mut self.entries[id];
+        entry.released = false;
+        (entry.state.clone(), id)
     }
 
     /// Every channel changed since its last write-behind: its memory table moves to `flushing` (an `Arc`
     /// shared with the caller: no record is copied), and `make` builds the caller's item from the entry.
+    /// A backed log only (others list no changes).
     pub(crate) fn take_changed<T>(&mut self, mut make: impl FnMut(&ChannelEntry, Arc<MemTable>) -> T) -> Vec<T> {
+        debug_assert!(self.backed, "only a backed log writes behind");
         let mut taken = Vec::new();
-        for entry in self.entries.iter_mut().filter(|e| e.changes != e.persisted_changes) {
+        for id in std::mem::take(&mut self.changed) {
+            let entry = &mut self.entries[id];
+            entry.listed = false;
+            if entry.changes == entry.persisted_changes {
+                continue;
+            }
             // Every round ends by dropping its tables or putting them back; should one not have, its records
             // go first rather than being lost.
             debug_assert!(entry.flushing.is_none(), "one write-behind round at a time");
@@ -193,6 +280,50 @@ impl LogCore {
             taken.push(make(entry, records));
         }
         taken
+    }
+
+    /// Lists `channel` for the next write-behind again if it still holds changes not written behind (after
+    /// a round that failed or that a truncation overtook).
+    pub(crate) fn relist(&mut self, channel: &ChannelId) {
+        let Some(&id) = self.index.get(channel) else { return };
+        let entry = &mut self.entries[id];
+        if self.backed && !entry.listed && entry.changes != entry.persisted_changes {
+            entry.listed = true;
+            self.changed.push(id);
+        }
+    }
+
+    /// Takes out of memory the entries of released channels that are written behind and that `in_use`
+    /// (the caller's staging) does not name, looking at up to `budget` listed channels; returns how many
+    /// left and whether listed channels were not looked at. The caller must make sure that no staged
+    /// batch not yet applied names a channel for which `in_use` is `false`: such a batch would be applied
+    /// to whatever entry takes the slot next.
+    pub(crate) fn drop_released(&mut self, budget: usize, mut in_use: impl FnMut(&ChannelId) -> bool) -> (usize, bool) {
+        let mut dropped = 0;
+        let mut listed = std::mem::take(&mut self.released);
+        let later = listed.split_off(listed.len().min(budget));
+        let mut kept = Vec::new();
+        for channel in listed {
+            let Some(&id) = self.index.get(&channel) else { continue };
+            let entry = &self.entries[id];
+            if !entry.released {
+                continue;
+            }
+            if !entry.is_written_behind() || in_use(&channel) {
+                kept.push(channel);
+                continue;
+            }
+            debug_assert!(!entry.listed, "an entry written behind is not listed as changed");
+            self.index.remove(&channel);
+            self.entries.remove(id);
+            dropped += 1;
+        }
+        let more = !later.is_empty();
+        kept.extend(later);
+        self.released = kept;
+        crate::shrink_if_sparse(&mut self.index);
+        self.entries.shrink_if_sparse();
+        (dropped, more)
     }
 
     /// Applies durable groups, oldest first (from [`Staging::take_durable`](super::staging::Staging)).
@@ -242,6 +373,10 @@ impl LogCore {
     fn apply_ops(&mut self, id: EntryId, ops: Vec<LogOp>) -> Result<(), LogRefusal> {
         let entry = &mut self.entries[id];
         entry.changes += 1;
+        if self.backed && !entry.listed {
+            entry.listed = true;
+            self.changed.push(id);
+        }
         for op in ops {
             entry.state.apply(&entry.channel, &op)?;
             match op {
@@ -354,10 +489,15 @@ impl LogCore {
         }
     }
 
-    /// Drops `channel`'s idempotency window from memory (rebuilt on the next lookup).
-    pub(crate) fn release_caches(&mut self, channel: &ChannelId) {
-        if let Some(entry) = self.get_mut(channel) {
-            entry.idempotency = None;
+    /// Nothing in memory uses `channel` any more: its idempotency window goes now (rebuilt on the next
+    /// lookup), and in a backed log its entry once written behind ([`LogCore::drop_released`]).
+    pub(crate) fn release(&mut self, channel: &ChannelId) {
+        let Some(&id) = self.index.get(channel) else { return };
+        let entry = &mut self.entries[id];
+        entry.idempotency = None;
+        if self.backed && !entry.released {
+            entry.released = true;
+            self.released.push(channel.clone());
         }
     }
 }
@@ -382,23 +522,57 @@ mod tests {
         read.iter().map(|r| r.seq.get()).collect()
     }
 
+    fn named(i: usize) -> ChannelId {
+        ChannelId::new(ChannelType::GROUP, &format!("c{i}")).unwrap()
+    }
+
+    /// Marks everything written behind, as a finished round does.
+    fn write_behind(core: &mut LogCore) {
+        let taken = core.take_changed(|e, _| (e.channel.clone(), e.changes));
+        for (channel, changes) in taken {
+            let entry = core.get_mut(&channel).unwrap();
+            entry.persisted_changes = changes;
+            entry.flushing = None;
+        }
+    }
+
     #[test]
-    fn entries_beyond_one_chunk_keep_their_ids_and_states() {
-        let mut core = LogCore::new(LogLimits::default());
-        let channels: Vec<ChannelId> =
-            (0..ENTRY_CHUNK * 2 + 3).map(|i| ChannelId::new(ChannelType::GROUP, &format!("c{i}")).unwrap()).collect();
-        let ids: Vec<EntryId> = channels.iter().map(|c| core.entry_id(c)).collect();
-        assert_eq!(core.entries.len(), channels.len());
-        assert_eq!(core.entries.chunks.len(), 3);
-        for (i, channel) in channels.iter().enumerate().step_by(97) {
+    fn entries_keep_their_ids_and_states_and_only_released_written_behind_ones_leave() {
+        let mut core = LogCore::backed(LogLimits::default());
+        let channels: Vec<ChannelId> = (0..100).map(named).collect();
+        let ids: Vec<EntryId> = channels.iter().map(|c| core.durable_tail(c).1).collect();
+        for (i, channel) in channels.iter().enumerate().step_by(7) {
             core.apply_durable(crate::message::test_append(channel, 1, i as u64 % 3 + 1)).unwrap();
         }
         for (i, (channel, id)) in channels.iter().zip(&ids).enumerate() {
             assert_eq!(core.entry_id(channel), *id, "ids are stable");
-            let expected = if i % 97 == 0 { i as u64 % 3 + 1 } else { 0 };
+            let expected = if i % 7 == 0 { i as u64 % 3 + 1 } else { 0 };
             assert_eq!(core.state(channel).last_seq, Seq::new(expected), "{channel}");
-            assert_eq!(&core.entry_mut(*id).channel, channel);
+            assert_eq!(&core.entries[*id].channel, channel);
         }
+        // Released: the odd ones. Not yet written behind: the written ones among them stay.
+        channels.iter().skip(1).step_by(2).for_each(|c| core.release(c));
+        let busy = &channels[3];
+        let (dropped, more) = core.drop_released(usize::MAX, |c| c == busy);
+        let written_odd = (1..100).step_by(2).filter(|i| i % 7 == 0).count();
+        assert_eq!((dropped, more), (50 - written_odd - 1, false));
+        assert!(core.contains(busy), "an entry staging names stays");
+        write_behind(&mut core);
+        assert_eq!(core.drop_released(usize::MAX, |_| false), (written_odd + 1, false));
+        assert_eq!(core.resident(), 50);
+        for (i, channel) in channels.iter().enumerate() {
+            assert_eq!(core.contains(channel), i % 2 == 0, "{channel}");
+        }
+        // A staged-to entry is in use again and stays; the slots left empty are reused.
+        core.release(&channels[0]);
+        core.durable_tail(&channels[0]);
+        assert_eq!(core.drop_released(usize::MAX, |_| false), (0, false));
+        let again = core.entry_id(&named(1000));
+        assert!(ids.contains(&again), "a new entry takes an empty slot");
+        // The budget bounds the work of one call.
+        channels.iter().step_by(2).skip(1).for_each(|c| core.release(c));
+        assert_eq!(core.drop_released(10, |_| false), (10, true));
+        assert_eq!(core.drop_released(usize::MAX, |_| false), (39, false));
     }
 
     /// Write-behind takes a memory table without copying it: its records stay readable (in order with those
@@ -406,7 +580,7 @@ mod tests {
     /// before it cuts.
     #[test]
     fn records_taken_by_write_behind_stay_readable_and_a_truncation_puts_them_back() {
-        let mut core = LogCore::new(LogLimits::default());
+        let mut core = LogCore::backed(LogLimits::default());
         core.apply_durable(append(1, 5)).unwrap();
         let per_record = core.mem_bytes / 5;
         let taken = core.take_changed(|_, records| records);

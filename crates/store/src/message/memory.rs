@@ -70,7 +70,7 @@ impl MessageLog for MemoryLog {
             // Nothing durable waits to be applied here: each sync applied its group before returning.
             staging.refresh_tails();
         }
-        let entry = staging.check(&batch, |channel| visible.durable_tail(channel))?;
+        let entry = staging.check(&batch, |channel| Ok(visible.durable_tail(channel)))?;
         Ok(staging.push(entry, batch))
     }
 
@@ -112,6 +112,6 @@ impl MessageLog for MemoryLog {
     fn release_caches(&self, channel: &ChannelId) {
         let mut parts = self.core.lock();
         parts.staging.forget_tail(channel);
-        parts.visible.release_caches(channel);
+        parts.visible.release(channel);
     }
 }

@@ -121,7 +121,9 @@ pub trait MessageLog: Send + Sync {
     /// The record appended with `key` among the channel's last [`LogLimits::idempotency_window`] seqs.
     fn idempotent(&self, channel: &ChannelId, key: &IdempotencyKey) -> StoreResult<Option<IdempotentHit>>;
 
-    /// Drops caches held for `channel` (e.g. when its runtime is evicted); durable data is unaffected.
+    /// Drops what is held in memory for `channel` (when its replica is evicted): its caches at once and,
+    /// in a log that writes behind, everything else once written behind (the next use reads it back).
+    /// Durable data is unaffected.
     fn release_caches(&self, channel: &ChannelId);
 
     /// Waits up to `patience` for memory to stage into (a [`StoreError::Busy`] from `stage` means records

@@ -138,7 +138,7 @@ impl<M> Staging<M> {
     pub(crate) fn check(
         &mut self,
         batch: &LogBatch,
-        durable: impl FnOnce(&ChannelId) -> (ChannelLogState, EntryId),
+        durable: impl FnOnce(&ChannelId) -> StoreResult<(ChannelLogState, EntryId)>,
     ) -> StoreResult<EntryId> {
         debug_assert!(!self.tails_stale, "refresh_tails first");
         let records = batch.records().count();
@@ -152,13 +152,11 @@ impl<M> Staging<M> {
             }
             .into());
         }
-        let tail = match self.tails.get_mut(&batch.channel) {
-            Some(tail) => tail,
-            None => self.tails.entry(batch.channel.clone()).or_insert_with(|| {
-                let (state, entry) = durable(&batch.channel);
-                Tail { state, entry, last_receipt: 0 }
-            }),
-        };
+        if !self.tails.contains_key(&batch.channel) {
+            let (state, entry) = durable(&batch.channel)?;
+            self.tails.insert(batch.channel.clone(), Tail { state, entry, last_receipt: 0 });
+        }
+        let tail = self.tails.get_mut(&batch.channel).expect("a tail for every channel checked");
         if let [op] = batch.ops.as_slice() {
             // One op: `apply` changes nothing when it refuses, so no copy is needed.
             tail.state.apply(&batch.channel, op)?;
@@ -185,6 +183,12 @@ impl<M> Staging<M> {
         if !on_their_way && self.tails.remove(channel).is_some() {
             crate::shrink_if_sparse(&mut self.tails);
         }
+    }
+
+    /// `true` if `channel` has a tail. Without one (and with tails not stale), no batch of the channel
+    /// waits to be staged, synced or taken to be applied: its visible state says everything.
+    pub(crate) fn has_tail(&self, channel: &ChannelId) -> bool {
+        self.tails.contains_key(channel)
     }
 
     /// Number of channels with a tail.

@@ -137,6 +137,11 @@ pub struct JournalStats {
     pub mem_bytes: usize,
     /// Journal segment files on disk now.
     pub segments: usize,
+    /// Channels whose entry (state, memory table) is in memory now. An entry leaves once its channel was
+    /// released ([`MessageLog::release_caches`]) and everything it holds is written behind.
+    pub channels_in_memory: usize,
+    /// Entries that left memory that way.
+    pub channels_dropped: u64,
 }
 
 struct Visible {
@@ -174,6 +179,7 @@ pub struct JournalLog {
     records_written_behind: AtomicU64,
     segments_deleted: AtomicU64,
     spares_filled: AtomicU64,
+    channels_dropped: AtomicU64,
     /// One spare zero-filled at a time.
     filling_spares: Mutex<()>,
 }
@@ -195,6 +201,8 @@ enum StageFailure {
 const FORMAT: u32 = 2;
 const FORMAT_KEY: &[u8] = b"format";
 const SCAN_PAGE: usize = 64;
+/// Most released entries [`JournalLog::drop_released_entries`] looks at under one hold of the locks.
+const DROP_RUN: usize = 4096;
 /// Packs a read looks at first, from its end backwards (see `JournalLog::read_older`).
 const TAIL_PACKS: usize = 4;
 
@@ -211,19 +219,33 @@ impl JournalLog {
                 detail: "journal checkpoint does not decode",
             })?,
         };
-        let mut core = LogCore::new(config.limits);
-        let ahead = load_states(kv.as_ref(), &mut core, checkpoint.next_frame)?;
+        // Entries are loaded as the replay meets their channels, not all at open: a node that wrote a
+        // million channels opens in the time its journal takes, and keeps in memory only those it uses.
+        let mut core = LogCore::backed(config.limits);
+        // Channels whose stored state is ahead of the checkpoint, with the frame it includes everything before.
+        let mut ahead = rustc_hash::FxHashMap::default();
         let journal = Journal::open(dir.as_ref(), config.segment_bytes, checkpoint, |pos, body| {
             let corrupt = |detail| StoreError::Corrupt {
                 location: CorruptLocation::Journal { segment: pos.segment, offset: pos.offset },
                 detail,
             };
             let batch = decode_batch(body).ok_or(corrupt("journal frame does not decode"))?;
+            if !core.contains(&batch.channel) {
+                if let Some(frames_before) = load_entry(kv.as_ref(), &mut core, &batch.channel)? {
+                    if frames_before > checkpoint.next_frame {
+                        ahead.insert(batch.channel.clone(), frames_before);
+                    }
+                }
+            }
             // A channel written by a round that stopped before its checkpoint already holds this frame.
             if ahead.get(&batch.channel).is_some_and(|before| pos.next_frame < *before) {
                 return Ok(());
             }
-            core.apply_durable(batch).map_err(|_| corrupt("journal frame does not apply to the log"))
+            let channel = batch.channel.clone();
+            core.apply_durable(batch).map_err(|_| corrupt("journal frame does not apply to the log"))?;
+            // No replica uses it yet: it leaves memory once written behind, unless one stages to it.
+            core.release(&channel);
+            Ok(())
         })?;
         let applied = journal.position();
         let mem_bytes = core.mem_bytes;
@@ -247,6 +269,7 @@ impl JournalLog {
             records_written_behind: AtomicU64::new(0),
             segments_deleted: AtomicU64::new(0),
             spares_filled: AtomicU64::new(0),
+            channels_dropped: AtomicU64::new(0),
             filling_spares: Mutex::new(()),
         })
     }
@@ -262,6 +285,8 @@ impl JournalLog {
             spares_filled: self.spares_filled.load(Ordering::Relaxed),
             mem_bytes: self.mem_bytes.load(Ordering::Relaxed),
             segments: self.journal.lock().segment_count(),
+            channels_in_memory: self.visible.lock().core.resident(),
+            channels_dropped: self.channels_dropped.load(Ordering::Relaxed),
         }
     }
 
@@ -400,11 +425,47 @@ impl JournalLog {
             staging.refresh_tails();
         }
         let entry = staging
-            .check(&batch, |channel| self.visible.lock().core.durable_tail(channel))
+            .check(&batch, |channel| {
+                let mut visible = self.visible.lock();
+                self.load_if_cold(&mut visible.core, channel)?;
+                Ok(visible.core.durable_tail(channel))
+            })
             .map_err(StageFailure::Refused)?;
         journal.append_encoded(body_len, |out| encode_batch(&batch, out)).map_err(StageFailure::Append)?;
         self.frames.fetch_add(1, Ordering::Relaxed);
         Ok(staging.push(entry, batch))
+    }
+
+    /// Puts `channel`'s entry back in memory from sled if it left (a channel never written has none
+    /// there either, and gets an empty one when first staged to).
+    fn load_if_cold(&self, core: &mut LogCore, channel: &ChannelId) -> StoreResult<()> {
+        if !core.contains(channel) {
+            load_entry(self.kv.as_ref(), core, channel)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the entries of released channels that are written behind out of memory, a bounded number
+    /// per hold of the locks (staging waits meanwhile).
+    fn drop_released_entries(&self) {
+        loop {
+            // Staging before visible (the lock order). A channel without a tail has no batch on its way
+            // (see `Staging::has_tail`), unless tails are stale: then durable batches may still wait to
+            // be applied, and nothing is dropped until staging has caught up.
+            let mut staging = self.staging.lock();
+            if staging.tails_stale() {
+                return;
+            }
+            let mut visible = self.visible.lock();
+            let (dropped, more) = visible.core.drop_released(DROP_RUN, |channel| {
+                staging.forget_tail(channel);
+                staging.has_tail(channel)
+            });
+            self.channels_dropped.fetch_add(dropped as u64, Ordering::Relaxed);
+            if !more {
+                return;
+            }
+        }
     }
 
     fn check_usable(&self) -> StoreResult<()> {
@@ -512,19 +573,23 @@ impl MessageLog for JournalLog {
     }
 
     fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>> {
-        let visible = self.visible.lock();
+        let mut visible = self.visible.lock();
+        self.load_if_cold(&mut visible.core, channel)?;
         visible.core.read(channel, from, through, limits, |from, through, budget, out| {
             self.read_older(channel, from, through, budget, out)
         })
     }
 
     fn state(&self, channel: &ChannelId) -> StoreResult<ChannelLogState> {
-        Ok(self.visible.lock().core.state(channel))
+        let mut visible = self.visible.lock();
+        self.load_if_cold(&mut visible.core, channel)?;
+        Ok(visible.core.state(channel))
     }
 
     fn idempotent(&self, channel: &ChannelId, key: &IdempotencyKey) -> StoreResult<Option<IdempotentHit>> {
         let unlimited = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
         let mut visible = self.visible.lock();
+        self.load_if_cold(&mut visible.core, channel)?;
         visible.core.idempotency(channel, key, |core, from, through| {
             core.read(channel, from, through, unlimited, |from, through, budget, out| {
                 self.read_older(channel, from, through, budget, out)
@@ -535,7 +600,7 @@ impl MessageLog for JournalLog {
     fn release_caches(&self, channel: &ChannelId) {
         // Staging before visible (the lock order); a channel with batches still on their way keeps its tail.
         self.staging.lock().forget_tail(channel);
-        self.visible.lock().core.release_caches(channel);
+        self.visible.lock().core.release(channel);
     }
 }
 
@@ -575,45 +640,18 @@ fn check_format(kv: &dyn Kv, dir: &Path) -> StoreResult<()> {
     kv.sync()
 }
 
-/// Loads every channel's stored state into `core`. Returns the channels whose state is ahead of the
-/// checkpoint (`checkpoint_frame`): with the frame number their state includes everything before.
-fn load_states(
-    kv: &dyn Kv,
-    core: &mut LogCore,
-    checkpoint_frame: u64,
-) -> StoreResult<rustc_hash::FxHashMap<ChannelId, u64>> {
-    let mut ahead = rustc_hash::FxHashMap::default();
-    let mut range = KeyRange::prefix(b"");
-    loop {
-        let page = kv.scan(Keyspace::MessageState, &range, Direction::Forward, 1024)?;
-        let done = page.len() < 1024;
-        for (key, value) in page {
-            let corrupt = |detail| StoreError::Corrupt {
-                location: CorruptLocation::Kv { keyspace: Keyspace::MessageState, key: key.clone() },
-                detail,
-            };
-            let channel = match ChannelId::decode_key(&key) {
-                Some((channel, [])) => channel,
-                _ => return Err(corrupt("channel state key does not decode")),
-            };
-            let (state, older_through, frames_before) =
-                decode_state(&value).ok_or_else(|| corrupt("channel state does not decode"))?;
-            if frames_before > checkpoint_frame {
-                ahead.insert(channel.clone(), frames_before);
-            }
-            let id = core.entry_id(&channel);
-            let entry = core.entry_mut(id);
-            entry.state = state;
-            entry.older_through = older_through;
-            // A round cut between two of its batches may have left packs past the stored state: the
-            // channel's next write-behind clears them first (reads never look past `older_through`).
-            entry.older_dirty_after = Some(older_through);
-            range.start = [key.as_slice(), &[0]].concat();
-        }
-        if done {
-            return Ok(ahead);
-        }
-    }
+/// Loads `channel`'s stored state from `kv` into `core` as a released entry; returns the journal frame
+/// that state includes everything before, or `None` if the channel has no stored state.
+fn load_entry(kv: &dyn Kv, core: &mut LogCore, channel: &ChannelId) -> StoreResult<Option<u64>> {
+    let mut key = Vec::new();
+    channel.encode_key(&mut key);
+    let Some(value) = kv.get(Keyspace::MessageState, &key)? else { return Ok(None) };
+    let (state, older_through, frames_before) = decode_state(&value).ok_or(StoreError::Corrupt {
+        location: CorruptLocation::Kv { keyspace: Keyspace::MessageState, key },
+        detail: "channel state does not decode",
+    })?;
+    core.insert_loaded(channel, state, older_through);
+    Ok(Some(frames_before))
 }
 
 #[cfg(test)]
@@ -655,6 +693,76 @@ mod tests {
         log.stage(append(&channel, 3)).unwrap();
         log.sync().unwrap();
         assert_eq!(log.state(&channel).unwrap().last_seq, Seq::new(3));
+    }
+
+    fn seqs(log: &JournalLog, channel: &ChannelId) -> Vec<u64> {
+        let all = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+        log.read(channel, Seq::new(1), Seq::new(u64::MAX), all).unwrap().iter().map(|r| r.seq.get()).collect()
+    }
+
+    /// An evicted channel's entry leaves memory once written behind, and every later use reads it back
+    /// from sled: reads, state, the next append (checked against the stored state), and a restart's
+    /// replay of frames written after it left.
+    #[test]
+    fn a_released_channel_leaves_memory_once_written_behind_and_comes_back_from_sled() {
+        let (dir, kv, a, log) = fresh();
+        let b = ChannelId::new(ChannelType::GROUP, "b").unwrap();
+        log.commit(crate::message::test_append(&a, 1, 3)).unwrap();
+        log.commit(LogBatch::new(a.clone(), vec![crate::message::LogOp::CheckpointHw(Seq::new(2))])).unwrap();
+        log.commit(append(&b, 1)).unwrap();
+        log.release_caches(&a);
+        assert_eq!(log.stats().channels_in_memory, 2, "not written behind yet: it stays");
+        log.write_behind().unwrap();
+        assert_eq!((log.stats().channels_in_memory, log.stats().channels_dropped), (1, 1));
+
+        // Read back from sled, and out again at the next round: a read does not keep it.
+        assert_eq!(seqs(&log, &a), vec![1, 2, 3]);
+        let state = log.state(&a).unwrap();
+        assert_eq!((state.last_seq, state.hw), (Seq::new(3), Seq::new(2)));
+        assert_eq!(log.stats().channels_in_memory, 2);
+        log.write_behind().unwrap();
+        assert_eq!(log.stats().channels_in_memory, 1);
+
+        // Staging loads it and keeps it: the next batch is checked against the stored state.
+        assert!(log.stage(append(&a, 5)).is_err(), "a gap after the stored last seq is refused");
+        log.commit(append(&a, 4)).unwrap();
+        log.write_behind().unwrap();
+        assert_eq!(log.stats().channels_in_memory, 2, "in use: it stays");
+        assert_eq!(seqs(&log, &a), vec![1, 2, 3, 4]);
+
+        // Released and dropped, then written again (in the journal only) and replayed at a restart.
+        log.release_caches(&a);
+        log.write_behind().unwrap();
+        assert_eq!(log.stats().channels_in_memory, 1);
+        log.commit(append(&a, 5)).unwrap();
+        drop(log);
+        let log = reopen(dir.path(), &kv);
+        assert_eq!(seqs(&log, &a), vec![1, 2, 3, 4, 5]);
+        assert_eq!(log.state(&a).unwrap().hw, Seq::new(2));
+        assert_eq!(seqs(&log, &b), vec![1]);
+        log.write_behind().unwrap();
+        assert_eq!(log.stats().channels_in_memory, 0, "after a restart no replica uses any channel yet");
+        assert_eq!(seqs(&log, &a), vec![1, 2, 3, 4, 5]);
+    }
+
+    /// Reading a channel back from sled can fail: the caller gets the store's error, and nothing changes.
+    #[test]
+    fn a_failed_read_back_is_an_error_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Arc::new(MemoryKv::new());
+        let log = JournalLog::open(dir.path(), kv.clone(), JournalConfig::default()).unwrap();
+        let channel = ChannelId::new(ChannelType::GROUP, "g").unwrap();
+        log.commit(append(&channel, 1)).unwrap();
+        log.release_caches(&channel);
+        log.write_behind().unwrap();
+        assert_eq!(log.stats().channels_in_memory, 0);
+        kv.fail(crate::kv::FailOp::Get, 0, 2);
+        assert!(log.state(&channel).is_err());
+        assert!(log.stage(append(&channel, 2)).is_err());
+        assert_eq!(log.stats().channels_in_memory, 0);
+        kv.clear_failpoints();
+        log.commit(append(&channel, 2)).unwrap();
+        assert_eq!(seqs(&log, &channel), vec![1, 2]);
     }
 
     #[test]

@@ -76,6 +76,8 @@ impl JournalLog {
             (items, visible.applied)
         };
         if items.is_empty() && checkpoint == *persisted {
+            drop(persisted);
+            self.drop_released_entries();
             return Ok(());
         }
         // In key order: the round's pack bodies then go into sled one after another (see `body_key`).
@@ -104,6 +106,8 @@ impl JournalLog {
         self.records_written_behind.fetch_add(records as u64, Ordering::Relaxed);
         let deleted = self.journal.lock().delete_before(checkpoint)?;
         self.segments_deleted.fetch_add(deleted as u64, Ordering::Relaxed);
+        drop(persisted);
+        self.drop_released_entries();
         Ok(())
     }
 
@@ -117,6 +121,7 @@ impl JournalLog {
             entry.unflush();
             let valid = entry.older_through;
             entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
+            visible.core.relist(&item.channel);
         }
     }
 
@@ -142,6 +147,8 @@ impl JournalLog {
                 let valid = entry.older_through;
                 entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
             }
+            // Changed since it was taken, or its round was overtaken: the next round takes it.
+            core.relist(&item.channel);
         }
         self.mem_bytes.store(visible.core.mem_bytes, Ordering::Relaxed);
         drop(visible);
@@ -155,7 +162,7 @@ impl JournalLog {
     /// Adds one channel's packs, cleanups and state to `batch`.
     /// Adds one channel's clean-ups, packs and state to the round; a sled batch may be cut between two
     /// packs (the state goes after the last one: until it lands, sled's packs past the stored state are
-    /// ignored, and cleaned before the channel is written again — see [`load_states`]).
+    /// ignored, and cleaned before the channel is written again — see [`LogCore::insert_loaded`](crate::message::core::LogCore::insert_loaded)).
     pub(super) fn persist_item(
         &self,
         item: &WriteBehindItem,
