@@ -136,8 +136,8 @@ impl EntryTable {
         while self.slots.last().is_some_and(Option::is_none) {
             self.slots.pop();
         }
-        let len = self.slots.len() as u32;
-        self.free.retain(|slot| *slot < len);
+        let len = self.slots.len();
+        self.free.retain(|slot| (*slot as usize) < len);
         self.slots.shrink_to(2 * self.len() + 1024);
         self.free.shrink_to_fit();
     }
