@@ -104,6 +104,7 @@ fn main() {
         hw: Seq::new(2),
         retention_through: Seq::new(0),
     };
-    write("stored_records", "state", &stored::state_to_bytes(&state, Seq::new(2), 1));
+    let stored_state = stored::StoredState { state, sled_through: Seq::new(2), frames_before: 1, opening: 1 };
+    write("stored_records", "state", &stored::state_to_bytes(&stored_state));
     println!("wrote the seed corpus under fuzz/seeds/");
 }

@@ -2,6 +2,7 @@
 
 use super::record::{decode_records, encode_records, put_varint, Reader};
 use super::state::{ChannelLogState, LogBatch, LogOp};
+use super::stored::StoredState;
 use tidings_types::{ChannelId, LeaderEpoch, Seq};
 
 const OP_APPEND: u8 = 1;
@@ -80,8 +81,9 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Option<LogBatch> {
 }
 
 /// Encodes a channel's state and how far its records are in sled.
-pub(crate) fn encode_state(state: &ChannelLogState, sled_through: Seq, frames_before: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(48 + state.epochs.len() * 16);
+pub(crate) fn encode_state(stored: &StoredState) -> Vec<u8> {
+    let StoredState { state, sled_through, frames_before, opening } = stored;
+    let mut out = Vec::with_capacity(56 + state.epochs.len() * 16);
     for v in [state.last_seq.get(), state.hw.get(), state.retention_through.get(), sled_through.get()] {
         out.extend_from_slice(&v.to_le_bytes());
     }
@@ -91,12 +93,12 @@ pub(crate) fn encode_state(state: &ChannelLogState, sled_through: Seq, frames_be
         out.extend_from_slice(&start.get().to_le_bytes());
     }
     out.extend_from_slice(&frames_before.to_le_bytes());
+    out.extend_from_slice(&opening.to_le_bytes());
     out
 }
 
-/// Decodes [`encode_state`]'s output, checking that it is self-consistent: the state, how far its
-/// records are in sled, and the journal frame number its state includes everything before.
-pub(crate) fn decode_state(bytes: &[u8]) -> Option<(ChannelLogState, Seq, u64)> {
+/// Decodes [`encode_state`]'s output, checking that it is self-consistent.
+pub(crate) fn decode_state(bytes: &[u8]) -> Option<StoredState> {
     let mut input = Reader::new(bytes);
     let last_seq = Seq::new(input.u64()?);
     let hw = Seq::new(input.u64()?);
@@ -113,13 +115,16 @@ pub(crate) fn decode_state(bytes: &[u8]) -> Option<(ChannelLogState, Seq, u64)> 
     // Written by a build before write-behind rounds were cut into batches: such a state is never ahead
     // of the checkpoint (its round was one atomic batch), which 0 says.
     let frames_before = if input.is_empty() { 0 } else { input.u64()? };
+    // Written by a build before openings were counted (format 2): 0, no opening's.
+    let opening = if input.is_empty() { 0 } else { input.u64()? };
     let ordered = epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1);
     let consistent = retention_through <= hw && hw <= last_seq && sled_through <= last_seq;
-    (input.is_empty() && ordered && consistent).then_some((
-        ChannelLogState { last_seq, epochs, hw, retention_through },
+    (input.is_empty() && ordered && consistent).then_some(StoredState {
+        state: ChannelLogState { last_seq, epochs, hw, retention_through },
         sled_through,
         frames_before,
-    ))
+        opening,
+    })
 }
 
 #[cfg(test)]
@@ -172,12 +177,17 @@ mod tests {
             hw: Seq::new(8),
             retention_through: Seq::new(2),
         };
-        let bytes = encode_state(&state, Seq::new(7), 12);
-        assert_eq!(decode_state(&bytes), Some((state.clone(), Seq::new(7), 12)));
-        // The layout before `frames_before` existed still reads, as a state not ahead of the checkpoint.
-        assert_eq!(decode_state(&bytes[..bytes.len() - 8]), Some((state.clone(), Seq::new(7), 0)));
+        let stored = StoredState { state: state.clone(), sled_through: Seq::new(7), frames_before: 12, opening: 4 };
+        let bytes = encode_state(&stored);
+        assert_eq!(decode_state(&bytes), Some(stored.clone()));
+        // The layouts before the opening, and before `frames_before`, existed still read: as a state no
+        // opening wrote, and as one not ahead of the checkpoint either.
+        let format_2 = &bytes[..bytes.len() - 8];
+        assert_eq!(decode_state(format_2), Some(StoredState { opening: 0, ..stored.clone() }));
+        let format_1 = &bytes[..bytes.len() - 16];
+        assert_eq!(decode_state(format_1), Some(StoredState { opening: 0, frames_before: 0, ..stored.clone() }));
         let bad = ChannelLogState { hw: Seq::new(11), ..state };
-        assert!(decode_state(&encode_state(&bad, Seq::new(0), 0)).is_none());
+        assert!(decode_state(&encode_state(&StoredState { state: bad, ..stored })).is_none());
         assert!(decode_state(&bytes[..bytes.len() - 1]).is_none());
     }
 }

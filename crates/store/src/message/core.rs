@@ -8,6 +8,7 @@ use super::state::{ReadBudget, ReadLimits};
 use super::LogLimits;
 use crate::error::StoreResult;
 use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use tidings_types::{ChannelId, Seq};
 
@@ -177,7 +178,7 @@ pub(crate) struct LogCore {
     changed: Vec<EntryId>,
     /// Channels released while in memory, to drop once written behind. May name a channel twice, or one
     /// whose entry left or was used again since. Only when `backed`.
-    released: Vec<ChannelId>,
+    released: VecDeque<ChannelId>,
     backed: bool,
     pub(crate) mem_bytes: usize,
     pub(crate) limits: LogLimits,
@@ -190,7 +191,7 @@ impl LogCore {
             index: FxHashMap::default(),
             entries: EntryTable::default(),
             changed: Vec::new(),
-            released: Vec::new(),
+            released: VecDeque::new(),
             backed: false,
             mem_bytes: 0,
             limits,
@@ -215,15 +216,21 @@ impl LogCore {
     }
 
     /// Puts back in memory the entry of `channel` as older storage holds it: its state and the last seq
-    /// stored there. Released: it leaves again once written behind, unless staging takes it. Older
-    /// storage may hold stale packs past `older_through` (a round cut before this state landed, before a
-    /// restart), so its next write-behind clears them first.
-    pub(crate) fn insert_loaded(&mut self, channel: &ChannelId, state: ChannelLogState, older_through: Seq) -> EntryId {
+    /// stored there. Released: it leaves again once written behind, unless staging takes it. Unless the
+    /// caller knows better (`clean`), older storage may hold stale packs past `older_through` (a round
+    /// cut before this state landed, before a restart), so its next write-behind clears them first.
+    pub(crate) fn insert_loaded(
+        &mut self,
+        channel: &ChannelId,
+        state: ChannelLogState,
+        older_through: Seq,
+        clean: bool,
+    ) -> EntryId {
         debug_assert!(!self.index.contains_key(channel), "loaded only when not in memory");
         let mut entry = ChannelEntry::new(channel.clone());
         entry.state = state;
         entry.older_through = older_through;
-        entry.older_dirty_after = Some(older_through);
+        entry.older_dirty_after = (!clean).then_some(older_through);
         let id = self.entries.insert(entry);
         self.index.insert(channel.clone(), id);
         self.release(channel);
@@ -294,23 +301,26 @@ impl LogCore {
     }
 
     /// Takes out of memory the entries of released channels that are written behind and that `in_use`
-    /// (the caller's staging) does not name, looking at up to `budget` listed channels; returns how many
-    /// left and whether listed channels were not looked at. The caller must make sure that no staged
-    /// batch not yet applied names a channel for which `in_use` is `false`: such a batch would be applied
-    /// to whatever entry takes the slot next.
-    pub(crate) fn drop_released(&mut self, budget: usize, mut in_use: impl FnMut(&ChannelId) -> bool) -> (usize, bool) {
+    /// (the caller's staging) does not name, looking at the first `budget` listed channels (those that
+    /// must stay go to the back of the list); returns how many left memory and how many were looked at.
+    /// The caller must make sure that no staged batch not yet applied names a channel for which `in_use`
+    /// is `false`: such a batch would be applied to whatever entry takes the slot next.
+    pub(crate) fn drop_released(
+        &mut self,
+        budget: usize,
+        mut in_use: impl FnMut(&ChannelId) -> bool,
+    ) -> (usize, usize) {
         let mut dropped = 0;
-        let mut listed = std::mem::take(&mut self.released);
-        let later = listed.split_off(listed.len().min(budget));
-        let mut kept = Vec::new();
-        for channel in listed {
+        let looked_at = budget.min(self.released.len());
+        for _ in 0..looked_at {
+            let Some(channel) = self.released.pop_front() else { break };
             let Some(&id) = self.index.get(&channel) else { continue };
             let entry = &self.entries[id];
             if !entry.released {
                 continue;
             }
             if !entry.is_written_behind() || in_use(&channel) {
-                kept.push(channel);
+                self.released.push_back(channel);
                 continue;
             }
             debug_assert!(!entry.listed, "an entry written behind is not listed as changed");
@@ -318,12 +328,14 @@ impl LogCore {
             self.entries.remove(id);
             dropped += 1;
         }
-        let more = !later.is_empty();
-        kept.extend(later);
-        self.released = kept;
         crate::shrink_if_sparse(&mut self.index);
         self.entries.shrink_if_sparse();
-        (dropped, more)
+        (dropped, looked_at)
+    }
+
+    /// Channels listed as released (some may have left memory or be in use again since).
+    pub(crate) fn released_listed(&self) -> usize {
+        self.released.len()
     }
 
     /// Applies durable groups, oldest first (from [`Staging::take_durable`](super::staging::Staging)).
@@ -497,7 +509,7 @@ impl LogCore {
         entry.idempotency = None;
         if self.backed && !entry.released {
             entry.released = true;
-            self.released.push(channel.clone());
+            self.released.push_back(channel.clone());
         }
     }
 }
@@ -553,12 +565,12 @@ mod tests {
         // Released: the odd ones. Not yet written behind: the written ones among them stay.
         channels.iter().skip(1).step_by(2).for_each(|c| core.release(c));
         let busy = &channels[3];
-        let (dropped, more) = core.drop_released(usize::MAX, |c| c == busy);
+        let (dropped, looked_at) = core.drop_released(usize::MAX, |c| c == busy);
         let written_odd = (1..100).step_by(2).filter(|i| i % 7 == 0).count();
-        assert_eq!((dropped, more), (50 - written_odd - 1, false));
+        assert_eq!((dropped, looked_at), (50 - written_odd - 1, 50));
         assert!(core.contains(busy), "an entry staging names stays");
         write_behind(&mut core);
-        assert_eq!(core.drop_released(usize::MAX, |_| false), (written_odd + 1, false));
+        assert_eq!(core.drop_released(usize::MAX, |_| false), (written_odd + 1, written_odd + 1));
         assert_eq!(core.resident(), 50);
         for (i, channel) in channels.iter().enumerate() {
             assert_eq!(core.contains(channel), i % 2 == 0, "{channel}");
@@ -566,13 +578,17 @@ mod tests {
         // A staged-to entry is in use again and stays; the slots left empty are reused.
         core.release(&channels[0]);
         core.durable_tail(&channels[0]);
-        assert_eq!(core.drop_released(usize::MAX, |_| false), (0, false));
+        assert_eq!(core.drop_released(usize::MAX, |_| false), (0, 1));
         let again = core.entry_id(&named(1000));
         assert!(ids.contains(&again), "a new entry takes an empty slot");
-        // The budget bounds the work of one call.
+        // The budget bounds the work of one call, and what must stay goes to the back: the next call
+        // looks at the others first.
         channels.iter().step_by(2).skip(1).for_each(|c| core.release(c));
-        assert_eq!(core.drop_released(10, |_| false), (10, true));
-        assert_eq!(core.drop_released(usize::MAX, |_| false), (39, false));
+        let first_ten: Vec<ChannelId> = channels.iter().step_by(2).skip(1).take(10).cloned().collect();
+        assert_eq!(core.drop_released(10, |c| first_ten.contains(c)), (0, 10));
+        assert_eq!(core.drop_released(39, |c| first_ten.contains(c)), (39, 39));
+        assert_eq!(core.released_listed(), 10);
+        assert_eq!(core.drop_released(usize::MAX, |_| false), (10, 10));
     }
 
     /// Write-behind takes a memory table without copying it: its records stay readable (in order with those

@@ -41,14 +41,29 @@ pub fn pack_from_bytes(bytes: &[u8]) -> Option<Vec<Record>> {
     reader.is_empty().then_some(records)
 }
 
-/// Encodes a channel state record: how far its records are written behind into sled, and the first
-/// journal frame its state does not include (recovery replays that channel's frames from there).
-pub fn state_to_bytes(state: &ChannelLogState, sled_through: Seq, frames_before: u64) -> Vec<u8> {
-    encode_state(state, sled_through, frames_before)
+/// A channel state record as sled holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredState {
+    /// The channel's durable state.
+    pub state: ChannelLogState,
+    /// Records at or below this seq are written behind into sled.
+    pub sled_through: Seq,
+    /// The first journal frame the state does not include (recovery replays the channel's frames from
+    /// there).
+    pub frames_before: u64,
+    /// The opening of the log (counted from 1 across restarts) whose write-behind wrote the record; 0 for
+    /// a record written before openings were counted. A record written in the current opening has no
+    /// stale pack after `sled_through`: those are left only by a round a crash cut short.
+    pub opening: u64,
 }
 
-/// Decodes a channel state record, checking that it is self-consistent (see [`state_to_bytes`]).
-pub fn state_from_bytes(bytes: &[u8]) -> Option<(ChannelLogState, Seq, u64)> {
+/// Encodes a channel state record.
+pub fn state_to_bytes(stored: &StoredState) -> Vec<u8> {
+    encode_state(stored)
+}
+
+/// Decodes a channel state record, checking that it is self-consistent (seqs in order, epochs ascending).
+pub fn state_from_bytes(bytes: &[u8]) -> Option<StoredState> {
     decode_state(bytes)
 }
 

@@ -154,6 +154,8 @@ struct Visible {
 /// sync, written behind into sled (see the [`message`](crate::message) module docs).
 pub struct JournalLog {
     kv: Arc<dyn Kv>,
+    /// This opening's number (see `OPENINGS_KEY`).
+    opening: u64,
     config: JournalConfig,
     /// Lock order: `sync_lock`, then `journal`, then `staging`, then `visible`.
     journal: Mutex<Journal>,
@@ -198,7 +200,12 @@ enum StageFailure {
 }
 /// The layout of journal frames and sled packs this build writes and reads (2: compact records, pack
 /// bodies keyed by write-behind round). A store in another layout is refused at open, never misread.
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
+/// The previous layout, which this build reads: format 3 only adds the opening to channel states.
+const FORMAT_READ_TOO: u32 = 2;
+/// How many times the log was opened (`u64`, little endian): each opening stamps the channel states it
+/// writes, so that a state read back in the opening that wrote it is known to have no stale packs.
+const OPENINGS_KEY: &[u8] = b"openings";
 const FORMAT_KEY: &[u8] = b"format";
 const SCAN_PAGE: usize = 64;
 /// Most released entries [`JournalLog::drop_released_entries`] looks at under one hold of the locks.
@@ -212,6 +219,7 @@ impl JournalLog {
     pub fn open(dir: impl AsRef<Path>, kv: Arc<dyn Kv>, config: JournalConfig) -> StoreResult<JournalLog> {
         config.validate()?;
         check_format(kv.as_ref(), dir.as_ref())?;
+        let opening = count_opening(kv.as_ref())?;
         let checkpoint = match kv.get(Keyspace::Journal, CHECKPOINT_KEY)? {
             None => Position::ORIGIN,
             Some(bytes) => Position::decode(&bytes).ok_or_else(|| StoreError::Corrupt {
@@ -231,7 +239,7 @@ impl JournalLog {
             };
             let batch = decode_batch(body).ok_or(corrupt("journal frame does not decode"))?;
             if !core.contains(&batch.channel) {
-                if let Some(frames_before) = load_entry(kv.as_ref(), &mut core, &batch.channel)? {
+                if let Some(frames_before) = load_entry(kv.as_ref(), &mut core, &batch.channel, opening)? {
                     if frames_before > checkpoint.next_frame {
                         ahead.insert(batch.channel.clone(), frames_before);
                     }
@@ -251,6 +259,7 @@ impl JournalLog {
         let mem_bytes = core.mem_bytes;
         Ok(JournalLog {
             kv,
+            opening,
             staging: Mutex::new(Staging::new(config.limits)),
             config,
             journal: Mutex::new(journal),
@@ -440,15 +449,16 @@ impl JournalLog {
     /// there either, and gets an empty one when first staged to).
     fn load_if_cold(&self, core: &mut LogCore, channel: &ChannelId) -> StoreResult<()> {
         if !core.contains(channel) {
-            load_entry(self.kv.as_ref(), core, channel)?;
+            load_entry(self.kv.as_ref(), core, channel, self.opening)?;
         }
         Ok(())
     }
 
     /// Takes the entries of released channels that are written behind out of memory, a bounded number
-    /// per hold of the locks (staging waits meanwhile).
+    /// per hold of the locks (staging waits meanwhile); one pass over the channels listed at the start.
     fn drop_released_entries(&self) {
-        loop {
+        let mut left = self.visible.lock().core.released_listed();
+        while left > 0 {
             // Staging before visible (the lock order). A channel without a tail has no batch on its way
             // (see `Staging::has_tail`), unless tails are stale: then durable batches may still wait to
             // be applied, and nothing is dropped until staging has caught up.
@@ -457,14 +467,15 @@ impl JournalLog {
                 return;
             }
             let mut visible = self.visible.lock();
-            let (dropped, more) = visible.core.drop_released(DROP_RUN, |channel| {
+            let (dropped, looked_at) = visible.core.drop_released(DROP_RUN.min(left), |channel| {
                 staging.forget_tail(channel);
                 staging.has_tail(channel)
             });
             self.channels_dropped.fetch_add(dropped as u64, Ordering::Relaxed);
-            if !more {
+            if looked_at == 0 {
                 return;
             }
+            left -= looked_at;
         }
     }
 
@@ -627,7 +638,16 @@ fn check_format(kv: &dyn Kv, dir: &Path) -> StoreResult<()> {
             location: CorruptLocation::Kv { keyspace: Keyspace::Journal, key: FORMAT_KEY.to_vec() },
             detail: "message log format does not decode",
         })?;
-        return if found == FORMAT { Ok(()) } else { Err(StoreError::IncompatibleFormat { found, expected: FORMAT }) };
+        return match found {
+            FORMAT => Ok(()),
+            FORMAT_READ_TOO => {
+                let mut batch = KvBatch::new();
+                batch.put(Keyspace::Journal, FORMAT_KEY.to_vec(), &FORMAT.to_le_bytes());
+                kv.apply(batch)?;
+                kv.sync()
+            }
+            found => Err(StoreError::IncompatibleFormat { found, expected: FORMAT }),
+        };
     }
     let any_state = !kv.scan(Keyspace::MessageState, &KeyRange::prefix(b""), Direction::Forward, 1)?.is_empty();
     let any_segment = dir.exists() && !segment::list_segments(dir)?.is_empty();
@@ -640,18 +660,41 @@ fn check_format(kv: &dyn Kv, dir: &Path) -> StoreResult<()> {
     kv.sync()
 }
 
+/// Counts this opening of the log (durably: two openings never share a number) and returns its number.
+fn count_opening(kv: &dyn Kv) -> StoreResult<u64> {
+    let before = match kv.get(Keyspace::Journal, OPENINGS_KEY)? {
+        None => 0,
+        Some(bytes) => {
+            <[u8; 8]>::try_from(bytes.as_slice()).map(u64::from_le_bytes).map_err(|_| StoreError::Corrupt {
+                location: CorruptLocation::Kv { keyspace: Keyspace::Journal, key: OPENINGS_KEY.to_vec() },
+                detail: "message log opening count does not decode",
+            })?
+        }
+    };
+    let opening = before + 1;
+    let mut batch = KvBatch::new();
+    batch.put(Keyspace::Journal, OPENINGS_KEY.to_vec(), &opening.to_le_bytes());
+    kv.apply(batch)?;
+    kv.sync()?;
+    Ok(opening)
+}
+
 /// Loads `channel`'s stored state from `kv` into `core` as a released entry; returns the journal frame
-/// that state includes everything before, or `None` if the channel has no stored state.
-fn load_entry(kv: &dyn Kv, core: &mut LogCore, channel: &ChannelId) -> StoreResult<Option<u64>> {
+/// that state includes everything before, or `None` if the channel has no stored state. A state written
+/// in an earlier `opening` may have stale packs after it (a round cut by a crash): the channel's next
+/// write-behind clears them first. One written in this opening has none — its entry left memory only
+/// once written behind by rounds that all succeeded — which spares a channel read back after eviction
+/// that clean-up (two sled scans).
+fn load_entry(kv: &dyn Kv, core: &mut LogCore, channel: &ChannelId, opening: u64) -> StoreResult<Option<u64>> {
     let mut key = Vec::new();
     channel.encode_key(&mut key);
     let Some(value) = kv.get(Keyspace::MessageState, &key)? else { return Ok(None) };
-    let (state, older_through, frames_before) = decode_state(&value).ok_or(StoreError::Corrupt {
+    let stored = decode_state(&value).ok_or(StoreError::Corrupt {
         location: CorruptLocation::Kv { keyspace: Keyspace::MessageState, key },
         detail: "channel state does not decode",
     })?;
-    core.insert_loaded(channel, state, older_through);
-    Ok(Some(frames_before))
+    core.insert_loaded(channel, stored.state, stored.sled_through, stored.opening == opening);
+    Ok(Some(stored.frames_before))
 }
 
 #[cfg(test)]
@@ -745,6 +788,27 @@ mod tests {
         assert_eq!(seqs(&log, &a), vec![1, 2, 3, 4, 5]);
     }
 
+    /// A channel read back in the opening that wrote its state skips the clean-up of stale packs (none
+    /// can be there); one whose state an earlier opening wrote gets it (a crash may have cut a round).
+    #[test]
+    fn only_a_state_written_before_a_restart_makes_the_next_write_behind_clean_up_first() {
+        let (dir, kv, channel, log) = fresh();
+        let dirty_after = |log: &JournalLog| log.visible.lock().core.get(&channel).unwrap().older_dirty_after;
+        log.commit(crate::message::test_append(&channel, 1, 3)).unwrap();
+        log.release_caches(&channel);
+        log.write_behind().unwrap();
+        assert_eq!(log.stats().channels_in_memory, 0);
+        log.state(&channel).unwrap();
+        assert_eq!(dirty_after(&log), None, "written in this opening");
+        drop(log);
+        let log = reopen(dir.path(), &kv);
+        log.state(&channel).unwrap();
+        assert_eq!(dirty_after(&log), Some(Seq::new(3)), "written in an earlier opening");
+        log.commit(append(&channel, 4)).unwrap();
+        log.write_behind().unwrap();
+        assert_eq!(dirty_after(&log), None, "cleaned and stamped by this opening's round");
+    }
+
     /// Reading a channel back from sled can fail: the caller gets the store's error, and nothing changes.
     #[test]
     fn a_failed_read_back_is_an_error_and_changes_nothing() {
@@ -792,6 +856,12 @@ mod tests {
         log.commit(append(&channel, 1)).unwrap();
         drop(log);
         assert_eq!(reopen(dir.path(), &kv).state(&channel).unwrap().last_seq, Seq::new(1), "its own format opens");
+        // The previous format opens, and is recorded as this one (it only lacks the opening stamps).
+        let mut previous = KvBatch::new();
+        previous.put(Keyspace::Journal, FORMAT_KEY.to_vec(), &FORMAT_READ_TOO.to_le_bytes());
+        kv.apply(previous).unwrap();
+        assert_eq!(reopen(dir.path(), &kv).state(&channel).unwrap().last_seq, Seq::new(1));
+        assert_eq!(kv.get(Keyspace::Journal, FORMAT_KEY).unwrap(), Some(FORMAT.to_le_bytes().to_vec()));
         let mut other = KvBatch::new();
         other.put(Keyspace::Journal, FORMAT_KEY.to_vec(), &7u32.to_le_bytes());
         kv.apply(other).unwrap();

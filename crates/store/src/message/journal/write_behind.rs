@@ -10,6 +10,7 @@ use crate::kv::{Direction, KeyRange, Keyspace, Kv, KvBatch};
 use crate::message::codec::encode_state;
 use crate::message::record::{encode_records, Record};
 use crate::message::state::{ChannelLogState, MemTable};
+use crate::message::stored::StoredState;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -202,7 +203,9 @@ impl JournalLog {
             self.trim_through(&prefix, item.state.retention_through, &mut writer.batch)?;
         }
         let through = item.records.last().map_or(item.older_through, |r| r.seq);
-        writer.batch.put(Keyspace::MessageState, prefix, &encode_state(&item.state, through, frames_before));
+        let stored =
+            StoredState { state: item.state.clone(), sled_through: through, frames_before, opening: self.opening };
+        writer.batch.put(Keyspace::MessageState, prefix, &encode_state(&stored));
         writer.channel_done()
     }
 
