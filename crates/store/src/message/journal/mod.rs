@@ -199,7 +199,8 @@ enum StageFailure {
     Append(StoreError),
 }
 /// The layout of journal frames and sled packs this build writes and reads (2: compact records, pack
-/// bodies keyed by write-behind round). A store in another layout is refused at open, never misread.
+/// bodies keyed by write-behind round; 3: channel states stamped with their opening). A store in
+/// another layout is refused at open, never misread.
 const FORMAT: u32 = 3;
 /// The previous layout, which this build reads: format 3 only adds the opening to channel states.
 const FORMAT_READ_TOO: u32 = 2;
@@ -640,12 +641,7 @@ fn check_format(kv: &dyn Kv, dir: &Path) -> StoreResult<()> {
         })?;
         return match found {
             FORMAT => Ok(()),
-            FORMAT_READ_TOO => {
-                let mut batch = KvBatch::new();
-                batch.put(Keyspace::Journal, FORMAT_KEY.to_vec(), &FORMAT.to_le_bytes());
-                kv.apply(batch)?;
-                kv.sync()
-            }
+            FORMAT_READ_TOO => put_durably(kv, FORMAT_KEY, &FORMAT.to_le_bytes()),
             found => Err(StoreError::IncompatibleFormat { found, expected: FORMAT }),
         };
     }
@@ -654,8 +650,13 @@ fn check_format(kv: &dyn Kv, dir: &Path) -> StoreResult<()> {
     if any_state || any_segment || kv.get(Keyspace::Journal, CHECKPOINT_KEY)?.is_some() {
         return Err(StoreError::IncompatibleFormat { found: 1, expected: FORMAT });
     }
+    put_durably(kv, FORMAT_KEY, &FORMAT.to_le_bytes())
+}
+
+/// Writes one key of the journal's own keyspace and makes it durable.
+fn put_durably(kv: &dyn Kv, key: &[u8], value: &[u8]) -> StoreResult<()> {
     let mut batch = KvBatch::new();
-    batch.put(Keyspace::Journal, FORMAT_KEY.to_vec(), &FORMAT.to_le_bytes());
+    batch.put(Keyspace::Journal, key.to_vec(), value);
     kv.apply(batch)?;
     kv.sync()
 }
@@ -672,10 +673,7 @@ fn count_opening(kv: &dyn Kv) -> StoreResult<u64> {
         }
     };
     let opening = before + 1;
-    let mut batch = KvBatch::new();
-    batch.put(Keyspace::Journal, OPENINGS_KEY.to_vec(), &opening.to_le_bytes());
-    kv.apply(batch)?;
-    kv.sync()?;
+    put_durably(kv, OPENINGS_KEY, &opening.to_le_bytes())?;
     Ok(opening)
 }
 
