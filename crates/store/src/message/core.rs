@@ -330,6 +330,10 @@ impl LogCore {
         }
         crate::shrink_if_sparse(&mut self.index);
         self.entries.shrink_if_sparse();
+        if self.released.capacity() > 4 * self.released.len() + 1024 {
+            // A burst of evictions listed hundreds of thousands: 24 bytes each, kept for good otherwise.
+            self.released.shrink_to(2 * self.released.len());
+        }
         (dropped, looked_at)
     }
 
@@ -589,6 +593,22 @@ mod tests {
         assert_eq!(core.drop_released(39, |c| first_ten.contains(c)), (39, 39));
         assert_eq!(core.released_listed(), 10);
         assert_eq!(core.drop_released(usize::MAX, |_| false), (10, 10));
+    }
+
+    /// The room a burst of channels took (slots, index, released list) is given back once they left.
+    #[test]
+    fn a_burst_of_entries_that_left_gives_its_room_back() {
+        let mut core = LogCore::backed(LogLimits::default());
+        let channels: Vec<ChannelId> = (0..20_000).map(named).collect();
+        channels.iter().for_each(|c| {
+            core.durable_tail(c);
+            core.release(c);
+        });
+        assert_eq!(core.drop_released(usize::MAX, |_| false), (20_000, 20_000));
+        assert_eq!(core.resident(), 0);
+        assert!(core.entries.slots.capacity() <= 1024, "{}", core.entries.slots.capacity());
+        assert!(core.released.capacity() <= 1024, "{}", core.released.capacity());
+        assert!(core.index.capacity() <= 1024, "{}", core.index.capacity());
     }
 
     /// Write-behind takes a memory table without copying it: its records stay readable (in order with those
