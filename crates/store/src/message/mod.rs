@@ -9,7 +9,9 @@
 //!
 //! Two implementations share all of that logic: [`JournalLog`] (a journal of CRC-framed segments, one
 //! real `fdatasync` per sync, written behind into sled) and [`MemoryLog`] (in memory, with a crash model
-//! and failpoints, for the simulator).
+//! and failpoints, for the simulator). `JournalLog` holds in memory only the channels in use: a channel
+//! released with [`MessageLog::release_caches`] leaves memory once written behind, and its next read,
+//! state lookup or staged batch reads it back from sled ([`JournalStats::channels_in_memory`]).
 //!
 //! ```
 //! use bytes::Bytes;
