@@ -152,11 +152,13 @@ impl<M> Staging<M> {
             }
             .into());
         }
-        if !self.tails.contains_key(&batch.channel) {
-            let (state, entry) = durable(&batch.channel)?;
-            self.tails.insert(batch.channel.clone(), Tail { state, entry, last_receipt: 0 });
-        }
-        let tail = self.tails.get_mut(&batch.channel).expect("a tail for every channel checked");
+        let tail = match self.tails.get_mut(&batch.channel) {
+            Some(tail) => tail,
+            None => {
+                let (state, entry) = durable(&batch.channel)?;
+                self.tails.entry(batch.channel.clone()).or_insert(Tail { state, entry, last_receipt: 0 })
+            }
+        };
         if let [op] = batch.ops.as_slice() {
             // One op: `apply` changes nothing when it refuses, so no copy is needed.
             tail.state.apply(&batch.channel, op)?;
@@ -177,18 +179,16 @@ impl<M> Staging<M> {
     /// caller takes the visible state's lock only while holding this one, so a group taken is applied
     /// before that read). Called when the channel's replica leaves memory: otherwise every channel ever
     /// written keeps a copy of its state here. A channel with batches still on their way keeps its tail.
-    pub(crate) fn forget_tail(&mut self, channel: &ChannelId) {
+    ///
+    /// Returns `true` if the channel still has a tail. Without one (and with tails not stale), no batch
+    /// of the channel waits to be staged, synced or taken to be applied: its visible state says everything.
+    pub(crate) fn forget_tail(&mut self, channel: &ChannelId) -> bool {
         let on_their_way =
             self.tails.get(channel).is_some_and(|t| !self.tails_stale && t.last_receipt >= self.taken_end);
         if !on_their_way && self.tails.remove(channel).is_some() {
             crate::shrink_if_sparse(&mut self.tails);
         }
-    }
-
-    /// `true` if `channel` has a tail. Without one (and with tails not stale), no batch of the channel
-    /// waits to be staged, synced or taken to be applied: its visible state says everything.
-    pub(crate) fn has_tail(&self, channel: &ChannelId) -> bool {
-        self.tails.contains_key(channel)
+        on_their_way
     }
 
     /// Number of channels with a tail.

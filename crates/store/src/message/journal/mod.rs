@@ -461,17 +461,15 @@ impl JournalLog {
         let mut left = self.visible.lock().core.released_listed();
         while left > 0 {
             // Staging before visible (the lock order). A channel without a tail has no batch on its way
-            // (see `Staging::has_tail`), unless tails are stale: then durable batches may still wait to
+            // (see `Staging::forget_tail`), unless tails are stale: then durable batches may still wait to
             // be applied, and nothing is dropped until staging has caught up.
             let mut staging = self.staging.lock();
             if staging.tails_stale() {
                 return;
             }
             let mut visible = self.visible.lock();
-            let (dropped, looked_at) = visible.core.drop_released(DROP_RUN.min(left), |channel| {
-                staging.forget_tail(channel);
-                staging.has_tail(channel)
-            });
+            let (dropped, looked_at) =
+                visible.core.drop_released(DROP_RUN.min(left), |channel| staging.forget_tail(channel));
             self.channels_dropped.fetch_add(dropped as u64, Ordering::Relaxed);
             if looked_at == 0 {
                 return;
