@@ -44,6 +44,8 @@ impl Cluster {
                     config.machine.pull_timeout = Duration::from_secs(5);
                     config.machine.idle_after_empty_pulls = 1;
                     config.machine.idle_pull_interval = Duration::from_secs(4);
+                    // Such a follower is silent for up to 3 + 4 s: it must still count as alive.
+                    config.machine.isr_alive = Duration::from_secs(10);
                     // HW news waits as long as the long poll (a shorter hold answers parked pulls from
                     // timers: see `MachineConfig::hw_notify_delay`).
                     config.machine.hw_notify_delay = config.machine.pull_park;
@@ -66,6 +68,9 @@ impl Cluster {
                 }
                 if let Some(nice) = env_value("TIDINGS_WRITE_BEHIND_NICE") {
                     storage.journal.write_behind_nice = nice;
+                }
+                if let Some(workers) = env_value("TIDINGS_DURABLE_WORKERS") {
+                    storage.durable_workers = workers;
                 }
                 let node = Arc::new(Node::start(config, storage, mesh.transport(*id)).expect("node starts"));
                 mesh.attach(&node);

@@ -108,6 +108,24 @@ fn admission_refusals_change_nothing() {
 }
 
 #[test]
+fn a_healthy_idle_follower_keeps_counting_as_alive() {
+    // Idle followers pull every 200 ms park + 1.5 s wait: 1.7 s of silence at most, inside the 2 s window.
+    let config = MachineConfig { idle_pull_interval: Duration::from_millis(1_500), ..config() };
+    assert!(config.validate().is_ok());
+    let mut cluster = Cluster::new(41, 3, 2, quiet(), config.clone());
+    cluster.run_for(100);
+    // Appends after quiet spells of different lengths land at every phase of the followers' idle cycle.
+    for spell in 0..24u64 {
+        cluster.run_for(2_000 + spell * 113);
+        let appended = cluster.append(node(1), &["after a quiet spell"], &[]);
+        assert!(appended.is_ok(), "quiet spell {spell}: {appended:?}\n{}", cluster.trace.join("\n"));
+    }
+    // A window shorter than that silence is refused up front: such followers would count as dead at times.
+    let too_short = MachineConfig { isr_alive: Duration::from_millis(1_700), ..config };
+    assert!(too_short.validate().is_err());
+}
+
+#[test]
 fn handoff_capacity_is_reserved_before_anything_is_written() {
     let mut config = config();
     config.request_records_max = 4;

@@ -46,6 +46,9 @@ pub struct MachineConfig {
     /// An ISR follower not caught up for this long is proposed for removal from the ISR. Default 10 s.
     pub isr_lag: Duration,
     /// An ISR follower not heard from for this long does not count as alive for admission. Default 6 s.
+    /// Must exceed `pull_park + idle_pull_interval`, the longest a healthy idle follower stays silent
+    /// (its pull parked, answered empty, then its idle wait); otherwise such a follower counts as dead
+    /// part of the time and the first append after a quiet spell gets `NotEnoughReplicas`.
     pub isr_alive: Duration,
     /// An append not committed after this long completes with `Timeout` (its outcome is unknown). Default 10 s.
     pub append_timeout: Duration,
@@ -98,6 +101,12 @@ impl MachineConfig {
         self.hw_notify_delay.min(self.pull_park)
     }
 
+    /// The longest a healthy idle follower goes without a pull reaching its leader: its last pull parked
+    /// for `pull_park` and answered empty, then its `idle_pull_interval` wait.
+    pub fn healthy_silence(&self) -> Duration {
+        self.pull_park.saturating_add(self.idle_pull_interval)
+    }
+
     /// Checks the relationships between limits that the machine relies on.
     pub fn validate(&self) -> Result<(), &'static str> {
         if self.request_records_max == 0 || self.persist_records_max == 0 || self.pull_bytes_max == 0 {
@@ -111,6 +120,11 @@ impl MachineConfig {
         }
         if self.pull_timeout <= self.pull_park {
             return Err("pull_timeout must exceed pull_park, or every parked pull would be resent");
+        }
+        if self.isr_alive <= self.healthy_silence() {
+            return Err(
+                "isr_alive must exceed pull_park + idle_pull_interval, or healthy idle followers count as dead",
+            );
         }
         Ok(())
     }
