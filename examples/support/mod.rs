@@ -24,24 +24,67 @@ pub fn env_value<T: FromStr>(name: &str) -> Option<T> {
 /// clock ticks of 10 ms; `None` elsewhere). Over a phase of a second or more on two cores that is
 /// within about 1%: steadier than a rate, which moves with the disk of the day.
 pub fn process_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may hold spaces, so split after its closing parenthesis):
+    cpu_of_stat(&std::fs::read_to_string("/proc/self/stat").ok()?).map(|(_, cpu)| cpu)
+}
+
+/// The command name and the user + system CPU time in a `/proc/.../stat` line.
+fn cpu_of_stat(stat: &str) -> Option<(String, Duration)> {
+    // The command name sits in parentheses and may hold spaces: split at the last closing one. After it,
     // state is field 3; utime and stime are fields 14 and 15.
-    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let (head, tail) = stat.rsplit_once(')')?;
+    let name = head.split_once('(')?.1.to_string();
+    let mut fields = tail.split_whitespace().skip(11);
     let user: u64 = fields.next()?.parse().ok()?;
     let system: u64 = fields.next()?.parse().ok()?;
     // USER_HZ is 100 on every Linux this runs on (it is fixed in the kernel's ABI, not CONFIG_HZ).
-    Some(Duration::from_millis((user + system) * 10))
+    Some((name, Duration::from_millis((user + system) * 10)))
+}
+
+/// The kinds of thread a node runs, by the start of their names (Linux cuts names at 15 bytes).
+const THREAD_KINDS: [(&str, &str); 5] = [
+    ("tidings-reactor", "reactors"),
+    ("tidings-durable", "durable"),
+    ("tidings-write-b", "write-behind"),
+    ("tidings-core", "core"),
+    ("sled-", "sled"),
+];
+
+/// CPU time used so far by the live threads of each kind in [`THREAD_KINDS`] (`/proc/self/task`).
+fn cpu_by_kind() -> Option<[Duration; THREAD_KINDS.len()]> {
+    let mut sums = [Duration::ZERO; THREAD_KINDS.len()];
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let Some((name, cpu)) = std::fs::read_to_string(task.path().join("stat")).ok().and_then(|s| cpu_of_stat(&s))
+        else {
+            continue;
+        };
+        if let Some(kind) = THREAD_KINDS.iter().position(|(prefix, _)| name.starts_with(prefix)) {
+            sums[kind] += cpu;
+        }
+    }
+    Some(sums)
 }
 
 /// Runs `phase`, which sends `messages`, and returns its result with the process's CPU per message
-/// over it, as "N µs CPU/msg" (empty where [`process_cpu`] is unknown).
+/// over it, as "N µs CPU/msg (reactors a, durable b, ...)": the split by thread kind, the rest (the
+/// load's threads, slot groups' workers, exited threads) as "other" (empty where [`process_cpu`] is
+/// unknown).
 pub fn with_cpu_per_message<T>(messages: usize, phase: impl FnOnce() -> T) -> (T, String) {
-    let before = process_cpu();
+    let before = process_cpu().zip(cpu_by_kind());
     let result = phase();
-    let per_message = match (before, process_cpu()) {
-        (Some(b), Some(a)) if messages > 0 => {
-            format!("{:.1} µs CPU/msg", a.saturating_sub(b).as_secs_f64() * 1e6 / messages as f64)
+    let per_message = match (before, process_cpu().zip(cpu_by_kind())) {
+        (Some((total_before, kinds_before)), Some((total_after, kinds_after))) if messages > 0 => {
+            #[allow(clippy::cast_precision_loss)] // A message count.
+            let micros = |cpu: Duration| cpu.as_secs_f64() * 1e6 / messages as f64;
+            let total = total_after.saturating_sub(total_before);
+            let mut named = Duration::ZERO;
+            let mut split = Vec::new();
+            for ((after, before), (_, kind)) in kinds_after.iter().zip(kinds_before).zip(THREAD_KINDS) {
+                let used = after.saturating_sub(before);
+                named += used;
+                split.push(format!("{kind} {:.1}", micros(used)));
+            }
+            split.push(format!("other {:.1}", micros(total.saturating_sub(named))));
+            format!("{:.1} µs CPU/msg ({})", micros(total), split.join(", "))
         }
         _ => String::new(),
     };
