@@ -54,6 +54,14 @@ impl Cluster {
                 if let Some(ms) = env_value("TIDINGS_HW_NOTIFY_MS") {
                     config.machine.hw_notify_delay = Duration::from_millis(ms);
                 }
+                if let Some(ms) = env_value("TIDINGS_PULL_PARK_MS") {
+                    // The pull timeout stays 1.5 s past the park, as by default.
+                    config.machine.pull_park = Duration::from_millis(ms);
+                    config.machine.pull_timeout = Duration::from_millis(ms + 1_500);
+                }
+                if let Some(pulls) = env_value("TIDINGS_IDLE_AFTER_EMPTY_PULLS") {
+                    config.machine.idle_after_empty_pulls = pulls;
+                }
                 tweak(&mut config);
                 let mut storage = StorageOptions::new(root.join(format!("node-{id}")));
                 if tuned {
