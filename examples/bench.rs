@@ -7,19 +7,23 @@
 //! rate (open loop: latency counts from the scheduled send time, so queueing shows; 15 s, 3 s with
 //! `--quick`). Reported next to the
 //! disk's raw group-commit ceiling and its `fdatasync` p99, measured first in the same run. Three copies
-//! share one disk here, so the fair reference for throughput is ceiling / 3.
+//! share one disk here, so the fair reference for throughput is ceiling / 3. Each phase's CPU per message
+//! is printed whole and split by thread kind (reactors, durable workers, write-behind, core, sled, the
+//! node's other threads, and the load's own threads with any that exited meanwhile).
 //!
 //! `--channels N` runs only the scenario with N channels (any N); `--idle-evict-secs S` evicts idle
 //! replicas after S seconds (`NodeConfig::channel_idle_evict`; with more channels than a phase can
 //! touch in S seconds, every message then pays a replica activation); `--tuned` runs with quieter idle channels
-//! (longer long polls, and HW news for followers held as long, followers idle after one empty pull)
-//! and a 30 s write-behind interval, which matter when thousands of channels each see a few messages
+//! (HW news for followers held as long as the 3 s long poll, followers idle after one empty pull and
+//! then pulling every 4 s) and a 30 s write-behind interval, which matter when thousands of channels each see a few messages
 //! per second. `--in-flight N` sets the appends in flight at full rate (default 256 for one channel,
 //! 2,048 otherwise); `--paced-rate R` paces the latency phase at R msg/s instead of half the full rate
 //! (to compare two settings at the same load). `TIDINGS_REACTORS=N` sets every node's number of channel
 //! reactor threads (default: the runtime's choice, one per two cores); `TIDINGS_HW_NOTIFY_MS=N` its
 //! channels' `hw_notify_delay`; `TIDINGS_WRITE_BEHIND_MS=N` and `TIDINGS_WRITE_BEHIND_NICE=N` its
-//! journal's `write_behind_interval` and `write_behind_nice` (for A/B runs).
+//! journal's `write_behind_interval` and `write_behind_nice`, `TIDINGS_DURABLE_WORKERS=N` its durable
+//! workers, `TIDINGS_PULL_PARK_MS=N` its channels' `pull_park` (with `pull_timeout` 1.5 s longer) and
+//! `TIDINGS_IDLE_AFTER_EMPTY_PULLS=N` their `idle_after_empty_pulls` (for A/B runs).
 #![allow(clippy::disallowed_methods)] // A benchmark tool reads the clock.
 
 #[path = "support/mod.rs"]

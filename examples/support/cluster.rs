@@ -38,10 +38,8 @@ impl Cluster {
                     config.reactors = reactors;
                 }
                 if tuned {
-                    // Quieter idle channels: long polls park longer, followers go idle after one empty
-                    // pull and then pull every 4 s (a hint wakes them at once when data arrives).
-                    config.machine.pull_park = Duration::from_secs(3);
-                    config.machine.pull_timeout = Duration::from_secs(5);
+                    // Quieter idle channels: followers go idle after one empty pull (parked 3 s, the
+                    // default) and then pull every 4 s (a hint wakes them at once when data arrives).
                     config.machine.idle_after_empty_pulls = 1;
                     config.machine.idle_pull_interval = Duration::from_secs(4);
                     // Such a follower is silent for up to 3 + 4 s: it must still count as alive.

@@ -40,13 +40,20 @@ fn cpu_of_stat(stat: &str) -> Option<(String, Duration)> {
     Some((name, Duration::from_millis((user + system) * 10)))
 }
 
-/// The kinds of thread a node runs, by the start of their names (Linux cuts names at 15 bytes).
-const THREAD_KINDS: [(&str, &str); 5] = [
-    ("tidings-reactor", "reactors"),
-    ("tidings-durable", "durable"),
-    ("tidings-write-b", "write-behind"),
-    ("tidings-core", "core"),
-    ("sled-", "sled"),
+/// The kinds of thread a node runs, as `bench` reports them.
+const THREAD_KINDS: [&str; 6] = ["reactors", "durable", "write-behind", "core", "sled", "other node"];
+
+/// Thread name prefixes (Linux cuts names at 15 bytes) and their kind in [`THREAD_KINDS`]; the first
+/// that matches wins.
+const THREAD_PREFIXES: [(&str, usize); 7] = [
+    ("tidings-reactor", 0),
+    ("tidings-durable", 1),
+    ("tidings-write-b", 2),
+    ("tidings-core", 3),
+    ("sled-", 4),
+    ("log flusher", 4),
+    // Slot sync, pull readers, fanout.
+    ("tidings-", 5),
 ];
 
 /// CPU time used so far by the live threads of each kind in [`THREAD_KINDS`] (`/proc/self/task`).
@@ -57,8 +64,8 @@ fn cpu_by_kind() -> Option<[Duration; THREAD_KINDS.len()]> {
         else {
             continue;
         };
-        if let Some(kind) = THREAD_KINDS.iter().position(|(prefix, _)| name.starts_with(prefix)) {
-            sums[kind] += cpu;
+        if let Some((_, kind)) = THREAD_PREFIXES.iter().find(|(prefix, _)| name.starts_with(prefix)) {
+            sums[*kind] += cpu;
         }
     }
     Some(sums)
@@ -66,8 +73,9 @@ fn cpu_by_kind() -> Option<[Duration; THREAD_KINDS.len()]> {
 
 /// Runs `phase`, which sends `messages`, and returns its result with the process's CPU per message
 /// over it, as "N µs CPU/msg (reactors a, durable b, ...)": the split by thread kind, the rest (the
-/// load's threads, slot groups' workers, exited threads) as "other" (empty where [`process_cpu`] is
-/// unknown).
+/// load's threads, and threads that exited during the phase) as "load" (empty where [`process_cpu`]
+/// is unknown). Each thread's time counts in 10 ms ticks, so a phase much shorter than a second (the
+/// quick run's full-rate phase at one channel lasts ~0.1 s) splits coarsely.
 pub fn with_cpu_per_message<T>(messages: usize, phase: impl FnOnce() -> T) -> (T, String) {
     let before = process_cpu().zip(cpu_by_kind());
     let result = phase();
@@ -78,12 +86,12 @@ pub fn with_cpu_per_message<T>(messages: usize, phase: impl FnOnce() -> T) -> (T
             let total = total_after.saturating_sub(total_before);
             let mut named = Duration::ZERO;
             let mut split = Vec::new();
-            for ((after, before), (_, kind)) in kinds_after.iter().zip(kinds_before).zip(THREAD_KINDS) {
+            for ((after, before), kind) in kinds_after.iter().zip(kinds_before).zip(THREAD_KINDS) {
                 let used = after.saturating_sub(before);
                 named += used;
                 split.push(format!("{kind} {:.1}", micros(used)));
             }
-            split.push(format!("other {:.1}", micros(total.saturating_sub(named))));
+            split.push(format!("load {:.1}", micros(total.saturating_sub(named))));
             format!("{:.1} µs CPU/msg ({})", micros(total), split.join(", "))
         }
         _ => String::new(),
