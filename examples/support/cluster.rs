@@ -115,7 +115,7 @@ impl Cluster {
         retry(|| self.leader(channel).append(channel.clone(), vec![record.clone()]))
     }
 
-    /// Appends one record at `channel`'s leader; `then` gets the outcome on the leader's core thread.
+    /// Appends one record at `channel`'s leader; `then` gets the outcome on the channel's reactor thread.
     pub fn append_then(
         &self,
         channel: &ChannelId,

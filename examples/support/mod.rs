@@ -24,20 +24,14 @@ pub fn env_value<T: FromStr>(name: &str) -> Option<T> {
 /// clock ticks of 10 ms; `None` elsewhere). Over a phase of a second or more on two cores that is
 /// within about 1%: steadier than a rate, which moves with the disk of the day.
 pub fn process_cpu() -> Option<Duration> {
-    cpu_of_stat(&std::fs::read_to_string("/proc/self/stat").ok()?).map(|(_, cpu)| cpu)
-}
-
-/// The command name and the user + system CPU time in a `/proc/.../stat` line.
-fn cpu_of_stat(stat: &str) -> Option<(String, Duration)> {
-    // The command name sits in parentheses and may hold spaces: split at the last closing one. After it,
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces, so split after its closing parenthesis):
     // state is field 3; utime and stime are fields 14 and 15.
-    let (head, tail) = stat.rsplit_once(')')?;
-    let name = head.split_once('(')?.1.to_string();
-    let mut fields = tail.split_whitespace().skip(11);
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
     let user: u64 = fields.next()?.parse().ok()?;
     let system: u64 = fields.next()?.parse().ok()?;
     // USER_HZ is 100 on every Linux this runs on (it is fixed in the kernel's ABI, not CONFIG_HZ).
-    Some((name, Duration::from_millis((user + system) * 10)))
+    Some(Duration::from_millis((user + system) * 10))
 }
 
 /// The kinds of thread a node runs, as `bench` reports them.
@@ -56,16 +50,17 @@ const THREAD_PREFIXES: [(&str, usize); 7] = [
     ("tidings-", 5),
 ];
 
-/// CPU time used so far by the live threads of each kind in [`THREAD_KINDS`] (`/proc/self/task`).
+/// CPU time used so far by the live threads of each kind in [`THREAD_KINDS`], to the nanosecond
+/// (`/proc/self/task/*/schedstat`: per-thread clock ticks, rounded down thread by thread, would leave
+/// tens of milliseconds to "load" in a phase of a tenth of a second).
 fn cpu_by_kind() -> Option<[Duration; THREAD_KINDS.len()]> {
     let mut sums = [Duration::ZERO; THREAD_KINDS.len()];
     for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
-        let Some((name, cpu)) = std::fs::read_to_string(task.path().join("stat")).ok().and_then(|s| cpu_of_stat(&s))
-        else {
-            continue;
-        };
+        let read = |file: &str| std::fs::read_to_string(task.path().join(file)).ok();
+        let (Some(name), Some(schedstat)) = (read("comm"), read("schedstat")) else { continue };
+        let Some(nanos) = schedstat.split_whitespace().next().and_then(|n| n.parse().ok()) else { continue };
         if let Some((_, kind)) = THREAD_PREFIXES.iter().find(|(prefix, _)| name.starts_with(prefix)) {
-            sums[*kind] += cpu;
+            sums[*kind] += Duration::from_nanos(nanos);
         }
     }
     Some(sums)
@@ -74,8 +69,8 @@ fn cpu_by_kind() -> Option<[Duration; THREAD_KINDS.len()]> {
 /// Runs `phase`, which sends `messages`, and returns its result with the process's CPU per message
 /// over it, as "N µs CPU/msg (reactors a, durable b, ...)": the split by thread kind, the rest (the
 /// load's threads, and threads that exited during the phase) as "load" (empty where [`process_cpu`]
-/// is unknown). Each thread's time counts in 10 ms ticks, so a phase much shorter than a second (the
-/// quick run's full-rate phase at one channel lasts ~0.1 s) splits coarsely.
+/// is unknown). The whole counts in 10 ms ticks, so in a phase much shorter than a second (the quick
+/// run's full-rate phase at one channel lasts ~0.1 s) "load" is within about ±10 ms / messages.
 pub fn with_cpu_per_message<T>(messages: usize, phase: impl FnOnce() -> T) -> (T, String) {
     let before = process_cpu().zip(cpu_by_kind());
     let result = phase();
