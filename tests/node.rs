@@ -399,3 +399,17 @@ fn authoritative_metadata_reads_see_acknowledged_writes_and_latest_is_the_hw() {
     assert_eq!(on_leader, last);
     assert!(nodes[0].local_reader().channel(&ch).unwrap().is_some());
 }
+
+#[test]
+fn a_config_that_would_count_healthy_idle_followers_as_dead_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let id = NodeId::new(1);
+    let mut config = NodeConfig::new(id, vec![id]);
+    // An idle follower may stay silent for the 3 s long poll plus a 4 s idle wait: 6 s is too short a
+    // window, and the first append after a quiet spell would get `NotEnoughReplicas`.
+    config.machine.idle_pull_interval = Duration::from_secs(4);
+    config.machine.isr_alive = Duration::from_secs(6);
+    let refused = Node::start(config, StorageOptions::new(dir.path().join("1")), mesh.transport(id)).err();
+    assert!(matches!(refused, Some(NodeError::Storage(tidings::store::StoreError::BadConfig { .. }))), "{refused:?}");
+}
