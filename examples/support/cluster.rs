@@ -53,9 +53,11 @@ impl Cluster {
                     config.machine.hw_notify_delay = Duration::from_millis(ms);
                 }
                 if let Some(ms) = env_value("TIDINGS_PULL_PARK_MS") {
-                    // The pull timeout stays 1.5 s past the park, as by default.
+                    // The defaults' margins stay: the pull timeout 2 s past the park, the alive window
+                    // 3 s past a healthy idle follower's silence (so the node starts with any park).
                     config.machine.pull_park = Duration::from_millis(ms);
-                    config.machine.pull_timeout = Duration::from_millis(ms + 1_500);
+                    config.machine.pull_timeout = config.machine.pull_park + Duration::from_secs(2);
+                    config.machine.isr_alive = config.machine.healthy_silence() + Duration::from_secs(3);
                 }
                 if let Some(pulls) = env_value("TIDINGS_IDLE_AFTER_EMPTY_PULLS") {
                     config.machine.idle_after_empty_pulls = pulls;
