@@ -95,8 +95,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (half, cpu_half) = with_cpu_per_message(sent, || paced(&cluster, &channels, half_rate, paced_for));
         let journal_half = journal.since(&cluster);
         println!(
-            "{count:>6} channels (created in {created:.2?}): {:>7.0} msg/s ({in_flight} in flight, p50 {:.2?} p99 {:.2?}); at half rate p50 {:.2?} p99 {:.2?}",
-            top.rate, top.p50, top.p99, half.p50, half.p99
+            "{count:>6} channels (created in {created:.2?}): {:>7.0} msg/s ({in_flight} in flight, p50 {:.2?} p99 {:.2?}); at half rate p50 {:.2?} p99 {:.2?}{}",
+            top.rate, top.p50, top.p99, half.p50, half.p99, half.sender_lateness()
         );
         println!("         journal syncs, all nodes: {journal_top} at full rate; {journal_half} at half rate");
         println!("         whole process: {cpu_top} at full rate; {cpu_half} at half rate");

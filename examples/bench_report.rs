@@ -174,10 +174,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let in_flight = if count == 1 { 256 } else { 2048 };
         let sent = messages * scale.min(2);
         let (top, cpu) = with_cpu_per_message(sent, || max_rate(&cluster, &channels, sent, in_flight));
-        let half = paced(&cluster, &channels, top.rate / 2.0, Duration::from_secs(2 * scale as u64));
+        let paced_for = Duration::from_secs(2 * scale as u64);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A count of messages sent.
+        let sent_half = (top.rate / 2.0 * paced_for.as_secs_f64()) as usize;
+        let (half, cpu_half) =
+            with_cpu_per_message(sent_half, || paced(&cluster, &channels, top.rate / 2.0, paced_for));
         println!(
-            "tidings {count:>6} channels (created in {created:.1?}): {:>7.0} msg/s ({cpu}), p50 {:.2?} p99 {:.2?} p99.9 {:.2?}; half rate p99 {:.2?}",
-            top.rate, top.p50, top.p99, top.p999, half.p99
+            "tidings {count:>6} channels (created in {created:.1?}): {:>7.0} msg/s ({cpu}), p50 {:.2?} p99 {:.2?} p99.9 {:.2?}; half rate p99 {:.2?}{} ({cpu_half})",
+            top.rate, top.p50, top.p99, top.p999, half.p99, half.sender_lateness()
         );
         tidings_rates.push((count, top.rate, half.p99));
         if count == 100_000 {
@@ -194,7 +198,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             scenario: format!("{count} channels"),
             rate: Some(top.rate),
             figures: Some(top),
-            note: format!("half-rate p99 {:.2?}; {cpu}", half.p99),
+            note: format!("half-rate p99 {:.2?}{}; {cpu}; at half rate {cpu_half}", half.p99, half.sender_lateness()),
         });
     }
     drop(cluster);

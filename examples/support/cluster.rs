@@ -213,14 +213,21 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
             }
             latencies
         });
+        let mut late = Vec::with_capacity(total);
         for i in 0..total {
             let scheduled = started + interval * u32::try_from(i).expect("fits");
             if let Some(wait) = scheduled.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
+            // Zero when on time (`elapsed` saturates).
+            late.push(scheduled.elapsed());
             send(scheduled, i);
         }
-        collector.join().expect("collector")
+        late.sort_unstable();
+        (collector.join().expect("collector"), late)
     });
-    figures(total, duration, latencies)
+    let (latencies, late) = latencies;
+    let mut figures = figures(total, duration, latencies);
+    figures.sent_late_p99 = (!late.is_empty()).then(|| super::percentile(&late, 990));
+    figures
 }

@@ -67,13 +67,16 @@ fn cpu_by_kind() -> Option<[Duration; THREAD_KINDS.len()]> {
 }
 
 /// Runs `phase`, which sends `messages`, and returns its result with the process's CPU per message
-/// over it, as "N µs CPU/msg (reactors a, durable b, ...)": the split by thread kind, the rest (the
-/// load's threads, and threads that exited during the phase) as "load" (empty where [`process_cpu`]
-/// is unknown). The whole counts in 10 ms ticks, so in a phase much shorter than a second (the quick
+/// over it, as "N µs CPU/msg (reactors a, durable b, ...; C cores busy)": the split by thread kind, the
+/// rest (the load's threads, and threads that exited during the phase) as "load", and the CPU used per
+/// second of the phase (on a machine with two cores, 1.8 means the phase ran near saturation, where
+/// any hiccup queues work for many times its length) — empty where [`process_cpu`] is unknown. The whole counts in 10 ms ticks, so in a phase much shorter than a second (the quick
 /// run's full-rate phase at one channel lasts ~0.1 s) "load" is within about ±10 ms / messages.
 pub fn with_cpu_per_message<T>(messages: usize, phase: impl FnOnce() -> T) -> (T, String) {
     let before = process_cpu().zip(cpu_by_kind());
+    let started = Instant::now();
     let result = phase();
+    let wall = started.elapsed();
     let per_message = match (before, process_cpu().zip(cpu_by_kind())) {
         (Some((total_before, kinds_before)), Some((total_after, kinds_after))) if messages > 0 => {
             #[allow(clippy::cast_precision_loss)] // A message count.
@@ -87,7 +90,8 @@ pub fn with_cpu_per_message<T>(messages: usize, phase: impl FnOnce() -> T) -> (T
                 split.push(format!("{kind} {:.1}", micros(used)));
             }
             split.push(format!("load {:.1}", micros(total.saturating_sub(named))));
-            format!("{:.1} µs CPU/msg ({})", micros(total), split.join(", "))
+            let cores = total.as_secs_f64() / wall.as_secs_f64().max(1e-9);
+            format!("{:.1} µs CPU/msg ({}; {cores:.2} cores busy)", micros(total), split.join(", "))
         }
         _ => String::new(),
     };
@@ -107,6 +111,17 @@ pub struct Figures {
     pub p999: Duration,
     /// Latency at the per-milles of [`CDF_POINTS`] (for plots).
     pub cdf: Vec<Duration>,
+    /// Open-loop runs: the 99th percentile of how late the load's sender thread sent an append after
+    /// its scheduled time (the latency counts from the scheduled time, so this much of it is the
+    /// sender waiting for a core, not the cluster).
+    pub sent_late_p99: Option<Duration>,
+}
+
+impl Figures {
+    /// ", sender late p99 X" for an open-loop run, "" otherwise.
+    pub fn sender_lateness(&self) -> String {
+        self.sent_late_p99.map_or_else(String::new, |late| format!(", sender late p99 {late:.2?}"))
+    }
 }
 
 /// Per-milles at which [`Figures::cdf`] samples the latency distribution.
@@ -126,6 +141,7 @@ pub fn figures(records: usize, elapsed: Duration, mut latencies: Vec<Duration>) 
         p99: percentile(&latencies, 990),
         p999: percentile(&latencies, 999),
         cdf: CDF_POINTS.iter().map(|q| percentile(&latencies, *q)).collect(),
+        sent_late_p99: None,
     }
 }
 
