@@ -32,6 +32,7 @@ mod support;
 use std::time::{Duration, Instant};
 use support::cluster::{max_rate, paced, Cluster, CLIENTS};
 use support::{ceiling, flag_value, with_cpu_per_message, RECORD_BYTES};
+use tidings::store::LatencyHistogram;
 use tidings::types::{ChannelId, ChannelType};
 
 // jemalloc, as a host running a busy node would: under glibc's allocator, large buffers freed and
@@ -83,7 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let journal = JournalTally::now(&cluster);
         let (top, cpu_top) =
             with_cpu_per_message(messages * scale, || max_rate(&cluster, &channels, messages * scale, in_flight));
-        let journal_top = journal.since(&cluster);
+        let (journal_top, _) = journal.since(&cluster);
         // Full runs pace for 15 s: long enough to include write-behind rounds (every second) and the
         // controller's idle repair pass (every 10 s), which both read and write sled beside the traffic.
         let paced_for = Duration::from_secs(if quick { 3 } else { 15 });
@@ -93,50 +94,56 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A count of messages sent.
         let sent = (half_rate * paced_for.as_secs_f64()) as usize;
         let (half, cpu_half) = with_cpu_per_message(sent, || paced(&cluster, &channels, half_rate, paced_for));
-        let journal_half = journal.since(&cluster);
+        let (journal_half, sync_p99_half) = journal.since(&cluster);
         println!(
             "{count:>6} channels (created in {created:.2?}): {:>7.0} msg/s ({in_flight} in flight, p50 {:.2?} p99 {:.2?}); at half rate p50 {:.2?} p99 {:.2?}{}",
             top.rate, top.p50, top.p99, half.p50, half.p99, half.sender_lateness()
         );
         println!("         journal syncs, all nodes: {journal_top} at full rate; {journal_half} at half rate");
         println!("         whole process: {cpu_top} at full rate; {cpu_half} at half rate");
-        summary.push((count, top.rate, half.p99));
+        summary.push((count, top.rate, half.p99, sync_p99_half));
     }
     println!();
-    for (count, rate, p99) in summary {
+    for (count, rate, p99, sync_p99) in summary {
         println!(
-            "{count:>6} channels: {:>5.1}% of ceiling/3 (target >= 25% at 10,000); half-rate p99 = {:.1}x fdatasync p99 (target <= 4x)",
+            "{count:>6} channels: {:>5.1}% of ceiling/3 (target >= 25% at 10,000); half-rate p99 = {:.1}x fdatasync p99 (target <= 4x), {:.1}x the journals' own sync p99 in that phase",
             100.0 * rate / fair,
-            p99.as_secs_f64() / disk.p99.as_secs_f64()
+            p99.as_secs_f64() / disk.p99.as_secs_f64(),
+            p99.as_secs_f64() / sync_p99.as_secs_f64().max(1e-9)
         );
     }
     Ok(())
 }
 
-/// The journals' sync and frame counts summed over the nodes, to tell how many channel batches each
-/// `fdatasync` carried in a phase (every sync costs CPU in the kernel and a device round trip).
+/// The journals' sync and frame counts and sync latencies summed over the nodes, to tell how many
+/// channel batches each `fdatasync` carried in a phase (every sync costs CPU in the kernel and a device
+/// round trip) and how long the syncs took under that phase's load (a commit waits for two in a row).
 struct JournalTally {
     at: Instant,
     syncs: u64,
     frames: u64,
+    latency: LatencyHistogram,
 }
 
 impl JournalTally {
     fn now(cluster: &Cluster) -> Self {
-        let (syncs, frames) = cluster
-            .nodes
-            .iter()
-            .map(|n| n.message_log_stats())
-            .fold((0, 0), |(s, f), stats| (s + stats.syncs, f + stats.frames));
-        Self { at: Instant::now(), syncs, frames }
+        let mut tally = Self { at: Instant::now(), syncs: 0, frames: 0, latency: LatencyHistogram::default() };
+        for stats in cluster.nodes.iter().map(|n| n.message_log_stats()) {
+            tally.syncs += stats.syncs;
+            tally.frames += stats.frames;
+            tally.latency.merge(&stats.sync_latency);
+        }
+        tally
     }
 
-    /// What happened since `self`, as a printable summary.
-    fn since(&self, cluster: &Cluster) -> String {
+    /// What happened since `self`, as a printable summary, and the syncs' p99 latency.
+    fn since(&self, cluster: &Cluster) -> (String, Duration) {
         let now = Self::now(cluster);
         let syncs = now.syncs - self.syncs;
         let per_second = syncs as f64 / now.at.duration_since(self.at).as_secs_f64();
         let per_sync = (now.frames - self.frames) as f64 / syncs.max(1) as f64;
-        format!("{per_second:.0}/s, {per_sync:.1} channel batches each")
+        let latency = now.latency.since(&self.latency);
+        let (p50, p99) = (latency.percentile(0.5), latency.percentile(0.99));
+        (format!("{per_second:.0}/s, {per_sync:.1} channel batches each, took p50 {p50:.2?} p99 {p99:.2?}"), p99)
     }
 }

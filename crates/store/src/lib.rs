@@ -45,12 +45,14 @@ pub fn shrink_if_sparse<K: std::hash::Hash + Eq, V>(map: &mut rustc_hash::FxHash
 mod error;
 mod failpoint;
 pub mod kv;
+mod latency;
 pub mod message;
 mod meta;
 mod raft_log;
 
 pub use error::{CorruptLocation, StoreError, StoreResult};
 pub use kv::{FailOp, Keyspace, Kv, KvBatch, MemoryKv, SledKv, SyncReport};
+pub use latency::LatencyHistogram;
 pub use meta::{
     ExportChunk, ExportCursor, MetaOp, MetaPage, MetaSpace, MetaStore, MetaWriteBatch, Placement, SpaceEntry,
 };

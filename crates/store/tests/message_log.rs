@@ -425,6 +425,10 @@ fn group_commit_makes_many_channels_durable_with_one_sync() {
     assert_eq!(log.sync().unwrap(), 1000);
     let stats = log.stats();
     assert_eq!((stats.syncs, stats.frames), (1, 1000), "one fdatasync for 1000 channels");
+    assert_eq!(stats.sync_latency.count(), 1, "the sync's latency is in the stats");
+    assert!(stats.sync_latency.percentile(1.0) > std::time::Duration::ZERO);
+    assert_eq!(log.sync().unwrap(), 0, "nothing staged");
+    assert_eq!(log.stats().sync_latency.count(), 1, "a call with nothing to write is no sync");
     drop(log);
     let log = JournalLog::open(&journal_dir, kv, JournalConfig::default()).unwrap();
     for ch in [0, 499, 999] {
