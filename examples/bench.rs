@@ -71,7 +71,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(count) => vec![(count, SCENARIOS.iter().find(|s| s.0 == count).unwrap_or(&SCENARIOS[2]).1)],
         None => SCENARIOS.to_vec(),
     };
+    let messages_override: Option<usize> = flag_value("--messages");
     for (count, messages) in scenarios {
+        let messages = messages_override.unwrap_or(messages);
         let channels: Vec<ChannelId> = (0..count)
             .map(|i| ChannelId::new(ChannelType::GROUP, &format!("c{count}-{i}")).expect("channel id"))
             .collect();

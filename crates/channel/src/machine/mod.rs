@@ -143,8 +143,7 @@ impl LocalLog {
 
     /// Largest epoch at or below `epoch` in the local log, and its last seq.
     fn end_of_epoch(&self, epoch: LeaderEpoch) -> (LeaderEpoch, Seq) {
-        let view = ChannelLogState { last_seq: self.end, epochs: self.epochs.clone(), ..ChannelLogState::default() };
-        view.end_of_epoch(epoch)
+        tidings_store::message::end_of_epoch(&self.epochs, self.end, epoch)
     }
 
     /// The end of the longest durable prefix that agrees with the log as the machine sees it: a truncation

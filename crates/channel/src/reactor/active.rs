@@ -206,11 +206,16 @@ impl ActiveChannels {
         self.slot_mut(channel).map(|(_, a)| &mut *a.machine)
     }
 
-    /// Files `slot`'s next timer as its machine now asks.
+    /// Files `slot`'s next timer as its machine now asks, unless a timer filed earlier is still current:
+    /// that one fires first and [`ActiveChannels::pop_due`] then files the one asked for. Most inputs move
+    /// a replica's timer later (a pull moves the park deadline); filing each move cost a heap push per
+    /// input and left the old entry for a rebuild to collect, where an early entry costs one check when
+    /// it comes due.
     fn refile(&mut self, slot: u32) {
         let Some(active) = self.slots[slot as usize].as_mut() else { return };
         let next = active.machine.poll_timeout();
-        if next == active.timer.map(|(at, _)| at) {
+        let filed = active.timer.map(|(at, _)| at);
+        if filed.is_some_and(|filed| next.is_none_or(|next| next >= filed)) || (next.is_none() && filed.is_none()) {
             return;
         }
         active.timer = next.map(|at| {
@@ -258,6 +263,12 @@ impl ActiveChannels {
             }
             let active = self.slots[filed.slot as usize].as_mut().expect("current: its slot holds a replica");
             active.timer = None;
+            if active.machine.poll_timeout().is_none_or(|at| at > now) {
+                // Filed before the machine moved its timer later (see `refile`): file the one it wants.
+                self.refile(filed.slot);
+                self.forget_outdated();
+                continue;
+            }
             Self::mark(&mut self.dirty, filed.slot, active);
             let channel = active.channel.clone();
             self.forget_outdated();
@@ -510,18 +521,19 @@ mod tests {
     }
 
     #[test]
-    fn refiled_timers_keep_the_heap_bounded() {
+    fn a_timer_moved_later_stays_filed_once_and_fires_only_when_its_machine_wants_it() {
         let mut active = ActiveChannels::default();
-        // `early` keeps the earliest timer, so `busy`'s outdated entries sink below it instead of being
-        // dropped at the top: only the rebuild bounds them.
         let (early, machine) = follower("early", 0);
         active.insert(early.clone(), machine, Time::ZERO);
-        // Never idles after empty answers: it pulls again after each one.
+        // Never idles after empty answers: it pulls again after each one, and its timer moves later.
         let config = MachineConfig { idle_after_empty_pulls: u32::MAX, ..MachineConfig::default() };
         let (busy, machine, first_pull) = follower_with("busy", 1, config);
         active.insert(busy.clone(), machine, Time::from_millis(1));
         let mut pull = Some(first_pull);
+        let _ = drain(&mut active);
+        let first_filed = active.slot(&busy).and_then(|a| a.timer).expect("busy filed a timer").0;
         let mut most_filed = 0;
+        let mut now = Time::ZERO;
         for step in 0..5_000u64 {
             pull = drain(&mut active).1.pop().or(pull);
             most_filed = most_filed.max(active.timers.len());
@@ -533,14 +545,42 @@ mod tests {
                 leader_epoch: LeaderEpoch::new(1),
                 body: PullBody::Records { records: vec![], hw: Seq::new(0) },
             });
-            let now = Time::from_millis(2 + step);
+            now = Time::from_millis(2 + step);
             active.get_marked(&busy).expect("active").handle_message(now, NodeId::new(1), answer);
+        }
+        let _ = drain(&mut active);
+        assert_eq!(most_filed, 2, "one entry per replica: a later timer is not filed again");
+        let wanted = active.get(&busy).and_then(ChannelMachine::poll_timeout).expect("busy wants a timer");
+        assert!(wanted > first_filed && wanted > now, "busy's timer moved later ({first_filed:?} -> {wanted:?})");
+        // `early`'s pull times out first; then busy's first entry comes due and is filed again, unfired.
+        let early_due = Time::ZERO + MachineConfig::default().pull_timeout;
+        assert_eq!(active.pop_due(early_due), Some(early.clone()), "the current timers still fire");
+        assert!(active.remove(&early).is_some());
+        assert_eq!(active.pop_due(first_filed), None, "busy's timer is not due: it does not fire early");
+        assert_eq!(active.next_timeout(), Some(wanted), "busy is filed at the time its machine wants");
+        assert_eq!(active.pop_due(wanted), Some(busy), "and fires then");
+    }
+
+    #[test]
+    fn outdated_timer_entries_keep_the_heap_bounded() {
+        let mut active = ActiveChannels::default();
+        let (early, machine) = follower("early", 0);
+        active.insert(early.clone(), machine, Time::ZERO);
+        let (late, machine) = follower("late", 10);
+        active.insert(late.clone(), machine, Time::from_millis(10));
+        let _ = drain(&mut active);
+        let slot = *active.index.get(&late).expect("indexed");
+        let mut most_filed = 0;
+        // Each refile after forgetting the filed timer leaves the old entry outdated below `early`'s,
+        // where only the rebuild collects it (timers that keep moving earlier do this).
+        for _ in 0..5_000 {
+            active.slots[slot as usize].as_mut().expect("active").timer = None;
+            active.refile(slot);
+            most_filed = most_filed.max(active.timers.len());
         }
         assert!(most_filed > 1_000, "outdated entries piled up ({most_filed}): the test reaches the rebuild");
         assert!(most_filed <= 4 * active.len() + 1024 + 1, "{most_filed} filed for {} replicas", active.len());
-        // `early`'s pull times out first: `busy` pulled again at every step since.
-        let early_due = Time::ZERO + MachineConfig::default().pull_timeout;
-        assert_eq!(active.pop_due(early_due), Some(early), "the current timers still fire");
+        assert_eq!(active.pop_due(Time::ZERO + MachineConfig::default().pull_timeout), Some(early));
     }
 
     #[test]

@@ -165,16 +165,7 @@ impl ChannelLogState {
     /// last seq written under it (the seq before the next epoch starts, or the log's last seq).
     /// `(0, 0)` when this log has no epoch at or below `epoch`.
     pub fn end_of_epoch(&self, epoch: LeaderEpoch) -> (LeaderEpoch, Seq) {
-        let at = self.epochs.partition_point(|(e, _)| *e <= epoch);
-        if at == 0 {
-            return (LeaderEpoch::new(0), Seq::new(0));
-        }
-        let found = self.epochs[at - 1].0;
-        let end = match self.epochs.get(at) {
-            Some((_, next_start)) => Seq::new(next_start.get() - 1),
-            None => self.last_seq,
-        };
-        (found, end)
+        end_of_epoch(&self.epochs, self.last_seq, epoch)
     }
 
     /// The leader epoch that wrote `seq`, if `seq` is in the log's range.
@@ -498,6 +489,22 @@ impl From<LogRefusal> for StoreError {
     fn from(refusal: LogRefusal) -> Self {
         StoreError::Refused(refusal)
     }
+}
+
+/// [`ChannelLogState::end_of_epoch`] over an epoch history (`(epoch, first seq)`, ascending) whose log
+/// ends at `last_seq`: for a caller that keeps its history outside a state (a replica's log beyond
+/// what is durable), without building one for each pull.
+pub fn end_of_epoch(epochs: &[(LeaderEpoch, Seq)], last_seq: Seq, epoch: LeaderEpoch) -> (LeaderEpoch, Seq) {
+    let at = epochs.partition_point(|(e, _)| *e <= epoch);
+    if at == 0 {
+        return (LeaderEpoch::new(0), Seq::new(0));
+    }
+    let found = epochs[at - 1].0;
+    let end = match epochs.get(at) {
+        Some((_, next_start)) => Seq::new(next_start.get() - 1),
+        None => last_seq,
+    };
+    (found, end)
 }
 
 #[cfg(test)]
