@@ -2,6 +2,7 @@
 
 use super::{env_value, figures, Figures, RECORD_BYTES};
 use bytes::Bytes;
+use crossbeam_channel::RecvTimeoutError;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -182,7 +183,7 @@ pub fn max_rate(cluster: &Cluster, channels: &[ChannelId], messages: usize, in_f
 /// cluster does; each one's latency runs from its scheduled send time to the moment its callback is
 /// called (`Node::append_then`), so queueing shows and a slow append does not delay the measurement of
 /// the others. An append refused because its channel's queue is full is sent again after 200 µs,
-/// keeping its scheduled time.
+/// keeping its scheduled time (without holding up the outcomes of the others meanwhile).
 pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Duration) -> Figures {
     let payload = Bytes::from(vec![0x42u8; RECORD_BYTES]);
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A few hundred thousand at most.
@@ -200,18 +201,34 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
     let latencies = std::thread::scope(|scope| {
         let collector = scope.spawn(|| {
             let mut latencies = Vec::with_capacity(total);
+            // Refused appends wait here for their retry, in the order they were refused (one delay for
+            // all): sleeping on each in turn would delay every outcome behind a burst of refusals.
+            let mut retries: VecDeque<(Instant, Instant, usize)> = VecDeque::new();
+            let mut refused = 0;
             while latencies.len() < total {
-                let (scheduled, i, outcome) = collected.recv().expect("senders alive");
+                while let Some(&(_, scheduled, i)) = retries.front().filter(|(due, ..)| *due <= Instant::now()) {
+                    retries.pop_front();
+                    send(scheduled, i);
+                }
+                let next = match retries.front() {
+                    Some((due, ..)) => collected.recv_timeout(due.saturating_duration_since(Instant::now())),
+                    None => collected.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                };
+                let (scheduled, i, outcome) = match next {
+                    Ok(next) => next,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => panic!("senders alive"),
+                };
                 match outcome {
                     Ok(latency) => latencies.push(latency),
                     Err(NodeError::Append(tidings::channel::machine::AppendError::Busy)) => {
-                        std::thread::sleep(Duration::from_micros(200));
-                        send(scheduled, i);
+                        refused += 1;
+                        retries.push_back((Instant::now() + Duration::from_micros(200), scheduled, i));
                     }
                     Err(error) => panic!("append failed: {error}"),
                 }
             }
-            latencies
+            (latencies, refused)
         });
         let mut late = Vec::with_capacity(total);
         for i in 0..total {
@@ -226,8 +243,9 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
         late.sort_unstable();
         (collector.join().expect("collector"), late)
     });
-    let (latencies, late) = latencies;
+    let ((latencies, refused), late) = latencies;
     let mut figures = figures(total, duration, latencies);
     figures.sent_late_p99 = (!late.is_empty()).then(|| super::percentile(&late, 990));
+    figures.refused_busy = Some(refused);
     figures
 }

@@ -115,12 +115,16 @@ pub struct Figures {
     /// its scheduled time (the latency counts from the scheduled time, so this much of it is the
     /// sender waiting for a core, not the cluster).
     pub sent_late_p99: Option<Duration>,
+    /// Open-loop runs: appends refused as busy (a channel's queue full) and sent again.
+    pub refused_busy: Option<usize>,
 }
 
 impl Figures {
-    /// ", sender late p99 X" for an open-loop run, "" otherwise.
+    /// ", sender late p99 X, N refused busy" for an open-loop run, "" otherwise.
     pub fn sender_lateness(&self) -> String {
-        self.sent_late_p99.map_or_else(String::new, |late| format!(", sender late p99 {late:.2?}"))
+        let late = self.sent_late_p99.map_or_else(String::new, |late| format!(", sender late p99 {late:.2?}"));
+        let refused = self.refused_busy.map_or_else(String::new, |n| format!(", {n} refused busy and sent again"));
+        late + &refused
     }
 }
 
@@ -142,6 +146,7 @@ pub fn figures(records: usize, elapsed: Duration, mut latencies: Vec<Duration>) 
         p999: percentile(&latencies, 999),
         cdf: CDF_POINTS.iter().map(|q| percentile(&latencies, *q)).collect(),
         sent_late_p99: None,
+        refused_busy: None,
     }
 }
 
