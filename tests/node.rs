@@ -97,6 +97,9 @@ fn single_node_goes_through_the_same_path() {
     // waits in memory for write-behind or is already stored in sled.
     let stats = node.message_log_stats();
     assert!(stats.syncs >= 1 && stats.frames >= 1, "{stats:?}");
+    // (Read after `syncs`: a sync meanwhile may count once more here.)
+    assert!(stats.sync_latency.count() >= stats.syncs, "each sync's latency is counted: {stats:?}");
+    assert!(stats.sync_latency.percentile(0.99) > std::time::Duration::ZERO);
     assert!(stats.mem_bytes > 0 || stats.records_written_behind >= 1, "{stats:?}");
 }
 

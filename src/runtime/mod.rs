@@ -337,9 +337,11 @@ impl Node {
         self.dropped_frames.load(Ordering::Relaxed)
     }
 
-    /// The message log's counters and gauges: group commits, frames, write-behind rounds and the record
-    /// bytes still waiting for write-behind (`mem_bytes`: a backlog near `JournalConfig::mem_bytes_max`
-    /// means appends are about to wait), journal segments on disk. Does not go through the core thread.
+    /// The message log's counters and gauges: group commits and how long their syncs took
+    /// (`sync_latency`; two snapshots give a period's percentiles), frames, write-behind rounds and the
+    /// record bytes still waiting for write-behind (`mem_bytes`: a backlog near
+    /// `JournalConfig::mem_bytes_max` means appends are about to wait), journal segments on disk. Does
+    /// not go through the core thread.
     pub fn message_log_stats(&self) -> JournalStats {
         self.journal.stats()
     }

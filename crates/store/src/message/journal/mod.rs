@@ -125,7 +125,8 @@ pub struct JournalStats {
     /// Journal syncs (one `fdatasync` each) that made batches durable.
     pub syncs: u64,
     /// How long those syncs took: the write of the frames still buffered and the `fdatasync`. Under
-    /// load this, not the disk's figure alone, bounds commit latency (see [`LatencyHistogram`]).
+    /// load this, not the disk's figure alone, bounds commit latency (see [`LatencyHistogram`]). Counts
+    /// at least `syncs` (a sync finishing while the stats are read may count here and not there).
     pub sync_latency: LatencyHistogram,
     /// Frames (batches) written to the journal.
     pub frames: u64,
@@ -293,7 +294,7 @@ impl JournalLog {
     /// Counters and gauges.
     pub fn stats(&self) -> JournalStats {
         JournalStats {
-            syncs: self.syncs.load(Ordering::Relaxed),
+            syncs: self.syncs.load(Ordering::Acquire),
             sync_latency: self.sync_latency.snapshot(),
             frames: self.frames.load(Ordering::Relaxed),
             write_behinds: self.write_behinds.load(Ordering::Relaxed),
@@ -575,8 +576,10 @@ impl MessageLog for JournalLog {
                     return Err(StoreError::Dropped);
                 }
                 journal.complete_sync(job);
-                self.syncs.fetch_add(1, Ordering::Relaxed);
+                // Latency first, released with the count: a reader that sees this sync counted (stats,
+                // acquire) sees its latency too.
                 self.sync_latency.record(took);
+                self.syncs.fetch_add(1, Ordering::Release);
                 (staging, count)
             }
         };
