@@ -9,7 +9,10 @@
 //! disk's raw group-commit ceiling and its `fdatasync` p99, measured first in the same run. Three copies
 //! share one disk here, so the fair reference for throughput is ceiling / 3. Each phase's CPU per message
 //! is printed whole and split by thread kind (reactors, durable workers, write-behind, core, sled, the
-//! node's other threads, and the load's own threads with any that exited meanwhile).
+//! node's other threads, and the load's own threads with any that exited meanwhile), with the cores it
+//! kept busy; each phase's journal syncs with their p50/p99 latency under that load; and for the paced
+//! phase how late the sender thread sent (p99: that much of the latency is the load waiting for a core)
+//! and how many appends were refused busy and sent again.
 //!
 //! `--channels N` runs only the scenario with N channels (any N); `--idle-evict-secs S` evicts idle
 //! replicas after S seconds (`NodeConfig::channel_idle_evict`; with more channels than a phase can
@@ -17,7 +20,8 @@
 //! (HW news for followers held as long as the 3 s long poll, followers idle after one empty pull and
 //! then pulling every 4 s) and a 30 s write-behind interval, which matter when thousands of channels each see a few messages
 //! per second. `--in-flight N` sets the appends in flight at full rate (default 256 for one channel,
-//! 2,048 otherwise); `--paced-rate R` paces the latency phase at R msg/s instead of half the full rate
+//! 2,048 otherwise), `--messages N` how many the full-rate phase sends (a longer phase takes in more
+//! background work: write-behind rounds, timers); `--paced-rate R` paces the latency phase at R msg/s instead of half the full rate
 //! (to compare two settings at the same load). `TIDINGS_REACTORS=N` sets every node's number of channel
 //! reactor threads (default: the runtime's choice, one per two cores); `TIDINGS_HW_NOTIFY_MS=N` its
 //! channels' `hw_notify_delay`; `TIDINGS_WRITE_BEHIND_MS=N` and `TIDINGS_WRITE_BEHIND_NICE=N` its
