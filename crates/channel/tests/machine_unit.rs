@@ -241,11 +241,10 @@ fn a_hint_from_the_leader_replaces_a_pull_that_was_lost() {
     assert!(pulls(&settle(&mut m, &log, t(60))).is_empty());
 }
 
-#[test]
-fn a_raised_hw_keeps_the_replica_from_eviction_until_it_is_checkpointed() {
+/// Three records durable, HW checkpointed at 1: the store of a replica rebuilt after a storage failure,
+/// whose previous incarnation knew seq 3 committed.
+fn log_with_hw_checkpoint_behind() -> MemoryLog {
     use tidings_store::message::{LogBatch, LogOp, Record, RecordKind};
-    // Three records durable, HW checkpointed at 1: the store of a replica rebuilt after a storage
-    // failure, whose previous incarnation knew seq 3 committed.
     let log = MemoryLog::new(LogLimits::default());
     let records = (1..=3)
         .map(|seq| Record {
@@ -259,6 +258,12 @@ fn a_raised_hw_keeps_the_replica_from_eviction_until_it_is_checkpointed() {
         .collect();
     let ops = vec![LogOp::Append(records), LogOp::CheckpointHw(Seq::new(1))];
     log.commit(LogBatch::new(channel(), ops)).unwrap();
+    log
+}
+
+#[test]
+fn a_raised_hw_keeps_the_replica_from_eviction_until_it_is_checkpointed() {
+    let log = log_with_hw_checkpoint_behind();
     let state = log.state(&channel()).unwrap();
     let mut m = ChannelMachine::new(channel(), NodeId::new(2), MachineConfig::default(), 1, t(0), state, vec![]);
     m.raise_hw(Seq::new(7));
@@ -273,4 +278,35 @@ fn a_raised_hw_keeps_the_replica_from_eviction_until_it_is_checkpointed() {
     settle(&mut m, &log, t(1_500));
     assert_eq!(log.state(&channel()).unwrap().hw, Seq::new(3));
     assert!(m.is_quiescent());
+}
+
+#[test]
+fn standalone_hw_checkpoints_of_replicas_whose_hw_moved_apart_fall_due_together() {
+    // Two replicas (of quiet channels) whose HW moved past its checkpoint 44 ms apart, with no records
+    // to carry a checkpoint: both write theirs at the same instant, a second after their last one
+    // rounded up to the 100 ms grid, so a node sends them to storage in one pass.
+    let replicas: Vec<(MemoryLog, ChannelMachine)> = [37, 81]
+        .into_iter()
+        .map(|created| {
+            let log = log_with_hw_checkpoint_behind();
+            let state = log.state(&channel()).unwrap();
+            let config = MachineConfig::default();
+            let mut m = ChannelMachine::new(channel(), NodeId::new(2), config, 1, t(created), state, vec![]);
+            m.raise_hw(Seq::new(3));
+            m.handle_meta(t(created + 3), meta(1, 1, 1)).unwrap();
+            settle(&mut m, &log, t(created + 3));
+            (log, m)
+        })
+        .collect();
+    for (log, mut m) in replicas {
+        // Due a second after its creation (its last checkpoint) without the grid: 1,037 and 1,081 ms.
+        m.handle_timeout(t(1_090));
+        settle(&mut m, &log, t(1_090));
+        assert_eq!(log.state(&channel()).unwrap().hw, Seq::new(1), "not before the grid point");
+        assert!(m.poll_timeout().is_some_and(|at| at <= t(1_100)), "a timer for the grid point");
+        m.handle_timeout(t(1_100));
+        settle(&mut m, &log, t(1_100));
+        assert_eq!(log.state(&channel()).unwrap().hw, Seq::new(3), "written at the grid point");
+        assert!(m.is_quiescent());
+    }
 }

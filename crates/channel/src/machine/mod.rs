@@ -134,6 +134,9 @@ struct LocalLog {
     next_persist_id: u64,
     /// When HW was last checkpointed (to bound how stale the checkpoint gets when idle).
     hw_checkpointed_at: Time,
+    /// When the standalone HW checkpoint wanted now is due (see [`checkpoint_due_at`]); `None` while
+    /// none is wanted.
+    checkpoint_at: Option<Time>,
 }
 
 impl LocalLog {
@@ -246,6 +249,7 @@ impl ChannelMachine {
             persisting: None,
             next_persist_id: 0,
             hw_checkpointed_at: now,
+            checkpoint_at: None,
         };
         Self {
             channel,
@@ -366,7 +370,7 @@ impl ChannelMachine {
     /// `true` if the machine can be evicted without losing anything: no meta-dependent work pending,
     /// everything durable, nothing waiting for commit or handoff, and its HW checkpointed (the next
     /// incarnation starts from the checkpoint: an HW ahead of it would go back — seen in the simulator
-    /// once replicas were evicted mid-run; an idle replica checkpoints within a second).
+    /// once replicas were evicted mid-run; an idle replica checkpoints within 1.1 s, see `checkpoint_due_at`).
     pub fn is_quiescent(&self) -> bool {
         let leader_idle = match &self.role {
             Role::Leader(leader) => leader.pending.is_empty() && leader.reserved.is_empty(),
@@ -414,9 +418,9 @@ impl ChannelMachine {
             Role::Follower(follower) => follower.next_timeout(&self.config, self.now),
             Role::None => None,
         };
-        let checkpoint_due =
-            self.log.persisting.is_none() && self.log.hw.min(self.log.durable.last_seq) > self.log.durable.hw;
-        let checkpoint = checkpoint_due.then(|| (self.log.hw_checkpointed_at + HW_CHECKPOINT_EVERY).max(self.now));
+        // Normally filed by `maybe_persist`; a checkpoint wanted since its last call is due at once, and
+        // handle_timeout then files it.
+        let checkpoint = self.standalone_checkpoint_wanted().then(|| self.log.checkpoint_at.unwrap_or(self.now));
         [role, checkpoint].into_iter().flatten().min()
     }
 
@@ -574,11 +578,22 @@ impl ChannelMachine {
         self.role = Role::None;
     }
 
+    /// `true` when HW moved past its checkpoint and only a checkpoint of its own (no records to carry
+    /// it) can write it.
+    fn standalone_checkpoint_wanted(&self) -> bool {
+        self.log.persisting.is_none() && self.log.hw.min(self.log.durable.last_seq) > self.log.durable.hw
+    }
+
     /// Builds the next durable append from the pending operations, if none is in flight.
     fn maybe_persist(&mut self) {
         if self.log.persisting.is_some() || self.broken {
             return;
         }
+        self.log.checkpoint_at = match self.log.checkpoint_at {
+            Some(at) if self.standalone_checkpoint_wanted() => Some(at),
+            _ if self.standalone_checkpoint_wanted() => Some(checkpoint_due_at(self.log.hw_checkpointed_at, self.now)),
+            _ => None,
+        };
         let mut ops = Vec::new();
         let mut records: Vec<Record> = Vec::new();
         let mut bytes = 0usize;
@@ -640,11 +655,12 @@ impl ChannelMachine {
     /// Adds an HW checkpoint and a retention move to a batch when they are due.
     fn append_bookkeeping_ops(&mut self, ops: &mut Vec<LogOp>, next: &mut ChannelLogState) {
         let checkpoint = self.log.hw.min(next.last_seq);
-        let due = !ops.is_empty() || self.now >= self.log.hw_checkpointed_at + HW_CHECKPOINT_EVERY;
+        let due = !ops.is_empty() || self.log.checkpoint_at.is_some_and(|at| self.now >= at);
         if checkpoint > next.hw && due {
             let op = LogOp::CheckpointHw(checkpoint);
             if next.apply(&self.channel, &op).is_ok() {
                 ops.push(op);
+                self.log.checkpoint_at = None;
             }
         }
         if let Some(target) = self.retention_target(next) {
@@ -708,6 +724,19 @@ impl ChannelMachine {
 
 /// How long an advanced HW may go without a checkpoint when no append carries one.
 const HW_CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Standalone checkpoints fall due on multiples of this (in the node's time).
+const CHECKPOINT_GRID_MS: u64 = 100;
+
+/// When a standalone HW checkpoint wanted `now` falls due: a second after the last checkpoint, or now
+/// if that is past, rounded up to the next multiple of [`CHECKPOINT_GRID_MS`]. On a channel quieter
+/// than a message a second every commit is followed by such a checkpoint on every replica; due at
+/// shared instants, a node's checkpoints of many channels go out in one timer pass and one group
+/// commit instead of one each (waking the runtime and the sync for every one).
+fn checkpoint_due_at(last: Time, now: Time) -> Time {
+    let earliest = (last + HW_CHECKPOINT_EVERY).max(now).as_millis();
+    Time::from_millis(earliest.div_ceil(CHECKPOINT_GRID_MS) * CHECKPOINT_GRID_MS)
+}
 
 fn flush_records(ops: &mut Vec<LogOp>, records: &mut Vec<Record>) {
     if !records.is_empty() {
