@@ -26,7 +26,7 @@
 //! reactor threads (default: the runtime's choice, one per two cores); `TIDINGS_HW_NOTIFY_MS=N` its
 //! channels' `hw_notify_delay`; `TIDINGS_WRITE_BEHIND_MS=N` and `TIDINGS_WRITE_BEHIND_NICE=N` its
 //! journal's `write_behind_interval` and `write_behind_nice`, `TIDINGS_DURABLE_WORKERS=N` its durable
-//! workers, `TIDINGS_PULL_PARK_MS=N` its channels' `pull_park` (`pull_timeout` and `isr_alive` follow) and
+//! workers, `TIDINGS_SYNC_INTERVAL_US=N` its journal's `sync_interval_min`, `TIDINGS_PULL_PARK_MS=N` its channels' `pull_park` (`pull_timeout` and `isr_alive` follow) and
 //! `TIDINGS_IDLE_AFTER_EMPTY_PULLS=N` their `idle_after_empty_pulls` (for A/B runs).
 #![allow(clippy::disallowed_methods)] // A benchmark tool reads the clock.
 

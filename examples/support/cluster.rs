@@ -78,6 +78,9 @@ impl Cluster {
                 if let Some(nice) = env_value("TIDINGS_WRITE_BEHIND_NICE") {
                     storage.journal.write_behind_nice = nice;
                 }
+                if let Some(us) = env_value("TIDINGS_SYNC_INTERVAL_US") {
+                    storage.journal.sync_interval_min = Duration::from_micros(us);
+                }
                 if let Some(workers) = env_value("TIDINGS_DURABLE_WORKERS") {
                     storage.durable_workers = workers;
                 }

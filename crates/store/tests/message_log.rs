@@ -415,6 +415,24 @@ fn stage_all_stages_in_order_and_refuses_only_what_stage_would() {
 }
 
 #[test]
+#[allow(clippy::disallowed_methods)] // The setting under test is a wait: the test reads the clock around it.
+fn syncs_start_no_closer_than_the_configured_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let (kv, journal_dir) = sled_and_journal_dir(dir.path());
+    let interval = std::time::Duration::from_millis(40);
+    let config = JournalConfig { sync_interval_min: interval, ..JournalConfig::default() };
+    let log = JournalLog::open(&journal_dir, kv, config).unwrap();
+    let started = std::time::Instant::now();
+    log.stage(append_batch(1, 1, 1, 1)).unwrap();
+    assert_eq!(log.sync().unwrap(), 1, "the first sync does not wait");
+    log.stage(append_batch(2, 1, 1, 1)).unwrap();
+    assert_eq!(log.sync().unwrap(), 1);
+    assert!(started.elapsed() >= interval, "the second sync started {:?} after the first", started.elapsed());
+    assert_eq!(log.stats().syncs, 2);
+    assert_eq!(log.read(&channel(2), Seq::new(1), Seq::new(1), ALL).unwrap(), vec![record(2, 1, 1)]);
+}
+
+#[test]
 fn group_commit_makes_many_channels_durable_with_one_sync() {
     let dir = tempfile::tempdir().unwrap();
     let (kv, journal_dir) = sled_and_journal_dir(dir.path());
