@@ -310,3 +310,23 @@ fn standalone_hw_checkpoints_of_replicas_whose_hw_moved_apart_fall_due_together(
         assert!(m.is_quiescent());
     }
 }
+
+#[test]
+fn a_broken_log_files_no_checkpoint_timer() {
+    // A leader whose durable append failed writes nothing more: an HW ahead of its checkpoint must not
+    // leave a checkpoint timer that is due at once for ever (the runtime would spin on it).
+    let log = log_with_hw_checkpoint_behind();
+    let state = log.state(&channel()).unwrap();
+    let mut m = ChannelMachine::new(channel(), NodeId::new(1), MachineConfig::default(), 1, t(0), state, vec![]);
+    m.raise_hw(Seq::new(3));
+    m.handle_meta(t(10), meta(1, 2, 1)).unwrap();
+    let mut failed = false;
+    while let Some(effect) = m.poll_effect() {
+        if let Effect::Persist { token, .. } = effect {
+            m.handle_persisted(t(20), token, Err(StoreError::Dropped));
+            failed = true;
+        }
+    }
+    assert!(failed, "the new leader's barrier went to storage and failed");
+    assert!(m.poll_timeout().is_none_or(|at| at > t(20)), "no timer due at once: {:?}", m.poll_timeout());
+}

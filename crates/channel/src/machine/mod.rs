@@ -579,9 +579,11 @@ impl ChannelMachine {
     }
 
     /// `true` when HW moved past its checkpoint and only a checkpoint of its own (no records to carry
-    /// it) can write it.
+    /// it) can write it. Never for a broken log, which writes nothing (its timer would fire for ever).
     fn standalone_checkpoint_wanted(&self) -> bool {
-        self.log.persisting.is_none() && self.log.hw.min(self.log.durable.last_seq) > self.log.durable.hw
+        !self.broken
+            && self.log.persisting.is_none()
+            && self.log.hw.min(self.log.durable.last_seq) > self.log.durable.hw
     }
 
     /// Builds the next durable append from the pending operations, if none is in flight.
