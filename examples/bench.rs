@@ -103,7 +103,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (journal_half, sync_p99_half) = journal.since(&cluster);
         println!(
             "{count:>6} channels (created in {created:.2?}): {:>7.0} msg/s ({in_flight} in flight, p50 {:.2?} p99 {:.2?}); at half rate p50 {:.2?} p99 {:.2?}{}",
-            top.rate, top.p50, top.p99, half.p50, half.p99, half.sender_lateness()
+            top.rate, top.p50, top.p99, half.p50, half.p99, half.open_loop_notes()
         );
         println!("         journal syncs, all nodes: {journal_top} at full rate; {journal_half} at half rate");
         println!("         whole process: {cpu_top} at full rate; {cpu_half} at half rate");

@@ -181,7 +181,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             with_cpu_per_message(sent_half, || paced(&cluster, &channels, top.rate / 2.0, paced_for));
         println!(
             "tidings {count:>6} channels (created in {created:.1?}): {:>7.0} msg/s ({cpu}), p50 {:.2?} p99 {:.2?} p99.9 {:.2?}; half rate p99 {:.2?}{} ({cpu_half})",
-            top.rate, top.p50, top.p99, top.p999, half.p99, half.sender_lateness()
+            top.rate, top.p50, top.p99, top.p999, half.p99, half.open_loop_notes()
         );
         tidings_rates.push((count, top.rate, half.p99));
         if count == 100_000 {
@@ -198,7 +198,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             scenario: format!("{count} channels"),
             rate: Some(top.rate),
             figures: Some(top),
-            note: format!("half-rate p99 {:.2?}{}; {cpu}; at half rate {cpu_half}", half.p99, half.sender_lateness()),
+            note: format!("half-rate p99 {:.2?}{}; {cpu}; at half rate {cpu_half}", half.p99, half.open_loop_notes()),
         });
     }
     drop(cluster);

@@ -201,7 +201,7 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
         });
     };
     let started = Instant::now();
-    let latencies = std::thread::scope(|scope| {
+    let outcome = std::thread::scope(|scope| {
         let collector = scope.spawn(|| {
             let mut latencies = Vec::with_capacity(total);
             // Refused appends wait here for their retry, in the order they were refused (one delay for
@@ -246,7 +246,7 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
         late.sort_unstable();
         (collector.join().expect("collector"), late)
     });
-    let ((latencies, refused), late) = latencies;
+    let ((latencies, refused), late) = outcome;
     let mut figures = figures(total, duration, latencies);
     figures.sent_late_p99 = (!late.is_empty()).then(|| super::percentile(&late, 990));
     figures.refused_busy = Some(refused);

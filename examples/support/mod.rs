@@ -121,7 +121,7 @@ pub struct Figures {
 
 impl Figures {
     /// ", sender late p99 X, N refused busy" for an open-loop run, "" otherwise.
-    pub fn sender_lateness(&self) -> String {
+    pub fn open_loop_notes(&self) -> String {
         let late = self.sent_late_p99.map_or_else(String::new, |late| format!(", sender late p99 {late:.2?}"));
         let refused = self.refused_busy.map_or_else(String::new, |n| format!(", {n} refused busy and sent again"));
         late + &refused

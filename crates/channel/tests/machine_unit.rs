@@ -261,12 +261,20 @@ fn log_with_hw_checkpoint_behind() -> MemoryLog {
     log
 }
 
-#[test]
-fn a_raised_hw_keeps_the_replica_from_eviction_until_it_is_checkpointed() {
+/// Replica of node `me`, created at `created` ms over [`log_with_hw_checkpoint_behind`], its HW raised
+/// to `floor` (capped at the log end, 3).
+fn replica_with_hw_ahead_of_its_checkpoint(me: u64, created: u64, floor: u64) -> (MemoryLog, ChannelMachine) {
     let log = log_with_hw_checkpoint_behind();
     let state = log.state(&channel()).unwrap();
-    let mut m = ChannelMachine::new(channel(), NodeId::new(2), MachineConfig::default(), 1, t(0), state, vec![]);
-    m.raise_hw(Seq::new(7));
+    let config = MachineConfig::default();
+    let mut m = ChannelMachine::new(channel(), NodeId::new(me), config, 1, t(created), state, vec![]);
+    m.raise_hw(Seq::new(floor));
+    (log, m)
+}
+
+#[test]
+fn a_raised_hw_keeps_the_replica_from_eviction_until_it_is_checkpointed() {
+    let (log, mut m) = replica_with_hw_ahead_of_its_checkpoint(2, 0, 7);
     assert_eq!(m.hw(), Seq::new(3), "capped at the durable log end");
     // Everything committed and durable, but the HW is ahead of the store's checkpoint: evicting the replica
     // now would bring it back with HW 1.
@@ -288,11 +296,7 @@ fn standalone_hw_checkpoints_of_replicas_whose_hw_moved_apart_fall_due_together(
     let replicas: Vec<(MemoryLog, ChannelMachine)> = [37, 81]
         .into_iter()
         .map(|created| {
-            let log = log_with_hw_checkpoint_behind();
-            let state = log.state(&channel()).unwrap();
-            let config = MachineConfig::default();
-            let mut m = ChannelMachine::new(channel(), NodeId::new(2), config, 1, t(created), state, vec![]);
-            m.raise_hw(Seq::new(3));
+            let (log, mut m) = replica_with_hw_ahead_of_its_checkpoint(2, created, 3);
             m.handle_meta(t(created + 3), meta(1, 1, 1)).unwrap();
             settle(&mut m, &log, t(created + 3));
             (log, m)
@@ -315,10 +319,7 @@ fn standalone_hw_checkpoints_of_replicas_whose_hw_moved_apart_fall_due_together(
 fn a_broken_log_files_no_checkpoint_timer() {
     // A leader whose durable append failed writes nothing more: an HW ahead of its checkpoint must not
     // leave a checkpoint timer that is due at once for ever (the runtime would spin on it).
-    let log = log_with_hw_checkpoint_behind();
-    let state = log.state(&channel()).unwrap();
-    let mut m = ChannelMachine::new(channel(), NodeId::new(1), MachineConfig::default(), 1, t(0), state, vec![]);
-    m.raise_hw(Seq::new(3));
+    let (_log, mut m) = replica_with_hw_ahead_of_its_checkpoint(1, 0, 3);
     m.handle_meta(t(10), meta(1, 2, 1)).unwrap();
     let mut failed = false;
     while let Some(effect) = m.poll_effect() {

@@ -591,11 +591,10 @@ impl ChannelMachine {
         if self.log.persisting.is_some() || self.broken {
             return;
         }
-        self.log.checkpoint_at = match self.log.checkpoint_at {
-            Some(at) if self.standalone_checkpoint_wanted() => Some(at),
-            _ if self.standalone_checkpoint_wanted() => Some(checkpoint_due_at(self.log.hw_checkpointed_at, self.now)),
-            _ => None,
-        };
+        let (last, now) = (self.log.hw_checkpointed_at, self.now);
+        self.log.checkpoint_at = self
+            .standalone_checkpoint_wanted()
+            .then(|| self.log.checkpoint_at.unwrap_or_else(|| checkpoint_due_at(last, now)));
         let mut ops = Vec::new();
         let mut records: Vec<Record> = Vec::new();
         let mut bytes = 0usize;

@@ -248,8 +248,9 @@ impl ActiveChannels {
         touched.chain(filed).min()
     }
 
-    /// The next replica whose filed timer is due at `now` (its timer is then unfiled; the caller fires
-    /// it, and it is on the drain list).
+    /// The next replica whose timer is due at `now` by its machine (its timer is then unfiled; the
+    /// caller fires it, and it is on the drain list). An entry that comes due before the time its machine
+    /// now wants (see `refile`) is filed again at that time instead.
     pub fn pop_due(&mut self, now: Time) -> Option<ChannelId> {
         loop {
             let Reverse(head) = self.timers.peek()?;
