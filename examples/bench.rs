@@ -10,9 +10,12 @@
 //! share one disk here, so the fair reference for throughput is ceiling / 3. Each phase's CPU per message
 //! is printed whole and split by thread kind (reactors, durable workers, write-behind, core, sled, the
 //! node's other threads, and the load's own threads with any that exited meanwhile), with the cores it
-//! kept busy; each phase's journal syncs with their p50/p99 latency under that load; and for the paced
-//! phase how late the sender thread sent (p99: that much of the latency is the load waiting for a core)
-//! and how many appends were refused busy and sent again.
+//! kept busy and how often per message each kind of thread was put on a core (each time is a wakeup or
+//! a preemption: thread hops, not work, dominate the cost at moderate rates); each phase's journal syncs
+//! with their latency percentiles under that load; and for the paced phase how late the sender thread
+//! sent (p99: that much of the latency is the load waiting for a core), how many appends were refused
+//! busy and sent again, and where the slowest 1% fell: in how many 10 ms windows of send time (few:
+//! stalls that held up everything sent meanwhile) and by the node leading their channel.
 //!
 //! `--channels N` runs only the scenario with N channels (any N); `--idle-evict-secs S` evicts idle
 //! replicas after S seconds (`NodeConfig::channel_idle_evict`; with more channels than a phase can
@@ -26,7 +29,8 @@
 //! reactor threads (default: the runtime's choice, one per two cores); `TIDINGS_HW_NOTIFY_MS=N` its
 //! channels' `hw_notify_delay`; `TIDINGS_WRITE_BEHIND_MS=N` and `TIDINGS_WRITE_BEHIND_NICE=N` its
 //! journal's `write_behind_interval` and `write_behind_nice`, `TIDINGS_DURABLE_WORKERS=N` its durable
-//! workers, `TIDINGS_SYNC_INTERVAL_US=N` its journal's `sync_interval_min`, `TIDINGS_PULL_PARK_MS=N` its channels' `pull_park` (`pull_timeout` and `isr_alive` follow) and
+//! workers, `TIDINGS_SYNC_INTERVAL_US=N` its journal's `sync_interval_min`, `TIDINGS_WRITE_BEHIND_REST=N`
+//! its `write_behind_rest_percent`, `TIDINGS_PACK_KB=N` its `pack_bytes_max`, `TIDINGS_PULL_PARK_MS=N` its channels' `pull_park` (`pull_timeout` and `isr_alive` follow) and
 //! `TIDINGS_IDLE_AFTER_EMPTY_PULLS=N` their `idle_after_empty_pulls` (for A/B runs).
 #![allow(clippy::disallowed_methods)] // A benchmark tool reads the clock.
 
@@ -105,6 +109,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "{count:>6} channels (created in {created:.2?}): {:>7.0} msg/s ({in_flight} in flight, p50 {:.2?} p99 {:.2?}); at half rate p50 {:.2?} p99 {:.2?}{}",
             top.rate, top.p50, top.p99, half.p50, half.p99, half.open_loop_notes()
         );
+        if let Some(slowest) = half.slowest.as_deref().filter(|s| !s.is_empty()) {
+            println!("         at half rate, the {slowest}");
+        }
         println!("         journal syncs, all nodes: {journal_top} at full rate; {journal_half} at half rate");
         println!("         whole process: {cpu_top} at full rate; {cpu_half} at half rate");
         summary.push((count, top.rate, half.p99, sync_p99_half));
@@ -150,6 +157,8 @@ impl JournalTally {
         let per_sync = (now.frames - self.frames) as f64 / syncs.max(1) as f64;
         let latency = now.latency.since(&self.latency);
         let (p50, p99) = (latency.percentile(0.5), latency.percentile(0.99));
-        (format!("{per_second:.0}/s, {per_sync:.1} channel batches each, took p50 {p50:.2?} p99 {p99:.2?}"), p99)
+        let (p999, max) = (latency.percentile(0.999), latency.percentile(1.0));
+        let took = format!("took p50 {p50:.2?} p99 {p99:.2?} p99.9 {p999:.2?} max {max:.2?}");
+        (format!("{per_second:.0}/s, {per_sync:.1} channel batches each, {took}"), p99)
     }
 }

@@ -3,7 +3,7 @@
 use super::{env_value, figures, Figures, RECORD_BYTES};
 use bytes::Bytes;
 use crossbeam_channel::RecvTimeoutError;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidings::channel::machine::AppendRecord;
@@ -78,6 +78,12 @@ impl Cluster {
                 if let Some(nice) = env_value("TIDINGS_WRITE_BEHIND_NICE") {
                     storage.journal.write_behind_nice = nice;
                 }
+                if let Some(rest) = env_value("TIDINGS_WRITE_BEHIND_REST") {
+                    storage.journal.write_behind_rest_percent = rest;
+                }
+                if let Some(kb) = env_value::<usize>("TIDINGS_PACK_KB") {
+                    storage.journal.pack_bytes_max = kb << 10;
+                }
                 if let Some(us) = env_value("TIDINGS_SYNC_INTERVAL_US") {
                     storage.journal.sync_interval_min = Duration::from_micros(us);
                 }
@@ -94,8 +100,13 @@ impl Cluster {
 
     /// The node that leads `channel` (placement's first replica).
     pub fn leader(&self, channel: &ChannelId) -> &Arc<Node> {
+        &self.nodes[self.leader_index(channel)]
+    }
+
+    /// The index in `nodes` of the node that leads `channel`.
+    pub fn leader_index(&self, channel: &ChannelId) -> usize {
         let leader = NodeConfig::new(self.ids[0], self.ids.clone()).channel_placement(channel)[0];
-        &self.nodes[self.ids.iter().position(|id| *id == leader).expect("a cluster node")]
+        self.ids.iter().position(|id| *id == leader).expect("a cluster node")
     }
 
     /// Creates `channels` from several threads (metadata writes batch in the slot groups' raft logs).
@@ -208,6 +219,9 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
             // all): sleeping on each in turn would delay every outcome behind a burst of refusals.
             let mut retries: VecDeque<(Instant, Instant, usize)> = VecDeque::new();
             let mut refused = 0;
+            // (when it was scheduled, which append, its latency): where in time and on which node the slowest
+            // ones fell.
+            let mut outcomes = Vec::with_capacity(total);
             while latencies.len() < total {
                 while let Some(&(_, scheduled, i)) = retries.front().filter(|(due, ..)| *due <= Instant::now()) {
                     retries.pop_front();
@@ -223,7 +237,10 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
                     Err(RecvTimeoutError::Disconnected) => panic!("senders alive"),
                 };
                 match outcome {
-                    Ok(latency) => latencies.push(latency),
+                    Ok(latency) => {
+                        latencies.push(latency);
+                        outcomes.push((scheduled.duration_since(started), i, latency));
+                    }
                     Err(NodeError::Append(tidings::channel::machine::AppendError::Busy)) => {
                         refused += 1;
                         retries.push_back((Instant::now() + Duration::from_micros(200), scheduled, i));
@@ -231,7 +248,8 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
                     Err(error) => panic!("append failed: {error}"),
                 }
             }
-            (latencies, refused)
+            let leader_of = |i: usize| cluster.leader_index(&channels[i % channels.len()]);
+            (latencies, refused, slowest_percent(outcomes, cluster.nodes.len(), channels.len(), leader_of))
         });
         let mut late = Vec::with_capacity(total);
         for i in 0..total {
@@ -246,9 +264,51 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
         late.sort_unstable();
         (collector.join().expect("collector"), late)
     });
-    let ((latencies, refused), late) = outcome;
+    let ((latencies, refused, slowest), late) = outcome;
     let mut figures = figures(total, duration, latencies);
     figures.sent_late_p99 = (!late.is_empty()).then(|| super::percentile(&late, 990));
     figures.refused_busy = Some(refused);
+    figures.slowest = Some(slowest);
     figures
+}
+
+/// Where the slowest 1% of a paced run's appends fell: in how many 10 ms windows of their send times
+/// (a few windows: stalls that held up everything sent meanwhile; many: a tail spread over the run),
+/// and their share by the node that led their channel next to that node's share of all appends (one
+/// node well over its share: the stalls were that node's, not the cluster's).
+fn slowest_percent(
+    mut outcomes: Vec<(Duration, usize, Duration)>,
+    nodes: usize,
+    channels: usize,
+    leader_of: impl Fn(usize) -> usize,
+) -> String {
+    const WINDOW_MS: u128 = 10;
+    if outcomes.len() < 100 {
+        return String::new();
+    }
+    outcomes.sort_unstable_by_key(|(_, _, latency)| std::cmp::Reverse(*latency));
+    let slowest = &outcomes[..outcomes.len() / 100];
+    let windows: BTreeSet<u128> = slowest.iter().map(|(sent, ..)| sent.as_millis() / WINDOW_MS).collect();
+    let mut tail_by_node = vec![0usize; nodes];
+    for (_, i, _) in slowest {
+        tail_by_node[leader_of(*i)] += 1;
+    }
+    // Appends go round-robin over the channels: a node's share of them is its share of the channels.
+    let mut channels_by_node = vec![0usize; nodes];
+    for channel in 0..channels {
+        channels_by_node[leader_of(channel)] += 1;
+    }
+    let percent = |part: usize, whole: usize| 100 * part / whole.max(1);
+    let by_node: Vec<String> = (0..nodes)
+        .map(|n| {
+            let tail = percent(tail_by_node[n], slowest.len());
+            format!("node {} {tail}% ({}%)", n + 1, percent(channels_by_node[n], channels))
+        })
+        .collect();
+    format!(
+        "slowest 1% (>= {:.2?}) sent within {} windows of {WINDOW_MS} ms; by leader, against its share of appends: {}",
+        slowest.last().map_or(Duration::ZERO, |(_, _, latency)| *latency),
+        windows.len(),
+        by_node.join(", ")
+    )
 }

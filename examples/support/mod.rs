@@ -53,14 +53,17 @@ const THREAD_PREFIXES: [(&str, usize); 7] = [
 /// CPU time used so far by the live threads of each kind in [`THREAD_KINDS`], to the nanosecond
 /// (`/proc/self/task/*/schedstat`: per-thread clock ticks, rounded down thread by thread, would leave
 /// tens of milliseconds to "load" in a phase of a tenth of a second).
-fn cpu_by_kind() -> Option<[Duration; THREAD_KINDS.len()]> {
-    let mut sums = [Duration::ZERO; THREAD_KINDS.len()];
+fn cpu_by_kind() -> Option<[(Duration, u64); THREAD_KINDS.len()]> {
+    let mut sums = [(Duration::ZERO, 0); THREAD_KINDS.len()];
     for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
         let read = |file: &str| std::fs::read_to_string(task.path().join(file)).ok();
         let (Some(name), Some(schedstat)) = (read("comm"), read("schedstat")) else { continue };
-        let Some(nanos) = schedstat.split_whitespace().next().and_then(|n| n.parse().ok()) else { continue };
+        // Time on a CPU (ns), time waiting for one (ns), times it was put on one.
+        let mut fields = schedstat.split_whitespace().map(|n| n.parse::<u64>().ok());
+        let (Some(Some(nanos)), _, Some(Some(runs))) = (fields.next(), fields.next(), fields.next()) else { continue };
         if let Some((_, kind)) = THREAD_PREFIXES.iter().find(|(prefix, _)| name.starts_with(prefix)) {
-            sums[*kind] += Duration::from_nanos(nanos);
+            sums[*kind].0 += Duration::from_nanos(nanos);
+            sums[*kind].1 += runs;
         }
     }
     Some(sums)
@@ -84,14 +87,22 @@ pub fn with_cpu_per_message<T>(messages: usize, phase: impl FnOnce() -> T) -> (T
             let total = total_after.saturating_sub(total_before);
             let mut named = Duration::ZERO;
             let mut split = Vec::new();
+            let mut runs = Vec::new();
             for ((after, before), kind) in kinds_after.iter().zip(kinds_before).zip(THREAD_KINDS) {
-                let used = after.saturating_sub(before);
+                let used = after.0.saturating_sub(before.0);
                 named += used;
                 split.push(format!("{kind} {:.1}", micros(used)));
+                #[allow(clippy::cast_precision_loss)] // Counts.
+                runs.push(format!("{kind} {:.2}", after.1.saturating_sub(before.1) as f64 / messages as f64));
             }
             split.push(format!("load {:.1}", micros(total.saturating_sub(named))));
             let cores = total.as_secs_f64() / wall.as_secs_f64().max(1e-9);
-            format!("{:.1} µs CPU/msg ({}; {cores:.2} cores busy)", micros(total), split.join(", "))
+            format!(
+                "{:.1} µs CPU/msg ({}; {cores:.2} cores busy; per msg, threads put on a core: {})",
+                micros(total),
+                split.join(", "),
+                runs.join(", ")
+            )
         }
         _ => String::new(),
     };
@@ -117,6 +128,8 @@ pub struct Figures {
     pub sent_late_p99: Option<Duration>,
     /// Open-loop runs: appends refused as busy (a channel's queue full) and sent again.
     pub refused_busy: Option<usize>,
+    /// Open-loop runs: where the slowest 1% fell, in time and by leader node (empty for a short run).
+    pub slowest: Option<String>,
 }
 
 impl Figures {
@@ -147,6 +160,7 @@ pub fn figures(records: usize, elapsed: Duration, mut latencies: Vec<Duration>) 
         cdf: CDF_POINTS.iter().map(|q| percentile(&latencies, *q)).collect(),
         sent_late_p99: None,
         refused_busy: None,
+        slowest: None,
     }
 }
 
