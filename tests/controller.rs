@@ -561,3 +561,24 @@ fn slot_groups_move_to_their_preferred_leader_only_when_the_intent_fits() {
     // Metadata keeps working through the move.
     cluster.create_channel(2, &channel("after-move"));
 }
+
+#[test]
+fn a_channel_created_while_a_node_is_down_is_placed_on_live_nodes_and_takes_appends_at_once() {
+    let mut cluster = Cluster::new(5);
+    cluster.run_for(3_000);
+    let down = NodeId::new(4);
+    let (room, preferred, _) = find_channel(5, "born-while-down", |replicas, _| replicas[0] == down);
+    cluster.crash(down.get());
+    // Past the failure detector's limit (1.5 s by default): node 1 holds node 4 down.
+    cluster.run_for(2_500);
+    cluster.create_channel(1, &room);
+    let meta = any_stored_meta(&mut cluster, &room);
+    assert!(!meta.is_replica(down), "no replica on the down node: {meta:?}");
+    assert_eq!(meta.replicas.len(), 3);
+    assert_eq!(meta.replicas[..2], preferred[1..], "the other preferred replicas move up, in order");
+    assert_eq!(meta.leader, preferred[1]);
+    // Led by a live node, the channel commits without waiting for a failover.
+    let acked = append_acked(&mut cluster, 1, &room, "born", 3);
+    assert_all_readable(&mut cluster, meta.leader.get(), &room, &acked);
+    assert!(reports(&mut cluster, &room).is_empty(), "no task was needed to make it writable");
+}

@@ -1,6 +1,8 @@
 //! Cluster and node configuration, and the deterministic placement derived from it.
 
 use super::controller::ControllerConfig;
+use super::rendezvous;
+use std::collections::BTreeSet;
 use std::time::Duration;
 use tidings_channel::fanout::FanoutConfig;
 use tidings_channel::machine::MachineConfig;
@@ -148,28 +150,51 @@ impl NodeConfig {
     }
 
     /// Replicas of a new channel, first one leading: the nodes with the highest rendezvous hash of
-    /// (channel, node), so placement is stable and spread.
+    /// (channel, node), so placement is stable and each node leads and holds an even share of the
+    /// channels. When a node creates a channel while it holds some nodes down or knows they are being
+    /// drained, those go to the end of this ranking (see [`NodeCore::create_channel`](crate::node::NodeCore::create_channel)).
     pub fn channel_placement(&self, channel: &ChannelId) -> Vec<NodeId> {
+        self.channel_placement_avoiding(channel, &BTreeSet::new())
+    }
+
+    /// [`NodeConfig::channel_placement`] with the nodes in `avoided` (down or being drained) moved to the
+    /// end of the ranking: they hold a replica only when too few other nodes are left, and lead only
+    /// when no other node is left. With nothing avoided, the two are the same placement.
+    pub(crate) fn channel_placement_avoiding(&self, channel: &ChannelId, avoided: &BTreeSet<NodeId>) -> Vec<NodeId> {
         let mut key = Vec::new();
         channel.encode_key(&mut key);
-        let mut ranked: Vec<(u32, NodeId)> = self
-            .nodes
-            .iter()
-            .map(|node| {
-                let mut hasher = crc32fast::Hasher::new();
-                hasher.update(&key);
-                hasher.update(&node.get().to_le_bytes());
-                (hasher.finalize(), *node)
-            })
-            .collect();
-        ranked.sort_unstable_by(|a, b| b.cmp(a));
-        ranked.into_iter().take(self.channel_replicas).map(|(_, node)| node).collect()
+        let ranked = rendezvous::ranked(&key, self.nodes.iter().copied());
+        let (preferred, fallback): (Vec<NodeId>, Vec<NodeId>) = ranked.into_iter().partition(|n| !avoided.contains(n));
+        preferred.into_iter().chain(fallback).take(self.channel_replicas).collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn avoided_nodes_go_last_in_a_placement_and_nothing_avoided_changes_nothing() {
+        let ids: Vec<NodeId> = (1..=5).map(NodeId::new).collect();
+        let config = NodeConfig::new(ids[0], ids.clone());
+        for i in 0..200 {
+            let channel = ChannelId::new(tidings_types::ChannelType::GROUP, &format!("room-{i}")).expect("id");
+            let preferred = config.channel_placement(&channel);
+            assert_eq!(preferred.len(), config.channel_replicas);
+            assert_eq!(config.channel_placement_avoiding(&channel, &BTreeSet::new()), preferred);
+            // The preferred leader down: the others move up in order and the next ranked node joins.
+            let avoided: BTreeSet<NodeId> = [preferred[0]].into();
+            let placed = config.channel_placement_avoiding(&channel, &avoided);
+            assert_eq!(placed[..placed.len() - 1], preferred[1..], "{channel}: the rest keep their order");
+            assert!(!placed.contains(&preferred[0]), "{channel}: enough other nodes, so none on the avoided one");
+            // Three of five avoided: only two others remain, so one avoided node fills the third place.
+            let avoided: BTreeSet<NodeId> = ids[..3].iter().copied().collect();
+            let placed = config.channel_placement_avoiding(&channel, &avoided);
+            assert_eq!(placed.len(), 3);
+            assert!(placed[..2].iter().all(|n| !avoided.contains(n)), "{channel}: the live nodes lead and follow");
+            assert!(avoided.contains(&placed[2]));
+        }
+    }
 
     #[test]
     fn reactors_default_to_the_runtime_choice_and_are_bounded() {

@@ -7,6 +7,7 @@ mod core;
 mod error;
 mod fanout;
 mod message;
+mod rendezvous;
 pub(crate) mod shard;
 
 pub use self::core::{ApiId, ApiResult, ChannelStatus, NodeCore, NodeEffect, NodeStatus};

@@ -5,6 +5,7 @@
 //! assignment — so a crash or a leader change at any phase resumes from what raft shows, and aborting a
 //! move (`Command::AbortGroupMove`) drives the membership back the same way.
 
+use crate::node::rendezvous;
 use std::collections::BTreeSet;
 use tidings_slot::model::GroupIntent;
 use tidings_slot::raft::{GroupStatus, MembershipChange};
@@ -27,14 +28,8 @@ fn drain_step(intent: &GroupIntent, status: &GroupStatus, cluster: &ClusterView<
     };
     let eligible =
         |n: &&NodeId| !status.voters.contains(n) && !intent.draining.contains(n) && !cluster.down.contains(n);
-    let score = |n: &&NodeId| {
-        let mut hasher = crc32fast::Hasher::new();
-        hasher.update(&status.group.get().to_le_bytes());
-        hasher.update(&n.get().to_le_bytes());
-        hasher.finalize()
-    };
-    match cluster.nodes.iter().filter(eligible).max_by_key(score) {
-        Some(to) => MembershipStep::StartDrainMove { from, to: *to },
+    match rendezvous::best(&status.group.get().to_le_bytes(), cluster.nodes.iter().filter(eligible).copied()) {
+        Some(to) => MembershipStep::StartDrainMove { from, to },
         None => MembershipStep::NoDrainTarget(from),
     }
 }

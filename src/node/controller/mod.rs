@@ -228,6 +228,9 @@ pub(crate) struct Controller {
     scan: RepairScan,
     /// Drain progress seen by the last complete repair pass.
     drain_reports: Vec<DrainReport>,
+    /// Nodes being drained per the intents of every slot group this node holds, as of the last repair
+    /// pass's start: new channels are not placed on them.
+    drains_known: BTreeSet<NodeId>,
     /// Fences seen by the repair loop that no local task owns: task id and when first seen.
     fences_seen: BTreeMap<ChannelId, (u64, Time)>,
     /// Slot groups this node led at the last tick.
@@ -255,6 +258,7 @@ impl Controller {
             actions: VecDeque::new(),
             scan: RepairScan { next_pass: now, ..RepairScan::default() },
             drain_reports: Vec::new(),
+            drains_known: BTreeSet::new(),
             fences_seen: BTreeMap::new(),
             led: BTreeSet::new(),
             next_task: first_task,
@@ -276,6 +280,15 @@ impl Controller {
     /// The nodes the failure detector holds down now.
     pub(crate) fn down_nodes(&self, now: Time) -> BTreeSet<NodeId> {
         self.liveness.down(now).collect()
+    }
+
+    /// Nodes a new channel's replicas should not go to: those the failure detector holds down and those
+    /// being drained. A replica placed there would have to be moved or replaced before its channel had
+    /// its full ISR — or, placed as leader, before the channel could take an append at all.
+    pub(crate) fn placement_avoided(&self, now: Time) -> BTreeSet<NodeId> {
+        let mut avoided = self.down_nodes(now);
+        avoided.extend(self.drains_known.iter().copied());
+        avoided
     }
 
     pub(crate) fn is_down(&self, peer: NodeId, now: Time) -> bool {

@@ -4,6 +4,7 @@
 
 use super::report::TaskKind;
 use super::{Controller, DrainReport, FENCES_SEEN_MAX};
+use crate::node::rendezvous;
 use std::time::Duration;
 use tidings_slot::query::SlotReader;
 use tidings_slot::raft::MultiRaft;
@@ -23,6 +24,12 @@ impl Controller {
             self.scan.draining.clear();
             self.scan.drain_left.clear();
             self.scan.drain_groups.clear();
+            // Drains are recorded in every group's intent: any local replica's copy tells placement.
+            self.drains_known = slot
+                .groups()
+                .filter_map(|group| reader.group_intent(group).ok().flatten())
+                .flat_map(|intent| intent.draining)
+                .collect();
             for group in led {
                 let draining = match reader.group_intent(group) {
                     Ok(intent) => intent.map(|i| i.draining).unwrap_or_default(),
@@ -123,16 +130,12 @@ impl Controller {
     pub(super) fn spare_node(&self, meta: &ChannelRuntimeMeta, now: Time) -> Option<NodeId> {
         let mut key = Vec::new();
         meta.channel.encode_key(&mut key);
-        self.liveness
+        let candidates = self
+            .liveness
             .peers()
             .chain(std::iter::once(self.me))
-            .filter(|n| !meta.is_replica(*n) && !self.is_down(*n, now) && !self.scan.draining.contains(n))
-            .max_by_key(|n| {
-                let mut hasher = crc32fast::Hasher::new();
-                hasher.update(&key);
-                hasher.update(&n.get().to_le_bytes());
-                hasher.finalize()
-            })
+            .filter(|n| !meta.is_replica(*n) && !self.is_down(*n, now) && !self.scan.draining.contains(n));
+        rendezvous::best(&key, candidates)
     }
 
     /// Notes when a fence no local task owns was first seen (or forgets a cleared one).

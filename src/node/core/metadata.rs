@@ -106,10 +106,12 @@ impl NodeCore {
     }
 
     /// Creates a channel: its definition, then its runtime meta (replicas placed by
-    /// [`NodeConfig::channel_placement`](crate::node::NodeConfig::channel_placement), all in the ISR, the first leading).
+    /// [`NodeConfig::channel_placement`](crate::node::NodeConfig::channel_placement), except that nodes this
+    /// node holds down or knows are being drained go last; all in the ISR, the first leading).
     pub fn create_channel(&mut self, now: Time, id: ApiId, info: ChannelInfo) {
         self.advance(now);
-        let replicas = self.config.channel_placement(&info.channel);
+        let avoided = self.controller.placement_avoided(self.now);
+        let replicas = self.config.channel_placement_avoiding(&info.channel, &avoided);
         let meta = ChannelRuntimeMeta {
             channel: info.channel.clone(),
             version: 1,
