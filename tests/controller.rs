@@ -116,6 +116,7 @@ fn leader_transfer_drains_then_switches() {
     assert_eq!(report.new_leader, Some((target, old.leader_epoch.next())));
     let meta = stored_meta(&mut cluster, 1, &room);
     assert_eq!((meta.leader, meta.write_fence), (target, None));
+    assert_eq!(meta.replicas[0], target, "an explicit transfer names the preferred replica");
     // The drain proof: the old leader and the target at the same end.
     let end = acked.last().unwrap().0;
     let by = |n: NodeId| report.evidence.iter().find(|e| e.node == n).map(|e| e.last_seq);
@@ -581,4 +582,62 @@ fn a_channel_created_while_a_node_is_down_is_placed_on_live_nodes_and_takes_appe
     let acked = append_acked(&mut cluster, 1, &room, "born", 3);
     assert_all_readable(&mut cluster, meta.leader.get(), &room, &acked);
     assert!(reports(&mut cluster, &room).is_empty(), "no task was needed to make it writable");
+}
+
+/// Crashes the leader of a channel whose preferred replica leads, waits for the failover, restarts it,
+/// and runs `then_for` ms; returns the cluster, the channel, the preferred node and every acknowledged
+/// message.
+fn fail_over_and_come_back(
+    rebalance_after: Option<std::time::Duration>,
+    then_for: u64,
+) -> (Cluster, ChannelId, NodeId, Vec<(Seq, String)>) {
+    let mut cluster = Cluster::with(3, |config| config.controller.rebalance_leaders_after = rebalance_after);
+    cluster.run_for(3_000);
+    let room = channel("comes-back");
+    cluster.create_channel(1, &room);
+    let first = any_stored_meta(&mut cluster, &room);
+    let preferred = first.replicas[0];
+    assert_eq!(first.leader, preferred, "placement's first replica leads a new channel");
+    let via = first.replicas[1].get();
+    let mut acked = append_acked(&mut cluster, via, &room, "before", 3);
+    cluster.crash(preferred.get());
+    acked.extend(append_acked(&mut cluster, via, &room, "away", 3));
+    let failed_over = any_stored_meta(&mut cluster, &room);
+    assert_ne!(failed_over.leader, preferred);
+    assert_eq!(failed_over.replicas[0], preferred, "a failover keeps the preferred replica first");
+    cluster.restart(preferred.get());
+    cluster.run_for(then_for);
+    acked.extend(append_acked(&mut cluster, via, &room, "back", 3));
+    (cluster, room, preferred, acked)
+}
+
+#[test]
+fn leadership_returns_to_the_preferred_replica_once_it_has_been_back_long_enough() {
+    let after = std::time::Duration::from_secs(3);
+    let (mut cluster, room, preferred, acked) = fail_over_and_come_back(Some(after), 0);
+    let returned = cluster.run_until(40_000, |c| {
+        let meta = any_stored_meta(c, &room);
+        meta.leader == preferred && meta.write_fence.is_none()
+    });
+    assert!(returned, "leadership back on {preferred}: {:?}", any_stored_meta(&mut cluster, &room));
+    let report = reports(&mut cluster, &room)
+        .into_iter()
+        .find(|r| r.kind == TaskKind::Transfer { target: preferred })
+        .expect("a transfer back, started by the controller itself");
+    assert_eq!(report.outcome, Ok(()));
+    let mut acked = acked;
+    acked.extend(append_acked(&mut cluster, preferred.get(), &room, "home", 3));
+    for n in 1..=3 {
+        assert_all_readable(&mut cluster, n, &room, &acked);
+    }
+}
+
+#[test]
+fn without_rebalancing_leadership_stays_where_the_failover_put_it() {
+    // 45 s: past the default's 30 s, so a `None` taken for the default would show.
+    let (mut cluster, room, preferred, acked) = fail_over_and_come_back(None, 45_000);
+    let meta = any_stored_meta(&mut cluster, &room);
+    assert_ne!(meta.leader, preferred);
+    assert!(reports(&mut cluster, &room).iter().all(|r| r.kind == TaskKind::Failover), "no transfer");
+    assert_all_readable(&mut cluster, preferred.get(), &room, &acked);
 }

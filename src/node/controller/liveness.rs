@@ -4,10 +4,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use tidings_types::{NodeId, Time};
 
-/// Last time each peer was heard from.
+/// Last time each peer was heard from, and since when it has been up without a gap.
 #[derive(Debug)]
 pub(crate) struct Liveness {
     last_heard: BTreeMap<NodeId, Time>,
+    /// When each peer was last heard after a silence of `down_after` or more (or when this node started).
+    up_since: BTreeMap<NodeId, Time>,
     down_after: Duration,
 }
 
@@ -15,14 +17,28 @@ impl Liveness {
     /// Every peer counts as heard at `now`: a node that just started suspects nobody before
     /// `down_after` has passed.
     pub(crate) fn new(peers: impl IntoIterator<Item = NodeId>, down_after: Duration, now: Time) -> Self {
-        Self { last_heard: peers.into_iter().map(|n| (n, now)).collect(), down_after }
+        let last_heard: BTreeMap<NodeId, Time> = peers.into_iter().map(|n| (n, now)).collect();
+        Self { up_since: last_heard.clone(), last_heard, down_after }
     }
 
     /// A frame arrived from `peer`.
     pub(crate) fn heard(&mut self, peer: NodeId, now: Time) {
         if let Some(last) = self.last_heard.get_mut(&peer) {
+            if now.since(*last) >= self.down_after {
+                // Back after a silence long enough to count as down: its uptime starts again.
+                self.up_since.insert(peer, now);
+            }
             *last = (*last).max(now);
         }
+    }
+
+    /// How long `peer` has been up without a silence of `down_after`; `None` while it is down or for a
+    /// node that is not a known peer.
+    pub(crate) fn up_for(&self, peer: NodeId, now: Time) -> Option<Duration> {
+        if self.is_down(peer, now) {
+            return None;
+        }
+        self.up_since.get(&peer).map(|since| now.since(*since))
     }
 
     /// `true` if `peer` is a known peer not heard from for `down_after`. Never true for this node or
@@ -50,6 +66,23 @@ impl Liveness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uptime_starts_again_when_a_peer_comes_back_from_being_down() {
+        let (a, b) = (NodeId::new(2), NodeId::new(3));
+        let mut liveness = Liveness::new([a, b], Duration::from_secs(2), Time::ZERO);
+        liveness.heard(a, Time::from_millis(1_000));
+        liveness.heard(a, Time::from_millis(2_500));
+        assert_eq!(liveness.up_for(a, Time::from_millis(3_000)), Some(Duration::from_secs(3)), "up since the start");
+        assert_eq!(liveness.up_for(b, Time::from_millis(2_000)), None, "silent for 2 s: down");
+        // Back after 5 s of silence: up for what came since, not since the start.
+        liveness.heard(b, Time::from_millis(5_000));
+        assert_eq!(liveness.up_for(b, Time::from_millis(5_500)), Some(Duration::from_millis(500)));
+        // Short gaps (under the limit) do not restart it.
+        liveness.heard(b, Time::from_millis(6_900));
+        assert_eq!(liveness.up_for(b, Time::from_millis(7_000)), Some(Duration::from_secs(2)));
+        assert_eq!(liveness.up_for(NodeId::new(9), Time::from_millis(7_000)), None, "not a peer");
+    }
 
     #[test]
     fn a_peer_is_down_only_after_the_silence_limit() {

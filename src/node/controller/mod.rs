@@ -86,6 +86,15 @@ pub struct ControllerConfig {
     pub replace_down_after: Duration,
     /// A fence no local task owns is taken over after this long.
     pub fence_takeover_after: Duration,
+    /// A channel led by another node than its preferred replica (the first of its replicas: where
+    /// placement put the leader, or where an explicit transfer moved it) gets a leader transfer back
+    /// once that replica is in the ISR and has been up this long — after a failover, the node that
+    /// came back takes its share of the leaderships again (Kafka's preferred replica election). `None`
+    /// leaves leaders where failovers put them. Default 30 s.
+    pub rebalance_leaders_after: Option<Duration>,
+    /// Most transfers back to preferred leaders one repair pass starts (each fences its channel while
+    /// the old leader drains, a few milliseconds). Default 16.
+    pub rebalance_transfers_per_pass: usize,
     /// Finished task reports kept for status.
     pub reports_max: usize,
     /// A slot group's leader checks the group's preferred leader this often.
@@ -116,6 +125,8 @@ impl Default for ControllerConfig {
             catch_up_timeout: Duration::from_secs(120),
             replace_down_after: Duration::from_secs(30),
             fence_takeover_after: Duration::from_secs(5),
+            rebalance_leaders_after: Some(Duration::from_secs(30)),
+            rebalance_transfers_per_pass: 16,
             reports_max: 64,
             reconcile_interval: Duration::from_secs(1),
             transfer_cooldown: Duration::from_secs(10),
@@ -200,6 +211,8 @@ struct RepairScan {
     drain_left: BTreeMap<NodeId, usize>,
     /// Slot groups walked by this pass that still hold a replica on a drained node.
     drain_groups: BTreeMap<NodeId, Vec<GroupId>>,
+    /// Transfers back to preferred leaders this pass started.
+    rebalances: usize,
 }
 
 /// How far the drain of a node has come, in the slot groups one node leads (every node reports its own;
@@ -219,6 +232,8 @@ pub struct DrainReport {
 pub(crate) struct Controller {
     config: ControllerConfig,
     me: NodeId,
+    /// When this controller started: this node's own uptime.
+    started: Time,
     liveness: Liveness,
     next_ping: Time,
     down: BTreeSet<NodeId>,
@@ -251,6 +266,7 @@ impl Controller {
             liveness: Liveness::new(peers, config.node_down_after, now),
             config,
             me,
+            started: now,
             next_ping: now,
             down: BTreeSet::new(),
             tasks: BTreeMap::new(),
@@ -372,7 +388,7 @@ impl Controller {
     pub(crate) fn start_transfer(
         &mut self,
         now: Time,
-        api: ApiId,
+        api: Option<ApiId>,
         meta: ChannelRuntimeMeta,
         target: NodeId,
     ) -> Result<(), TaskError> {
@@ -387,7 +403,7 @@ impl Controller {
         }
         self.admit(&meta.channel)?;
         let id = self.task_id();
-        let task = self.new_task(id, TaskKind::Transfer { target }, Some(api), meta, now);
+        let task = self.new_task(id, TaskKind::Transfer { target }, api, meta, now);
         self.start(now, task);
         Ok(())
     }

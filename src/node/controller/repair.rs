@@ -24,6 +24,7 @@ impl Controller {
             self.scan.draining.clear();
             self.scan.drain_left.clear();
             self.scan.drain_groups.clear();
+            self.scan.rebalances = 0;
             // Drains are recorded in every group's intent: any local replica's copy tells placement.
             self.drains_known = slot
                 .groups()
@@ -116,6 +117,7 @@ impl Controller {
         // `replace_down_after` is replaced by a live node that keeps no copy yet.
         let live = meta.isr.iter().filter(|n| !self.is_down(**n, now)).count();
         if live >= usize::from(meta.min_isr) {
+            self.return_to_preferred_leader(now, meta);
             return;
         }
         let long_down =
@@ -124,6 +126,38 @@ impl Controller {
         let Some(to) = self.spare_node(&meta, now) else { return };
         tracing::info!(channel = %meta.channel, %from, %to, "repair: ISR below MinISR, replacing a replica that is down");
         let _ = self.start_replace(now, None, meta, from, to);
+    }
+
+    /// Hands a healthy channel's leadership back to its preferred replica, the first of its replicas
+    /// (placement's choice, or an explicit transfer's target): a failover moves leadership off a node
+    /// that went down, and without this the node that came back would lead nothing while the others
+    /// carry its share — the busiest node sets the cluster's tail latency. Only when that replica is in
+    /// the ISR, has been up for `rebalance_leaders_after`, is not being drained, and the current leader
+    /// is up (a transfer needs it to drain); at most `rebalance_transfers_per_pass` per repair pass.
+    fn return_to_preferred_leader(&mut self, now: Time, meta: ChannelRuntimeMeta) {
+        let Some(after) = self.config.rebalance_leaders_after else { return };
+        let Some(preferred) = meta.replicas.first().copied() else { return };
+        if meta.leader == preferred
+            || !meta.in_isr(preferred)
+            || self.scan.draining.contains(&preferred)
+            || self.is_down(meta.leader, now)
+            || self.scan.rebalances >= self.config.rebalance_transfers_per_pass
+        {
+            return;
+        }
+        let up_for =
+            if preferred == self.me { Some(now.since(self.started)) } else { self.liveness.up_for(preferred, now) };
+        if up_for.is_none_or(|up| up < after) {
+            return;
+        }
+        self.scan.rebalances += 1;
+        let (channel, from) = (meta.channel.clone(), meta.leader);
+        match self.start_transfer(now, None, meta, preferred) {
+            Ok(()) => {
+                tracing::info!(%channel, %from, to = %preferred, "repair: leadership back to the preferred replica")
+            }
+            Err(error) => tracing::debug!(%channel, %error, "repair: no transfer to the preferred replica"),
+        }
     }
 
     /// A live node that keeps no copy of the channel, chosen by rendezvous hash so repairs spread.

@@ -271,13 +271,21 @@ fn switch_target(
 
 /// The meta a task of `kind` proposes to switch `meta` to `chosen`: the next version with `chosen` leading
 /// in the next leader epoch (a replacement also swaps the replica and moves to the next membership
-/// epoch), the fence kept but no longer freezing replication.
+/// epoch), the fence kept but no longer freezing replication. The first replica is the channel's
+/// preferred leader (see `ControllerConfig::rebalance_leaders_after`): a transfer's target becomes it,
+/// a replacement takes the place of the replica it replaces, and a failover leaves the order alone, so
+/// leadership returns to the preferred replica once it is back.
 fn switched_meta(kind: TaskKind, meta: &ChannelRuntimeMeta, chosen: NodeId) -> ChannelRuntimeMeta {
     let mut next = meta.clone();
     next.version += 1;
     if let TaskKind::Replace { from, to } = kind {
         next.epoch = next.epoch.next();
-        next.replicas.retain(|n| *n != from);
+        // `to` joined at the end as a learner; it moves into `from`'s place.
+        next.replicas.retain(|n| *n != to);
+        match next.replicas.iter_mut().find(|n| **n == from) {
+            Some(place) => *place = to,
+            None => next.replicas.push(to),
+        }
         next.isr.retain(|n| *n != from);
         if !next.isr.contains(&to) {
             next.isr.push(to);
@@ -289,6 +297,10 @@ fn switched_meta(kind: TaskKind, meta: &ChannelRuntimeMeta, chosen: NodeId) -> C
     } else {
         next.leader = chosen;
         next.leader_epoch = meta.leader_epoch.next();
+        if matches!(kind, TaskKind::Transfer { .. }) {
+            next.replicas.retain(|n| *n != chosen);
+            next.replicas.insert(0, chosen);
+        }
     }
     // The fence stays until the new leader is in place; it no longer freezes replication, so the
     // followers replicate from the new leader at once.
@@ -407,6 +419,11 @@ mod tests {
             (6, NodeId::new(3), LeaderEpoch::new(4))
         );
         assert_eq!((failover.epoch, failover.isr.clone()), (base.epoch, base.isr.clone()), "membership unchanged");
+        assert_eq!(failover.replicas, base.replicas, "a failover keeps the preferred replica first");
+        // A transfer's target becomes the preferred replica: first, the others in their order.
+        let transferred = switched_meta(TaskKind::Transfer { target: NodeId::new(3) }, &base, NodeId::new(3));
+        assert_eq!(transferred.replicas, vec![NodeId::new(3), NodeId::new(1), NodeId::new(2)]);
+        assert_eq!((transferred.leader, transferred.isr.clone()), (NodeId::new(3), base.isr.clone()));
         let fence = failover.write_fence.expect("the fence stays until the new leader is in place");
         assert!(!fence.freeze_replication && fence.task == 7);
         // Replacing the leader's own replica (node 4 joined the replicas as a learner while it caught
@@ -415,7 +432,7 @@ mod tests {
         base.replicas.push(NodeId::new(4));
         let replace = TaskKind::Replace { from: NodeId::new(1), to: NodeId::new(4) };
         let replaced = switched_meta(replace, &base, NodeId::new(4));
-        assert_eq!(replaced.replicas, vec![NodeId::new(2), NodeId::new(3), NodeId::new(4)]);
+        assert_eq!(replaced.replicas, vec![NodeId::new(4), NodeId::new(2), NodeId::new(3)], "4 takes 1's place, first");
         assert_eq!(replaced.isr, vec![NodeId::new(2), NodeId::new(3), NodeId::new(4)]);
         assert_eq!(
             (replaced.leader, replaced.leader_epoch, replaced.epoch),
@@ -425,5 +442,6 @@ mod tests {
         let follower =
             switched_meta(TaskKind::Replace { from: NodeId::new(3), to: NodeId::new(4) }, &base, NodeId::new(4));
         assert_eq!((follower.leader, follower.leader_epoch), (NodeId::new(1), LeaderEpoch::new(3)));
+        assert_eq!(follower.replicas, vec![NodeId::new(1), NodeId::new(2), NodeId::new(4)]);
     }
 }

@@ -46,7 +46,7 @@ impl NodeCore {
             Err(channel) => return self.done(api, ApiResult::Task(Err(NodeError::UnknownChannel(channel)))),
         };
         let started = match start {
-            TaskStart::Transfer { target } => self.controller.start_transfer(self.now, api, meta, target),
+            TaskStart::Transfer { target } => self.controller.start_transfer(self.now, Some(api), meta, target),
             TaskStart::Replace { from, to } => self.controller.start_replace(self.now, Some(api), meta, from, to),
         };
         if let Err(error) = started {
