@@ -58,6 +58,9 @@ impl FanoutHost for Gateway {
     }
 }
 
+/// How long a restarted node must be up before its channels' leadership comes back to it (see `start`).
+const REBALANCE_AFTER: Duration = Duration::from_secs(3);
+
 fn start(
     id: NodeId,
     ids: &[NodeId],
@@ -65,7 +68,10 @@ fn start(
     mesh: &Arc<InProcessMesh>,
     gateway: &Arc<Gateway>,
 ) -> Arc<Node> {
-    let config = NodeConfig::new(id, ids.to_vec());
+    let mut config = NodeConfig::new(id, ids.to_vec());
+    // Channels hand leadership back to their preferred replica once it has been up this long (default
+    // 30 s; shorter here so the demo shows it).
+    config.controller.rebalance_leaders_after = Some(REBALANCE_AFTER);
     let storage = StorageOptions::new(root.join(format!("node-{id}")));
     let fanout: Arc<dyn FanoutHost> = gateway.clone();
     let node = Arc::new(Node::start_with_fanout(config, storage, mesh.transport(id), fanout).expect("node starts"));
@@ -265,6 +271,24 @@ fn main() {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // Its channels come back to it: each one's controller (its slot group's leader) transfers the
+    // leadership back once the node has been up for `REBALANCE_AFTER`, on its next repair pass.
+    let leads_again = || {
+        let status = restarted.status().map(|s| s.channels).unwrap_or_default();
+        status.iter().filter(|c| c.leader == stopped && led_by_stopped.contains(&c.channel)).count()
+    };
+    loop {
+        let back = leads_again();
+        if back == led_by_stopped.len() || t.elapsed() > Duration::from_secs(30) {
+            println!(
+                "{stopped} leads {back} of its {} channels again {:.2?} after its restart (each transfer back starts once the preferred replica has been up {REBALANCE_AFTER:?})",
+                led_by_stopped.len(),
+                t.elapsed()
+            );
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 
     // Read every acknowledged message back, in order, from a replica of its channel (reads stop at the

@@ -585,12 +585,12 @@ fn a_channel_created_while_a_node_is_down_is_placed_on_live_nodes_and_takes_appe
 }
 
 /// Crashes the leader of a channel whose preferred replica leads, waits for the failover, restarts it,
-/// and runs `then_for` ms; returns the cluster, the channel, the preferred node and every acknowledged
-/// message.
+/// and runs `then_for` ms; returns the cluster, the channel, the preferred node, every acknowledged
+/// message and when the node restarted.
 fn fail_over_and_come_back(
     rebalance_after: Option<std::time::Duration>,
     then_for: u64,
-) -> (Cluster, ChannelId, NodeId, Vec<(Seq, String)>) {
+) -> (Cluster, ChannelId, NodeId, Vec<(Seq, String)>, tidings::types::Time) {
     let mut cluster = Cluster::with(3, |config| config.controller.rebalance_leaders_after = rebalance_after);
     cluster.run_for(3_000);
     let room = channel("comes-back");
@@ -606,20 +606,24 @@ fn fail_over_and_come_back(
     assert_ne!(failed_over.leader, preferred);
     assert_eq!(failed_over.replicas[0], preferred, "a failover keeps the preferred replica first");
     cluster.restart(preferred.get());
+    let restarted_at = cluster.now;
     cluster.run_for(then_for);
     acked.extend(append_acked(&mut cluster, via, &room, "back", 3));
-    (cluster, room, preferred, acked)
+    (cluster, room, preferred, acked, restarted_at)
 }
 
 #[test]
 fn leadership_returns_to_the_preferred_replica_once_it_has_been_back_long_enough() {
     let after = std::time::Duration::from_secs(3);
-    let (mut cluster, room, preferred, acked) = fail_over_and_come_back(Some(after), 0);
+    let (mut cluster, room, preferred, acked, restarted_at) = fail_over_and_come_back(Some(after), 0);
     let returned = cluster.run_until(40_000, |c| {
         let meta = any_stored_meta(c, &room);
         meta.leader == preferred && meta.write_fence.is_none()
     });
     assert!(returned, "leadership back on {preferred}: {:?}", any_stored_meta(&mut cluster, &room));
+    // The repair pass comes when the wait is over, not after a whole idle interval (10 s).
+    let took = cluster.now.since(restarted_at);
+    assert!(took < after + std::time::Duration::from_secs(3), "back {took:?} after the restart");
     let report = reports(&mut cluster, &room)
         .into_iter()
         .find(|r| r.kind == TaskKind::Transfer { target: preferred })
@@ -635,7 +639,7 @@ fn leadership_returns_to_the_preferred_replica_once_it_has_been_back_long_enough
 #[test]
 fn without_rebalancing_leadership_stays_where_the_failover_put_it() {
     // 45 s: past the default's 30 s, so a `None` taken for the default would show.
-    let (mut cluster, room, preferred, acked) = fail_over_and_come_back(None, 45_000);
+    let (mut cluster, room, preferred, acked, _) = fail_over_and_come_back(None, 45_000);
     let meta = any_stored_meta(&mut cluster, &room);
     assert_ne!(meta.leader, preferred);
     assert!(reports(&mut cluster, &room).iter().all(|r| r.kind == TaskKind::Failover), "no transfer");

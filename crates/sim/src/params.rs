@@ -62,6 +62,11 @@ pub struct SimParams {
     /// Channel shards per node (`NodeConfig::reactors`), 1 to 3: the node's channels split over them
     /// and their messages with the core cross a shard boundary. Drawn from its own stream.
     pub reactors: usize,
+    /// How long a channel's preferred replica must be back before its leadership is transferred back
+    /// (`ControllerConfig::rebalance_leaders_after`), ms: 500 to 5,000 in a third of the seeds, so those
+    /// transfers run beside the faults and the healing; 0 in the rest (the default of 30 s, longer than
+    /// most runs' healed phase). Drawn from its own stream.
+    pub rebalance_leaders_ms: u64,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
 }
@@ -111,6 +116,14 @@ impl SimParams {
                     0
                 }
             },
+            rebalance_leaders_ms: {
+                let mut own = DetRng::new(seed ^ 0x7265_6261_6c61_6e63);
+                if own.range(0, 2) == 0 {
+                    own.range(500, 5_000)
+                } else {
+                    0
+                }
+            },
             unsafe_lying_disk: false,
         }
     }
@@ -122,7 +135,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -149,6 +162,11 @@ impl fmt::Display for SimParams {
                 String::new()
             },
             if self.idle_evict_ms > 0 { format!(" idle-evict={}ms", self.idle_evict_ms) } else { String::new() },
+            if self.rebalance_leaders_ms > 0 {
+                format!(" rebalance-after={}ms", self.rebalance_leaders_ms)
+            } else {
+                String::new()
+            },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" }
         )
     }

@@ -93,7 +93,8 @@ pub struct ControllerConfig {
     /// leaves leaders where failovers put them. Default 30 s.
     pub rebalance_leaders_after: Option<Duration>,
     /// Most transfers back to preferred leaders one repair pass starts (each fences its channel while
-    /// the old leader drains, a few milliseconds). Default 16.
+    /// the old leader drains, a few milliseconds); with more to do, the next pass follows after
+    /// `repair_interval`. Default 16.
     pub rebalance_transfers_per_pass: usize,
     /// Finished task reports kept for status.
     pub reports_max: usize,
@@ -213,6 +214,10 @@ struct RepairScan {
     drain_groups: BTreeMap<NodeId, Vec<GroupId>>,
     /// Transfers back to preferred leaders this pass started.
     rebalances: usize,
+    /// When a transfer back this pass could not start yet (its preferred replica not up long enough, or
+    /// the pass's limit reached) may start: the next pass comes no later (nor sooner than
+    /// `repair_interval`), instead of after a whole idle interval.
+    rebalance_due: Option<Time>,
 }
 
 /// How far the drain of a node has come, in the slot groups one node leads (every node reports its own;

@@ -25,6 +25,7 @@ impl Controller {
             self.scan.drain_left.clear();
             self.scan.drain_groups.clear();
             self.scan.rebalances = 0;
+            self.scan.rebalance_due = None;
             // Drains are recorded in every group's intent: any local replica's copy tells placement.
             self.drains_known = slot
                 .groups()
@@ -86,7 +87,8 @@ impl Controller {
                 .collect();
             let busy = !self.down.is_empty() || !self.scan.draining.is_empty();
             let pause = if busy { self.config.repair_interval } else { self.config.repair_idle_interval };
-            self.scan.next_pass = now + pause;
+            let rebalance = self.scan.rebalance_due.map(|due| due.max(now + self.config.repair_interval));
+            self.scan.next_pass = rebalance.map_or(now + pause, |due| due.min(now + pause));
         } else {
             // Continue on the next tick; pages keep each step short.
             self.scan.next_pass = now + Duration::from_millis(5);
@@ -141,13 +143,15 @@ impl Controller {
             || !meta.in_isr(preferred)
             || self.scan.draining.contains(&preferred)
             || self.is_down(meta.leader, now)
-            || self.scan.rebalances >= self.config.rebalance_transfers_per_pass
         {
             return;
         }
         let up_for =
             if preferred == self.me { Some(now.since(self.started)) } else { self.liveness.up_for(preferred, now) };
-        if up_for.is_none_or(|up| up < after) {
+        let Some(up_for) = up_for else { return };
+        let due = if up_for < after { now + (after - up_for) } else { now };
+        if due > now || self.scan.rebalances >= self.config.rebalance_transfers_per_pass {
+            self.scan.rebalance_due = Some(self.scan.rebalance_due.map_or(due, |d| d.min(due)));
             return;
         }
         self.scan.rebalances += 1;

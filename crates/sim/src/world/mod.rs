@@ -194,6 +194,10 @@ impl World {
             if params.idle_evict_ms > 0 {
                 config.channel_idle_evict = std::time::Duration::from_millis(params.idle_evict_ms);
             }
+            if params.rebalance_leaders_ms > 0 {
+                config.controller.rebalance_leaders_after =
+                    Some(std::time::Duration::from_millis(params.rebalance_leaders_ms));
+            }
             let kv = Arc::new(MemoryKv::new());
             let log = Arc::new(MemoryLog::new(LogLimits::default()));
             nodes.insert(*id, SimNode { config, kv, log, core: None, incarnation: 0 });
