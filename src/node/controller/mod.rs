@@ -251,6 +251,9 @@ pub(crate) struct Controller {
     /// Nodes being drained per the intents of every slot group this node holds, as of the last repair
     /// pass's start: new channels are not placed on them.
     drains_known: BTreeSet<NodeId>,
+    /// Channels whose transfer back to the preferred leader failed, and when one may be tried again
+    /// (each failed try fenced the channel for up to `drain_timeout`). At most `FENCES_SEEN_MAX`.
+    rebalance_backoff: BTreeMap<ChannelId, Time>,
     /// Fences seen by the repair loop that no local task owns: task id and when first seen.
     fences_seen: BTreeMap<ChannelId, (u64, Time)>,
     /// Slot groups this node led at the last tick.
@@ -280,6 +283,7 @@ impl Controller {
             scan: RepairScan { next_pass: now, ..RepairScan::default() },
             drain_reports: Vec::new(),
             drains_known: BTreeSet::new(),
+            rebalance_backoff: BTreeMap::new(),
             fences_seen: BTreeMap::new(),
             led: BTreeSet::new(),
             next_task: first_task,

@@ -146,6 +146,13 @@ impl Controller {
         {
             return;
         }
+        match self.rebalance_backoff.get(&meta.channel) {
+            Some(retry_at) if *retry_at > now => return,
+            Some(_) => {
+                self.rebalance_backoff.remove(&meta.channel);
+            }
+            None => {}
+        }
         let up_for =
             if preferred == self.me { Some(now.since(self.started)) } else { self.liveness.up_for(preferred, now) };
         let Some(up_for) = up_for else { return };
@@ -161,6 +168,24 @@ impl Controller {
                 tracing::info!(%channel, %from, to = %preferred, "repair: leadership back to the preferred replica")
             }
             Err(error) => tracing::debug!(%channel, %error, "repair: no transfer to the preferred replica"),
+        }
+    }
+
+    /// An automatic transfer back ended: a failed one (its target did not catch up with the drained
+    /// leader in `drain_timeout`, with the channel fenced meanwhile) is not tried again on that channel
+    /// for `rebalance_leaders_after`, so a slow preferred replica does not get its channel fenced over
+    /// and over.
+    pub(super) fn rebalance_finished(&mut self, now: Time, channel: &ChannelId, switched: bool) {
+        if switched {
+            self.rebalance_backoff.remove(channel);
+            return;
+        }
+        let wait = self.config.rebalance_leaders_after.unwrap_or(Duration::ZERO);
+        if self.rebalance_backoff.len() >= FENCES_SEEN_MAX {
+            self.rebalance_backoff.retain(|_, retry_at| *retry_at > now);
+        }
+        if self.rebalance_backoff.len() < FENCES_SEEN_MAX {
+            self.rebalance_backoff.insert(channel.clone(), now + wait);
         }
     }
 
@@ -230,5 +255,72 @@ impl Controller {
         if leader {
             self.track_fence(now, meta);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::report::TaskError;
+    use super::*;
+    use crate::node::controller::ControllerConfig;
+    use tidings_types::{ChannelType, Epoch, LeaderEpoch, Seq};
+
+    fn n(id: u64) -> NodeId {
+        NodeId::new(id)
+    }
+
+    /// Node 1 leads; node 2, the first replica, is the preferred leader.
+    fn led_away_from_its_preferred_replica() -> ChannelRuntimeMeta {
+        ChannelRuntimeMeta {
+            channel: ChannelId::new(ChannelType::GROUP, "away").expect("channel id"),
+            version: 4,
+            leader: n(1),
+            replicas: vec![n(2), n(1), n(3)],
+            isr: vec![n(2), n(1), n(3)],
+            min_isr: 2,
+            epoch: Epoch::new(1),
+            leader_epoch: LeaderEpoch::new(2),
+            write_fence: None,
+            retention_through: Seq::new(0),
+        }
+    }
+
+    #[test]
+    fn a_failed_transfer_back_waits_before_it_is_tried_again() {
+        let after = Duration::from_secs(3);
+        let config = ControllerConfig { rebalance_leaders_after: Some(after), ..ControllerConfig::default() };
+        let mut controller = Controller::new(config, n(1), &[n(1), n(2), n(3)], 1, Time::ZERO);
+        let meta = led_away_from_its_preferred_replica();
+        // Peers heard every 500 ms up to `at` (a longer silence would restart their uptime).
+        let mut heard_until = Time::ZERO;
+        let mut heard_all = |controller: &mut Controller, at: Time| {
+            while heard_until < at {
+                heard_until = (heard_until + Duration::from_millis(500)).min(at);
+                controller.heard(n(2), heard_until);
+                controller.heard(n(3), heard_until);
+            }
+        };
+        let transfers = |controller: &Controller| controller.tasks.len();
+
+        let first = Time::from_millis(4_000);
+        heard_all(&mut controller, first);
+        controller.consider(first, meta.clone());
+        assert_eq!(transfers(&controller), 1, "up 4 s, longer than 3 s: a transfer back starts");
+        let task = controller.tasks.remove(&meta.channel).expect("the transfer");
+        assert_eq!(task.kind, TaskKind::Transfer { target: n(2) });
+        controller.finish(first, task, Err(TaskError::DrainTimedOut));
+
+        let soon = first + Duration::from_secs(2);
+        heard_all(&mut controller, soon);
+        controller.consider(soon, meta.clone());
+        assert_eq!(transfers(&controller), 0, "within the wait after a failed try: nothing");
+
+        let later = first + after;
+        heard_all(&mut controller, later);
+        controller.consider(later, meta.clone());
+        assert_eq!(transfers(&controller), 1, "the wait is over: tried again");
+        let task = controller.tasks.remove(&meta.channel).expect("the transfer");
+        controller.finish(later, task, Ok(()));
+        assert!(controller.rebalance_backoff.is_empty(), "a success forgets the channel");
     }
 }

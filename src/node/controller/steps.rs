@@ -175,6 +175,9 @@ impl Controller {
     }
 
     pub(super) fn finish(&mut self, now: Time, task: Task, outcome: Result<(), TaskError>) {
+        if task.api.is_none() && matches!(task.kind, TaskKind::Transfer { .. }) {
+            self.rebalance_finished(now, &task.meta.channel, outcome.is_ok());
+        }
         let report = TaskReport {
             task: task.id,
             channel: task.meta.channel.clone(),
