@@ -73,14 +73,18 @@ fn a_batch_of_seeds_passes() {
 /// the source finishes), 63001920 (replicas evicted 775 ms after going idle: one left with its HW ahead
 /// of its checkpoint and came back with the older one — eviction now waits for the checkpoint), 65000005
 /// (the same after a storage failure: the HW kept for the rebuilt replica was put into the state it
-/// started from as if the store held it, so it counted as checkpointed — it is raised in the machine now).
+/// started from as if the store held it, so it counted as checkpointed — it is raised in the machine now),
+/// 92004055 (the source group's leader held an empty replica of the target group — created when a peer
+/// reached it for that group, never a member — which knew no leader: the driver's `BeginImport` was
+/// proposed through it, refused as not ready and retried for good; a replica that is not a member now
+/// sends proposals to the group's contact).
 #[test]
 fn seeds_that_once_failed_pass() {
     for seed in [
         8, 62, 5, 23, 31, 50, 52, 91, 946, 6806, 10500, 14754, 15114, 204, 25316, 27024, 104161, 105524, 122608,
         152521, 2, 200306, 100367, 101518, 102889, 203287, 203758, 502141, 502927, 504225, 501516, 503687, 505003,
         505049, 711764, 905951, 3024062, 4000934, 4002385, 6002809, 8009406, 3006042, 3006767, 3007578, 7009782,
-        13000241, 63001920, 65000005,
+        13000241, 63001920, 65000005, 92004055,
     ] {
         assert_passes(&run_seed(seed));
     }
