@@ -5,6 +5,7 @@
 use super::report::TaskKind;
 use super::{Controller, DrainReport, FENCES_SEEN_MAX};
 use crate::node::rendezvous;
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tidings_slot::query::SlotReader;
 use tidings_slot::raft::MultiRaft;
@@ -26,20 +27,20 @@ impl Controller {
             self.scan.drain_groups.clear();
             self.scan.rebalances = 0;
             self.scan.rebalance_due = None;
-            // Drains are recorded in every group's intent: any local replica's copy tells placement.
-            self.drains_known = slot
-                .groups()
-                .filter_map(|group| reader.group_intent(group).ok().flatten())
-                .flat_map(|intent| intent.draining)
-                .collect();
-            for group in led {
-                let draining = match reader.group_intent(group) {
-                    Ok(intent) => intent.map(|i| i.draining).unwrap_or_default(),
-                    Err(error) => {
-                        tracing::warn!(%error, %group, "repair: cannot read the group's intent");
-                        Vec::new()
+            // Every local group's intent, read once: drains are recorded in all of them, so any local copy
+            // tells placement; the led groups' also drive this pass's replacements and drain reports.
+            let mut draining_by_group: BTreeMap<GroupId, Vec<NodeId>> = BTreeMap::new();
+            for group in slot.groups() {
+                match reader.group_intent(group) {
+                    Ok(intent) => {
+                        draining_by_group.insert(group, intent.map(|i| i.draining).unwrap_or_default());
                     }
-                };
+                    Err(error) => tracing::warn!(%error, %group, "repair: cannot read the group's intent"),
+                }
+            }
+            self.drains_known = draining_by_group.values().flatten().copied().collect();
+            for group in led {
+                let draining = draining_by_group.remove(&group).unwrap_or_default();
                 let members = slot.status(group).map(|s| [s.voters, s.learners].concat()).unwrap_or_default();
                 for node in draining {
                     self.scan.drain_left.entry(node).or_default();

@@ -141,35 +141,14 @@ impl NodeCore {
 
     /// Proposes `command` to its group: through the local replica, else through the group's leader as far
     /// as this node knows it (that node is returned with the id).
-    ///
-    /// A local replica that is not a member of its group — an empty one created when a peer reached this
-    /// node for the group, waiting for a snapshot that comes only if it is being added — knows no leader
-    /// and may never learn one: a proposal it cannot place goes to the group's contact as if the group
-    /// were not here (seen in the simulator: a slot migration's driver retried its `BeginImport` for
-    /// good through such a replica of the target group).
     pub(super) fn submit(&mut self, command: &Command) -> Result<(ProposalId, Option<NodeId>), ProposeError> {
         match self.slot.propose(self.now, command) {
-            Err(ProposeError::UnknownGroup { group }) => self.submit_to_contact(command, group),
-            Err(ProposeError::NotReady { group }) if !self.is_group_member(group) => {
-                self.submit_to_contact(command, group)
+            Err(ProposeError::UnknownGroup { group }) => {
+                let leader = self.group_contact(group).ok_or(ProposeError::NotReady { group })?;
+                Ok((self.slot.propose_remote(self.now, command, leader)?, Some(leader)))
             }
             other => Ok((other?, None)),
         }
-    }
-
-    fn submit_to_contact(
-        &mut self,
-        command: &Command,
-        group: GroupId,
-    ) -> Result<(ProposalId, Option<NodeId>), ProposeError> {
-        let leader = self.group_contact(group).ok_or(ProposeError::NotReady { group })?;
-        Ok((self.slot.propose_remote(self.now, command, leader)?, Some(leader)))
-    }
-
-    /// Whether this node's replica of `group` is a voter or a learner of the configuration it knows.
-    fn is_group_member(&self, group: GroupId) -> bool {
-        let me = self.config.node;
-        self.slot.status(group).is_some_and(|s| s.voters.contains(&me) || s.learners.contains(&me))
     }
 
     /// Sends on a proposal whose refusal proposed nothing, at most `REMOTE_PROPOSAL_SENDS` times in all

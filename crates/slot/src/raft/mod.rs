@@ -553,6 +553,12 @@ impl MultiRaft {
                 let leader = NodeId::new(g.raw.raft.leader_id);
                 self.send(leader, group, SlotBody::Forward { origin: me, id, command: data });
             }
+            // A replica outside its own configuration that knows no leader — an empty one created when a
+            // peer reached this node, waiting for a snapshot that comes only to a replica being added — may
+            // never learn one: it does not serve the group, and the caller goes to the group's leader as if
+            // it were not here (simulator seed 92004055: a migration's `BeginImport` retried for good
+            // through one).
+            Some(g) if !g.has_member(me.get()) => return Err(ProposeError::UnknownGroup { group }),
             Some(_) => return Err(ProposeError::NotReady { group }),
             None => return Err(ProposeError::UnknownGroup { group }),
         }
