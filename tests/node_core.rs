@@ -204,3 +204,31 @@ fn channels_spread_over_several_shards_commit_forward_and_report_as_one_node() {
         assert_eq!(cluster.core(n).active_channels(), channels.len());
     }
 }
+
+#[test]
+fn a_created_channel_activates_on_first_use_not_at_creation() {
+    let mut cluster = Cluster::with(3, |_| {});
+    cluster.run_for(5_000);
+    let channels: Vec<ChannelId> =
+        (0..4).map(|i| ChannelId::new(ChannelType::GROUP, &format!("lazy-{i}")).unwrap()).collect();
+    for channel in &channels {
+        cluster.create_channel(1, channel);
+    }
+    cluster.run_for(2_000);
+    // Created, its meta pushed to every replica: nothing to do until it is used.
+    for n in 1..=3 {
+        assert_eq!(cluster.core(n).active_channels(), 0, "node {n} activated a channel nobody used");
+    }
+    let id = cluster.api();
+    let now = cluster.now;
+    cluster.core(2).append(now, id, channels[0].clone(), records(&["first"]));
+    cluster.run_for(2_000);
+    assert!(cluster.appended.contains_key(&id), "{:?}", cluster.results.get(&id));
+    for n in 1..=3 {
+        // The used channel on each of its replicas (the leader by the append, the followers by its
+        // replication), the others still not.
+        assert_eq!(cluster.core(n).active_channels(), 1, "node {n}");
+        let read = cluster.core(n).read(&channels[0], Seq::new(1), 10).unwrap();
+        assert!(read.iter().any(|r| r.payload.as_ref() == b"first"), "node {n}: {read:?}");
+    }
+}

@@ -526,3 +526,72 @@ fn a_replica_moves_through_a_learner_and_joint_consensus_and_the_old_one_is_dest
     assert_eq!(cluster.driver(to).status(group).unwrap().voters, expected);
     assert_eq!(cluster.propose_and_wait(to, put_user("after-restart", "x")), Outcome::Applied);
 }
+
+#[test]
+fn one_round_writes_the_raft_logs_of_all_its_groups_in_one_batch() {
+    // One node leading 8 single-replica groups: a proposal to each, then one processing round.
+    let mut cluster = Cluster::new(8, 1, 8, 1);
+    cluster.run_for(3_000);
+    let node = NodeId::new(1);
+    let mut uids: BTreeMap<GroupId, String> = BTreeMap::new();
+    for i in 0.. {
+        let uid = format!("batched-{i}");
+        uids.entry(cluster.group_of_uid(&uid)).or_insert(uid);
+        if uids.len() == 8 {
+            break;
+        }
+    }
+    assert_eq!(cluster.nodes[&node].kv.unsynced_batches(), 0, "an idle node has nothing left to sync");
+    let now = cluster.now;
+    let proposals: Vec<ProposalId> =
+        uids.values().map(|uid| cluster.driver(node).propose(now, &put_user(uid, "b")).unwrap()).collect();
+    cluster.drain(node);
+    // Eight groups appended an entry each: one store batch (every batch costs sled a log buffer write
+    // under its process-wide lock), then one sync.
+    assert_eq!(cluster.nodes[&node].kv.unsynced_batches(), 1);
+    cluster.run_for(500);
+    for id in proposals {
+        assert_eq!(cluster.outcomes.get(&(node, id)), Some(&Ok(Outcome::Applied)));
+    }
+    let reader = cluster.reader(node);
+    for uid in uids.values() {
+        assert!(reader.user(&Uid::new(uid.clone()).unwrap()).unwrap().is_some(), "{uid} not applied");
+    }
+}
+
+#[test]
+fn a_failed_slot_store_write_stops_that_node_s_replicas_and_the_others_go_on() {
+    let mut cluster = Cluster::new(9, 3, 1, 3);
+    cluster.run_for(3_000);
+    let group = cluster.groups[0].0;
+    let leader = cluster.leader_of(group).expect("a leader");
+    let follower = cluster.members(group).into_iter().find(|n| *n != leader).unwrap();
+    assert_eq!(cluster.propose_and_wait(leader, put_user("before", "x")), Outcome::Applied);
+    cluster.run_for(200);
+    // The follower's next store write fails: raft-rs already counts it as handed to storage, so the
+    // replica must never acknowledge it (nor anything after it) as persisted.
+    cluster.nodes[&follower].kv.fail(tidings_store::FailOp::Apply, 0, 1);
+    for i in 0..5 {
+        assert_eq!(cluster.propose_and_wait(leader, put_user(&format!("during-{i}"), "x")), Outcome::Applied);
+    }
+    cluster.run_for(500);
+    assert!(cluster.driver(follower).storage_failed());
+    let applied_then = cluster.driver(follower).applied_index(group);
+    assert!(cluster.reader(follower).user(&Uid::new("during-4").unwrap()).unwrap().is_none());
+    // The two others committed without it; the stopped replica applies nothing more.
+    for i in 5..8 {
+        assert_eq!(cluster.propose_and_wait(leader, put_user(&format!("during-{i}"), "x")), Outcome::Applied);
+    }
+    cluster.run_for(500);
+    assert_eq!(cluster.driver(follower).applied_index(group), applied_then);
+    // A restart resumes from what the store holds, and the replica catches up.
+    cluster.crash(follower);
+    cluster.start(follower);
+    cluster.run_for(3_000);
+    assert!(!cluster.driver(follower).storage_failed());
+    let reader = cluster.reader(follower);
+    for i in 0..8 {
+        let uid = Uid::new(format!("during-{i}")).unwrap();
+        assert!(reader.user(&uid).unwrap().is_some(), "the restarted replica lacks during-{i}");
+    }
+}

@@ -123,6 +123,12 @@ impl RaftLogBatch {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
+
+    /// Moves every change of `other` after this batch's own, in order.
+    pub fn extend(&mut self, other: RaftLogBatch) -> &mut Self {
+        self.ops.extend(other.ops);
+        self
+    }
 }
 
 /// Raft logs of many groups over one [`Kv`].

@@ -20,9 +20,17 @@ pub struct WriteFence {
 }
 
 impl ChannelRuntimeMeta {
+    /// The version a channel's meta is created with; every change goes above it.
+    pub const CREATED_VERSION: u64 = 1;
+
     /// `true` while a failover fence freezes replication.
     pub fn replication_frozen(&self) -> bool {
         self.write_fence.is_some_and(|f| f.freeze_replication)
+    }
+
+    /// `true` for the meta as the channel was created: nothing (no task, no ISR change) changed it since.
+    pub fn as_created(&self) -> bool {
+        self.version == Self::CREATED_VERSION
     }
 }
 

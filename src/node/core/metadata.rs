@@ -114,7 +114,7 @@ impl NodeCore {
         let replicas = self.config.channel_placement_avoiding(&info.channel, &avoided);
         let meta = ChannelRuntimeMeta {
             channel: info.channel.clone(),
-            version: 1,
+            version: ChannelRuntimeMeta::CREATED_VERSION,
             leader: replicas[0],
             isr: replicas.clone(),
             replicas,

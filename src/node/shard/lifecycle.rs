@@ -93,7 +93,12 @@ impl ChannelShard {
             if let Some(machine) = self.machine_mut(&channel) {
                 // A meta that is not a valid successor is refused by the machine; it keeps the one it has.
                 let _ = machine.handle_meta(now, meta);
-            } else {
+            } else if !meta.as_created() {
+                // A changed meta may ask something of this replica (a learner to catch up, a new leader
+                // to take over). A channel as created asks nothing until it is used: its replicas activate
+                // on their first input (an append, a peer's message), not all at once at creation — three
+                // activations, an epoch barrier to sync and the followers' long polls for every channel
+                // created, most of which a bulk creation (a chat backend importing its groups) leaves idle.
                 self.activate(&channel);
             }
         }

@@ -52,7 +52,7 @@ use snapshot::{Reassembly, SlotSnapshots};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use tidings_router::{GroupObservation, HashToSlot};
-use tidings_store::{GroupStorage, MetaStore, Placement, RaftLogStore, StoreError};
+use tidings_store::{GroupStorage, MetaStore, Placement, RaftLogBatch, RaftLogStore, StoreError};
 use tidings_types::{ConfigEpoch, DetRng, GroupId, HashSlot, NodeId, Time};
 
 /// What raft status shows of one group on this node (for operators and the controller).
@@ -178,6 +178,14 @@ pub struct MultiRaft {
     next_transfer: u64,
     /// Readies whose writes wait for a sync, in token order (0 = not yet covered by a requested sync).
     awaiting: VecDeque<AwaitingSync>,
+    /// The raft log writes of every group in this round, written as one batch at its end: every atomic
+    /// batch costs the backend a log buffer write under a lock the whole process shares (sled's
+    /// `apply_batch`), so one per round instead of one per group and ready.
+    round_writes: RaftLogBatch,
+    /// A write to the slot store failed: this node's slot replicas stop (nothing more is persisted,
+    /// acknowledged or applied), since raft-rs already counts the lost writes as handed to storage. The
+    /// store holds what was written before; a restart resumes from it.
+    storage_failed: bool,
     /// Inputs arrived since the last processing round: [`MultiRaft::poll_effect`] runs one first.
     dirty: bool,
     next_sync: u64,
@@ -265,6 +273,8 @@ impl MultiRaft {
             next_read: ((config.boot_id & 0xffff_ffff) << 32) | 1,
             next_transfer: 1,
             awaiting: VecDeque::new(),
+            round_writes: RaftLogBatch::new(),
+            storage_failed: false,
             dirty: false,
             next_sync: 1,
             sync_requested: false,
@@ -356,6 +366,13 @@ impl MultiRaft {
     pub fn leader(&self, group: GroupId) -> Option<NodeId> {
         let raw = &self.groups.get(&group)?.raw;
         (raw.raft.leader_id != 0).then(|| NodeId::new(raw.raft.leader_id))
+    }
+
+    /// `true` once a write to the slot store failed: this node's slot replicas persist, acknowledge and
+    /// apply nothing more (proposals through them time out, the other members go on without them) until
+    /// the node restarts from what the store holds.
+    pub fn storage_failed(&self) -> bool {
+        self.storage_failed
     }
 
     /// Raft messages from the wire refused since start: undecodable, naming another sender or receiver,
@@ -651,6 +668,9 @@ impl MultiRaft {
     /// The runtime made every write up to the [`SlotEffect::Sync`] with `token` durable.
     pub fn handle_synced(&mut self, now: Time, token: u64) {
         self.advance(now);
+        if self.storage_failed {
+            return;
+        }
         while self.awaiting.front().is_some_and(|a| a.token != 0 && a.token <= token) {
             let awaiting = self.awaiting.pop_front().expect("checked non-empty");
             if let Some(group) = self.groups.get_mut(&awaiting.group) {

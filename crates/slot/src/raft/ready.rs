@@ -16,6 +16,9 @@ impl MultiRaft {
     /// Proposes what this round queued, handles every group's ready, then asks for one sync covering all
     /// their writes.
     pub(super) fn process_all(&mut self) {
+        if self.storage_failed {
+            return;
+        }
         self.flush_queued();
         let ids: Vec<GroupId> = self.groups.keys().copied().collect();
         for id in ids {
@@ -25,13 +28,17 @@ impl MultiRaft {
                     break;
                 }
                 if let Err(error) = self.process_ready(id) {
-                    tracing::error!(%error, group = %id, "slot group storage failed");
-                    break;
+                    return self.fail_storage(&error, Some(id));
                 }
             }
             if self.groups.contains_key(&id) {
                 self.observe(id);
             }
+        }
+        // Before anything is destroyed (a batch naming a removed group would fail whole) and before the
+        // sync that is to cover it.
+        if let Err(error) = self.write_round() {
+            return self.fail_storage(&error, None);
         }
         self.destroy_leaving();
         if self.sync_requested {
@@ -43,6 +50,26 @@ impl MultiRaft {
             }
             self.effects.push_back(SlotEffect::Sync { token });
         }
+    }
+
+    /// Writes the round's raft log changes so far.
+    fn write_round(&mut self) -> Result<(), StoreError> {
+        let writes = std::mem::take(&mut self.round_writes);
+        if writes.is_empty() {
+            return Ok(());
+        }
+        self.logs.write(writes)
+    }
+
+    /// A write to the slot store failed, in `group`'s ready or in the round's log write: raft-rs counts
+    /// those writes as handed to storage, so no later sync may declare them persisted. Every replica on
+    /// this node stops here (see `MultiRaft::storage_failed`).
+    fn fail_storage(&mut self, error: &StoreError, group: Option<GroupId>) {
+        tracing::error!(%error, ?group, "slot store write failed: this node's slot replicas stop until a restart");
+        self.storage_failed = true;
+        self.round_writes = RaftLogBatch::new();
+        self.awaiting.clear();
+        self.sync_requested = false;
     }
 
     pub(super) fn process_ready(&mut self, id: GroupId) -> Result<(), StoreError> {
@@ -73,8 +100,14 @@ impl MultiRaft {
         if let Some(hs) = ready.hs() {
             batch.set_hard_state(id, hs.clone());
         }
-        if !batch.is_empty() {
-            self.logs.write(batch)?;
+        // Written with the round's other groups (`process_all`): raft-rs reads nothing of it before it
+        // is declared persisted, which waits for the sync after that write. Committed entries come from
+        // earlier rounds' writes.
+        self.round_writes.extend(batch);
+        if snapshot_index.is_some() {
+            // Now: the configuration the FSM applies later entries under is read back from the store
+            // (`Group::conf`), and a snapshot replaces it. Snapshots are rare.
+            self.write_round()?;
         }
         let committed = ready.take_committed_entries();
         let persisted_messages = ready.take_persisted_messages();
@@ -269,6 +302,9 @@ impl MultiRaft {
                 .and_then(|change| group.raw.apply_conf_change(&change).ok()),
         };
         if let Some(conf) = conf {
+            // Now, after the round's earlier changes: the configuration the FSM records with this entry
+            // is read back from the store (`Group::conf`). Membership changes are rare.
+            self.write_round()?;
             let mut batch = RaftLogBatch::new();
             batch.set_conf_state(id, conf);
             self.logs.write(batch)?;
@@ -281,10 +317,10 @@ impl MultiRaft {
         let applied = group.raw.raft.raft_log.applied;
         let first = group.raw.store().first_index().unwrap_or(1);
         if applied.saturating_sub(first) > self.config.compact_after_entries {
+            // In the round's batch: a second compaction of the group before it is written goes further
+            // or does nothing (the store stages the batch's changes in order).
             let keep_from = applied - self.config.compact_after_entries / 2;
-            let mut batch = RaftLogBatch::new();
-            batch.compact(id, keep_from);
-            self.logs.write(batch)?;
+            self.round_writes.compact(id, keep_from);
         }
         Ok(())
     }
