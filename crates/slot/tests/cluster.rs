@@ -528,8 +528,8 @@ fn a_replica_moves_through_a_learner_and_joint_consensus_and_the_old_one_is_dest
 }
 
 #[test]
-fn one_round_writes_the_raft_logs_of_all_its_groups_in_one_batch() {
-    // One node leading 8 single-replica groups: a proposal to each, then one processing round.
+fn one_round_writes_all_its_groups_in_one_batch_for_the_logs_and_one_for_the_fsms() {
+    // One node leading 8 single-replica groups: a proposal to each, then processing rounds by hand.
     let mut cluster = Cluster::new(8, 1, 8, 1);
     cluster.run_for(3_000);
     let node = NodeId::new(1);
@@ -541,18 +541,36 @@ fn one_round_writes_the_raft_logs_of_all_its_groups_in_one_batch() {
             break;
         }
     }
-    assert_eq!(cluster.nodes[&node].kv.unsynced_batches(), 0, "an idle node has nothing left to sync");
+    let kv = cluster.nodes[&node].kv.clone();
+    assert_eq!(kv.unsynced_batches(), 0, "an idle node has nothing left to sync");
     let now = cluster.now;
-    let proposals: Vec<ProposalId> =
-        uids.values().map(|uid| cluster.driver(node).propose(now, &put_user(uid, "b")).unwrap()).collect();
-    cluster.drain(node);
+    let driver = cluster.driver(node);
+    let proposals: BTreeSet<ProposalId> =
+        uids.values().map(|uid| driver.propose(now, &put_user(uid, "b")).unwrap()).collect();
+    let mut effects: Vec<SlotEffect> = std::iter::from_fn(|| driver.poll_effect()).collect();
     // Eight groups appended an entry each: one store batch (every batch costs sled a log buffer write
-    // under its process-wide lock), then one sync.
-    assert_eq!(cluster.nodes[&node].kv.unsynced_batches(), 1);
-    cluster.run_for(500);
-    for id in proposals {
-        assert_eq!(cluster.outcomes.get(&(node, id)), Some(&Ok(Outcome::Applied)));
-    }
+    // under its process-wide lock), and one sync for it.
+    assert_eq!(kv.unsynced_batches(), 1);
+    let token = effects
+        .iter()
+        .find_map(|e| match e {
+            SlotEffect::Sync { token } => Some(*token),
+            _ => None,
+        })
+        .expect("a sync asked for");
+    kv.sync().unwrap();
+    driver.handle_synced(now, token);
+    effects = std::iter::from_fn(|| driver.poll_effect()).collect();
+    // Committed in all eight: their FSMs' writes in one batch, the logs' new commit index in another.
+    assert_eq!(kv.unsynced_batches(), 2);
+    let done: BTreeSet<ProposalId> = effects
+        .iter()
+        .filter_map(|e| match e {
+            SlotEffect::ProposalDone { id, result: Ok(Outcome::Applied) } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done, proposals);
     let reader = cluster.reader(node);
     for uid in uids.values() {
         assert!(reader.user(&Uid::new(uid.clone()).unwrap()).unwrap().is_some(), "{uid} not applied");

@@ -119,6 +119,17 @@ pub struct Placement {
     pub epoch: u64,
 }
 
+/// What [`MetaStore::write_all`] staged so far, across its batches.
+#[derive(Default)]
+struct Staged {
+    kv_batch: KvBatch,
+    /// Keys put earlier in the write: a later clear must remove them too, as stored keys do not include
+    /// them yet.
+    put_here: BTreeSet<Vec<u8>>,
+    /// Placements staged earlier: a later one must be newer than those too.
+    placed: Vec<(HashSlot, Placement)>,
+}
+
 /// Changes applied as one atomic write, optionally recording the applied index of a group in the same
 /// write, so that a crash can never leave half a batch applied or a batch applied without its index.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -322,10 +333,21 @@ impl MetaStore {
 
     /// Applies `batch` atomically. Visible at once; durable after [`MetaStore::sync`].
     pub fn write(&self, batch: &MetaWriteBatch) -> StoreResult<()> {
-        let mut kv_batch = KvBatch::new();
-        // Keys put earlier in this batch: a later clear must remove them too, as stored keys do not
-        // include them yet.
-        let mut put_here: BTreeSet<Vec<u8>> = BTreeSet::new();
+        self.write_all(std::slice::from_ref(batch))
+    }
+
+    /// Applies `batches` in order, as one atomic write: one backend batch for several groups' changes
+    /// (each backend batch has a fixed cost: sled writes out a log buffer under a process-wide lock).
+    pub fn write_all(&self, batches: &[MetaWriteBatch]) -> StoreResult<()> {
+        let mut staged = Staged::default();
+        for batch in batches {
+            self.stage(batch, &mut staged)?;
+        }
+        self.kv.apply(staged.kv_batch)
+    }
+
+    fn stage(&self, batch: &MetaWriteBatch, staged: &mut Staged) -> StoreResult<()> {
+        let Staged { kv_batch, put_here, placed } = staged;
         for op in &batch.ops {
             let cleared = match op {
                 MetaOp::Put { space, key, value } => {
@@ -343,12 +365,13 @@ impl MetaStore {
                 MetaOp::Clear { space, prefix } => space.key(prefix),
                 MetaOp::ClearGroup { group } => group_prefix(*group),
             };
-            self.delete_prefix_into(&cleared, &mut kv_batch)?;
-            let (gone, kept): (BTreeSet<_>, BTreeSet<_>) = put_here.into_iter().partition(|k| k.starts_with(&cleared));
+            self.delete_prefix_into(&cleared, kv_batch)?;
+            let (gone, kept): (BTreeSet<_>, BTreeSet<_>) =
+                std::mem::take(put_here).into_iter().partition(|k| k.starts_with(&cleared));
             for key in gone {
                 kv_batch.delete(Keyspace::Meta, key);
             }
-            put_here = kept;
+            *put_here = kept;
         }
         if let Some((group, index)) = batch.applied {
             kv_batch.put(Keyspace::Applied, group_key(group, None), &index.to_le_bytes());
@@ -356,7 +379,6 @@ impl MetaStore {
         if let Some((group, epoch)) = batch.config_epoch {
             kv_batch.put(Keyspace::Applied, group_key(group, Some(CONFIG_EPOCH_TAG)), &epoch.to_le_bytes());
         }
-        let mut placed: Vec<(HashSlot, Placement)> = Vec::new();
         for (slot, placement) in &batch.placements {
             let current = match placed.iter().rev().find(|(s, _)| s == slot) {
                 Some((_, p)) => Some(*p),
@@ -367,7 +389,7 @@ impl MetaStore {
                 kv_batch.put(Keyspace::Placement, slot.index().to_be_bytes().to_vec(), &encode_placement(placement));
             }
         }
-        self.kv.apply(kv_batch)
+        Ok(())
     }
 
     /// Makes every write so far durable.
@@ -618,5 +640,31 @@ mod tests {
         store.write(&stale).unwrap();
         assert_eq!(store.placement(s).unwrap(), Some(at(2, 1)));
         assert_eq!(store.placements().unwrap(), vec![(s, at(2, 1))]);
+    }
+
+    #[test]
+    fn write_all_is_one_atomic_write_that_reads_as_the_batches_in_order() {
+        let kv = Arc::new(MemoryKv::new());
+        let store = MetaStore::new(kv.clone());
+        let g2 = GroupId::new(2);
+        let s = HashSlot::new(9).unwrap();
+        let at = |group: u32, epoch: u64| Placement { group: GroupId::new(group), epoch };
+        let mut first = MetaWriteBatch::new();
+        first.put(slot(1), "a", "1").put(slot(1), "b", "1").set_applied(G, 3).place(s, at(1, 5));
+        let mut second = MetaWriteBatch::new();
+        // A clear removes what an earlier batch of the same write put; a placement older than an earlier
+        // batch's is dropped.
+        second.clear(slot(1)).put(slot(1), "c", "2").set_applied(g2, 7).place(s, at(2, 4));
+        let batches = [first, second];
+        kv.fail(FailOp::Apply, 0, 1);
+        assert!(store.write_all(&batches).is_err());
+        assert_eq!((store.applied_index(G).unwrap(), store.applied_index(g2).unwrap()), (0, 0));
+        assert_eq!(store.placement(s).unwrap(), None);
+        let before = kv.unsynced_batches();
+        store.write_all(&batches).unwrap();
+        assert_eq!(kv.unsynced_batches(), before + 1, "one backend batch");
+        assert_eq!(store.scan(slot(1), b"", None, 10).unwrap().entries, vec![(b"c".to_vec(), b"2".to_vec())]);
+        assert_eq!((store.applied_index(G).unwrap(), store.applied_index(g2).unwrap()), (3, 7));
+        assert_eq!(store.placement(s).unwrap(), Some(at(1, 5)));
     }
 }

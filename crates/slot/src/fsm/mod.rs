@@ -342,6 +342,24 @@ impl SlotFsm {
         record_config_epoch: bool,
         entries: &[(u64, &[u8])],
     ) -> StoreResult<AppliedBatch> {
+        let (applied, write) = self.stage_in(genesis, conf, record_config_epoch, entries)?;
+        if let Some(write) = write {
+            self.store.write(&write)?;
+        }
+        Ok(applied)
+    }
+
+    /// [`SlotFsm::apply_in`] without the write: the batch that records the entries' effects and the
+    /// applied index (`None` if they change nothing), for the caller to write — alone, or in one atomic
+    /// write with other groups' batches ([`MetaStore::write_all`]). The FSM takes it as written: the caller
+    /// must write it before this FSM stages or reads anything more, and must not go on if the write fails.
+    pub fn stage_in(
+        &self,
+        genesis: &HashToSlot,
+        conf: &GroupConf,
+        record_config_epoch: bool,
+        entries: &[(u64, &[u8])],
+    ) -> StoreResult<(AppliedBatch, Option<MetaWriteBatch>)> {
         let mut metas = Vec::new();
         let applied = self.applied_index()?;
         let mut overlay = Overlay::new(&self.store);
@@ -379,13 +397,13 @@ impl SlotFsm {
             for (slot, placement) in &overlay.placements {
                 overlay.batch.place(*slot, *placement);
             }
-            self.store.write(&overlay.batch)?;
             let mut records = self.records.lock();
             for (slot, record) in overlay.records_written {
                 records.insert(slot, Some(record));
             }
+            return Ok((AppliedBatch { outcomes, metas, placements: overlay.placements }, Some(overlay.batch)));
         }
-        Ok(AppliedBatch { outcomes, metas, placements: overlay.placements })
+        Ok((AppliedBatch { outcomes, metas, placements: overlay.placements }, None))
     }
 
     fn record(&self, genesis: &HashToSlot, overlay: &Overlay<'_>, slot: HashSlot) -> StoreResult<Option<SlotRecord>> {

@@ -49,10 +49,10 @@ use protobuf::Message as _;
 use raft::prelude::{ConfState, Message, MessageType};
 use raft::{RawNode, StateRole, Storage};
 use snapshot::{Reassembly, SlotSnapshots};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use tidings_router::{GroupObservation, HashToSlot};
-use tidings_store::{GroupStorage, MetaStore, Placement, RaftLogBatch, RaftLogStore, StoreError};
+use tidings_store::{GroupStorage, MetaStore, MetaWriteBatch, Placement, RaftLogBatch, RaftLogStore, StoreError};
 use tidings_types::{ConfigEpoch, DetRng, GroupId, HashSlot, NodeId, Time};
 
 /// What raft status shows of one group on this node (for operators and the controller).
@@ -182,6 +182,12 @@ pub struct MultiRaft {
     /// batch costs the backend a log buffer write under a lock the whole process shares (sled's
     /// `apply_batch`), so one per round instead of one per group and ready.
     round_writes: RaftLogBatch,
+    /// The FSM writes of this round, one batch per group and apply, written together at its end for the
+    /// same reason. A group's FSM reads what it wrote: a group that applies again in the round has them
+    /// written first.
+    round_meta: Vec<MetaWriteBatch>,
+    /// The groups with a batch in `round_meta`.
+    round_meta_groups: BTreeSet<GroupId>,
     /// A write to the slot store failed: this node's slot replicas stop (nothing more is persisted,
     /// acknowledged or applied), since raft-rs already counts the lost writes as handed to storage. The
     /// store holds what was written before; a restart resumes from it.
@@ -274,6 +280,8 @@ impl MultiRaft {
             next_transfer: 1,
             awaiting: VecDeque::new(),
             round_writes: RaftLogBatch::new(),
+            round_meta: Vec::new(),
+            round_meta_groups: BTreeSet::new(),
             storage_failed: false,
             dirty: false,
             next_sync: 1,

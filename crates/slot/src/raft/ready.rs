@@ -52,13 +52,18 @@ impl MultiRaft {
         }
     }
 
-    /// Writes the round's raft log changes so far.
+    /// Writes the round's changes so far: the raft logs' in one batch, then the FSMs' in another.
     fn write_round(&mut self) -> Result<(), StoreError> {
-        let writes = std::mem::take(&mut self.round_writes);
-        if writes.is_empty() {
-            return Ok(());
+        let logs = std::mem::take(&mut self.round_writes);
+        if !logs.is_empty() {
+            self.logs.write(logs)?;
         }
-        self.logs.write(writes)
+        let applied = std::mem::take(&mut self.round_meta);
+        self.round_meta_groups.clear();
+        if !applied.is_empty() {
+            self.meta.write_all(&applied)?;
+        }
+        Ok(())
     }
 
     /// A write to the slot store failed, in `group`'s ready or in the round's log write: raft-rs counts
@@ -68,6 +73,8 @@ impl MultiRaft {
         tracing::error!(%error, ?group, "slot store write failed: this node's slot replicas stop until a restart");
         self.storage_failed = true;
         self.round_writes = RaftLogBatch::new();
+        self.round_meta.clear();
+        self.round_meta_groups.clear();
         self.awaiting.clear();
         self.sync_requested = false;
     }
@@ -82,7 +89,10 @@ impl MultiRaft {
         let snapshot_index = (!snapshot.is_empty()).then(|| snapshot.get_metadata().index);
         if !snapshot.is_empty() {
             let index = snapshot.get_metadata().index;
+            // The install replaces the group's data in the store: the round's writes go first.
+            self.write_round()?;
             let installed = snapshot::install(&self.meta, id, index, &snapshot.data);
+            let group = self.groups.get_mut(&id).expect("group exists");
             // Whatever happened to the store, the FSM reads its records afresh.
             group.fsm.forget_records();
             match installed {
@@ -234,9 +244,19 @@ impl MultiRaft {
                 }
             }
         }
+        if self.round_meta_groups.contains(&id) {
+            // The FSM reads its own earlier writes (its applied index, its records) from the store.
+            self.write_round()?;
+        }
         let group = self.groups.get_mut(&id).expect("group exists");
         let conf = group.conf();
-        let applied = group.fsm.apply_in(table, &conf, record_config_epoch, &commands)?;
+        let (applied, write) = group.fsm.stage_in(table, &conf, record_config_epoch, &commands)?;
+        if let Some(write) = write {
+            // Written with the round's other groups (`process_all`), before any effect below leaves:
+            // a proposer told `Applied` reads its write back.
+            self.round_meta.push(write);
+            self.round_meta_groups.insert(id);
+        }
         let leader = group.raw.raft.state == StateRole::Leader;
         for meta in applied.metas {
             self.effects.push_back(SlotEffect::MetaChanged { group: id, meta, leader });
