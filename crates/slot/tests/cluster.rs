@@ -528,7 +528,7 @@ fn a_replica_moves_through_a_learner_and_joint_consensus_and_the_old_one_is_dest
 }
 
 #[test]
-fn one_round_writes_all_its_groups_in_one_batch_for_the_logs_and_one_for_the_fsms() {
+fn one_round_writes_the_logs_and_fsms_of_all_its_groups_in_one_batch() {
     // One node leading 8 single-replica groups: a proposal to each, then processing rounds by hand.
     let mut cluster = Cluster::new(8, 1, 8, 1);
     cluster.run_for(3_000);
@@ -561,8 +561,8 @@ fn one_round_writes_all_its_groups_in_one_batch_for_the_logs_and_one_for_the_fsm
     kv.sync().unwrap();
     driver.handle_synced(now, token);
     effects = std::iter::from_fn(|| driver.poll_effect()).collect();
-    // Committed in all eight: their FSMs' writes in one batch, the logs' new commit index in another.
-    assert_eq!(kv.unsynced_batches(), 2);
+    // Committed in all eight: their FSMs' writes and the logs' new commit index in one batch.
+    assert_eq!(kv.unsynced_batches(), 1);
     let done: BTreeSet<ProposalId> = effects
         .iter()
         .filter_map(|e| match e {

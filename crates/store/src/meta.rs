@@ -339,11 +339,18 @@ impl MetaStore {
     /// Applies `batches` in order, as one atomic write: one backend batch for several groups' changes
     /// (each backend batch has a fixed cost: sled writes out a log buffer under a process-wide lock).
     pub fn write_all(&self, batches: &[MetaWriteBatch]) -> StoreResult<()> {
+        self.kv.apply(self.stage_all(batches)?)
+    }
+
+    /// The backend changes [`MetaStore::write_all`] would apply, for a caller that writes them in one
+    /// atomic batch with other changes to the same backend ([`crate::RaftLogStore::write_with`]). It
+    /// reads the store (prefix clears, placements): nothing may write it before that batch is applied.
+    pub fn stage_all(&self, batches: &[MetaWriteBatch]) -> StoreResult<KvBatch> {
         let mut staged = Staged::default();
         for batch in batches {
             self.stage(batch, &mut staged)?;
         }
-        self.kv.apply(staged.kv_batch)
+        Ok(staged.kv_batch)
     }
 
     fn stage(&self, batch: &MetaWriteBatch, staged: &mut Staged) -> StoreResult<()> {

@@ -201,7 +201,7 @@ impl RaftLogStore {
         }
         let mut batch = RaftLogBatch::new();
         batch.set_conf_state(group, conf_state).set_hard_state(group, HardState::default());
-        self.write_inner(batch, true)?;
+        self.write_inner(batch, KvBatch::new(), true)?;
         if self.tombstones.write().remove(&group).is_some() {
             let mut lift = KvBatch::new();
             lift.delete(Keyspace::RaftState, state_key(group, STATE_TOMBSTONE));
@@ -225,7 +225,7 @@ impl RaftLogStore {
         };
         let mut batch = RaftLogBatch::new();
         batch.set_hard_state(group, HardState::default()).apply_snapshot(group, metadata);
-        self.write_inner(batch, true)?;
+        self.write_inner(batch, KvBatch::new(), true)?;
         Ok(true)
     }
 
@@ -254,7 +254,14 @@ impl RaftLogStore {
 
     /// Writes `batch` atomically. Visible at once; durable after [`RaftLogStore::sync`].
     pub fn write(&self, batch: RaftLogBatch) -> StoreResult<()> {
-        self.write_inner(batch, false)
+        self.write_inner(batch, KvBatch::new(), false)
+    }
+
+    /// [`RaftLogStore::write`] with `also` — changes to other data on this store's own backend, such as
+    /// a [`crate::MetaStore`]'s over the same [`Kv`] ([`crate::MetaStore::stage_all`]) — in the same atomic
+    /// batch: one backend write where there would be two.
+    pub fn write_with(&self, batch: RaftLogBatch, also: KvBatch) -> StoreResult<()> {
+        self.write_inner(batch, also, false)
     }
 
     /// Makes every write so far durable (one sync for all groups).
@@ -280,7 +287,7 @@ impl RaftLogStore {
         Ok(())
     }
 
-    fn write_inner(&self, batch: RaftLogBatch, allow_create: bool) -> StoreResult<()> {
+    fn write_inner(&self, batch: RaftLogBatch, also: KvBatch, allow_create: bool) -> StoreResult<()> {
         let _writer = self.writer.lock();
         let mut staged: BTreeMap<GroupId, GroupLog> = BTreeMap::new();
         let mut kv_batch = KvBatch::new();
@@ -325,6 +332,7 @@ impl RaftLogStore {
                 }
             }
         }
+        kv_batch.extend(also);
         self.kv.apply(kv_batch)?;
         self.groups.write().extend(staged);
         Ok(())

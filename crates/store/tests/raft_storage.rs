@@ -9,7 +9,10 @@ use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, Storage, StorageError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tidings_store::{Kv, MemoryKv, RaftLogBatch, RaftLogStore, SnapshotSource, StoreError, StoreResult};
+use tidings_store::{
+    FailOp, Kv, MemoryKv, MetaSpace, MetaStore, MetaWriteBatch, RaftLogBatch, RaftLogStore, SnapshotSource, StoreError,
+    StoreResult,
+};
 use tidings_types::GroupId;
 
 const G1: GroupId = GroupId::new(1);
@@ -193,6 +196,36 @@ fn one_batch_one_sync_for_many_groups() {
     assert_eq!(reopened.group(G1).unwrap().last_index().unwrap(), 2);
     assert_eq!(reopened.group(G2).unwrap().last_index().unwrap(), 1);
     assert_eq!(reopened.group(G1).unwrap().initial_state().unwrap().hard_state, hs);
+}
+
+#[test]
+fn a_log_write_with_other_changes_is_one_atomic_batch() {
+    let kv = Arc::new(MemoryKv::new());
+    let store = Arc::new(RaftLogStore::open(kv.clone()).unwrap());
+    store.create_group(G1, conf(&[1])).unwrap();
+    store.sync().unwrap();
+    let meta = MetaStore::new(kv.clone());
+    let space = MetaSpace::group_records(G1);
+    let mut applied = MetaWriteBatch::new();
+    applied.put(space, "k", "v").set_applied(G1, 2);
+    let write = |store: &RaftLogStore| {
+        let mut batch = RaftLogBatch::new();
+        batch.append(G1, vec![entry(1, 1), entry(2, 1)]);
+        store.write_with(batch, meta.stage_all(std::slice::from_ref(&applied)).unwrap())
+    };
+    // Refused whole: neither the log nor the other changes, and the log's view stays as it was.
+    kv.fail(FailOp::Apply, 0, 1);
+    assert!(write(&store).is_err());
+    assert_eq!(store.group(G1).unwrap().last_index().unwrap(), 0);
+    assert_eq!((meta.get(space, b"k").unwrap(), meta.applied_index(G1).unwrap()), (None, 0));
+    let batches = kv.unsynced_batches();
+    write(&store).unwrap();
+    assert_eq!(kv.unsynced_batches(), batches + 1, "one backend batch");
+    store.sync().unwrap();
+    kv.crash();
+    let reopened = Arc::new(RaftLogStore::open(kv.clone()).unwrap());
+    assert_eq!(reopened.group(G1).unwrap().last_index().unwrap(), 2);
+    assert_eq!((meta.get(space, b"k").unwrap(), meta.applied_index(G1).unwrap()), (Some(b"v".to_vec()), 2));
 }
 
 #[test]

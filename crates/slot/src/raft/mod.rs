@@ -182,8 +182,8 @@ pub struct MultiRaft {
     /// batch costs the backend a log buffer write under a lock the whole process shares (sled's
     /// `apply_batch`), so one per round instead of one per group and ready.
     round_writes: RaftLogBatch,
-    /// The FSM writes of this round, one batch per group and apply, written together at its end for the
-    /// same reason. A group's FSM reads what it wrote: a group that applies again in the round has them
+    /// The FSM writes of this round, one batch per group and apply, written at its end in the same batch
+    /// as the raft logs' changes. A group's FSM reads what it wrote: a group that applies again in the round has them
     /// written first.
     round_meta: Vec<MetaWriteBatch>,
     /// The groups with a batch in `round_meta`.

@@ -9,7 +9,7 @@ use raft::prelude::{ConfChangeV2, Entry, EntryType, Snapshot};
 use raft::{StateRole, Storage};
 use std::sync::Arc;
 use tidings_router::{GroupObservation, HashToSlot};
-use tidings_store::{Placement, RaftLogBatch, StoreError};
+use tidings_store::{KvBatch, Placement, RaftLogBatch, StoreError};
 use tidings_types::{GroupId, HashSlot, NodeId, Term};
 
 impl MultiRaft {
@@ -52,18 +52,17 @@ impl MultiRaft {
         }
     }
 
-    /// Writes the round's changes so far: the raft logs' in one batch, then the FSMs' in another.
+    /// Writes the round's changes so far, the raft logs' and the FSMs', in one atomic batch (the two
+    /// stores share one backend).
     fn write_round(&mut self) -> Result<(), StoreError> {
         let logs = std::mem::take(&mut self.round_writes);
-        if !logs.is_empty() {
-            self.logs.write(logs)?;
-        }
         let applied = std::mem::take(&mut self.round_meta);
         self.round_meta_groups.clear();
-        if !applied.is_empty() {
-            self.meta.write_all(&applied)?;
+        if logs.is_empty() && applied.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let applied = if applied.is_empty() { KvBatch::new() } else { self.meta.stage_all(&applied)? };
+        self.logs.write_with(logs, applied)
     }
 
     /// A write to the slot store failed, in `group`'s ready or in the round's log write: raft-rs counts
