@@ -22,7 +22,7 @@ mod support;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use support::cluster::{retry, Cluster};
-use support::{figures, with_cpu_per_message};
+use support::{figures, with_cpu_per};
 use tidings::slot::command::{Command, MemberList};
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid};
 use tidings::types::{ChannelId, ChannelType};
@@ -48,14 +48,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let create = |channel: &ChannelId| {
             retry(|| cluster.nodes[0].create_channel(info(channel)));
         };
-        let (created, cpu) = with_cpu_per_message(writes, || run(&channels, callers, create));
+        let (created, cpu) = with_cpu_per("write", writes, || run(&channels, callers, create));
         println!("{callers:>4} callers, channel creation: {created}; {cpu}");
         let subscribe = |channel: &ChannelId| {
             let uids = (0..10).map(|u| Uid::new(format!("u{u}")).expect("uid")).collect();
             let add = Command::AddMembers { channel: channel.clone(), list: MemberList::Subscribers, uids };
             retry(|| cluster.nodes[0].propose(add.clone()));
         };
-        let (added, cpu) = with_cpu_per_message(writes, || run(&channels, callers, subscribe));
+        let (added, cpu) = with_cpu_per("write", writes, || run(&channels, callers, subscribe));
         println!("{callers:>4} callers, subscriber adds:   {added}; {cpu}");
     }
     Ok(())

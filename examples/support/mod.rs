@@ -76,14 +76,19 @@ fn cpu_by_kind() -> Option<[(Duration, u64); THREAD_KINDS.len()]> {
 /// any hiccup queues work for many times its length) — empty where [`process_cpu`] is unknown. The whole counts in 10 ms ticks, so in a phase much shorter than a second (the quick
 /// run's full-rate phase at one channel lasts ~0.1 s) "load" is within about ±10 ms / messages.
 pub fn with_cpu_per_message<T>(messages: usize, phase: impl FnOnce() -> T) -> (T, String) {
+    with_cpu_per("msg", messages, phase)
+}
+
+/// [`with_cpu_per_message`] for a phase of `count` operations of another kind, named `unit`.
+pub fn with_cpu_per<T>(unit: &str, count: usize, phase: impl FnOnce() -> T) -> (T, String) {
     let before = process_cpu().zip(cpu_by_kind());
     let started = Instant::now();
     let result = phase();
     let wall = started.elapsed();
-    let per_message = match (before, process_cpu().zip(cpu_by_kind())) {
-        (Some((total_before, kinds_before)), Some((total_after, kinds_after))) if messages > 0 => {
-            #[allow(clippy::cast_precision_loss)] // A message count.
-            let micros = |cpu: Duration| cpu.as_secs_f64() * 1e6 / messages as f64;
+    let per_unit = match (before, process_cpu().zip(cpu_by_kind())) {
+        (Some((total_before, kinds_before)), Some((total_after, kinds_after))) if count > 0 => {
+            #[allow(clippy::cast_precision_loss)] // An operation count.
+            let micros = |cpu: Duration| cpu.as_secs_f64() * 1e6 / count as f64;
             let total = total_after.saturating_sub(total_before);
             let mut named = Duration::ZERO;
             let mut split = Vec::new();
@@ -93,12 +98,12 @@ pub fn with_cpu_per_message<T>(messages: usize, phase: impl FnOnce() -> T) -> (T
                 named += used;
                 split.push(format!("{kind} {:.1}", micros(used)));
                 #[allow(clippy::cast_precision_loss)] // Counts.
-                runs.push(format!("{kind} {:.2}", after.1.saturating_sub(before.1) as f64 / messages as f64));
+                runs.push(format!("{kind} {:.2}", after.1.saturating_sub(before.1) as f64 / count as f64));
             }
             split.push(format!("load {:.1}", micros(total.saturating_sub(named))));
             let cores = total.as_secs_f64() / wall.as_secs_f64().max(1e-9);
             format!(
-                "{:.1} µs CPU/msg ({}; {cores:.2} cores busy; per msg, threads put on a core: {})",
+                "{:.1} µs CPU/{unit} ({}; {cores:.2} cores busy; per {unit}, threads put on a core: {})",
                 micros(total),
                 split.join(", "),
                 runs.join(", ")
@@ -106,7 +111,7 @@ pub fn with_cpu_per_message<T>(messages: usize, phase: impl FnOnce() -> T) -> (T
         }
         _ => String::new(),
     };
-    (result, per_message)
+    (result, per_unit)
 }
 
 /// Record size of the message benchmarks.
