@@ -9,7 +9,7 @@ use support::{records, Cluster};
 use tidings::frame::FrameError;
 use tidings::node::{ApiId, NodeError};
 use tidings::slot::command::Command;
-use tidings::slot::model::{Uid, User};
+use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
 use tidings::store::FailOp;
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
 
@@ -231,4 +231,21 @@ fn a_created_channel_activates_on_first_use_not_at_creation() {
         let read = cluster.core(n).read(&channels[0], Seq::new(1), 10).unwrap();
         assert!(read.iter().any(|r| r.payload.as_ref() == b"first"), "node {n}: {read:?}");
     }
+}
+
+#[test]
+fn a_node_whose_slot_store_failed_a_write_says_so_and_the_others_go_on() {
+    let mut cluster = Cluster::with(3, |_| {});
+    cluster.run_for(5_000);
+    assert!((1..=3).all(|n| !cluster.core(n).status().slot_storage_failed));
+    cluster.nodes.get(&NodeId::new(3)).unwrap().kv.fail(FailOp::Apply, 0, 1);
+    let channel = ChannelId::new(ChannelType::GROUP, "after-a-failed-write").unwrap();
+    let create = cluster.api();
+    let now = cluster.now;
+    cluster.core(1).create_channel(now, create, ChannelInfo { channel, flags: ChannelFlags::default() });
+    // Node 3's slot replicas stop at the failed write (a leader among them is replaced by an election).
+    assert!(cluster.run_until(10_000, |c| c.results.contains_key(&create)), "no answer");
+    assert_eq!(cluster.results[&create], "Meta(Ok(()))");
+    assert!(cluster.core(3).status().slot_storage_failed);
+    assert!(!cluster.core(1).status().slot_storage_failed && !cluster.core(2).status().slot_storage_failed);
 }

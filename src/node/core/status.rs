@@ -65,6 +65,10 @@ pub struct NodeStatus {
     /// keeps its HW as far as its log holds it durably; a record committed by the other ISR members but
     /// lost here in the failed write comes back from the leader.
     pub storage_failures: u64,
+    /// A write to this node's slot store failed: its slot replicas persist, acknowledge and apply nothing
+    /// more until the node restarts (see `MultiRaft::storage_failed`); metadata calls through it time out
+    /// or go to other nodes.
+    pub slot_storage_failed: bool,
     /// Channel metas the channel shards hold in memory: those of active replicas, and of evicted ones
     /// whose meta this node's slot replicas do not keep (an evicted replica's meta kept there is let go
     /// and read back on its next use).
@@ -102,6 +106,7 @@ impl NodeCore {
             refused_raft_messages: self.slot.refused_messages(),
             stale_messages: self.slot.stale_messages(),
             storage_failures: 0,
+            slot_storage_failed: self.slot.storage_failed(),
             channel_metas_held: 0,
         };
         if let Shards::Inline(shards) = &self.shards {

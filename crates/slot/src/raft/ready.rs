@@ -65,7 +65,7 @@ impl MultiRaft {
         self.logs.write_with(logs, applied)
     }
 
-    /// A write to the slot store failed, in `group`'s ready or in the round's log write: raft-rs counts
+    /// A write to the slot store failed, in `group`'s ready or in the round's write: raft-rs counts
     /// those writes as handed to storage, so no later sync may declare them persisted. Every replica on
     /// this node stops here (see `MultiRaft::storage_failed`).
     fn fail_storage(&mut self, error: &StoreError, group: Option<GroupId>) {
