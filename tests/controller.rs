@@ -4,10 +4,13 @@
 
 mod support;
 
+use bytes::Bytes;
 use support::Cluster;
+use tidings::channel::machine::AppendRecord;
 use tidings::node::{NodeConfig, NodeError, TaskBlocked, TaskError, TaskKind, TaskReport};
 use tidings::slot::command::Command;
 use tidings::slot::model::SwitchProof;
+use tidings::store::message::IdempotencyKey;
 use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, NodeId, Seq, WriteFence};
 
 fn channel(name: &str) -> ChannelId {
@@ -125,6 +128,53 @@ fn leader_transfer_drains_then_switches() {
     for n in 1..=3 {
         assert_all_readable(&mut cluster, n, &room, &acked);
     }
+}
+
+#[test]
+fn a_follower_activated_without_its_recent_records_leads_with_the_whole_idempotency_window() {
+    // Replicas idle for a second are evicted; a follower activates again without its recent records.
+    let mut cluster = Cluster::with(3, |config| config.channel_idle_evict = std::time::Duration::from_secs(1));
+    cluster.run_for(3_000);
+    let room = channel("keyed");
+    cluster.create_channel(1, &room);
+    let old = stored_meta(&mut cluster, 1, &room);
+    let keyed = |payload: &str| {
+        vec![AppendRecord {
+            idempotency_key: IdempotencyKey::new(b"client-7:1".to_vec()),
+            payload: Bytes::from(payload.to_owned()),
+        }]
+    };
+    let first = cluster.api();
+    let now = cluster.now;
+    cluster.core(old.leader.get()).append(now, first, room.clone(), keyed("hello"));
+    assert!(cluster.run_until(3_000, |c| c.appended.contains_key(&first)));
+    let original = cluster.appended[&first].clone();
+    cluster.run_for(5_000);
+    assert!((1..=3).all(|n| cluster.core(n).active_channels() == 0), "every replica evicted");
+    // An append without a key activates the leader (with its recent records) and, through replication,
+    // the followers (without them).
+    let acked = append_acked(&mut cluster, old.leader.get(), &room, "later", 1);
+    let target = old.replicas.iter().copied().find(|n| *n != old.leader).unwrap();
+    let id = cluster.api();
+    let now = cluster.now;
+    cluster.core(1).transfer_leader(now, id, room.clone(), target);
+    assert!(cluster.run_until(3_000, |c| c.tasks.contains_key(&id)));
+    assert!(cluster.tasks[&id].is_ok(), "{:?}", cluster.tasks[&id]);
+    // The client retries its first append at the new leader: the original seq, not a second copy.
+    let retry = cluster.api();
+    let now = cluster.now;
+    cluster.core(target.get()).append(now, retry, room.clone(), keyed("hello"));
+    assert!(cluster.run_until(3_000, |c| c.appended.contains_key(&retry) || c.results.contains_key(&retry)));
+    assert_eq!(cluster.appended.get(&retry), Some(&original), "{:?}", cluster.results.get(&retry));
+    let copies = cluster
+        .core(target.get())
+        .read(&room, Seq::new(1), 100)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.payload.as_ref() == b"hello")
+        .count();
+    assert_eq!(copies, 1);
+    assert!(acked.iter().all(|(seq, _)| *seq > original[0]));
 }
 
 #[test]

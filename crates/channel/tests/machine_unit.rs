@@ -331,3 +331,26 @@ fn a_broken_log_files_no_checkpoint_timer() {
     assert!(failed, "the new leader's barrier went to storage and failed");
     assert!(m.poll_timeout().is_none_or(|at| at > t(20)), "no timer due at once: {:?}", m.poll_timeout());
 }
+
+#[test]
+fn a_machine_built_without_its_recent_records_follows_but_never_leads() {
+    let log = log_with_hw_checkpoint_behind();
+    let state = log.state(&channel()).unwrap();
+    let build = |me: u64| {
+        ChannelMachine::new(channel(), NodeId::new(me), MachineConfig::default(), 1, t(0), state.clone(), vec![])
+            .without_recent()
+    };
+    assert!(build(1).recent_left_out());
+    // An empty log has nothing to leave out.
+    assert!(!machine().without_recent().recent_left_out());
+    // As a follower it runs as any other.
+    let mut follower = build(2);
+    follower.handle_meta(t(0), meta(1, 1, 1)).unwrap();
+    assert_eq!(follower.role(), RoleKind::Follower);
+    // Named leader, it does not lead (its idempotency window would miss the keys of the records it left
+    // out) and asks for a failover instead.
+    let mut would_lead = build(1);
+    would_lead.handle_meta(t(0), meta(1, 2, 1)).unwrap();
+    assert_eq!(would_lead.role(), RoleKind::None);
+    assert!(settle(&mut would_lead, &log, t(0)).iter().any(|e| matches!(e, Effect::NeedsFailover)));
+}

@@ -90,9 +90,17 @@ impl ChannelShard {
             }
             self.metas.insert(channel.clone(), KnownMeta { meta: meta.clone(), stored_here });
             let now = self.now;
+            let me = self.config.node;
             if let Some(machine) = self.machine_mut(&channel) {
-                // A meta that is not a valid successor is refused by the machine; it keeps the one it has.
-                let _ = machine.handle_meta(now, meta);
+                if meta.leader == me && machine.recent_left_out() {
+                    // A follower activated without its recent records now leads: a new incarnation
+                    // starts from the store with them, under this meta.
+                    self.reincarnate(&channel);
+                } else {
+                    // A meta that is not a valid successor is refused by the machine; it keeps the one it
+                    // has.
+                    let _ = machine.handle_meta(now, meta);
+                }
             } else if !meta.as_created() {
                 // A changed meta may ask something of this replica (a learner to catch up, a new leader
                 // to take over). A channel as created asks nothing until it is used: its replicas activate
@@ -208,8 +216,19 @@ impl ChannelShard {
         Some(machine)
     }
 
+    /// Replaces `channel`'s machine with a new incarnation from the store (its HW kept: see
+    /// `hw_floor`). What the old one held and had not made durable, a follower's unacknowledged records,
+    /// its leader sends again.
+    pub(super) fn reincarnate(&mut self, channel: &ChannelId) {
+        if let Some(machine) = self.deactivate(channel) {
+            self.hw_floor.insert(channel.clone(), machine.hw());
+        }
+        self.activate(channel);
+    }
+
     /// Creates the local replica of `channel` if this node is one and the meta is known: open the log
-    /// state, load the recent records, apply the full meta, then accept traffic.
+    /// state, load the recent records (a follower leaves them out: see
+    /// [`ChannelMachine::without_recent`]), apply the full meta, then accept traffic.
     pub(super) fn activate(&mut self, channel: &ChannelId) {
         if self.channels.contains(channel) {
             return;
@@ -225,10 +244,18 @@ impl ChannelShard {
         // A store that cannot be read leaves the replica inactive (the next input tries again): a machine
         // without its recent records would forget idempotency keys.
         let Ok(state) = self.log.state(channel) else { return };
-        let window = self.config.machine.idempotency_window as u64;
-        let from = Seq::new(state.last_seq.get().saturating_sub(window).saturating_add(1));
-        let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
-        let Ok(recent) = self.log.read(channel, from, state.last_seq, limits) else { return };
+        // Two of a channel's three replicas are followers: most activations (every message, when traffic
+        // spreads over more channels than stay active) need not read the recent records back.
+        let leads = meta.leader == self.config.node;
+        let recent = if leads {
+            let window = self.config.machine.idempotency_window as u64;
+            let from = Seq::new(state.last_seq.get().saturating_sub(window).saturating_add(1));
+            let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+            let Ok(recent) = self.log.read(channel, from, state.last_seq, limits) else { return };
+            recent
+        } else {
+            Vec::new()
+        };
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
         let mut machine = ChannelMachine::new(
@@ -240,6 +267,9 @@ impl ChannelShard {
             state,
             recent,
         );
+        if !leads {
+            machine = machine.without_recent();
+        }
         if let Some(floor) = self.hw_floor.remove(channel) {
             // Everything up to the last incarnation's HW was committed: the durable prefix below it is
             // committed too, so HW does not go back. Raised in the machine, not in the state it starts

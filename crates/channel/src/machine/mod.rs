@@ -215,6 +215,9 @@ pub struct ChannelMachine {
     broken: bool,
     /// A leader epoch this incarnation may lead although its log holds it (see `resume_leadership`).
     resumable_epoch: Option<LeaderEpoch>,
+    /// Started without its recent records ([`ChannelMachine::without_recent`]): its idempotency window
+    /// holds only the keys of records it received since.
+    recent_left_out: bool,
 }
 
 impl ChannelMachine {
@@ -266,6 +269,7 @@ impl ChannelMachine {
             handoff_held: 0,
             broken: false,
             resumable_epoch: None,
+            recent_left_out: false,
         }
     }
 
@@ -275,6 +279,21 @@ impl ChannelMachine {
     /// holds a record of `epoch` that this log lacks. Never after a crash.
     pub fn resume_leadership(&mut self, epoch: LeaderEpoch) {
         self.resumable_epoch = Some(epoch);
+    }
+
+    /// Says the machine was built without the recent records the log holds (`recent` empty though the
+    /// log is not): a follower does not need them — they fill the idempotency window a leader checks
+    /// retries against, and a leader's record cache — so an activation can skip reading them. Such a
+    /// machine must not lead: give it no meta naming it leader ([`ChannelMachine::recent_left_out`]);
+    /// build a new incarnation with its recent records instead.
+    pub fn without_recent(mut self) -> Self {
+        self.recent_left_out = self.log.durable.last_seq > Seq::new(0);
+        self
+    }
+
+    /// `true` if the machine was built [`ChannelMachine::without_recent`] from a log that held records.
+    pub fn recent_left_out(&self) -> bool {
+        self.recent_left_out
     }
 
     /// The channel.
@@ -552,7 +571,10 @@ impl ChannelMachine {
         // A leader epoch is led once: never again after a restart that may have lost its records.
         let led_before = self.log.durable.epochs.iter().any(|(epoch, _)| *epoch >= meta.leader_epoch)
             && self.resumable_epoch != Some(meta.leader_epoch);
-        if meta.leader == self.me && led_before {
+        // A machine without its recent records would lead with a partial idempotency window: a retry
+        // of an append it lacks the key of would be appended twice. Its runtime gives it no such meta
+        // (it builds a new incarnation instead); if one comes anyway, the replica does not lead.
+        if meta.leader == self.me && (led_before || self.recent_left_out) {
             self.role = Role::None;
             self.effects.push_back(Effect::NeedsFailover);
             return;
