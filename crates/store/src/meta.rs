@@ -333,19 +333,19 @@ impl MetaStore {
 
     /// Applies `batch` atomically. Visible at once; durable after [`MetaStore::sync`].
     pub fn write(&self, batch: &MetaWriteBatch) -> StoreResult<()> {
-        self.write_all(std::slice::from_ref(batch))
+        self.write_all([batch])
     }
 
     /// Applies `batches` in order, as one atomic write: one backend batch for several groups' changes
     /// (each backend batch has a fixed cost: sled writes out a log buffer under a process-wide lock).
-    pub fn write_all(&self, batches: &[MetaWriteBatch]) -> StoreResult<()> {
+    pub fn write_all<'a>(&self, batches: impl IntoIterator<Item = &'a MetaWriteBatch>) -> StoreResult<()> {
         self.kv.apply(self.stage_all(batches)?)
     }
 
     /// The backend changes [`MetaStore::write_all`] would apply, for a caller that writes them in one
     /// atomic batch with other changes to the same backend ([`crate::RaftLogStore::write_with`]). It
     /// reads the store (prefix clears, placements): nothing may write it before that batch is applied.
-    pub fn stage_all(&self, batches: &[MetaWriteBatch]) -> StoreResult<KvBatch> {
+    pub fn stage_all<'a>(&self, batches: impl IntoIterator<Item = &'a MetaWriteBatch>) -> StoreResult<KvBatch> {
         let mut staged = Staged::default();
         for batch in batches {
             self.stage(batch, &mut staged)?;

@@ -216,14 +216,20 @@ impl ChannelShard {
         Some(machine)
     }
 
-    /// Replaces `channel`'s machine with a new incarnation from the store (its HW kept: see
-    /// `hw_floor`). What the old one held and had not made durable, a follower's unacknowledged records,
-    /// its leader sends again.
+    /// Replaces `channel`'s machine with a new incarnation from the store (see
+    /// [`ChannelShard::retire`]).
     pub(super) fn reincarnate(&mut self, channel: &ChannelId) {
+        self.retire(channel);
+        self.activate(channel);
+    }
+
+    /// Takes `channel`'s machine out of memory, not quiescent as an evicted one is: the next incarnation
+    /// keeps its HW (`hw_floor`), and what it held and had not made durable (a follower's unacknowledged
+    /// records) its leader sends again.
+    pub(super) fn retire(&mut self, channel: &ChannelId) {
         if let Some(machine) = self.deactivate(channel) {
             self.hw_floor.insert(channel.clone(), machine.hw());
         }
-        self.activate(channel);
     }
 
     /// Creates the local replica of `channel` if this node is one and the meta is known: open the log

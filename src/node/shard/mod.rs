@@ -662,9 +662,7 @@ impl ChannelShard {
                 tracing::warn!(%channel, node = %self.config.node, "channel log failed: asking for a failover");
                 self.cannot_lead.insert(channel.clone(), self.now);
                 self.counters.storage_failures += 1;
-                if let Some(machine) = self.deactivate(channel) {
-                    self.hw_floor.insert(channel.clone(), machine.hw());
-                }
+                self.retire(channel);
             }
         }
     }

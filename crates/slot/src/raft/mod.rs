@@ -49,7 +49,7 @@ use protobuf::Message as _;
 use raft::prelude::{ConfState, Message, MessageType};
 use raft::{RawNode, StateRole, Storage};
 use snapshot::{Reassembly, SlotSnapshots};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use tidings_router::{GroupObservation, HashToSlot};
 use tidings_store::{GroupStorage, MetaStore, MetaWriteBatch, Placement, RaftLogBatch, RaftLogStore, StoreError};
@@ -183,11 +183,9 @@ pub struct MultiRaft {
     /// `apply_batch`), so one per round instead of one per group and ready.
     round_writes: RaftLogBatch,
     /// The FSM writes of this round, one batch per group and apply, written at its end in the same batch
-    /// as the raft logs' changes. A group's FSM reads what it wrote: a group that applies again in the round has them
-    /// written first.
-    round_meta: Vec<MetaWriteBatch>,
-    /// The groups with a batch in `round_meta`.
-    round_meta_groups: BTreeSet<GroupId>,
+    /// as the raft logs' changes. A group's FSM reads what it wrote: a group that applies again in the
+    /// round has them written first.
+    round_meta: Vec<(GroupId, MetaWriteBatch)>,
     /// A write to the slot store failed: this node's slot replicas stop (nothing more is persisted,
     /// acknowledged or applied), since raft-rs already counts the lost writes as handed to storage. The
     /// store holds what was written before; a restart resumes from it.
@@ -281,7 +279,6 @@ impl MultiRaft {
             awaiting: VecDeque::new(),
             round_writes: RaftLogBatch::new(),
             round_meta: Vec::new(),
-            round_meta_groups: BTreeSet::new(),
             storage_failed: false,
             dirty: false,
             next_sync: 1,

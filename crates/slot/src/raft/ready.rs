@@ -9,7 +9,7 @@ use raft::prelude::{ConfChangeV2, Entry, EntryType, Snapshot};
 use raft::{StateRole, Storage};
 use std::sync::Arc;
 use tidings_router::{GroupObservation, HashToSlot};
-use tidings_store::{KvBatch, Placement, RaftLogBatch, StoreError};
+use tidings_store::{Placement, RaftLogBatch, StoreError};
 use tidings_types::{GroupId, HashSlot, NodeId, Term};
 
 impl MultiRaft {
@@ -57,11 +57,10 @@ impl MultiRaft {
     fn write_round(&mut self) -> Result<(), StoreError> {
         let logs = std::mem::take(&mut self.round_writes);
         let applied = std::mem::take(&mut self.round_meta);
-        self.round_meta_groups.clear();
         if logs.is_empty() && applied.is_empty() {
             return Ok(());
         }
-        let applied = if applied.is_empty() { KvBatch::new() } else { self.meta.stage_all(&applied)? };
+        let applied = self.meta.stage_all(applied.iter().map(|(_, batch)| batch))?;
         self.logs.write_with(logs, applied)
     }
 
@@ -73,7 +72,6 @@ impl MultiRaft {
         self.storage_failed = true;
         self.round_writes = RaftLogBatch::new();
         self.round_meta.clear();
-        self.round_meta_groups.clear();
         self.awaiting.clear();
         self.sync_requested = false;
     }
@@ -243,7 +241,7 @@ impl MultiRaft {
                 }
             }
         }
-        if self.round_meta_groups.contains(&id) {
+        if self.round_meta.iter().any(|(group, _)| *group == id) {
             // The FSM reads its own earlier writes (its applied index, its records) from the store.
             self.write_round()?;
         }
@@ -253,8 +251,7 @@ impl MultiRaft {
         if let Some(write) = write {
             // Written with the round's other groups (`process_all`), before any effect below leaves:
             // a proposer told `Applied` reads its write back.
-            self.round_meta.push(write);
-            self.round_meta_groups.insert(id);
+            self.round_meta.push((id, write));
         }
         let leader = group.raw.raft.state == StateRole::Leader;
         for meta in applied.metas {
@@ -321,12 +318,10 @@ impl MultiRaft {
                 .and_then(|change| group.raw.apply_conf_change(&change).ok()),
         };
         if let Some(conf) = conf {
-            // Now, after the round's earlier changes: the configuration the FSM records with this entry
-            // is read back from the store (`Group::conf`). Membership changes are rare.
+            // Written now, with the round so far: the configuration the FSM records with this entry is
+            // read back from the store (`Group::conf`). Membership changes are rare.
+            self.round_writes.set_conf_state(id, conf);
             self.write_round()?;
-            let mut batch = RaftLogBatch::new();
-            batch.set_conf_state(id, conf);
-            self.logs.write(batch)?;
         }
         Ok(())
     }
