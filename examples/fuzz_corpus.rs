@@ -4,9 +4,10 @@
 
 use bytes::Bytes;
 use std::path::Path;
+use tidings::channel::fanout::Member;
 use tidings::channel::machine::{ChannelMessage, PullHint};
 use tidings::frame::{encode, Frame, FrameBody};
-use tidings::node::NodeMessage;
+use tidings::node::{NodeMessage, PageAnswer};
 use tidings::slot::command::{Command, MemberList};
 use tidings::slot::model::{ChannelFlags, ChannelInfo, SlotMigrationStep, Uid, User};
 use tidings::slot::raft::{SlotBody, SlotMessage};
@@ -51,6 +52,19 @@ fn main() {
             channel: channel.clone(),
             sender: Some("alice".into()),
             records: vec![(IdempotencyKey::new("k1"), Bytes::from_static(b"hello"))],
+        }),
+        FrameBody::Node(NodeMessage::SubscriberPageRequest {
+            request: 11,
+            channel: channel.clone(),
+            cursor: Some(b"sub/alice".to_vec()),
+            limit: 1000,
+        }),
+        FrameBody::Node(NodeMessage::SubscriberPageReply {
+            request: 11,
+            answer: PageAnswer::Page {
+                members: vec![Member { uid: "bob".into(), left: false, hidden: true, denied: false }],
+                next: None,
+            },
         }),
     ];
     for (i, body) in bodies.into_iter().enumerate() {

@@ -1,6 +1,8 @@
-//! The host side of post-commit fanout: the [`FanoutHost`] trait, and carrying out the planner's work
-//! ([`NodeEffect::Fanout`](super::NodeEffect::Fanout)) against the local slot store and the host. One
-//! function serves the threaded runtime (on its fanout worker) and anything driving `NodeCore` itself.
+//! The host side of post-commit fanout: the [`FanoutHost`] trait, and carrying out fanout work
+//! ([`NodeEffect::Fanout`](super::NodeEffect::Fanout)) against the local slot store and the host: the
+//! planner's own, and the subscriber pages this node reads for a peer whose channel leader keeps no
+//! replica of the channel's slot group. One function serves the threaded runtime (on its fanout worker)
+//! and anything driving `NodeCore` itself.
 
 use tidings_channel::fanout::{DeliveryPlan, FanoutEffect, JobId, Member};
 use tidings_slot::command::MemberList;
@@ -35,6 +37,27 @@ impl FanoutHost for NoFanout {
     }
 }
 
+/// Fanout work for the runtime, carried out off the core thread by [`carry_out_fanout`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum FanoutWork {
+    /// The planner's work for a message this node fans out (`FetchPage`, `Locate`, `Deliver`, `Failed`;
+    /// never `Finished`, which the core handles).
+    Planner(FanoutEffect),
+    /// A page of `channel`'s subscribers for peer `to`, read from this node's slot replica.
+    PeerPage {
+        /// The asking node.
+        to: NodeId,
+        /// Its request id.
+        request: u64,
+        /// The channel.
+        channel: ChannelId,
+        /// Where the page starts.
+        cursor: Option<Vec<u8>>,
+        /// Subscribers at most.
+        limit: usize,
+    },
+}
+
 /// What carrying out fanout work produced, for [`NodeCore::handle_fanout`](super::NodeCore::handle_fanout).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FanoutAnswer {
@@ -61,11 +84,29 @@ pub enum FanoutAnswer {
         /// Taken.
         delivered: bool,
     },
+    /// A page read for a peer ([`FanoutWork::PeerPage`]), to send it.
+    PeerPage {
+        /// The asking node.
+        to: NodeId,
+        /// Its request id.
+        request: u64,
+        /// The members of the page.
+        members: Vec<Member>,
+        /// Cursor of the next page.
+        next: Option<Vec<u8>>,
+    },
 }
 
 /// Carries out one piece of fanout work: reads a subscriber page from `reader`, or calls `host`. Returns
 /// the answer for the core, `None` for a report that needs none (a failed plan).
-pub fn carry_out_fanout(reader: &SlotReader, host: &dyn FanoutHost, work: FanoutEffect) -> Option<FanoutAnswer> {
+pub fn carry_out_fanout(reader: &SlotReader, host: &dyn FanoutHost, work: FanoutWork) -> Option<FanoutAnswer> {
+    let work = match work {
+        FanoutWork::Planner(work) => work,
+        FanoutWork::PeerPage { to, request, channel, cursor, limit } => {
+            let (members, next) = subscriber_page(reader, &channel, cursor.as_deref(), limit);
+            return Some(FanoutAnswer::PeerPage { to, request, members, next });
+        }
+    };
     match work {
         FanoutEffect::FetchPage { job, channel, cursor, limit } => {
             let (members, next) = subscriber_page(reader, &channel, cursor.as_deref(), limit);

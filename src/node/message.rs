@@ -2,6 +2,7 @@
 
 use super::controller::EvidenceReport;
 use serde::{Deserialize, Serialize};
+use tidings_channel::fanout::Member;
 use tidings_channel::machine::{AppendAborted, AppendError};
 use tidings_store::message::IdempotencyKey;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, HashSlot, Seq};
@@ -88,6 +89,41 @@ pub enum NodeMessage {
         /// `false`: the export was given up (the import can go).
         exporting: bool,
     },
+    /// A channel leader that keeps no replica of the channel's slot group asks a node that does for a
+    /// page of the channel's subscribers, to fan a committed message out.
+    SubscriberPageRequest {
+        /// The asking node's id for this request (a new one for each attempt).
+        request: u64,
+        /// The channel.
+        channel: ChannelId,
+        /// Where the page starts (`None`: at the first subscriber).
+        cursor: Option<Vec<u8>>,
+        /// Subscribers wanted; the answering node caps it at its own fanout page size.
+        limit: u32,
+    },
+    /// The answer to a [`NodeMessage::SubscriberPageRequest`].
+    SubscriberPageReply {
+        /// The request answered.
+        request: u64,
+        /// The page, or why not.
+        answer: PageAnswer,
+    },
+}
+
+/// What a node answers a [`NodeMessage::SubscriberPageRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PageAnswer {
+    /// A page of subscribers read from the answering node's replica of the slot group.
+    Page {
+        /// The subscribers, with the state fanout needs.
+        members: Vec<Member>,
+        /// Where the next page starts; `None` after the last.
+        next: Option<Vec<u8>>,
+    },
+    /// The answering node keeps no replica of the channel's slot group: ask another.
+    NotServed,
+    /// The answering node is serving as many pages to its peers as it allows: ask again shortly.
+    Busy,
 }
 
 /// Why a forwarded append did not complete, as the leader tells it.

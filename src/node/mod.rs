@@ -17,5 +17,5 @@ pub use controller::{
     SlotMigrationReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus,
 };
 pub use error::NodeError;
-pub use fanout::{carry_out_fanout, subscriber_page, FanoutAnswer, FanoutHost, NoFanout};
-pub use message::{NodeMessage, RemoteAppendError};
+pub use fanout::{carry_out_fanout, subscriber_page, FanoutAnswer, FanoutHost, FanoutWork, NoFanout};
+pub use message::{NodeMessage, PageAnswer, RemoteAppendError};

@@ -7,6 +7,7 @@ use super::reactor::ReactorInput;
 use super::{Clock, RouteKey, STEP_STALL_WARNING};
 use crate::frame::FrameBody;
 use crate::node::shard::{ShardInput, ShardOutput};
+use crate::node::FanoutWork;
 use crate::node::{FanoutAnswer, NodeCore, NodeEffect, NodeStatus};
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
@@ -14,7 +15,6 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidings_channel::fanout::FanoutEffect;
 use tidings_slot::command::{Command, RoutingKey};
 use tidings_slot::model::ChannelInfo;
 use tidings_types::{ChannelId, GroupId, HashSlot, NodeId};
@@ -68,7 +68,7 @@ pub(super) struct Shell {
     pub(super) clock: Clock,
     pub(super) io: Io,
     pub(super) sync_tx: Sender<u64>,
-    pub(super) fanout_tx: Sender<FanoutEffect>,
+    pub(super) fanout_tx: Sender<FanoutWork>,
     pub(super) calls: Calls,
     /// Each shard's reactor mailbox, by shard index.
     pub(super) reactors: Vec<Sender<ReactorInput>>,

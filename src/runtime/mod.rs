@@ -28,6 +28,7 @@ mod workers;
 
 use crate::frame::{decode_from, Frame, FrameBody, FrameLimits};
 use crate::node::shard::shard_of;
+use crate::node::FanoutWork;
 use crate::node::{ApiResult, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeError, NodeStatus, TaskReport};
 use bytes::Bytes;
 use calls::{Calls, Io, Reply};
@@ -40,7 +41,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tidings_channel::fanout::FanoutEffect;
 use tidings_channel::machine::{AppendRecord, ChannelMessage, PersistToken};
 use tidings_router::Router;
 use tidings_slot::command::Command;
@@ -216,7 +216,7 @@ impl Node {
         let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(GROUP_COMMIT_MAX * 4);
         let (read_tx, read_rx) = bounded::<ReadJob>(4096);
         // The planner bounds its outstanding requests (plans in flight plus one page or locate per job).
-        let (fanout_tx, fanout_rx) = bounded::<FanoutEffect>(4096);
+        let (fanout_tx, fanout_rx) = bounded::<FanoutWork>(4096);
         let (mailboxes, mailbox_rx): (Vec<_>, Vec<_>) = shards.iter().map(|_| bounded(MAILBOX_CAPACITY)).unzip();
         let (completion_tx, completion_rx): (Vec<_>, Vec<_>) = shards.iter().map(|_| unbounded()).unzip();
         let completions = Completions::new(completion_tx);

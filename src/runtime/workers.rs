@@ -5,10 +5,10 @@ use super::core_thread::Input;
 use super::reactor::Completion;
 use super::{GROUP_COMMIT_MAX, ROOM_PATIENCE};
 use crate::node::shard::shard_of;
+use crate::node::FanoutWork;
 use crate::node::{carry_out_fanout, FanoutHost};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;
-use tidings_channel::fanout::FanoutEffect;
 use tidings_channel::machine::{PersistToken, ReadToken};
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{BatchFate, LogBatch, MessageLog, ReadLimits};
@@ -56,7 +56,7 @@ impl Completions {
 pub(super) fn fanout_worker(
     reader: &SlotReader,
     host: &dyn FanoutHost,
-    work: &Receiver<FanoutEffect>,
+    work: &Receiver<FanoutWork>,
     inbox: &Sender<Input>,
 ) {
     while let Ok(item) = work.recv() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidings::channel::machine::AppendRecord;
 use tidings::node::{
-    carry_out_fanout, ApiId, ApiResult, NoFanout, NodeConfig, NodeCore, NodeEffect, NodeError, TaskReport,
+    carry_out_fanout, ApiId, ApiResult, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeEffect, NodeError, TaskReport,
 };
 use tidings::router::Router;
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
@@ -39,6 +39,8 @@ pub struct Cluster {
     /// The first `capture_max` frames sent (sender, receiver, bytes), for tests that replay or mutate them.
     pub captured: Vec<(NodeId, NodeId, Bytes)>,
     pub capture_max: usize,
+    /// Presence and delivery for every node's fanout (default: nobody online).
+    pub fanout_host: Arc<dyn FanoutHost>,
     next_api: u64,
 }
 
@@ -59,6 +61,7 @@ impl Cluster {
             tasks: BTreeMap::new(),
             captured: Vec::new(),
             capture_max: 0,
+            fanout_host: Arc::new(NoFanout),
             next_api: 1,
         };
         for id in &ids {
@@ -141,7 +144,7 @@ impl Cluster {
                             core.handle_read(self.now, &channel, token, result);
                         }
                         NodeEffect::Fanout(work) => {
-                            if let Some(answer) = carry_out_fanout(core.reader(), &NoFanout, work) {
+                            if let Some(answer) = carry_out_fanout(core.reader(), self.fanout_host.as_ref(), work) {
                                 core.handle_fanout(self.now, answer);
                             }
                         }

@@ -56,7 +56,7 @@ pub struct MessageRef {
 }
 
 /// A subscriber as a page lists it, with the state fanout needs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
     /// The member's uid.
     pub uid: String,

@@ -54,6 +54,13 @@ impl Controller {
         let mut budget = self.config.repair_page;
         while budget > 0 && self.tasks.len() < self.config.tasks_max {
             let Some((group, hash_slot)) = self.scan.slots.get(self.scan.index).copied() else { break };
+            if !self.hears_quorum_of(slot, group, now) {
+                // This node may be the one cut off: its failure detector's verdicts are not to be acted on.
+                self.scan.index += 1;
+                self.scan.cursor = None;
+                budget -= 1;
+                continue;
+            }
             let page = match reader.runtime_metas(group, hash_slot, self.scan.cursor.as_deref(), budget) {
                 Ok(page) => page,
                 Err(error) => {
@@ -94,6 +101,23 @@ impl Controller {
             // Continue on the next tick; pages keep each step short.
             self.scan.next_pass = now + Duration::from_millis(5);
         }
+    }
+
+    /// `true` if this node heard lately from a majority of `group`'s voters, itself included. A slot
+    /// group leader cut off from the others keeps leading until check-quorum deposes it (one to two
+    /// election timeouts), and meanwhile its failure detector holds every peer down: acting on that, it
+    /// would fence and fail over channels whose leaders are fine, and finish once it reaches them again.
+    /// "Lately" is the detector's own window less one ping interval: when a cut-off node first holds a
+    /// channel's leader down, no other peer has been heard within it either (their last pings came at
+    /// most one interval apart), while a healthy peer is heard every interval.
+    fn hears_quorum_of(&self, slot: &MultiRaft, group: GroupId, now: Time) -> bool {
+        let Some(status) = slot.status(group) else { return false };
+        let (window, ping) = (self.config.node_down_after, self.config.ping_interval);
+        let lately = window.saturating_sub(ping).max(window / 2);
+        let heard = |node: &&NodeId| {
+            **node == self.me || self.liveness.silent_for(**node, now).is_some_and(|silent| silent < lately)
+        };
+        status.voters.iter().filter(heard).count() * 2 > status.voters.len()
     }
 
     pub(super) fn consider(&mut self, now: Time, meta: ChannelRuntimeMeta) {

@@ -6,8 +6,8 @@
 use super::config::NodeConfig;
 use super::controller::{ClusterView, Controller, NodeView, PreferredLeaders, SlotMigrations, TaskReport};
 use super::error::NodeError;
-use super::fanout::FanoutAnswer;
-use super::message::NodeMessage;
+use super::fanout::{FanoutAnswer, FanoutWork};
+use super::message::{NodeMessage, PageAnswer};
 use super::shard::{shard_of, shard_of_id, ChannelShard, Served, ShardInput};
 use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
 use bytes::Bytes;
@@ -25,10 +25,12 @@ use tidings_types::{ChannelId, GroupId, HashSlot, NodeId, Seq, Time};
 
 mod metadata;
 mod operations;
+mod remote_pages;
 mod shards;
 mod status;
 
 use metadata::{ProposalPurpose, Sent};
+use remote_pages::{PageAsk, PageNext, RemotePages};
 use shards::Shards;
 pub use status::{ChannelStatus, NodeStatus};
 
@@ -85,10 +87,10 @@ pub enum NodeEffect {
         /// Byte budget.
         max_bytes: usize,
     },
-    /// Post-commit fanout work (`FetchPage`, `Locate`, `Deliver`, `Failed`; never `Finished`, which the
-    /// core handles): carry it out with [`carry_out_fanout`](crate::node::carry_out_fanout), off the core thread, and hand the answer to
+    /// Post-commit fanout work (the planner's, or a subscriber page for a peer): carry it out with
+    /// [`carry_out_fanout`](crate::node::carry_out_fanout), off the core thread, and hand the answer to
     /// [`NodeCore::handle_fanout`].
-    Fanout(FanoutEffect),
+    Fanout(FanoutWork),
     /// An API call finished.
     Done {
         /// The call.
@@ -138,6 +140,8 @@ pub struct NodeCore {
     fanout_waiting: VecDeque<(ChannelId, Seq, Option<String>)>,
     /// Which channel each fanout job belongs to (to release its handoff slot when done).
     fanout_jobs: BTreeMap<JobId, ChannelId>,
+    /// Subscriber pages asked of nodes serving a slot group this one does not, and served to peers.
+    remote_pages: RemotePages,
     controller: Controller,
     preferred: PreferredLeaders,
     /// Messages this node sends to itself (the controller asking its own replica), handled in `pump`.
@@ -202,6 +206,7 @@ impl NodeCore {
             fanout: FanoutPlanner::new(config.fanout),
             fanout_waiting: VecDeque::new(),
             fanout_jobs: BTreeMap::new(),
+            remote_pages: RemotePages::default(),
             controller,
             preferred: PreferredLeaders::default(),
             loopback: VecDeque::new(),
@@ -247,6 +252,7 @@ impl NodeCore {
         let controller =
             self.controller.poll_timeout().min(self.preferred.poll_timeout()).min(self.migrations.poll_timeout());
         let mut next = self.slot.poll_timeout().min(controller);
+        next = self.remote_pages.poll_timeout().map_or(next, |due| next.min(due));
         if let Shards::Inline(shards) = &self.shards {
             next = shards.iter().filter_map(ChannelShard::poll_timeout).fold(next, Time::min);
         }
@@ -264,6 +270,9 @@ impl NodeCore {
         let cluster = ClusterView { nodes: &self.config.nodes, down: &down };
         let view = NodeView { me: self.config.node, reader: &self.reader, cluster };
         self.preferred.tick(self.now, &self.config.controller, &mut self.slot, &view);
+        for (ask, again) in self.remote_pages.take_due(self.now) {
+            self.retry_page(ask, again);
+        }
         if let Shards::Inline(shards) = &mut self.shards {
             for shard in shards {
                 shard.handle_tick(self.now);
@@ -348,6 +357,13 @@ impl NodeCore {
                 self.fanout.handle_located(job, targets);
             }
             FanoutAnswer::Delivered { plan, delivered } => self.fanout.handle_delivered(plan, delivered),
+            FanoutAnswer::PeerPage { to, request, members, next } => {
+                self.remote_pages.served();
+                self.send_node(
+                    to,
+                    NodeMessage::SubscriberPageReply { request, answer: PageAnswer::Page { members, next } },
+                );
+            }
         }
     }
 
@@ -453,6 +469,10 @@ impl NodeCore {
                 let index = shard_of_id(id, self.shards.count());
                 self.feed_shard_at(index, ShardInput::Reply { id, result });
             }
+            NodeMessage::SubscriberPageRequest { request, channel, cursor, limit } => {
+                self.serve_page(from, request, channel, cursor, limit);
+            }
+            NodeMessage::SubscriberPageReply { request, answer } => self.page_answered(from, request, answer),
         }
     }
 
@@ -494,16 +514,14 @@ impl NodeCore {
             FanoutEffect::FetchPage { job, channel, cursor, limit } => {
                 if self.serves_group_of(&channel) {
                     let fetch = FanoutEffect::FetchPage { job, channel, cursor, limit };
-                    self.effects.push_back(NodeEffect::Fanout(fetch));
+                    self.effects.push_back(NodeEffect::Fanout(FanoutWork::Planner(fetch)));
                 } else {
-                    // No local copy of the channel's subscribers: nothing fans out from here (documented
-                    // limitation; pages from a remote slot replica come with the controller work).
-                    tracing::warn!(%channel, "fanout: subscribers live in a slot group this node does not serve");
-                    self.fanout.handle_page(job, Vec::new(), None);
+                    // The subscribers live in a slot group this node keeps no replica of: ask one that does.
+                    self.ask_page(PageAsk { job, channel, cursor, limit, attempts: 0, since: self.now }, None);
                 }
             }
             host_work @ (FanoutEffect::Locate { .. } | FanoutEffect::Deliver(_) | FanoutEffect::Failed(_)) => {
-                self.effects.push_back(NodeEffect::Fanout(host_work));
+                self.effects.push_back(NodeEffect::Fanout(FanoutWork::Planner(host_work)));
             }
             FanoutEffect::Finished { job, .. } => {
                 if let Some(channel) = self.fanout_jobs.remove(&job) {
@@ -511,6 +529,71 @@ impl NodeCore {
                 }
                 self.feed_fanout();
             }
+        }
+    }
+
+    /// Asks `to` (by default the group's known leader on a first attempt, else the next node in turn) for
+    /// a page of subscribers (see [`remote_pages`]).
+    fn ask_page(&mut self, ask: PageAsk, to: Option<NodeId>) {
+        let me = self.config.node;
+        let group = self.slot.table().group_of_key(ask.channel.route_key());
+        let others: Vec<NodeId> = self.config.nodes.iter().copied().filter(|n| *n != me).collect();
+        let leader = (ask.attempts == 0).then(|| self.known_group_leader(group)).flatten().filter(|l| *l != me);
+        let turn = usize::try_from(u64::from(group.get()) + u64::from(ask.attempts)).unwrap_or(0);
+        let Some(to) = to.or(leader).or_else(|| others.get(turn % others.len().max(1)).copied()) else {
+            // A single node serves every group: this cannot happen, and there is nobody to ask.
+            self.fanout.handle_page(ask.job, Vec::new(), None);
+            return;
+        };
+        let (channel, cursor) = (ask.channel.clone(), ask.cursor.clone());
+        let limit = u32::try_from(ask.limit).unwrap_or(u32::MAX);
+        let request = self.remote_pages.asked(ask, to, self.now);
+        self.send_node(to, NodeMessage::SubscriberPageRequest { request, channel, cursor, limit });
+    }
+
+    /// A page ask that was refused or went unanswered: ask again (`again`: that busy node), or give the
+    /// page up once nobody served it for `PAGE_GIVE_UP`.
+    fn retry_page(&mut self, ask: PageAsk, again: Option<NodeId>) {
+        match self.remote_pages.next_attempt(ask, again, self.now) {
+            PageNext::Ask(ask, to) => self.ask_page(ask, to),
+            PageNext::GiveUp(ask) => {
+                tracing::warn!(channel = %ask.channel, "fanout: no node served a subscriber page in time; this message's fanout stops here");
+                self.fanout.handle_page(ask.job, Vec::new(), None);
+            }
+        }
+    }
+
+    /// A peer asks for a page of subscribers: read on the fanout worker if this node has an applied
+    /// replica of the channel's slot group and a serving place free.
+    fn serve_page(&mut self, from: NodeId, request: u64, channel: ChannelId, cursor: Option<Vec<u8>>, limit: u32) {
+        let group = self.slot.table().group_of_key(channel.route_key());
+        // A replica created on demand and not yet given a snapshot has nothing to list.
+        if self.slot.applied_index(group).is_none_or(|applied| applied == 0) {
+            self.send_node(from, NodeMessage::SubscriberPageReply { request, answer: PageAnswer::NotServed });
+            return;
+        }
+        if !self.remote_pages.start_serving() {
+            self.send_node(from, NodeMessage::SubscriberPageReply { request, answer: PageAnswer::Busy });
+            return;
+        }
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX).clamp(1, self.config.fanout.page_size.max(1));
+        self.effects.push_back(NodeEffect::Fanout(FanoutWork::PeerPage { to: from, request, channel, cursor, limit }));
+    }
+
+    /// A peer's answer to a page this node asked for.
+    fn page_answered(&mut self, from: NodeId, request: u64, answer: PageAnswer) {
+        match answer {
+            PageAnswer::Page { members, next } => {
+                if let Some(ask) = self.remote_pages.answered(request, from) {
+                    self.fanout.handle_page(ask.job, members, next);
+                }
+            }
+            PageAnswer::NotServed => {
+                if let Some(ask) = self.remote_pages.answered(request, from) {
+                    self.retry_page(ask, None);
+                }
+            }
+            PageAnswer::Busy => self.remote_pages.busy(request, from, self.now),
         }
     }
 

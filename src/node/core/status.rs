@@ -73,6 +73,10 @@ pub struct NodeStatus {
     /// whose meta this node's slot replicas do not keep (an evicted replica's meta kept there is let go
     /// and read back on its next use).
     pub channel_metas_held: usize,
+    /// Subscriber pages this node asked of other nodes (it keeps no replica of their channel's slot
+    /// group) and that no node served within 30 s: each ended one message's fanout early (the message
+    /// stays committed).
+    pub fanout_pages_abandoned: u64,
 }
 
 impl NodeStatus {
@@ -108,6 +112,7 @@ impl NodeCore {
             storage_failures: 0,
             slot_storage_failed: self.slot.storage_failed(),
             channel_metas_held: 0,
+            fanout_pages_abandoned: self.remote_pages.abandoned(),
         };
         if let Shards::Inline(shards) = &self.shards {
             for shard in shards {

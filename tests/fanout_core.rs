@@ -1,0 +1,162 @@
+//! Post-commit fanout through `NodeCore`s on virtual time, on clusters with more nodes than slot replicas:
+//! a channel's leader often keeps no replica of the slot group holding the channel's subscribers, and
+//! reads their pages from a node that does.
+
+mod support;
+
+use parking_lot::Mutex;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use support::Cluster;
+use tidings::channel::fanout::DeliveryPlan;
+use tidings::node::FanoutHost;
+use tidings::slot::command::{Command, MemberList};
+use tidings::slot::model::Uid;
+use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
+
+/// Everyone is online on node 1; records each (seq, uid) delivered.
+#[derive(Default)]
+struct Recorder {
+    taken: Mutex<Vec<(Seq, String)>>,
+}
+
+impl FanoutHost for Recorder {
+    fn locate(&self, uids: &[String]) -> Vec<Option<NodeId>> {
+        vec![Some(NodeId::new(1)); uids.len()]
+    }
+
+    fn deliver(&self, plan: &DeliveryPlan) -> bool {
+        self.taken.lock().extend(plan.members.iter().map(|m| (plan.message.seq, m.uid.clone())));
+        true
+    }
+}
+
+/// `n` nodes, slot groups of three, fanout pages of three subscribers (so a message takes several).
+fn cluster_of(n: u64, recorder: &Arc<Recorder>) -> Cluster {
+    let mut cluster = Cluster::with(n, |config| {
+        config.slot_replicas = 3;
+        config.fanout.page_size = 3;
+    });
+    cluster.fanout_host = recorder.clone();
+    cluster.run_for(5_000);
+    cluster
+}
+
+/// A group channel whose leader (first in its placement) keeps no replica of the channel's slot group;
+/// `all_outside`: nor does any of its replicas.
+fn channel_led_outside_its_slot_group(cluster: &mut Cluster, all_outside: bool) -> (ChannelId, u64) {
+    let config = cluster.nodes[&NodeId::new(1)].config.clone();
+    let members = config.slot_group_members();
+    (0..)
+        .map(|i| ChannelId::new(ChannelType::GROUP, &format!("team-{i}")).unwrap())
+        .find_map(|channel| {
+            let group = config.table().group_of_key(channel.route_key());
+            let (_, serving) = members.iter().find(|(g, _)| *g == group).expect("every group has members");
+            let placement = config.channel_placement(&channel);
+            let outside = if all_outside { &placement[..] } else { &placement[..1] };
+            outside.iter().all(|n| !serving.contains(n)).then_some((channel, placement[0].get()))
+        })
+        .expect("some channel is led outside its slot group")
+}
+
+fn subscribe(cluster: &mut Cluster, channel: &ChannelId, list: MemberList, uids: &[&str]) {
+    let uids: Vec<Uid> = uids.iter().map(|u| Uid::new(*u).unwrap()).collect();
+    let command = Command::AddMembers { channel: channel.clone(), list, uids };
+    let result = cluster.call(1, |core, now, id| core.propose(now, id, command));
+    assert_eq!(result, "Meta(Ok(()))");
+}
+
+/// Appends one message per payload through the channel's leader and returns their seqs.
+fn append_all(cluster: &mut Cluster, leader: u64, channel: &ChannelId, payloads: &[&str]) -> Vec<Seq> {
+    payloads
+        .iter()
+        .map(|payload| {
+            let id = cluster.append(leader, channel, &[payload]);
+            assert!(cluster.run_until(5_000, |c| c.appended.contains_key(&id)), "{:?}", cluster.results.get(&id));
+            cluster.appended[&id][0]
+        })
+        .collect()
+}
+
+/// Pages given up, over every node.
+fn abandoned(cluster: &mut Cluster) -> u64 {
+    let ids: Vec<u64> = cluster.nodes.keys().map(|n| n.get()).collect();
+    ids.into_iter().map(|n| cluster.core(n).status().fanout_pages_abandoned).sum()
+}
+
+#[test]
+fn a_leader_without_the_channel_s_slot_group_fans_out_from_pages_read_on_another_node() {
+    let recorder = Arc::new(Recorder::default());
+    let mut cluster = cluster_of(5, &recorder);
+    let (channel, leader) = channel_led_outside_its_slot_group(&mut cluster, false);
+    cluster.create_channel(1, &channel);
+    let subscribers = ["u0", "u1", "u2", "u3", "u4", "u5", "u6", "u7"];
+    subscribe(&mut cluster, &channel, MemberList::Subscribers, &subscribers);
+    subscribe(&mut cluster, &channel, MemberList::Deny, &["u3"]);
+    cluster.run_for(1_000);
+    let group = cluster.nodes[&NodeId::new(leader)].config.table().group_of_key(channel.route_key());
+    assert!(!cluster.core(leader).slot().groups().any(|g| g == group), "the leader must not serve the group");
+
+    let seqs = append_all(&mut cluster, leader, &channel, &["hello", "again"]);
+    cluster.run_for(3_000);
+
+    let taken = recorder.taken.lock().clone();
+    let distinct: BTreeSet<(Seq, String)> = taken.iter().cloned().collect();
+    assert_eq!(distinct.len(), taken.len(), "a member got a message twice: {taken:?}");
+    let expected: BTreeSet<(Seq, String)> = seqs
+        .iter()
+        .flat_map(|seq| subscribers.iter().filter(|u| **u != "u3").map(|u| (*seq, (*u).to_owned())))
+        .collect();
+    assert_eq!(distinct, expected, "every allowed subscriber, over three pages, for each message");
+    assert_eq!(cluster.core(leader).status().fanout_pages_abandoned, 0);
+}
+
+#[test]
+fn pages_go_to_another_node_when_the_one_asked_is_cut_off_and_are_given_up_when_none_answers() {
+    let recorder = Arc::new(Recorder::default());
+    // Six nodes: the channel's three replicas all outside its slot group, so cutting the whole group
+    // off leaves the channel committing.
+    let mut cluster = cluster_of(6, &recorder);
+    let (channel, leader) = channel_led_outside_its_slot_group(&mut cluster, true);
+    cluster.create_channel(1, &channel);
+    subscribe(&mut cluster, &channel, MemberList::Subscribers, &["a", "b", "c", "d"]);
+    cluster.run_for(1_000);
+    let config = cluster.nodes[&NodeId::new(leader)].config.clone();
+    let group = config.table().group_of_key(channel.route_key());
+    let (_, serving) = config.slot_group_members().into_iter().find(|(g, _)| *g == group).unwrap();
+
+    // One member of the slot group goes silent (frames to it are lost, not refused): the leader's ask
+    // to it times out and the page comes from another member. Which one the leader asks first depends
+    // on the group's leader; cutting each in turn, one message at a time, covers both paths.
+    let mut seqs = Vec::new();
+    for silent in &serving {
+        cluster.cut.insert(*silent);
+        seqs.extend(append_all(&mut cluster, leader, &channel, &["while one is silent"]));
+        cluster.run_for(8_000);
+        cluster.cut.remove(silent);
+        cluster.run_for(3_000);
+    }
+    let taken: BTreeSet<(Seq, String)> = recorder.taken.lock().iter().cloned().collect();
+    let expected: BTreeSet<(Seq, String)> =
+        seqs.iter().flat_map(|seq| ["a", "b", "c", "d"].map(|u| (*seq, u.to_owned()))).collect();
+    assert_eq!(taken, expected);
+    assert_eq!(abandoned(&mut cluster), 0);
+
+    // Every member of the slot group silent: nobody serves the page; after 30 s the message's fanout is
+    // given up (counted) and the next message still fans out once they are back.
+    for node in &serving {
+        cluster.cut.insert(*node);
+    }
+    let lost = append_all(&mut cluster, leader, &channel, &["nobody lists the members"]);
+    cluster.run_for(35_000);
+    assert_eq!(abandoned(&mut cluster), 1);
+    for node in &serving {
+        cluster.cut.remove(node);
+    }
+    cluster.run_for(10_000);
+    let after = append_all(&mut cluster, leader, &channel, &["they are back"]);
+    cluster.run_for(5_000);
+    let taken: BTreeSet<(Seq, String)> = recorder.taken.lock().iter().cloned().collect();
+    assert!(taken.iter().all(|(seq, _)| *seq != lost[0]), "nothing for the given-up message");
+    assert!(["a", "b", "c", "d"].iter().all(|u| taken.contains(&(after[0], (*u).to_owned()))));
+}
