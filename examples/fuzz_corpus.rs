@@ -7,7 +7,7 @@ use std::path::Path;
 use tidings::channel::fanout::Member;
 use tidings::channel::machine::{ChannelMessage, PullHint};
 use tidings::frame::{encode, Frame, FrameBody};
-use tidings::node::{NodeMessage, PageAnswer};
+use tidings::node::{FlagQuery, NodeMessage, SlotQuery, SlotReadAnswer};
 use tidings::slot::command::{Command, MemberList};
 use tidings::slot::model::{ChannelFlags, ChannelInfo, SlotMigrationStep, Uid, User};
 use tidings::slot::raft::{SlotBody, SlotMessage};
@@ -53,18 +53,24 @@ fn main() {
             sender: Some("alice".into()),
             records: vec![(IdempotencyKey::new("k1"), Bytes::from_static(b"hello"))],
         }),
-        FrameBody::Node(NodeMessage::SubscriberPageRequest {
+        FrameBody::Node(NodeMessage::SlotReadRequest {
             request: 11,
-            channel: channel.clone(),
-            cursor: Some(b"sub/alice".to_vec()),
-            limit: 1000,
+            query: SlotQuery::SubscriberPage {
+                channel: channel.clone(),
+                cursor: Some(b"sub/alice".to_vec()),
+                limit: 1000,
+            },
         }),
-        FrameBody::Node(NodeMessage::SubscriberPageReply {
+        FrameBody::Node(NodeMessage::SlotReadReply {
             request: 11,
-            answer: PageAnswer::Page {
+            answer: SlotReadAnswer::Page {
                 members: vec![Member { uid: "bob".into(), left: false, hidden: true, denied: false }],
                 next: None,
             },
+        }),
+        FrameBody::Node(NodeMessage::SlotReadRequest {
+            request: 12,
+            query: SlotQuery::Flag(FlagQuery::Denied { channel: channel.clone(), uid: Uid::new("eve").expect("uid") }),
         }),
     ];
     for (i, body) in bodies.into_iter().enumerate() {

@@ -54,9 +54,9 @@ pub enum NodeError {
     /// The sender is on the channel's deny list: the append was refused.
     #[error("user {} may not send to this channel", .0.as_str())]
     SenderDenied(Uid),
-    /// This node keeps no replica of the sender's or the channel's slot group, so it cannot check the
-    /// sender: send through a node that does.
-    #[error("cannot check sender {} here: no local replica of its slot group or the channel's", .0.as_str())]
+    /// The sender could not be checked: no node keeping the sender's or the channel's slot group
+    /// answered in time. Nothing was written; retry.
+    #[error("cannot check sender {}: no node keeping its slot group or the channel's answered", .0.as_str())]
     SenderUnverified(Uid),
     /// A channel task (leader transfer, failover) was not started or did not make its change.
     #[error(transparent)]

@@ -4,6 +4,8 @@ use super::controller::EvidenceReport;
 use serde::{Deserialize, Serialize};
 use tidings_channel::fanout::Member;
 use tidings_channel::machine::{AppendAborted, AppendError};
+use tidings_slot::command::RoutingKey;
+use tidings_slot::model::Uid;
 use tidings_store::message::IdempotencyKey;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, HashSlot, Seq};
 
@@ -89,11 +91,28 @@ pub enum NodeMessage {
         /// `false`: the export was given up (the import can go).
         exporting: bool,
     },
-    /// A channel leader that keeps no replica of the channel's slot group asks a node that does for a
-    /// page of the channel's subscribers, to fan a committed message out.
-    SubscriberPageRequest {
+    /// A read of a slot group the asking node keeps no replica of, asked of a node that does: a page of
+    /// subscribers for fanout, or `append_from`'s sender check.
+    SlotReadRequest {
         /// The asking node's id for this request (a new one for each attempt).
         request: u64,
+        /// What to read.
+        query: SlotQuery,
+    },
+    /// The answer to a [`NodeMessage::SlotReadRequest`].
+    SlotReadReply {
+        /// The request answered.
+        request: u64,
+        /// What was read, or why not.
+        answer: SlotReadAnswer,
+    },
+}
+
+/// A read one node asks of another that keeps a replica of the slot group it concerns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SlotQuery {
+    /// A page of a channel's subscribers, with the state fanout needs.
+    SubscriberPage {
         /// The channel.
         channel: ChannelId,
         /// Where the page starts (`None`: at the first subscriber).
@@ -101,18 +120,48 @@ pub enum NodeMessage {
         /// Subscribers wanted; the answering node caps it at its own fanout page size.
         limit: u32,
     },
-    /// The answer to a [`NodeMessage::SubscriberPageRequest`].
-    SubscriberPageReply {
-        /// The request answered.
-        request: u64,
-        /// The page, or why not.
-        answer: PageAnswer,
+    /// A yes-or-no question.
+    Flag(FlagQuery),
+}
+
+/// A yes-or-no read (`append_from`'s sender check).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FlagQuery {
+    /// Whether a user is banned.
+    Banned(Uid),
+    /// Whether a user is on a channel's deny list.
+    Denied {
+        /// The channel.
+        channel: ChannelId,
+        /// The user.
+        uid: Uid,
     },
 }
 
-/// What a node answers a [`NodeMessage::SubscriberPageRequest`].
+impl FlagQuery {
+    /// The user asked about.
+    pub fn uid(&self) -> &Uid {
+        match self {
+            FlagQuery::Banned(uid) | FlagQuery::Denied { uid, .. } => uid,
+        }
+    }
+}
+
+impl SlotQuery {
+    /// The routing key whose slot group holds the answer.
+    pub fn routing_key(&self) -> RoutingKey<'_> {
+        match self {
+            SlotQuery::SubscriberPage { channel, .. } | SlotQuery::Flag(FlagQuery::Denied { channel, .. }) => {
+                RoutingKey::Channel(channel)
+            }
+            SlotQuery::Flag(FlagQuery::Banned(uid)) => RoutingKey::Uid(uid),
+        }
+    }
+}
+
+/// What a node answers a [`NodeMessage::SlotReadRequest`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PageAnswer {
+pub enum SlotReadAnswer {
     /// A page of subscribers read from the answering node's replica of the slot group.
     Page {
         /// The subscribers, with the state fanout needs.
@@ -120,7 +169,9 @@ pub enum PageAnswer {
         /// Where the next page starts; `None` after the last.
         next: Option<Vec<u8>>,
     },
-    /// The answering node keeps no replica of the channel's slot group: ask another.
+    /// The answer to a [`SlotQuery::Flag`].
+    Flag(bool),
+    /// The answering node keeps no applied replica of the slot group, or could not read it: ask another.
     NotServed,
     /// The answering node is serving as many pages to its peers as it allows: ask again shortly.
     Busy,

@@ -18,4 +18,4 @@ pub use controller::{
 };
 pub use error::NodeError;
 pub use fanout::{carry_out_fanout, subscriber_page, FanoutAnswer, FanoutHost, FanoutWork, NoFanout};
-pub use message::{NodeMessage, PageAnswer, RemoteAppendError};
+pub use message::{FlagQuery, NodeMessage, RemoteAppendError, SlotQuery, SlotReadAnswer};

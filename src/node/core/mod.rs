@@ -7,7 +7,7 @@ use super::config::NodeConfig;
 use super::controller::{ClusterView, Controller, NodeView, PreferredLeaders, SlotMigrations, TaskReport};
 use super::error::NodeError;
 use super::fanout::{FanoutAnswer, FanoutWork};
-use super::message::{NodeMessage, PageAnswer};
+use super::message::{NodeMessage, SlotReadAnswer};
 use super::shard::{shard_of, shard_of_id, ChannelShard, Served, ShardInput};
 use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
 use bytes::Bytes;
@@ -25,12 +25,15 @@ use tidings_types::{ChannelId, GroupId, HashSlot, NodeId, Seq, Time};
 
 mod metadata;
 mod operations;
-mod remote_pages;
+mod remote_reads;
+mod sender_checks;
 mod shards;
+mod slot_reads;
 mod status;
 
 use metadata::{ProposalPurpose, Sent};
-use remote_pages::{PageAsk, PageNext, RemotePages};
+use remote_reads::RemoteReads;
+use sender_checks::SenderChecks;
 use shards::Shards;
 pub use status::{ChannelStatus, NodeStatus};
 
@@ -140,8 +143,12 @@ pub struct NodeCore {
     fanout_waiting: VecDeque<(ChannelId, Seq, Option<String>)>,
     /// Which channel each fanout job belongs to (to release its handoff slot when done).
     fanout_jobs: BTreeMap<JobId, ChannelId>,
-    /// Subscriber pages asked of nodes serving a slot group this one does not, and served to peers.
-    remote_pages: RemotePages,
+    /// Reads asked of nodes serving a slot group this one does not, and pages served to peers.
+    remote_reads: RemoteReads,
+    /// Fanout pages no node served in time (each ended a message's fanout early).
+    fanout_pages_abandoned: u64,
+    /// `append_from` calls waiting for answers from other nodes about their sender.
+    sender_checks: SenderChecks,
     controller: Controller,
     preferred: PreferredLeaders,
     /// Messages this node sends to itself (the controller asking its own replica), handled in `pump`.
@@ -206,7 +213,9 @@ impl NodeCore {
             fanout: FanoutPlanner::new(config.fanout),
             fanout_waiting: VecDeque::new(),
             fanout_jobs: BTreeMap::new(),
-            remote_pages: RemotePages::default(),
+            remote_reads: RemoteReads::default(),
+            fanout_pages_abandoned: 0,
+            sender_checks: SenderChecks::default(),
             controller,
             preferred: PreferredLeaders::default(),
             loopback: VecDeque::new(),
@@ -252,7 +261,7 @@ impl NodeCore {
         let controller =
             self.controller.poll_timeout().min(self.preferred.poll_timeout()).min(self.migrations.poll_timeout());
         let mut next = self.slot.poll_timeout().min(controller);
-        next = self.remote_pages.poll_timeout().map_or(next, |due| next.min(due));
+        next = self.remote_reads.poll_timeout().map_or(next, |due| next.min(due));
         if let Shards::Inline(shards) = &self.shards {
             next = shards.iter().filter_map(ChannelShard::poll_timeout).fold(next, Time::min);
         }
@@ -270,8 +279,8 @@ impl NodeCore {
         let cluster = ClusterView { nodes: &self.config.nodes, down: &down };
         let view = NodeView { me: self.config.node, reader: &self.reader, cluster };
         self.preferred.tick(self.now, &self.config.controller, &mut self.slot, &view);
-        for (ask, again) in self.remote_pages.take_due(self.now) {
-            self.retry_page(ask, again);
+        for (ask, again) in self.remote_reads.take_due(self.now) {
+            self.retry_read(ask, again);
         }
         if let Shards::Inline(shards) = &mut self.shards {
             for shard in shards {
@@ -358,10 +367,10 @@ impl NodeCore {
             }
             FanoutAnswer::Delivered { plan, delivered } => self.fanout.handle_delivered(plan, delivered),
             FanoutAnswer::PeerPage { to, request, members, next } => {
-                self.remote_pages.served();
+                self.remote_reads.served();
                 self.send_node(
                     to,
-                    NodeMessage::SubscriberPageReply { request, answer: PageAnswer::Page { members, next } },
+                    NodeMessage::SlotReadReply { request, answer: SlotReadAnswer::Page { members, next } },
                 );
             }
         }
@@ -376,9 +385,9 @@ impl NodeCore {
 
     /// Appends records sent by user `sender`: like [`NodeCore::append`], after checking that the sender
     /// may send (not banned, not on the channel's deny list), and fanout marks the sender's own entry
-    /// (`is_sender`: no unread increment). The check reads this node's slot replicas and fails closed
-    /// with [`NodeError::SenderUnverified`] on a node that serves neither the user's nor the channel's
-    /// slot group.
+    /// (`is_sender`: no unread increment). The check reads this node's slot replicas, and asks nodes
+    /// that keep the user's or the channel's slot group where this one keeps none; it fails closed with
+    /// [`NodeError::SenderUnverified`] when no node answers within `machine.append_timeout`.
     pub fn append_from(&mut self, now: Time, id: ApiId, channel: ChannelId, sender: Uid, records: Vec<AppendRecord>) {
         self.advance(now);
         let input = ShardInput::Append { api: id, channel: channel.clone(), sender: Some(sender), records };
@@ -469,10 +478,8 @@ impl NodeCore {
                 let index = shard_of_id(id, self.shards.count());
                 self.feed_shard_at(index, ShardInput::Reply { id, result });
             }
-            NodeMessage::SubscriberPageRequest { request, channel, cursor, limit } => {
-                self.serve_page(from, request, channel, cursor, limit);
-            }
-            NodeMessage::SubscriberPageReply { request, answer } => self.page_answered(from, request, answer),
+            NodeMessage::SlotReadRequest { request, query } => self.serve_read(from, request, query),
+            NodeMessage::SlotReadReply { request, answer } => self.read_answered(from, request, answer),
         }
     }
 
@@ -517,7 +524,7 @@ impl NodeCore {
                     self.effects.push_back(NodeEffect::Fanout(FanoutWork::Planner(fetch)));
                 } else {
                     // The subscribers live in a slot group this node keeps no replica of: ask one that does.
-                    self.ask_page(PageAsk { job, channel, cursor, limit, attempts: 0, since: self.now }, None);
+                    self.ask_fanout_page(job, channel, cursor, limit);
                 }
             }
             host_work @ (FanoutEffect::Locate { .. } | FanoutEffect::Deliver(_) | FanoutEffect::Failed(_)) => {
@@ -529,71 +536,6 @@ impl NodeCore {
                 }
                 self.feed_fanout();
             }
-        }
-    }
-
-    /// Asks `to` (by default the group's known leader on a first attempt, else the next node in turn) for
-    /// a page of subscribers (see [`remote_pages`]).
-    fn ask_page(&mut self, ask: PageAsk, to: Option<NodeId>) {
-        let me = self.config.node;
-        let group = self.slot.table().group_of_key(ask.channel.route_key());
-        let others: Vec<NodeId> = self.config.nodes.iter().copied().filter(|n| *n != me).collect();
-        let leader = (ask.attempts == 0).then(|| self.known_group_leader(group)).flatten().filter(|l| *l != me);
-        let turn = usize::try_from(u64::from(group.get()) + u64::from(ask.attempts)).unwrap_or(0);
-        let Some(to) = to.or(leader).or_else(|| others.get(turn % others.len().max(1)).copied()) else {
-            // A single node serves every group: this cannot happen, and there is nobody to ask.
-            self.fanout.handle_page(ask.job, Vec::new(), None);
-            return;
-        };
-        let (channel, cursor) = (ask.channel.clone(), ask.cursor.clone());
-        let limit = u32::try_from(ask.limit).unwrap_or(u32::MAX);
-        let request = self.remote_pages.asked(ask, to, self.now);
-        self.send_node(to, NodeMessage::SubscriberPageRequest { request, channel, cursor, limit });
-    }
-
-    /// A page ask that was refused or went unanswered: ask again (`again`: that busy node), or give the
-    /// page up once nobody served it for `PAGE_GIVE_UP`.
-    fn retry_page(&mut self, ask: PageAsk, again: Option<NodeId>) {
-        match self.remote_pages.next_attempt(ask, again, self.now) {
-            PageNext::Ask(ask, to) => self.ask_page(ask, to),
-            PageNext::GiveUp(ask) => {
-                tracing::warn!(channel = %ask.channel, "fanout: no node served a subscriber page in time; this message's fanout stops here");
-                self.fanout.handle_page(ask.job, Vec::new(), None);
-            }
-        }
-    }
-
-    /// A peer asks for a page of subscribers: read on the fanout worker if this node has an applied
-    /// replica of the channel's slot group and a serving place free.
-    fn serve_page(&mut self, from: NodeId, request: u64, channel: ChannelId, cursor: Option<Vec<u8>>, limit: u32) {
-        let group = self.slot.table().group_of_key(channel.route_key());
-        // A replica created on demand and not yet given a snapshot has nothing to list.
-        if self.slot.applied_index(group).is_none_or(|applied| applied == 0) {
-            self.send_node(from, NodeMessage::SubscriberPageReply { request, answer: PageAnswer::NotServed });
-            return;
-        }
-        if !self.remote_pages.start_serving() {
-            self.send_node(from, NodeMessage::SubscriberPageReply { request, answer: PageAnswer::Busy });
-            return;
-        }
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX).clamp(1, self.config.fanout.page_size.max(1));
-        self.effects.push_back(NodeEffect::Fanout(FanoutWork::PeerPage { to: from, request, channel, cursor, limit }));
-    }
-
-    /// A peer's answer to a page this node asked for.
-    fn page_answered(&mut self, from: NodeId, request: u64, answer: PageAnswer) {
-        match answer {
-            PageAnswer::Page { members, next } => {
-                if let Some(ask) = self.remote_pages.answered(request, from) {
-                    self.fanout.handle_page(ask.job, members, next);
-                }
-            }
-            PageAnswer::NotServed => {
-                if let Some(ask) = self.remote_pages.answered(request, from) {
-                    self.retry_page(ask, None);
-                }
-            }
-            PageAnswer::Busy => self.remote_pages.busy(request, from, self.now),
         }
     }
 

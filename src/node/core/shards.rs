@@ -135,6 +135,9 @@ impl NodeCore {
             ShardOutput::FetchMeta(channel) => self.fetch_meta(&channel),
             ShardOutput::Loopback(message) => self.loopback.push_back(message),
             ShardOutput::TaskMeta { api, meta, start } => self.start_task_with(api, meta, start),
+            ShardOutput::VerifySender { api, channel, sender, records } => {
+                self.verify_sender(api, channel, sender, records)
+            }
         }
     }
 

@@ -112,7 +112,7 @@ impl NodeCore {
             storage_failures: 0,
             slot_storage_failed: self.slot.storage_failed(),
             channel_metas_held: 0,
-            fanout_pages_abandoned: self.remote_pages.abandoned(),
+            fanout_pages_abandoned: self.fanout_pages_abandoned,
         };
         if let Shards::Inline(shards) = &self.shards {
             for shard in shards {

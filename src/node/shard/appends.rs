@@ -11,11 +11,11 @@ use tidings_slot::model::Uid;
 use tidings_types::ChannelId;
 
 impl ChannelShard {
-    /// Refuses a banned sender or one on the channel's deny list, from this node's slot replicas (fails
-    /// closed when it serves neither the user's nor the channel's group).
-    pub(super) fn check_sender(&self, channel: &ChannelId, sender: &Uid) -> Result<(), NodeError> {
+    /// Checks `append_from`'s sender from this node's slot replicas: `Ok(true)` if it may send,
+    /// `Ok(false)` if they cannot tell (the node asks nodes that can), or why not.
+    pub(super) fn check_sender(&self, channel: &ChannelId, sender: &Uid) -> Result<bool, NodeError> {
         if !self.served.serves_key(RoutingKey::Uid(sender).bytes()) || !self.served.serves(channel) {
-            return Err(NodeError::SenderUnverified(sender.clone()));
+            return Ok(false);
         }
         if self.reader.user(sender)?.is_some_and(|user| user.banned) {
             return Err(NodeError::SenderBanned(sender.clone()));
@@ -23,7 +23,7 @@ impl ChannelShard {
         if self.reader.is_member(channel, MemberList::Deny, sender)? {
             return Err(NodeError::SenderDenied(sender.clone()));
         }
-        Ok(())
+        Ok(true)
     }
 
     pub(super) fn route_append(

@@ -112,6 +112,8 @@ pub(crate) enum ShardInput {
     Message { from: NodeId, message: ChannelMessage },
     /// An API append (`sender`: checked before it is admitted or forwarded).
     Append { api: ApiId, channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord> },
+    /// An API append whose sender the node checked (the shard could not: [`ShardOutput::VerifySender`]).
+    CheckedAppend { api: ApiId, channel: ChannelId, sender: String, records: Vec<AppendRecord> },
     /// An append another node forwarded here (its sender was checked there).
     Forwarded { from: NodeId, id: u64, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord> },
     /// The leader's answer to an append this shard forwarded.
@@ -157,6 +159,9 @@ pub(crate) enum ShardOutput {
     Loopback(NodeMessage),
     /// The meta a task starts from (`Err`: the shard knows none for the channel, and fetches it).
     TaskMeta { api: ApiId, meta: Result<ChannelRuntimeMeta, ChannelId>, start: TaskStart },
+    /// An API append whose sender this node's slot replicas cannot check: the node asks nodes that
+    /// can, and answers with [`ShardInput::CheckedAppend`] or the append's refusal.
+    VerifySender { api: ApiId, channel: ChannelId, sender: Uid, records: Vec<AppendRecord> },
 }
 
 /// A shard's counters, for the node's status.
@@ -409,10 +414,14 @@ impl ChannelShard {
             ShardInput::Append { api, channel, sender, records } => match sender {
                 None => self.route_append(api, channel, None, records),
                 Some(sender) => match self.check_sender(&channel, &sender) {
-                    Ok(()) => self.route_append(api, channel, Some(sender.as_str().to_owned()), records),
+                    Ok(true) => self.route_append(api, channel, Some(sender.as_str().to_owned()), records),
+                    Ok(false) => self.outputs.push_back(ShardOutput::VerifySender { api, channel, sender, records }),
                     Err(error) => self.done(api, ApiResult::Appended(Err(error))),
                 },
             },
+            ShardInput::CheckedAppend { api, channel, sender, records } => {
+                self.route_append(api, channel, Some(sender), records)
+            }
             ShardInput::Forwarded { from, id, channel, sender, records } => {
                 self.append_locally(AppendOrigin::Remote { node: from, id }, &channel, sender, records)
             }

@@ -1,6 +1,7 @@
-//! Post-commit fanout through `NodeCore`s on virtual time, on clusters with more nodes than slot replicas:
-//! a channel's leader often keeps no replica of the slot group holding the channel's subscribers, and
-//! reads their pages from a node that does.
+//! `NodeCore`s on virtual time, on clusters with more nodes than slot replicas, where most nodes keep no
+//! replica of most slot groups: a channel's leader reads its subscribers' pages for fanout from a node
+//! that keeps their group, and any node checks `append_from`'s sender by asking nodes that keep the
+//! user's and the channel's groups.
 
 mod support;
 
@@ -10,8 +11,8 @@ use std::sync::Arc;
 use support::Cluster;
 use tidings::channel::fanout::DeliveryPlan;
 use tidings::node::FanoutHost;
-use tidings::slot::command::{Command, MemberList};
-use tidings::slot::model::Uid;
+use tidings::slot::command::{Command, MemberList, RoutingKey};
+use tidings::slot::model::{Uid, User};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
 
 /// Everyone is online on node 1; records each (seq, uid) delivered.
@@ -159,4 +160,64 @@ fn pages_go_to_another_node_when_the_one_asked_is_cut_off_and_are_given_up_when_
     let taken: BTreeSet<(Seq, String)> = recorder.taken.lock().iter().cloned().collect();
     assert!(taken.iter().all(|(seq, _)| *seq != lost[0]), "nothing for the given-up message");
     assert!(["a", "b", "c", "d"].iter().all(|u| taken.contains(&(after[0], (*u).to_owned()))));
+}
+
+/// `append_from` through node `via`: the seqs, or the error's debug text.
+fn append_from(cluster: &mut Cluster, via: u64, channel: &ChannelId, sender: &str) -> Result<Vec<Seq>, String> {
+    let id = cluster.api();
+    let now = cluster.now;
+    let records = support::records(&["from a user"]);
+    cluster.core(via).append_from(now, id, channel.clone(), Uid::new(sender).unwrap(), records);
+    assert!(cluster.run_until(15_000, |c| c.appended.contains_key(&id) || c.results.contains_key(&id)));
+    cluster.appended.get(&id).cloned().ok_or_else(|| cluster.results[&id].clone())
+}
+
+#[test]
+fn a_node_without_the_user_s_or_the_channel_s_slot_group_checks_senders_through_nodes_that_have_them() {
+    let recorder = Arc::new(Recorder::default());
+    let mut cluster = cluster_of(5, &recorder);
+    let config = cluster.nodes[&NodeId::new(1)].config.clone();
+    let members = config.slot_group_members();
+    let serves = |node: NodeId, key: RoutingKey<'_>| {
+        let group = config.table().group_of_key(key.bytes());
+        members.iter().any(|(g, nodes)| *g == group && nodes.contains(&node))
+    };
+    // A node, a channel and three users none of whose slot groups that node keeps.
+    let (via, channel) = (1..=5)
+        .flat_map(|n| {
+            (0..64).map(move |i| (NodeId::new(n), ChannelId::new(ChannelType::GROUP, &format!("room-{i}")).unwrap()))
+        })
+        .find(|(n, c)| !serves(*n, RoutingKey::Channel(c)))
+        .unwrap();
+    let users: Vec<String> = (0..)
+        .map(|i| format!("user-{i}"))
+        .filter(|u| !serves(via, RoutingKey::Uid(&Uid::new(u.as_str()).unwrap())))
+        .take(3)
+        .collect();
+    let (alice, mallory, eve) = (&users[0], &users[1], &users[2]);
+    cluster.create_channel(1, &channel);
+    let banned = User { uid: Uid::new(mallory.as_str()).unwrap(), name: "Mallory".into(), banned: true };
+    assert_eq!(cluster.call(1, |core, now, id| core.propose(now, id, Command::PutUser(banned))), "Meta(Ok(()))");
+    subscribe(&mut cluster, &channel, MemberList::Subscribers, &[alice, mallory, eve]);
+    subscribe(&mut cluster, &channel, MemberList::Deny, &[eve]);
+    cluster.run_for(1_000);
+
+    let via = via.get();
+    let sent = append_from(&mut cluster, via, &channel, alice).expect("alice may send");
+    assert_eq!(sent.len(), 1);
+    let refused = append_from(&mut cluster, via, &channel, mallory).unwrap_err();
+    assert!(refused.contains("SenderBanned"), "{refused}");
+    let refused = append_from(&mut cluster, via, &channel, eve).unwrap_err();
+    assert!(refused.contains("SenderDenied"), "{refused}");
+    // Only alice's message was written.
+    let leader = config.channel_placement(&channel)[0].get();
+    let read = cluster.core(leader).read(&channel, Seq::new(1), 100).unwrap();
+    assert_eq!(read.iter().filter(|r| r.payload.as_ref() == b"from a user").count(), 1);
+
+    // Every node keeping alice's slot group silent: the check fails closed, nothing written.
+    let group = config.table().group_of_key(RoutingKey::Uid(&Uid::new(alice.as_str()).unwrap()).bytes());
+    let (_, keepers) = members.iter().find(|(g, _)| *g == group).unwrap();
+    cluster.cut.extend(keepers.iter().copied());
+    let unverified = append_from(&mut cluster, via, &channel, alice).unwrap_err();
+    assert!(unverified.contains("SenderUnverified"), "{unverified}");
 }

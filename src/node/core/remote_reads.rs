@@ -1,0 +1,216 @@
+//! Reads of slot groups this node keeps no replica of, asked of nodes that do. With more nodes than
+//! slot replicas most nodes lack most groups: a channel's leader still fans out to the channel's
+//! subscribers (a page at a time), and any node still checks `append_from`'s sender (banned? on the
+//! channel's deny list?), by asking a node that serves the group. It serves its peers the same way.
+//!
+//! Asking: the group's known leader first, then the other nodes in turn; each attempt has a request id
+//! of its own, so a late answer to an abandoned attempt is ignored. A node that keeps no applied
+//! replica of the group says so and the next node is asked at once; a busy one is asked again after
+//! [`READ_BUSY_PAUSE`]; a silent one is passed over after [`READ_REPLY_TIMEOUT`]. A read nobody served
+//! within its ask's `give_up_after` is given up: a fanout page ends that message's fanout where it
+//! stands (the message stays committed; the channel's handoff is not held forever by a slot group that
+//! is gone), a sender check fails closed (`SenderUnverified`).
+//!
+//! Serving: yes-or-no reads are one key each and answered at once; pages are read off the core thread
+//! (on the fanout worker), at most [`PEER_PAGES_SERVING_MAX`] at a time, and beyond that the answer is
+//! `Busy`, so peers cannot queue unbounded reads on a node.
+
+use crate::node::message::SlotQuery;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tidings_channel::fanout::JobId;
+use tidings_types::{NodeId, Time};
+
+/// How long an asked node may take to answer before the next one is asked.
+pub(super) const READ_REPLY_TIMEOUT: Duration = Duration::from_secs(2);
+/// The pause before asking a busy node again.
+pub(super) const READ_BUSY_PAUSE: Duration = Duration::from_millis(200);
+/// How long a fanout page is asked for before its message's fanout is given up.
+pub(super) const PAGE_GIVE_UP: Duration = Duration::from_secs(30);
+/// Pages this node reads for its peers at once.
+pub(super) const PEER_PAGES_SERVING_MAX: usize = 16;
+
+/// What a read is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ReadPurpose {
+    /// A page for this fanout job.
+    FanoutPage(JobId),
+    /// One answer of this sender check.
+    SenderCheck(u64),
+}
+
+/// One read asked of other nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct ReadAsk {
+    /// What it is for.
+    pub purpose: ReadPurpose,
+    /// What to read.
+    pub query: SlotQuery,
+    /// Nodes asked so far (the next one is chosen by it).
+    pub attempts: u32,
+    /// When the first node was asked.
+    pub since: Time,
+    /// How long after `since` it is given up.
+    pub give_up_after: Duration,
+}
+
+/// The node asked, and when to act if it does not answer.
+#[derive(Debug)]
+struct Outstanding {
+    ask: ReadAsk,
+    to: NodeId,
+    /// Past it: a silent node is passed over, a busy one asked again.
+    due: Time,
+    /// The node said it was busy: at `due` it is asked again, not passed over.
+    busy: bool,
+}
+
+/// What to do about a read whose request timed out or was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum ReadNext {
+    /// Ask a node (the next, or the same busy one) again.
+    Ask(ReadAsk, Option<NodeId>),
+    /// Nobody served it in time.
+    GiveUp(ReadAsk),
+}
+
+/// Reads this node asked of others, and how many pages it is serving its peers.
+#[derive(Debug, Default)]
+pub(super) struct RemoteReads {
+    next_request: u64,
+    outstanding: BTreeMap<u64, Outstanding>,
+    serving: usize,
+}
+
+impl RemoteReads {
+    /// Records that `ask` goes to `to` now: returns the request id to send.
+    pub(super) fn asked(&mut self, ask: ReadAsk, to: NodeId, now: Time) -> u64 {
+        self.next_request += 1;
+        self.outstanding.insert(self.next_request, Outstanding { ask, to, due: now + READ_REPLY_TIMEOUT, busy: false });
+        self.next_request
+    }
+
+    /// An answer from `from` to `request`: the ask it settles, unless it is not the current attempt.
+    pub(super) fn answered(&mut self, request: u64, from: NodeId) -> Option<ReadAsk> {
+        if self.outstanding.get(&request).is_none_or(|o| o.to != from) {
+            return None;
+        }
+        self.outstanding.remove(&request).map(|o| o.ask)
+    }
+
+    /// `from` is busy: ask it again after [`READ_BUSY_PAUSE`].
+    pub(super) fn busy(&mut self, request: u64, from: NodeId, now: Time) {
+        if let Some(o) = self.outstanding.get_mut(&request).filter(|o| o.to == from) {
+            o.due = now + READ_BUSY_PAUSE;
+            o.busy = true;
+        }
+    }
+
+    /// The ask following one that was refused or timed out: to the next node (`again: None`; the caller
+    /// picks it) or the same busy one, or given up once its `give_up_after` has passed.
+    pub(super) fn next_attempt(mut ask: ReadAsk, again: Option<NodeId>, now: Time) -> ReadNext {
+        if now >= ask.since + ask.give_up_after {
+            return ReadNext::GiveUp(ask);
+        }
+        if again.is_none() {
+            ask.attempts += 1;
+        }
+        ReadNext::Ask(ask, again)
+    }
+
+    /// Requests past their due time, taken out: each to be asked again (the same node if it was busy).
+    pub(super) fn take_due(&mut self, now: Time) -> Vec<(ReadAsk, Option<NodeId>)> {
+        let due: Vec<u64> = self.outstanding.iter().filter(|(_, o)| o.due <= now).map(|(id, _)| *id).collect();
+        due.into_iter()
+            .filter_map(|id| self.outstanding.remove(&id))
+            .map(|o| {
+                let again = o.busy.then_some(o.to);
+                (o.ask, again)
+            })
+            .collect()
+    }
+
+    /// When the earliest outstanding request is due.
+    pub(super) fn poll_timeout(&self) -> Option<Time> {
+        self.outstanding.values().map(|o| o.due).min()
+    }
+
+    /// Takes one serving place for a peer's page; `false` when all are taken.
+    pub(super) fn start_serving(&mut self) -> bool {
+        let free = self.serving < PEER_PAGES_SERVING_MAX;
+        self.serving += usize::from(free);
+        free
+    }
+
+    /// A page read for a peer is on its way: its place is free.
+    pub(super) fn served(&mut self) {
+        self.serving = self.serving.saturating_sub(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings_types::{ChannelId, ChannelType};
+
+    fn ask(since_ms: u64) -> ReadAsk {
+        let channel = ChannelId::new(ChannelType::GROUP, "g").unwrap();
+        ReadAsk {
+            purpose: ReadPurpose::FanoutPage(JobId(1)),
+            query: SlotQuery::SubscriberPage { channel, cursor: None, limit: 10 },
+            attempts: 0,
+            since: Time::from_millis(since_ms),
+            give_up_after: PAGE_GIVE_UP,
+        }
+    }
+
+    #[test]
+    fn only_the_asked_node_s_answer_to_the_current_attempt_settles_a_read() {
+        let mut reads = RemoteReads::default();
+        let (a, b) = (NodeId::new(2), NodeId::new(3));
+        let first = reads.asked(ask(0), a, Time::ZERO);
+        assert_eq!(reads.answered(first, b), None, "an answer from a node not asked");
+        // Timed out: taken out, then asked of b under a new id; a's late answer is ignored.
+        let due = reads.take_due(Time::ZERO + READ_REPLY_TIMEOUT);
+        assert_eq!(due.len(), 1);
+        let second = reads.asked(due[0].0.clone(), b, Time::ZERO + READ_REPLY_TIMEOUT);
+        assert_ne!(first, second);
+        assert_eq!(reads.answered(first, a), None, "a late answer to an abandoned attempt");
+        assert_eq!(reads.answered(second, b).map(|a| a.purpose), Some(ReadPurpose::FanoutPage(JobId(1))));
+        assert_eq!(reads.answered(second, b), None, "settled once");
+        assert_eq!(reads.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_busy_node_is_asked_again_after_a_pause_and_a_read_is_given_up_after_its_deadline() {
+        let mut reads = RemoteReads::default();
+        let a = NodeId::new(2);
+        let id = reads.asked(ask(0), a, Time::ZERO);
+        reads.busy(id, a, Time::from_millis(10));
+        assert_eq!(reads.poll_timeout(), Some(Time::from_millis(10) + READ_BUSY_PAUSE));
+        assert!(reads.take_due(Time::from_millis(100)).is_empty());
+        let due = reads.take_due(Time::from_millis(10) + READ_BUSY_PAUSE);
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].1, Some(a), "the busy node, again");
+        let (again, to) = due.into_iter().next().unwrap();
+        let now = Time::from_millis(300);
+        assert!(
+            matches!(RemoteReads::next_attempt(again.clone(), to, now), ReadNext::Ask(r, Some(n)) if r.attempts == 0 && n == a)
+        );
+        assert!(
+            matches!(RemoteReads::next_attempt(again.clone(), None, now), ReadNext::Ask(r, None) if r.attempts == 1)
+        );
+        assert!(matches!(RemoteReads::next_attempt(again, None, Time::ZERO + PAGE_GIVE_UP), ReadNext::GiveUp(_)));
+    }
+
+    #[test]
+    fn serving_places_are_bounded_and_freed() {
+        let mut reads = RemoteReads::default();
+        for _ in 0..PEER_PAGES_SERVING_MAX {
+            assert!(reads.start_serving());
+        }
+        assert!(!reads.start_serving(), "one more than allowed");
+        reads.served();
+        assert!(reads.start_serving());
+    }
+}

@@ -1,0 +1,192 @@
+//! The core's side of reads across nodes (see [`super::remote_reads`]): asking for fanout pages and
+//! sender checks, answering peers, and `append_from`'s checks that a shard could not make here.
+
+use super::remote_reads::{ReadAsk, ReadNext, ReadPurpose, RemoteReads, PAGE_GIVE_UP};
+use super::sender_checks::{Question, Verdict};
+use super::{ApiId, ApiResult, NodeCore, NodeEffect};
+use crate::node::error::NodeError;
+use crate::node::fanout::FanoutWork;
+use crate::node::message::{FlagQuery, NodeMessage, SlotQuery, SlotReadAnswer};
+use crate::node::shard::ShardInput;
+use tidings_channel::fanout::JobId;
+use tidings_channel::machine::AppendRecord;
+use tidings_slot::command::{MemberList, RoutingKey};
+use tidings_slot::model::Uid;
+use tidings_types::{ChannelId, GroupId, NodeId};
+
+impl NodeCore {
+    /// The slot group holding what `key` routes to.
+    fn group_of(&self, key: RoutingKey<'_>) -> GroupId {
+        self.slot.table().group_of_key(key.bytes())
+    }
+
+    /// `true` if this node holds an applied replica of `group` (one created on demand and not yet given
+    /// a snapshot has nothing to read).
+    fn holds_applied(&self, group: GroupId) -> bool {
+        self.slot.applied_index(group).is_some_and(|applied| applied > 0)
+    }
+
+    /// Asks another node for a page of `channel`'s subscribers, for fanout job `job`.
+    pub(super) fn ask_fanout_page(&mut self, job: JobId, channel: ChannelId, cursor: Option<Vec<u8>>, limit: usize) {
+        let limit = u32::try_from(limit).unwrap_or(u32::MAX);
+        let query = SlotQuery::SubscriberPage { channel, cursor, limit };
+        let ask = ReadAsk {
+            purpose: ReadPurpose::FanoutPage(job),
+            query,
+            attempts: 0,
+            since: self.now,
+            give_up_after: PAGE_GIVE_UP,
+        };
+        self.ask_read(ask, None);
+    }
+
+    /// Sends `ask` to `to`, or by default to the group's known leader on a first attempt, else to the next
+    /// node in turn.
+    fn ask_read(&mut self, ask: ReadAsk, to: Option<NodeId>) {
+        let me = self.config.node;
+        let group = self.group_of(ask.query.routing_key());
+        let others: Vec<NodeId> = self.config.nodes.iter().copied().filter(|n| *n != me).collect();
+        let leader = (ask.attempts == 0).then(|| self.known_group_leader(group)).flatten().filter(|l| *l != me);
+        let turn = usize::try_from(u64::from(group.get()) + u64::from(ask.attempts)).unwrap_or(0);
+        let Some(to) = to.or(leader).or_else(|| others.get(turn % others.len().max(1)).copied()) else {
+            // Nobody else to ask (a single node serves every group: not reached in practice).
+            self.read_given_up(ask);
+            return;
+        };
+        let query = ask.query.clone();
+        let request = self.remote_reads.asked(ask, to, self.now);
+        self.send_node(to, NodeMessage::SlotReadRequest { request, query });
+    }
+
+    /// A read that was refused or went unanswered: asked again (`again`: that busy node), or given up.
+    pub(super) fn retry_read(&mut self, ask: ReadAsk, again: Option<NodeId>) {
+        match RemoteReads::next_attempt(ask, again, self.now) {
+            ReadNext::Ask(ask, to) => self.ask_read(ask, to),
+            ReadNext::GiveUp(ask) => self.read_given_up(ask),
+        }
+    }
+
+    fn read_given_up(&mut self, ask: ReadAsk) {
+        match ask.purpose {
+            ReadPurpose::FanoutPage(job) => {
+                self.fanout_pages_abandoned += 1;
+                tracing::warn!(query = ?ask.query, "fanout: no node served a subscriber page in time; this message's fanout stops here");
+                self.fanout.handle_page(job, Vec::new(), None);
+            }
+            ReadPurpose::SenderCheck(check) => {
+                let SlotQuery::Flag(flag) = ask.query else { return };
+                let verdict = self.sender_checks.fail(check, NodeError::SenderUnverified(flag.uid().clone()));
+                self.carry_out_verdict(verdict);
+            }
+        }
+    }
+
+    /// A peer's read: answered from this node's replica of the group (pages on the fanout worker, at most
+    /// `PEER_PAGES_SERVING_MAX` at once), `NotServed` without one.
+    pub(super) fn serve_read(&mut self, from: NodeId, request: u64, query: SlotQuery) {
+        let answer = if !self.holds_applied(self.group_of(query.routing_key())) {
+            SlotReadAnswer::NotServed
+        } else {
+            match query {
+                SlotQuery::SubscriberPage { channel, cursor, limit } => {
+                    if !self.remote_reads.start_serving() {
+                        SlotReadAnswer::Busy
+                    } else {
+                        let limit =
+                            usize::try_from(limit).unwrap_or(usize::MAX).clamp(1, self.config.fanout.page_size.max(1));
+                        let work = FanoutWork::PeerPage { to: from, request, channel, cursor, limit };
+                        self.effects.push_back(NodeEffect::Fanout(work));
+                        return;
+                    }
+                }
+                // One key each: read here, as a meta fetch is.
+                SlotQuery::Flag(flag) => match self.read_flag(&flag) {
+                    Ok(yes) => SlotReadAnswer::Flag(yes),
+                    Err(error) => {
+                        tracing::warn!(%error, "slot read for a peer failed");
+                        SlotReadAnswer::NotServed
+                    }
+                },
+            }
+        };
+        self.send_node(from, NodeMessage::SlotReadReply { request, answer });
+    }
+
+    /// Reads a yes-or-no query from this node's slot replicas.
+    fn read_flag(&self, query: &FlagQuery) -> Result<bool, NodeError> {
+        match query {
+            FlagQuery::Banned(uid) => Ok(self.reader.user(uid)?.is_some_and(|user| user.banned)),
+            FlagQuery::Denied { channel, uid } => Ok(self.reader.is_member(channel, MemberList::Deny, uid)?),
+        }
+    }
+
+    /// A peer's answer to a read this node asked for.
+    pub(super) fn read_answered(&mut self, from: NodeId, request: u64, answer: SlotReadAnswer) {
+        if answer == SlotReadAnswer::Busy {
+            self.remote_reads.busy(request, from, self.now);
+            return;
+        }
+        let Some(ask) = self.remote_reads.answered(request, from) else { return };
+        match (ask.purpose, answer) {
+            (ReadPurpose::FanoutPage(job), SlotReadAnswer::Page { members, next }) => {
+                self.fanout.handle_page(job, members, next);
+            }
+            (ReadPurpose::SenderCheck(check), SlotReadAnswer::Flag(yes)) => {
+                let SlotQuery::Flag(flag) = &ask.query else { return self.retry_read(ask, None) };
+                let verdict = self.sender_checks.answer(check, question_of(flag), yes);
+                self.carry_out_verdict(verdict);
+            }
+            // Not served there, or an answer of the wrong kind: ask the next node.
+            _ => self.retry_read(ask, None),
+        }
+    }
+
+    /// `append_from` whose channel shard could not check the sender here: the answers this node's slot
+    /// replicas hold are read here, the others asked of nodes that hold them; the append waits (bounded)
+    /// and goes on to its shard once the sender may send.
+    pub(super) fn verify_sender(&mut self, api: ApiId, channel: ChannelId, sender: Uid, records: Vec<AppendRecord>) {
+        let check = match self.sender_checks.start(api, channel.clone(), sender.clone(), records) {
+            Ok(check) => check,
+            Err(_) => return self.done(api, ApiResult::Appended(Err(NodeError::Overloaded))),
+        };
+        let give_up_after = self.config.machine.append_timeout;
+        for flag in [FlagQuery::Banned(sender.clone()), FlagQuery::Denied { channel, uid: sender }] {
+            let query = SlotQuery::Flag(flag);
+            if let (true, SlotQuery::Flag(flag)) = (self.holds_applied(self.group_of(query.routing_key())), &query) {
+                let verdict = match self.read_flag(flag) {
+                    Ok(yes) => self.sender_checks.answer(check, question_of(flag), yes),
+                    Err(error) => self.sender_checks.fail(check, error),
+                };
+                self.carry_out_verdict(verdict);
+            } else {
+                let purpose = ReadPurpose::SenderCheck(check);
+                let ask = ReadAsk { purpose, query, attempts: 0, since: self.now, give_up_after };
+                self.ask_read(ask, None);
+            }
+        }
+    }
+
+    fn carry_out_verdict(&mut self, verdict: Option<Verdict>) {
+        match verdict {
+            None => {}
+            Some(Verdict::Allowed(append)) => {
+                let sender = append.sender.as_str().to_owned();
+                let input = ShardInput::CheckedAppend {
+                    api: append.api,
+                    channel: append.channel.clone(),
+                    sender,
+                    records: append.records,
+                };
+                self.feed_shard(&append.channel, input);
+            }
+            Some(Verdict::Refused(append, error)) => self.done(append.api, ApiResult::Appended(Err(error))),
+        }
+    }
+}
+
+fn question_of(flag: &FlagQuery) -> Question {
+    match flag {
+        FlagQuery::Banned(_) => Question::Banned,
+        FlagQuery::Denied { .. } => Question::Denied,
+    }
+}
