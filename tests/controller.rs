@@ -5,13 +5,12 @@
 mod support;
 
 use bytes::Bytes;
-use support::Cluster;
+use support::{force_meta, with_fence, Cluster};
 use tidings::channel::machine::AppendRecord;
 use tidings::node::{NodeConfig, NodeError, TaskBlocked, TaskError, TaskKind, TaskReport};
-use tidings::slot::command::Command;
 use tidings::slot::model::SwitchProof;
 use tidings::store::message::IdempotencyKey;
-use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, NodeId, Seq, WriteFence};
+use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, NodeId, Seq};
 
 fn channel(name: &str) -> ChannelId {
     ChannelId::new(ChannelType::GROUP, name).unwrap()
@@ -348,28 +347,6 @@ fn conflicting_evidence_keeps_the_channel_fenced() {
 }
 
 /// Proposes `next` over `current` through node `via` as a vanished controller would have, and waits.
-fn force_meta(
-    cluster: &mut Cluster,
-    via: u64,
-    current: &ChannelRuntimeMeta,
-    next: ChannelRuntimeMeta,
-    proof: Option<SwitchProof>,
-) {
-    let id = cluster.api();
-    let now = cluster.now;
-    let command = Command::CasRuntimeMeta { expected_version: current.version, meta: next, proof };
-    cluster.core(via).propose(now, id, command);
-    cluster.run_for(500);
-    assert_eq!(cluster.results.get(&id).map(String::as_str), Some("Meta(Ok(()))"));
-}
-
-fn with_fence(meta: &ChannelRuntimeMeta, task: u64, freeze: bool) -> ChannelRuntimeMeta {
-    let mut next = meta.clone();
-    next.version += 1;
-    next.write_fence = Some(WriteFence { task, since_version: next.version, freeze_replication: freeze });
-    next
-}
-
 #[test]
 fn fences_left_by_a_vanished_controller_are_taken_over_in_every_phase() {
     let mut cluster = Cluster::new(3);

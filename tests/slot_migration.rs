@@ -6,12 +6,12 @@
 mod support;
 
 use std::collections::BTreeSet;
-use support::Cluster;
+use support::{force_meta, with_fence, Cluster};
 use tidings::node::{ApiId, MigrationPhase};
 use tidings::router::hash_slot;
 use tidings::slot::command::{Command, RoutingKey};
 use tidings::slot::model::{SlotMigrationStep, SlotState, Uid, User};
-use tidings::types::{GroupId, HashSlot, NodeId};
+use tidings::types::{ChannelId, ChannelType, GroupId, HashSlot, NodeId};
 
 /// A settled 4-node cluster copying slots in small chunks with a pause between steps (the copy takes long
 /// enough for writes to interleave), and a load of `users` users of the slot.
@@ -330,4 +330,28 @@ fn an_import_whose_export_was_given_up_is_dropped_by_the_target() {
     // The slot still migrates there later.
     start(&mut cluster, 1);
     assert!(cluster.run_until(30_000, |c| migrated(c, 1)), "a later migration completes");
+}
+
+#[test]
+fn a_fence_that_moves_with_its_slot_is_cleared_soon_by_the_new_group_s_controller() {
+    // A controller that fenced a channel can fail to unfence it while the channel's slot is fenced for a
+    // migration (`SlotFenced`), and give up: the fence then moves with the slot. The new group's leader
+    // must look at the slots it gained at once, not at its next idle repair pass (10 s) — the simulator
+    // found a channel taking no append long after everything healed (seed 105000395).
+    let mut cluster = Cluster::with(4, |_| {});
+    cluster.run_for(3_000);
+    let channel = (0..)
+        .map(|i| ChannelId::new(ChannelType::GROUP, &format!("fenced-{i}")).unwrap())
+        .find(|c| hash_slot(c.route_key()) == the_slot())
+        .unwrap();
+    cluster.create_channel(1, &channel);
+    let meta = cluster.core(1).reader().runtime_meta(&channel).unwrap().expect("created");
+    force_meta(&mut cluster, 1, &meta, with_fence(&meta, 4242, false), None);
+    start(&mut cluster, 1);
+    assert!(cluster.run_until(5_000, |c| migrated(c, 1)), "the slot migrates");
+    let cleared = cluster.run_until(8_000, |c| {
+        let Some(leader) = c.slot_leader(TARGET) else { return false };
+        c.core(leader).reader().runtime_meta(&channel).unwrap().is_some_and(|m| m.write_fence.is_none())
+    });
+    assert!(cleared, "the fence that came with the slot is cleared within 8 s");
 }

@@ -12,10 +12,11 @@ use tidings::node::{
     carry_out_fanout, ApiId, ApiResult, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeEffect, NodeError, TaskReport,
 };
 use tidings::router::Router;
-use tidings::slot::model::{ChannelFlags, ChannelInfo};
+use tidings::slot::command::Command;
+use tidings::slot::model::{ChannelFlags, ChannelInfo, SwitchProof};
 use tidings::store::message::{LogLimits, MemoryLog, MessageLog, ReadLimits};
 use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
-use tidings::types::{ChannelId, GroupId, NodeId, Seq, Time};
+use tidings::types::{ChannelId, ChannelRuntimeMeta, GroupId, NodeId, Seq, Time, WriteFence};
 
 /// One node: its core while it runs, and its stores, which outlive crashes.
 pub struct SimNode {
@@ -253,4 +254,29 @@ impl Cluster {
 
 pub fn records(payloads: &[&str]) -> Vec<AppendRecord> {
     payloads.iter().map(|p| AppendRecord { idempotency_key: None, payload: Bytes::from(p.to_string()) }).collect()
+}
+
+/// Writes `next` over `current` through node `via` (a compare-and-set of the runtime meta), as a
+/// controller would: for tests that leave the state a vanished controller leaves.
+pub fn force_meta(
+    cluster: &mut Cluster,
+    via: u64,
+    current: &ChannelRuntimeMeta,
+    next: ChannelRuntimeMeta,
+    proof: Option<SwitchProof>,
+) {
+    let id = cluster.api();
+    let now = cluster.now;
+    let command = Command::CasRuntimeMeta { expected_version: current.version, meta: next, proof };
+    cluster.core(via).propose(now, id, command);
+    cluster.run_for(500);
+    assert_eq!(cluster.results.get(&id).map(String::as_str), Some("Meta(Ok(()))"));
+}
+
+/// `meta` fenced by channel task `task` (`freeze`: replication frozen, as a failover fences).
+pub fn with_fence(meta: &ChannelRuntimeMeta, task: u64, freeze: bool) -> ChannelRuntimeMeta {
+    let mut next = meta.clone();
+    next.version += 1;
+    next.write_fence = Some(WriteFence { task, since_version: next.version, freeze_replication: freeze });
+    next
 }

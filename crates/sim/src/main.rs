@@ -1,6 +1,7 @@
 //! `cargo run --release -p tidings-sim -- --seeds N [--from S]` runs N seeds and prints a summary;
 //! `-- --seed S` replays one seed and prints its report. `--no-metadata` runs appends only;
 //! `--idle-evict-ms N` overrides the seed's idle eviction (0: the node's default, longer than a run).
+//! `TIDINGS_SIM_LOG=info` (or `debug`, `trace`) prints the nodes' logs while one seed replays.
 #![allow(clippy::disallowed_methods)] // The command-line tool reads the clock to report speed.
 
 use std::time::Instant;
@@ -20,6 +21,10 @@ fn arg(name: &str) -> Option<u64> {
 
 fn main() {
     if let Some(seed) = arg("--seed") {
+        let level = std::env::var("TIDINGS_SIM_LOG").ok().and_then(|l| l.parse::<tracing::Level>().ok());
+        if let Some(level) = level {
+            tracing_subscriber::fmt().with_max_level(level).without_time().init();
+        }
         println!("{}", params(seed));
         let report = run(params(seed));
         println!(

@@ -258,6 +258,8 @@ pub(crate) struct Controller {
     fences_seen: BTreeMap<ChannelId, (u64, Time)>,
     /// Slot groups this node led at the last tick.
     led: BTreeSet<GroupId>,
+    /// The hash slots of the groups in `led`, as of the last ping round.
+    led_slots: Vec<HashSlot>,
     next_task: u64,
     /// Tags proposals (see [`Action::Propose`]).
     next_tag: u64,
@@ -286,6 +288,7 @@ impl Controller {
             rebalance_backoff: BTreeMap::new(),
             fences_seen: BTreeMap::new(),
             led: BTreeSet::new(),
+            led_slots: Vec::new(),
             next_task: first_task,
             next_tag: 0,
         }
@@ -371,12 +374,18 @@ impl Controller {
             }
             let down: BTreeSet<NodeId> = self.liveness.down(now).collect();
             let led: BTreeSet<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
-            if down.iter().any(|n| !self.down.contains(n)) || led.iter().any(|g| !self.led.contains(g)) {
-                // Someone just went down, or this node just took over a group: look at its channels now.
+            let table = slot.table();
+            let led_slots: Vec<HashSlot> = led.iter().flat_map(|g| table.slots_of(*g)).collect();
+            let gained_slot = led_slots.iter().any(|s| !self.led_slots.contains(s));
+            if down.iter().any(|n| !self.down.contains(n)) || led.iter().any(|g| !self.led.contains(g)) || gained_slot {
+                // Someone just went down, or this node just took over a group or a migrated slot: look at
+                // its channels now (a migrated slot may bring a fence whose controller gave up while the
+                // slot was fenced for the migration, and only a pass here sees it).
                 self.scan.next_pass = self.scan.next_pass.min(now);
             }
             self.down = down;
             self.led = led;
+            self.led_slots = led_slots;
         }
         let due: Vec<ChannelId> = self
             .tasks
