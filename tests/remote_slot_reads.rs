@@ -221,3 +221,25 @@ fn a_node_without_the_user_s_or_the_channel_s_slot_group_checks_senders_through_
     let unverified = append_from(&mut cluster, via, &channel, alice).unwrap_err();
     assert!(unverified.contains("SenderUnverified"), "{unverified}");
 }
+
+#[test]
+fn a_replica_that_lost_its_leader_does_not_vouch_for_a_sender() {
+    // Node 3 is cut off while the user is banned, so its replica of the user's group never learns the
+    // ban; by then it knows no leader either. Right after it is back — before the leader reaches it —
+    // an append from the banned user through node 3 must still be refused: the check goes to a node
+    // whose replica knows its leader instead of reading the stale one.
+    let recorder = Arc::new(Recorder::default());
+    let mut cluster = cluster_of(3, &recorder);
+    let channel = ChannelId::new(ChannelType::GROUP, "lobby").unwrap();
+    cluster.create_channel(1, &channel);
+    subscribe(&mut cluster, &channel, MemberList::Subscribers, &["mallory"]);
+    cluster.cut.insert(NodeId::new(3));
+    cluster.run_for(5_000);
+    let banned = User { uid: Uid::new("mallory").unwrap(), name: "Mallory".into(), banned: true };
+    assert_eq!(cluster.call(1, |core, now, id| core.propose(now, id, Command::PutUser(banned))), "Meta(Ok(()))");
+    let stale = cluster.core(3).reader().user(&Uid::new("mallory").unwrap()).unwrap();
+    assert!(stale.is_none_or(|u| !u.banned), "node 3's replica must not know the ban yet");
+    cluster.cut.clear();
+    let refused = append_from(&mut cluster, 3, &channel, "mallory").unwrap_err();
+    assert!(refused.contains("SenderBanned"), "{refused}");
+}

@@ -52,6 +52,7 @@ pub fn run(params: SimParams) -> SimReport {
                 steps: 0,
                 faults: Faults::default(),
                 acked: 0,
+                delivered: 0,
                 unanswered: 0,
                 trace_hash: 0,
                 violations: vec![format!("panic: {what}")],

@@ -28,8 +28,8 @@ fn main() {
         println!("{}", params(seed));
         let report = run(params(seed));
         println!(
-            "steps {} acked {} unanswered {} faults {:?} trace {:016x}",
-            report.steps, report.acked, report.unanswered, report.faults, report.trace_hash
+            "steps {} acked {} delivered {} unanswered {} faults {:?} trace {:016x}",
+            report.steps, report.acked, report.delivered, report.unanswered, report.faults, report.trace_hash
         );
         for violation in &report.violations {
             println!("VIOLATION: {violation}");
@@ -39,12 +39,13 @@ fn main() {
     let seeds = arg("--seeds").unwrap_or(100);
     let from = arg("--from").unwrap_or(0);
     let started = Instant::now();
-    let (mut steps, mut acked, mut failures) = (0u64, 0usize, 0u64);
+    let (mut steps, mut acked, mut delivered, mut failures) = (0u64, 0usize, 0usize, 0u64);
     let mut faults = tidings_sim::Faults::default();
     for seed in from..from + seeds {
         let report = run(params(seed));
         steps += report.steps;
         acked += report.acked;
+        delivered += report.delivered;
         faults += report.faults;
         if !report.passed() {
             failures += 1;
@@ -58,7 +59,7 @@ fn main() {
     let elapsed = started.elapsed();
     println!(
         "{seeds} seeds in {elapsed:.1?} ({:.0} seeds/hour, {:.0} simulated ms/s): {steps} steps, {acked} appends acknowledged, \
-         faults {faults:?}, {failures} failed",
+         {delivered} fanout deliveries, faults {faults:?}, {failures} failed",
         seeds as f64 / elapsed.as_secs_f64() * 3600.0,
         steps as f64 / elapsed.as_secs_f64(),
     );

@@ -11,6 +11,13 @@ const IDEMPOTENCY_WINDOW: u64 = 1024;
 
 enum Expect {
     Create(ChannelId),
+    /// A metadata write of the setup, named.
+    Setup(String),
+    /// `append_from` by a sender the channel must refuse (banned, or on its deny list).
+    RefusedSender {
+        channel: ChannelId,
+        sender: &'static str,
+    },
     /// `floor`: for a fresh append (not a retry of a key seen before), the highest seq of the channel
     /// acknowledged before it was submitted — a linearizable log must place it above.
     Append {
@@ -34,6 +41,8 @@ pub struct Oracle {
     keyed: Vec<(ChannelId, IdempotencyKey, Bytes)>,
     /// Every key submitted, acknowledged or not (a later request with one is a retry).
     submitted_keys: BTreeSet<(ChannelId, IdempotencyKey)>,
+    /// Setup writes acknowledged.
+    setup_done: BTreeSet<String>,
     violations: Vec<String>,
 }
 
@@ -61,6 +70,19 @@ impl Oracle {
         self.expected.insert(api, (node, Expect::Append { channel, payload, key, floor }));
     }
 
+    pub fn expect_setup(&mut self, api: ApiId, node: NodeId, label: String) {
+        self.expected.insert(api, (node, Expect::Setup(label)));
+    }
+
+    pub fn setup_done(&self, label: &str) -> bool {
+        self.setup_done.contains(label)
+    }
+
+    /// `append_from` by `sender`, whom `channel` must refuse: acknowledging it is a violation.
+    pub fn expect_refused_sender(&mut self, api: ApiId, node: NodeId, channel: ChannelId, sender: &'static str) {
+        self.expected.insert(api, (node, Expect::RefusedSender { channel, sender }));
+    }
+
     pub fn pick_retry(&self, rng: &mut DetRng) -> Option<(ChannelId, IdempotencyKey, Bytes)> {
         rng.pick(&self.keyed).cloned()
     }
@@ -86,6 +108,12 @@ impl Oracle {
             }
             (Expect::Create(channel), other) if std::env::var("SIM_DEBUG").is_ok() => {
                 eprintln!("create {channel}: {other:?}");
+            }
+            (Expect::Setup(label), ApiResult::Meta(Ok(()))) => {
+                self.setup_done.insert(label);
+            }
+            (Expect::RefusedSender { channel, sender }, ApiResult::Appended(Ok(seqs))) => {
+                self.violation(format!("{channel}: an append from {sender} was acknowledged at {seqs:?}"));
             }
             (Expect::Append { channel, payload, key, floor }, ApiResult::Appended(Ok(seqs))) => {
                 let Some(seq) = seqs.first().copied() else {
@@ -177,7 +205,10 @@ impl Oracle {
             .expected
             .values()
             .map(|(_, e)| match e {
-                Expect::Append { channel, .. } | Expect::Create(channel) => channel.to_string(),
+                Expect::Append { channel, .. } | Expect::Create(channel) | Expect::RefusedSender { channel, .. } => {
+                    channel.to_string()
+                }
+                Expect::Setup(label) => label.clone(),
             })
             .collect();
         if std::env::var("SIM_DEBUG").is_ok() {

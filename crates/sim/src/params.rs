@@ -69,6 +69,9 @@ pub struct SimParams {
     pub rebalance_leaders_ms: u64,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
+    /// Unsafe, for the simulator's own test: appends from the banned and the denied sender go through
+    /// `append` (no sender check), as a host that forgot the check would send them.
+    pub unsafe_unchecked_senders: bool,
 }
 
 impl SimParams {
@@ -125,6 +128,7 @@ impl SimParams {
                 }
             },
             unsafe_lying_disk: false,
+            unsafe_unchecked_senders: false,
         }
     }
 }
@@ -135,7 +139,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -167,7 +171,8 @@ impl fmt::Display for SimParams {
             } else {
                 String::new()
             },
-            if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" }
+            if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
+            if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }
         )
     }
 }

@@ -84,7 +84,7 @@ fn seeds_that_once_failed_pass() {
         8, 62, 5, 23, 31, 50, 52, 91, 946, 6806, 10500, 14754, 15114, 204, 25316, 27024, 104161, 105524, 122608,
         152521, 2, 200306, 100367, 101518, 102889, 203287, 203758, 502141, 502927, 504225, 501516, 503687, 505003,
         505049, 711764, 905951, 3024062, 4000934, 4002385, 6002809, 8009406, 3006042, 3006767, 3007578, 7009782,
-        13000241, 63001920, 65000005, 92004055,
+        13000241, 63001920, 65000005, 92004055, 105000395, 106000026, 106000039, 106000043,
     ] {
         assert_passes(&run_seed(seed));
     }
@@ -112,6 +112,16 @@ fn a_disk_that_lies_about_persisting_is_caught() {
         report.violations.iter().any(|v| v.contains("lost or changed"))
     });
     assert!(caught.is_some(), "acknowledged appends that were never stored went unnoticed for 16 seeds");
+}
+
+#[test]
+fn messages_from_senders_the_channel_refuses_are_caught() {
+    let caught = (0..16).find(|seed| {
+        let params = SimParams { unsafe_unchecked_senders: true, ..SimParams::from_seed(*seed) };
+        let report = World::new(params).run();
+        report.violations.iter().any(|v| v.contains("refused sender"))
+    });
+    assert!(caught.is_some(), "messages from banned or denied senders went unnoticed for 16 seeds");
 }
 
 /// Seed 83 (and 498, 530, 909, 988) found that raft-rs 0.7's `batch_append` merges an empty MsgAppend

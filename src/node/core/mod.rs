@@ -186,7 +186,7 @@ impl NodeCore {
         let first_task = ((config.boot_id & 0xffff_ffff) << 32) | (1 << 31);
         let controller = Controller::new(config.controller.clone(), config.node, &config.nodes, first_task, now);
         let reader = SlotReader::new(meta);
-        let served = Arc::new(Served::new(slot.table(), slot.groups().collect()));
+        let served = Arc::new(Served::new(slot.table(), slot.groups().collect(), Vec::new()));
         let count = config.reactors_or(1);
         let shards = (0..count)
             .map(|index| {

@@ -22,7 +22,7 @@ impl NodeCore {
 
     /// `true` if this node holds an applied replica of `group` (one created on demand and not yet given
     /// a snapshot has nothing to read).
-    fn holds_applied(&self, group: GroupId) -> bool {
+    pub(super) fn holds_applied(&self, group: GroupId) -> bool {
         self.slot.applied_index(group).is_some_and(|applied| applied > 0)
     }
 
@@ -84,7 +84,14 @@ impl NodeCore {
     /// A peer's read: answered from this node's replica of the group (pages on the fanout worker, at most
     /// `PEER_PAGES_SERVING_MAX` at once), `NotServed` without one.
     pub(super) fn serve_read(&mut self, from: NodeId, request: u64, query: SlotQuery) {
-        let answer = if !self.holds_applied(self.group_of(query.routing_key())) {
+        let group = self.group_of(query.routing_key());
+        // A sender check wants a replica that knows its leader (see `MultiRaft::reads_fresh`); a page
+        // for fanout takes any applied one.
+        let fit = match query {
+            SlotQuery::Flag(_) => self.slot.reads_fresh(group),
+            SlotQuery::SubscriberPage { .. } => self.holds_applied(group),
+        };
+        let answer = if !fit {
             SlotReadAnswer::NotServed
         } else {
             match query {
@@ -152,7 +159,7 @@ impl NodeCore {
         let give_up_after = self.config.machine.append_timeout;
         for flag in [FlagQuery::Banned(sender.clone()), FlagQuery::Denied { channel, uid: sender }] {
             let query = SlotQuery::Flag(flag);
-            if let (true, SlotQuery::Flag(flag)) = (self.holds_applied(self.group_of(query.routing_key())), &query) {
+            if let (true, SlotQuery::Flag(flag)) = (self.slot.reads_fresh(self.group_of(query.routing_key())), &query) {
                 let verdict = match self.read_flag(flag) {
                     Ok(yes) => self.sender_checks.answer(check, question_of(flag), yes),
                     Err(error) => self.sender_checks.fail(check, error),

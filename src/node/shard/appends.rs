@@ -12,9 +12,11 @@ use tidings_types::ChannelId;
 
 impl ChannelShard {
     /// Checks `append_from`'s sender from this node's slot replicas: `Ok(true)` if it may send,
-    /// `Ok(false)` if they cannot tell (the node asks nodes that can), or why not.
+    /// `Ok(false)` if they cannot tell — no replica here of the user's or the channel's group, or one
+    /// that knows no leader (the node then asks nodes that can) — or why not.
     pub(super) fn check_sender(&self, channel: &ChannelId, sender: &Uid) -> Result<bool, NodeError> {
-        if !self.served.serves_key(RoutingKey::Uid(sender).bytes()) || !self.served.serves(channel) {
+        let fresh = |key: RoutingKey<'_>| self.served.fresh_for_key(key.bytes());
+        if !fresh(RoutingKey::Uid(sender)) || !fresh(RoutingKey::Channel(channel)) {
             return Ok(false);
         }
         if self.reader.user(sender)?.is_some_and(|user| user.banned) {

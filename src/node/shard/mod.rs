@@ -71,11 +71,23 @@ pub(crate) fn shard_of_id(id: u64, shards: usize) -> usize {
 pub(crate) struct Served {
     table: Arc<HashToSlot>,
     groups: Vec<GroupId>,
+    /// The groups whose replica here knows a leader: fit for `append_from`'s sender check (a replica
+    /// that restarted, or is cut off from its leader, may lack a recent ban).
+    fresh: Vec<GroupId>,
 }
 
 impl Served {
-    pub(crate) fn new(table: Arc<HashToSlot>, groups: Vec<GroupId>) -> Self {
-        Self { table, groups }
+    pub(crate) fn new(table: Arc<HashToSlot>, groups: Vec<GroupId>, fresh: Vec<GroupId>) -> Self {
+        Self { table, groups, fresh }
+    }
+
+    /// `true` if this node keeps a replica of the slot group owning `key` that knows its leader.
+    pub(crate) fn fresh_for_key(&self, key: &[u8]) -> bool {
+        self.fresh.contains(&self.table.group_of_key(key))
+    }
+
+    pub(crate) fn fresh(&self) -> &[GroupId] {
+        &self.fresh
     }
 
     /// `true` if this node keeps a replica of the slot group owning `key`.

@@ -209,16 +209,19 @@ impl World {
             let mut logs: Vec<(NodeId, Seq, Vec<Record>)> = Vec::new();
             for id in &replicas {
                 let node = &self.nodes[id];
-                let hw = node
+                // An evicted replica's HW is its log's checkpoint.
+                let active_hw = node
                     .core
                     .as_ref()
                     .and_then(|c| c.status().channels.into_iter().find(|s| s.channel == channel))
                     .map_or(Seq::new(0), |s| s.hw);
+                let hw = active_hw.max(node.log.state(&channel).map_or(Seq::new(0), |s| s.hw));
                 let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
                 let records = node.log.read(&channel, Seq::new(1), Seq::new(u64::MAX), limits).unwrap_or_default();
                 logs.push((*id, hw, records));
             }
             self.oracle.check_durable(&channel, &logs);
+            self.check_senders_and_fanout(&channel, &logs);
         }
         // Every acknowledged metadata write is on every replica of the group owning its slot once healed.
         let owners: BTreeMap<HashSlot, GroupId> =

@@ -2,6 +2,7 @@
 //! faults, a client workload, and the checks. One thread, virtual time in 1 ms steps.
 
 mod checks;
+mod senders;
 mod workload;
 
 use crate::oracle::Oracle;
@@ -10,7 +11,7 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
-use tidings::node::{carry_out_fanout, ApiId, ApiResult, NoFanout, NodeConfig, NodeCore, NodeEffect};
+use tidings::node::{carry_out_fanout, ApiId, ApiResult, NodeConfig, NodeCore, NodeEffect};
 use tidings::router::Router;
 use tidings::slot::command::RoutingKey;
 use tidings::slot::model::Uid;
@@ -30,6 +31,8 @@ pub struct SimReport {
     pub faults: Faults,
     /// Appends acknowledged.
     pub acked: usize,
+    /// Fanout deliveries (message, member) the host recorded.
+    pub delivered: usize,
     /// Requests still unanswered at the end.
     pub unanswered: usize,
     /// Hash of every delivered frame and answer: the same seed gives the same hash.
@@ -175,6 +178,8 @@ pub struct World {
     barriers: BTreeMap<ApiId, Vec<Uid>>,
     /// Slot-group replica moves and aborts asked for, waiting for their answer.
     slot_moves: BTreeSet<ApiId>,
+    /// Every node's fanout host: records what was delivered.
+    fanout_host: Arc<senders::RecordingHost>,
 }
 
 impl World {
@@ -188,7 +193,6 @@ impl World {
             config.channel_replicas = params.channel_replicas;
             config.channel_min_isr = params.min_isr;
             config.seed = params.seed;
-            config.fanout_enabled = false;
             config.reactors = params.reactors;
             config.machine.hw_notify_delay = std::time::Duration::from_millis(params.hw_notify_delay_ms);
             if params.idle_evict_ms > 0 {
@@ -228,6 +232,7 @@ impl World {
             slot_moves: BTreeSet::new(),
             users_acked: BTreeMap::new(),
             barriers: BTreeMap::new(),
+            fanout_host: Arc::new(senders::RecordingHost::default()),
         }
     }
 
@@ -263,6 +268,14 @@ impl World {
         if created.len() < self.channels.len() {
             self.oracle.violation(format!("setup: only {} of {} channels created", created.len(), self.channels.len()));
         }
+        let senders_set_up = (0..20).any(|_| {
+            let done = self.set_up_senders();
+            self.run_for(500);
+            done
+        });
+        if !senders_set_up {
+            self.oracle.violation("setup: the senders' users and lists were not all written".into());
+        }
         self.run_for(1_000);
 
         self.faulty = true;
@@ -284,6 +297,7 @@ impl World {
         let steps = self.now.as_millis();
         SimReport {
             acked: self.oracle.acked_count(),
+            delivered: self.fanout_host.count(),
             unanswered: self.oracle.unanswered(),
             params: self.params,
             steps,
@@ -496,9 +510,8 @@ impl World {
                         Event::ReadDone { node: id, incarnation, channel, token, from, through, max_bytes },
                     );
                 }
-                // A host without sessions: every member offline.
                 NodeEffect::Fanout(work) => {
-                    if let Some(answer) = carry_out_fanout(core.reader(), &NoFanout, work) {
+                    if let Some(answer) = carry_out_fanout(core.reader(), self.fanout_host.as_ref(), work) {
                         core.handle_fanout(now, answer);
                     }
                 }

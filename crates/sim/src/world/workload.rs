@@ -11,8 +11,9 @@ use tidings::store::message::IdempotencyKey;
 use tidings::types::{ChannelId, GroupId, HashSlot, NodeId, Seq};
 
 impl World {
-    /// One client request: an append (half with an idempotency key), a retry of an earlier keyed
-    /// append with the same key and payload, a read, a metadata write or read, or (with
+    /// One client request: an append (half with an idempotency key; some through `append_from` with
+    /// a sender, see `senders`), a retry of an earlier keyed append with the same key and payload, a
+    /// read, a metadata write or read, or (with
     /// `leader_transfers`) an operator call. The order of the draws is part of each seed's run.
     pub(super) fn request(&mut self) {
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
@@ -37,6 +38,10 @@ impl World {
                     self.oracle.check_read(node, &channel, &records);
                 }
             }
+            return;
+        }
+        if roll < 45 {
+            self.append_from_request(node, api, channel);
             return;
         }
         let payload = Bytes::from(format!("{}-{}", self.params.seed, api.0));

@@ -397,6 +397,16 @@ impl MultiRaft {
         self.groups.get(&group).is_some_and(|g| g.raw.raft.state == StateRole::Leader)
     }
 
+    /// `true` if this node's replica of `group` is fit for reads that must not lag far behind the group
+    /// (a sender check): it has applied something, it knows a leader (a replica cut off from its leader
+    /// forgets it within an election timeout or two; one that restarted knows none until the leader
+    /// reaches it), and it has applied everything it knows committed.
+    pub fn reads_fresh(&self, group: GroupId) -> bool {
+        let Some(g) = self.groups.get(&group) else { return false };
+        let raft = &g.raw.raft;
+        raft.leader_id != 0 && raft.raft_log.applied > 0 && raft.raft_log.applied >= raft.raft_log.committed
+    }
+
     /// The last index applied by `group`'s FSM on this node.
     pub fn applied_index(&self, group: GroupId) -> Option<u64> {
         self.groups.get(&group).map(|g| g.raw.raft.raft_log.applied)
