@@ -9,7 +9,7 @@ use crate::command::MemberList;
 use crate::keys::{read_uid, Key, Kind};
 use crate::model::{
     ChannelInfo, CmdBinding, Device, GroupIntent, Membership, MessageEvent, MigrationTask, PluginBinding, SlotRecord,
-    Uid, User,
+    SlotState, Uid, User,
 };
 use serde::de::DeserializeOwned;
 use tidings_router::hash_slot;
@@ -138,6 +138,24 @@ impl SlotReader {
     /// the slot never migrated to or from the group; the genesis table says whether the group owns it).
     pub fn slot_record(&self, group: GroupId, slot: HashSlot) -> StoreResult<Option<SlotRecord>> {
         self.get_in(MetaSpace::group_records(group), crate::fsm::migration::record_key(slot))
+    }
+
+    /// The group whose copy of `slot` this node reads (the one its placement names), if that copy is the
+    /// serving one as far as the group's replica here has applied: its record shows the group owning the
+    /// slot at the placement's epoch or later (or, never migrated, no record at all). `None` while that
+    /// replica has not yet applied the import its placement came from, or once the slot moved on: the
+    /// copy may then lack recent writes, and a read that must not miss one asks elsewhere.
+    pub fn owner_copy(&self, slot: HashSlot) -> StoreResult<Option<GroupId>> {
+        let Some(placement) = self.store.placement(slot)? else { return Ok(None) };
+        let current = match (self.slot_record(placement.group, slot)?, placement.epoch) {
+            (None, 0) => true,
+            (None, _) => false,
+            (Some(record), epoch) => {
+                record.epoch >= epoch
+                    && matches!(record.state, SlotState::Owned | SlotState::Exporting { .. } | SlotState::Fenced { .. })
+            }
+        };
+        Ok(current.then_some(placement.group))
     }
 
     /// Every hash slot `group`'s records name (slots it migrated away, is migrating, or received), as this

@@ -402,3 +402,45 @@ fn a_hash_slot_migrates_between_two_groups_on_one_node_without_touching_either_c
     assert_eq!(reader.slot_record(a, slot).unwrap().map(|r| r.state), Some(SlotState::Gone { to: b }));
     assert_eq!(reader.slot_record(b, slot).unwrap().map(|r| (r.epoch, r.state)), Some((1, SlotState::Owned)));
 }
+
+#[test]
+fn a_copy_is_the_owner_copy_only_once_this_node_s_replica_applied_its_import() {
+    use tidings_slot::model::SlotMigrationStep as Step;
+    let kv = Arc::new(MemoryKv::new());
+    let store = MetaStore::new(kv);
+    let table = HashToSlot::even_split(2).unwrap();
+    seed_placements(&store, &table).unwrap();
+    let (a, b) = (GroupId::new(1), GroupId::new(2));
+    let source = SlotFsm::new(a, store.clone(), FsmLimits::default());
+    let target = SlotFsm::new(b, store.clone(), FsmLimits::default());
+    let reader = SlotReader::new(store.clone());
+    let banned = (0..)
+        .map(|i| uid(&format!("user-{i}")))
+        .find(|u| table.group_of(hash_slot(u.as_str().as_bytes())) == a)
+        .unwrap();
+    let slot = hash_slot(banned.as_str().as_bytes());
+    let migrate = |group, step| Command::MigrateSlot { group, slot, step };
+    let user = Command::PutUser(User { uid: banned.clone(), name: "banned".into(), banned: true });
+    assert_eq!(step(&source, &table, user), Outcome::Applied);
+    assert_eq!(reader.owner_copy(slot).unwrap(), Some(a), "never migrated: the genesis owner's copy");
+
+    assert_eq!(step(&source, &table, migrate(a, Step::Export { to: b })), Outcome::Applied);
+    assert_eq!(
+        step(&target, &table, migrate(b, Step::BeginImport { from: a, epoch: 1, attempt: 1 })),
+        Outcome::Applied
+    );
+    assert_eq!(step(&source, &table, migrate(a, Step::Fence { to: b, epoch: 1 })), Outcome::Applied);
+    assert_eq!(reader.owner_copy(slot).unwrap(), Some(a), "exporting and fenced: the source still serves");
+    // The group's leaders committed the import and the finish; on this node the source's replica applies
+    // the finish first, before the target's replica applied the copy or its commit.
+    assert_eq!(step(&source, &table, migrate(a, Step::Finish { to: b, epoch: 1 })), Outcome::Applied);
+    assert_eq!(store.placement(slot).unwrap().map(|p| p.group), Some(b));
+    assert!(reader.user(&banned).unwrap().is_none(), "the placed copy lacks the user yet");
+    assert_eq!(reader.owner_copy(slot).unwrap(), None, "a copy still importing here must not be trusted");
+
+    assert_eq!(
+        step(&target, &table, migrate(b, Step::CommitImport { from: a, epoch: 1, attempt: 1 })),
+        Outcome::Applied
+    );
+    assert_eq!(reader.owner_copy(slot).unwrap(), Some(b));
+}

@@ -26,6 +26,14 @@ impl NodeCore {
         self.slot.applied_index(group).is_some_and(|applied| applied > 0)
     }
 
+    /// `true` if this node may answer a sender check about `key` from its own replicas: the copy it reads
+    /// is the serving one of the key's hash slot (`SlotReader::owner_copy`), in a replica that knows its
+    /// leader and applied all it knows committed (`MultiRaft::reads_fresh`).
+    fn can_vouch(&self, key: RoutingKey<'_>) -> bool {
+        let copy = self.reader.owner_copy(tidings_router::hash_slot(key.bytes()));
+        copy.ok().flatten().is_some_and(|group| self.slot.reads_fresh(group))
+    }
+
     /// Asks another node for a page of `channel`'s subscribers, for fanout job `job`.
     pub(super) fn ask_fanout_page(&mut self, job: JobId, channel: ChannelId, cursor: Option<Vec<u8>>, limit: usize) {
         let limit = u32::try_from(limit).unwrap_or(u32::MAX);
@@ -84,12 +92,11 @@ impl NodeCore {
     /// A peer's read: answered from this node's replica of the group (pages on the fanout worker, at most
     /// `PEER_PAGES_SERVING_MAX` at once), `NotServed` without one.
     pub(super) fn serve_read(&mut self, from: NodeId, request: u64, query: SlotQuery) {
-        let group = self.group_of(query.routing_key());
-        // A sender check wants a replica that knows its leader (see `MultiRaft::reads_fresh`); a page
-        // for fanout takes any applied one.
+        // A sender check wants the serving copy in a replica that knows its leader; a page for fanout
+        // takes any applied replica.
         let fit = match query {
-            SlotQuery::Flag(_) => self.slot.reads_fresh(group),
-            SlotQuery::SubscriberPage { .. } => self.holds_applied(group),
+            SlotQuery::Flag(_) => self.can_vouch(query.routing_key()),
+            SlotQuery::SubscriberPage { .. } => self.holds_applied(self.group_of(query.routing_key())),
         };
         let answer = if !fit {
             SlotReadAnswer::NotServed
@@ -159,7 +166,7 @@ impl NodeCore {
         let give_up_after = self.config.machine.append_timeout;
         for flag in [FlagQuery::Banned(sender.clone()), FlagQuery::Denied { channel, uid: sender }] {
             let query = SlotQuery::Flag(flag);
-            if let (true, SlotQuery::Flag(flag)) = (self.slot.reads_fresh(self.group_of(query.routing_key())), &query) {
+            if let (true, SlotQuery::Flag(flag)) = (self.can_vouch(query.routing_key()), &query) {
                 let verdict = match self.read_flag(flag) {
                     Ok(yes) => self.sender_checks.answer(check, question_of(flag), yes),
                     Err(error) => self.sender_checks.fail(check, error),

@@ -12,11 +12,16 @@ use tidings_types::ChannelId;
 
 impl ChannelShard {
     /// Checks `append_from`'s sender from this node's slot replicas: `Ok(true)` if it may send,
-    /// `Ok(false)` if they cannot tell — no replica here of the user's or the channel's group, or one
-    /// that knows no leader (the node then asks nodes that can) — or why not.
+    /// `Ok(false)` if they cannot tell — no replica here holding the serving copy of the user's or the
+    /// channel's hash slot, or one that knows no leader (the node then asks nodes that can) — or why not.
     pub(super) fn check_sender(&self, channel: &ChannelId, sender: &Uid) -> Result<bool, NodeError> {
-        let fresh = |key: RoutingKey<'_>| self.served.fresh_for_key(key.bytes());
-        if !fresh(RoutingKey::Uid(sender)) || !fresh(RoutingKey::Channel(channel)) {
+        // The copy read must be the serving one (not one of a slot migrated away or not yet imported
+        // here), in a replica that knows its leader.
+        let fit = |key: RoutingKey<'_>| -> Result<bool, NodeError> {
+            let copy = self.reader.owner_copy(tidings_router::hash_slot(key.bytes()))?;
+            Ok(copy.is_some_and(|group| self.served.is_fresh(group)))
+        };
+        if !fit(RoutingKey::Uid(sender))? || !fit(RoutingKey::Channel(channel))? {
             return Ok(false);
         }
         if self.reader.user(sender)?.is_some_and(|user| user.banned) {

@@ -81,9 +81,9 @@ impl Served {
         Self { table, groups, fresh }
     }
 
-    /// `true` if this node keeps a replica of the slot group owning `key` that knows its leader.
-    pub(crate) fn fresh_for_key(&self, key: &[u8]) -> bool {
-        self.fresh.contains(&self.table.group_of_key(key))
+    /// `true` if this node's replica of `group` knows its leader.
+    pub(crate) fn is_fresh(&self, group: GroupId) -> bool {
+        self.fresh.contains(&group)
     }
 
     pub(crate) fn fresh(&self) -> &[GroupId] {
