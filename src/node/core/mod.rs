@@ -16,6 +16,7 @@ use std::sync::Arc;
 use tidings_channel::fanout::{FanoutEffect, FanoutPlanner, JobId, MessageRef, Target};
 use tidings_channel::machine::{AppendRecord, ChannelMachine, PersistToken, ReadToken};
 use tidings_router::Router;
+use tidings_slot::command::RoutingKey;
 use tidings_slot::model::{SlotState, Uid};
 use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, ProposalId, ReadId};
@@ -519,11 +520,12 @@ impl NodeCore {
     fn fanout_effect(&mut self, effect: FanoutEffect) {
         match effect {
             FanoutEffect::FetchPage { job, channel, cursor, limit } => {
-                if self.serves_group_of(&channel) {
+                if self.holds_serving_copy(RoutingKey::Channel(&channel)) {
                     let fetch = FanoutEffect::FetchPage { job, channel, cursor, limit };
                     self.effects.push_back(NodeEffect::Fanout(FanoutWork::Planner(fetch)));
                 } else {
-                    // The subscribers live in a slot group this node keeps no replica of: ask one that does.
+                    // No replica here holds the serving copy of the subscribers (their slot group lives
+                    // elsewhere, or their slot's migration has not reached this node): ask one that does.
                     self.ask_fanout_page(job, channel, cursor, limit);
                 }
             }

@@ -26,6 +26,14 @@ impl NodeCore {
         self.slot.applied_index(group).is_some_and(|applied| applied > 0)
     }
 
+    /// `true` if a replica here holds the serving copy of `key`'s hash slot (`SlotReader::owner_copy`):
+    /// enough for a fanout page, which may lag a little but must not come from a copy that moved away or
+    /// is still importing.
+    pub(super) fn holds_serving_copy(&self, key: RoutingKey<'_>) -> bool {
+        let copy = self.reader.owner_copy(tidings_router::hash_slot(key.bytes()));
+        copy.ok().flatten().is_some_and(|group| self.holds_applied(group))
+    }
+
     /// `true` if this node may answer a sender check about `key` from its own replicas: the copy it reads
     /// is the serving one of the key's hash slot (`SlotReader::owner_copy`), in a replica that knows its
     /// leader and applied all it knows committed (`MultiRaft::reads_fresh`).
@@ -93,10 +101,10 @@ impl NodeCore {
     /// `PEER_PAGES_SERVING_MAX` at once), `NotServed` without one.
     pub(super) fn serve_read(&mut self, from: NodeId, request: u64, query: SlotQuery) {
         // A sender check wants the serving copy in a replica that knows its leader; a page for fanout
-        // takes any applied replica.
+        // takes the serving copy in any applied replica.
         let fit = match query {
             SlotQuery::Flag(_) => self.can_vouch(query.routing_key()),
-            SlotQuery::SubscriberPage { .. } => self.holds_applied(self.group_of(query.routing_key())),
+            SlotQuery::SubscriberPage { .. } => self.holds_serving_copy(query.routing_key()),
         };
         let answer = if !fit {
             SlotReadAnswer::NotServed
