@@ -4,9 +4,11 @@ use super::controller::EvidenceReport;
 use serde::{Deserialize, Serialize};
 use tidings_channel::fanout::Member;
 use tidings_channel::machine::{AppendAborted, AppendError};
-use tidings_slot::command::RoutingKey;
+use tidings_slot::command::{MemberList, RoutingKey};
 use tidings_slot::model::Uid;
+use tidings_slot::query::SlotReader;
 use tidings_store::message::IdempotencyKey;
+use tidings_store::StoreResult;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, HashSlot, Seq};
 
 /// A node-to-node message.
@@ -145,16 +147,32 @@ impl FlagQuery {
             FlagQuery::Banned(uid) | FlagQuery::Denied { uid, .. } => uid,
         }
     }
+
+    /// The routing key whose slot group holds the answer.
+    pub fn routing_key(&self) -> RoutingKey<'_> {
+        match self {
+            FlagQuery::Banned(uid) => RoutingKey::Uid(uid),
+            FlagQuery::Denied { channel, .. } => RoutingKey::Channel(channel),
+        }
+    }
+
+    /// The answer in group `copy`'s copy of the key's hash slot (the one [`SlotReader::owner_copy`]
+    /// named as serving): one read, the same on the node that checks a sender and on one answering a
+    /// peer.
+    pub fn read(&self, reader: &SlotReader, copy: GroupId) -> StoreResult<bool> {
+        match self {
+            FlagQuery::Banned(uid) => Ok(reader.user_in(copy, uid)?.is_some_and(|user| user.banned)),
+            FlagQuery::Denied { channel, uid } => reader.is_member_in(copy, channel, MemberList::Deny, uid),
+        }
+    }
 }
 
 impl SlotQuery {
     /// The routing key whose slot group holds the answer.
     pub fn routing_key(&self) -> RoutingKey<'_> {
         match self {
-            SlotQuery::SubscriberPage { channel, .. } | SlotQuery::Flag(FlagQuery::Denied { channel, .. }) => {
-                RoutingKey::Channel(channel)
-            }
-            SlotQuery::Flag(FlagQuery::Banned(uid)) => RoutingKey::Uid(uid),
+            SlotQuery::SubscriberPage { channel, .. } => RoutingKey::Channel(channel),
+            SlotQuery::Flag(flag) => flag.routing_key(),
         }
     }
 }

@@ -42,6 +42,12 @@ impl SlotReader {
         self.get(uid_slot(uid), Key::new(Kind::User).uid(uid).build())
     }
 
+    /// A user, read from `copy`'s copy of its hash slot (the group [`SlotReader::owner_copy`] named),
+    /// whatever this node's placement says.
+    pub fn user_in(&self, copy: GroupId, uid: &Uid) -> StoreResult<Option<User>> {
+        self.get_in(MetaSpace::slot(copy, uid_slot(uid)), Key::new(Kind::User).uid(uid).build())
+    }
+
     /// A user's device.
     pub fn device(&self, uid: &Uid, device_flag: u8) -> StoreResult<Option<Device>> {
         self.get(uid_slot(uid), Key::new(Kind::Device).uid(uid).u8(device_flag).build())
@@ -66,6 +72,12 @@ impl SlotReader {
     pub fn is_member(&self, channel: &ChannelId, list: MemberList, uid: &Uid) -> StoreResult<bool> {
         let key = Key::new(list_kind(list)).channel(channel).uid(uid).build();
         Ok(self.get_raw(channel_slot(channel), &key)?.is_some())
+    }
+
+    /// `true` if `uid` is on the channel's `list` in `copy`'s copy of the channel's hash slot.
+    pub fn is_member_in(&self, copy: GroupId, channel: &ChannelId, list: MemberList, uid: &Uid) -> StoreResult<bool> {
+        let key = Key::new(list_kind(list)).channel(channel).uid(uid).build();
+        Ok(self.store.get(MetaSpace::slot(copy, channel_slot(channel)), &key)?.is_some())
     }
 
     /// A page of up to `limit` uids of the channel's `list`, after `cursor`.

@@ -89,6 +89,11 @@ impl SenderChecks {
         })
     }
 
+    /// `true` while check `id` waits for an answer.
+    pub(super) fn is_waiting(&self, id: u64) -> bool {
+        self.waiting.contains_key(&id)
+    }
+
     /// Check `id` cannot be decided (an answer could not be read): it ends refused with `error`.
     pub(super) fn fail(&mut self, id: u64, error: NodeError) -> Option<Verdict> {
         self.waiting.remove(&id).map(|waiting| Verdict::Refused(waiting, error))

@@ -10,7 +10,7 @@ use crate::node::message::{FlagQuery, NodeMessage, SlotQuery, SlotReadAnswer};
 use crate::node::shard::ShardInput;
 use tidings_channel::fanout::JobId;
 use tidings_channel::machine::AppendRecord;
-use tidings_slot::command::{MemberList, RoutingKey};
+use tidings_slot::command::RoutingKey;
 use tidings_slot::model::Uid;
 use tidings_types::{ChannelId, GroupId, NodeId};
 
@@ -34,12 +34,13 @@ impl NodeCore {
         copy.ok().flatten().is_some_and(|group| self.holds_applied(group))
     }
 
-    /// `true` if this node may answer a sender check about `key` from its own replicas: the copy it reads
-    /// is the serving one of the key's hash slot (`SlotReader::owner_copy`), in a replica that knows its
-    /// leader and applied all it knows committed (`MultiRaft::reads_fresh`).
-    fn can_vouch(&self, key: RoutingKey<'_>) -> bool {
+    /// The group whose copy answers a sender check about `key` here, if this node may answer from its
+    /// own replicas: the copy it reads is the serving one of the key's hash slot
+    /// (`SlotReader::owner_copy`), in a replica that knows its leader and applied all it knows
+    /// committed (`MultiRaft::reads_fresh`).
+    fn vouching_copy(&self, key: RoutingKey<'_>) -> Option<GroupId> {
         let copy = self.reader.owner_copy(tidings_router::hash_slot(key.bytes()));
-        copy.ok().flatten().is_some_and(|group| self.slot.reads_fresh(group))
+        copy.ok().flatten().filter(|group| self.slot.reads_fresh(*group))
     }
 
     /// Asks another node for a page of `channel`'s subscribers, for fanout job `job`.
@@ -100,46 +101,35 @@ impl NodeCore {
     /// A peer's read: answered from this node's replica of the group (pages on the fanout worker, at most
     /// `PEER_PAGES_SERVING_MAX` at once), `NotServed` without one.
     pub(super) fn serve_read(&mut self, from: NodeId, request: u64, query: SlotQuery) {
-        // A sender check wants the serving copy in a replica that knows its leader; a page for fanout
-        // takes the serving copy in any applied replica.
-        let fit = match query {
-            SlotQuery::Flag(_) => self.can_vouch(query.routing_key()),
-            SlotQuery::SubscriberPage { .. } => self.holds_serving_copy(query.routing_key()),
-        };
-        let answer = if !fit {
-            SlotReadAnswer::NotServed
-        } else {
-            match query {
-                SlotQuery::SubscriberPage { channel, cursor, limit } => {
-                    if !self.remote_reads.start_serving() {
-                        SlotReadAnswer::Busy
-                    } else {
-                        let limit =
-                            usize::try_from(limit).unwrap_or(usize::MAX).clamp(1, self.config.fanout.page_size.max(1));
-                        let work = FanoutWork::PeerPage { to: from, request, channel, cursor, limit };
-                        self.effects.push_back(NodeEffect::Fanout(work));
-                        return;
-                    }
+        // A page for fanout takes the serving copy in any applied replica; a sender check wants it in a
+        // replica that knows its leader.
+        let answer = match query {
+            SlotQuery::SubscriberPage { channel, cursor, limit } => {
+                if !self.holds_serving_copy(RoutingKey::Channel(&channel)) {
+                    SlotReadAnswer::NotServed
+                } else if !self.remote_reads.start_serving() {
+                    SlotReadAnswer::Busy
+                } else {
+                    let limit =
+                        usize::try_from(limit).unwrap_or(usize::MAX).clamp(1, self.config.fanout.page_size.max(1));
+                    let work = FanoutWork::PeerPage { to: from, request, channel, cursor, limit };
+                    self.effects.push_back(NodeEffect::Fanout(work));
+                    return;
                 }
-                // One key each: read here, as a meta fetch is.
-                SlotQuery::Flag(flag) => match self.read_flag(&flag) {
-                    Ok(yes) => SlotReadAnswer::Flag(yes),
-                    Err(error) => {
+            }
+            // One key each: read here, as a meta fetch is.
+            SlotQuery::Flag(flag) => {
+                match self.vouching_copy(flag.routing_key()).map(|copy| flag.read(&self.reader, copy)) {
+                    None => SlotReadAnswer::NotServed,
+                    Some(Ok(yes)) => SlotReadAnswer::Flag(yes),
+                    Some(Err(error)) => {
                         tracing::warn!(%error, "slot read for a peer failed");
                         SlotReadAnswer::NotServed
                     }
-                },
+                }
             }
         };
         self.send_node(from, NodeMessage::SlotReadReply { request, answer });
-    }
-
-    /// Reads a yes-or-no query from this node's slot replicas.
-    fn read_flag(&self, query: &FlagQuery) -> Result<bool, NodeError> {
-        match query {
-            FlagQuery::Banned(uid) => Ok(self.reader.user(uid)?.is_some_and(|user| user.banned)),
-            FlagQuery::Denied { channel, uid } => Ok(self.reader.is_member(channel, MemberList::Deny, uid)?),
-        }
     }
 
     /// A peer's answer to a read this node asked for.
@@ -173,16 +163,19 @@ impl NodeCore {
         };
         let give_up_after = self.config.machine.append_timeout;
         for flag in [FlagQuery::Banned(sender.clone()), FlagQuery::Denied { channel, uid: sender }] {
-            let query = SlotQuery::Flag(flag);
-            if let (true, SlotQuery::Flag(flag)) = (self.can_vouch(query.routing_key()), &query) {
-                let verdict = match self.read_flag(flag) {
-                    Ok(yes) => self.sender_checks.answer(check, question_of(flag), yes),
-                    Err(error) => self.sender_checks.fail(check, error),
+            if !self.sender_checks.is_waiting(check) {
+                break; // decided by the first answer (a ban), or failed
+            }
+            if let Some(copy) = self.vouching_copy(flag.routing_key()) {
+                let verdict = match flag.read(&self.reader, copy) {
+                    Ok(yes) => self.sender_checks.answer(check, question_of(&flag), yes),
+                    Err(error) => self.sender_checks.fail(check, error.into()),
                 };
                 self.carry_out_verdict(verdict);
             } else {
                 let purpose = ReadPurpose::SenderCheck(check);
-                let ask = ReadAsk { purpose, query, attempts: 0, since: self.now, give_up_after };
+                let ask =
+                    ReadAsk { purpose, query: SlotQuery::Flag(flag), attempts: 0, since: self.now, give_up_after };
                 self.ask_read(ask, None);
             }
         }

@@ -4,30 +4,29 @@
 use super::{remote_error, AppendOrigin, ChannelShard, Waiting, FORWARD_SLACK, META_WAIT};
 use crate::node::core::{ApiId, ApiResult};
 use crate::node::error::NodeError;
-use crate::node::message::{NodeMessage, RemoteAppendError};
+use crate::node::message::{FlagQuery, NodeMessage, RemoteAppendError};
 use tidings_channel::machine::{AppendRecord, AppendRequest, RequestId};
-use tidings_slot::command::{MemberList, RoutingKey};
 use tidings_slot::model::Uid;
-use tidings_types::ChannelId;
+use tidings_types::{ChannelId, GroupId};
 
 impl ChannelShard {
     /// Checks `append_from`'s sender from this node's slot replicas: `Ok(true)` if it may send,
     /// `Ok(false)` if they cannot tell — no replica here holding the serving copy of the user's or the
     /// channel's hash slot, or one that knows no leader (the node then asks nodes that can) — or why not.
     pub(super) fn check_sender(&self, channel: &ChannelId, sender: &Uid) -> Result<bool, NodeError> {
+        let banned = FlagQuery::Banned(sender.clone());
+        let denied = FlagQuery::Denied { channel: channel.clone(), uid: sender.clone() };
         // The copy read must be the serving one (not one of a slot migrated away or not yet imported
         // here), in a replica that knows its leader.
-        let fit = |key: RoutingKey<'_>| -> Result<bool, NodeError> {
-            let copy = self.reader.owner_copy(tidings_router::hash_slot(key.bytes()))?;
-            Ok(copy.is_some_and(|group| self.served.is_fresh(group)))
+        let copy = |flag: &FlagQuery| -> Result<Option<GroupId>, NodeError> {
+            let copy = self.reader.owner_copy(tidings_router::hash_slot(flag.routing_key().bytes()))?;
+            Ok(copy.filter(|group| self.served.is_fresh(*group)))
         };
-        if !fit(RoutingKey::Uid(sender))? || !fit(RoutingKey::Channel(channel))? {
-            return Ok(false);
-        }
-        if self.reader.user(sender)?.is_some_and(|user| user.banned) {
+        let (Some(user_copy), Some(channel_copy)) = (copy(&banned)?, copy(&denied)?) else { return Ok(false) };
+        if banned.read(&self.reader, user_copy)? {
             return Err(NodeError::SenderBanned(sender.clone()));
         }
-        if self.reader.is_member(channel, MemberList::Deny, sender)? {
+        if denied.read(&self.reader, channel_copy)? {
             return Err(NodeError::SenderDenied(sender.clone()));
         }
         Ok(true)
