@@ -416,3 +416,59 @@ fn a_config_that_would_count_healthy_idle_followers_as_dead_is_refused_at_start(
     let refused = Node::start(config, StorageOptions::new(dir.path().join("1")), mesh.transport(id)).err();
     assert!(matches!(refused, Some(NodeError::Storage(tidings::store::StoreError::BadConfig { .. }))), "{refused:?}");
 }
+
+#[test]
+fn five_real_nodes_fan_out_and_check_senders_across_slot_groups() {
+    // Slot groups of three on five nodes: the reads go through the real runtime's paths — a page read
+    // on a peer's fanout worker, a sender check handed from a reactor to the core and back.
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let ids: Vec<NodeId> = (1..=5).map(NodeId::new).collect();
+    let host = Arc::new(RecordingHost::default());
+    let tweak = |config: &mut NodeConfig| config.slot_replicas = 3;
+    let nodes: Vec<Arc<Node>> = ids
+        .iter()
+        .map(|id| start_with_host(*id, &ids, dir.path(), &mesh, tweak, Some(host.clone() as Arc<dyn FanoutHost>)))
+        .collect();
+    let config = NodeConfig { slot_groups: 2, slot_replicas: 3, ..NodeConfig::new(ids[0], ids.clone()) };
+    let members = config.slot_group_members();
+    let keeps = |node: NodeId, key: &[u8]| {
+        let group = config.table().group_of_key(key);
+        members.iter().any(|(g, m)| *g == group && m.contains(&node))
+    };
+    // A channel led outside its slot group, and a node keeping neither its group nor user-0's.
+    let ch = (0..)
+        .map(|i| channel(&format!("wide-{i}")))
+        .find(|c| !keeps(config.channel_placement(c)[0], c.route_key()))
+        .unwrap();
+    let outsider = ids
+        .iter()
+        .copied()
+        .find(|n| !keeps(*n, ch.route_key()) && !keeps(*n, b"user-0"))
+        .expect("with groups of three on five nodes, some node keeps neither group");
+    eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let uids: Vec<Uid> = ["user-0", "user-1", "user-5"].iter().map(|u| Uid::new(*u).unwrap()).collect();
+    let add = Command::AddMembers { channel: ch.clone(), list: MemberList::Subscribers, uids };
+    eventually(|| nodes[0].propose(add.clone()));
+    let banned = User { uid: Uid::new("user-5").unwrap(), name: "Banned".into(), banned: true };
+    eventually(|| nodes[0].propose(Command::PutUser(banned.clone())));
+    std::thread::sleep(Duration::from_millis(300));
+
+    let leader = usize::try_from(config.channel_placement(&ch)[0].get() - 1).unwrap();
+    let seq = eventually(|| nodes[leader].append(ch.clone(), record("to everyone"))?.wait())[0];
+    let via = &nodes[usize::try_from(outsider.get() - 1).unwrap()];
+    eventually(|| via.append_from(ch.clone(), Uid::new("user-0").unwrap(), record("mine"))?.wait());
+    let refused = via.append_from(ch.clone(), Uid::new("user-5").unwrap(), record("x")).unwrap().wait();
+    assert!(matches!(refused, Err(NodeError::SenderBanned(_))), "{refused:?}");
+    // user-0 .. user-3 are online (RecordingHost); user-5 is not.
+    let expected: BTreeSet<(Seq, String)> = ["user-0", "user-1"].iter().map(|u| (seq, (*u).to_owned())).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let got = loop {
+        let got: BTreeSet<(Seq, String)> = host.taken.lock().iter().filter(|(s, _)| *s == seq).cloned().collect();
+        if got == expected || Instant::now() > deadline {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(got, expected, "the leader outside the subscribers' group fanned out");
+}

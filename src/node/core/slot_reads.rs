@@ -3,7 +3,7 @@
 
 use super::remote_reads::{ReadAsk, ReadNext, ReadPurpose, RemoteReads, PAGE_GIVE_UP};
 use super::sender_checks::{Question, Verdict};
-use super::{ApiId, ApiResult, NodeCore, NodeEffect};
+use super::{ApiId, NodeCore, NodeEffect};
 use crate::node::error::NodeError;
 use crate::node::fanout::FanoutWork;
 use crate::node::message::{FlagQuery, NodeMessage, SlotQuery, SlotReadAnswer};
@@ -159,7 +159,17 @@ impl NodeCore {
     pub(super) fn verify_sender(&mut self, api: ApiId, channel: ChannelId, sender: Uid, records: Vec<AppendRecord>) {
         let check = match self.sender_checks.start(api, channel.clone(), sender.clone(), records) {
             Ok(check) => check,
-            Err(_) => return self.done(api, ApiResult::Appended(Err(NodeError::Overloaded))),
+            Err(records) => {
+                let sender = sender.as_str().to_owned();
+                let input = ShardInput::SenderChecked {
+                    api,
+                    channel: channel.clone(),
+                    sender,
+                    records,
+                    verdict: Err(NodeError::Overloaded),
+                };
+                return self.feed_shard(&channel, input);
+            }
         };
         let give_up_after = self.config.machine.append_timeout;
         for flag in [FlagQuery::Banned(sender.clone()), FlagQuery::Denied { channel, uid: sender }] {
@@ -181,21 +191,24 @@ impl NodeCore {
         }
     }
 
+    /// Hands a decided check back to the append's shard, where its caller waits (on a reactor thread in
+    /// the runtime: the core cannot answer that call itself).
     fn carry_out_verdict(&mut self, verdict: Option<Verdict>) {
-        match verdict {
-            None => {}
-            Some(Verdict::Allowed(append)) => {
-                let sender = append.sender.as_str().to_owned();
-                let input = ShardInput::CheckedAppend {
-                    api: append.api,
-                    channel: append.channel.clone(),
-                    sender,
-                    records: append.records,
-                };
-                self.feed_shard(&append.channel, input);
-            }
-            Some(Verdict::Refused(append, error)) => self.done(append.api, ApiResult::Appended(Err(error))),
-        }
+        let (append, verdict) = match verdict {
+            None => return,
+            Some(Verdict::Allowed(append)) => (append, Ok(())),
+            Some(Verdict::Refused(append, error)) => (append, Err(error)),
+        };
+        let sender = append.sender.as_str().to_owned();
+        let channel = append.channel.clone();
+        let input = ShardInput::SenderChecked {
+            api: append.api,
+            channel: append.channel,
+            sender,
+            records: append.records,
+            verdict,
+        };
+        self.feed_shard(&channel, input);
     }
 }
 

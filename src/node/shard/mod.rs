@@ -124,8 +124,15 @@ pub(crate) enum ShardInput {
     Message { from: NodeId, message: ChannelMessage },
     /// An API append (`sender`: checked before it is admitted or forwarded).
     Append { api: ApiId, channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord> },
-    /// An API append whose sender the node checked (the shard could not: [`ShardOutput::VerifySender`]).
-    CheckedAppend { api: ApiId, channel: ChannelId, sender: String, records: Vec<AppendRecord> },
+    /// An API append whose sender the node checked (the shard could not: [`ShardOutput::VerifySender`]),
+    /// with the verdict. It comes back here either way: the API call waits on this shard.
+    SenderChecked {
+        api: ApiId,
+        channel: ChannelId,
+        sender: String,
+        records: Vec<AppendRecord>,
+        verdict: Result<(), NodeError>,
+    },
     /// An append another node forwarded here (its sender was checked there).
     Forwarded { from: NodeId, id: u64, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord> },
     /// The leader's answer to an append this shard forwarded.
@@ -172,7 +179,7 @@ pub(crate) enum ShardOutput {
     /// The meta a task starts from (`Err`: the shard knows none for the channel, and fetches it).
     TaskMeta { api: ApiId, meta: Result<ChannelRuntimeMeta, ChannelId>, start: TaskStart },
     /// An API append whose sender this node's slot replicas cannot check: the node asks nodes that
-    /// can, and answers with [`ShardInput::CheckedAppend`] or the append's refusal.
+    /// can, and answers with [`ShardInput::SenderChecked`].
     VerifySender { api: ApiId, channel: ChannelId, sender: Uid, records: Vec<AppendRecord> },
 }
 
@@ -431,9 +438,10 @@ impl ChannelShard {
                     Err(error) => self.done(api, ApiResult::Appended(Err(error))),
                 },
             },
-            ShardInput::CheckedAppend { api, channel, sender, records } => {
-                self.route_append(api, channel, Some(sender), records)
-            }
+            ShardInput::SenderChecked { api, channel, sender, records, verdict } => match verdict {
+                Ok(()) => self.route_append(api, channel, Some(sender), records),
+                Err(error) => self.done(api, ApiResult::Appended(Err(error))),
+            },
             ShardInput::Forwarded { from, id, channel, sender, records } => {
                 self.append_locally(AppendOrigin::Remote { node: from, id }, &channel, sender, records)
             }
