@@ -10,7 +10,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use support::Cluster;
 use tidings::channel::fanout::DeliveryPlan;
-use tidings::node::FanoutHost;
+use tidings::frame::{decode, FrameBody, FrameLimits};
+use tidings::node::{FanoutHost, NodeMessage};
 use tidings::slot::command::{Command, MemberList, RoutingKey};
 use tidings::slot::model::{Uid, User};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
@@ -130,10 +131,17 @@ fn pages_go_to_another_node_when_the_one_asked_is_cut_off_and_are_given_up_when_
     // to it times out and the page comes from another member. Which one the leader asks first depends
     // on the group's leader; cutting each in turn, one message at a time, covers both paths.
     let mut seqs = Vec::new();
+    // A message takes two pages: after the first ask to a silent node times out (2 s), the node that
+    // answered is asked first for the next page, so a message never waits out two timeouts.
     for silent in &serving {
         cluster.cut.insert(*silent);
-        seqs.extend(append_all(&mut cluster, leader, &channel, &["while one is silent"]));
-        cluster.run_for(8_000);
+        let seq = append_all(&mut cluster, leader, &channel, &["while one is silent"])[0];
+        let start = cluster.now;
+        let all_four = |_: &mut Cluster| recorder.taken.lock().iter().filter(|(s, _)| *s == seq).count() == 4;
+        assert!(cluster.run_until(8_000, all_four), "fanned out while {silent} is silent");
+        let took = cluster.now.since(start);
+        assert!(took < std::time::Duration::from_millis(3_000), "fanout while {silent} is silent took {took:?}");
+        seqs.push(seq);
         cluster.cut.remove(silent);
         cluster.run_for(3_000);
     }
@@ -218,8 +226,21 @@ fn a_node_without_the_user_s_or_the_channel_s_slot_group_checks_senders_through_
     let group = config.table().group_of_key(RoutingKey::Uid(&Uid::new(alice.as_str()).unwrap()).bytes());
     let (_, keepers) = members.iter().find(|(g, _)| *g == group).unwrap();
     cluster.cut.extend(keepers.iter().copied());
+    cluster.captured.clear();
+    cluster.capture_max = usize::MAX;
     let unverified = append_from(&mut cluster, via, &channel, alice).unwrap_err();
     assert!(unverified.contains("SenderUnverified"), "{unverified}");
+    // The nodes that keep no replica refuse at once; a whole round of refusals pauses before the next,
+    // so the 10 s of asking stay a bounded number of requests, not a storm.
+    let asked = cluster
+        .captured
+        .iter()
+        .filter(|(from, _, frame)| {
+            let frame = decode(frame, &FrameLimits::default()).unwrap();
+            from.get() == via && matches!(frame.body, FrameBody::Node(NodeMessage::SlotReadRequest { .. }))
+        })
+        .count();
+    assert!((4..=250).contains(&asked), "{asked} requests");
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! subscribers (a page at a time), and any node still checks `append_from`'s sender (banned? on the
 //! channel's deny list?), by asking a node that serves the group. It serves its peers the same way.
 //!
-//! Asking: the group's known leader first, then the other nodes in turn; each attempt has a request id
+//! Asking: the node that last answered for the group, else the group's known leader, first; then the
+//! other nodes in turn (a node that timed out or said it serves no longer is not asked first again); each attempt has a request id
 //! of its own, so a late answer to an abandoned attempt is ignored. A node that keeps no applied
 //! replica of the group says so and the next node is asked at once; a busy one is asked again after
 //! [`READ_BUSY_PAUSE`]; a silent one is passed over after [`READ_REPLY_TIMEOUT`]. A read nobody served
@@ -19,7 +20,7 @@ use crate::node::message::SlotQuery;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tidings_channel::fanout::JobId;
-use tidings_types::{NodeId, Time};
+use tidings_types::{GroupId, NodeId, Time};
 
 /// How long an asked node may take to answer before the next one is asked.
 pub(super) const READ_REPLY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -58,7 +59,8 @@ pub(super) struct ReadAsk {
 #[derive(Debug)]
 struct Outstanding {
     ask: ReadAsk,
-    to: NodeId,
+    /// `None`: not sent yet, deferred (see [`RemoteReads::defer`]).
+    to: Option<NodeId>,
     /// Past it: a silent node is passed over, a busy one asked again.
     due: Time,
     /// The node said it was busy: at `due` it is asked again, not passed over.
@@ -80,19 +82,36 @@ pub(super) struct RemoteReads {
     next_request: u64,
     outstanding: BTreeMap<u64, Outstanding>,
     serving: usize,
+    /// The node that last answered a read of each group (at most one per group).
+    contacts: BTreeMap<GroupId, NodeId>,
+    /// Nodes that let a read time out, and when: passed over in turn for [`SILENT_FOR`] (at most one
+    /// entry per node of the cluster).
+    silent: BTreeMap<NodeId, Time>,
 }
+
+/// How long a node that let a read time out is passed over when the next node is chosen.
+pub(super) const SILENT_FOR: Duration = Duration::from_secs(10);
 
 impl RemoteReads {
     /// Records that `ask` goes to `to` now: returns the request id to send.
     pub(super) fn asked(&mut self, ask: ReadAsk, to: NodeId, now: Time) -> u64 {
         self.next_request += 1;
-        self.outstanding.insert(self.next_request, Outstanding { ask, to, due: now + READ_REPLY_TIMEOUT, busy: false });
+        let due = now + READ_REPLY_TIMEOUT;
+        self.outstanding.insert(self.next_request, Outstanding { ask, to: Some(to), due, busy: false });
         self.next_request
+    }
+
+    /// Holds `ask` back until `until`, then [`RemoteReads::take_due`] gives it back to be asked of the
+    /// next node: after a whole round of nodes refused it, asking again at once would only make the
+    /// same answers go round the cluster as fast as they come back.
+    pub(super) fn defer(&mut self, ask: ReadAsk, until: Time) {
+        self.next_request += 1;
+        self.outstanding.insert(self.next_request, Outstanding { ask, to: None, due: until, busy: false });
     }
 
     /// An answer from `from` to `request`: the ask it settles, unless it is not the current attempt.
     pub(super) fn answered(&mut self, request: u64, from: NodeId) -> Option<ReadAsk> {
-        if self.outstanding.get(&request).is_none_or(|o| o.to != from) {
+        if self.outstanding.get(&request).is_none_or(|o| o.to != Some(from)) {
             return None;
         }
         self.outstanding.remove(&request).map(|o| o.ask)
@@ -100,7 +119,7 @@ impl RemoteReads {
 
     /// `from` is busy: ask it again after [`READ_BUSY_PAUSE`].
     pub(super) fn busy(&mut self, request: u64, from: NodeId, now: Time) {
-        if let Some(o) = self.outstanding.get_mut(&request).filter(|o| o.to == from) {
+        if let Some(o) = self.outstanding.get_mut(&request).filter(|o| o.to == Some(from)) {
             o.due = now + READ_BUSY_PAUSE;
             o.busy = true;
         }
@@ -118,16 +137,50 @@ impl RemoteReads {
         ReadNext::Ask(ask, again)
     }
 
-    /// Requests past their due time, taken out: each to be asked again (the same node if it was busy).
+    /// Requests past their due time, taken out: each to be asked again (the same node if it was busy). A
+    /// node that stayed silent is no longer the first asked for any group.
     pub(super) fn take_due(&mut self, now: Time) -> Vec<(ReadAsk, Option<NodeId>)> {
         let due: Vec<u64> = self.outstanding.iter().filter(|(_, o)| o.due <= now).map(|(id, _)| *id).collect();
-        due.into_iter()
-            .filter_map(|id| self.outstanding.remove(&id))
+        let taken: Vec<Outstanding> = due.into_iter().filter_map(|id| self.outstanding.remove(&id)).collect();
+        taken
+            .into_iter()
             .map(|o| {
-                let again = o.busy.then_some(o.to);
+                if let (false, Some(silent)) = (o.busy, o.to) {
+                    self.contacts.retain(|_, node| *node != silent);
+                    self.silent.insert(silent, now);
+                }
+                let again = if o.busy { o.to } else { None };
                 (o.ask, again)
             })
             .collect()
+    }
+
+    /// The node to ask first for a read of `group`: the last one that answered.
+    pub(super) fn contact(&self, group: GroupId) -> Option<NodeId> {
+        self.contacts.get(&group).copied()
+    }
+
+    /// `node` answered a read of `group` (`served`), or said it serves none: it is asked first next
+    /// time, or no longer.
+    pub(super) fn answered_for(&mut self, group: GroupId, node: NodeId, served: bool) {
+        self.silent.remove(&node);
+        if served {
+            self.contacts.insert(group, node);
+        } else if self.contacts.get(&group) == Some(&node) {
+            self.contacts.remove(&group);
+        }
+    }
+
+    /// The first of `candidates` (in order) that has not let a read time out lately, else the first.
+    pub(super) fn pick(&self, candidates: impl IntoIterator<Item = NodeId>, now: Time) -> Option<NodeId> {
+        let mut first = None;
+        for node in candidates {
+            first = first.or(Some(node));
+            if self.silent.get(&node).is_none_or(|at| now >= *at + SILENT_FOR) {
+                return Some(node);
+            }
+        }
+        first
     }
 
     /// When the earliest outstanding request is due.
@@ -201,6 +254,41 @@ mod tests {
             matches!(RemoteReads::next_attempt(again.clone(), None, now), ReadNext::Ask(r, None) if r.attempts == 1)
         );
         assert!(matches!(RemoteReads::next_attempt(again, None, Time::ZERO + PAGE_GIVE_UP), ReadNext::GiveUp(_)));
+    }
+
+    #[test]
+    fn the_node_that_last_answered_is_asked_first_until_it_fails() {
+        let mut reads = RemoteReads::default();
+        let (group, a, b) = (GroupId::new(1), NodeId::new(2), NodeId::new(3));
+        assert_eq!(reads.contact(group), None);
+        reads.answered_for(group, a, true);
+        assert_eq!(reads.contact(group), Some(a));
+        reads.answered_for(group, b, false);
+        assert_eq!(reads.contact(group), Some(a), "another node's refusal changes nothing");
+        reads.asked(ask(0), a, Time::ZERO);
+        assert_eq!(reads.take_due(Time::ZERO + READ_REPLY_TIMEOUT).len(), 1);
+        assert_eq!(reads.contact(group), None, "silent: no longer asked first");
+        reads.answered_for(group, b, true);
+        reads.answered_for(group, b, false);
+        assert_eq!(reads.contact(group), None);
+        // The silent node is passed over in turn for a while, unless nobody else is left.
+        let now = Time::ZERO + READ_REPLY_TIMEOUT;
+        assert_eq!(reads.pick([a, b], now), Some(b));
+        assert_eq!(reads.pick([a], now), Some(a));
+        assert_eq!(reads.pick([a, b], now + SILENT_FOR), Some(a));
+    }
+
+    #[test]
+    fn a_deferred_read_comes_back_when_due_and_takes_no_answer_meanwhile() {
+        let mut reads = RemoteReads::default();
+        reads.defer(ask(0), Time::from_millis(200));
+        assert_eq!(reads.poll_timeout(), Some(Time::from_millis(200)));
+        assert_eq!(reads.answered(1, NodeId::new(2)), None, "nobody was asked");
+        assert!(reads.take_due(Time::from_millis(199)).is_empty());
+        let due = reads.take_due(Time::from_millis(200));
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].1, None, "to the next node");
+        assert_eq!(reads.pick([NodeId::new(2)], Time::from_millis(200)), Some(NodeId::new(2)), "not taken for silent");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The core's side of reads across nodes (see [`super::remote_reads`]): asking for fanout pages and
 //! sender checks, answering peers, and `append_from`'s checks that a shard could not make here.
 
-use super::remote_reads::{ReadAsk, ReadNext, ReadPurpose, RemoteReads, PAGE_GIVE_UP};
+use super::remote_reads::{ReadAsk, ReadNext, ReadPurpose, RemoteReads, PAGE_GIVE_UP, READ_BUSY_PAUSE};
 use super::sender_checks::{Question, Verdict};
 use super::{ApiId, NodeCore, NodeEffect};
 use crate::node::error::NodeError;
@@ -57,15 +57,20 @@ impl NodeCore {
         self.ask_read(ask, None);
     }
 
-    /// Sends `ask` to `to`, or by default to the group's known leader on a first attempt, else to the next
-    /// node in turn.
+    /// Sends `ask` to `to`, or by default on a first attempt to the node that last answered for the group
+    /// or its known leader, else to the next node in turn.
     fn ask_read(&mut self, ask: ReadAsk, to: Option<NodeId>) {
         let me = self.config.node;
         let group = self.group_of(ask.query.routing_key());
         let others: Vec<NodeId> = self.config.nodes.iter().copied().filter(|n| *n != me).collect();
-        let leader = (ask.attempts == 0).then(|| self.known_group_leader(group)).flatten().filter(|l| *l != me);
+        let first = (ask.attempts == 0)
+            .then(|| self.remote_reads.contact(group).or_else(|| self.known_group_leader(group)))
+            .flatten()
+            .filter(|n| *n != me);
+        // The others in turn from this attempt's place, passing over nodes that let a read time out lately.
         let turn = usize::try_from(u64::from(group.get()) + u64::from(ask.attempts)).unwrap_or(0);
-        let Some(to) = to.or(leader).or_else(|| others.get(turn % others.len().max(1)).copied()) else {
+        let in_turn = (0..others.len()).map(|i| others[(turn + i) % others.len()]);
+        let Some(to) = to.or(first).or_else(|| self.remote_reads.pick(in_turn, self.now)) else {
             // Nobody else to ask (a single node serves every group: not reached in practice).
             self.read_given_up(ask);
             return;
@@ -77,7 +82,12 @@ impl NodeCore {
 
     /// A read that was refused or went unanswered: asked again (`again`: that busy node), or given up.
     pub(super) fn retry_read(&mut self, ask: ReadAsk, again: Option<NodeId>) {
+        let others = self.config.nodes.len().saturating_sub(1).max(1);
         match RemoteReads::next_attempt(ask, again, self.now) {
+            // Every other node was asked once more and none served it: pause before the next round.
+            ReadNext::Ask(ask, None) if usize::try_from(ask.attempts).unwrap_or(0) % others == 0 => {
+                self.remote_reads.defer(ask, self.now + READ_BUSY_PAUSE);
+            }
             ReadNext::Ask(ask, to) => self.ask_read(ask, to),
             ReadNext::GiveUp(ask) => self.read_given_up(ask),
         }
@@ -139,6 +149,9 @@ impl NodeCore {
             return;
         }
         let Some(ask) = self.remote_reads.answered(request, from) else { return };
+        let group = self.group_of(ask.query.routing_key());
+        let served = matches!(answer, SlotReadAnswer::Page { .. } | SlotReadAnswer::Flag(_));
+        self.remote_reads.answered_for(group, from, served);
         match (ask.purpose, answer) {
             (ReadPurpose::FanoutPage(job), SlotReadAnswer::Page { members, next }) => {
                 self.fanout.handle_page(job, members, next);
