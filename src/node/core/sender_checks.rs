@@ -13,6 +13,9 @@ use super::ApiId;
 
 /// Sender checks waiting for answers, per node. Beyond it `append_from` fails `Overloaded`.
 pub(super) const SENDER_CHECKS_MAX: usize = 4096;
+/// Payload bytes of the appends waiting for sender checks, per node. Beyond it `append_from` fails
+/// `Overloaded` (one append may carry up to `machine.request_bytes_max`, 1 MiB by default).
+pub(super) const SENDER_CHECK_BYTES_MAX: usize = 64 << 20;
 
 /// The two questions of a sender check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,10 +51,17 @@ pub(super) enum Verdict {
 pub(super) struct SenderChecks {
     next: u64,
     waiting: BTreeMap<u64, WaitingAppend>,
+    /// Payload bytes of the appends in `waiting`.
+    bytes: usize,
+}
+
+fn payload_bytes(records: &[AppendRecord]) -> usize {
+    records.iter().map(|r| r.payload.len()).sum()
 }
 
 impl SenderChecks {
-    /// Starts a check for an append; gives the append back when [`SENDER_CHECKS_MAX`] are waiting.
+    /// Starts a check for an append; gives the append back when [`SENDER_CHECKS_MAX`] appends or
+    /// [`SENDER_CHECK_BYTES_MAX`] bytes are waiting.
     pub(super) fn start(
         &mut self,
         api: ApiId,
@@ -59,9 +69,11 @@ impl SenderChecks {
         sender: Uid,
         records: Vec<AppendRecord>,
     ) -> Result<u64, Vec<AppendRecord>> {
-        if self.waiting.len() >= SENDER_CHECKS_MAX {
+        let bytes = payload_bytes(&records);
+        if self.waiting.len() >= SENDER_CHECKS_MAX || self.bytes + bytes > SENDER_CHECK_BYTES_MAX {
             return Err(records);
         }
+        self.bytes += bytes;
         self.next += 1;
         self.waiting.insert(self.next, WaitingAppend { api, channel, sender, records, banned: None, denied: None });
         Ok(self.next)
@@ -82,7 +94,7 @@ impl SenderChecks {
             (Some(false), Some(false)) => None,
             _ => return None,
         };
-        let waiting = self.waiting.remove(&id).expect("present");
+        let waiting = self.take(id).expect("present");
         Some(match verdict {
             Some(error) => Verdict::Refused(waiting, error),
             None => Verdict::Allowed(waiting),
@@ -96,7 +108,13 @@ impl SenderChecks {
 
     /// Check `id` cannot be decided (an answer could not be read): it ends refused with `error`.
     pub(super) fn fail(&mut self, id: u64, error: NodeError) -> Option<Verdict> {
-        self.waiting.remove(&id).map(|waiting| Verdict::Refused(waiting, error))
+        self.take(id).map(|waiting| Verdict::Refused(waiting, error))
+    }
+
+    fn take(&mut self, id: u64) -> Option<WaitingAppend> {
+        let waiting = self.waiting.remove(&id)?;
+        self.bytes -= payload_bytes(&waiting.records);
+        Some(waiting)
     }
 }
 
@@ -144,5 +162,19 @@ mod tests {
         assert!(matches!(checks.fail(ids[0], unverified()), Some(Verdict::Refused(..))));
         assert!(checks.fail(ids[0], unverified()).is_none());
         assert_eq!(checks.waiting.len(), SENDER_CHECKS_MAX - 1);
+    }
+
+    #[test]
+    fn waiting_payload_bytes_are_bounded_and_given_back() {
+        let mut checks = SenderChecks::default();
+        let channel = ChannelId::new(ChannelType::GROUP, "g").unwrap();
+        let big = || vec![AppendRecord { idempotency_key: None, payload: bytes::Bytes::from(vec![0u8; 1 << 20]) }];
+        let ids: Vec<u64> = (0..64)
+            .map(|_| checks.start(ApiId(1), channel.clone(), Uid::new("alice").unwrap(), big()).unwrap())
+            .collect();
+        assert!(checks.start(ApiId(2), channel.clone(), Uid::new("bob").unwrap(), big()).is_err(), "64 MiB waiting");
+        assert!(matches!(checks.answer(ids[0], Question::Banned, true), Some(Verdict::Refused(..))));
+        assert!(checks.start(ApiId(3), channel, Uid::new("bob").unwrap(), big()).is_ok(), "room given back");
+        assert_eq!(checks.bytes, 64 << 20);
     }
 }
