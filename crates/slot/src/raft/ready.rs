@@ -107,9 +107,11 @@ impl MultiRaft {
         if let Some(hs) = ready.hs() {
             batch.set_hard_state(id, hs.clone());
         }
-        // Written with the round's other groups (`process_all`): raft-rs reads nothing of it before it
-        // is declared persisted, which waits for the sync after that write. Committed entries come from
-        // earlier rounds' writes.
+        // Written with the round's other groups (`process_all`). Committed entries come from earlier
+        // rounds' writes (raft-rs hands out only entries declared persisted, which waits for the sync
+        // after that write). Once the ready is advanced raft-rs reads these entries' terms back from the
+        // store, so nothing may make it send appends before the round is written: within a round only a
+        // membership change does (see `apply_conf_change`).
         self.round_writes.extend(batch);
         if snapshot_index.is_some() {
             // Now: the configuration the FSM applies later entries under is read back from the store
@@ -307,6 +309,12 @@ impl MultiRaft {
     /// configuration epoch to its index — also one raft-rs refuses (the same on every replica), so the epoch
     /// is a pure function of the log.
     pub(super) fn apply_conf_change(&mut self, id: GroupId, entry: &Entry) -> Result<(), StoreError> {
+        // raft-rs took this round's entries out of its unstable log when their readies were advanced and
+        // reads them back from the store from then on; applying a membership change makes a leader
+        // broadcast appends at once. The round so far is written first, or those appends would name an
+        // entry the store does not show yet with term 0, and a follower holding one entry fewer would
+        // take it as a match and commit past its log (raft-rs panics: sim seed 113003393).
+        self.write_round()?;
         let group = self.groups.get_mut(&id).expect("group exists");
         group.config_epoch = entry.index;
         let conf = match entry.get_entry_type() {
