@@ -80,6 +80,26 @@ fn append_all(cluster: &mut Cluster, leader: u64, channel: &ChannelId, payloads:
         .collect()
 }
 
+/// A cluster of `n` nodes and a channel created on it, led outside its slot group (`all_outside`: every
+/// replica outside it), with `subscribers` and a deny list of `denied`; the recorder of its fanout.
+fn led_outside_its_slot_group(
+    n: u64,
+    all_outside: bool,
+    subscribers: &[&str],
+    denied: &[&str],
+) -> (Cluster, Arc<Recorder>, ChannelId, u64) {
+    let recorder = Arc::new(Recorder::default());
+    let mut cluster = cluster_of(n, &recorder);
+    let (channel, leader) = channel_led_outside_its_slot_group(&mut cluster, all_outside);
+    cluster.create_channel(1, &channel);
+    subscribe(&mut cluster, &channel, MemberList::Subscribers, subscribers);
+    if !denied.is_empty() {
+        subscribe(&mut cluster, &channel, MemberList::Deny, denied);
+    }
+    cluster.run_for(1_000);
+    (cluster, recorder, channel, leader)
+}
+
 /// Pages given up, over every node.
 fn abandoned(cluster: &mut Cluster) -> u64 {
     let ids: Vec<u64> = cluster.nodes.keys().map(|n| n.get()).collect();
@@ -88,14 +108,8 @@ fn abandoned(cluster: &mut Cluster) -> u64 {
 
 #[test]
 fn a_leader_without_the_channel_s_slot_group_fans_out_from_pages_read_on_another_node() {
-    let recorder = Arc::new(Recorder::default());
-    let mut cluster = cluster_of(5, &recorder);
-    let (channel, leader) = channel_led_outside_its_slot_group(&mut cluster, false);
-    cluster.create_channel(1, &channel);
     let subscribers = ["u0", "u1", "u2", "u3", "u4", "u5", "u6", "u7"];
-    subscribe(&mut cluster, &channel, MemberList::Subscribers, &subscribers);
-    subscribe(&mut cluster, &channel, MemberList::Deny, &["u3"]);
-    cluster.run_for(1_000);
+    let (mut cluster, recorder, channel, leader) = led_outside_its_slot_group(5, false, &subscribers, &["u3"]);
     let group = cluster.nodes[&NodeId::new(leader)].config.table().group_of_key(channel.route_key());
     assert!(!cluster.core(leader).slot().groups().any(|g| g == group), "the leader must not serve the group");
 
@@ -115,14 +129,9 @@ fn a_leader_without_the_channel_s_slot_group_fans_out_from_pages_read_on_another
 
 #[test]
 fn pages_go_to_another_node_when_the_one_asked_is_cut_off_and_are_given_up_when_none_answers() {
-    let recorder = Arc::new(Recorder::default());
     // Six nodes: the channel's three replicas all outside its slot group, so cutting the whole group
     // off leaves the channel committing.
-    let mut cluster = cluster_of(6, &recorder);
-    let (channel, leader) = channel_led_outside_its_slot_group(&mut cluster, true);
-    cluster.create_channel(1, &channel);
-    subscribe(&mut cluster, &channel, MemberList::Subscribers, &["a", "b", "c", "d"]);
-    cluster.run_for(1_000);
+    let (mut cluster, recorder, channel, leader) = led_outside_its_slot_group(6, true, &["a", "b", "c", "d"], &[]);
     let config = cluster.nodes[&NodeId::new(leader)].config.clone();
     let group = config.table().group_of_key(channel.route_key());
     let (_, serving) = config.slot_group_members().into_iter().find(|(g, _)| *g == group).unwrap();

@@ -322,18 +322,33 @@ fn step(fsm: &SlotFsm, table: &HashToSlot, command: Command) -> Outcome {
     apply(fsm, table, next, &[command]).remove(0)
 }
 
-#[test]
-fn a_hash_slot_migrates_between_two_groups_on_one_node_without_touching_either_copy() {
-    use tidings_slot::fsm::migration::SlotMigrationError;
-    use tidings_slot::model::{SlotMigrationStep as Step, SlotState};
-    let kv = Arc::new(MemoryKv::new());
-    let store = MetaStore::new(kv);
+/// Two slot groups (1 and 2, an even split of the slots) with their FSMs on one node's store.
+struct TwoGroups {
+    store: MetaStore,
+    table: HashToSlot,
+    a: GroupId,
+    b: GroupId,
+    source: SlotFsm,
+    target: SlotFsm,
+    reader: SlotReader,
+}
+
+fn two_groups_on_one_node() -> TwoGroups {
+    let store = MetaStore::new(Arc::new(MemoryKv::new()));
     let table = HashToSlot::even_split(2).unwrap();
     seed_placements(&store, &table).unwrap();
     let (a, b) = (GroupId::new(1), GroupId::new(2));
     let source = SlotFsm::new(a, store.clone(), FsmLimits::default());
     let target = SlotFsm::new(b, store.clone(), FsmLimits::default());
     let reader = SlotReader::new(store.clone());
+    TwoGroups { store, table, a, b, source, target, reader }
+}
+
+#[test]
+fn a_hash_slot_migrates_between_two_groups_on_one_node_without_touching_either_copy() {
+    use tidings_slot::fsm::migration::SlotMigrationError;
+    use tidings_slot::model::{SlotMigrationStep as Step, SlotState};
+    let TwoGroups { store, table, a, b, source, target, reader } = two_groups_on_one_node();
     // Two users of one slot of group 1, and one more written during the copy.
     let users: Vec<Uid> = (0..2000)
         .map(|i| uid(&format!("user-{i}")))
@@ -406,14 +421,7 @@ fn a_hash_slot_migrates_between_two_groups_on_one_node_without_touching_either_c
 #[test]
 fn a_copy_is_the_owner_copy_only_once_this_node_s_replica_applied_its_import() {
     use tidings_slot::model::SlotMigrationStep as Step;
-    let kv = Arc::new(MemoryKv::new());
-    let store = MetaStore::new(kv);
-    let table = HashToSlot::even_split(2).unwrap();
-    seed_placements(&store, &table).unwrap();
-    let (a, b) = (GroupId::new(1), GroupId::new(2));
-    let source = SlotFsm::new(a, store.clone(), FsmLimits::default());
-    let target = SlotFsm::new(b, store.clone(), FsmLimits::default());
-    let reader = SlotReader::new(store.clone());
+    let TwoGroups { store, table, a, b, source, target, reader } = two_groups_on_one_node();
     let banned = (0..)
         .map(|i| uid(&format!("user-{i}")))
         .find(|u| table.group_of(hash_slot(u.as_str().as_bytes())) == a)
