@@ -5,7 +5,7 @@
 //! slot as far as this node knows: see `MetaStore::placement`); a node that holds no replica of that group
 //! reads nothing.
 
-use crate::command::MemberList;
+use crate::command::{MemberList, RoutingKey};
 use crate::keys::{read_uid, Key, Kind};
 use crate::model::{
     ChannelInfo, CmdBinding, Device, GroupIntent, Membership, MessageEvent, MigrationTask, PluginBinding, SlotRecord,
@@ -168,6 +168,11 @@ impl SlotReader {
             }
         };
         Ok(current.then_some(placement.group))
+    }
+
+    /// [`SlotReader::owner_copy`] of the hash slot `key` routes to.
+    pub fn owner_copy_of(&self, key: RoutingKey<'_>) -> StoreResult<Option<GroupId>> {
+        self.owner_copy(hash_slot(key.bytes()))
     }
 
     /// Every hash slot `group`'s records name (slots it migrated away, is migrating, or received), as this

@@ -52,9 +52,11 @@ impl Controller {
             }
         }
         let mut budget = self.config.repair_page;
+        // Whether this node hears a quorum of a group, judged once per group in this step.
+        let mut heard: BTreeMap<GroupId, bool> = BTreeMap::new();
         while budget > 0 && self.tasks.len() < self.config.tasks_max {
             let Some((group, hash_slot)) = self.scan.slots.get(self.scan.index).copied() else { break };
-            if !self.hears_quorum_of(slot, group, now) {
+            if !*heard.entry(group).or_insert_with(|| self.hears_quorum_of(slot, group, now)) {
                 // This node may be the one cut off: its failure detector's verdicts are not to be acted on.
                 self.scan.index += 1;
                 self.scan.cursor = None;

@@ -30,8 +30,13 @@ impl NodeCore {
     /// enough for a fanout page, which may lag a little but must not come from a copy that moved away or
     /// is still importing.
     pub(super) fn holds_serving_copy(&self, key: RoutingKey<'_>) -> bool {
-        let copy = self.reader.owner_copy(tidings_router::hash_slot(key.bytes()));
-        copy.ok().flatten().is_some_and(|group| self.holds_applied(group))
+        self.serving_copy(key).is_some_and(|group| self.holds_applied(group))
+    }
+
+    /// The group whose copy of `key`'s hash slot this node reads, if that copy is the serving one (an
+    /// unreadable store counts as none).
+    fn serving_copy(&self, key: RoutingKey<'_>) -> Option<GroupId> {
+        self.reader.owner_copy_of(key).ok().flatten()
     }
 
     /// The group whose copy answers a sender check about `key` here, if this node may answer from its
@@ -39,8 +44,7 @@ impl NodeCore {
     /// (`SlotReader::owner_copy`), in a replica that knows its leader and applied all it knows
     /// committed (`MultiRaft::reads_fresh`).
     fn vouching_copy(&self, key: RoutingKey<'_>) -> Option<GroupId> {
-        let copy = self.reader.owner_copy(tidings_router::hash_slot(key.bytes()));
-        copy.ok().flatten().filter(|group| self.slot.reads_fresh(*group))
+        self.serving_copy(key).filter(|group| self.slot.reads_fresh(*group))
     }
 
     /// Asks another node for a page of `channel`'s subscribers, for fanout job `job`.

@@ -19,7 +19,7 @@ impl ChannelShard {
         // The copy read must be the serving one (not one of a slot migrated away or not yet imported
         // here), in a replica that knows its leader.
         let copy = |flag: &FlagQuery| -> Result<Option<GroupId>, NodeError> {
-            let copy = self.reader.owner_copy(tidings_router::hash_slot(flag.routing_key().bytes()))?;
+            let copy = self.reader.owner_copy_of(flag.routing_key())?;
             Ok(copy.filter(|group| self.served.is_fresh(*group)))
         };
         let (Some(user_copy), Some(channel_copy)) = (copy(&banned)?, copy(&denied)?) else { return Ok(false) };

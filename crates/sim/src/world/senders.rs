@@ -11,6 +11,7 @@
 
 use super::World;
 use bytes::Bytes;
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 use tidings::channel::fanout::DeliveryPlan;
 use tidings::channel::machine::AppendRecord;
@@ -127,14 +128,15 @@ impl World {
             }
         }
         let committed_through = logs.iter().map(|(_, hw, _)| *hw).max().unwrap_or(Seq::new(0));
-        let is_message = |seq: Seq| {
-            logs.iter().any(|(_, _, records)| records.iter().any(|r| r.seq == seq && r.kind == RecordKind::Message))
-        };
+        let messages: BTreeSet<Seq> = logs
+            .iter()
+            .flat_map(|(_, _, records)| records.iter().filter(|r| r.kind == RecordKind::Message).map(|r| r.seq))
+            .collect();
         for (seq, member) in self.fanout_host.of(channel) {
             if member == DENIED {
                 self.oracle.violation(format!("{channel}: seq {seq} fanned out to a member on the deny list"));
             }
-            if seq > committed_through || !is_message(seq) {
+            if seq > committed_through || !messages.contains(&seq) {
                 self.oracle.violation(format!(
                     "{channel}: seq {seq} fanned out to {member} but is not a committed message (HW {committed_through})"
                 ));
