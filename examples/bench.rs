@@ -25,7 +25,9 @@
 //! per second. `--in-flight N` sets the appends in flight at full rate (default 256 for one channel,
 //! 2,048 otherwise), `--messages N` how many the full-rate phase sends (a longer phase takes in more
 //! background work: write-behind rounds, timers); `--paced-rate R` paces the latency phase at R msg/s instead of half the full rate
-//! (to compare two settings at the same load). `TIDINGS_REACTORS=N` sets every node's number of channel
+//! (to compare two settings at the same load); `--senders N` sends every append through
+//! `Node::append_from` / `append_from_then`, naming senders `u0` .. `uN-1` in turn, so each append pays
+//! its sender check (the user banned? on the channel's deny list? read from the leader's slot replicas). `TIDINGS_REACTORS=N` sets every node's number of channel
 //! reactor threads (default: the runtime's choice, one per two cores); `TIDINGS_HW_NOTIFY_MS=N` its
 //! channels' `hw_notify_delay`; `TIDINGS_WRITE_BEHIND_MS=N` and `TIDINGS_WRITE_BEHIND_NICE=N` its
 //! journal's `write_behind_interval` and `write_behind_nice`, `TIDINGS_DURABLE_WORKERS=N` its durable
@@ -64,11 +66,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let tuned = std::env::args().any(|a| a == "--tuned");
     let evict_after: Option<u64> = flag_value("--idle-evict-secs");
-    let cluster = Cluster::start_with(dir.path(), tuned, |config| {
+    let mut cluster = Cluster::start_with(dir.path(), tuned, |config| {
         if let Some(secs) = evict_after {
             config.channel_idle_evict = Duration::from_secs(secs);
         }
     });
+    if let Some(senders) = flag_value::<u64>("--senders") {
+        println!("appends through append_from, {senders} senders in turn (each append's sender checked)");
+        cluster = cluster.with_senders(senders);
+    }
     let mut summary = Vec::new();
     let only: Option<usize> = flag_value("--channels");
     let in_flight_override: Option<usize> = flag_value("--in-flight");

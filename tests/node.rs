@@ -322,6 +322,13 @@ impl FanoutHost for RecordingHost {
     }
 }
 
+/// `Node::append_from_then` from `sender`, waiting for its callback.
+fn append_from_then(node: &Node, ch: &ChannelId, sender: &str, text: &str) -> Result<Vec<Seq>, NodeError> {
+    let (done, outcome) = std::sync::mpsc::channel();
+    node.append_from_then(ch.clone(), Uid::new(sender).unwrap(), record(text), move |result| drop(done.send(result)))?;
+    outcome.recv_timeout(Duration::from_secs(30)).expect("called back once")
+}
+
 #[test]
 fn committed_messages_fan_out_once_to_online_allowed_subscribers_and_senders_are_checked() {
     let dir = tempfile::tempdir().unwrap();
@@ -351,14 +358,18 @@ fn committed_messages_fan_out_once_to_online_allowed_subscribers_and_senders_are
     }
     // user-2 sends two messages from different nodes: its own entries are marked.
     let mut sent_by_user_2 = Vec::new();
-    for node in &nodes[..2] {
-        let sender = Uid::new("user-2").unwrap();
-        sent_by_user_2.push(eventually(|| node.append_from(ch.clone(), sender.clone(), record("mine"))?.wait())[0]);
-    }
+    // The second through the callback form.
+    let sender = Uid::new("user-2").unwrap();
+    sent_by_user_2.push(eventually(|| nodes[0].append_from(ch.clone(), sender.clone(), record("mine"))?.wait())[0]);
+    sent_by_user_2.push(eventually(|| append_from_then(&nodes[1], &ch, "user-2", "mine"))[0]);
     seqs.extend(&sent_by_user_2);
     let refused = nodes[1].append_from(ch.clone(), Uid::new("user-5").unwrap(), record("x")).unwrap().wait();
     assert!(matches!(refused, Err(NodeError::SenderBanned(_))), "{refused:?}");
     let refused = nodes[2].append_from(ch.clone(), Uid::new("user-1").unwrap(), record("x")).unwrap().wait();
+    assert!(matches!(refused, Err(NodeError::SenderDenied(_))), "{refused:?}");
+    let refused = append_from_then(&nodes[0], &ch, "user-5", "x");
+    assert!(matches!(refused, Err(NodeError::SenderBanned(_))), "{refused:?}");
+    let refused = append_from_then(&nodes[2], &ch, "user-1", "x");
     assert!(matches!(refused, Err(NodeError::SenderDenied(_))), "{refused:?}");
     let expected: BTreeSet<(Seq, String)> =
         seqs.iter().flat_map(|seq| ["user-0", "user-2", "user-3"].map(|uid| (*seq, uid.to_owned()))).collect();

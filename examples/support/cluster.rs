@@ -4,12 +4,13 @@ use super::{env_value, figures, Figures, RECORD_BYTES};
 use bytes::Bytes;
 use crossbeam_channel::RecvTimeoutError;
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidings::channel::machine::AppendRecord;
 use tidings::mesh::InProcessMesh;
 use tidings::node::{NodeConfig, NodeError};
-use tidings::slot::model::{ChannelFlags, ChannelInfo};
+use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid};
 use tidings::types::{ChannelId, NodeId};
 use tidings::{AppendHandle, Node, StorageOptions};
 
@@ -19,6 +20,9 @@ pub const CLIENTS: usize = 4;
 pub struct Cluster {
     pub ids: Vec<NodeId>,
     pub nodes: Vec<Arc<Node>>,
+    /// Appends go through `append_from` with these many senders in turn (their uids `u0`, `u1`, ...), so
+    /// each one pays for the sender check (banned? on the channel's deny list?); `None`: plain `append`.
+    senders: Option<(u64, AtomicU64)>,
     _mesh: Arc<InProcessMesh>,
 }
 
@@ -95,7 +99,7 @@ impl Cluster {
                 node
             })
             .collect();
-        Cluster { ids, nodes, _mesh: mesh }
+        Cluster { ids, nodes, senders: None, _mesh: mesh }
     }
 
     /// The node that leads `channel` (placement's first replica).
@@ -127,9 +131,29 @@ impl Cluster {
         });
     }
 
+    /// Appends from now on name a sender, one of `count` in turn (`--senders N`): the leader checks each.
+    pub fn with_senders(mut self, count: u64) -> Cluster {
+        self.senders = Some((count.max(1), AtomicU64::new(0)));
+        self
+    }
+
+    /// The next sender, when appends name one.
+    fn next_sender(&self) -> Option<Uid> {
+        let (count, next) = self.senders.as_ref()?;
+        let n = next.fetch_add(1, Ordering::Relaxed) % count;
+        Some(Uid::new(format!("u{n}")).expect("a short uid"))
+    }
+
     pub fn append(&self, channel: &ChannelId, payload: &Bytes) -> AppendHandle {
         let record = AppendRecord { idempotency_key: None, payload: payload.clone() };
-        retry(|| self.leader(channel).append(channel.clone(), vec![record.clone()]))
+        let sender = self.next_sender();
+        retry(|| {
+            let leader = self.leader(channel);
+            match &sender {
+                Some(uid) => leader.append_from(channel.clone(), uid.clone(), vec![record.clone()]),
+                None => leader.append(channel.clone(), vec![record.clone()]),
+            }
+        })
     }
 
     /// Appends one record at `channel`'s leader; `then` gets the outcome on the channel's reactor thread.
@@ -140,7 +164,14 @@ impl Cluster {
         then: impl FnOnce(Result<Vec<tidings::types::Seq>, NodeError>) + Send + Clone + 'static,
     ) {
         let record = AppendRecord { idempotency_key: None, payload: payload.clone() };
-        retry(|| self.leader(channel).append_then(channel.clone(), vec![record.clone()], then.clone()));
+        let sender = self.next_sender();
+        retry(|| {
+            let leader = self.leader(channel);
+            match &sender {
+                Some(uid) => leader.append_from_then(channel.clone(), uid.clone(), vec![record.clone()], then.clone()),
+                None => leader.append_then(channel.clone(), vec![record.clone()], then.clone()),
+            }
+        });
     }
 }
 

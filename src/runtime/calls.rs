@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tidings_channel::machine::PersistToken;
 use tidings_store::message::LogBatch;
+use tidings_types::Seq;
 
 /// Where an API call's result goes.
 pub(super) enum Reply {
@@ -19,6 +20,11 @@ pub(super) enum Reply {
 }
 
 impl Reply {
+    /// A reply that hands an append's seqs (or why not) to `then`.
+    pub(super) fn then(then: impl FnOnce(Result<Vec<Seq>, NodeError>) + Send + 'static) -> Reply {
+        Reply::Then(Box::new(move |result| then(super::reactor::appended(result))))
+    }
+
     fn deliver(self, result: ApiResult) {
         match self {
             // The caller may have stopped waiting: nothing to do then.

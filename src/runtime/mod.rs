@@ -385,8 +385,32 @@ impl Node {
         records: Vec<AppendRecord>,
         then: impl FnOnce(Result<Vec<Seq>, NodeError>) + Send + 'static,
     ) -> Result<(), NodeError> {
-        let reply = Reply::Then(Box::new(move |result| then(appended(result))));
-        self.send_append(channel, None, records, reply)
+        self.send_append(channel, None, records, Reply::then(then))
+    }
+
+    /// [`Node::append_from`] with its outcome handed to `then`, as [`Node::append_then`] does: `then` runs
+    /// on a reactor thread (short, never blocking), exactly once unless this returns an error. A sender
+    /// refused by the channel's rules gets `then(Err(SenderBanned | SenderDenied))`; one no node could
+    /// check in time, `Err(SenderUnverified)`.
+    ///
+    /// ```no_run
+    /// # fn demo(node: &tidings::Node, channel: tidings::types::ChannelId) -> Result<(), tidings::node::NodeError> {
+    /// use tidings::{channel::machine::AppendRecord, slot::model::Uid};
+    /// let (done, outcome) = std::sync::mpsc::channel();
+    /// let record = AppendRecord { idempotency_key: None, payload: bytes::Bytes::from_static(b"hi") };
+    /// let sender = Uid::new("alice").expect("a short uid");
+    /// node.append_from_then(channel, sender, vec![record], move |result| drop(done.send(result)))?;
+    /// let seqs = outcome.recv().expect("called once")?;
+    /// # let _ = seqs; Ok(()) }
+    /// ```
+    pub fn append_from_then(
+        &self,
+        channel: ChannelId,
+        sender: Uid,
+        records: Vec<AppendRecord>,
+        then: impl FnOnce(Result<Vec<Seq>, NodeError>) + Send + 'static,
+    ) -> Result<(), NodeError> {
+        self.send_append(channel, Some(sender), records, Reply::then(then))
     }
 
     /// Appends records sent by user `sender`: refused with `SenderBanned` / `SenderDenied` when the user is

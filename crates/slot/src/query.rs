@@ -11,6 +11,7 @@ use crate::model::{
     ChannelInfo, CmdBinding, Device, GroupIntent, Membership, MessageEvent, MigrationTask, PluginBinding, SlotRecord,
     SlotState, Uid, User,
 };
+use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use tidings_router::hash_slot;
 use tidings_store::{CorruptLocation, Keyspace, MetaPage, MetaSpace, MetaStore, StoreError, StoreResult};
@@ -26,15 +27,34 @@ pub struct Page<T> {
 }
 
 /// Typed reads over a metadata store.
-#[derive(Clone)]
 pub struct SlotReader {
     store: MetaStore,
+    /// [`SlotRoutes`] by hash slot, with the [`MetaStore::routes_version`] they were read at: every read
+    /// looks its slot's placement up, and a sender check the owner copy of two slots (two store reads
+    /// each), where the key itself is one read.
+    routes: Mutex<Vec<Option<(u64, SlotRoutes)>>>,
+}
+
+/// Where one hash slot is read on this node.
+#[derive(Clone, Copy, Debug, Default)]
+struct SlotRoutes {
+    /// The group this node's placement names.
+    placed: Option<GroupId>,
+    /// That group, if its copy here is the serving one ([`SlotReader::owner_copy`]).
+    owner: Option<GroupId>,
+}
+
+impl Clone for SlotReader {
+    /// A reader of the same store with a cache of its own (a clone usually goes to another thread).
+    fn clone(&self) -> Self {
+        Self::new(self.store.clone())
+    }
 }
 
 impl SlotReader {
     /// Reads `store`.
     pub fn new(store: MetaStore) -> Self {
-        Self { store }
+        Self { store, routes: Mutex::new(vec![None; usize::from(tidings_types::HASH_SLOT_COUNT)]) }
     }
 
     /// A user.
@@ -158,7 +178,29 @@ impl SlotReader {
     /// replica has not yet applied the import its placement came from, or once the slot moved on: the
     /// copy may then lack recent writes, and a read that must not miss one asks elsewhere.
     pub fn owner_copy(&self, slot: HashSlot) -> StoreResult<Option<GroupId>> {
-        let Some(placement) = self.store.placement(slot)? else { return Ok(None) };
+        Ok(self.routes(slot)?.owner)
+    }
+
+    /// Where `slot` is read on this node, from the cache while no write changed placements or groups'
+    /// records since it was read.
+    fn routes(&self, slot: HashSlot) -> StoreResult<SlotRoutes> {
+        // The version is read before the store: a write after it moves it on, so an answer read from
+        // before that write is never taken for a current one.
+        let version = self.store.routes_version();
+        let index = usize::from(slot.index());
+        if let Some((read_at, routes)) = self.routes.lock()[index] {
+            if read_at == version {
+                return Ok(routes);
+            }
+        }
+        let routes = self.read_routes(slot)?;
+        self.routes.lock()[index] = Some((version, routes));
+        Ok(routes)
+    }
+
+    /// [`SlotReader::routes`] read from the store.
+    fn read_routes(&self, slot: HashSlot) -> StoreResult<SlotRoutes> {
+        let Some(placement) = self.store.placement(slot)? else { return Ok(SlotRoutes::default()) };
         let current = match (self.slot_record(placement.group, slot)?, placement.epoch) {
             (None, 0) => true,
             (None, _) => false,
@@ -167,7 +209,7 @@ impl SlotReader {
                     && matches!(record.state, SlotState::Owned | SlotState::Exporting { .. } | SlotState::Fenced { .. })
             }
         };
-        Ok(current.then_some(placement.group))
+        Ok(SlotRoutes { placed: Some(placement.group), owner: current.then_some(placement.group) })
     }
 
     /// [`SlotReader::owner_copy`] of the hash slot `key` routes to.
@@ -259,7 +301,7 @@ impl SlotReader {
 
     /// The group whose copy of `slot` this node reads: its placement.
     fn space(&self, slot: HashSlot) -> StoreResult<Option<MetaSpace>> {
-        Ok(self.store.placement(slot)?.map(|p| MetaSpace::slot(p.group, slot)))
+        Ok(self.routes(slot)?.placed.map(|group| MetaSpace::slot(group, slot)))
     }
 
     fn get_raw(&self, slot: HashSlot, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {

@@ -1,6 +1,7 @@
 //! The slot FSM: every command and outcome, slot ownership, atomicity under a failpoint, exactly-once
 //! replay, and the reads that see the result.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tidings_router::{hash_slot, HashToSlot};
 use tidings_slot::command::{Command, DecodeError, MemberList, COMMAND_VERSION};
@@ -8,7 +9,8 @@ use tidings_slot::fsm::migration::seed_placements;
 use tidings_slot::fsm::{FsmLimits, Outcome, Refusal, SlotFsm};
 use tidings_slot::model::{ChannelFlags, ChannelInfo, Membership, MessageEvent, SwitchProof, Uid, User};
 use tidings_slot::query::SlotReader;
-use tidings_store::{FailOp, MemoryKv, MetaStore};
+use tidings_store::kv::{Direction, KeyRange, KvPair};
+use tidings_store::{FailOp, Keyspace, Kv, KvBatch, MemoryKv, MetaStore, StoreResult};
 use tidings_types::{ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, GroupId, LeaderEpoch, NodeId, Seq};
 
 fn uid(s: &str) -> Uid {
@@ -334,14 +336,92 @@ struct TwoGroups {
 }
 
 fn two_groups_on_one_node() -> TwoGroups {
-    let store = MetaStore::new(Arc::new(MemoryKv::new()));
+    two_groups_over(Arc::new(MemoryKv::new()))
+}
+
+/// [`two_groups_on_one_node`] over `kv`. The reader has a store handle of its own, as a node's reactors
+/// do: what it caches must follow writes made through the FSMs' handle.
+fn two_groups_over(kv: Arc<dyn Kv>) -> TwoGroups {
+    let store = MetaStore::new(kv.clone());
     let table = HashToSlot::even_split(2).unwrap();
     seed_placements(&store, &table).unwrap();
     let (a, b) = (GroupId::new(1), GroupId::new(2));
     let source = SlotFsm::new(a, store.clone(), FsmLimits::default());
     let target = SlotFsm::new(b, store.clone(), FsmLimits::default());
-    let reader = SlotReader::new(store.clone());
+    let reader = SlotReader::new(MetaStore::new(kv));
     TwoGroups { store, table, a, b, source, target, reader }
+}
+
+/// A memory backend that counts reads of placements.
+#[derive(Default)]
+struct PlacementReads {
+    inner: MemoryKv,
+    reads: AtomicUsize,
+}
+
+impl Kv for PlacementReads {
+    fn get_sealed(&self, keyspace: Keyspace, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
+        if keyspace == Keyspace::Placement {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.get_sealed(keyspace, key)
+    }
+
+    fn scan_sealed(
+        &self,
+        keyspace: Keyspace,
+        range: &KeyRange,
+        direction: Direction,
+        limit: usize,
+    ) -> StoreResult<Vec<KvPair>> {
+        self.inner.scan_sealed(keyspace, range, direction, limit)
+    }
+
+    fn apply(&self, batch: KvBatch) -> StoreResult<()> {
+        self.inner.apply(batch)
+    }
+
+    fn sync(&self) -> StoreResult<()> {
+        self.inner.sync()
+    }
+
+    fn cache_epoch(&self) -> &AtomicU64 {
+        self.inner.cache_epoch()
+    }
+}
+
+#[test]
+fn a_reader_looks_a_slot_s_placement_up_once_until_a_write_changes_routes() {
+    use tidings_slot::model::SlotMigrationStep as Step;
+    let kv = Arc::new(PlacementReads::default());
+    let TwoGroups { table, a, b, source, reader, .. } = two_groups_over(kv.clone());
+    let user = (0..)
+        .map(|i| uid(&format!("user-{i}")))
+        .find(|u| table.group_of(hash_slot(u.as_str().as_bytes())) == a)
+        .unwrap();
+    let slot = hash_slot(user.as_str().as_bytes());
+    let put = Command::PutUser(User { uid: user.clone(), name: "one".into(), banned: false });
+    assert_eq!(step(&source, &table, put), Outcome::Applied);
+    let reads = || kv.reads.load(Ordering::SeqCst);
+
+    let before = reads();
+    for _ in 0..3 {
+        assert!(reader.user(&user).unwrap().is_some());
+        assert_eq!(reader.owner_copy(slot).unwrap(), Some(a));
+    }
+    assert_eq!(reads() - before, 1, "one placement read for six reads of the slot");
+
+    // Writes to keys in slots' copies route nothing: the cached placement still serves.
+    let renamed = Command::PutUser(User { uid: user.clone(), name: "two".into(), banned: false });
+    assert_eq!(step(&source, &table, renamed), Outcome::Applied);
+    assert_eq!(reader.user(&user).unwrap().unwrap().name, "two", "the key itself is always read");
+    assert_eq!(reads() - before, 1);
+
+    // A migration step writes the group's slot records: the next read looks the placement up again.
+    let export = Command::MigrateSlot { group: a, slot, step: Step::Export { to: b } };
+    assert_eq!(step(&source, &table, export), Outcome::Applied);
+    assert_eq!(reader.owner_copy(slot).unwrap(), Some(a), "exporting: the source still serves");
+    assert_eq!(reads() - before, 2);
 }
 
 #[test]

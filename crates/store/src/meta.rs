@@ -9,6 +9,7 @@
 use crate::error::{CorruptLocation, StoreError, StoreResult};
 use crate::kv::{Direction, KeyRange, Keyspace, Kv, KvBatch, KvPair};
 use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tidings_types::{GroupId, HashSlot};
 
@@ -128,6 +129,8 @@ struct Staged {
     put_here: BTreeSet<Vec<u8>>,
     /// Placements staged earlier: a later one must be newer than those too.
     placed: Vec<(HashSlot, Placement)>,
+    /// Whether the write touches placements or groups' own records (see [`MetaStore::routes_version`]).
+    routes: bool,
 }
 
 /// Changes applied as one atomic write, optionally recording the applied index of a group in the same
@@ -339,22 +342,49 @@ impl MetaStore {
     /// Applies `batches` in order, as one atomic write: one backend batch for several groups' changes
     /// (each backend batch has a fixed cost: sled writes out a log buffer under a process-wide lock).
     pub fn write_all<'a>(&self, batches: impl IntoIterator<Item = &'a MetaWriteBatch>) -> StoreResult<()> {
-        self.kv.apply(self.stage_all(batches)?)
+        self.write_all_with(batches, |staged| self.kv.apply(staged))
     }
 
-    /// The backend changes [`MetaStore::write_all`] would apply, for a caller that writes them in one
-    /// atomic batch with other changes to the same backend ([`crate::RaftLogStore::write_with`]). It
-    /// reads the store (prefix clears, placements): nothing may write it before that batch is applied.
-    pub fn stage_all<'a>(&self, batches: impl IntoIterator<Item = &'a MetaWriteBatch>) -> StoreResult<KvBatch> {
+    /// Like [`MetaStore::write_all`], for a caller that writes the backend changes in one atomic batch
+    /// with other changes to the same backend: `apply` gets them and applies them
+    /// ([`crate::RaftLogStore::write_with`]). Staging reads the store (prefix clears, placements): nothing
+    /// may write it before `apply` returns. Once it returned, a write that changed how hash slots are
+    /// served (placements, groups' own records) moves [`MetaStore::routes_version`] on, whatever `apply`
+    /// returned.
+    pub fn write_all_with<'a>(
+        &self,
+        batches: impl IntoIterator<Item = &'a MetaWriteBatch>,
+        apply: impl FnOnce(KvBatch) -> StoreResult<()>,
+    ) -> StoreResult<()> {
         let mut staged = Staged::default();
         for batch in batches {
             self.stage(batch, &mut staged)?;
         }
-        Ok(staged.kv_batch)
+        let result = apply(staged.kv_batch);
+        if staged.routes {
+            // Release: a reader that sees the new version sees the write.
+            self.kv.cache_epoch().fetch_add(1, Ordering::Release);
+        }
+        result
+    }
+
+    /// A number that moves on after every write that changed a placement or a group's own records (the
+    /// slot records saying which group serves a hash slot), or lost any (a crash of the in-memory
+    /// backend). What a reader derived from those after reading version `v` holds while the version is
+    /// still `v`; it is shared by every `MetaStore` over the same backend.
+    pub fn routes_version(&self) -> u64 {
+        self.kv.cache_epoch().load(Ordering::Acquire)
     }
 
     fn stage(&self, batch: &MetaWriteBatch, staged: &mut Staged) -> StoreResult<()> {
-        let Staged { kv_batch, put_here, placed } = staged;
+        let Staged { kv_batch, put_here, placed, routes } = staged;
+        *routes |= !batch.placements.is_empty()
+            || batch.ops.iter().any(|op| match op {
+                MetaOp::Put { space, .. } | MetaOp::Delete { space, .. } | MetaOp::Clear { space, .. } => {
+                    space.hash_slot().is_none()
+                }
+                MetaOp::ClearGroup { .. } => true,
+            });
         for op in &batch.ops {
             let cleared = match op {
                 MetaOp::Put { space, key, value } => {
@@ -673,5 +703,36 @@ mod tests {
         assert_eq!(store.scan(slot(1), b"", None, 10).unwrap().entries, vec![(b"c".to_vec(), b"2".to_vec())]);
         assert_eq!((store.applied_index(G).unwrap(), store.applied_index(g2).unwrap()), (3, 7));
         assert_eq!(store.placement(s).unwrap(), Some(at(1, 5)));
+    }
+
+    #[test]
+    fn the_routes_version_moves_on_after_writes_that_change_how_slots_are_served_and_is_shared() {
+        let kv = Arc::new(MemoryKv::new());
+        let (writer, reader) = (MetaStore::new(kv.clone()), MetaStore::new(kv.clone()));
+        let mut version = reader.routes_version();
+        let mut moved = |batch: &MetaWriteBatch| {
+            writer.write(batch).unwrap();
+            let now = reader.routes_version();
+            std::mem::replace(&mut version, now) != now
+        };
+        let mut keys = MetaWriteBatch::new();
+        keys.put(slot(1), "a", "1").delete(slot(2), "b").clear(slot(3)).set_applied(G, 4);
+        assert!(!moved(&keys), "keys in hash slots' copies and the applied index do not route anything");
+        let mut record = MetaWriteBatch::new();
+        record.put(MetaSpace::group_records(G), "record", "1");
+        assert!(moved(&record), "a group's own records (its slot records)");
+        let mut placement = MetaWriteBatch::new();
+        placement.place(HashSlot::new(1).unwrap(), Placement { group: G, epoch: 1 });
+        assert!(moved(&placement));
+        let mut cleared = MetaWriteBatch::new();
+        cleared.clear_group(G);
+        assert!(moved(&cleared));
+        kv.crash();
+        assert_ne!(reader.routes_version(), version, "writes lost in a crash may have changed routes");
+        // The version moves on after a failed write too: the backend may not say what it kept.
+        let before = reader.routes_version();
+        kv.fail(FailOp::Apply, 0, 1);
+        assert!(writer.write(&record).is_err());
+        assert_ne!(reader.routes_version(), before);
     }
 }

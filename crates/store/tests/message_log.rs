@@ -786,6 +786,10 @@ impl Kv for CountingKv {
         self.inner.sync()
     }
 
+    fn cache_epoch(&self) -> &std::sync::atomic::AtomicU64 {
+        self.inner.cache_epoch()
+    }
+
     fn write_out(&self) -> tidings_store::StoreResult<()> {
         self.write_outs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())

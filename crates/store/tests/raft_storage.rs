@@ -211,7 +211,7 @@ fn a_log_write_with_other_changes_is_one_atomic_batch() {
     let write = |store: &RaftLogStore| {
         let mut batch = RaftLogBatch::new();
         batch.append(G1, vec![entry(1, 1), entry(2, 1)]);
-        store.write_with(batch, meta.stage_all([&applied]).unwrap())
+        meta.write_all_with([&applied], |also| store.write_with(batch, also))
     };
     // Refused whole: neither the log nor the other changes, and the log's view stays as it was.
     kv.fail(FailOp::Apply, 0, 1);

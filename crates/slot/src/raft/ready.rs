@@ -60,8 +60,7 @@ impl MultiRaft {
         if logs.is_empty() && applied.is_empty() {
             return Ok(());
         }
-        let applied = self.meta.stage_all(applied.iter().map(|(_, batch)| batch))?;
-        self.logs.write_with(logs, applied)
+        self.meta.write_all_with(applied.iter().map(|(_, batch)| batch), |applied| self.logs.write_with(logs, applied))
     }
 
     /// A write to the slot store failed, in `group`'s ready or in the round's write: raft-rs counts

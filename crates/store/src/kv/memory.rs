@@ -5,6 +5,7 @@ use crate::error::StoreResult;
 use crate::failpoint::Failpoints;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// An operation a failpoint can make fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -45,6 +46,7 @@ struct State {
 #[derive(Default)]
 pub struct MemoryKv {
     state: Mutex<State>,
+    cache_epoch: AtomicU64,
 }
 
 impl MemoryKv {
@@ -60,6 +62,8 @@ impl MemoryKv {
 
     /// Loses every batch applied since the last successful sync except the first `kept` of them.
     pub fn crash_keeping(&self, kept: usize) {
+        // What the layer above cached may be among what is lost.
+        self.cache_epoch.fetch_add(1, Ordering::Release);
         let mut state = self.state.lock();
         while state.unsynced.len() > kept {
             let undo = state.unsynced.pop().expect("longer than kept");
@@ -165,6 +169,10 @@ impl Kv for MemoryKv {
         let undo = apply_to(&mut state.current, batch);
         state.unsynced.push(undo);
         Ok(())
+    }
+
+    fn cache_epoch(&self) -> &AtomicU64 {
+        &self.cache_epoch
     }
 
     fn sync(&self) -> StoreResult<()> {

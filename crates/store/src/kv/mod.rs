@@ -15,6 +15,7 @@ pub use memory::{FailOp, MemoryKv};
 pub use sled_kv::{SledKv, SyncReport};
 
 use crate::error::{CorruptLocation, StoreError, StoreResult};
+use std::sync::atomic::AtomicU64;
 
 /// A keyspace: one byte that prefixes every key of one kind of record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -197,6 +198,11 @@ pub trait Kv: Send + Sync + 'static {
 
     /// Makes every applied batch durable.
     fn sync(&self) -> StoreResult<()>;
+
+    /// A counter the layer above bumps after writes that invalidate what it caches of this store
+    /// ([`crate::MetaStore::routes_version`]). It lives with the backend so that every store handle over
+    /// it, however many were made, sees the same count.
+    fn cache_epoch(&self) -> &AtomicU64;
 
     /// Hands applied batches to the operating system without waiting for the disk (no durability
     /// promise): a backend that buffers writes empties its buffers, so that a later `sync` (whoever calls

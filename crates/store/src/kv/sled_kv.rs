@@ -32,6 +32,7 @@ pub struct SledKv {
     /// Blob files already made durable (sled never rewrites a blob file in place).
     synced_blobs: Mutex<BTreeSet<OsString>>,
     syncs: AtomicU64,
+    cache_epoch: AtomicU64,
 }
 
 impl SledKv {
@@ -56,7 +57,13 @@ impl SledKv {
                 Err(e) => return Err(e.into()),
             }
         };
-        let kv = Self { db, dir, synced_blobs: Mutex::new(BTreeSet::new()), syncs: AtomicU64::new(0) };
+        let kv = Self {
+            db,
+            dir,
+            synced_blobs: Mutex::new(BTreeSet::new()),
+            syncs: AtomicU64::new(0),
+            cache_epoch: AtomicU64::new(0),
+        };
         // Make the directory entries sled just created durable before anything relies on them.
         sync_path(&kv.dir).map_err(|e| StoreError::io("fsync directory", e))?;
         Ok(kv)
@@ -180,6 +187,10 @@ impl Kv for SledKv {
 
     fn sync(&self) -> StoreResult<()> {
         self.sync_report().map(drop)
+    }
+
+    fn cache_epoch(&self) -> &AtomicU64 {
+        &self.cache_epoch
     }
 }
 
