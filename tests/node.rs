@@ -194,6 +194,58 @@ fn append_then_calls_back_once_with_the_seqs_or_with_stopped() {
     assert!(outcome.recv_timeout(Duration::from_millis(100)).is_err(), "called exactly once");
 }
 
+/// Runs `future` to completion on this thread, parked until its waker is called (a stand-in for the
+/// host's async runtime).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut context = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        assert!(Instant::now() < deadline, "never woken");
+        std::thread::park_timeout(Duration::from_secs(1));
+    }
+}
+
+#[test]
+fn an_awaited_append_completes_with_its_seqs_or_with_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let ids = [NodeId::new(1)];
+    let node = start(ids[0], &ids, dir.path(), &mesh, |_| {});
+    let ch = channel("awaited");
+    eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let first = eventually(|| block_on(node.append(ch.clone(), record("first"))?))[0];
+    let sender = Uid::new("user-1").unwrap();
+    let handles: Vec<_> = (0..3)
+        .map(|i| node.append_from(ch.clone(), sender.clone(), record(&format!("awaited {i}"))).unwrap())
+        .collect();
+    let seqs: Vec<Seq> = handles.into_iter().map(|handle| block_on(handle).unwrap()[0]).collect();
+    assert_eq!(seqs, (1..=3).map(|n| Seq::new(first.get() + n)).collect::<Vec<_>>());
+    drop(node);
+
+    // A node alone in a three-node cluster learns no channel meta: the append waits until the node stops.
+    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+    let lonely = start(ids[0], &ids, &dir.path().join("lonely"), &mesh, |_| {});
+    let pending = lonely.append(channel("nowhere"), record("lost")).unwrap();
+    let stopping = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        mesh.detach(ids[0]);
+        drop(lonely);
+    });
+    assert!(matches!(block_on(pending), Err(NodeError::Stopped)));
+    stopping.join().unwrap();
+}
+
 #[test]
 fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();

@@ -23,6 +23,7 @@
 
 mod calls;
 mod core_thread;
+mod handle;
 mod reactor;
 mod workers;
 
@@ -33,8 +34,9 @@ use crate::node::{ApiResult, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeErr
 use bytes::Bytes;
 use calls::{Calls, Io, Reply};
 use core_thread::{Call, Input, Shell, INBOX_CAPACITY};
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
-use reactor::{appended, Reactor, ReactorInput, MAILBOX_CAPACITY};
+use crossbeam_channel::{bounded, unbounded, Sender, TrySendError};
+pub use handle::AppendHandle;
+use reactor::{Reactor, ReactorInput, MAILBOX_CAPACITY};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -148,18 +150,6 @@ pub struct Node {
     kv: Arc<dyn Kv>,
     router: Arc<Router>,
     dropped_frames: Arc<AtomicU64>,
-}
-
-/// A pending append: wait for its seqs.
-pub struct AppendHandle {
-    reply: Receiver<ApiResult>,
-}
-
-impl AppendHandle {
-    /// Waits for the append to commit (or fail).
-    pub fn wait(self) -> Result<Vec<Seq>, NodeError> {
-        self.reply.recv_timeout(CALL_TIMEOUT).map_or(Err(NodeError::Stopped), appended)
-    }
 }
 
 impl Node {
@@ -356,11 +346,9 @@ impl Node {
         self.call(Call::CreateChannel(info))
     }
 
-    /// Starts an append (any node may be called: non-leaders forward); wait on the handle.
+    /// Starts an append (any node may be called: non-leaders forward): wait on the handle, or `.await` it.
     pub fn append(&self, channel: ChannelId, records: Vec<AppendRecord>) -> Result<AppendHandle, NodeError> {
-        let (reply, receiver) = bounded(1);
-        self.send_append(channel, None, records, Reply::Wait(reply))?;
-        Ok(AppendHandle { reply: receiver })
+        self.send_append_for_handle(channel, None, records)
     }
 
     /// Starts an append and calls `then` with its outcome (the seqs once committed, or why not) — for a
@@ -422,9 +410,19 @@ impl Node {
         sender: Uid,
         records: Vec<AppendRecord>,
     ) -> Result<AppendHandle, NodeError> {
-        let (reply, receiver) = bounded(1);
-        self.send_append(channel, Some(sender), records, Reply::Wait(reply))?;
-        Ok(AppendHandle { reply: receiver })
+        self.send_append_for_handle(channel, Some(sender), records)
+    }
+
+    /// Hands an append to its channel's reactor, its outcome to the handle returned.
+    fn send_append_for_handle(
+        &self,
+        channel: ChannelId,
+        sender: Option<Uid>,
+        records: Vec<AppendRecord>,
+    ) -> Result<AppendHandle, NodeError> {
+        let (handle, completer) = AppendHandle::new();
+        self.send_append(channel, sender, records, Reply::then(move |outcome| completer.complete(outcome)))?;
+        Ok(handle)
     }
 
     /// Hands an append to its channel's reactor.
