@@ -243,9 +243,6 @@ pub fn paced(cluster: &Cluster, channels: &[ChannelId], rate: f64, duration: Dur
         });
     };
     let started = Instant::now();
-    if std::env::var("TIDINGS_TRACE_WINDOWS").is_ok() {
-        eprintln!("TRACE started {started:?}");
-    }
     let outcome = std::thread::scope(|scope| {
         let collector = scope.spawn(|| {
             let mut latencies = Vec::with_capacity(total);
@@ -323,9 +320,6 @@ fn slowest_percent(
     outcomes.sort_unstable_by_key(|(_, _, latency)| std::cmp::Reverse(*latency));
     let slowest = &outcomes[..outcomes.len() / 100];
     let windows: BTreeSet<u128> = slowest.iter().map(|(sent, ..)| sent.as_millis() / WINDOW_MS).collect();
-    if std::env::var("TIDINGS_TRACE_WINDOWS").is_ok() {
-        eprintln!("TRACE windows: {windows:?}");
-    }
     let mut tail_by_node = vec![0usize; nodes];
     for (_, i, _) in slowest {
         tail_by_node[leader_of(*i)] += 1;
