@@ -21,7 +21,7 @@ pub mod node;
 mod runtime;
 
 pub use node::{FanoutHost, NoFanout};
-pub use runtime::{AppendHandle, Node, RouteKey, StorageOptions, Transport};
+pub use runtime::{AppendHandle, Node, Pending, RouteKey, StorageOptions, Transport};
 
 pub use tidings_channel as channel;
 pub use tidings_router as router;

@@ -13,6 +13,7 @@ use tidings::channel::machine::{AppendError, AppendRecord};
 use tidings::mesh::InProcessMesh;
 use tidings::node::{NodeConfig, NodeError};
 use tidings::slot::command::{Command, MemberList};
+use tidings::slot::fsm::Outcome;
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
 use tidings::slot::model::{Uid, User};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
@@ -217,15 +218,27 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 }
 
 #[test]
-fn an_awaited_append_completes_with_its_seqs_or_with_stopped() {
+fn awaited_appends_and_metadata_writes_complete_with_their_outcome_or_with_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let mesh = InProcessMesh::new();
     let ids = [NodeId::new(1)];
     let node = start(ids[0], &ids, dir.path(), &mesh, |_| {});
     let ch = channel("awaited");
-    eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    eventually(|| {
+        block_on(node.create_channel_async(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }))
+    });
     let first = eventually(|| block_on(node.append(ch.clone(), record("first"))?))[0];
+    // A metadata write's outcome, awaited: applied, or refused with its reason.
     let sender = Uid::new("user-1").unwrap();
+    let banned = User { uid: sender.clone(), name: "One".into(), banned: true };
+    block_on(node.propose_async(Command::PutUser(banned))).unwrap();
+    let refused = node.append_from(ch.clone(), sender.clone(), record("x")).unwrap().wait();
+    assert!(matches!(refused, Err(NodeError::SenderBanned(_))), "{refused:?}");
+    let again =
+        block_on(node.create_channel_async(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    assert!(matches!(again, Err(NodeError::NotApplied(Outcome::AlreadyExists))), "the channel exists: {again:?}");
+    block_on(node.propose_async(Command::PutUser(User { uid: sender.clone(), name: "One".into(), banned: false })))
+        .unwrap();
     let handles: Vec<_> = (0..3)
         .map(|i| node.append_from(ch.clone(), sender.clone(), record(&format!("awaited {i}"))).unwrap())
         .collect();

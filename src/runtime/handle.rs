@@ -1,4 +1,5 @@
-//! [`AppendHandle`]: an append's outcome, to block on or to `.await` on any async runtime.
+//! [`Pending`]: the outcome of a call the node finishes on another thread (an append, a metadata write),
+//! to block on or to `.await` on any async runtime.
 
 use crate::node::NodeError;
 use parking_lot::{Condvar, Mutex};
@@ -9,10 +10,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use tidings_types::Seq;
 
-type Outcome = Result<Vec<Seq>, NodeError>;
-
-/// A pending append: [`AppendHandle::wait`] blocks a thread for its seqs; as a [`Future`] it wakes its
-/// task instead (it needs no particular runtime: the reactor that completes the append calls the waker).
+/// A pending append: [`Pending::wait`] blocks a thread for its seqs; as a [`Future`] it wakes its task
+/// instead.
 ///
 /// ```no_run
 /// # async fn demo(node: &tidings::Node, channel: tidings::types::ChannelId) -> Result<(), tidings::node::NodeError> {
@@ -21,40 +20,53 @@ type Outcome = Result<Vec<Seq>, NodeError>;
 /// let seqs = node.append(channel, vec![record])?.await?;
 /// # let _ = seqs; Ok(()) }
 /// ```
-#[must_use = "the append goes ahead anyway; the handle is how its outcome is learned"]
-pub struct AppendHandle {
-    shared: Arc<Shared>,
+pub type AppendHandle = Pending<Vec<Seq>>;
+
+/// A call in progress: [`Pending::wait`] blocks a thread for its outcome; as a [`Future`] it wakes its task
+/// instead (it needs no particular runtime: the node thread that finishes the call calls the waker).
+#[must_use = "the call goes ahead anyway; this is how its outcome is learned"]
+pub struct Pending<T> {
+    shared: Arc<Shared<T>>,
 }
 
-/// The other end of an [`AppendHandle`], held by whoever completes the append. Dropped without
-/// completing (the node stopped with the append in flight), it completes it with `Stopped`.
-pub(super) struct Completer {
-    shared: Arc<Shared>,
+/// The other end of a [`Pending`], held by whoever finishes the call. Dropped without completing (the
+/// node stopped with the call in flight), it completes it with `Stopped`.
+pub(super) struct Completer<T> {
+    shared: Arc<Shared<T>>,
 }
 
-struct Shared {
-    state: Mutex<State>,
+type Outcome<T> = Result<T, NodeError>;
+
+struct Shared<T> {
+    state: Mutex<State<T>>,
     done: Condvar,
 }
 
-#[derive(Default)]
-struct State {
-    outcome: Option<Outcome>,
+struct State<T> {
+    outcome: Option<Outcome<T>>,
     /// Set once completed: the outcome may have been taken since.
     completed: bool,
     waker: Option<Waker>,
 }
 
-impl AppendHandle {
-    /// A handle and the completer that fulfils it.
-    pub(super) fn new() -> (AppendHandle, Completer) {
-        let shared = Arc::new(Shared { state: Mutex::new(State::default()), done: Condvar::new() });
-        (AppendHandle { shared: Arc::clone(&shared) }, Completer { shared })
+impl<T> Pending<T> {
+    /// A pending outcome and the completer that fulfils it.
+    pub(super) fn new() -> (Pending<T>, Completer<T>) {
+        let state = State { outcome: None, completed: false, waker: None };
+        let shared = Arc::new(Shared { state: Mutex::new(state), done: Condvar::new() });
+        (Pending { shared: Arc::clone(&shared) }, Completer { shared })
     }
 
-    /// Waits for the append to commit (or fail). [`NodeError::Stopped`] if no outcome came within
-    /// `timeout`.
-    pub fn wait_for(self, timeout: Duration) -> Result<Vec<Seq>, NodeError> {
+    /// An outcome known at once (a call refused before it started).
+    pub(super) fn ready(outcome: Outcome<T>) -> Pending<T> {
+        let (pending, completer) = Pending::new();
+        completer.complete(outcome);
+        pending
+    }
+
+    /// Waits for the outcome (an append: until it commits or fails). [`NodeError::Stopped`] if none came
+    /// within `timeout`.
+    pub fn wait_for(self, timeout: Duration) -> Outcome<T> {
         let deadline = Instant::now() + timeout;
         let mut state = self.shared.state.lock();
         while !state.completed {
@@ -65,15 +77,15 @@ impl AppendHandle {
         state.outcome.take().unwrap_or(Err(NodeError::Stopped))
     }
 
-    /// Waits for the append to commit (or fail), at most 30 s (an append's own timeout,
-    /// `MachineConfig::append_timeout`, ends it well before).
-    pub fn wait(self) -> Result<Vec<Seq>, NodeError> {
+    /// Waits for the outcome, at most 30 s (an append's own timeout, `MachineConfig::append_timeout`,
+    /// and a metadata write's, `RaftConfig::propose_timeout`, end them well before).
+    pub fn wait(self) -> Outcome<T> {
         self.wait_for(super::CALL_TIMEOUT)
     }
 }
 
-impl Future for AppendHandle {
-    type Output = Result<Vec<Seq>, NodeError>;
+impl<T> Future for Pending<T> {
+    type Output = Outcome<T>;
 
     fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
         let mut state = self.shared.state.lock();
@@ -89,13 +101,13 @@ impl Future for AppendHandle {
     }
 }
 
-impl Completer {
-    /// Hands the outcome to the handle, waking whoever waits on it.
-    pub(super) fn complete(self, outcome: Outcome) {
+impl<T> Completer<T> {
+    /// Hands the outcome over, waking whoever waits on it.
+    pub(super) fn complete(self, outcome: Outcome<T>) {
         self.fulfil(outcome);
     }
 
-    fn fulfil(&self, outcome: Outcome) {
+    fn fulfil(&self, outcome: Outcome<T>) {
         let waker = {
             let mut state = self.shared.state.lock();
             if state.completed {
@@ -113,7 +125,7 @@ impl Completer {
     }
 }
 
-impl Drop for Completer {
+impl<T> Drop for Completer<T> {
     fn drop(&mut self) {
         // A no-op once completed.
         self.fulfil(Err(NodeError::Stopped));
@@ -136,7 +148,7 @@ mod tests {
         }
     }
 
-    fn poll(handle: &mut AppendHandle, waker: &Arc<CountingWaker>) -> Poll<Outcome> {
+    fn poll<T>(handle: &mut Pending<T>, waker: &Arc<CountingWaker>) -> Poll<Outcome<T>> {
         let waker = Waker::from(Arc::clone(waker));
         Pin::new(handle).poll(&mut Context::from_waker(&waker))
     }

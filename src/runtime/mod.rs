@@ -35,7 +35,7 @@ use bytes::Bytes;
 use calls::{Calls, Io, Reply};
 use core_thread::{Call, Input, Shell, INBOX_CAPACITY};
 use crossbeam_channel::{bounded, unbounded, Sender, TrySendError};
-pub use handle::AppendHandle;
+pub use handle::{AppendHandle, Pending};
 use reactor::{Reactor, ReactorInput, MAILBOX_CAPACITY};
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -338,12 +338,30 @@ impl Node {
 
     /// Applies a metadata command through the slot layer (any node may be called).
     pub fn propose(&self, command: Command) -> Result<(), NodeError> {
-        self.call(Call::Propose(command))
+        self.propose_async(command).wait()
+    }
+
+    /// [`Node::propose`] without blocking: `.await` the outcome (on any async runtime) or wait on it.
+    ///
+    /// ```no_run
+    /// # async fn demo(node: &tidings::Node) -> Result<(), tidings::node::NodeError> {
+    /// use tidings::slot::{command::Command, model::{Uid, User}};
+    /// let uid = Uid::new("alice").expect("a short uid");
+    /// node.propose_async(Command::PutUser(User { uid, name: "Alice".into(), banned: false })).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn propose_async(&self, command: Command) -> Pending<()> {
+        self.call_pending(Call::Propose(command))
     }
 
     /// Creates a channel and its runtime meta (replicas, leader, ISR, MinISR).
     pub fn create_channel(&self, info: ChannelInfo) -> Result<(), NodeError> {
-        self.call(Call::CreateChannel(info))
+        self.create_channel_async(info).wait()
+    }
+
+    /// [`Node::create_channel`] without blocking: `.await` the outcome or wait on it.
+    pub fn create_channel_async(&self, info: ChannelInfo) -> Pending<()> {
+        self.call_pending(Call::CreateChannel(info))
     }
 
     /// Starts an append (any node may be called: non-leaders forward): wait on the handle, or `.await` it.
@@ -573,13 +591,22 @@ impl Node {
     }
 
     fn call(&self, call: Call) -> Result<(), NodeError> {
-        let (reply, receiver) = bounded(1);
-        self.send_input(Input::Call { call, reply: Reply::Wait(reply) })?;
-        match receiver.recv_timeout(CALL_TIMEOUT) {
-            Ok(ApiResult::Meta(result)) => result,
-            Ok(ApiResult::Appended(result)) => result.map(drop),
-            Ok(ApiResult::Task(result)) => result.map(drop),
-            Err(_) => Err(NodeError::Stopped),
+        self.call_pending(call).wait()
+    }
+
+    /// Hands `call` to the core thread; its outcome comes to the returned [`Pending`].
+    fn call_pending(&self, call: Call) -> Pending<()> {
+        let (pending, completer) = Pending::new();
+        let reply = Reply::Then(Box::new(move |result| {
+            completer.complete(match result {
+                ApiResult::Meta(result) => result,
+                ApiResult::Appended(result) => result.map(drop),
+                ApiResult::Task(result) => result.map(drop),
+            })
+        }));
+        match self.send_input(Input::Call { call, reply }) {
+            Ok(()) => pending,
+            Err(refused) => Pending::ready(Err(refused)),
         }
     }
 
