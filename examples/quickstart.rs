@@ -94,6 +94,18 @@ fn retry<T>(what: &str, mut call: impl FnMut() -> Result<T, tidings::node::NodeE
     }
 }
 
+/// Every committed message of `channel` on `node`, page by page (a read returns at most
+/// `NodeConfig::read_records_max` messages): each one's seq and payload.
+fn read_all(node: &Node, channel: &ChannelId) -> Result<Vec<(Seq, Bytes)>, NodeError> {
+    let (mut all, mut from) = (Vec::new(), Seq::new(1));
+    loop {
+        let page = node.read(channel, from, usize::MAX)?;
+        let Some(last) = page.last() else { return Ok(all) };
+        from = last.seq.next();
+        all.extend(page.into_iter().map(|r| (r.seq, r.payload)));
+    }
+}
+
 fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
     sorted[(sorted.len() - 1) * per_mille / 1000]
 }
@@ -304,8 +316,7 @@ fn main() {
         let deadline = Instant::now() + Duration::from_secs(20);
         let got = 'found: loop {
             for replica in placement.channel_placement(&channel).iter() {
-                let Ok(records) = nodes[replica].read(&channel, Seq::new(1), usize::MAX) else { continue };
-                let got: Vec<(Seq, Bytes)> = records.into_iter().map(|r| (r.seq, r.payload)).collect();
+                let Ok(got) = read_all(&nodes[replica], &channel) else { continue };
                 if expected.iter().all(|e| got.contains(e)) {
                     break 'found got;
                 }

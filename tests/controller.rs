@@ -5,7 +5,7 @@
 mod support;
 
 use bytes::Bytes;
-use support::{force_meta, with_fence, Cluster};
+use support::{force_meta, read_all, with_fence, Cluster};
 use tidings::channel::machine::AppendRecord;
 use tidings::node::{NodeConfig, NodeError, TaskBlocked, TaskError, TaskKind, TaskReport};
 use tidings::slot::model::SwitchProof;
@@ -68,7 +68,7 @@ fn append_acked(cluster: &mut Cluster, via: u64, channel: &ChannelId, tag: &str,
 /// Every acknowledged message is readable on node `n`, in seq order, once.
 fn assert_all_readable(cluster: &mut Cluster, n: u64, channel: &ChannelId, acked: &[(Seq, String)]) {
     let ok = cluster.run_until(5_000, |c| {
-        let read = c.core(n).read(channel, Seq::new(1), 10_000).unwrap_or_default();
+        let read = read_all(c.core(n), channel).unwrap_or_default();
         let got: Vec<(Seq, String)> =
             read.iter().map(|r| (r.seq, String::from_utf8(r.payload.to_vec()).unwrap())).collect();
         acked.iter().all(|a| got.contains(a)) && got.windows(2).all(|w| w[0].0 < w[1].0)

@@ -7,7 +7,7 @@
 mod support;
 
 use proptest::prelude::*;
-use support::Cluster;
+use support::{read_all, Cluster};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
 
 #[derive(Clone, Debug)]
@@ -133,7 +133,7 @@ proptest! {
         prop_assert_eq!(counted, refused);
         cluster.run_for(1_000);
         for n in 1..=3 {
-            let read = cluster.core(n).read(&room, Seq::new(1), 10_000).unwrap();
+            let read = read_all(cluster.core(n), &room).unwrap();
             let got: Vec<(Seq, String)> =
                 read.iter().map(|r| (r.seq, String::from_utf8_lossy(&r.payload).into_owned())).collect();
             prop_assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "node {n} out of order");

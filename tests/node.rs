@@ -260,6 +260,36 @@ fn awaited_appends_and_metadata_writes_complete_with_their_outcome_or_with_stopp
 }
 
 #[test]
+fn reads_come_in_pages_no_larger_than_the_node_allows_and_can_be_awaited() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let ids = [NodeId::new(1)];
+    let node = start(ids[0], &ids, dir.path(), &mesh, |config| config.read_records_max = 5);
+    let ch = channel("paged");
+    eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let texts: Vec<String> = (0..12).map(|i| format!("m{i}")).collect();
+    let records = texts
+        .iter()
+        .map(|text| AppendRecord { idempotency_key: None, payload: Bytes::from(text.clone()) })
+        .collect::<Vec<_>>();
+    let seqs = eventually(|| node.append(ch.clone(), records.clone())?.wait());
+    let (mut from, mut pages, mut read) = (Seq::new(1), Vec::new(), Vec::new());
+    loop {
+        let page = node.read(&ch, from, 100).unwrap();
+        let Some(last) = page.last() else { break };
+        from = last.seq.next();
+        pages.push(page.len());
+        read.extend(page.into_iter().map(|r| (r.seq, String::from_utf8(r.payload.to_vec()).unwrap())));
+    }
+    assert_eq!(pages, vec![5, 5, 2], "at most read_records_max per page, whatever the limit asked");
+    assert_eq!(read, seqs.iter().copied().zip(texts).collect::<Vec<_>>(), "every message once, in order");
+    let awaited = block_on(node.read_async(&ch, seqs[10], 100)).unwrap();
+    assert_eq!(awaited.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs[10..].to_vec());
+    let unknown = block_on(node.read_async(&channel("nowhere"), Seq::new(1), 10));
+    assert!(matches!(unknown, Err(NodeError::UnknownChannel(_))), "{unknown:?}");
+}
+
+#[test]
 fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let mesh = InProcessMesh::new();

@@ -125,17 +125,24 @@ fn answer(node: &Node, line: &str) -> String {
                 Err(e) => format!("ERR {e}\n"),
             }
         }
-        "READ" => match node.read(&channel, Seq::new(1), usize::MAX) {
-            Ok(records) => {
-                let mut out: String = records
-                    .iter()
-                    .map(|r| format!("REC {} {}\n", r.seq.get(), String::from_utf8_lossy(&r.payload)))
-                    .collect();
-                out.push_str("END\n");
-                out
+        "READ" => {
+            // Every committed message, page by page (a read returns at most `read_records_max`).
+            let (mut out, mut from) = (String::new(), Seq::new(1));
+            loop {
+                match node.read(&channel, from, usize::MAX) {
+                    Ok(page) if page.is_empty() => break,
+                    Ok(page) => {
+                        from = page.last().map_or(from, |r| r.seq.next());
+                        for r in &page {
+                            out.push_str(&format!("REC {} {}\n", r.seq.get(), String::from_utf8_lossy(&r.payload)));
+                        }
+                    }
+                    Err(e) => return format!("ERR {e}\n"),
+                }
             }
-            Err(e) => format!("ERR {e}\n"),
-        },
+            out.push_str("END\n");
+            out
+        }
         _ => "ERR unknown command\n".into(),
     }
 }

@@ -40,6 +40,12 @@ pub struct NodeConfig {
     pub frame_bytes_max: usize,
     /// Appends waiting for a channel's meta to arrive, per channel.
     pub waiting_appends_max: usize,
+    /// Most records one API read ([`crate::Node::read`]) returns, whatever limit the caller asks;
+    /// page on from the last seq returned. Default 1,000.
+    pub read_records_max: usize,
+    /// Most record bytes one API read returns (at least one record when any is committed from where it
+    /// starts). Default 1 MiB.
+    pub read_bytes_max: usize,
     /// A channel replica idle (no input) this long and quiescent is evicted from memory; its log stays.
     /// Default 30 s.
     pub channel_idle_evict: Duration,
@@ -82,6 +88,8 @@ impl NodeConfig {
             machine: MachineConfig::default(),
             frame_bytes_max: 16 << 20,
             waiting_appends_max: 1024,
+            read_records_max: 1000,
+            read_bytes_max: 1 << 20,
             channel_idle_evict: Duration::from_secs(30),
             active_channels_max: 100_000,
             fanout: FanoutConfig::default(),
@@ -112,6 +120,9 @@ impl NodeConfig {
         }
         if self.active_channels_max == 0 || self.waiting_appends_max == 0 || self.frame_bytes_max == 0 {
             return Err("active_channels_max, waiting_appends_max and frame_bytes_max must be positive");
+        }
+        if self.read_records_max == 0 || self.read_bytes_max == 0 {
+            return Err("read_records_max and read_bytes_max must be positive");
         }
         if self.reactors > super::shard::SHARDS_MAX {
             return Err("reactors must be at most 256");

@@ -90,7 +90,7 @@ impl Io {
                 Err(TrySendError::Full((token, batch))) => return Some(NodeEffect::Persist { token, batch }),
             },
             NodeEffect::Read { channel, token, from, through, max_bytes } => {
-                if self.read_tx.try_send((channel, token, from, through, max_bytes)).is_err() {
+                if self.read_tx.try_send(ReadJob::Pull(channel, token, from, through, max_bytes)).is_err() {
                     tracing::debug!("reader busy; the follower pulls again");
                 }
             }

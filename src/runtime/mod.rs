@@ -570,10 +570,22 @@ impl Node {
     }
 
     /// Reads committed messages of a channel this node replicates, bounded by its high watermark.
+    ///
+    /// At most `limit` messages come back, and at most `NodeConfig::read_records_max` (1,000) and
+    /// `read_bytes_max` (1 MiB) of them whatever `limit` says: page on from the last seq returned plus
+    /// one; an empty page means nothing is committed from `from` on. The read runs on the node's reader
+    /// thread (it may touch storage), never on a reactor.
     pub fn read(&self, channel: &ChannelId, from: Seq, limit: usize) -> Result<Vec<Record>, NodeError> {
-        let (reply, receiver) = bounded(1);
-        send_to(self.reactor_of(channel), ReactorInput::Read { channel: channel.clone(), from, limit, reply })?;
-        receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)?
+        self.read_async(channel, from, limit).wait()
+    }
+
+    /// [`Node::read`] without blocking: `.await` the page or wait on it.
+    pub fn read_async(&self, channel: &ChannelId, from: Seq, limit: usize) -> Pending<Vec<Record>> {
+        let (pending, reply) = Pending::new();
+        match send_to(self.reactor_of(channel), ReactorInput::Read { channel: channel.clone(), from, limit, reply }) {
+            Ok(()) => pending,
+            Err(refused) => Pending::ready(Err(refused)),
+        }
     }
 
     /// Operator status: slot groups (leader, term, commit, applied, members, peer progress) and channel

@@ -10,6 +10,8 @@
 
 use super::calls::{Calls, Io, Reply};
 use super::core_thread::Input;
+use super::handle::Completer;
+use super::workers::ReadJob;
 use super::{Clock, STEP_STALL_WARNING};
 use crate::node::shard::{ChannelShard, ShardInput, ShardOutput, ShardStatus};
 use crate::node::{ApiResult, NodeEffect, NodeError};
@@ -38,7 +40,7 @@ pub(super) enum ReactorInput {
     /// An API append.
     Append { channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord>, reply: Reply },
     /// An API read.
-    Read { channel: ChannelId, from: Seq, limit: usize, reply: Sender<Result<Vec<Record>, NodeError>> },
+    Read { channel: ChannelId, from: Seq, limit: usize, reply: Completer<Vec<Record>> },
     /// An API latest-seq query.
     Latest { channel: ChannelId, reply: Sender<Result<Seq, NodeError>> },
     /// The shard's part of the node's status.
@@ -135,7 +137,16 @@ impl Reactor {
                 self.shard.handle(now, ShardInput::Append { api, channel, sender, records });
             }
             ReactorInput::Read { channel, from, limit, reply } => {
-                let _ = reply.send(self.shard.read(now, &channel, from, limit));
+                match self.shard.plan_read(now, &channel, from, limit) {
+                    // The read itself may touch storage: the reader thread carries it out.
+                    Ok(plan) => match self.io.read_tx.try_send(ReadJob::Api(plan, reply)) {
+                        Ok(()) => {}
+                        Err(TrySendError::Full(ReadJob::Api(_, reply))) => reply.complete(Err(NodeError::Overloaded)),
+                        // Gone, or not this job: its completer, dropped, answers `Stopped`.
+                        Err(_) => {}
+                    },
+                    Err(error) => reply.complete(Err(error)),
+                }
             }
             ReactorInput::Latest { channel, reply } => {
                 let _ = reply.send(self.shard.latest(now, &channel));

@@ -2,24 +2,31 @@
 //! stores' sync, and fanout's host calls. Storage IO runs here, never on the core or a reactor thread.
 
 use super::core_thread::Input;
+use super::handle::Completer;
 use super::reactor::Completion;
 use super::{GROUP_COMMIT_MAX, ROOM_PATIENCE};
-use crate::node::shard::shard_of;
+use crate::node::shard::{shard_of, ReadPlan};
 use crate::node::FanoutWork;
 use crate::node::{carry_out_fanout, FanoutHost};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;
 use tidings_channel::machine::{PersistToken, ReadToken};
 use tidings_slot::query::SlotReader;
-use tidings_store::message::{BatchFate, LogBatch, MessageLog, ReadLimits};
+use tidings_store::message::{BatchFate, LogBatch, MessageLog, ReadLimits, Record};
 use tidings_store::{Kv, StoreError};
 use tidings_types::{ChannelId, Seq};
 
 /// Batches staged per wait for room in the message log (see [`MessageLog::stage_all`]).
 const STAGE_RUN: usize = 256;
 
-/// A read for a pull: channel, token to echo, first and last seq, byte budget.
-pub(super) type ReadJob = (ChannelId, ReadToken, Seq, Seq, usize);
+/// What the reader thread reads.
+pub(super) enum ReadJob {
+    /// For a follower's pull its leader could not answer from memory: channel, token to echo, first and
+    /// last seq, byte budget. The records go back to the channel's reactor.
+    Pull(ChannelId, ReadToken, Seq, Seq, usize),
+    /// An API read a reactor admitted; the messages go to the caller.
+    Api(ReadPlan, Completer<Vec<Record>>),
+}
 
 /// Where storage completions go: the reactor of each channel's shard. Unbounded channels, bounded by
 /// the protocol: a channel's machine has at most one durable append and one read per follower in
@@ -139,9 +146,15 @@ fn same_failure(error: &StoreError) -> StoreError {
 }
 
 pub(super) fn reader_worker(log: &dyn MessageLog, reads: &Receiver<ReadJob>, completions: &Completions) {
-    while let Ok((channel, token, from, through, max_bytes)) = reads.recv() {
-        let result = log.read(&channel, from, through, ReadLimits { records_max: usize::MAX, bytes_max: max_bytes });
-        let reactor = completions.reactor_of(&channel);
-        let _ = reactor.send(Completion::ReadDone { channel, token, result });
+    while let Ok(job) = reads.recv() {
+        match job {
+            ReadJob::Pull(channel, token, from, through, max_bytes) => {
+                let limits = ReadLimits { records_max: usize::MAX, bytes_max: max_bytes };
+                let result = log.read(&channel, from, through, limits);
+                let reactor = completions.reactor_of(&channel);
+                let _ = reactor.send(Completion::ReadDone { channel, token, result });
+            }
+            ReadJob::Api(plan, reply) => reply.complete(plan.carry_out(log)),
+        }
     }
 }

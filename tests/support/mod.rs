@@ -14,7 +14,7 @@ use tidings::node::{
 use tidings::router::Router;
 use tidings::slot::command::Command;
 use tidings::slot::model::{ChannelFlags, ChannelInfo, SwitchProof};
-use tidings::store::message::{LogLimits, MemoryLog, MessageLog, ReadLimits};
+use tidings::store::message::{LogLimits, MemoryLog, MessageLog, ReadLimits, Record};
 use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
 use tidings::types::{ChannelId, ChannelRuntimeMeta, GroupId, NodeId, Seq, Time, WriteFence};
 
@@ -249,6 +249,18 @@ impl Cluster {
         let now = self.now;
         self.core(via).append(now, id, channel.clone(), records(payloads));
         id
+    }
+}
+
+/// Every committed message of `channel` on `core`, read page by page (a read returns at most
+/// `read_records_max` records).
+pub fn read_all(core: &mut NodeCore, channel: &ChannelId) -> Result<Vec<Record>, NodeError> {
+    let (mut all, mut from) = (Vec::new(), Seq::new(1));
+    loop {
+        let page = core.read(channel, from, usize::MAX)?;
+        let Some(last) = page.last() else { return Ok(all) };
+        from = last.seq.next();
+        all.extend(page);
     }
 }
 

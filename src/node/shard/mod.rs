@@ -13,6 +13,9 @@
 
 mod appends;
 mod lifecycle;
+mod reads;
+
+pub use reads::ReadPlan;
 
 use super::config::NodeConfig;
 use super::core::{ApiId, ApiResult, ChannelStatus, NodeEffect};
@@ -30,7 +33,7 @@ use tidings_router::HashToSlot;
 use tidings_slot::command::Command;
 use tidings_slot::model::Uid;
 use tidings_slot::query::SlotReader;
-use tidings_store::message::{MessageLog, ReadLimits, Record, RecordKind};
+use tidings_store::message::{MessageLog, Record};
 use tidings_store::StoreError;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, LeaderEpoch, NodeId, Seq, Time};
 
@@ -495,32 +498,6 @@ impl ChannelShard {
                 Err(NodeError::UnknownChannel(channel.clone()))
             }
         }
-    }
-
-    /// Reads committed messages of `channel` from `from` (at most `limit`), bounded by the high watermark
-    /// this replica knows; barrier records are skipped.
-    pub(crate) fn read(
-        &mut self,
-        now: Time,
-        channel: &ChannelId,
-        from: Seq,
-        limit: usize,
-    ) -> Result<Vec<Record>, NodeError> {
-        self.advance(now);
-        self.activate(channel);
-        self.touch(channel);
-        let Some(machine) = self.channels.get(channel) else {
-            if !self.metas.contains_key(channel) {
-                // Learn the meta for next time (a restarted replica activates this way too).
-                self.fetch_meta(channel);
-                return Err(NodeError::UnknownChannel(channel.clone()));
-            }
-            return Err(NodeError::NotReplica(channel.clone()));
-        };
-        let hw = machine.hw();
-        let limits = ReadLimits { records_max: limit, bytes_max: usize::MAX };
-        let records = self.log.read(channel, from, hw, limits)?;
-        Ok(records.into_iter().filter(|r| r.kind == RecordKind::Message).collect())
     }
 
     fn advance(&mut self, now: Time) {

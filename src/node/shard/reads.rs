@@ -1,0 +1,147 @@
+//! API reads of committed messages: the shard admits one and bounds it ([`ReadPlan`]); the read itself
+//! may touch storage, so the threaded runtime carries it out on its reader thread, never on a reactor.
+
+use super::ChannelShard;
+use crate::node::error::NodeError;
+use tidings_store::message::{MessageLog, ReadLimits, Record, RecordKind};
+use tidings_types::{ChannelId, Seq, Time};
+
+/// An admitted API read: which records it may return.
+#[derive(Clone, Debug)]
+pub struct ReadPlan {
+    channel: ChannelId,
+    from: Seq,
+    /// The high watermark the replica knew when the read was admitted: nothing later is returned.
+    through: Seq,
+    limits: ReadLimits,
+}
+
+impl ReadPlan {
+    /// Reads the committed messages the plan covers, from its first seq on: at most its record limit,
+    /// within its byte limit (at least one message when any is committed). Barrier records (a new
+    /// leader's first record) are skipped and read past, so a page comes back short only at the
+    /// high watermark or at the byte limit.
+    pub fn carry_out(&self, log: &dyn MessageLog) -> Result<Vec<Record>, NodeError> {
+        let mut messages = Vec::new();
+        let (mut from, mut wanted) = (self.from, self.limits.records_max);
+        while wanted > 0 && from <= self.through {
+            let limits = ReadLimits { records_max: wanted, bytes_max: self.limits.bytes_max };
+            let records = log.read(&self.channel, from, self.through, limits)?;
+            let Some(last) = records.last() else { break };
+            from = last.seq.next();
+            let read = records.len();
+            let before = messages.len();
+            messages.extend(records.into_iter().filter(|r| r.kind == RecordKind::Message));
+            let skipped = read - (messages.len() - before);
+            // Stopped short of what it asked (the byte limit or the end): this page is done.
+            if skipped == 0 || read < wanted {
+                break;
+            }
+            wanted = skipped;
+        }
+        Ok(messages)
+    }
+}
+
+impl ChannelShard {
+    /// Admits an API read of `channel` from `from`, at most `limit` messages (and the node's
+    /// `read_records_max` / `read_bytes_max`), bounded by the high watermark this replica knows.
+    pub(crate) fn plan_read(
+        &mut self,
+        now: Time,
+        channel: &ChannelId,
+        from: Seq,
+        limit: usize,
+    ) -> Result<ReadPlan, NodeError> {
+        self.advance(now);
+        self.activate(channel);
+        self.touch(channel);
+        let Some(machine) = self.channels.get(channel) else {
+            if !self.metas.contains_key(channel) {
+                // Learn the meta for next time (a restarted replica activates this way too).
+                self.fetch_meta(channel);
+                return Err(NodeError::UnknownChannel(channel.clone()));
+            }
+            return Err(NodeError::NotReplica(channel.clone()));
+        };
+        let limits =
+            ReadLimits { records_max: limit.min(self.config.read_records_max), bytes_max: self.config.read_bytes_max };
+        Ok(ReadPlan { channel: channel.clone(), from, through: machine.hw(), limits })
+    }
+
+    /// [`ChannelShard::plan_read`] carried out at once, on this thread (the sans-IO core's callers and
+    /// the simulator, whose stores are in memory).
+    pub(crate) fn read(
+        &mut self,
+        now: Time,
+        channel: &ChannelId,
+        from: Seq,
+        limit: usize,
+    ) -> Result<Vec<Record>, NodeError> {
+        let plan = self.plan_read(now, channel, from, limit)?;
+        plan.carry_out(self.log.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use tidings_store::message::{LogBatch, LogLimits, LogOp, MemoryLog};
+    use tidings_types::{ChannelType, LeaderEpoch};
+
+    fn record(seq: u64, kind: RecordKind, payload_bytes: usize) -> Record {
+        Record {
+            seq: Seq::new(seq),
+            kind,
+            leader_epoch: LeaderEpoch::new(if seq < 4 { 1 } else { 2 }),
+            idempotency_key: None,
+            timestamp_ms: seq,
+            payload: Bytes::from(vec![b'x'; payload_bytes]),
+        }
+    }
+
+    /// Seqs 1..=9: messages, with barriers at 1 and 4 (two leader epochs).
+    fn log(channel: &ChannelId) -> MemoryLog {
+        let log = MemoryLog::new(LogLimits::default());
+        let records = (1..=9)
+            .map(|seq| record(seq, if seq == 1 || seq == 4 { RecordKind::Barrier } else { RecordKind::Message }, 100))
+            .collect();
+        log.commit(LogBatch::new(channel.clone(), vec![LogOp::Append(records)])).unwrap();
+        log
+    }
+
+    fn seqs(records: &[Record]) -> Vec<u64> {
+        records.iter().map(|r| r.seq.get()).collect()
+    }
+
+    fn plan(channel: &ChannelId, from: u64, through: u64, records_max: usize, bytes_max: usize) -> ReadPlan {
+        let limits = ReadLimits { records_max, bytes_max };
+        ReadPlan { channel: channel.clone(), from: Seq::new(from), through: Seq::new(through), limits }
+    }
+
+    #[test]
+    fn a_page_reads_past_barriers_to_fill_its_limit_and_stops_at_the_high_watermark() {
+        let channel = ChannelId::new(ChannelType::GROUP, "reads").unwrap();
+        let log = log(&channel);
+        let all = usize::MAX;
+        assert_eq!(seqs(&plan(&channel, 1, 9, 3, all).carry_out(&log).unwrap()), vec![2, 3, 5], "two barriers skipped");
+        assert_eq!(
+            seqs(&plan(&channel, 4, 9, 1, all).carry_out(&log).unwrap()),
+            vec![5],
+            "a page starting on a barrier"
+        );
+        assert_eq!(seqs(&plan(&channel, 1, 6, 100, all).carry_out(&log).unwrap()), vec![2, 3, 5, 6], "nothing past HW");
+        assert!(plan(&channel, 7, 6, 100, all).carry_out(&log).unwrap().is_empty(), "from past HW");
+    }
+
+    #[test]
+    fn a_page_stops_at_its_byte_limit_with_at_least_one_message() {
+        let channel = ChannelId::new(ChannelType::GROUP, "bytes").unwrap();
+        let log = log(&channel);
+        let one = record(5, RecordKind::Message, 100).encoded_len();
+        let page = plan(&channel, 5, 9, 100, 2 * one).carry_out(&log).unwrap();
+        assert_eq!(seqs(&page), vec![5, 6]);
+        assert_eq!(seqs(&plan(&channel, 5, 9, 100, 1).carry_out(&log).unwrap()), vec![5], "one, whatever the limit");
+    }
+}
