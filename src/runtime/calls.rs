@@ -5,7 +5,7 @@ use crate::node::{ApiId, ApiResult, NodeEffect, NodeError};
 use crate::runtime::workers::ReadJob;
 use crate::runtime::Transport;
 use crossbeam_channel::{Sender, TrySendError};
-use std::collections::BTreeMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use tidings_channel::machine::PersistToken;
 use tidings_store::message::LogBatch;
@@ -38,7 +38,8 @@ impl Reply {
 /// channel close, callbacks are told `Stopped`, so each is called exactly once.
 #[derive(Default)]
 pub(super) struct Calls {
-    open: BTreeMap<ApiId, Reply>,
+    /// By id: looked up once per call (a hash, where an ordered map walked a tree per append).
+    open: FxHashMap<ApiId, Reply>,
     next: u64,
 }
 

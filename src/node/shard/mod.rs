@@ -247,7 +247,7 @@ pub(crate) struct ChannelShard {
     resumable: BTreeMap<ChannelId, LeaderEpoch>,
     metas: FxHashMap<ChannelId, KnownMeta>,
     waiting: FxHashMap<ChannelId, Vec<Waiting>>,
-    appends: BTreeMap<u64, (AppendOrigin, Option<String>)>,
+    appends: FxHashMap<u64, (AppendOrigin, Option<String>)>,
     /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
     senders: BTreeMap<(ChannelId, Seq), String>,
     /// Appends forwarded to a channel's leader: the caller, the channel, the leader they went to.
@@ -291,7 +291,7 @@ impl ChannelShard {
             resumable: BTreeMap::new(),
             metas: FxHashMap::default(),
             waiting: FxHashMap::default(),
-            appends: BTreeMap::new(),
+            appends: FxHashMap::default(),
             senders: BTreeMap::new(),
             forwarded: BTreeMap::new(),
             forward_deadlines: VecDeque::new(),
