@@ -67,4 +67,8 @@ pub enum NodeError {
     /// The node is shutting down.
     #[error("node stopped")]
     Stopped,
+    /// No outcome came within the time the caller waited. The call may still take effect: an append
+    /// is retried with the same idempotency keys, a metadata write is read back or made again.
+    #[error("no outcome within the time waited")]
+    TimedOut,
 }

@@ -64,14 +64,14 @@ impl<T> Pending<T> {
         pending
     }
 
-    /// Waits for the outcome (an append: until it commits or fails). [`NodeError::Stopped`] if none came
-    /// within `timeout`.
+    /// Waits for the outcome (an append: until it commits or fails). [`NodeError::TimedOut`] if none came
+    /// within `timeout` (the call may still take effect).
     pub fn wait_for(self, timeout: Duration) -> Outcome<T> {
         let deadline = Instant::now() + timeout;
         let mut state = self.shared.state.lock();
         while !state.completed {
             if self.shared.done.wait_until(&mut state, deadline).timed_out() {
-                break;
+                return Err(NodeError::TimedOut);
             }
         }
         state.outcome.take().unwrap_or(Err(NodeError::Stopped))
@@ -188,6 +188,6 @@ mod tests {
         completing.join().unwrap();
 
         let (handle, _completer) = AppendHandle::new();
-        assert!(matches!(handle.wait_for(Duration::from_millis(20)), Err(NodeError::Stopped)));
+        assert!(matches!(handle.wait_for(Duration::from_millis(20)), Err(NodeError::TimedOut)));
     }
 }

@@ -34,7 +34,7 @@ use crate::node::{ApiResult, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeErr
 use bytes::Bytes;
 use calls::{Calls, Io, Reply};
 use core_thread::{Call, Input, Shell, INBOX_CAPACITY};
-use crossbeam_channel::{bounded, unbounded, Sender, TrySendError};
+use crossbeam_channel::{bounded, unbounded, RecvTimeoutError, Sender, TrySendError};
 pub use handle::{AppendHandle, Pending};
 use reactor::{Reactor, ReactorInput, MAILBOX_CAPACITY};
 use std::collections::VecDeque;
@@ -536,7 +536,8 @@ impl Node {
         self.send_input(Input::Call { call, reply: Reply::Wait(reply) })?;
         match receiver.recv_timeout(timeout) {
             Ok(ApiResult::Task(result)) => result,
-            Ok(_) | Err(_) => Err(NodeError::Stopped),
+            Ok(_) | Err(RecvTimeoutError::Disconnected) => Err(NodeError::Stopped),
+            Err(RecvTimeoutError::Timeout) => Err(NodeError::TimedOut),
         }
     }
 
@@ -544,7 +545,7 @@ impl Node {
     pub fn latest(&self, channel: &ChannelId) -> Result<Seq, NodeError> {
         let (reply, receiver) = bounded(1);
         send_to(self.reactor_of(channel), ReactorInput::Latest { channel: channel.clone(), reply })?;
-        receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)?
+        receiver.recv_timeout(CALL_TIMEOUT).map_err(waited)?
     }
 
     /// Local metadata reads: this node's slot replicas as they are (possibly behind their group's
@@ -593,11 +594,11 @@ impl Node {
     pub fn status(&self) -> Result<NodeStatus, NodeError> {
         let (reply, receiver) = bounded(1);
         self.send_input(Input::Status { reply })?;
-        let mut status = receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)?;
+        let mut status = receiver.recv_timeout(CALL_TIMEOUT).map_err(waited)?;
         for reactor in &self.reactors {
             let (reply, receiver) = bounded(1);
             send_to(reactor, ReactorInput::Status { reply })?;
-            status.add_shard(receiver.recv_timeout(CALL_TIMEOUT).map_err(|_| NodeError::Stopped)?);
+            status.add_shard(receiver.recv_timeout(CALL_TIMEOUT).map_err(waited)?);
         }
         Ok(status)
     }
@@ -624,6 +625,14 @@ impl Node {
 
     fn send_input(&self, input: Input) -> Result<(), NodeError> {
         send_to(&self.inbox, input)
+    }
+}
+
+/// Why a blocking call got no answer: the node stopped (the answering end is gone) or the wait ran out.
+fn waited(error: RecvTimeoutError) -> NodeError {
+    match error {
+        RecvTimeoutError::Disconnected => NodeError::Stopped,
+        RecvTimeoutError::Timeout => NodeError::TimedOut,
     }
 }
 
