@@ -290,6 +290,28 @@ fn reads_come_in_pages_no_larger_than_the_node_allows_and_can_be_awaited() {
 }
 
 #[test]
+fn a_ready_node_takes_metadata_writes_at_once_and_one_without_its_peers_never_gets_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+    let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
+    for node in &nodes {
+        node.wait_ready(Duration::from_secs(20)).unwrap();
+        assert!(node.status().unwrap().groups.iter().all(|g| g.leader.is_some()));
+    }
+    // No retry loop: every group knows its leader.
+    for (i, node) in nodes.iter().enumerate() {
+        let user = User { uid: Uid::new(format!("ready-{i}")).unwrap(), name: "Ready".into(), banned: false };
+        node.propose(Command::PutUser(user)).unwrap();
+    }
+    drop(nodes);
+
+    let alone = start(ids[0], &ids, &dir.path().join("alone"), &mesh, |_| {});
+    let waited = alone.wait_ready(Duration::from_millis(500));
+    assert!(matches!(waited, Err(NodeError::TimedOut)), "{waited:?}");
+}
+
+#[test]
 fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let mesh = InProcessMesh::new();

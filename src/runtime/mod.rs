@@ -112,6 +112,8 @@ const ROOM_PATIENCE: Duration = Duration::from_secs(30);
 const GROUP_COMMIT_MAX: usize = 4096;
 /// How long an API call waits for its result.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often [`Node::wait_ready`] looks at the slot groups.
+const READY_POLL: Duration = Duration::from_millis(10);
 /// How long a replica replacement call waits (the controller's catch-up timeout is 120 s by default).
 const REPLACE_TIMEOUT: Duration = Duration::from_secs(180);
 /// A core or reactor step taking this long is logged.
@@ -601,6 +603,24 @@ impl Node {
             status.add_shard(receiver.recv_timeout(CALL_TIMEOUT).map_err(waited)?);
         }
         Ok(status)
+    }
+
+    /// Waits until every slot group this node keeps a replica of knows its leader and has applied what
+    /// it knows committed: metadata calls through the node then go to work at once instead of failing
+    /// `NotReady` while the groups elect (a freshly started cluster takes a few election timeouts).
+    /// [`NodeError::TimedOut`] if that takes longer than `timeout` (the peers may be unreachable).
+    pub fn wait_ready(&self, timeout: Duration) -> Result<(), NodeError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let status = self.status()?;
+            if status.groups.iter().all(|g| g.leader.is_some() && g.applied >= g.commit) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(NodeError::TimedOut);
+            }
+            std::thread::sleep(READY_POLL);
+        }
     }
 
     fn call(&self, call: Call) -> Result<(), NodeError> {
