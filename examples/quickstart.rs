@@ -165,6 +165,14 @@ fn main() {
         root.path().display()
     );
 
+    // Every slot group elects its leader first (a few election timeouts); writes then go straight to work
+    // (the retries below only cover what a live cluster may still answer: a leader changing meanwhile).
+    let t = Instant::now();
+    for node in nodes.values() {
+        node.wait_ready(Duration::from_secs(20)).expect("slot groups elect their leaders");
+    }
+    println!("slot groups ready in {:.2?}", t.elapsed());
+
     // Metadata through the slot layer: users and channels with subscribers.
     let t = Instant::now();
     for u in 0..10 {
