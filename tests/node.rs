@@ -232,6 +232,8 @@ fn awaited_appends_and_metadata_writes_complete_with_their_outcome_or_with_stopp
     let sender = Uid::new("user-1").unwrap();
     let banned = User { uid: sender.clone(), name: "One".into(), banned: true };
     block_on(node.propose_async(Command::PutUser(banned))).unwrap();
+    block_on(node.read_barrier_async(RouteKey::Uid(sender.clone()))).unwrap();
+    assert!(node.local_reader().user(&sender).unwrap().is_some_and(|user| user.banned), "read after the barrier");
     let refused = node.append_from(ch.clone(), sender.clone(), record("x")).unwrap().wait();
     assert!(matches!(refused, Err(NodeError::SenderBanned(_))), "{refused:?}");
     let again =

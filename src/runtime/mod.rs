@@ -568,8 +568,14 @@ impl Node {
     /// through the group's leader, then reads the local replica, which by then reflects every write
     /// acknowledged before this call. Only on nodes that replicate the group (`NotServed` otherwise).
     pub fn authoritative_reader(&self, key: RouteKey) -> Result<SlotReader, NodeError> {
-        self.call(Call::ReadBarrier(key))?;
+        self.read_barrier_async(key).wait()?;
         Ok(self.local_reader())
+    }
+
+    /// [`Node::authoritative_reader`] without blocking: once the barrier completes, [`Node::local_reader`]
+    /// reflects every metadata write of `key`'s slot group acknowledged before this call.
+    pub fn read_barrier_async(&self, key: RouteKey) -> Pending<()> {
+        self.call_pending(Call::ReadBarrier(key))
     }
 
     /// Reads committed messages of a channel this node replicates, bounded by its high watermark.
