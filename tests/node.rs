@@ -285,6 +285,7 @@ fn reads_come_in_pages_no_larger_than_the_node_allows_and_can_be_awaited() {
     }
     assert_eq!(pages, vec![5, 5, 2], "at most read_records_max per page, whatever the limit asked");
     assert_eq!(read, seqs.iter().copied().zip(texts).collect::<Vec<_>>(), "every message once, in order");
+    assert_eq!(block_on(node.latest_async(&ch)).unwrap(), seqs[11]);
     let awaited = block_on(node.read_async(&ch, seqs[10], 100)).unwrap();
     assert_eq!(awaited.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs[10..].to_vec());
     let unknown = block_on(node.read_async(&channel("nowhere"), Seq::new(1), 10));

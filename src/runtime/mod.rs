@@ -35,6 +35,7 @@ use bytes::Bytes;
 use calls::{Calls, Io, Reply};
 use core_thread::{Call, Input, Shell, INBOX_CAPACITY};
 use crossbeam_channel::{bounded, unbounded, RecvTimeoutError, Sender, TrySendError};
+use handle::Completer;
 pub use handle::{AppendHandle, Pending};
 use reactor::{Reactor, ReactorInput, MAILBOX_CAPACITY};
 use std::collections::VecDeque;
@@ -545,9 +546,12 @@ impl Node {
 
     /// The latest committed seq (high watermark) of a channel this node replicates.
     pub fn latest(&self, channel: &ChannelId) -> Result<Seq, NodeError> {
-        let (reply, receiver) = bounded(1);
-        send_to(self.reactor_of(channel), ReactorInput::Latest { channel: channel.clone(), reply })?;
-        receiver.recv_timeout(CALL_TIMEOUT).map_err(waited)?
+        self.latest_async(channel).wait()
+    }
+
+    /// [`Node::latest`] without blocking: `.await` it or wait on it.
+    pub fn latest_async(&self, channel: &ChannelId) -> Pending<Seq> {
+        offer(self.reactor_of(channel), |reply| ReactorInput::Latest { channel: channel.clone(), reply })
     }
 
     /// Local metadata reads: this node's slot replicas as they are (possibly behind their group's
@@ -590,11 +594,7 @@ impl Node {
 
     /// [`Node::read`] without blocking: `.await` the page or wait on it.
     pub fn read_async(&self, channel: &ChannelId, from: Seq, limit: usize) -> Pending<Vec<Record>> {
-        let (pending, reply) = Pending::new();
-        match send_to(self.reactor_of(channel), ReactorInput::Read { channel: channel.clone(), from, limit, reply }) {
-            Ok(()) => pending,
-            Err(refused) => Pending::ready(Err(refused)),
-        }
+        offer(self.reactor_of(channel), |reply| ReactorInput::Read { channel: channel.clone(), from, limit, reply })
     }
 
     /// Operator status: slot groups (leader, term, commit, applied, members, peer progress) and channel
@@ -635,22 +635,30 @@ impl Node {
 
     /// Hands `call` to the core thread; its outcome comes to the returned [`Pending`].
     fn call_pending(&self, call: Call) -> Pending<()> {
-        let (pending, completer) = Pending::new();
-        let reply = Reply::Then(Box::new(move |result| {
-            completer.complete(match result {
-                ApiResult::Meta(result) => result,
-                ApiResult::Appended(result) => result.map(drop),
-                ApiResult::Task(result) => result.map(drop),
-            })
-        }));
-        match self.send_input(Input::Call { call, reply }) {
-            Ok(()) => pending,
-            Err(refused) => Pending::ready(Err(refused)),
-        }
+        offer(&self.inbox, |completer| {
+            let reply = Reply::Then(Box::new(move |result| {
+                completer.complete(match result {
+                    ApiResult::Meta(result) => result,
+                    ApiResult::Appended(result) => result.map(drop),
+                    ApiResult::Task(result) => result.map(drop),
+                })
+            }));
+            Input::Call { call, reply }
+        })
     }
 
     fn send_input(&self, input: Input) -> Result<(), NodeError> {
         send_to(&self.inbox, input)
+    }
+}
+
+/// Offers the input `make` builds around the completer of the returned outcome to a thread's inbox;
+/// refused (`Overloaded`, `Stopped`), the outcome is that refusal, at once.
+fn offer<T, I>(inbox: &Sender<I>, make: impl FnOnce(Completer<T>) -> I) -> Pending<T> {
+    let (pending, completer) = Pending::new();
+    match send_to(inbox, make(completer)) {
+        Ok(()) => pending,
+        Err(refused) => Pending::ready(Err(refused)),
     }
 }
 

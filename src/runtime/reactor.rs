@@ -42,7 +42,7 @@ pub(super) enum ReactorInput {
     /// An API read.
     Read { channel: ChannelId, from: Seq, limit: usize, reply: Completer<Vec<Record>> },
     /// An API latest-seq query.
-    Latest { channel: ChannelId, reply: Sender<Result<Seq, NodeError>> },
+    Latest { channel: ChannelId, reply: Completer<Seq> },
     /// The shard's part of the node's status.
     Status { reply: Sender<ShardStatus> },
     /// The node stops.
@@ -149,7 +149,7 @@ impl Reactor {
                 }
             }
             ReactorInput::Latest { channel, reply } => {
-                let _ = reply.send(self.shard.latest(now, &channel));
+                reply.complete(self.shard.latest(now, &channel));
             }
             ReactorInput::Status { reply } => {
                 let _ = reply.send(self.shard.status());
