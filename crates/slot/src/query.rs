@@ -54,7 +54,8 @@ impl Clone for SlotReader {
 impl SlotReader {
     /// Reads `store`.
     pub fn new(store: MetaStore) -> Self {
-        Self { store, routes: Mutex::new(vec![None; usize::from(tidings_types::HASH_SLOT_COUNT)]) }
+        // Filled on first use: a reader made for one lookup allocates no cache.
+        Self { store, routes: Mutex::new(Vec::new()) }
     }
 
     /// A user.
@@ -188,13 +189,17 @@ impl SlotReader {
         // before that write is never taken for a current one.
         let version = self.store.routes_version();
         let index = usize::from(slot.index());
-        if let Some((read_at, routes)) = self.routes.lock()[index] {
+        if let Some(&Some((read_at, routes))) = self.routes.lock().get(index) {
             if read_at == version {
                 return Ok(routes);
             }
         }
         let routes = self.read_routes(slot)?;
-        self.routes.lock()[index] = Some((version, routes));
+        let mut cache = self.routes.lock();
+        if cache.is_empty() {
+            cache.resize(usize::from(tidings_types::HASH_SLOT_COUNT), None);
+        }
+        cache[index] = Some((version, routes));
         Ok(routes)
     }
 
