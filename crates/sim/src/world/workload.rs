@@ -2,6 +2,7 @@
 //! reads, leader transfers, replica replacements, slot-replica moves, drains and hash-slot migrations.
 
 use super::{slot_of_user, World};
+use crate::oracle::ReadAsked;
 use bytes::Bytes;
 use tidings::channel::machine::AppendRecord;
 use tidings::node::ApiId;
@@ -33,9 +34,17 @@ impl World {
         }
         let now = self.now;
         if roll < 30 {
+            // Where the page starts and how long it may be come from the request's id, not the seed's
+            // generator: the draws of every seed stay as they were (pinned seeds replay the same run).
+            let mix = splitmix(api.0);
+            let from = Seq::new(1 + mix % (self.oracle.last_acked(&channel) + 2));
+            let limit = 1 + usize::try_from((mix >> 32) % 64).unwrap_or(0);
             if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
-                if let Ok(records) = core.read(&channel, Seq::new(1), 1_000) {
-                    self.oracle.check_read(node, &channel, &records);
+                // The read first, as before this check: asked after it, at the same instant, the HW is the
+                // one it read under and asks nothing of anyone (the replica is active).
+                if let Ok(records) = core.read(&channel, from, limit) {
+                    let hw = core.latest(&channel).expect("the replica that answered the read is active");
+                    self.oracle.check_read(node, &channel, &ReadAsked { from, limit, hw }, &records);
                 }
             }
             return;
@@ -167,4 +176,12 @@ impl World {
         }
         true
     }
+}
+
+/// SplitMix64's output function: an even spread of `x`'s bits.
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
