@@ -44,7 +44,15 @@ impl World {
                 // one it read under and asks nothing of anyone (the replica is active).
                 if let Ok(records) = core.read(&channel, from, limit) {
                     let hw = core.latest(&channel).expect("the replica that answered the read is active");
-                    self.oracle.check_read(node, &channel, &ReadAsked { from, limit, hw }, &records);
+                    // A short page: what a read from just past it finds, at the same instant (reads change
+                    // nothing the run depends on).
+                    let next = match records.last() {
+                        Some(last) if records.len() < limit => {
+                            core.read(&channel, last.seq.next(), 1).ok().and_then(|more| more.first().map(|r| r.seq))
+                        }
+                        _ => None,
+                    };
+                    self.oracle.check_read(node, &channel, &ReadAsked { from, limit, hw, next }, &records);
                 }
             }
             return;
