@@ -176,17 +176,7 @@ impl NodeCore {
     pub(super) fn verify_sender(&mut self, api: ApiId, channel: ChannelId, sender: Uid, records: Vec<AppendRecord>) {
         let check = match self.sender_checks.start(api, channel.clone(), sender.clone(), records) {
             Ok(check) => check,
-            Err(records) => {
-                let sender = sender.as_str().to_owned();
-                let input = ShardInput::SenderChecked {
-                    api,
-                    channel: channel.clone(),
-                    sender,
-                    records,
-                    verdict: Err(NodeError::Overloaded),
-                };
-                return self.feed_shard(&channel, input);
-            }
+            Err(records) => return self.hand_back(api, channel, &sender, records, Err(NodeError::Overloaded)),
         };
         let give_up_after = self.config.machine.append_timeout;
         for flag in [FlagQuery::Banned(sender.clone()), FlagQuery::Denied { channel, uid: sender }] {
@@ -216,15 +206,20 @@ impl NodeCore {
             Some(Verdict::Allowed(append)) => (append, Ok(())),
             Some(Verdict::Refused(append, error)) => (append, Err(error)),
         };
-        let sender = append.sender.as_str().to_owned();
-        let channel = append.channel.clone();
-        let input = ShardInput::SenderChecked {
-            api: append.api,
-            channel: append.channel,
-            sender,
-            records: append.records,
-            verdict,
-        };
+        self.hand_back(append.api, append.channel, &append.sender, append.records, verdict);
+    }
+
+    /// Gives an append whose sender check ended (`verdict`) back to its channel's shard.
+    fn hand_back(
+        &mut self,
+        api: ApiId,
+        channel: ChannelId,
+        sender: &Uid,
+        records: Vec<AppendRecord>,
+        verdict: Result<(), NodeError>,
+    ) {
+        let sender = sender.as_str().to_owned();
+        let input = ShardInput::SenderChecked { api, channel: channel.clone(), sender, records, verdict };
         self.feed_shard(&channel, input);
     }
 }

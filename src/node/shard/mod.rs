@@ -487,6 +487,13 @@ impl ChannelShard {
     /// The high watermark of a channel this node replicates: every seq up to it is committed and readable
     /// here.
     pub(crate) fn latest(&mut self, now: Time, channel: &ChannelId) -> Result<Seq, NodeError> {
+        self.hw_for_api(now, channel)
+    }
+
+    /// The HW of this node's replica of `channel`, for an API call (`latest`, a read): the replica is
+    /// activated and marked used. A channel whose meta the shard does not know yet has it fetched for
+    /// next time (a restarted replica activates this way too).
+    fn hw_for_api(&mut self, now: Time, channel: &ChannelId) -> Result<Seq, NodeError> {
         self.advance(now);
         self.activate(channel);
         self.touch(channel);

@@ -53,20 +53,10 @@ impl ChannelShard {
         from: Seq,
         limit: usize,
     ) -> Result<ReadPlan, NodeError> {
-        self.advance(now);
-        self.activate(channel);
-        self.touch(channel);
-        let Some(machine) = self.channels.get(channel) else {
-            if !self.metas.contains_key(channel) {
-                // Learn the meta for next time (a restarted replica activates this way too).
-                self.fetch_meta(channel);
-                return Err(NodeError::UnknownChannel(channel.clone()));
-            }
-            return Err(NodeError::NotReplica(channel.clone()));
-        };
+        let through = self.hw_for_api(now, channel)?;
         let limits =
             ReadLimits { records_max: limit.min(self.config.read_records_max), bytes_max: self.config.read_bytes_max };
-        Ok(ReadPlan { channel: channel.clone(), from, through: machine.hw(), limits })
+        Ok(ReadPlan { channel: channel.clone(), from, through, limits })
     }
 
     /// [`ChannelShard::plan_read`] carried out at once, on this thread (the sans-IO core's callers and
