@@ -4,12 +4,15 @@
 
 mod support;
 
+use bytes::Bytes;
 use std::time::Duration;
-use support::{records, Cluster};
+use support::{read_all, records, Cluster, HeldRead};
+use tidings::channel::machine::AppendRecord;
 use tidings::frame::FrameError;
 use tidings::node::{ApiId, NodeError};
 use tidings::slot::command::Command;
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
+use tidings::store::message::{IdempotencyKey, LogFailOp};
 use tidings::store::FailOp;
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
 
@@ -111,6 +114,107 @@ fn idle_channels_are_evicted_and_reactivate_without_loss() {
             cluster.core(n).read(&channel, Seq::new(1), 10).unwrap().iter().map(|r| r.payload.to_vec()).collect();
         assert_eq!(texts, vec![b"before".to_vec(), b"after".to_vec()], "node {n}");
     }
+}
+
+/// An input for an evicted replica starts its activation's load and waits for it: the shard reads no
+/// storage itself (with the leader's message-log reads failing meanwhile, an activation that read on
+/// the shard's thread would fail and refuse the append). Once the load is carried out, the parked
+/// inputs go through in order, and the leader has its idempotency window back.
+#[test]
+fn an_evicted_replica_loads_off_the_shard_and_then_takes_the_inputs_that_waited() {
+    let (mut cluster, channel, _) = evicting_cluster_with_one_message("parked");
+    let keyed = |key: &str, text: &str| AppendRecord {
+        idempotency_key: IdempotencyKey::new(key.as_bytes().to_vec()),
+        payload: Bytes::from(text.as_bytes().to_vec()),
+    };
+    let first = cluster.api();
+    let now = cluster.now;
+    cluster.core(1).append(now, first, channel.clone(), vec![keyed("k1", "keyed")]);
+    cluster.run_for(1_000);
+    let keyed_seq = cluster.appended.get(&first).expect("keyed append")[0];
+    cluster.run_for(8_000);
+    assert!((1..=3).all(|n| cluster.core(n).channel(&channel).is_none()), "every replica evicted");
+    let leader = cluster.core(1).reader().runtime_meta(&channel).unwrap().expect("stored meta").leader;
+    cluster.nodes[&leader].log.fail(LogFailOp::Read, 0, u64::MAX);
+    cluster.hold_reads = true;
+    let (after, retry) = (cluster.api(), cluster.api());
+    let now = cluster.now;
+    let via = leader.get();
+    cluster.core(via).append(now, after, channel.clone(), records(&["after"]));
+    cluster.core(via).append(now, retry, channel.clone(), vec![keyed("k1", "keyed")]);
+    cluster.run_for(200);
+    assert!(cluster.core(via).channel(&channel).is_none(), "inactive until its load is carried out");
+    assert!(!cluster.results.contains_key(&after) && !cluster.appended.contains_key(&after), "the append waits");
+    assert!(
+        cluster
+            .held_reads
+            .iter()
+            .any(|(node, read)| *node == leader && matches!(read, HeldRead::Load(job) if job.channel() == &channel)),
+        "the leader asked for its load: {:?}",
+        cluster.held_reads
+    );
+    // A read of the inactive replica answers from the HW its store holds.
+    assert!(cluster.core(via).latest(&channel).unwrap() >= keyed_seq);
+    cluster.nodes[&leader].log.clear_failpoints();
+    cluster.release_reads();
+    cluster.run_for(2_000);
+    let after_seq = cluster.appended.get(&after).unwrap_or_else(|| panic!("{:?}", cluster.results.get(&after)))[0];
+    assert!(after_seq > keyed_seq);
+    assert_eq!(cluster.appended.get(&retry).map(|s| s[0]), Some(keyed_seq), "a retry keeps its first seq");
+    for n in 1..=3 {
+        let texts: Vec<Vec<u8>> =
+            read_all(cluster.core(n), &channel).unwrap().iter().map(|r| r.payload.to_vec()).collect();
+        assert_eq!(texts, vec![b"before".to_vec(), b"keyed".to_vec(), b"after".to_vec()], "node {n}");
+    }
+}
+
+/// A load never answered does not hold a replica's inputs for good: after 30 s its parked appends get
+/// `Busy`, its late answer changes nothing, and the next append activates the replica again.
+#[test]
+fn a_load_never_answered_is_given_up_and_its_appends_get_busy() {
+    let (mut cluster, channel, first) = evicting_cluster_with_one_message("lost");
+    cluster.run_for(8_000);
+    let leader = cluster.core(1).reader().runtime_meta(&channel).unwrap().expect("stored meta").leader;
+    cluster.hold_reads = true;
+    let waiting = cluster.append(leader.get(), &channel, &["waits"]);
+    cluster.run_for(29_000);
+    assert!(!cluster.results.contains_key(&waiting), "still waiting for its load");
+    cluster.run_for(2_000);
+    assert!(cluster.results.get(&waiting).is_some_and(|r| r.contains("Busy")), "{:?}", cluster.results.get(&waiting));
+    cluster.release_reads();
+    let again = cluster.append(leader.get(), &channel, &["again"]);
+    cluster.run_for(2_000);
+    let (a, b) = (cluster.appended[&first][0], cluster.appended.get(&again).expect("append after the lost load")[0]);
+    assert!(b > a);
+}
+
+/// `append_from` checks its sender in this node's slot replicas off the shard: the append waits for
+/// the check's answer, then goes on — admitted for an allowed sender, refused for a banned one.
+#[test]
+fn a_sender_is_checked_off_the_shard_and_the_append_waits_for_the_answer() {
+    let (mut cluster, channel, _) = evicting_cluster_with_one_message("checked");
+    for (name, banned) in [("alice", false), ("mallory", true)] {
+        let user = User { uid: Uid::new(name).unwrap(), name: name.into(), banned };
+        assert_eq!(cluster.call(1, |core, now, id| core.propose(now, id, Command::PutUser(user))), "Meta(Ok(()))");
+    }
+    cluster.run_for(1_000);
+    cluster.hold_reads = true;
+    let (allowed, refused) = (cluster.api(), cluster.api());
+    let now = cluster.now;
+    cluster.core(1).append_from(now, allowed, channel.clone(), Uid::new("alice").unwrap(), records(&["hi"]));
+    cluster.core(1).append_from(now, refused, channel.clone(), Uid::new("mallory").unwrap(), records(&["x"]));
+    cluster.run_for(200);
+    let checks = cluster.held_reads.iter().filter(|(node, read)| node.get() == 1 && matches!(read, HeldRead::Check(_)));
+    assert_eq!(checks.count(), 2, "both checks handed off: {:?}", cluster.held_reads);
+    assert!(!cluster.appended.contains_key(&allowed) && !cluster.results.contains_key(&refused), "both wait");
+    cluster.release_reads();
+    cluster.run_for(1_000);
+    assert!(cluster.appended.contains_key(&allowed), "{:?}", cluster.results.get(&allowed));
+    assert!(
+        cluster.results.get(&refused).is_some_and(|r| r.contains("SenderBanned")),
+        "{:?}",
+        cluster.results.get(&refused)
+    );
 }
 
 #[test]

@@ -35,19 +35,21 @@ pub fn process_cpu() -> Option<Duration> {
 }
 
 /// The kinds of thread a node runs, as `bench` reports them.
-const THREAD_KINDS: [&str; 6] = ["reactors", "durable", "write-behind", "core", "sled", "other node"];
+const THREAD_KINDS: [&str; 7] = ["reactors", "durable", "reader", "write-behind", "core", "sled", "other node"];
 
 /// Thread name prefixes (Linux cuts names at 15 bytes) and their kind in [`THREAD_KINDS`]; the first
 /// that matches wins.
-const THREAD_PREFIXES: [(&str, usize); 7] = [
+const THREAD_PREFIXES: [(&str, usize); 8] = [
     ("tidings-reactor", 0),
     ("tidings-durable", 1),
-    ("tidings-write-b", 2),
-    ("tidings-core", 3),
-    ("sled-", 4),
-    ("log flusher", 4),
-    // Slot sync, pull readers, fanout.
-    ("tidings-", 5),
+    // Pull and API reads, activations' loads, sender checks.
+    ("tidings-reader", 2),
+    ("tidings-write-b", 3),
+    ("tidings-core", 4),
+    ("sled-", 5),
+    ("log flusher", 5),
+    // Slot sync, fanout.
+    ("tidings-", 6),
 ];
 
 /// CPU time used so far by the live threads of each kind in [`THREAD_KINDS`], to the nanosecond

@@ -80,9 +80,9 @@ pub(super) struct Io {
 
 impl Io {
     /// Carries out `effect` if it is shared IO or a call's end, without ever blocking. Gives back what
-    /// it did not carry out: a durable append the workers' full queue did not take (the caller offers it
-    /// again later: a bounded wait that never blocks its thread), and the effects only the core thread
-    /// has (slot syncs, fanout work).
+    /// it did not carry out: a durable append or an activation's load the workers' full queue did not
+    /// take (the caller offers it again later: a bounded wait that never blocks its thread), and the
+    /// effects only the core thread has (slot syncs, fanout work).
     pub(super) fn carry_out(&self, effect: NodeEffect, calls: &mut Calls) -> Option<NodeEffect> {
         match effect {
             NodeEffect::Send { to, frame } => self.transport.send(to, frame),
@@ -95,6 +95,18 @@ impl Io {
                     tracing::debug!("reader busy; the follower pulls again");
                 }
             }
+            NodeEffect::Load(job) => match self.read_tx.try_send(ReadJob::Load(job)) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+                // Inputs wait parked for it: offered again later, never dropped.
+                Err(TrySendError::Full(ReadJob::Load(job))) => return Some(NodeEffect::Load(job)),
+                Err(TrySendError::Full(_)) => {}
+            },
+            NodeEffect::CheckSender(check) => match self.read_tx.try_send(ReadJob::CheckSender(check)) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+                // The append waits in it: offered again later, never dropped.
+                Err(TrySendError::Full(ReadJob::CheckSender(check))) => return Some(NodeEffect::CheckSender(check)),
+                Err(TrySendError::Full(_)) => {}
+            },
             NodeEffect::Done { id, result } => calls.finish(id, result),
             other @ (NodeEffect::SyncSlots { .. } | NodeEffect::Fanout(_)) => return Some(other),
         }

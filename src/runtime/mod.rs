@@ -228,7 +228,8 @@ impl Node {
         }
         threads.push(spawn("tidings-reader", {
             let (log, completions) = (log.clone(), completions.clone());
-            move || reader_worker(log.as_ref(), &read_rx, &completions)
+            let reader = SlotReader::new(MetaStore::new(kv.clone()));
+            move || reader_worker(log.as_ref(), &reader, &read_rx, &completions)
         }));
         threads.push(spawn("tidings-fanout", {
             let (reader, inbox) = (SlotReader::new(MetaStore::new(kv.clone())), inbox.clone());

@@ -13,7 +13,7 @@ use super::core_thread::Input;
 use super::handle::Completer;
 use super::workers::ReadJob;
 use super::{Clock, STEP_STALL_WARNING};
-use crate::node::shard::{ChannelShard, ShardInput, ShardOutput, ShardStatus};
+use crate::node::shard::{ChannelShard, Loaded, SenderChecked, ShardInput, ShardOutput, ShardStatus};
 use crate::node::{ApiResult, NodeEffect, NodeError};
 use crossbeam_channel::{select, Receiver, Sender, TrySendError};
 use std::collections::VecDeque;
@@ -55,6 +55,10 @@ pub(super) enum Completion {
     Persisted(Vec<(ChannelId, PersistToken, Result<(), StoreError>)>),
     /// A pull read finished.
     ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
+    /// An activation's load finished.
+    Loaded(Loaded),
+    /// A sender check finished.
+    SenderChecked(SenderChecked),
 }
 
 /// One reactor thread's state.
@@ -66,9 +70,10 @@ pub(super) struct Reactor {
     pub(super) calls: Calls,
     /// Outputs for the core thread that did not fit in its inbox yet.
     pub(super) for_core: Vec<ShardOutput>,
-    /// Durable appends the workers' full queue did not take yet, oldest first. Bounded by the shard's
-    /// active replicas: a machine has one durable append in flight, and its appends meanwhile wait in
-    /// its own bounded queue (full: `Busy`).
+    /// Durable appends (and activations' loads) the workers' full queues did not take yet, oldest
+    /// first. Bounded by the shard's replicas: a machine has one durable append in flight, and its
+    /// appends meanwhile wait in its own bounded queue (full: `Busy`); a shard has a bounded number of
+    /// loads in flight.
     pub(super) unpersisted: VecDeque<NodeEffect>,
 }
 
@@ -148,9 +153,20 @@ impl Reactor {
                     Err(error) => reply.complete(Err(error)),
                 }
             }
-            ReactorInput::Latest { channel, reply } => {
-                reply.complete(self.shard.latest(now, &channel));
-            }
+            ReactorInput::Latest { channel, reply } => match self.shard.plan_latest(now, &channel) {
+                Ok(plan) => match plan.known_high_watermark() {
+                    Some(hw) => reply.complete(Ok(hw)),
+                    // A replica not in memory: its store holds the answer, read on the reader thread.
+                    None => match self.io.read_tx.try_send(ReadJob::Latest(plan, reply)) {
+                        Ok(()) => {}
+                        Err(TrySendError::Full(ReadJob::Latest(_, reply))) => {
+                            reply.complete(Err(NodeError::Overloaded))
+                        }
+                        Err(_) => {}
+                    },
+                },
+                Err(error) => reply.complete(Err(error)),
+            },
             ReactorInput::Status { reply } => {
                 let _ = reply.send(self.shard.status());
             }
@@ -172,6 +188,8 @@ impl Reactor {
             Completion::ReadDone { channel, token, result } => {
                 self.shard.handle(now, ShardInput::ReadDone { channel, token, result })
             }
+            Completion::Loaded(loaded) => self.shard.handle(now, ShardInput::Loaded(loaded)),
+            Completion::SenderChecked(checked) => self.shard.handle(now, ShardInput::SenderLookedUp(checked)),
         }
     }
 
@@ -191,7 +209,9 @@ impl Reactor {
                 }
                 ShardOutput::Effect(effect) => match self.io.carry_out(effect, &mut self.calls) {
                     None => {}
-                    Some(effect @ NodeEffect::Persist { .. }) => self.unpersisted.push_back(effect),
+                    Some(effect @ (NodeEffect::Persist { .. } | NodeEffect::Load(_) | NodeEffect::CheckSender(_))) => {
+                        self.unpersisted.push_back(effect)
+                    }
                     // Shards do not sync slot stores or fan out; should one ever, the core does it.
                     Some(core_only) => self.for_core.push(ShardOutput::Effect(core_only)),
                 },

@@ -5,7 +5,7 @@ use super::core_thread::Input;
 use super::handle::Completer;
 use super::reactor::Completion;
 use super::{GROUP_COMMIT_MAX, ROOM_PATIENCE};
-use crate::node::shard::{shard_of, ReadPlan};
+use crate::node::shard::{shard_of, ActivationLoad, ReadPlan, SenderCheck};
 use crate::node::FanoutWork;
 use crate::node::{carry_out_fanout, FanoutHost};
 use crossbeam_channel::{Receiver, Sender};
@@ -26,6 +26,12 @@ pub(super) enum ReadJob {
     Pull(ChannelId, ReadToken, Seq, Seq, usize),
     /// An API read a reactor admitted; the messages go to the caller.
     Api(ReadPlan, Completer<Vec<Record>>),
+    /// An API `latest` of a replica not in memory: the high watermark its store holds.
+    Latest(ReadPlan, Completer<Seq>),
+    /// What a replica's activation needs; the answer goes back to the channel's reactor.
+    Load(ActivationLoad),
+    /// An `append_from`'s sender check; the answer goes back to the channel's reactor.
+    CheckSender(SenderCheck),
 }
 
 /// Where storage completions go: the reactor of each channel's shard. Unbounded channels, bounded by
@@ -145,7 +151,12 @@ fn same_failure(error: &StoreError) -> StoreError {
     }
 }
 
-pub(super) fn reader_worker(log: &dyn MessageLog, reads: &Receiver<ReadJob>, completions: &Completions) {
+pub(super) fn reader_worker(
+    log: &dyn MessageLog,
+    reader: &SlotReader,
+    reads: &Receiver<ReadJob>,
+    completions: &Completions,
+) {
     while let Ok(job) = reads.recv() {
         match job {
             ReadJob::Pull(channel, token, from, through, max_bytes) => {
@@ -154,7 +165,16 @@ pub(super) fn reader_worker(log: &dyn MessageLog, reads: &Receiver<ReadJob>, com
                 let reactor = completions.reactor_of(&channel);
                 let _ = reactor.send(Completion::ReadDone { channel, token, result });
             }
-            ReadJob::Api(plan, reply) => reply.complete(plan.carry_out(log)),
+            ReadJob::Api(plan, reply) => reply.complete(plan.carry_out(log, reader)),
+            ReadJob::Latest(plan, reply) => reply.complete(plan.high_watermark(log, reader)),
+            ReadJob::Load(job) => {
+                let loaded = job.carry_out(log, reader);
+                let _ = completions.reactor_of(job.channel()).send(Completion::Loaded(loaded));
+            }
+            ReadJob::CheckSender(check) => {
+                let reactor = completions.reactor_of(check.channel()).clone();
+                let _ = reactor.send(Completion::SenderChecked(check.carry_out(reader)));
+            }
         }
     }
 }

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidings::channel::machine::AppendRecord;
 use tidings::node::{
-    carry_out_fanout, ApiId, ApiResult, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeEffect, NodeError, TaskReport,
+    carry_out_fanout, ActivationLoad, ApiId, ApiResult, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeEffect,
+    NodeError, SenderCheck, TaskReport,
 };
 use tidings::router::Router;
 use tidings::slot::command::Command;
@@ -17,6 +18,29 @@ use tidings::slot::model::{ChannelFlags, ChannelInfo, SwitchProof};
 use tidings::store::message::{LogLimits, MemoryLog, MessageLog, ReadLimits, Record};
 use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
 use tidings::types::{ChannelId, ChannelRuntimeMeta, GroupId, NodeId, Seq, Time, WriteFence};
+
+/// A storage read a node handed off its shard.
+#[derive(Debug)]
+pub enum HeldRead {
+    Load(ActivationLoad),
+    Check(SenderCheck),
+}
+
+impl HeldRead {
+    /// Reads on this thread and hands the answer to `core`.
+    fn carry_out(self, core: &mut NodeCore, log: &Arc<MemoryLog>, now: Time) {
+        match self {
+            HeldRead::Load(job) => {
+                let loaded = job.carry_out(log.as_ref(), core.reader());
+                core.handle_loaded(now, loaded);
+            }
+            HeldRead::Check(check) => {
+                let checked = check.carry_out(core.reader());
+                core.handle_sender_checked(now, checked);
+            }
+        }
+    }
+}
 
 /// One node: its core while it runs, and its stores, which outlive crashes.
 pub struct SimNode {
@@ -42,6 +66,10 @@ pub struct Cluster {
     pub capture_max: usize,
     /// Presence and delivery for every node's fanout (default: nobody online).
     pub fanout_host: Arc<dyn FanoutHost>,
+    /// The storage reads nodes hand off their shards (activations' loads, sender checks) are held in
+    /// `held_reads` instead of carried out (see `release_reads`).
+    pub hold_reads: bool,
+    pub held_reads: Vec<(NodeId, HeldRead)>,
     next_api: u64,
 }
 
@@ -63,6 +91,8 @@ impl Cluster {
             captured: Vec::new(),
             capture_max: 0,
             fanout_host: Arc::new(NoFanout),
+            hold_reads: false,
+            held_reads: Vec::new(),
             next_api: 1,
         };
         for id in &ids {
@@ -106,6 +136,21 @@ impl Cluster {
         self.boot(NodeId::new(id));
     }
 
+    /// Carries out the reads held so far (the nodes that asked for them take the answers) and stops
+    /// holding new ones.
+    pub fn release_reads(&mut self) {
+        self.hold_reads = false;
+        let now = self.now;
+        for (id, read) in std::mem::take(&mut self.held_reads) {
+            let node = self.nodes.get_mut(&id).unwrap();
+            let log = node.log.clone();
+            if let Some(core) = node.core.as_mut() {
+                read.carry_out(core, &log, now);
+            }
+        }
+        self.settle();
+    }
+
     pub fn api(&mut self) -> ApiId {
         self.next_api += 1;
         ApiId(self.next_api)
@@ -144,6 +189,12 @@ impl Cluster {
                             let result = log.read(&channel, from, through, limits);
                             core.handle_read(self.now, &channel, token, result);
                         }
+                        NodeEffect::CheckSender(check) if self.hold_reads => {
+                            self.held_reads.push((id, HeldRead::Check(check)))
+                        }
+                        NodeEffect::Load(job) if self.hold_reads => self.held_reads.push((id, HeldRead::Load(job))),
+                        NodeEffect::CheckSender(check) => HeldRead::Check(check).carry_out(core, &log, self.now),
+                        NodeEffect::Load(job) => HeldRead::Load(job).carry_out(core, &log, self.now),
                         NodeEffect::Fanout(work) => {
                             if let Some(answer) = carry_out_fanout(core.reader(), self.fanout_host.as_ref(), work) {
                                 core.handle_fanout(self.now, answer);

@@ -79,7 +79,11 @@ fn a_batch_of_seeds_passes() {
 /// proposed through it, refused as not ready and retried for good; a replica that is not a member now
 /// sends proposals to the group's contact), 123002882 (the read check's first form wanted a page to
 /// reach the replica's HW; a leader with MinISR 1 knew a HW beyond its own durable log, whose read
-/// rightly stops at its end — the check now asks whether a read just past a short page finds anything).
+/// rightly stops at its end — the check now asks whether a read just past a short page finds anything),
+/// 127002507 (a sender check carried out off the shard vouched for a banned sender: between the check
+/// being asked and read, the node's replica of the user's slot group was moved away and its records
+/// cleared, and the shard's view of which replicas may vouch was from before — a check now reads only
+/// at the metadata store's routes version that view was taken at).
 #[test]
 fn seeds_that_once_failed_pass() {
     for seed in [
@@ -87,7 +91,7 @@ fn seeds_that_once_failed_pass() {
         152521, 2, 200306, 100367, 101518, 102889, 203287, 203758, 502141, 502927, 504225, 501516, 503687, 505003,
         505049, 711764, 905951, 3024062, 4000934, 4002385, 6002809, 8009406, 3006042, 3006767, 3007578, 7009782,
         13000241, 63001920, 65000005, 92004055, 105000395, 106000026, 106000039, 106000043, 107001335, 113003393,
-        123002882,
+        123002882, 127002507,
     ] {
         assert_passes(&run_seed(seed));
     }

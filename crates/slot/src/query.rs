@@ -58,6 +58,12 @@ impl SlotReader {
         Self { store, routes: Mutex::new(Vec::new()) }
     }
 
+    /// The store's [`MetaStore::routes_version`]: reads made while it stayed the same saw no change to
+    /// placements or groups' own records (a replica destroyed here clears its group's).
+    pub fn routes_version(&self) -> u64 {
+        self.store.routes_version()
+    }
+
     /// A user.
     pub fn user(&self, uid: &Uid) -> StoreResult<Option<User>> {
         self.get(uid_slot(uid), Key::new(Kind::User).uid(uid).build())

@@ -348,9 +348,9 @@ impl MetaStore {
     /// Like [`MetaStore::write_all`], for a caller that writes the backend changes in one atomic batch
     /// with other changes to the same backend: `apply` gets them and applies them
     /// ([`crate::RaftLogStore::write_with`]). Staging reads the store (prefix clears, placements): nothing
-    /// may write it before `apply` returns. Once it returned, a write that changed how hash slots are
-    /// served (placements, groups' own records) moves [`MetaStore::routes_version`] on, whatever `apply`
-    /// returned.
+    /// may write it before `apply` returns. A write that changes how hash slots are served (placements,
+    /// groups' own records) moves [`MetaStore::routes_version`] on before it is applied and again once
+    /// `apply` returned, whatever it returned.
     pub fn write_all_with<'a>(
         &self,
         batches: impl IntoIterator<Item = &'a MetaWriteBatch>,
@@ -360,6 +360,11 @@ impl MetaStore {
         for batch in batches {
             self.stage(batch, &mut staged)?;
         }
+        if staged.routes {
+            // Before, too: a reader that saw one version before and after its reads read nothing of a
+            // write in progress.
+            self.kv.cache_epoch().fetch_add(1, Ordering::AcqRel);
+        }
         let result = apply(staged.kv_batch);
         if staged.routes {
             // Release: a reader that sees the new version sees the write.
@@ -368,10 +373,11 @@ impl MetaStore {
         result
     }
 
-    /// A number that moves on after every write that changed a placement or a group's own records (the
-    /// slot records saying which group serves a hash slot), or lost any (a crash of the in-memory
-    /// backend). What a reader derived from those after reading version `v` holds while the version is
-    /// still `v`; it is shared by every `MetaStore` over the same backend.
+    /// A number that moves on when a write that changes a placement or a group's own records (the
+    /// slot records saying which group serves a hash slot) starts and when it ends, or when any is lost
+    /// (a crash of the in-memory backend). What a reader derived from those after reading version `v`
+    /// holds while the version is still `v`, and reads made while it stayed `v` saw no such write in
+    /// progress; it is shared by every `MetaStore` over the same backend.
     pub fn routes_version(&self) -> u64 {
         self.kv.cache_epoch().load(Ordering::Acquire)
     }

@@ -8,7 +8,9 @@ use super::controller::{ClusterView, Controller, NodeView, PreferredLeaders, Slo
 use super::error::NodeError;
 use super::fanout::{FanoutAnswer, FanoutWork};
 use super::message::{NodeMessage, SlotReadAnswer};
-use super::shard::{shard_of, shard_of_id, ChannelShard, Served, ShardInput};
+use super::shard::{
+    shard_of, shard_of_id, ActivationLoad, ChannelShard, Loaded, SenderCheck, SenderChecked, Served, ShardInput,
+};
 use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
@@ -91,6 +93,14 @@ pub enum NodeEffect {
         /// Byte budget.
         max_bytes: usize,
     },
+    /// Read what activating a channel replica needs (its meta, log state and recent records) with
+    /// [`ActivationLoad::carry_out`], off the thread that drives the core or the channel's shard, then
+    /// call [`NodeCore::handle_loaded`]. The inputs the replica takes meanwhile wait for it (bounded).
+    Load(ActivationLoad),
+    /// Check an `append_from`'s sender in this node's slot replicas with [`SenderCheck::carry_out`], off
+    /// the thread that drives the core or the channel's shard, then call
+    /// [`NodeCore::handle_sender_checked`].
+    CheckSender(SenderCheck),
     /// Post-commit fanout work (the planner's, or a subscriber page for a peer): carry it out with
     /// [`carry_out_fanout`](crate::node::carry_out_fanout), off the core thread, and hand the answer to
     /// [`NodeCore::handle_fanout`].
@@ -187,7 +197,7 @@ impl NodeCore {
         let first_task = ((config.boot_id & 0xffff_ffff) << 32) | (1 << 31);
         let controller = Controller::new(config.controller.clone(), config.node, &config.nodes, first_task, now);
         let reader = SlotReader::new(meta);
-        let served = Arc::new(Served::new(slot.table(), slot.groups().collect(), Vec::new()));
+        let served = Arc::new(Served::new(slot.table(), slot.groups().collect(), Vec::new(), reader.routes_version()));
         let count = config.reactors_or(1);
         let shards = (0..count)
             .map(|index| {
@@ -355,6 +365,22 @@ impl NodeCore {
     ) {
         self.advance(now);
         self.feed_shard(channel, ShardInput::ReadDone { channel: channel.clone(), token, result });
+    }
+
+    /// A channel replica's [`NodeEffect::Load`] finished: the replica becomes active and takes the
+    /// inputs that waited for it.
+    pub fn handle_loaded(&mut self, now: Time, loaded: Loaded) {
+        self.advance(now);
+        let channel = loaded.channel().clone();
+        self.feed_shard(&channel, ShardInput::Loaded(loaded));
+    }
+
+    /// A [`NodeEffect::CheckSender`] finished: the append goes on (admitted, refused, or checked through
+    /// other nodes).
+    pub fn handle_sender_checked(&mut self, now: Time, checked: SenderChecked) {
+        self.advance(now);
+        let channel = checked.channel().clone();
+        self.feed_shard(&channel, ShardInput::SenderLookedUp(checked));
     }
 
     /// The answer to a [`NodeEffect::Fanout`] (see [`carry_out_fanout`](crate::node::carry_out_fanout)).

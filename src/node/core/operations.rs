@@ -41,9 +41,16 @@ impl NodeCore {
         meta: Result<ChannelRuntimeMeta, ChannelId>,
         start: TaskStart,
     ) {
+        // The shard lets go of an evicted replica's meta when this node's slot replica keeps it.
         let meta = match meta {
             Ok(meta) => meta,
-            Err(channel) => return self.done(api, ApiResult::Task(Err(NodeError::UnknownChannel(channel)))),
+            Err(channel) => match self.reader.runtime_meta(&channel) {
+                Ok(Some(meta)) => meta,
+                _ => {
+                    self.fetch_meta(&channel);
+                    return self.done(api, ApiResult::Task(Err(NodeError::UnknownChannel(channel))));
+                }
+            },
         };
         let started = match start {
             TaskStart::Transfer { target } => self.controller.start_transfer(self.now, Some(api), meta, target),

@@ -95,16 +95,18 @@ impl NodeCore {
     pub(super) fn tell_shards_what_is_served(&mut self) {
         let table = self.slot.table();
         let same_table = Arc::ptr_eq(&table, &self.served.table());
+        let routes_version = self.reader.routes_version();
         // Called for every shard input: compared without allocating, rebuilt only on a change.
         let fresh = || self.slot.groups().filter(|g| self.slot.leader(*g).is_some() && self.holds_applied(*g));
         if same_table
+            && routes_version == self.served.routes_version()
             && self.slot.groups().eq(self.served.groups().iter().copied())
             && fresh().eq(self.served.fresh().iter().copied())
         {
             return;
         }
         let fresh = fresh().collect();
-        self.served = Arc::new(Served::new(table, self.slot.groups().collect(), fresh));
+        self.served = Arc::new(Served::new(table, self.slot.groups().collect(), fresh, routes_version));
         let now = self.now;
         match &mut self.shards {
             Shards::Inline(shards) => {

@@ -1,37 +1,15 @@
 //! Appends on their way in: routed to the local leader or forwarded to the channel's leader, held
-//! while the channel's meta is fetched, sender checks, and their failures.
+//! while the channel's meta is fetched, and their failures.
 
+use super::activation::Deferred;
 use super::{remote_error, AppendOrigin, ChannelShard, Waiting, FORWARD_SLACK, META_WAIT};
 use crate::node::core::{ApiId, ApiResult};
 use crate::node::error::NodeError;
-use crate::node::message::{FlagQuery, NodeMessage, RemoteAppendError};
-use tidings_channel::machine::{AppendRecord, AppendRequest, RequestId};
-use tidings_slot::model::Uid;
-use tidings_types::{ChannelId, GroupId};
+use crate::node::message::{NodeMessage, RemoteAppendError};
+use tidings_channel::machine::{AppendError, AppendRecord, AppendRequest, RequestId};
+use tidings_types::ChannelId;
 
 impl ChannelShard {
-    /// Checks `append_from`'s sender from this node's slot replicas: `Ok(true)` if it may send,
-    /// `Ok(false)` if they cannot tell — no replica here holding the serving copy of the user's or the
-    /// channel's hash slot, or one that knows no leader (the node then asks nodes that can) — or why not.
-    pub(super) fn check_sender(&self, channel: &ChannelId, sender: &Uid) -> Result<bool, NodeError> {
-        let banned = FlagQuery::Banned(sender.clone());
-        let denied = FlagQuery::Denied { channel: channel.clone(), uid: sender.clone() };
-        // The copy read must be the serving one (not one of a slot migrated away or not yet imported
-        // here), in a replica that knows its leader.
-        let copy = |flag: &FlagQuery| -> Result<Option<GroupId>, NodeError> {
-            let copy = self.reader.owner_copy_of(flag.routing_key())?;
-            Ok(copy.filter(|group| self.served.is_fresh(*group)))
-        };
-        let (Some(user_copy), Some(channel_copy)) = (copy(&banned)?, copy(&denied)?) else { return Ok(false) };
-        if banned.read(&self.reader, user_copy)? {
-            return Err(NodeError::SenderBanned(sender.clone()));
-        }
-        if denied.read(&self.reader, channel_copy)? {
-            return Err(NodeError::SenderDenied(sender.clone()));
-        }
-        Ok(true)
-    }
-
     pub(super) fn route_append(
         &mut self,
         api: ApiId,
@@ -96,13 +74,20 @@ impl ChannelShard {
         sender: Option<String>,
         records: Vec<AppendRecord>,
     ) {
-        let request = self.next_id();
         let now = self.now;
-        let full = self.channels.len() >= self.active_max;
         if !self.channels.contains(channel) {
             self.activate(channel);
+            if self.is_loading(channel) {
+                let parked = self.park(channel, Deferred::Append { origin, sender, records });
+                if let Err(Deferred::Append { origin, .. }) = parked {
+                    self.fail_append(origin, RemoteAppendError::Refused(AppendError::Busy));
+                }
+                return;
+            }
         }
+        let request = self.next_id();
         let Some(machine) = self.channels.get_used(channel, now) else {
+            let full = self.loading.len() >= super::activation::LOADS_IN_FLIGHT_MAX;
             let error = if full { RemoteAppendError::TooManyChannels } else { RemoteAppendError::NotReplica };
             self.fail_append(origin, error);
             return;

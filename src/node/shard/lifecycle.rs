@@ -1,28 +1,20 @@
-//! Replicas coming and going: metas learned, fetched and let go, activation on first use (meta, log
-//! state, recent records, then traffic), eviction of idle quiescent replicas, failover requests and
-//! evidence for a controller.
+//! Replicas coming and going: metas learned, fetched and let go, eviction of idle quiescent replicas,
+//! failover requests and evidence for a controller. Activation is in `activation`.
 
+use super::activation::Deferred;
 use super::{ChannelShard, KnownMeta, ShardOutput, FAILOVER_REQUEST_INTERVAL};
 use crate::node::controller::EvidenceReport;
 use crate::node::core::ApiResult;
 use crate::node::error::NodeError;
 use crate::node::message::NodeMessage;
-use std::sync::Arc;
 use tidings_channel::machine::{AppendAborted, ChannelMachine, RoleKind};
 use tidings_channel::reactor::shrink_if_sparse;
-use tidings_store::message::{MessageLog, ReadLimits};
-use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Seq, Time};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Time};
 
 impl ChannelShard {
-    /// Learns `channel`'s meta: from this node's slot replica right away when it keeps one, else the
-    /// node fetches it.
+    /// Has the node learn `channel`'s meta (from its own slot replica when it keeps one: read on the
+    /// core's thread, not here) and answer with [`ShardInput::Meta`](super::ShardInput::Meta).
     pub(super) fn fetch_meta(&mut self, channel: &ChannelId) {
-        if self.served.serves(channel) {
-            if let Ok(Some(meta)) = self.reader.runtime_meta(channel) {
-                self.learn_meta(meta, true);
-                return;
-            }
-        }
         self.outputs.push_back(ShardOutput::FetchMeta(channel.clone()));
     }
 
@@ -42,13 +34,24 @@ impl ChannelShard {
         }
     }
 
-    /// A controller asks this replica for evidence under a fenced meta.
+    /// A controller asks this replica for evidence under a fenced meta: answered at once by an active
+    /// replica, else once its activation has loaded it.
     pub(super) fn answer_evidence(&mut self, from: NodeId, task: u64, meta: ChannelRuntimeMeta) {
         let channel = meta.channel.clone();
         self.learn_meta(meta, false);
         // An evicted replica (or one whose activation failed) answers from a new incarnation.
         self.activate(&channel);
-        let Some(machine) = self.channels.get(&channel) else { return };
+        if self.is_loading(&channel) {
+            // Refused when too many wait: the controller asks again.
+            let _ = self.park(&channel, Deferred::Evidence { from, task });
+        } else {
+            self.send_evidence(from, task, &channel);
+        }
+    }
+
+    /// Sends the active replica's evidence to the controller on `from`.
+    pub(super) fn send_evidence(&mut self, from: NodeId, task: u64, channel: &ChannelId) {
+        let Some(machine) = self.channels.get(channel) else { return };
         let Some(version) = machine.meta().map(|m| m.version) else { return };
         let evidence = machine.evidence();
         let drain = machine.drain_status();
@@ -62,6 +65,7 @@ impl ChannelShard {
             drained: drain.drained,
             fenced_by: machine.meta().and_then(|m| m.write_fence).map(|f| f.task),
         };
+        let channel = channel.clone();
         self.send_node(from, NodeMessage::EvidenceReply { task, channel, version, report });
     }
 
@@ -69,17 +73,24 @@ impl ChannelShard {
     /// `stored_here`: this node's slot replica holds it.
     pub(super) fn learn_meta(&mut self, meta: ChannelRuntimeMeta, stored_here: bool) {
         let channel = meta.channel.clone();
+        let mut now_stored = false;
         let (newer, new_leadership) = match self.metas.get_mut(&channel) {
             None => (true, false),
             Some(known) if meta.version > known.meta.version => (true, known.meta.leader_epoch != meta.leader_epoch),
             Some(known) => {
-                if known.meta.version == meta.version {
+                if known.meta.version == meta.version && stored_here && !known.stored_here {
                     // The version pushed by the slot leader, now applied by this node's slot replica too.
-                    known.stored_here |= stored_here;
+                    known.stored_here = true;
+                    now_stored = true;
                 }
                 (false, false)
             }
         };
+        let unused = !self.channels.contains(&channel) && !self.is_loading(&channel);
+        if now_stored && unused && !self.waiting.contains_key(&channel) {
+            // An evicted replica's meta can go now (see `forget_meta_if_stored`).
+            self.forget_meta_if_stored(&channel);
+        }
         if newer {
             if new_leadership {
                 // A new leadership: whatever this replica asked for is settled, and appends forwarded
@@ -168,44 +179,19 @@ impl ChannelShard {
         self.forget_meta_if_stored(channel);
     }
 
-    /// The meta this shard knows for `channel`: in memory, or (for an evicted replica whose meta was let
-    /// go) read back from this node's replica of the channel's slot group.
-    pub(super) fn known_meta(&mut self, channel: &ChannelId) -> Option<ChannelRuntimeMeta> {
-        if let Some(known) = self.metas.get(channel) {
-            return Some(known.meta.clone());
-        }
-        if !self.served.serves(channel) {
-            return None;
-        }
-        let meta = self.reader.runtime_meta(channel).ok().flatten()?;
-        self.metas.insert(channel.clone(), KnownMeta { meta: meta.clone(), stored_here: true });
-        Some(meta)
-    }
-
     /// Lets go of an evicted replica's meta when this node's slot replica keeps it (read back on the next
     /// use), so an idle channel costs little more than its log.
     pub(super) fn forget_meta_if_stored(&mut self, channel: &ChannelId) {
-        if !self.served.serves(channel) {
-            return;
-        }
-        // Only when the stored one is at least as new: reading back an older meta would be a step back.
-        // A meta this node's slot replica applied (or was read from) is there already, at that version
-        // or a newer one: no read (at 100,000 channels with idle eviction, reading it back was about a
-        // tenth of a reactor's time). Only a meta pushed before the local replica applied it is checked.
+        // Only a meta this node's slot replica applied (or was read from) is there, at that version or a
+        // newer one; one pushed by the slot leader first stays until the local replica applies it (see
+        // `learn_meta`): reading the stored one back to compare would be storage IO on this thread.
         // Should the store have let it go since (a hash slot migrated away before this shard heard), the
         // next use finds none here and fetches it from the slot group: slower, never a wrong meta.
-        let forget = match self.metas.get(channel) {
-            Some(known) if known.stored_here => true,
-            known => {
-                let known = known.map(|k| k.meta.version);
-                let stored = self.reader.runtime_meta(channel).ok().flatten().map(|m| m.version);
-                stored.is_some() && stored >= known
-            }
-        };
-        if forget {
-            self.metas.remove(channel);
-            shrink_if_sparse(&mut self.metas);
+        if !self.served.serves(channel) || !self.metas.get(channel).is_some_and(|known| known.stored_here) {
+            return;
         }
+        self.metas.remove(channel);
+        shrink_if_sparse(&mut self.metas);
     }
 
     /// Takes the channel's machine out of memory (its log stays); the next input activates a new
@@ -230,64 +216,5 @@ impl ChannelShard {
         if let Some(machine) = self.deactivate(channel) {
             self.hw_floor.insert(channel.clone(), machine.hw());
         }
-    }
-
-    /// Creates the local replica of `channel` if this node is one and the meta is known: open the log
-    /// state, load the recent records (a follower leaves them out: see
-    /// [`ChannelMachine::without_recent`]), apply the full meta, then accept traffic.
-    pub(super) fn activate(&mut self, channel: &ChannelId) {
-        if self.channels.contains(channel) {
-            return;
-        }
-        let Some(meta) = self.known_meta(channel) else { return };
-        if !meta.is_replica(self.config.node) {
-            return;
-        }
-        if self.channels.len() >= self.active_max && !self.evict_one() {
-            self.counters.refused_activations += 1;
-            return;
-        }
-        // A store that cannot be read leaves the replica inactive (the next input tries again): a machine
-        // without its recent records would forget idempotency keys.
-        let Ok(state) = self.log.state(channel) else { return };
-        // Two of a channel's three replicas are followers: most activations (every message, when traffic
-        // spreads over more channels than stay active) need not read the recent records back.
-        let leads = meta.leader == self.config.node;
-        let recent = if leads {
-            let window = self.config.machine.idempotency_window as u64;
-            let from = Seq::new(state.last_seq.get().saturating_sub(window).saturating_add(1));
-            let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
-            let Ok(recent) = self.log.read(channel, from, state.last_seq, limits) else { return };
-            recent
-        } else {
-            Vec::new()
-        };
-        let incarnation = self.next_incarnation;
-        self.next_incarnation += 1;
-        let mut machine = ChannelMachine::new(
-            channel.clone(),
-            self.config.node,
-            Arc::clone(&self.machine_config),
-            incarnation,
-            self.now,
-            state,
-            recent,
-        );
-        if !leads {
-            machine = machine.without_recent();
-        }
-        if let Some(floor) = self.hw_floor.remove(channel) {
-            // Everything up to the last incarnation's HW was committed: the durable prefix below it is
-            // committed too, so HW does not go back. Raised in the machine, not in the state it starts
-            // from: that state is what the store holds, and the machine is not quiescent (evictable)
-            // until its HW is checkpointed there (seen in the simulator: a replica rebuilt after a
-            // storage failure, evicted before its checkpoint, came back with the older HW).
-            machine.raise_hw(floor);
-        }
-        if let Some(epoch) = self.resumable.remove(channel) {
-            machine.resume_leadership(epoch);
-        }
-        let _ = machine.handle_meta(self.now, meta);
-        self.channels.insert(channel.clone(), machine, self.now);
     }
 }

@@ -11,11 +11,15 @@
 //!
 //! [`NodeCore`]: super::NodeCore
 
+mod activation;
 mod appends;
 mod lifecycle;
 mod reads;
+mod senders;
 
+pub use activation::{ActivationLoad, Loaded};
 pub use reads::ReadPlan;
+pub use senders::{SenderCheck, SenderChecked};
 
 use super::config::NodeConfig;
 use super::core::{ApiId, ApiResult, ChannelStatus, NodeEffect};
@@ -43,7 +47,8 @@ const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 const FORWARD_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
 /// A replica that cannot lead repeats its failover request this often until the meta changes.
 const FAILOVER_REQUEST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-/// Idle eviction looks at every active replica of the shard: at most this often.
+/// Idle eviction looks at every active replica of the shard (and at every load waiting, for one never
+/// answered): at most this often.
 const EVICT_SCAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Most shards a node runs: ids the shard hands out carry its index in one byte.
 pub(crate) const SHARDS_MAX: usize = 256;
@@ -77,11 +82,19 @@ pub(crate) struct Served {
     /// The groups whose replica here knows a leader: fit for `append_from`'s sender check (a replica
     /// that restarted, or is cut off from its leader, may lack a recent ban).
     fresh: Vec<GroupId>,
+    /// The metadata store's `routes_version` when this was taken: a read of the store at another
+    /// version may find a group's replica gone (destroyed here) or a hash slot served elsewhere.
+    routes_version: u64,
 }
 
 impl Served {
-    pub(crate) fn new(table: Arc<HashToSlot>, groups: Vec<GroupId>, fresh: Vec<GroupId>) -> Self {
-        Self { table, groups, fresh }
+    pub(crate) fn new(table: Arc<HashToSlot>, groups: Vec<GroupId>, fresh: Vec<GroupId>, routes_version: u64) -> Self {
+        Self { table, groups, fresh, routes_version }
+    }
+
+    /// The metadata store's routes version this was taken at.
+    pub(crate) fn routes_version(&self) -> u64 {
+        self.routes_version
     }
 
     /// `true` if this node's replica of `group` knows its leader.
@@ -127,7 +140,8 @@ pub(crate) enum ShardInput {
     Message { from: NodeId, message: ChannelMessage },
     /// An API append (`sender`: checked before it is admitted or forwarded).
     Append { api: ApiId, channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord> },
-    /// An API append whose sender the node checked (the shard could not: [`ShardOutput::VerifySender`]),
+    /// An API append whose sender other nodes checked (this node's replicas could not:
+    /// [`ShardOutput::VerifySender`]),
     /// with the verdict. It comes back here either way: the API call waits on this shard.
     SenderChecked {
         api: ApiId,
@@ -156,6 +170,10 @@ pub(crate) enum ShardInput {
     Persisted { channel: ChannelId, token: PersistToken, result: Result<(), StoreError> },
     /// A read for a pull finished.
     ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
+    /// An activation's load finished.
+    Loaded(Loaded),
+    /// A sender check in this node's slot replicas finished.
+    SenderLookedUp(SenderChecked),
     /// Fanout finished `count` committed messages of `channel`: their handoff slots are free.
     ReleaseHandoff { channel: ChannelId, count: usize },
     /// The node's served groups or hash-slot table changed.
@@ -243,6 +261,8 @@ pub(crate) struct ChannelShard {
     channels: ActiveChannels,
     /// Idle eviction scans every replica: at most once per `EVICT_SCAN_INTERVAL`.
     next_evict_scan: Time,
+    /// Replicas waiting for their activation's load, with the inputs parked meanwhile.
+    loading: FxHashMap<ChannelId, activation::Loading>,
     /// Channels evicted while leading and quiescent: the leader epoch their next incarnation may resume.
     resumable: BTreeMap<ChannelId, LeaderEpoch>,
     metas: FxHashMap<ChannelId, KnownMeta>,
@@ -288,6 +308,7 @@ impl ChannelShard {
             served,
             channels: ActiveChannels::default(),
             next_evict_scan: now,
+            loading: FxHashMap::default(),
             resumable: BTreeMap::new(),
             metas: FxHashMap::default(),
             waiting: FxHashMap::default(),
@@ -384,7 +405,7 @@ impl ChannelShard {
             self.cannot_lead.values().min().copied(),
             self.forward_deadlines.front().map(|(at, _)| *at),
             self.waiting.values().flat_map(|queue| queue.iter().map(|w| w.deadline)).min(),
-            (!self.channels.is_empty()).then_some(self.next_evict_scan),
+            (!self.channels.is_empty() || !self.loading.is_empty()).then_some(self.next_evict_scan),
         ];
         deadlines.into_iter().flatten().min()
     }
@@ -425,6 +446,7 @@ impl ChannelShard {
         if self.now >= self.next_evict_scan {
             self.next_evict_scan = self.now + EVICT_SCAN_INTERVAL;
             self.evict_idle();
+            self.expire_loads();
         }
     }
 
@@ -435,11 +457,7 @@ impl ChannelShard {
             ShardInput::Message { from, message } => self.channel_message(from, message),
             ShardInput::Append { api, channel, sender, records } => match sender {
                 None => self.route_append(api, channel, None, records),
-                Some(sender) => match self.check_sender(&channel, &sender) {
-                    Ok(true) => self.route_append(api, channel, Some(sender.as_str().to_owned()), records),
-                    Ok(false) => self.outputs.push_back(ShardOutput::VerifySender { api, channel, sender, records }),
-                    Err(error) => self.done(api, ApiResult::Appended(Err(error))),
-                },
+                Some(sender) => self.check_sender(api, channel, sender, records),
             },
             ShardInput::SenderChecked { api, channel, sender, records, verdict } => match verdict {
                 Ok(()) => self.route_append(api, channel, Some(sender), records),
@@ -468,6 +486,8 @@ impl ChannelShard {
                     machine.handle_read(now, token, result);
                 }
             }
+            ShardInput::Loaded(loaded) => self.finish_activation(loaded),
+            ShardInput::SenderLookedUp(checked) => self.sender_checked(checked),
             ShardInput::ReleaseHandoff { channel, count } => {
                 if let Some(machine) = self.machine_mut(&channel) {
                     machine.release_handoff(count);
@@ -475,34 +495,9 @@ impl ChannelShard {
             }
             ShardInput::Served(served) => self.served = served,
             ShardInput::TaskMeta { api, channel, start } => {
-                let meta = self.known_meta(&channel).ok_or_else(|| channel.clone());
-                if meta.is_err() {
-                    self.fetch_meta(&channel);
-                }
+                // One the shard let go the node reads back from its slot replica (on its own thread).
+                let meta = self.metas.get(&channel).map(|known| known.meta.clone()).ok_or_else(|| channel.clone());
                 self.outputs.push_back(ShardOutput::TaskMeta { api, meta, start });
-            }
-        }
-    }
-
-    /// The high watermark of a channel this node replicates: every seq up to it is committed and readable
-    /// here.
-    pub(crate) fn latest(&mut self, now: Time, channel: &ChannelId) -> Result<Seq, NodeError> {
-        self.hw_for_api(now, channel)
-    }
-
-    /// The HW of this node's replica of `channel`, for an API call (`latest`, a read): the replica is
-    /// activated and marked used. A channel whose meta the shard does not know yet has it fetched for
-    /// next time (a restarted replica activates this way too).
-    fn hw_for_api(&mut self, now: Time, channel: &ChannelId) -> Result<Seq, NodeError> {
-        self.advance(now);
-        self.activate(channel);
-        self.touch(channel);
-        match self.channels.get(channel) {
-            Some(machine) => Ok(machine.hw()),
-            None if self.metas.contains_key(channel) => Err(NodeError::NotReplica(channel.clone())),
-            None => {
-                self.fetch_meta(channel);
-                Err(NodeError::UnknownChannel(channel.clone()))
             }
         }
     }
@@ -518,11 +513,6 @@ impl ChannelShard {
 
     fn done(&mut self, id: ApiId, result: ApiResult) {
         self.outputs.push_back(ShardOutput::Effect(NodeEffect::Done { id, result }));
-    }
-
-    /// Marks `channel` as in use (eviction waits for it to be idle).
-    fn touch(&mut self, channel: &ChannelId) {
-        self.channels.touch(channel, self.now);
     }
 
     fn channel_message(&mut self, from: NodeId, message: ChannelMessage) {
@@ -551,6 +541,11 @@ impl ChannelShard {
             None if matches!(&message, ChannelMessage::PullResponse(_)) && !news => return,
             None => {
                 self.activate(&channel);
+                if self.is_loading(&channel) {
+                    // Too many parked: dropped, the peer sends it again.
+                    let _ = self.park(&channel, activation::Deferred::Message { from, message });
+                    return;
+                }
                 self.machine_mut(&channel)
             }
         };

@@ -1,32 +1,74 @@
 //! API reads of committed messages: the shard admits one and bounds it ([`ReadPlan`]); the read itself
 //! may touch storage, so the threaded runtime carries it out on its reader thread, never on a reactor.
+//! An inactive replica is not loaded for a read: the plan reads up to the high watermark its store
+//! holds (the one its next incarnation starts from), and the shard starts the activation meanwhile.
 
 use super::ChannelShard;
 use crate::node::error::NodeError;
+use tidings_slot::query::SlotReader;
 use tidings_store::message::{MessageLog, ReadLimits, Record, RecordKind};
-use tidings_types::{ChannelId, Seq, Time};
+use tidings_types::{ChannelId, NodeId, Seq, Time};
 
-/// An admitted API read: which records it may return.
+/// An admitted API read (or `latest`): which records it may return.
 #[derive(Clone, Debug)]
 pub struct ReadPlan {
     channel: ChannelId,
+    me: NodeId,
     from: Seq,
-    /// The high watermark the replica knew when the read was admitted: nothing later is returned.
-    through: Seq,
+    through: Through,
     limits: ReadLimits,
 }
 
+/// The high watermark a read stops at.
+#[derive(Clone, Copy, Debug)]
+enum Through {
+    /// The one the active replica knew when the read was admitted.
+    Known(Seq),
+    /// The one an inactive replica's store holds. `check_meta`: the shard held no meta for the channel,
+    /// so the read first checks in this node's slot replica that this node keeps a replica of it.
+    Stored { check_meta: bool },
+}
+
 impl ReadPlan {
+    /// The high watermark known when the plan was made, if any: `None` when it is read from the store.
+    pub fn known_high_watermark(&self) -> Option<Seq> {
+        match self.through {
+            Through::Known(hw) => Some(hw),
+            Through::Stored { .. } => None,
+        }
+    }
+
+    /// The high watermark this read stops at: known at admission, or read from the store (and the
+    /// channel's meta from `reader`, when the shard held none).
+    pub fn high_watermark(&self, log: &dyn MessageLog, reader: &SlotReader) -> Result<Seq, NodeError> {
+        match self.through {
+            Through::Known(hw) => Ok(hw),
+            Through::Stored { check_meta } => {
+                if check_meta {
+                    match reader.runtime_meta(&self.channel)? {
+                        None => return Err(NodeError::UnknownChannel(self.channel.clone())),
+                        Some(meta) if !meta.is_replica(self.me) => {
+                            return Err(NodeError::NotReplica(self.channel.clone()))
+                        }
+                        Some(_) => {}
+                    }
+                }
+                Ok(log.state(&self.channel)?.hw)
+            }
+        }
+    }
+
     /// Reads the committed messages the plan covers, from its first seq on: at most its record limit,
     /// within its byte limit (at least one message when any is committed). Barrier records (a new
     /// leader's first record) are skipped and read past, so a page comes back short only at the
     /// high watermark or at the byte limit.
-    pub fn carry_out(&self, log: &dyn MessageLog) -> Result<Vec<Record>, NodeError> {
+    pub fn carry_out(&self, log: &dyn MessageLog, reader: &SlotReader) -> Result<Vec<Record>, NodeError> {
+        let through = self.high_watermark(log, reader)?;
         let mut messages = Vec::new();
         let (mut from, mut wanted) = (self.from, self.limits.records_max);
-        while wanted > 0 && from <= self.through {
+        while wanted > 0 && from <= through {
             let limits = ReadLimits { records_max: wanted, bytes_max: self.limits.bytes_max };
-            let records = log.read(&self.channel, from, self.through, limits)?;
+            let records = log.read(&self.channel, from, through, limits)?;
             let Some(last) = records.last() else { break };
             from = last.seq.next();
             let read = records.len();
@@ -53,10 +95,15 @@ impl ChannelShard {
         from: Seq,
         limit: usize,
     ) -> Result<ReadPlan, NodeError> {
-        let through = self.hw_for_api(now, channel)?;
+        let through = self.through_for_api(now, channel)?;
         let limits =
             ReadLimits { records_max: limit.min(self.config.read_records_max), bytes_max: self.config.read_bytes_max };
-        Ok(ReadPlan { channel: channel.clone(), from, through, limits })
+        Ok(ReadPlan { channel: channel.clone(), me: self.config.node, from, through, limits })
+    }
+
+    /// Admits a `latest` query: the plan's high watermark is the answer.
+    pub(crate) fn plan_latest(&mut self, now: Time, channel: &ChannelId) -> Result<ReadPlan, NodeError> {
+        self.plan_read(now, channel, Seq::new(0), 0)
     }
 
     /// [`ChannelShard::plan_read`] carried out at once, on this thread (the sans-IO core's callers and
@@ -69,7 +116,31 @@ impl ChannelShard {
         limit: usize,
     ) -> Result<Vec<Record>, NodeError> {
         let plan = self.plan_read(now, channel, from, limit)?;
-        plan.carry_out(self.log.as_ref())
+        plan.carry_out(self.log.as_ref(), &self.reader)
+    }
+
+    /// [`ChannelShard::plan_latest`] answered at once, on this thread (as [`ChannelShard::read`]).
+    pub(crate) fn latest(&mut self, now: Time, channel: &ChannelId) -> Result<Seq, NodeError> {
+        let plan = self.plan_latest(now, channel)?;
+        plan.high_watermark(self.log.as_ref(), &self.reader)
+    }
+
+    /// Where an API call on `channel` finds its high watermark. An active replica is marked used and
+    /// answers from memory; an inactive one starts its activation (a restarted replica activates this
+    /// way too) and the call reads the HW its store holds. A channel whose meta the shard does not know
+    /// (and this node's slot replica cannot tell) has it fetched for next time.
+    fn through_for_api(&mut self, now: Time, channel: &ChannelId) -> Result<Through, NodeError> {
+        self.advance(now);
+        if let Some(machine) = self.channels.get_used(channel, self.now) {
+            return Ok(Through::Known(machine.hw()));
+        }
+        self.activate(channel);
+        match self.metas.get(channel) {
+            Some(known) if known.meta.is_replica(self.config.node) => Ok(Through::Stored { check_meta: false }),
+            Some(_) => Err(NodeError::NotReplica(channel.clone())),
+            None if self.served.serves(channel) => Ok(Through::Stored { check_meta: true }),
+            None => Err(NodeError::UnknownChannel(channel.clone())),
+        }
     }
 }
 
@@ -101,13 +172,18 @@ mod tests {
         log
     }
 
+    fn reader() -> SlotReader {
+        SlotReader::new(tidings_store::MetaStore::new(std::sync::Arc::new(tidings_store::kv::MemoryKv::new())))
+    }
+
     fn seqs(records: &[Record]) -> Vec<u64> {
         records.iter().map(|r| r.seq.get()).collect()
     }
 
     fn plan(channel: &ChannelId, from: u64, through: u64, records_max: usize, bytes_max: usize) -> ReadPlan {
         let limits = ReadLimits { records_max, bytes_max };
-        ReadPlan { channel: channel.clone(), from: Seq::new(from), through: Seq::new(through), limits }
+        let (me, through) = (NodeId::new(1), Through::Known(Seq::new(through)));
+        ReadPlan { channel: channel.clone(), me, from: Seq::new(from), through, limits }
     }
 
     #[test]
@@ -115,14 +191,22 @@ mod tests {
         let channel = ChannelId::new(ChannelType::GROUP, "reads").unwrap();
         let log = log(&channel);
         let all = usize::MAX;
-        assert_eq!(seqs(&plan(&channel, 1, 9, 3, all).carry_out(&log).unwrap()), vec![2, 3, 5], "two barriers skipped");
         assert_eq!(
-            seqs(&plan(&channel, 4, 9, 1, all).carry_out(&log).unwrap()),
+            seqs(&plan(&channel, 1, 9, 3, all).carry_out(&log, &reader()).unwrap()),
+            vec![2, 3, 5],
+            "two barriers skipped"
+        );
+        assert_eq!(
+            seqs(&plan(&channel, 4, 9, 1, all).carry_out(&log, &reader()).unwrap()),
             vec![5],
             "a page starting on a barrier"
         );
-        assert_eq!(seqs(&plan(&channel, 1, 6, 100, all).carry_out(&log).unwrap()), vec![2, 3, 5, 6], "nothing past HW");
-        assert!(plan(&channel, 7, 6, 100, all).carry_out(&log).unwrap().is_empty(), "from past HW");
+        assert_eq!(
+            seqs(&plan(&channel, 1, 6, 100, all).carry_out(&log, &reader()).unwrap()),
+            vec![2, 3, 5, 6],
+            "nothing past HW"
+        );
+        assert!(plan(&channel, 7, 6, 100, all).carry_out(&log, &reader()).unwrap().is_empty(), "from past HW");
     }
 
     #[test]
@@ -130,8 +214,12 @@ mod tests {
         let channel = ChannelId::new(ChannelType::GROUP, "bytes").unwrap();
         let log = log(&channel);
         let one = record(5, RecordKind::Message, 100).encoded_len();
-        let page = plan(&channel, 5, 9, 100, 2 * one).carry_out(&log).unwrap();
+        let page = plan(&channel, 5, 9, 100, 2 * one).carry_out(&log, &reader()).unwrap();
         assert_eq!(seqs(&page), vec![5, 6]);
-        assert_eq!(seqs(&plan(&channel, 5, 9, 100, 1).carry_out(&log).unwrap()), vec![5], "one, whatever the limit");
+        assert_eq!(
+            seqs(&plan(&channel, 5, 9, 100, 1).carry_out(&log, &reader()).unwrap()),
+            vec![5],
+            "one, whatever the limit"
+        );
     }
 }

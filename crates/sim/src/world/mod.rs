@@ -129,6 +129,16 @@ enum Event {
         through: Seq,
         max_bytes: usize,
     },
+    Loaded {
+        node: NodeId,
+        incarnation: u64,
+        job: tidings::node::ActivationLoad,
+    },
+    SenderChecked {
+        node: NodeId,
+        incarnation: u64,
+        check: tidings::node::SenderCheck,
+    },
     Restart {
         node: NodeId,
     },
@@ -477,6 +487,27 @@ impl World {
                     core.handle_read(now, &channel, token, result);
                 }
             }
+            Event::Loaded { node, incarnation, job } => {
+                let n = self.nodes.get_mut(&node).expect("known node");
+                if n.incarnation != incarnation {
+                    return;
+                }
+                if let Some(core) = n.core.as_mut() {
+                    // Read when the load runs, as a reader thread would: not when it was asked for.
+                    let loaded = job.carry_out(n.log.as_ref(), core.reader());
+                    core.handle_loaded(now, loaded);
+                }
+            }
+            Event::SenderChecked { node, incarnation, check } => {
+                let n = self.nodes.get_mut(&node).expect("known node");
+                if n.incarnation != incarnation {
+                    return;
+                }
+                if let Some(core) = n.core.as_mut() {
+                    let checked = check.carry_out(core.reader());
+                    core.handle_sender_checked(now, checked);
+                }
+            }
             Event::Restart { node } => {
                 if self.nodes[&node].core.is_none() {
                     self.boot(node);
@@ -509,6 +540,14 @@ impl World {
                         at,
                         Event::ReadDone { node: id, incarnation, channel, token, from, through, max_bytes },
                     );
+                }
+                NodeEffect::CheckSender(check) => {
+                    let at = now + self.disk_delay();
+                    self.schedule(at, Event::SenderChecked { node: id, incarnation, check });
+                }
+                NodeEffect::Load(job) => {
+                    let at = now + self.disk_delay();
+                    self.schedule(at, Event::Loaded { node: id, incarnation, job });
                 }
                 NodeEffect::Fanout(work) => {
                     if let Some(answer) = carry_out_fanout(core.reader(), self.fanout_host.as_ref(), work) {

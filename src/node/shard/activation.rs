@@ -1,0 +1,303 @@
+//! Activation on first use, with its storage reads off the shard's thread: an input for an inactive
+//! replica starts an [`ActivationLoad`] (the channel's meta when the shard holds none, its log state,
+//! and a leader's recent records) and waits, parked and bounded, while whoever runs the shard carries
+//! the load out (the threaded runtime on its reader thread, never on a reactor). The [`Loaded`] answer
+//! builds the machine — apply the full meta, then accept traffic — and the parked inputs follow, in
+//! the order they came.
+
+use super::{AppendOrigin, ChannelShard, KnownMeta, ShardOutput};
+use crate::node::core::NodeEffect;
+use crate::node::message::RemoteAppendError;
+use std::sync::Arc;
+use tidings_channel::machine::{AppendError, AppendRecord, ChannelMachine, ChannelMessage};
+use tidings_slot::query::SlotReader;
+use tidings_store::message::{ChannelLogState, MessageLog, ReadLimits, Record};
+use tidings_store::StoreError;
+use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Seq, Time};
+
+/// Most activations a shard has waiting for their loads at once; past it an input for another inactive
+/// replica is refused as an activation at the cap is (peer messages dropped, appends `TooManyChannels`).
+pub(super) const LOADS_IN_FLIGHT_MAX: usize = 4096;
+/// A load not answered within this is given up (its parked inputs end; the next input tries again):
+/// one lost on its way must not hold a channel's inputs for good.
+const LOAD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The storage reads one replica's activation needs, carried out off the shard's thread (see
+/// [`ActivationLoad::carry_out`]); the answer goes back through [`NodeCore::handle_loaded`].
+///
+/// [`NodeCore::handle_loaded`]: crate::node::NodeCore::handle_loaded
+#[derive(Clone, Debug)]
+pub struct ActivationLoad {
+    channel: ChannelId,
+    id: u64,
+    me: NodeId,
+    /// The meta the shard holds; `None`: read it from this node's slot replica.
+    meta: Option<ChannelRuntimeMeta>,
+    /// How many of the last records a leader reads back (its idempotency window).
+    window: u64,
+}
+
+/// What an [`ActivationLoad`] read.
+#[derive(Debug)]
+pub struct Loaded {
+    channel: ChannelId,
+    id: u64,
+    /// The meta read from this node's slot replica (only when the load was asked to).
+    meta_read: Option<ChannelRuntimeMeta>,
+    outcome: Result<LoadedLog, LoadFailure>,
+}
+
+/// The log side of a load.
+#[derive(Debug)]
+struct LoadedLog {
+    state: ChannelLogState,
+    /// The last records, read only for a replica the meta names leader (a follower leaves them out).
+    recent: Option<Vec<Record>>,
+}
+
+/// Why a load gave no log.
+#[derive(Debug)]
+enum LoadFailure {
+    /// No meta: neither the shard nor this node's slot replica holds one.
+    NoMeta,
+    /// The meta names other nodes: nothing to activate here.
+    NotReplica,
+    /// The store could not be read (the next input tries again).
+    Store(StoreError),
+}
+
+impl ActivationLoad {
+    /// The channel to activate.
+    pub fn channel(&self) -> &ChannelId {
+        &self.channel
+    }
+
+    /// Reads what the activation needs: the meta (unless the shard gave it), the log state and, for a
+    /// leader, the records of its idempotency window.
+    pub fn carry_out(&self, log: &dyn MessageLog, reader: &SlotReader) -> Loaded {
+        let (meta, meta_read) = match &self.meta {
+            Some(meta) => (Some(meta.clone()), None),
+            None => {
+                let stored = reader.runtime_meta(&self.channel).ok().flatten();
+                (stored.clone(), stored)
+            }
+        };
+        let outcome = match meta {
+            None => Err(LoadFailure::NoMeta),
+            Some(meta) if !meta.is_replica(self.me) => Err(LoadFailure::NotReplica),
+            Some(meta) => self.read_log(log, meta.leader == self.me).map_err(LoadFailure::Store),
+        };
+        Loaded { channel: self.channel.clone(), id: self.id, meta_read, outcome }
+    }
+
+    fn read_log(&self, log: &dyn MessageLog, leads: bool) -> Result<LoadedLog, StoreError> {
+        let state = log.state(&self.channel)?;
+        // Two of a channel's three replicas are followers: most activations (every message, when traffic
+        // spreads over more channels than stay active) need not read the recent records back.
+        let recent = if leads {
+            let from = Seq::new(state.last_seq.get().saturating_sub(self.window).saturating_add(1));
+            let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+            Some(log.read(&self.channel, from, state.last_seq, limits)?)
+        } else {
+            None
+        };
+        Ok(LoadedLog { state, recent })
+    }
+}
+
+impl Loaded {
+    /// The channel the load was for.
+    pub fn channel(&self) -> &ChannelId {
+        &self.channel
+    }
+}
+
+/// An input that needs the replica, parked while it loads.
+#[derive(Debug)]
+pub(super) enum Deferred {
+    /// A peer's channel message.
+    Message { from: NodeId, message: ChannelMessage },
+    /// An append for the local leader.
+    Append { origin: AppendOrigin, sender: Option<String>, records: Vec<AppendRecord> },
+    /// A controller's request for this replica's evidence.
+    Evidence { from: NodeId, task: u64 },
+}
+
+/// An activation waiting for its load.
+#[derive(Debug)]
+pub(super) struct Loading {
+    id: u64,
+    parked: Vec<Deferred>,
+    given_up_at: Time,
+}
+
+impl ChannelShard {
+    /// Starts activating the local replica of `channel` on first use: a load is asked for when the
+    /// meta names this node a replica, or when this node's slot replica may hold a meta the shard does
+    /// not (the load reads it). A channel whose meta nobody here holds has it fetched. Nothing happens
+    /// for a replica already active or loading.
+    pub(super) fn activate(&mut self, channel: &ChannelId) {
+        if self.channels.contains(channel) || self.loading.contains_key(channel) {
+            return;
+        }
+        let meta = self.metas.get(channel).map(|known| known.meta.clone());
+        match &meta {
+            Some(meta) if !meta.is_replica(self.config.node) => return,
+            Some(_) => {}
+            None if self.served.serves(channel) => {}
+            None => return self.fetch_meta(channel),
+        }
+        if self.loading.len() >= LOADS_IN_FLIGHT_MAX {
+            self.counters.refused_activations += 1;
+            return;
+        }
+        self.load(channel, meta, Vec::new());
+    }
+
+    fn load(&mut self, channel: &ChannelId, meta: Option<ChannelRuntimeMeta>, parked: Vec<Deferred>) {
+        let id = self.next_id();
+        self.loading.insert(channel.clone(), Loading { id, parked, given_up_at: self.now + LOAD_PATIENCE });
+        let job = ActivationLoad {
+            channel: channel.clone(),
+            id,
+            me: self.config.node,
+            meta,
+            window: self.config.machine.idempotency_window as u64,
+        };
+        self.outputs.push_back(ShardOutput::Effect(NodeEffect::Load(job)));
+    }
+
+    /// Gives up the loads not answered in time: their parked appends get `Busy` (the caller retries).
+    /// Called with idle eviction's scan (once a second): at most `LOADS_IN_FLIGHT_MAX` to look at.
+    pub(super) fn expire_loads(&mut self) {
+        let now = self.now;
+        let expired: Vec<ChannelId> =
+            self.loading.iter().filter(|(_, loading)| loading.given_up_at <= now).map(|(c, _)| c.clone()).collect();
+        for channel in expired {
+            let Some(Loading { parked, .. }) = self.loading.remove(&channel) else { continue };
+            tracing::warn!(%channel, node = %self.config.node, "channel replica's load not answered: given up");
+            self.end_parked(parked, RemoteAppendError::Refused(AppendError::Busy));
+        }
+    }
+
+    /// `true` while `channel`'s replica waits for its load.
+    pub(super) fn is_loading(&self, channel: &ChannelId) -> bool {
+        self.loading.contains_key(channel)
+    }
+
+    /// Parks `input` until `channel`'s replica is loaded; gives it back when no load is waiting or the
+    /// channel has as many inputs parked as appends may wait for a meta (`waiting_appends_max`).
+    pub(super) fn park(&mut self, channel: &ChannelId, input: Deferred) -> Result<(), Deferred> {
+        match self.loading.get_mut(channel) {
+            Some(loading) if loading.parked.len() < self.config.waiting_appends_max => {
+                loading.parked.push(input);
+                Ok(())
+            }
+            _ => Err(input),
+        }
+    }
+
+    /// A load finished: build the replica from what it read (meta, log state, recent records), then feed
+    /// it the inputs parked meanwhile. A load that found nothing to activate (or could not read) ends
+    /// them as an activation that failed does: peer messages dropped (the protocols resend), appends
+    /// refused.
+    pub(super) fn finish_activation(&mut self, loaded: Loaded) {
+        let channel = loaded.channel;
+        if self.loading.get(&channel).is_none_or(|loading| loading.id != loaded.id) {
+            return;
+        }
+        let Some(Loading { parked, .. }) = self.loading.remove(&channel) else { return };
+        if let Some(meta) = loaded.meta_read {
+            // Asked for because the shard held none; one pushed meanwhile is at least as new.
+            self.metas.entry(channel.clone()).or_insert(KnownMeta { meta, stored_here: true });
+        }
+        let log = match loaded.outcome {
+            Ok(log) => log,
+            Err(failure) => {
+                match failure {
+                    LoadFailure::NoMeta => self.fetch_meta(&channel),
+                    LoadFailure::NotReplica => {}
+                    // The replica stays inactive; the next input tries again.
+                    LoadFailure::Store(error) => {
+                        tracing::warn!(%channel, node = %self.config.node, %error, "channel replica could not load")
+                    }
+                }
+                return self.end_parked(parked, RemoteAppendError::NotReplica);
+            }
+        };
+        let Some(meta) = self.metas.get(&channel).map(|known| known.meta.clone()) else {
+            return self.end_parked(parked, RemoteAppendError::NotReplica);
+        };
+        if !meta.is_replica(self.config.node) {
+            return self.end_parked(parked, RemoteAppendError::NotReplica);
+        }
+        let leads = meta.leader == self.config.node;
+        if leads && log.recent.is_none() {
+            // Named leader while it loaded as a follower: a leader needs its idempotency window.
+            return self.load(&channel, Some(meta), parked);
+        }
+        if self.channels.len() >= self.active_max && !self.evict_one() {
+            self.counters.refused_activations += 1;
+            return self.end_parked(parked, RemoteAppendError::TooManyChannels);
+        }
+        self.build_machine(&channel, meta, log.state, log.recent);
+        for input in parked {
+            self.resume(&channel, input);
+        }
+    }
+
+    fn build_machine(
+        &mut self,
+        channel: &ChannelId,
+        meta: ChannelRuntimeMeta,
+        state: ChannelLogState,
+        recent: Option<Vec<Record>>,
+    ) {
+        let incarnation = self.next_incarnation;
+        self.next_incarnation += 1;
+        let left_out = recent.is_none();
+        let mut machine = ChannelMachine::new(
+            channel.clone(),
+            self.config.node,
+            Arc::clone(&self.machine_config),
+            incarnation,
+            self.now,
+            state,
+            recent.unwrap_or_default(),
+        );
+        if left_out {
+            machine = machine.without_recent();
+        }
+        if let Some(floor) = self.hw_floor.remove(channel) {
+            // Everything up to the last incarnation's HW was committed: the durable prefix below it is
+            // committed too, so HW does not go back. Raised in the machine, not in the state it starts
+            // from: that state is what the store holds, and the machine is not quiescent (evictable)
+            // until its HW is checkpointed there (seen in the simulator: a replica rebuilt after a
+            // storage failure, evicted before its checkpoint, came back with the older HW).
+            machine.raise_hw(floor);
+        }
+        if let Some(epoch) = self.resumable.remove(channel) {
+            machine.resume_leadership(epoch);
+        }
+        let _ = machine.handle_meta(self.now, meta);
+        self.channels.insert(channel.clone(), machine, self.now);
+    }
+
+    /// Feeds a parked input to the replica now active.
+    fn resume(&mut self, channel: &ChannelId, input: Deferred) {
+        match input {
+            Deferred::Message { from, message } => self.channel_message(from, message),
+            Deferred::Append { origin, sender, records } => self.append_locally(origin, channel, sender, records),
+            Deferred::Evidence { from, task } => self.send_evidence(from, task, channel),
+        }
+    }
+
+    /// Ends parked inputs whose replica did not activate: appends refused with `error`.
+    fn end_parked(&mut self, parked: Vec<Deferred>, error: RemoteAppendError) {
+        for input in parked {
+            if let Deferred::Append { origin, .. } = input {
+                self.fail_append(origin, error.clone());
+            }
+        }
+    }
+}
