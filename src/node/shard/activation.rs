@@ -15,9 +15,10 @@ use tidings_store::message::{ChannelLogState, MessageLog, ReadLimits, Record};
 use tidings_store::StoreError;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Seq, Time};
 
-/// Most activations a shard has waiting for their loads at once; past it an input for another inactive
-/// replica is refused as an activation at the cap is (peer messages dropped, appends `TooManyChannels`).
-pub(super) const LOADS_IN_FLIGHT_MAX: usize = 4096;
+/// Most activations a shard has waiting for their loads at once (the reader thread's queue of 4,096 jobs
+/// also takes pull and API reads); past it an input for another inactive replica is refused as an
+/// activation at the cap is (peer messages dropped, appends `TooManyChannels`).
+pub(super) const LOADS_IN_FLIGHT_MAX: usize = 1024;
 /// A load not answered within this is given up (its parked inputs end; the next input tries again):
 /// one lost on its way must not hold a channel's inputs for good.
 const LOAD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
