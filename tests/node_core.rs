@@ -188,6 +188,39 @@ fn a_load_never_answered_is_given_up_and_its_appends_get_busy() {
     assert!(b > a);
 }
 
+/// A shard hands off at most 1,024 loads at once; activations beyond wait in its queue instead of
+/// being refused, and go as loads come back.
+#[test]
+fn activations_beyond_the_loads_in_flight_wait_their_turn() {
+    let mut cluster = Cluster::new(1);
+    cluster.run_for(3_000);
+    let channels: Vec<ChannelId> =
+        (0..1_100).map(|i| ChannelId::new(ChannelType::GROUP, &format!("many-{i}")).unwrap()).collect();
+    let creates: Vec<ApiId> = channels
+        .iter()
+        .map(|channel| {
+            let id = cluster.api();
+            let now = cluster.now;
+            let info = ChannelInfo { channel: channel.clone(), flags: ChannelFlags::default() };
+            cluster.core(1).create_channel(now, id, info);
+            id
+        })
+        .collect();
+    cluster.run_for(5_000);
+    assert!(creates.iter().all(|id| cluster.results.get(id).map(String::as_str) == Some("Meta(Ok(()))")));
+    assert_eq!(cluster.core(1).active_channels(), 0, "created channels stay inactive until used");
+    cluster.hold_reads = true;
+    let appends: Vec<ApiId> = channels.iter().map(|channel| cluster.append(1, channel, &["first"])).collect();
+    cluster.run_for(100);
+    assert_eq!(cluster.held_reads.len(), 1_024, "loads handed off at once");
+    assert!(appends.iter().all(|id| !cluster.results.contains_key(id)), "none refused while queued");
+    cluster.release_reads();
+    cluster.run_for(2_000);
+    let missing: Vec<_> = appends.iter().filter(|id| !cluster.appended.contains_key(id)).collect();
+    assert!(missing.is_empty(), "{} not appended, e.g. {:?}", missing.len(), cluster.results.get(missing[0]));
+    assert_eq!(cluster.core(1).active_channels(), 1_100);
+}
+
 /// `append_from` checks its sender in this node's slot replicas off the shard: the append waits for
 /// the check's answer, then goes on — admitted for an allowed sender, refused for a banned one.
 #[test]

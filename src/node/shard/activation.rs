@@ -15,10 +15,11 @@ use tidings_store::message::{ChannelLogState, MessageLog, ReadLimits, Record};
 use tidings_store::StoreError;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Seq, Time};
 
-/// Most activations a shard has waiting for their loads at once (the reader thread's queue of 4,096 jobs
-/// also takes pull and API reads); past it an input for another inactive replica is refused as an
-/// activation at the cap is (peer messages dropped, appends `TooManyChannels`).
-pub(super) const LOADS_IN_FLIGHT_MAX: usize = 1024;
+/// Most loads a shard has handed off at once (the reader thread's queue of 4,096 jobs also takes pull and
+/// API reads, which must find room); more activations wait in the shard's own queue, as many as the
+/// shard may keep replicas active (`active_channels_max`), and past that an input for another inactive
+/// replica is refused as an activation at the cap is (peer messages dropped, appends `TooManyChannels`).
+const LOADS_IN_FLIGHT_MAX: usize = 1024;
 /// A load not answered within this is given up (its parked inputs end; the next input tries again):
 /// one lost on its way must not hold a channel's inputs for good.
 const LOAD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
@@ -130,6 +131,8 @@ pub(super) struct Loading {
     id: u64,
     parked: Vec<Deferred>,
     given_up_at: Time,
+    /// Handed off (counted in `loads_in_flight`), not waiting in `load_queue`.
+    in_flight: bool,
 }
 
 impl ChannelShard {
@@ -148,16 +151,17 @@ impl ChannelShard {
             None if self.served.serves(channel) => {}
             None => return self.fetch_meta(channel),
         }
-        if self.loading.len() >= LOADS_IN_FLIGHT_MAX {
+        if self.loading.len() >= self.active_max {
             self.counters.refused_activations += 1;
             return;
         }
         self.load(channel, meta, Vec::new());
     }
 
+    /// Asks for `channel`'s load: handed off at once while fewer than `LOADS_IN_FLIGHT_MAX` are, else
+    /// queued until one comes back.
     fn load(&mut self, channel: &ChannelId, meta: Option<ChannelRuntimeMeta>, parked: Vec<Deferred>) {
         let id = self.next_id();
-        self.loading.insert(channel.clone(), Loading { id, parked, given_up_at: self.now + LOAD_PATIENCE });
         let job = ActivationLoad {
             channel: channel.clone(),
             id,
@@ -165,18 +169,48 @@ impl ChannelShard {
             meta,
             window: self.config.machine.idempotency_window as u64,
         };
+        let in_flight = self.loads_in_flight < LOADS_IN_FLIGHT_MAX;
+        let given_up_at = self.now + LOAD_PATIENCE;
+        self.loading.insert(channel.clone(), Loading { id, parked, given_up_at, in_flight });
+        if in_flight {
+            self.hand_off(job);
+        } else {
+            self.load_queue.push_back(job);
+        }
+    }
+
+    fn hand_off(&mut self, job: ActivationLoad) {
+        self.loads_in_flight += 1;
         self.outputs.push_back(ShardOutput::Effect(NodeEffect::Load(job)));
     }
 
+    /// A handed-off load came back (or was given up): the next queued one, if any, goes.
+    fn load_ended(&mut self) {
+        self.loads_in_flight = self.loads_in_flight.saturating_sub(1);
+        while let Some(job) = self.load_queue.pop_front() {
+            // One given up meanwhile is skipped.
+            let Some(loading) = self.loading.get_mut(&job.channel).filter(|loading| loading.id == job.id) else {
+                continue;
+            };
+            loading.in_flight = true;
+            self.hand_off(job);
+            break;
+        }
+    }
+
     /// Gives up the loads not answered in time: their parked appends get `Busy` (the caller retries).
-    /// Called with idle eviction's scan (once a second): at most `LOADS_IN_FLIGHT_MAX` to look at.
+    /// Called with idle eviction's scan (once a second).
     pub(super) fn expire_loads(&mut self) {
         let now = self.now;
         let expired: Vec<ChannelId> =
             self.loading.iter().filter(|(_, loading)| loading.given_up_at <= now).map(|(c, _)| c.clone()).collect();
         for channel in expired {
-            let Some(Loading { parked, .. }) = self.loading.remove(&channel) else { continue };
+            let Some(Loading { parked, in_flight, .. }) = self.loading.remove(&channel) else { continue };
             tracing::warn!(%channel, node = %self.config.node, "channel replica's load not answered: given up");
+            if in_flight {
+                // Its answer, should it come, is not counted again (its id matches nothing now).
+                self.load_ended();
+            }
             self.end_parked(parked, RemoteAppendError::Refused(AppendError::Busy));
         }
     }
@@ -208,6 +242,7 @@ impl ChannelShard {
             return;
         }
         let Some(Loading { parked, .. }) = self.loading.remove(&channel) else { return };
+        self.load_ended();
         if let Some(meta) = loaded.meta_read {
             // Asked for because the shard held none; one pushed meanwhile is at least as new.
             self.metas.entry(channel.clone()).or_insert(KnownMeta { meta, stored_here: true });

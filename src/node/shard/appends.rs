@@ -87,7 +87,7 @@ impl ChannelShard {
         }
         let request = self.next_id();
         let Some(machine) = self.channels.get_used(channel, now) else {
-            let full = self.loading.len() >= super::activation::LOADS_IN_FLIGHT_MAX;
+            let full = self.loading.len() >= self.active_max;
             let error = if full { RemoteAppendError::TooManyChannels } else { RemoteAppendError::NotReplica };
             self.fail_append(origin, error);
             return;

@@ -263,6 +263,10 @@ pub(crate) struct ChannelShard {
     next_evict_scan: Time,
     /// Replicas waiting for their activation's load, with the inputs parked meanwhile.
     loading: FxHashMap<ChannelId, activation::Loading>,
+    /// Loads handed off and not back yet (at most `LOADS_IN_FLIGHT_MAX`).
+    loads_in_flight: usize,
+    /// Loads waiting for one in flight to come back, oldest first.
+    load_queue: VecDeque<ActivationLoad>,
     /// Channels evicted while leading and quiescent: the leader epoch their next incarnation may resume.
     resumable: BTreeMap<ChannelId, LeaderEpoch>,
     metas: FxHashMap<ChannelId, KnownMeta>,
@@ -309,6 +313,8 @@ impl ChannelShard {
             channels: ActiveChannels::default(),
             next_evict_scan: now,
             loading: FxHashMap::default(),
+            loads_in_flight: 0,
+            load_queue: VecDeque::new(),
             resumable: BTreeMap::new(),
             metas: FxHashMap::default(),
             waiting: FxHashMap::default(),
