@@ -181,6 +181,8 @@ fn a_load_never_answered_is_given_up_and_its_appends_get_busy() {
     assert!(!cluster.results.contains_key(&waiting), "still waiting for its load");
     cluster.run_for(2_000);
     assert!(cluster.results.get(&waiting).is_some_and(|r| r.contains("Busy")), "{:?}", cluster.results.get(&waiting));
+    let status = cluster.core(leader.get()).status();
+    assert_eq!((status.loads_given_up, status.channels_loading), (1, 0), "counted, and nothing left loading");
     cluster.release_reads();
     let again = cluster.append(leader.get(), &channel, &["again"]);
     cluster.run_for(2_000);
@@ -213,6 +215,7 @@ fn activations_beyond_the_loads_in_flight_wait_their_turn() {
     let appends: Vec<ApiId> = channels.iter().map(|channel| cluster.append(1, channel, &["first"])).collect();
     cluster.run_for(100);
     assert_eq!(cluster.held_reads.len(), 1_024, "loads handed off at once");
+    assert_eq!(cluster.core(1).status().channels_loading, 1_100, "the rest queued");
     assert!(appends.iter().all(|id| !cluster.results.contains_key(id)), "none refused while queued");
     cluster.release_reads();
     cluster.run_for(2_000);

@@ -73,6 +73,12 @@ pub struct NodeStatus {
     /// whose meta this node's slot replicas do not keep (an evicted replica's meta kept there is let go
     /// and read back on its next use).
     pub channel_metas_held: usize,
+    /// Channel replicas being activated: their storage reads handed off (at most 1,024 per shard) or
+    /// queued, with the inputs that wait for them.
+    pub channels_loading: usize,
+    /// Activations given up because their load was not answered within 30 s since start (their
+    /// waiting appends got `Busy`).
+    pub loads_given_up: u64,
     /// Subscriber pages this node asked of other nodes (it keeps no replica of their channel's slot
     /// group) and that no node served within 30 s: each ended one message's fanout early (the message
     /// stays committed).
@@ -88,6 +94,8 @@ impl NodeStatus {
         self.stale_messages += shard.counters.stale_messages;
         self.storage_failures += shard.counters.storage_failures;
         self.channel_metas_held += shard.metas_held;
+        self.channels_loading += shard.loading;
+        self.loads_given_up += shard.counters.loads_given_up;
     }
 }
 
@@ -112,6 +120,8 @@ impl NodeCore {
             storage_failures: 0,
             slot_storage_failed: self.slot.storage_failed(),
             channel_metas_held: 0,
+            channels_loading: 0,
+            loads_given_up: 0,
             fanout_pages_abandoned: self.fanout_pages_abandoned,
         };
         if let Shards::Inline(shards) = &self.shards {

@@ -207,6 +207,7 @@ impl ChannelShard {
         for channel in expired {
             let Some(Loading { parked, in_flight, .. }) = self.loading.remove(&channel) else { continue };
             tracing::warn!(%channel, node = %self.config.node, "channel replica's load not answered: given up");
+            self.counters.loads_given_up += 1;
             if in_flight {
                 // Its answer, should it come, is not counted again (its id matches nothing now).
                 self.load_ended();

@@ -210,6 +210,7 @@ pub(crate) struct ShardCounters {
     pub(crate) refused_activations: u64,
     pub(crate) stale_messages: u64,
     pub(crate) storage_failures: u64,
+    pub(crate) loads_given_up: u64,
 }
 
 /// What a shard shows of itself: its replicas and counters.
@@ -219,6 +220,8 @@ pub(crate) struct ShardStatus {
     pub(crate) counters: ShardCounters,
     /// Channel metas held in memory.
     pub(crate) metas_held: usize,
+    /// Replicas waiting for their activation's load.
+    pub(crate) loading: usize,
 }
 
 /// Who waits for an append the local machine admitted.
@@ -393,7 +396,7 @@ impl ChannelShard {
             })
             .collect();
         channels.sort_by(|a, b| a.channel.cmp(&b.channel));
-        ShardStatus { channels, counters: self.counters, metas_held: self.metas.len() }
+        ShardStatus { channels, counters: self.counters, metas_held: self.metas.len(), loading: self.loading.len() }
     }
 
     /// Next output (drains the machines touched since the last call first).
