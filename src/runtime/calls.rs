@@ -2,7 +2,7 @@
 //! to send, durable appends, pull reads, calls that finished).
 
 use crate::node::{ApiId, ApiResult, NodeEffect, NodeError};
-use crate::runtime::workers::ReadJob;
+use crate::runtime::workers::{Lookup, ReadJob};
 use crate::runtime::Transport;
 use crossbeam_channel::{Sender, TrySendError};
 use rustc_hash::FxHashMap;
@@ -79,6 +79,22 @@ pub(super) struct Io {
 }
 
 impl Io {
+    /// Hands `lookups` (one reactor's) to the reader thread as one job, without blocking. Gives back as
+    /// effects what its full queue did not take: their inputs wait parked, so the caller offers them
+    /// again later instead of dropping them.
+    pub(super) fn hand_off(&self, lookups: Vec<Lookup>) -> Vec<NodeEffect> {
+        if lookups.is_empty() {
+            return Vec::new();
+        }
+        match self.read_tx.try_send(ReadJob::Lookups(lookups)) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => Vec::new(),
+            Err(TrySendError::Full(ReadJob::Lookups(lookups))) => {
+                lookups.into_iter().map(Lookup::into_effect).collect()
+            }
+            Err(TrySendError::Full(_)) => Vec::new(),
+        }
+    }
+
     /// Carries out `effect` if it is shared IO or a call's end, without ever blocking. Gives back what
     /// it did not carry out: a durable append or an activation's load the workers' full queue did not
     /// take (the caller offers it again later: a bounded wait that never blocks its thread), and the
@@ -95,18 +111,8 @@ impl Io {
                     tracing::debug!("reader busy; the follower pulls again");
                 }
             }
-            NodeEffect::Load(job) => match self.read_tx.try_send(ReadJob::Load(job)) {
-                Ok(()) | Err(TrySendError::Disconnected(_)) => {}
-                // Inputs wait parked for it: offered again later, never dropped.
-                Err(TrySendError::Full(ReadJob::Load(job))) => return Some(NodeEffect::Load(job)),
-                Err(TrySendError::Full(_)) => {}
-            },
-            NodeEffect::CheckSender(check) => match self.read_tx.try_send(ReadJob::CheckSender(check)) {
-                Ok(()) | Err(TrySendError::Disconnected(_)) => {}
-                // The append waits in it: offered again later, never dropped.
-                Err(TrySendError::Full(ReadJob::CheckSender(check))) => return Some(NodeEffect::CheckSender(check)),
-                Err(TrySendError::Full(_)) => {}
-            },
+            NodeEffect::Load(job) => return self.hand_off(vec![Lookup::Load(job)]).pop(),
+            NodeEffect::CheckSender(check) => return self.hand_off(vec![Lookup::Check(check)]).pop(),
             NodeEffect::Done { id, result } => calls.finish(id, result),
             other @ (NodeEffect::SyncSlots { .. } | NodeEffect::Fanout(_)) => return Some(other),
         }

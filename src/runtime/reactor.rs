@@ -11,9 +11,9 @@
 use super::calls::{Calls, Io, Reply};
 use super::core_thread::Input;
 use super::handle::Completer;
-use super::workers::ReadJob;
+use super::workers::{Lookup, ReadJob};
 use super::{Clock, STEP_STALL_WARNING};
-use crate::node::shard::{ChannelShard, Loaded, SenderChecked, ShardInput, ShardOutput, ShardStatus};
+use crate::node::shard::{ChannelShard, ShardInput, ShardOutput, ShardStatus};
 use crate::node::{ApiResult, NodeEffect, NodeError};
 use crossbeam_channel::{select, Receiver, Sender, TrySendError};
 use std::collections::VecDeque;
@@ -55,10 +55,8 @@ pub(super) enum Completion {
     Persisted(Vec<(ChannelId, PersistToken, Result<(), StoreError>)>),
     /// A pull read finished.
     ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
-    /// An activation's load finished.
-    Loaded(Loaded),
-    /// A sender check finished.
-    SenderChecked(SenderChecked),
+    /// Activations' loads and sender checks of one step, answered (see `workers::Lookup`).
+    Answers(Vec<ShardInput>),
 }
 
 /// One reactor thread's state.
@@ -70,7 +68,7 @@ pub(super) struct Reactor {
     pub(super) calls: Calls,
     /// Outputs for the core thread that did not fit in its inbox yet.
     pub(super) for_core: Vec<ShardOutput>,
-    /// Durable appends (and activations' loads) the workers' full queues did not take yet, oldest
+    /// Durable appends (and activations' loads, sender checks) the workers' full queues did not take yet, oldest
     /// first. Bounded by the shard's replicas: a machine has one durable append in flight, and its
     /// appends meanwhile wait in its own bounded queue (full: `Busy`); a shard has a bounded number of
     /// loads in flight.
@@ -188,8 +186,11 @@ impl Reactor {
             Completion::ReadDone { channel, token, result } => {
                 self.shard.handle(now, ShardInput::ReadDone { channel, token, result })
             }
-            Completion::Loaded(loaded) => self.shard.handle(now, ShardInput::Loaded(loaded)),
-            Completion::SenderChecked(checked) => self.shard.handle(now, ShardInput::SenderLookedUp(checked)),
+            Completion::Answers(answers) => {
+                for answer in answers {
+                    self.shard.handle(now, answer);
+                }
+            }
         }
     }
 
@@ -202,11 +203,15 @@ impl Reactor {
                 break;
             }
         }
+        // A step's loads and sender checks go to the reader thread as one job: one hop each way for all.
+        let mut lookups = Vec::new();
         while let Some(output) = self.shard.poll_output() {
             match output {
                 ShardOutput::Effect(effect @ NodeEffect::Persist { .. }) if !self.unpersisted.is_empty() => {
                     self.unpersisted.push_back(effect)
                 }
+                ShardOutput::Effect(NodeEffect::CheckSender(check)) => lookups.push(Lookup::Check(check)),
+                ShardOutput::Effect(NodeEffect::Load(job)) => lookups.push(Lookup::Load(job)),
                 ShardOutput::Effect(effect) => match self.io.carry_out(effect, &mut self.calls) {
                     None => {}
                     Some(effect @ (NodeEffect::Persist { .. } | NodeEffect::Load(_) | NodeEffect::CheckSender(_))) => {
@@ -218,6 +223,9 @@ impl Reactor {
                 for_core => self.for_core.push(for_core),
             }
         }
+        // What the reader's full queue did not take waits here and is offered again, never dropped.
+        let refused = self.io.hand_off(lookups);
+        self.unpersisted.extend(refused);
     }
 
     /// Hands the core thread what only it can do, in one inbox message.
