@@ -113,6 +113,18 @@ impl Cluster {
         self.ids.iter().position(|id| *id == leader).expect("a cluster node")
     }
 
+    /// Waits (up to 20 s) for idle eviction to leave at most `most` replicas active across the cluster.
+    pub fn wait_until_evicted(&self, most: usize) {
+        let from = Instant::now();
+        while from.elapsed() < Duration::from_secs(20) {
+            let active: usize = self.nodes.iter().map(|n| n.status().map_or(0, |s| s.channels.len())).sum();
+            if active <= most {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
     /// Creates `channels` from several threads (metadata writes batch in the slot groups' raft logs).
     pub fn create(&self, channels: &[ChannelId]) {
         std::thread::scope(|scope| {
