@@ -6,7 +6,8 @@
 //! the order they came.
 
 use super::{AppendOrigin, ChannelShard, KnownMeta, ShardOutput};
-use crate::node::core::NodeEffect;
+use crate::node::core::{ApiId, ApiResult, NodeEffect};
+use crate::node::error::NodeError;
 use crate::node::message::RemoteAppendError;
 use std::sync::Arc;
 use tidings_channel::machine::{AppendError, AppendRecord, ChannelMachine, ChannelMessage};
@@ -123,6 +124,8 @@ pub(super) enum Deferred {
     Append { origin: AppendOrigin, sender: Option<String>, records: Vec<AppendRecord> },
     /// A controller's request for this replica's evidence.
     Evidence { from: NodeId, task: u64 },
+    /// An API append not routed yet: its channel's meta comes with the load.
+    Route { api: ApiId, sender: Option<String>, records: Vec<AppendRecord> },
 }
 
 /// An activation waiting for its load.
@@ -212,7 +215,18 @@ impl ChannelShard {
                 // Its answer, should it come, is not counted again (its id matches nothing now).
                 self.load_ended();
             }
-            self.end_parked(parked, RemoteAppendError::Refused(AppendError::Busy));
+            // Given up: nothing parked is tried again (a route would load once more and wait as long).
+            for input in parked {
+                match input {
+                    Deferred::Append { origin, .. } => {
+                        self.fail_append(origin, RemoteAppendError::Refused(AppendError::Busy))
+                    }
+                    Deferred::Route { api, .. } => {
+                        self.done(api, ApiResult::Appended(Err(NodeError::Busy(channel.clone()))))
+                    }
+                    Deferred::Message { .. } | Deferred::Evidence { .. } => {}
+                }
+            }
         }
     }
 
@@ -259,14 +273,14 @@ impl ChannelShard {
                         tracing::warn!(%channel, node = %self.config.node, %error, "channel replica could not load")
                     }
                 }
-                return self.end_parked(parked, RemoteAppendError::NotReplica);
+                return self.end_parked(&channel, parked, RemoteAppendError::NotReplica);
             }
         };
         let Some(meta) = self.metas.get(&channel).map(|known| known.meta.clone()) else {
-            return self.end_parked(parked, RemoteAppendError::NotReplica);
+            return self.end_parked(&channel, parked, RemoteAppendError::NotReplica);
         };
         if !meta.is_replica(self.config.node) {
-            return self.end_parked(parked, RemoteAppendError::NotReplica);
+            return self.end_parked(&channel, parked, RemoteAppendError::NotReplica);
         }
         let leads = meta.leader == self.config.node;
         if leads && log.recent.is_none() {
@@ -275,7 +289,7 @@ impl ChannelShard {
         }
         if self.channels.len() >= self.active_max && !self.evict_one() {
             self.counters.refused_activations += 1;
-            return self.end_parked(parked, RemoteAppendError::TooManyChannels);
+            return self.end_parked(&channel, parked, RemoteAppendError::TooManyChannels);
         }
         self.build_machine(&channel, meta, log.state, log.recent);
         for input in parked {
@@ -326,14 +340,22 @@ impl ChannelShard {
             Deferred::Message { from, message } => self.channel_message(from, message),
             Deferred::Append { origin, sender, records } => self.append_locally(origin, channel, sender, records),
             Deferred::Evidence { from, task } => self.send_evidence(from, task, channel),
+            Deferred::Route { api, sender, records } => self.route_append(api, channel.clone(), sender, records),
         }
     }
 
-    /// Ends parked inputs whose replica did not activate: appends refused with `error`.
-    fn end_parked(&mut self, parked: Vec<Deferred>, error: RemoteAppendError) {
+    /// Ends the inputs parked for a replica that did not activate: appends for it refused with `error`;
+    /// an append not routed yet goes on to its leader when the meta is known now (this node keeps no
+    /// replica, or its activation failed), else waits for the meta to be fetched.
+    fn end_parked(&mut self, channel: &ChannelId, parked: Vec<Deferred>, error: RemoteAppendError) {
         for input in parked {
-            if let Deferred::Append { origin, .. } = input {
-                self.fail_append(origin, error.clone());
+            match input {
+                Deferred::Append { origin, .. } => self.fail_append(origin, error.clone()),
+                Deferred::Route { api, sender, records } if self.metas.contains_key(channel) => {
+                    self.route_append(api, channel.clone(), sender, records)
+                }
+                Deferred::Route { api, sender, records } => self.wait_for_meta(api, channel.clone(), sender, records),
+                Deferred::Message { .. } | Deferred::Evidence { .. } => {}
             }
         }
     }

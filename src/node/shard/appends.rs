@@ -18,6 +18,18 @@ impl ChannelShard {
         records: Vec<AppendRecord>,
     ) {
         let Some(leader) = self.metas.get(&channel).map(|m| m.meta.leader) else {
+            // A meta this node's slot replica keeps (one let go at eviction) comes with the replica's
+            // load, off this thread; else the node fetches it.
+            if self.served.serves(&channel) {
+                self.activate(&channel);
+            }
+            if self.is_loading(&channel) {
+                if let Err(Deferred::Route { api, .. }) = self.park(&channel, Deferred::Route { api, sender, records })
+                {
+                    self.done(api, ApiResult::Appended(Err(NodeError::Busy(channel))));
+                }
+                return;
+            }
             self.wait_for_meta(api, channel, sender, records);
             return;
         };
