@@ -741,4 +741,29 @@ mod tests {
         assert!(writer.write(&record).is_err());
         assert_ne!(reader.routes_version(), before);
     }
+
+    #[test]
+    fn the_routes_version_moves_on_before_such_a_write_is_applied_and_again_after() {
+        let kv = Arc::new(MemoryKv::new());
+        let (writer, reader) = (MetaStore::new(kv.clone()), MetaStore::new(kv.clone()));
+        let before = reader.routes_version();
+        let mut cleared = MetaWriteBatch::new();
+        cleared.clear_group(G);
+        let mut during = None;
+        writer
+            .write_all_with([&cleared], |batch| {
+                // A reader in the middle of the write sees a version other than the one before it...
+                during = Some(reader.routes_version());
+                kv.apply(batch)
+            })
+            .unwrap();
+        let (during, after) = (during.expect("applied"), reader.routes_version());
+        assert_ne!(during, before, "moved on before the write is applied");
+        // ...and one that reads on past its end sees yet another.
+        assert_ne!(after, during, "moved on again once applied");
+        let mut keys = MetaWriteBatch::new();
+        keys.put(slot(1), "a", "1");
+        writer.write_all_with([&keys], |batch| kv.apply(batch)).unwrap();
+        assert_eq!(reader.routes_version(), after, "a write to hash slots' copies routes nothing");
+    }
 }
