@@ -75,20 +75,30 @@ fn channel(name: &str) -> ChannelId {
     ChannelId::new(ChannelType::GROUP, name).unwrap()
 }
 
-#[test]
-fn single_node_goes_through_the_same_path() {
+/// A one-node cluster under a temp dir, with `name` created on it: the dir and mesh it lives in (keep
+/// them while it runs), the node and the channel.
+fn one_node_with_channel(
+    name: &str,
+    tweak: impl Fn(&mut NodeConfig),
+) -> (tempfile::TempDir, Arc<InProcessMesh>, Arc<Node>, ChannelId) {
     let dir = tempfile::tempdir().unwrap();
     let mesh = InProcessMesh::new();
     let ids = [NodeId::new(1)];
-    let node = start(ids[0], &ids, dir.path(), &mesh, |_| {});
-    let ch = channel("solo");
+    let node = start(ids[0], &ids, dir.path(), &mesh, tweak);
+    let ch = channel(name);
     eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    (dir, mesh, node, ch)
+}
+
+#[test]
+fn single_node_goes_through_the_same_path() {
+    let (_dir, _mesh, node, ch) = one_node_with_channel("solo", |_| {});
     let seqs = eventually(|| node.append(ch.clone(), record("hello"))?.wait());
     let read = node.read(&ch, Seq::new(1), 10).unwrap();
     assert_eq!(read.len(), 1);
     let status = node.status().unwrap();
     assert_eq!(status.groups.len(), 2);
-    assert!(status.groups.iter().any(|g| g.leader == Some(ids[0])), "{status:?}");
+    assert!(status.groups.iter().any(|g| g.leader == Some(NodeId::new(1))), "{status:?}");
     let replica = status.channels.iter().find(|c| c.channel == ch).unwrap();
     assert_eq!(replica.role, tidings::channel::machine::RoleKind::Leader);
     assert!(replica.hw >= seqs[0]);
@@ -109,12 +119,8 @@ fn single_node_goes_through_the_same_path() {
 /// sled, and nothing is lost.
 #[test]
 fn an_evicted_channel_leaves_the_message_logs_memory_and_comes_back_from_sled() {
-    let dir = tempfile::tempdir().unwrap();
-    let mesh = InProcessMesh::new();
-    let ids = [NodeId::new(1)];
-    let node = start(ids[0], &ids, dir.path(), &mesh, |config| config.channel_idle_evict = Duration::from_millis(300));
-    let ch = channel("cold");
-    eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let (_dir, _mesh, node, ch) =
+        one_node_with_channel("cold", |config| config.channel_idle_evict = Duration::from_millis(300));
     let mut acked = Vec::new();
     for i in 0..3 {
         acked.extend(eventually(|| node.append(ch.clone(), record(&format!("m{i}")))?.wait()));
@@ -161,12 +167,7 @@ fn a_node_asked_to_prepare_journal_spares_starts_with_them_and_serves() {
 
 #[test]
 fn append_then_calls_back_once_with_the_seqs_or_with_stopped() {
-    let dir = tempfile::tempdir().unwrap();
-    let mesh = InProcessMesh::new();
-    let ids = [NodeId::new(1)];
-    let node = start(ids[0], &ids, dir.path(), &mesh, |_| {});
-    let ch = channel("callbacks");
-    eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let (dir, mesh, node, ch) = one_node_with_channel("callbacks", |_| {});
     let first = eventually(|| node.append(ch.clone(), record("first"))?.wait())[0];
     let (done, outcomes) = std::sync::mpsc::channel();
     for i in 0..3 {
@@ -263,12 +264,7 @@ fn awaited_appends_and_metadata_writes_complete_with_their_outcome_or_with_stopp
 
 #[test]
 fn reads_come_in_pages_no_larger_than_the_node_allows_and_can_be_awaited() {
-    let dir = tempfile::tempdir().unwrap();
-    let mesh = InProcessMesh::new();
-    let ids = [NodeId::new(1)];
-    let node = start(ids[0], &ids, dir.path(), &mesh, |config| config.read_records_max = 5);
-    let ch = channel("paged");
-    eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let (_dir, _mesh, node, ch) = one_node_with_channel("paged", |config| config.read_records_max = 5);
     let texts: Vec<String> = (0..12).map(|i| format!("m{i}")).collect();
     let records = texts
         .iter()

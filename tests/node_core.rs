@@ -6,10 +6,10 @@ mod support;
 
 use bytes::Bytes;
 use std::time::Duration;
-use support::{read_all, records, Cluster, HeldRead};
+use support::{read_all, records, Cluster};
 use tidings::channel::machine::AppendRecord;
 use tidings::frame::FrameError;
-use tidings::node::{ApiId, NodeError};
+use tidings::node::{ApiId, Lookup, NodeError};
 use tidings::slot::command::Command;
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
 use tidings::store::message::{IdempotencyKey, LogFailOp};
@@ -149,7 +149,7 @@ fn an_evicted_replica_loads_off_the_shard_and_then_takes_the_inputs_that_waited(
         cluster
             .held_reads
             .iter()
-            .any(|(node, read)| *node == leader && matches!(read, HeldRead::Load(job) if job.channel() == &channel)),
+            .any(|(node, read)| *node == leader && matches!(read, Lookup::Load(job) if job.channel() == &channel)),
         "the leader asked for its load: {:?}",
         cluster.held_reads
     );
@@ -240,7 +240,8 @@ fn a_sender_is_checked_off_the_shard_and_the_append_waits_for_the_answer() {
     cluster.core(1).append_from(now, allowed, channel.clone(), Uid::new("alice").unwrap(), records(&["hi"]));
     cluster.core(1).append_from(now, refused, channel.clone(), Uid::new("mallory").unwrap(), records(&["x"]));
     cluster.run_for(200);
-    let checks = cluster.held_reads.iter().filter(|(node, read)| node.get() == 1 && matches!(read, HeldRead::Check(_)));
+    let checks =
+        cluster.held_reads.iter().filter(|(node, read)| node.get() == 1 && matches!(read, Lookup::CheckSender(_)));
     assert_eq!(checks.count(), 2, "both checks handed off: {:?}", cluster.held_reads);
     assert!(!cluster.appended.contains_key(&allowed) && !cluster.results.contains_key(&refused), "both wait");
     cluster.release_reads();

@@ -19,4 +19,4 @@ pub use controller::{
 pub use error::NodeError;
 pub use fanout::{carry_out_fanout, subscriber_page, FanoutAnswer, FanoutHost, FanoutWork, NoFanout};
 pub use message::{FlagQuery, NodeMessage, RemoteAppendError, SlotQuery, SlotReadAnswer};
-pub use shard::{ActivationLoad, Loaded, ReadPlan, SenderCheck, SenderChecked};
+pub use shard::{ActivationLoad, Lookup, LookupAnswer, ReadPlan, SenderCheck};

@@ -1,8 +1,9 @@
 //! API calls in progress on one runtime thread, and carrying out the effects every thread shares (frames
 //! to send, durable appends, pull reads, calls that finished).
 
+use crate::node::Lookup;
 use crate::node::{ApiId, ApiResult, NodeEffect, NodeError};
-use crate::runtime::workers::{Lookup, ReadJob};
+use crate::runtime::workers::ReadJob;
 use crate::runtime::Transport;
 use crossbeam_channel::{Sender, TrySendError};
 use rustc_hash::FxHashMap;
@@ -88,9 +89,7 @@ impl Io {
         }
         match self.read_tx.try_send(ReadJob::Lookups(lookups)) {
             Ok(()) | Err(TrySendError::Disconnected(_)) => Vec::new(),
-            Err(TrySendError::Full(ReadJob::Lookups(lookups))) => {
-                lookups.into_iter().map(Lookup::into_effect).collect()
-            }
+            Err(TrySendError::Full(ReadJob::Lookups(lookups))) => lookups.into_iter().map(NodeEffect::Lookup).collect(),
             Err(TrySendError::Full(_)) => Vec::new(),
         }
     }
@@ -111,8 +110,7 @@ impl Io {
                     tracing::debug!("reader busy; the follower pulls again");
                 }
             }
-            NodeEffect::Load(job) => return self.hand_off(vec![Lookup::Load(job)]).pop(),
-            NodeEffect::CheckSender(check) => return self.hand_off(vec![Lookup::Check(check)]).pop(),
+            NodeEffect::Lookup(lookup) => return self.hand_off(vec![lookup]).pop(),
             NodeEffect::Done { id, result } => calls.finish(id, result),
             other @ (NodeEffect::SyncSlots { .. } | NodeEffect::Fanout(_)) => return Some(other),
         }

@@ -243,7 +243,7 @@ impl Node {
                 core: inbox.clone(),
                 calls: Calls::default(),
                 for_core: Vec::new(),
-                unpersisted: VecDeque::new(),
+                not_taken: VecDeque::new(),
             };
             threads.push(spawn("tidings-reactor", move || reactor.run(&mailbox, &completions)));
         }

@@ -11,7 +11,7 @@
 use super::calls::{Calls, Io, Reply};
 use super::core_thread::Input;
 use super::handle::Completer;
-use super::workers::{Lookup, ReadJob};
+use super::workers::ReadJob;
 use super::{Clock, STEP_STALL_WARNING};
 use crate::node::shard::{ChannelShard, ShardInput, ShardOutput, ShardStatus};
 use crate::node::{ApiResult, NodeEffect, NodeError};
@@ -55,7 +55,7 @@ pub(super) enum Completion {
     Persisted(Vec<(ChannelId, PersistToken, Result<(), StoreError>)>),
     /// A pull read finished.
     ReadDone { channel: ChannelId, token: ReadToken, result: Result<Vec<Record>, StoreError> },
-    /// Activations' loads and sender checks of one step, answered (see `workers::Lookup`).
+    /// The [`Lookup`](crate::node::Lookup)s of one step, answered.
     Answers(Vec<ShardInput>),
 }
 
@@ -68,11 +68,11 @@ pub(super) struct Reactor {
     pub(super) calls: Calls,
     /// Outputs for the core thread that did not fit in its inbox yet.
     pub(super) for_core: Vec<ShardOutput>,
-    /// Durable appends (and activations' loads, sender checks) the workers' full queues did not take yet, oldest
-    /// first. Bounded by the shard's replicas: a machine has one durable append in flight, and its
-    /// appends meanwhile wait in its own bounded queue (full: `Busy`); a shard has a bounded number of
-    /// loads in flight.
-    pub(super) unpersisted: VecDeque<NodeEffect>,
+    /// Durable appends and lookups the workers' full queues did not take yet, oldest first. Bounded by
+    /// the shard's replicas: a machine has one durable append in flight, and its appends meanwhile wait
+    /// in its own bounded queue (full: `Busy`); a shard hands off a bounded number of loads, and a sender
+    /// check's append waits in it.
+    pub(super) not_taken: VecDeque<NodeEffect>,
 }
 
 impl Reactor {
@@ -80,7 +80,7 @@ impl Reactor {
         loop {
             let now = self.clock.now().as_millis();
             let due = self.shard.poll_timeout().map_or(100, |at| at.as_millis().saturating_sub(now)).min(100);
-            let waiting = !self.for_core.is_empty() || !self.unpersisted.is_empty();
+            let waiting = !self.for_core.is_empty() || !self.not_taken.is_empty();
             let wait = if waiting { RETRY } else { Duration::from_millis(due) };
             select! {
                 recv(mailbox) -> input => match input {
@@ -197,9 +197,9 @@ impl Reactor {
     fn carry_out(&mut self) {
         // Durable appends the workers had no room for go first, in order: the workers never block this
         // thread, their backlog waits here (retried every millisecond) instead.
-        while let Some(effect) = self.unpersisted.pop_front() {
+        while let Some(effect) = self.not_taken.pop_front() {
             if let Some(effect) = self.io.carry_out(effect, &mut self.calls) {
-                self.unpersisted.push_front(effect);
+                self.not_taken.push_front(effect);
                 break;
             }
         }
@@ -207,16 +207,13 @@ impl Reactor {
         let mut lookups = Vec::new();
         while let Some(output) = self.shard.poll_output() {
             match output {
-                ShardOutput::Effect(effect @ NodeEffect::Persist { .. }) if !self.unpersisted.is_empty() => {
-                    self.unpersisted.push_back(effect)
+                ShardOutput::Effect(effect @ NodeEffect::Persist { .. }) if !self.not_taken.is_empty() => {
+                    self.not_taken.push_back(effect)
                 }
-                ShardOutput::Effect(NodeEffect::CheckSender(check)) => lookups.push(Lookup::Check(check)),
-                ShardOutput::Effect(NodeEffect::Load(job)) => lookups.push(Lookup::Load(job)),
+                ShardOutput::Effect(NodeEffect::Lookup(lookup)) => lookups.push(lookup),
                 ShardOutput::Effect(effect) => match self.io.carry_out(effect, &mut self.calls) {
                     None => {}
-                    Some(effect @ (NodeEffect::Persist { .. } | NodeEffect::Load(_) | NodeEffect::CheckSender(_))) => {
-                        self.unpersisted.push_back(effect)
-                    }
+                    Some(effect @ NodeEffect::Persist { .. }) => self.not_taken.push_back(effect),
                     // Shards do not sync slot stores or fan out; should one ever, the core does it.
                     Some(core_only) => self.for_core.push(ShardOutput::Effect(core_only)),
                 },
@@ -225,7 +222,7 @@ impl Reactor {
         }
         // What the reader's full queue did not take waits here and is offered again, never dropped.
         let refused = self.io.hand_off(lookups);
-        self.unpersisted.extend(refused);
+        self.not_taken.extend(refused);
     }
 
     /// Hands the core thread what only it can do, in one inbox message.

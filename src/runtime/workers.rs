@@ -5,9 +5,8 @@ use super::core_thread::Input;
 use super::handle::Completer;
 use super::reactor::Completion;
 use super::{GROUP_COMMIT_MAX, ROOM_PATIENCE};
-use crate::node::shard::{shard_of, ActivationLoad, ReadPlan, SenderCheck, ShardInput};
+use crate::node::shard::{shard_of, Lookup, ReadPlan};
 use crate::node::FanoutWork;
-use crate::node::NodeEffect;
 use crate::node::{carry_out_fanout, FanoutHost};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;
@@ -32,39 +31,6 @@ pub(super) enum ReadJob {
     /// Activations' loads and `append_from`'s sender checks of one reactor's step; the answers go back
     /// to it in one message (one hop each way for all of them).
     Lookups(Vec<Lookup>),
-}
-
-/// A read a channel shard hands off and waits for: its inputs wait parked meanwhile.
-pub(super) enum Lookup {
-    /// What a replica's activation needs.
-    Load(ActivationLoad),
-    /// An `append_from`'s sender check.
-    Check(SenderCheck),
-}
-
-impl Lookup {
-    /// The shard's effect for it, if the runtime must offer it again.
-    pub(super) fn into_effect(self) -> NodeEffect {
-        match self {
-            Lookup::Load(job) => NodeEffect::Load(job),
-            Lookup::Check(check) => NodeEffect::CheckSender(check),
-        }
-    }
-
-    fn channel(&self) -> &ChannelId {
-        match self {
-            Lookup::Load(job) => job.channel(),
-            Lookup::Check(check) => check.channel(),
-        }
-    }
-
-    /// The answer, as the shard's input.
-    fn carry_out(self, log: &dyn MessageLog, reader: &SlotReader) -> ShardInput {
-        match self {
-            Lookup::Load(job) => ShardInput::Loaded(job.carry_out(log, reader)),
-            Lookup::Check(check) => ShardInput::SenderLookedUp(check.carry_out(reader)),
-        }
-    }
 }
 
 /// Where storage completions go: the reactor of each channel's shard. Unbounded channels, bounded by
@@ -204,7 +170,7 @@ pub(super) fn reader_worker(
                 // One reactor's: they all go back to it.
                 let Some(first) = lookups.first() else { continue };
                 let reactor = completions.reactor_of(first.channel()).clone();
-                let answers = lookups.into_iter().map(|lookup| lookup.carry_out(log, reader)).collect();
+                let answers = lookups.into_iter().map(|lookup| lookup.carry_out(log, reader).into_input()).collect();
                 let _ = reactor.send(Completion::Answers(answers));
             }
         }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidings::channel::machine::AppendRecord;
 use tidings::node::{
-    carry_out_fanout, ActivationLoad, ApiId, ApiResult, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeEffect,
-    NodeError, SenderCheck, TaskReport,
+    carry_out_fanout, ApiId, ApiResult, FanoutHost, Lookup, NoFanout, NodeConfig, NodeCore, NodeEffect, NodeError,
+    TaskReport,
 };
 use tidings::router::Router;
 use tidings::slot::command::Command;
@@ -18,29 +18,6 @@ use tidings::slot::model::{ChannelFlags, ChannelInfo, SwitchProof};
 use tidings::store::message::{LogLimits, MemoryLog, MessageLog, ReadLimits, Record};
 use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
 use tidings::types::{ChannelId, ChannelRuntimeMeta, GroupId, NodeId, Seq, Time, WriteFence};
-
-/// A storage read a node handed off its shard.
-#[derive(Debug)]
-pub enum HeldRead {
-    Load(ActivationLoad),
-    Check(SenderCheck),
-}
-
-impl HeldRead {
-    /// Reads on this thread and hands the answer to `core`.
-    fn carry_out(self, core: &mut NodeCore, log: &Arc<MemoryLog>, now: Time) {
-        match self {
-            HeldRead::Load(job) => {
-                let loaded = job.carry_out(log.as_ref(), core.reader());
-                core.handle_loaded(now, loaded);
-            }
-            HeldRead::Check(check) => {
-                let checked = check.carry_out(core.reader());
-                core.handle_sender_checked(now, checked);
-            }
-        }
-    }
-}
 
 /// One node: its core while it runs, and its stores, which outlive crashes.
 pub struct SimNode {
@@ -69,7 +46,7 @@ pub struct Cluster {
     /// The storage reads nodes hand off their shards (activations' loads, sender checks) are held in
     /// `held_reads` instead of carried out (see `release_reads`).
     pub hold_reads: bool,
-    pub held_reads: Vec<(NodeId, HeldRead)>,
+    pub held_reads: Vec<(NodeId, Lookup)>,
     next_api: u64,
 }
 
@@ -141,11 +118,11 @@ impl Cluster {
     pub fn release_reads(&mut self) {
         self.hold_reads = false;
         let now = self.now;
-        for (id, read) in std::mem::take(&mut self.held_reads) {
+        for (id, lookup) in std::mem::take(&mut self.held_reads) {
             let node = self.nodes.get_mut(&id).unwrap();
-            let log = node.log.clone();
             if let Some(core) = node.core.as_mut() {
-                read.carry_out(core, &log, now);
+                let answer = lookup.carry_out(node.log.as_ref(), core.reader());
+                core.handle_lookup(now, answer);
             }
         }
         self.settle();
@@ -189,12 +166,11 @@ impl Cluster {
                             let result = log.read(&channel, from, through, limits);
                             core.handle_read(self.now, &channel, token, result);
                         }
-                        NodeEffect::CheckSender(check) if self.hold_reads => {
-                            self.held_reads.push((id, HeldRead::Check(check)))
+                        NodeEffect::Lookup(lookup) if self.hold_reads => self.held_reads.push((id, lookup)),
+                        NodeEffect::Lookup(lookup) => {
+                            let answer = lookup.carry_out(log.as_ref(), core.reader());
+                            core.handle_lookup(self.now, answer);
                         }
-                        NodeEffect::Load(job) if self.hold_reads => self.held_reads.push((id, HeldRead::Load(job))),
-                        NodeEffect::CheckSender(check) => HeldRead::Check(check).carry_out(core, &log, self.now),
-                        NodeEffect::Load(job) => HeldRead::Load(job).carry_out(core, &log, self.now),
                         NodeEffect::Fanout(work) => {
                             if let Some(answer) = carry_out_fanout(core.reader(), self.fanout_host.as_ref(), work) {
                                 core.handle_fanout(self.now, answer);

@@ -8,9 +8,7 @@ use super::controller::{ClusterView, Controller, NodeView, PreferredLeaders, Slo
 use super::error::NodeError;
 use super::fanout::{FanoutAnswer, FanoutWork};
 use super::message::{NodeMessage, SlotReadAnswer};
-use super::shard::{
-    shard_of, shard_of_id, ActivationLoad, ChannelShard, Loaded, SenderCheck, SenderChecked, Served, ShardInput,
-};
+use super::shard::{shard_of, shard_of_id, ChannelShard, Lookup, LookupAnswer, Served, ShardInput};
 use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
@@ -93,14 +91,10 @@ pub enum NodeEffect {
         /// Byte budget.
         max_bytes: usize,
     },
-    /// Read what activating a channel replica needs (its meta, log state and recent records) with
-    /// [`ActivationLoad::carry_out`], off the thread that drives the core or the channel's shard, then
-    /// call [`NodeCore::handle_loaded`]. The inputs the replica takes meanwhile wait for it (bounded).
-    Load(ActivationLoad),
-    /// Check an `append_from`'s sender in this node's slot replicas with [`SenderCheck::carry_out`], off
-    /// the thread that drives the core or the channel's shard, then call
-    /// [`NodeCore::handle_sender_checked`].
-    CheckSender(SenderCheck),
+    /// A read a channel waits for (a replica's activation, an `append_from`'s sender check): carry it
+    /// out with [`Lookup::carry_out`], off the thread that drives the core or the channel's shard, then
+    /// call [`NodeCore::handle_lookup`]. The inputs that need it wait meanwhile (bounded).
+    Lookup(Lookup),
     /// Post-commit fanout work (the planner's, or a subscriber page for a peer): carry it out with
     /// [`carry_out_fanout`](crate::node::carry_out_fanout), off the core thread, and hand the answer to
     /// [`NodeCore::handle_fanout`].
@@ -367,20 +361,12 @@ impl NodeCore {
         self.feed_shard(channel, ShardInput::ReadDone { channel: channel.clone(), token, result });
     }
 
-    /// A channel replica's [`NodeEffect::Load`] finished: the replica becomes active and takes the
-    /// inputs that waited for it.
-    pub fn handle_loaded(&mut self, now: Time, loaded: Loaded) {
+    /// A [`NodeEffect::Lookup`] finished: a loaded replica becomes active and takes the inputs that
+    /// waited for it; a checked append goes on (admitted, refused, or checked through other nodes).
+    pub fn handle_lookup(&mut self, now: Time, answer: LookupAnswer) {
         self.advance(now);
-        let channel = loaded.channel().clone();
-        self.feed_shard(&channel, ShardInput::Loaded(loaded));
-    }
-
-    /// A [`NodeEffect::CheckSender`] finished: the append goes on (admitted, refused, or checked through
-    /// other nodes).
-    pub fn handle_sender_checked(&mut self, now: Time, checked: SenderChecked) {
-        self.advance(now);
-        let channel = checked.channel().clone();
-        self.feed_shard(&channel, ShardInput::SenderLookedUp(checked));
+        let channel = answer.channel().clone();
+        self.feed_shard(&channel, answer.into_input());
     }
 
     /// The answer to a [`NodeEffect::Fanout`] (see [`carry_out_fanout`](crate::node::carry_out_fanout)).

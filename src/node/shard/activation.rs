@@ -1,7 +1,7 @@
 //! Activation on first use, with its storage reads off the shard's thread: an input for an inactive
 //! replica starts an [`ActivationLoad`] (the channel's meta when the shard holds none, its log state,
 //! and a leader's recent records) and waits, parked and bounded, while whoever runs the shard carries
-//! the load out (the threaded runtime on its reader thread, never on a reactor). The [`Loaded`] answer
+//! the load out (the threaded runtime on its reader thread, never on a reactor). The answer
 //! builds the machine — apply the full meta, then accept traffic — and the parked inputs follow, in
 //! the order they came.
 
@@ -25,10 +25,8 @@ const LOADS_IN_FLIGHT_MAX: usize = 1024;
 /// one lost on its way must not hold a channel's inputs for good.
 const LOAD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// The storage reads one replica's activation needs, carried out off the shard's thread (see
-/// [`ActivationLoad::carry_out`]); the answer goes back through [`NodeCore::handle_loaded`].
-///
-/// [`NodeCore::handle_loaded`]: crate::node::NodeCore::handle_loaded
+/// The storage reads one replica's activation needs, carried out off the shard's thread (as a
+/// [`Lookup::Load`](super::Lookup::Load)).
 #[derive(Clone, Debug)]
 pub struct ActivationLoad {
     channel: ChannelId,
@@ -42,7 +40,7 @@ pub struct ActivationLoad {
 
 /// What an [`ActivationLoad`] read.
 #[derive(Debug)]
-pub struct Loaded {
+pub(crate) struct Loaded {
     channel: ChannelId,
     id: u64,
     /// The meta read from this node's slot replica (only when the load was asked to).
@@ -77,7 +75,7 @@ impl ActivationLoad {
 
     /// Reads what the activation needs: the meta (unless the shard gave it), the log state and, for a
     /// leader, the records of its idempotency window.
-    pub fn carry_out(&self, log: &dyn MessageLog, reader: &SlotReader) -> Loaded {
+    pub(super) fn carry_out(&self, log: &dyn MessageLog, reader: &SlotReader) -> Loaded {
         let (meta, meta_read) = match &self.meta {
             Some(meta) => (Some(meta.clone()), None),
             None => {
@@ -105,13 +103,6 @@ impl ActivationLoad {
             None
         };
         Ok(LoadedLog { state, recent })
-    }
-}
-
-impl Loaded {
-    /// The channel the load was for.
-    pub fn channel(&self) -> &ChannelId {
-        &self.channel
     }
 }
 
@@ -184,7 +175,7 @@ impl ChannelShard {
 
     fn hand_off(&mut self, job: ActivationLoad) {
         self.loads_in_flight += 1;
-        self.outputs.push_back(ShardOutput::Effect(NodeEffect::Load(job)));
+        self.outputs.push_back(ShardOutput::Effect(NodeEffect::Lookup(super::Lookup::Load(job))));
     }
 
     /// A handed-off load came back (or was given up): the next queued one, if any, goes.

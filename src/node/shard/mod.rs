@@ -14,12 +14,16 @@
 mod activation;
 mod appends;
 mod lifecycle;
+mod lookups;
 mod reads;
 mod senders;
 
-pub use activation::{ActivationLoad, Loaded};
+pub use activation::ActivationLoad;
+use activation::Loaded;
+pub use lookups::{Lookup, LookupAnswer};
 pub use reads::ReadPlan;
-pub use senders::{SenderCheck, SenderChecked};
+pub use senders::SenderCheck;
+use senders::SenderChecked;
 
 use super::config::NodeConfig;
 use super::core::{ApiId, ApiResult, ChannelStatus, NodeEffect};

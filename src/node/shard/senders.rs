@@ -13,9 +13,8 @@ use tidings_slot::model::Uid;
 use tidings_slot::query::SlotReader;
 use tidings_types::{ChannelId, GroupId};
 
-/// An `append_from` waiting for its sender to be checked in this node's slot replicas (see
-/// [`SenderCheck::carry_out`]); the answer goes back through
-/// [`NodeCore::handle_sender_checked`](crate::node::NodeCore::handle_sender_checked).
+/// An `append_from` waiting for its sender to be checked in this node's slot replicas, off the shard's
+/// thread (as a [`Lookup::CheckSender`](super::Lookup::CheckSender)).
 #[derive(Debug)]
 pub struct SenderCheck {
     api: ApiId,
@@ -28,7 +27,7 @@ pub struct SenderCheck {
 
 /// What a [`SenderCheck`] found.
 #[derive(Debug)]
-pub struct SenderChecked {
+pub(crate) struct SenderChecked {
     api: ApiId,
     channel: ChannelId,
     sender: Uid,
@@ -44,7 +43,7 @@ impl SenderCheck {
     }
 
     /// Reads the sender's ban and the channel's deny entry for it from this node's slot replicas.
-    pub fn carry_out(self, reader: &SlotReader) -> SenderChecked {
+    pub(super) fn carry_out(self, reader: &SlotReader) -> SenderChecked {
         let outcome = self.verdict(reader);
         let Self { api, channel, sender, records, .. } = self;
         SenderChecked { api, channel, sender, records, outcome }
@@ -85,19 +84,12 @@ impl SenderCheck {
     }
 }
 
-impl SenderChecked {
-    /// The channel appended to.
-    pub fn channel(&self) -> &ChannelId {
-        &self.channel
-    }
-}
-
 impl ChannelShard {
     /// Asks for `append_from`'s sender to be checked off this thread.
     pub(super) fn check_sender(&mut self, api: ApiId, channel: ChannelId, sender: Uid, records: Vec<AppendRecord>) {
         let served = Arc::clone(&self.served);
         let check = SenderCheck { api, channel, sender, records, served };
-        self.outputs.push_back(ShardOutput::Effect(NodeEffect::CheckSender(check)));
+        self.outputs.push_back(ShardOutput::Effect(NodeEffect::Lookup(super::Lookup::CheckSender(check))));
     }
 
     /// A sender check came back: admit the append, refuse it, or have the node ask nodes that can tell.

@@ -129,15 +129,10 @@ enum Event {
         through: Seq,
         max_bytes: usize,
     },
-    Loaded {
+    Lookup {
         node: NodeId,
         incarnation: u64,
-        job: tidings::node::ActivationLoad,
-    },
-    SenderChecked {
-        node: NodeId,
-        incarnation: u64,
-        check: tidings::node::SenderCheck,
+        lookup: tidings::node::Lookup,
     },
     Restart {
         node: NodeId,
@@ -487,25 +482,15 @@ impl World {
                     core.handle_read(now, &channel, token, result);
                 }
             }
-            Event::Loaded { node, incarnation, job } => {
+            Event::Lookup { node, incarnation, lookup } => {
                 let n = self.nodes.get_mut(&node).expect("known node");
                 if n.incarnation != incarnation {
                     return;
                 }
                 if let Some(core) = n.core.as_mut() {
-                    // Read when the load runs, as a reader thread would: not when it was asked for.
-                    let loaded = job.carry_out(n.log.as_ref(), core.reader());
-                    core.handle_loaded(now, loaded);
-                }
-            }
-            Event::SenderChecked { node, incarnation, check } => {
-                let n = self.nodes.get_mut(&node).expect("known node");
-                if n.incarnation != incarnation {
-                    return;
-                }
-                if let Some(core) = n.core.as_mut() {
-                    let checked = check.carry_out(core.reader());
-                    core.handle_sender_checked(now, checked);
+                    // Read when it runs, as a reader thread would: not when it was asked for.
+                    let answer = lookup.carry_out(n.log.as_ref(), core.reader());
+                    core.handle_lookup(now, answer);
                 }
             }
             Event::Restart { node } => {
@@ -541,13 +526,9 @@ impl World {
                         Event::ReadDone { node: id, incarnation, channel, token, from, through, max_bytes },
                     );
                 }
-                NodeEffect::CheckSender(check) => {
+                NodeEffect::Lookup(lookup) => {
                     let at = now + self.disk_delay();
-                    self.schedule(at, Event::SenderChecked { node: id, incarnation, check });
-                }
-                NodeEffect::Load(job) => {
-                    let at = now + self.disk_delay();
-                    self.schedule(at, Event::Loaded { node: id, incarnation, job });
+                    self.schedule(at, Event::Lookup { node: id, incarnation, lookup });
                 }
                 NodeEffect::Fanout(work) => {
                     if let Some(answer) = carry_out_fanout(core.reader(), self.fanout_host.as_ref(), work) {
