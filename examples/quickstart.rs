@@ -292,6 +292,19 @@ fn main() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    // What the channel's leader reports of the restarted replica (operators watch this to see a replica
+    // catch up or fall behind).
+    let leader = restarted.channel_status(sample).ok().flatten().map(|s| s.leader);
+    let progress = leader
+        .and_then(|id| nodes.get(&id))
+        .and_then(|node| node.channel_status(sample).ok().flatten())
+        .and_then(|status| status.replicas.into_iter().find(|r| r.node == stopped));
+    if let Some(p) = progress {
+        println!(
+            "  its leader's view of it: acknowledged through seq {}, {} records behind, in ISR: {}, last pull {:.0?} ago",
+            p.match_seq, p.lag, p.in_isr, p.silent_for
+        );
+    }
     // Its channels come back to it: each one's controller (its slot group's leader) transfers the
     // leadership back once the node has been up for `REBALANCE_AFTER`, on its next repair pass.
     let leads_again = || {

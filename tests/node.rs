@@ -348,7 +348,7 @@ fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
 }
 
 #[test]
-fn channels_on_several_reactors_take_forwarded_appends_and_show_in_one_status() {
+fn channels_on_several_reactors_take_forwarded_appends_and_show_in_one_status_and_each_alone() {
     let dir = tempfile::tempdir().unwrap();
     let mesh = InProcessMesh::new();
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
@@ -381,6 +381,25 @@ fn channels_on_several_reactors_take_forwarded_appends_and_show_in_one_status() 
     for ch in &channels {
         assert!(status.channels.iter().any(|c| &c.channel == ch), "{ch} missing from the status");
     }
+    // One channel's status from its reactor alone: the leader hears both followers catch up (their
+    // acknowledging pulls follow their durable writes); a follower reports no one's progress.
+    for ch in &channels {
+        let placement = NodeConfig::new(ids[0], ids.clone()).channel_placement(ch);
+        let node_of = |id: NodeId| &nodes[usize::try_from(id.get() - 1).unwrap()];
+        let leader = eventually(|| match node_of(placement[0]).channel_status(ch)? {
+            Some(s) if s.replicas.iter().all(|r| r.lag == 0) => Ok(s),
+            _ => Err(NodeError::Stopped),
+        });
+        assert_eq!(leader.role, tidings::channel::machine::RoleKind::Leader);
+        let mut followers = placement[1..].to_vec();
+        followers.sort();
+        assert_eq!(leader.replicas.iter().map(|r| r.node).collect::<Vec<_>>(), followers, "in node order");
+        assert!(leader.replicas.iter().all(|r| r.in_isr && r.match_seq == leader.log_end), "{leader:?}");
+        assert_eq!(leader.pending_appends, 0);
+        let follower = node_of(placement[1]).channel_status(ch).unwrap().expect("an active follower");
+        assert!(follower.replicas.is_empty(), "{follower:?}");
+    }
+    assert_eq!(nodes[0].channel_status(&channel("never-created")).unwrap(), None);
 }
 
 #[test]

@@ -309,7 +309,7 @@ fn messages_of_an_older_leadership_are_refused_and_counted() {
 }
 
 #[test]
-fn channels_spread_over_several_shards_commit_forward_and_report_as_one_node() {
+fn channels_spread_over_several_shards_commit_forward_and_report_as_one_node_and_each_alone() {
     let mut cluster = Cluster::with(3, |config| config.reactors = 4);
     cluster.run_for(5_000);
     let channels: Vec<ChannelId> =
@@ -341,6 +341,8 @@ fn channels_spread_over_several_shards_commit_forward_and_report_as_one_node() {
                 "node {n}, {channel}: {replica:?}"
             );
             assert_eq!(cluster.core(n).read(channel, Seq::new(1), 10).unwrap().len(), 3);
+            // The same replica alone, from its shard.
+            assert_eq!(cluster.core(n).channel_status(channel).as_ref(), replica);
         }
         assert_eq!(cluster.core(n).active_channels(), channels.len());
     }

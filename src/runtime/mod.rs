@@ -30,7 +30,9 @@ mod workers;
 use crate::frame::{decode_from, Frame, FrameBody, FrameLimits};
 use crate::node::shard::shard_of;
 use crate::node::FanoutWork;
-use crate::node::{ApiResult, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeError, NodeStatus, TaskReport};
+use crate::node::{
+    ApiResult, ChannelStatus, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeError, NodeStatus, TaskReport,
+};
 use bytes::Bytes;
 use calls::{Calls, Io, Reply};
 use core_thread::{Call, Input, Shell, INBOX_CAPACITY};
@@ -610,6 +612,26 @@ impl Node {
             status.add_shard(receiver.recv_timeout(CALL_TIMEOUT).map_err(waited)?);
         }
         Ok(status)
+    }
+
+    /// Status of this node's replica of `channel` (role, epochs, HW, log end and, on the leader, each
+    /// other replica's lag and silence), from its reactor alone: cheaper than [`Node::status`] at
+    /// thousands of channels. `Ok(None)`: the replica is not active here (evicted, or not a replica).
+    ///
+    /// ```no_run
+    /// # fn demo(node: &tidings::Node, channel: &tidings::types::ChannelId) -> Result<(), tidings::node::NodeError> {
+    /// if let Some(status) = node.channel_status(channel)? {
+    ///     for replica in &status.replicas {
+    ///         println!("{}: {} records behind, silent for {:?}", replica.node, replica.lag, replica.silent_for);
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn channel_status(&self, channel: &ChannelId) -> Result<Option<ChannelStatus>, NodeError> {
+        let (reply, receiver) = bounded(1);
+        send_to(self.reactor_of(channel), ReactorInput::ChannelStatus { channel: channel.clone(), reply })?;
+        receiver.recv_timeout(CALL_TIMEOUT).map_err(waited)
     }
 
     /// Waits until every slot group this node keeps a replica of knows its leader and has applied what

@@ -14,7 +14,7 @@ use super::handle::Completer;
 use super::workers::ReadJob;
 use super::{Clock, STEP_STALL_WARNING};
 use crate::node::shard::{ChannelShard, ShardInput, ShardOutput, ShardStatus};
-use crate::node::{ApiResult, NodeEffect, NodeError};
+use crate::node::{ApiResult, ChannelStatus, NodeEffect, NodeError};
 use crossbeam_channel::{select, Receiver, Sender, TrySendError};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -45,6 +45,8 @@ pub(super) enum ReactorInput {
     Latest { channel: ChannelId, reply: Completer<Seq> },
     /// The shard's part of the node's status.
     Status { reply: Sender<ShardStatus> },
+    /// One channel replica's status.
+    ChannelStatus { channel: ChannelId, reply: Sender<Option<ChannelStatus>> },
     /// The node stops.
     Stop,
 }
@@ -167,6 +169,9 @@ impl Reactor {
             },
             ReactorInput::Status { reply } => {
                 let _ = reply.send(self.shard.status());
+            }
+            ReactorInput::ChannelStatus { channel, reply } => {
+                let _ = reply.send(self.shard.channel_status(&channel));
             }
             ReactorInput::Stop => {}
         }

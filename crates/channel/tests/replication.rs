@@ -311,3 +311,39 @@ fn held_back_hw_news_delays_no_commit_and_reaches_followers_with_the_next_record
     }
     cluster.check_converged();
 }
+
+#[test]
+fn the_leader_reports_each_replicas_lag_and_silence() {
+    let mut cluster = Cluster::new(31, 3, 2, quiet(), config());
+    cluster.run_for(100);
+    for i in 0..5 {
+        let payload = format!("m{i}");
+        cluster.append(node(1), &[payload.as_str()], &[]).unwrap();
+    }
+    cluster.run_for(100);
+    let leader = cluster.machine(node(1));
+    let progress = leader.replica_progress(cluster.now);
+    assert_eq!(progress.iter().map(|p| p.node).collect::<Vec<_>>(), vec![node(2), node(3)]);
+    for p in &progress {
+        assert!(p.in_isr);
+        assert_eq!((p.match_seq, p.lag, p.behind_for), (leader.log_end(), 0, Duration::ZERO), "{p:?}");
+        assert!(p.silent_for <= config().pull_park, "a caught-up follower pulls within its long poll: {p:?}");
+    }
+    assert!(cluster.machine(node(2)).replica_progress(cluster.now).is_empty(), "only the leader reports");
+
+    // Node 3 stops hearing anything; three more records commit on nodes 1 and 2.
+    cluster.crash(node(3));
+    for i in 0..3 {
+        let payload = format!("n{i}");
+        cluster.append(node(1), &[payload.as_str()], &[]).unwrap();
+    }
+    cluster.run_for(1_000);
+    let leader = cluster.machine(node(1));
+    let progress = leader.replica_progress(cluster.now);
+    assert_eq!((progress[0].lag, progress[0].behind_for), (0, Duration::ZERO), "node 2 keeps up: {progress:?}");
+    let silent = &progress[1];
+    assert_eq!(silent.lag, 3, "three records past its last acknowledgement: {silent:?}");
+    assert!(silent.in_isr, "still within isr_lag: {silent:?}");
+    assert!(silent.behind_for >= Duration::from_millis(900), "behind since the first of them: {silent:?}");
+    assert!(silent.silent_for >= Duration::from_millis(800), "no pull since the crash: {silent:?}");
+}

@@ -3,8 +3,9 @@
 use super::shards::Shards;
 use super::NodeCore;
 use crate::node::controller::{DrainReport, Reconcile, SlotMigrationReport, TaskReport, TaskStatus};
-use crate::node::shard::ShardStatus;
+use crate::node::shard::{shard_of, ShardStatus};
 use std::collections::BTreeMap;
+use tidings_channel::machine::ReplicaProgress;
 use tidings_types::{ChannelId, Epoch, GroupId, LeaderEpoch, NodeId, Seq};
 
 /// Operator view of one channel replica on this node.
@@ -30,6 +31,11 @@ pub struct ChannelStatus {
     pub log_end: Seq,
     /// Last durable seq.
     pub durable_last: Seq,
+    /// On the leader: appends admitted and waiting for HW to cover them.
+    pub pending_appends: usize,
+    /// On the leader: every other replica's progress (acknowledged seq, lag, silence), in node order.
+    /// Empty on other replicas: only the leader hears from every replica.
+    pub replicas: Vec<ReplicaProgress>,
 }
 
 /// Operator view of a node.
@@ -130,5 +136,15 @@ impl NodeCore {
             }
         }
         status
+    }
+
+    /// Status of this node's replica of `channel` when the core drives its shards (`None`: not active
+    /// here, or the shards run elsewhere — the runtime answers [`Node::channel_status`](crate::Node::channel_status) from the
+    /// channel's reactor).
+    pub fn channel_status(&self, channel: &ChannelId) -> Option<ChannelStatus> {
+        match &self.shards {
+            Shards::Inline(shards) => shards[shard_of(channel, shards.len())].channel_status(channel),
+            Shards::Detached { .. } => None,
+        }
     }
 }

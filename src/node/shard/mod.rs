@@ -380,27 +380,15 @@ impl ChannelShard {
 
     /// The shard's replicas (sorted by channel) and counters.
     pub(crate) fn status(&self) -> ShardStatus {
-        let mut channels: Vec<ChannelStatus> = self
-            .channels
-            .iter()
-            .filter_map(|(channel, machine)| {
-                let meta = machine.meta()?;
-                Some(ChannelStatus {
-                    channel: channel.clone(),
-                    role: machine.role(),
-                    meta_version: meta.version,
-                    leader: meta.leader,
-                    leader_epoch: meta.leader_epoch,
-                    epoch: meta.epoch,
-                    isr: meta.isr.clone(),
-                    hw: machine.hw(),
-                    log_end: machine.log_end(),
-                    durable_last: machine.durable_last(),
-                })
-            })
-            .collect();
+        let mut channels: Vec<ChannelStatus> =
+            self.channels.iter().filter_map(|(_, machine)| channel_status(machine, self.now)).collect();
         channels.sort_by(|a, b| a.channel.cmp(&b.channel));
         ShardStatus { channels, counters: self.counters, metas_held: self.metas.len(), loading: self.loading.len() }
+    }
+
+    /// One active replica's status (`None`: the channel has no active replica on this shard).
+    pub(crate) fn channel_status(&self, channel: &ChannelId) -> Option<ChannelStatus> {
+        channel_status(self.channels.get(channel)?, self.now)
     }
 
     /// Next output (drains the machines touched since the last call first).
@@ -696,6 +684,25 @@ fn remote_error(error: RemoteAppendError) -> NodeError {
         RemoteAppendError::Aborted(e) => NodeError::Aborted(e),
         other => NodeError::Remote(other),
     }
+}
+
+/// An operator's view of `machine` at `now` (`None` before it has a meta).
+fn channel_status(machine: &ChannelMachine, now: Time) -> Option<ChannelStatus> {
+    let meta = machine.meta()?;
+    Some(ChannelStatus {
+        channel: machine.channel().clone(),
+        role: machine.role(),
+        meta_version: meta.version,
+        leader: meta.leader,
+        leader_epoch: meta.leader_epoch,
+        epoch: meta.epoch,
+        isr: meta.isr.clone(),
+        hw: machine.hw(),
+        log_end: machine.log_end(),
+        durable_last: machine.durable_last(),
+        pending_appends: machine.drain_status().pending_appends,
+        replicas: machine.replica_progress(now),
+    })
 }
 
 #[cfg(test)]

@@ -4,8 +4,9 @@
 use super::effect::{AppendAborted, AppendRequest, Effect, MetaChangeReason, ReadToken, RequestId};
 use super::error::AppendError;
 use super::message::{ChannelMessage, PullBody, PullHint, PullRequest, PullResponse};
-use super::{ChannelMachine, MachineConfig, Role};
+use super::{ChannelMachine, MachineConfig, ReplicaProgress, Role};
 use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
 use tidings_store::message::{Record, RecordKind};
 use tidings_store::StoreError;
 use tidings_types::{ChannelRuntimeMeta, NodeId, Seq, Time};
@@ -118,6 +119,21 @@ impl LeaderState {
             .filter(|at| *at > now)
             .min();
         [parked, append, wake, isr, proposal].into_iter().flatten().min()
+    }
+
+    /// Each other replica's progress at `now` (see [`ChannelMachine::replica_progress`]).
+    pub(super) fn report(&self, meta: &ChannelRuntimeMeta, log_end: Seq, now: Time) -> Vec<ReplicaProgress> {
+        self.progress
+            .iter()
+            .map(|(node, p)| ReplicaProgress {
+                node: *node,
+                in_isr: meta.in_isr(*node),
+                match_seq: p.match_seq,
+                lag: log_end.get().saturating_sub(p.match_seq.get()),
+                silent_for: now.since(p.last_pull_at),
+                behind_for: if p.match_seq >= log_end { Duration::ZERO } else { now.since(p.caught_up_at) },
+            })
+            .collect()
     }
 
     /// The lowest match among every other replica (learners included): records at or below it are needed

@@ -54,6 +54,7 @@ use idempotency::IdempotencyIndex;
 use leader::LeaderState;
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 use tidings_store::message::{ChannelLogState, LogBatch, LogOp, Record};
 use tidings_store::StoreError;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, LeaderEpoch, MetaError, NodeId, Seq, Time};
@@ -84,6 +85,26 @@ pub struct DrainStatus {
     pub durable_last: Seq,
     /// `true` when nothing is pending and HW, log end and durable end are equal.
     pub drained: bool,
+}
+
+/// What a leader knows of one other replica's replication, for operators: how far behind it is and how
+/// long it has been silent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaProgress {
+    /// The replica.
+    pub node: NodeId,
+    /// `true` if it is in the ISR (counts toward HW); `false`: a learner catching up.
+    pub in_isr: bool,
+    /// The last seq it acknowledged as durable (its last pull's `next_seq - 1`; zero until its log was
+    /// found consistent with the leader's).
+    pub match_seq: Seq,
+    /// Records the leader's log holds past `match_seq`.
+    pub lag: u64,
+    /// Time since its last pull reached the leader.
+    pub silent_for: Duration,
+    /// Time since its acknowledgement last reached the leader's log end (zero while caught up); past
+    /// `MachineConfig::isr_lag` an ISR member is proposed out of the ISR.
+    pub behind_for: Duration,
 }
 
 /// Durable evidence a controller gathers to pick a new leader after a failure.
@@ -354,6 +375,15 @@ impl ChannelMachine {
             log_end: self.log.end,
             durable_last: self.log.durable.last_seq,
             drained,
+        }
+    }
+
+    /// The leader's view of every other replica's progress at `now`, in node order; empty unless this
+    /// replica leads.
+    pub fn replica_progress(&self, now: Time) -> Vec<ReplicaProgress> {
+        match (&self.role, &self.meta) {
+            (Role::Leader(leader), Some(meta)) => leader.report(meta, self.log.end, now),
+            _ => Vec::new(),
         }
     }
 
