@@ -618,3 +618,67 @@ fn five_real_nodes_fan_out_and_check_senders_across_slot_groups() {
     };
     assert_eq!(got, expected, "the leader outside the subscribers' group fanned out");
 }
+
+#[test]
+fn records_given_up_through_any_node_stop_being_readable_everywhere_and_stay_given_up_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+    let mut nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
+    let ch = channel("retained");
+    eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let seqs: Vec<Seq> =
+        (0..10).map(|i| eventually(|| nodes[i % 3].append(ch.clone(), record(&format!("m{i}")))?.wait())[0]).collect();
+    let placement = NodeConfig::new(ids[0], ids.clone()).channel_placement(&ch);
+    let follower = &nodes[usize::try_from(placement[1].get() - 1).unwrap()];
+    let leader = &nodes[usize::try_from(placement[0].get() - 1).unwrap()];
+    let hw = leader.latest(&ch).unwrap();
+    assert_eq!(hw, *seqs.last().unwrap());
+
+    // Past the high watermark: refused by the leader, forwarded or not; nothing changes.
+    let beyond = hw.next();
+    for node in [leader, follower] {
+        match node.set_retention(ch.clone(), beyond) {
+            Err(NodeError::Append(AppendError::BeyondHw { through, hw: at })) => {
+                assert_eq!((through, at), (beyond, hw))
+            }
+            other => panic!("expected BeyondHw, got {other:?}"),
+        }
+    }
+    // Through a follower (forwarded to the leader): the first five messages go.
+    let boundary = seqs[4];
+    assert_eq!(follower.set_retention(ch.clone(), boundary).unwrap(), boundary);
+    assert_eq!(
+        leader.read(&ch, Seq::new(1), 100).unwrap().first().map(|r| r.seq),
+        Some(seqs[5]),
+        "at once on the leader"
+    );
+    for node in &nodes {
+        let read = eventually(|| {
+            // A follower reads up to the HW it knows, which may lag the leader's a little.
+            let read = node.read(&ch, Seq::new(1), 100)?;
+            if read.first().map(|r| r.seq) != Some(seqs[5]) || read.last().map(|r| r.seq) != Some(hw) {
+                return Err(NodeError::Stopped);
+            }
+            Ok(read)
+        });
+        assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs[5..].to_vec(), "node {}", node.id());
+    }
+    // Never back: a lower boundary answers the one in force.
+    assert_eq!(leader.set_retention(ch.clone(), seqs[1]).unwrap(), boundary);
+
+    // After a restart of every node, the boundary holds (it is the channel's meta) and the rest reads back.
+    std::thread::sleep(Duration::from_millis(1_500)); // HW checkpoints of the idle replicas
+    ids.iter().for_each(|id| mesh.detach(*id));
+    nodes.clear();
+    let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
+    let reader = &nodes[usize::try_from(placement[1].get() - 1).unwrap()];
+    let read = eventually(|| {
+        let read = reader.read(&ch, Seq::new(1), 100)?;
+        if read.len() < seqs.len() - 5 {
+            return Err(NodeError::Stopped);
+        }
+        Ok(read)
+    });
+    assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs[5..].to_vec());
+}

@@ -38,6 +38,22 @@ pub enum NodeMessage {
         /// Seqs, or why not.
         result: Result<Vec<Seq>, RemoteAppendError>,
     },
+    /// A retention move forwarded to the node that leads the channel.
+    RetentionForward {
+        /// The forwarding node's id for it.
+        id: u64,
+        /// The channel.
+        channel: ChannelId,
+        /// Give up the records through this seq.
+        through: Seq,
+    },
+    /// The result of a forwarded retention move.
+    RetentionReply {
+        /// The forwarding node's id.
+        id: u64,
+        /// The retention boundary in force, or why not.
+        result: Result<Seq, RemoteAppendError>,
+    },
     /// Liveness: sent to every peer periodically; any valid frame counts as a sign of life.
     Ping,
     /// A controller task asks a replica for its durable evidence under `meta` (a committed, fenced meta:

@@ -547,6 +547,35 @@ impl Node {
         }
     }
 
+    /// Gives up `channel`'s records through `through` — a chat's history older than a retention period,
+    /// or a conversation cleared — and returns the retention boundary in force (at least `through`).
+    /// Any node may be called; the channel's leader checks the boundary against its high watermark
+    /// (only committed records can be given up: past it, [`NodeError::Append`] with
+    /// [`AppendError::BeyondHw`](crate::channel::machine::AppendError::BeyondHw)) and makes it the
+    /// channel's next meta through its slot group. Reads then start after the boundary, and every replica
+    /// trims its store (within its next write-behind round). A boundary never moves back: asking for one
+    /// at or below the boundary in force returns that one. `Aborted` (timeout, leadership change): the
+    /// move may still come into force; ask again.
+    ///
+    /// ```no_run
+    /// # fn demo(node: &tidings::Node, channel: tidings::types::ChannelId) -> Result<(), tidings::node::NodeError> {
+    /// let hw = node.latest(&channel)?;
+    /// let boundary = node.set_retention(channel.clone(), hw)?; // clear the conversation
+    /// assert!(node.read(&channel, tidings::types::Seq::new(1), 100)?.iter().all(|r| r.seq > boundary));
+    /// # Ok(()) }
+    /// ```
+    pub fn set_retention(&self, channel: ChannelId, through: Seq) -> Result<Seq, NodeError> {
+        self.set_retention_async(channel, through).wait()
+    }
+
+    /// [`Node::set_retention`] without blocking: `.await` it or wait on it.
+    pub fn set_retention_async(&self, channel: ChannelId, through: Seq) -> Pending<Seq> {
+        offer(self.reactor_of(&channel), |completer| {
+            let reply = Reply::Then(Box::new(move |result| completer.complete(reactor::retained(result))));
+            ReactorInput::Retain { channel, through, reply }
+        })
+    }
+
     /// The latest committed seq (high watermark) of a channel this node replicates.
     pub fn latest(&self, channel: &ChannelId) -> Result<Seq, NodeError> {
         self.latest_async(channel).wait()
@@ -664,6 +693,7 @@ impl Node {
                     ApiResult::Meta(result) => result,
                     ApiResult::Appended(result) => result.map(drop),
                     ApiResult::Task(result) => result.map(drop),
+                    ApiResult::Retained(result) => result.map(drop),
                 })
             }));
             Input::Call { call, reply }

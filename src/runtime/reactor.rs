@@ -39,6 +39,8 @@ pub(super) enum ReactorInput {
     Messages { from: NodeId, messages: Vec<ChannelMessage> },
     /// An API append.
     Append { channel: ChannelId, sender: Option<Uid>, records: Vec<AppendRecord>, reply: Reply },
+    /// An API retention move.
+    Retain { channel: ChannelId, through: Seq, reply: Reply },
     /// An API read.
     Read { channel: ChannelId, from: Seq, limit: usize, reply: Completer<Vec<Record>> },
     /// An API latest-seq query.
@@ -140,6 +142,10 @@ impl Reactor {
             ReactorInput::Append { channel, sender, records, reply } => {
                 let api = self.calls.open(reply);
                 self.shard.handle(now, ShardInput::Append { api, channel, sender, records });
+            }
+            ReactorInput::Retain { channel, through, reply } => {
+                let api = self.calls.open(reply);
+                self.shard.handle(now, ShardInput::Retain { api, channel, through });
             }
             ReactorInput::Read { channel, from, limit, reply } => {
                 match self.shard.plan_read(now, &channel, from, limit) {
@@ -249,6 +255,14 @@ impl Reactor {
 pub(super) fn appended(result: ApiResult) -> Result<Vec<Seq>, NodeError> {
     match result {
         ApiResult::Appended(result) => result,
-        ApiResult::Meta(_) | ApiResult::Task(_) => Err(NodeError::Stopped),
+        ApiResult::Meta(_) | ApiResult::Task(_) | ApiResult::Retained(_) => Err(NodeError::Stopped),
+    }
+}
+
+/// A retention move's result as its caller takes it.
+pub(super) fn retained(result: ApiResult) -> Result<Seq, NodeError> {
+    match result {
+        ApiResult::Retained(result) => result,
+        ApiResult::Meta(_) | ApiResult::Task(_) | ApiResult::Appended(_) => Err(NodeError::Stopped),
     }
 }

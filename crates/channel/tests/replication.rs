@@ -347,3 +347,54 @@ fn the_leader_reports_each_replicas_lag_and_silence() {
     assert!(silent.behind_for >= Duration::from_millis(900), "behind since the first of them: {silent:?}");
     assert!(silent.silent_for >= Duration::from_millis(800), "no pull since the crash: {silent:?}");
 }
+
+#[test]
+fn the_leader_gives_up_committed_records_through_the_meta_and_every_replica_trims_them() {
+    let mut cluster = Cluster::new(41, 3, 2, quiet(), config());
+    cluster.run_for(100);
+    for i in 0..10 {
+        let payload = format!("m{i}");
+        cluster.append(node(1), &[payload.as_str()], &[]).unwrap();
+    }
+    cluster.run_for(500);
+    let hw = cluster.machine(node(1)).hw();
+    let through = Seq::new(6);
+
+    // Refused at admission, nothing proposed: past HW, or not at the leader.
+    let beyond = Seq::new(hw.get() + 1);
+    assert_eq!(cluster.retain(node(1), beyond), Err(AppendError::BeyondHw { through: beyond, hw }));
+    assert_eq!(cluster.retain(node(2), through), Err(AppendError::NotLeader { leader: Some(node(1)) }));
+    assert_eq!(cluster.meta.retention_through, Seq::new(0));
+
+    let id = cluster.retain(node(1), through).unwrap();
+    // Well within the 1 s an idle replica takes to checkpoint its HW: each one trims as it applies the meta.
+    cluster.run_for(100);
+    assert_eq!(cluster.retentions[&id], Some(Ok(through)), "done once the meta is in force");
+    assert_eq!(cluster.meta.retention_through, through, "the boundary is the slot layer's meta");
+    for n in 1..=3 {
+        let records = cluster.durable_records(node(n));
+        assert!(records.iter().all(|r| r.seq > through), "node {n} trimmed its log: {records:?}");
+        assert_eq!(records.last().map(|r| r.seq), Some(hw), "node {n} keeps what follows");
+    }
+    // A boundary at or below the one in force is answered at once; it never moves back.
+    let again = cluster.retain(node(1), Seq::new(3)).unwrap();
+    assert_eq!(cluster.retentions[&again], Some(Ok(through)));
+    // The channel goes on: appends commit and followers keep replicating past the boundary.
+    let later = cluster.append(node(1), &["after"], &[]).unwrap();
+    cluster.run_for(500);
+    assert_eq!(acked(&cluster, later), vec![hw.next()]);
+    cluster.check_converged();
+}
+
+#[test]
+fn a_retention_move_the_slot_layer_never_applies_times_out() {
+    let mut cluster = Cluster::new(43, 3, 2, quiet(), config());
+    cluster.run_for(100);
+    cluster.append(node(1), &["a", "b", "c"], &[]).unwrap();
+    cluster.run_for(200);
+    cluster.accept_proposals = false;
+    let id = cluster.retain(node(1), Seq::new(2)).unwrap();
+    cluster.run_for(u64::try_from(config().append_timeout.as_millis()).unwrap() + 100);
+    assert_eq!(cluster.retentions[&id], Some(Err(tidings_channel::machine::AppendAborted::Timeout)));
+    assert_eq!(cluster.meta.retention_through, Seq::new(0));
+}

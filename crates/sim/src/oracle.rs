@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
-use tidings::node::{ApiId, ApiResult};
+use tidings::node::{ApiId, ApiResult, NodeError};
 use tidings::store::message::{IdempotencyKey, Record, RecordKind};
 use tidings::types::{ChannelId, DetRng, NodeId, Seq};
 
@@ -25,6 +25,11 @@ enum Expect {
         payload: Bytes,
         key: Option<IdempotencyKey>,
         floor: Option<Seq>,
+    },
+    /// A retention move: give up the channel's records through `through`.
+    Retain {
+        channel: ChannelId,
+        through: Seq,
     },
 }
 
@@ -57,6 +62,13 @@ pub struct Oracle {
     submitted_keys: BTreeSet<(ChannelId, IdempotencyKey)>,
     /// Setup writes acknowledged.
     setup_done: BTreeSet<String>,
+    /// The furthest retention boundary asked for per channel (answered or not: one that timed out may
+    /// still come into force). Acknowledged records at or below it may be gone.
+    retention_asked: BTreeMap<ChannelId, Seq>,
+    /// The furthest boundary that may be in force per channel: answered in force, or aborted after
+    /// admission (it may still come into force). Moves refused at admission never are; moves still
+    /// unanswered at the end count too. The durable check excuses only records at or below it.
+    retention_possible: BTreeMap<ChannelId, Seq>,
     violations: Vec<String>,
 }
 
@@ -82,6 +94,18 @@ impl Oracle {
         }
         let floor = fresh.then(|| self.acked.get(&channel).and_then(|a| a.keys().next_back().copied())).flatten();
         self.expected.insert(api, (node, Expect::Append { channel, payload, key, floor }));
+    }
+
+    /// A retention move through `through`: from now on, records of `channel` at or below it may be gone.
+    pub fn expect_retention(&mut self, api: ApiId, node: NodeId, channel: ChannelId, through: Seq) {
+        let asked = self.retention_asked.entry(channel.clone()).or_default();
+        *asked = (*asked).max(through);
+        self.expected.insert(api, (node, Expect::Retain { channel, through }));
+    }
+
+    /// The furthest retention boundary asked for on `channel` (0 before any).
+    pub fn retained_through(&self, channel: &ChannelId) -> Seq {
+        self.retention_asked.get(channel).copied().unwrap_or_default()
     }
 
     pub fn expect_setup(&mut self, api: ApiId, node: NodeId, label: String) {
@@ -111,7 +135,14 @@ impl Oracle {
 
     /// Requests in a crashed node die with it (a real client sees its connection drop).
     pub fn node_crashed(&mut self, node: NodeId) {
-        self.expected.retain(|_, (n, _)| *n != node);
+        let lost: Vec<ApiId> = self.expected.iter().filter(|(_, (n, _))| *n == node).map(|(api, _)| *api).collect();
+        for api in lost {
+            // Its caller never hears back; a retention move it carried may still come into force.
+            if let Some((_, Expect::Retain { channel, through })) = self.expected.remove(&api) {
+                let in_force = self.retention_possible.entry(channel).or_default();
+                *in_force = (*in_force).max(through);
+            }
+        }
     }
 
     pub fn answered(&mut self, api: ApiId, result: ApiResult) {
@@ -125,6 +156,20 @@ impl Oracle {
             }
             (Expect::Setup(label), ApiResult::Meta(Ok(()))) => {
                 self.setup_done.insert(label);
+            }
+            (Expect::Retain { channel, through }, ApiResult::Retained(result)) => {
+                let possible = match result {
+                    Ok(boundary) if boundary < through => {
+                        self.violation(format!("{channel}: retention through {through} answered with {boundary}"));
+                        boundary
+                    }
+                    Ok(boundary) => boundary,
+                    Err(NodeError::Aborted(_)) => through,
+                    // Refused at admission: nothing was proposed.
+                    Err(_) => Seq::new(0),
+                };
+                let in_force = self.retention_possible.entry(channel).or_default();
+                *in_force = (*in_force).max(possible);
             }
             (Expect::RefusedSender { channel, sender }, ApiResult::Appended(Ok(seqs))) => {
                 self.violation(format!("{channel}: an append from {sender} was acknowledged at {seqs:?}"));
@@ -143,7 +188,12 @@ impl Oracle {
                     match self.key_seq.get(&(channel.clone(), key.clone())) {
                         // Keys are remembered for the channel's last `IDEMPOTENCY_WINDOW` seqs; an older key
                         // may legitimately append again.
-                        Some(first) if *first != seq && seq.get().saturating_sub(first.get()) < IDEMPOTENCY_WINDOW => {
+                        // A key whose record was given up (retention) may append again too.
+                        Some(first)
+                            if *first != seq
+                                && seq.get().saturating_sub(first.get()) < IDEMPOTENCY_WINDOW
+                                && *first > self.retention_asked.get(&channel).copied().unwrap_or_default() =>
+                        {
                             self.violation(format!(
                                 "{channel}: idempotent retry acknowledged at {seq}, first at {first} (two records)"
                             ))
@@ -233,7 +283,14 @@ impl Oracle {
         };
         let held: Vec<(NodeId, Seq, BTreeMap<Seq, Bytes>)> =
             logs.iter().map(|(id, hw, records)| (*id, *hw, messages(records))).collect();
-        for (seq, payload) in self.acked.get(channel).into_iter().flatten() {
+        let unanswered = self.expected.values().filter_map(|(_, e)| match e {
+            Expect::Retain { channel: c, through } if c == channel => Some(*through),
+            _ => None,
+        });
+        let retained_through =
+            unanswered.chain(self.retention_possible.get(channel).copied()).max().unwrap_or_default();
+        for (seq, payload) in self.acked.get(channel).into_iter().flatten().filter(|(seq, _)| **seq > retained_through)
+        {
             if !held.iter().any(|(_, _, log)| log.get(seq) == Some(payload)) {
                 self.violations.push(format!("{channel}: acknowledged seq {seq} lost or changed on every replica"));
             }
@@ -256,9 +313,10 @@ impl Oracle {
             .expected
             .values()
             .map(|(_, e)| match e {
-                Expect::Append { channel, .. } | Expect::Create(channel) | Expect::RefusedSender { channel, .. } => {
-                    channel.to_string()
-                }
+                Expect::Append { channel, .. }
+                | Expect::Create(channel)
+                | Expect::RefusedSender { channel, .. }
+                | Expect::Retain { channel, .. } => channel.to_string(),
                 Expect::Setup(label) => label.clone(),
             })
             .collect();

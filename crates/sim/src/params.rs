@@ -67,6 +67,10 @@ pub struct SimParams {
     /// transfers run beside the faults and the healing; 0 in the rest (the default of 30 s, longer than
     /// most runs' healed phase). Drawn from its own stream.
     pub rebalance_leaders_ms: u64,
+    /// Clients now and then give up a channel's older records (`NodeCore::set_retention`), up to a
+    /// little past the last acknowledged one (some refused as past HW): in half of the seeds. Drawn
+    /// from its own stream.
+    pub retention_moves: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
     /// Unsafe, for the simulator's own test: appends from the banned and the denied sender go through
@@ -127,6 +131,8 @@ impl SimParams {
                     0
                 }
             },
+            // Its own generator, as the knobs above: the draws of the seed's other parameters stay.
+            retention_moves: DetRng::new(seed ^ 0x7265_7465_6e74_696f).range(0, 1) == 0,
             unsafe_lying_disk: false,
             unsafe_unchecked_senders: false,
         }
@@ -139,7 +145,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -171,6 +177,7 @@ impl fmt::Display for SimParams {
             } else {
                 String::new()
             },
+            if self.retention_moves { " retention-moves" } else { "" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
             if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }
         )

@@ -8,7 +8,7 @@ use super::controller::{ClusterView, Controller, NodeView, PreferredLeaders, Slo
 use super::error::NodeError;
 use super::fanout::{FanoutAnswer, FanoutWork};
 use super::message::{NodeMessage, SlotReadAnswer};
-use super::shard::{shard_of, shard_of_id, ChannelShard, Lookup, LookupAnswer, Served, ShardInput};
+use super::shard::{shard_of, shard_of_id, ChannelShard, LeaderCall, Lookup, LookupAnswer, Served, ShardInput};
 use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
@@ -49,6 +49,8 @@ pub enum ApiResult {
     Meta(Result<(), NodeError>),
     /// An append: one seq per record, or why not.
     Appended(Result<Vec<Seq>, NodeError>),
+    /// A retention move: the channel's retention boundary in force, or why not.
+    Retained(Result<Seq, NodeError>),
     /// A channel task (leader transfer): its report, or why it did not start.
     Task(Result<TaskReport, NodeError>),
 }
@@ -396,6 +398,18 @@ impl NodeCore {
         self.feed_shard(&channel.clone(), ShardInput::Append { api: id, channel, sender: None, records });
     }
 
+    /// Gives up `channel`'s records through `through` (moves its retention boundary, like Kafka's
+    /// `DeleteRecords`); any node may be called (non-leaders forward). The channel's leader refuses a
+    /// boundary past its high watermark ([`AppendError::BeyondHw`](tidings_channel::machine::AppendError::BeyondHw)):
+    /// only committed records can be given up. It proposes the boundary as the channel's next meta;
+    /// [`NodeEffect::Done`] with [`ApiResult::Retained`] (the boundary in force) follows once that meta
+    /// is in force on the leader. Reads then start after the boundary, and each replica trims its store
+    /// when it applies the meta.
+    pub fn set_retention(&mut self, now: Time, id: ApiId, channel: ChannelId, through: Seq) {
+        self.advance(now);
+        self.feed_shard(&channel.clone(), ShardInput::Retain { api: id, channel, through });
+    }
+
     /// Appends records sent by user `sender`: like [`NodeCore::append`], after checking that the sender
     /// may send (not banned, not on the channel's deny list), and fanout marks the sender's own entry
     /// (`is_sender`: no unread increment). The check reads this node's slot replicas, and asks nodes
@@ -443,7 +457,12 @@ impl NodeCore {
             NodeMessage::AppendForward { id, channel, sender, records } => {
                 let records =
                     records.into_iter().map(|(key, payload)| AppendRecord { idempotency_key: key, payload }).collect();
-                self.feed_shard(&channel.clone(), ShardInput::Forwarded { from, id, channel, sender, records });
+                let call = LeaderCall::Append { sender, records };
+                self.feed_shard(&channel.clone(), ShardInput::Forwarded { from, id, channel, call });
+            }
+            NodeMessage::RetentionForward { id, channel, through } => {
+                let call = LeaderCall::Retain { through };
+                self.feed_shard(&channel.clone(), ShardInput::Forwarded { from, id, channel, call });
             }
             NodeMessage::Ping => {}
             NodeMessage::EvidenceRequest { task, meta } => {
@@ -490,6 +509,10 @@ impl NodeCore {
             NodeMessage::AppendReply { id, result } => {
                 let index = shard_of_id(id, self.shards.count());
                 self.feed_shard_at(index, ShardInput::Reply { id, result });
+            }
+            NodeMessage::RetentionReply { id, result } => {
+                let index = shard_of_id(id, self.shards.count());
+                self.feed_shard_at(index, ShardInput::RetentionReply { id, result });
             }
             NodeMessage::SlotReadRequest { request, query } => self.serve_read(from, request, query),
             NodeMessage::SlotReadReply { request, answer } => self.read_answered(from, request, answer),

@@ -5,12 +5,13 @@
 //! builds the machine — apply the full meta, then accept traffic — and the parked inputs follow, in
 //! the order they came.
 
+use super::calls::LeaderCall;
 use super::{AppendOrigin, ChannelShard, KnownMeta, ShardOutput};
-use crate::node::core::{ApiId, ApiResult, NodeEffect};
+use crate::node::core::{ApiId, NodeEffect};
 use crate::node::error::NodeError;
 use crate::node::message::RemoteAppendError;
 use std::sync::Arc;
-use tidings_channel::machine::{AppendError, AppendRecord, ChannelMachine, ChannelMessage};
+use tidings_channel::machine::{AppendError, ChannelMachine, ChannelMessage};
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{ChannelLogState, MessageLog, ReadLimits, Record};
 use tidings_store::StoreError;
@@ -111,12 +112,12 @@ impl ActivationLoad {
 pub(super) enum Deferred {
     /// A peer's channel message.
     Message { from: NodeId, message: ChannelMessage },
-    /// An append for the local leader.
-    Append { origin: AppendOrigin, sender: Option<String>, records: Vec<AppendRecord> },
+    /// A call (append or retention move) for the local leader.
+    Call { origin: AppendOrigin, call: LeaderCall },
     /// A controller's request for this replica's evidence.
     Evidence { from: NodeId, task: u64 },
-    /// An API append not routed yet: its channel's meta comes with the load.
-    Route { api: ApiId, sender: Option<String>, records: Vec<AppendRecord> },
+    /// An API call not routed yet: its channel's meta comes with the load.
+    Route { api: ApiId, call: LeaderCall },
 }
 
 /// An activation waiting for its load.
@@ -209,11 +210,11 @@ impl ChannelShard {
             // Given up: nothing parked is tried again (a route would load once more and wait as long).
             for input in parked {
                 match input {
-                    Deferred::Append { origin, .. } => {
-                        self.fail_append(origin, RemoteAppendError::Refused(AppendError::Busy))
+                    Deferred::Call { origin, call } => {
+                        self.fail_call(origin, call.kind(), RemoteAppendError::Refused(AppendError::Busy))
                     }
-                    Deferred::Route { api, .. } => {
-                        self.done(api, ApiResult::Appended(Err(NodeError::Busy(channel.clone()))))
+                    Deferred::Route { api, call } => {
+                        self.done(api, call.kind().failed(NodeError::Busy(channel.clone())))
                     }
                     Deferred::Message { .. } | Deferred::Evidence { .. } => {}
                 }
@@ -329,9 +330,9 @@ impl ChannelShard {
     fn resume(&mut self, channel: &ChannelId, input: Deferred) {
         match input {
             Deferred::Message { from, message } => self.channel_message(from, message),
-            Deferred::Append { origin, sender, records } => self.append_locally(origin, channel, sender, records),
+            Deferred::Call { origin, call } => self.call_locally(origin, channel, call),
             Deferred::Evidence { from, task } => self.send_evidence(from, task, channel),
-            Deferred::Route { api, sender, records } => self.route_append(api, channel.clone(), sender, records),
+            Deferred::Route { api, call } => self.route_call(api, channel.clone(), call),
         }
     }
 
@@ -341,11 +342,11 @@ impl ChannelShard {
     fn end_parked(&mut self, channel: &ChannelId, parked: Vec<Deferred>, error: RemoteAppendError) {
         for input in parked {
             match input {
-                Deferred::Append { origin, .. } => self.fail_append(origin, error.clone()),
-                Deferred::Route { api, sender, records } if self.metas.contains_key(channel) => {
-                    self.route_append(api, channel.clone(), sender, records)
+                Deferred::Call { origin, call } => self.fail_call(origin, call.kind(), error.clone()),
+                Deferred::Route { api, call } if self.metas.contains_key(channel) => {
+                    self.route_call(api, channel.clone(), call)
                 }
-                Deferred::Route { api, sender, records } => self.wait_for_meta(api, channel.clone(), sender, records),
+                Deferred::Route { api, call } => self.wait_for_meta(api, channel.clone(), call),
                 Deferred::Message { .. } | Deferred::Evidence { .. } => {}
             }
         }

@@ -4,7 +4,6 @@
 use super::activation::Deferred;
 use super::{ChannelShard, KnownMeta, ShardOutput, FAILOVER_REQUEST_INTERVAL};
 use crate::node::controller::EvidenceReport;
-use crate::node::core::ApiResult;
 use crate::node::error::NodeError;
 use crate::node::message::NodeMessage;
 use tidings_channel::machine::{AppendAborted, ChannelMachine, RoleKind};
@@ -122,17 +121,21 @@ impl ChannelShard {
             }
         }
         for waiting in self.waiting.remove(&channel).unwrap_or_default() {
-            self.route_append(waiting.api, channel.clone(), waiting.sender, waiting.records);
+            self.route_call(waiting.api, channel.clone(), waiting.call);
         }
     }
 
-    /// Ends the forwarded appends of `channel` sent to a node other than `leader` with `LeaderChanged`.
+    /// Ends the forwarded calls of `channel` sent to a node other than `leader` with `LeaderChanged`.
     pub(super) fn abort_forwards(&mut self, channel: &ChannelId, leader: NodeId) {
-        let stale: Vec<u64> =
-            self.forwarded.iter().filter(|(_, (_, c, to))| c == channel && *to != leader).map(|(id, _)| *id).collect();
+        let stale: Vec<u64> = self
+            .forwarded
+            .iter()
+            .filter(|(_, f)| &f.channel == channel && f.leader != leader)
+            .map(|(id, _)| *id)
+            .collect();
         for id in stale {
-            if let Some((api, ..)) = self.forwarded.remove(&id) {
-                self.done(api, ApiResult::Appended(Err(NodeError::Aborted(AppendAborted::LeaderChanged))));
+            if let Some(forwarded) = self.forwarded.remove(&id) {
+                self.done(forwarded.api, forwarded.kind.failed(NodeError::Aborted(AppendAborted::LeaderChanged)));
             }
         }
     }

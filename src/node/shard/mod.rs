@@ -12,7 +12,7 @@
 //! [`NodeCore`]: super::NodeCore
 
 mod activation;
-mod appends;
+mod calls;
 mod lifecycle;
 mod lookups;
 mod reads;
@@ -20,6 +20,8 @@ mod senders;
 
 pub use activation::ActivationLoad;
 use activation::Loaded;
+use calls::CallKind;
+pub(crate) use calls::LeaderCall;
 pub use lookups::{Lookup, LookupAnswer};
 pub use reads::ReadPlan;
 pub use senders::SenderCheck;
@@ -154,10 +156,14 @@ pub(crate) enum ShardInput {
         records: Vec<AppendRecord>,
         verdict: Result<(), NodeError>,
     },
-    /// An append another node forwarded here (its sender was checked there).
-    Forwarded { from: NodeId, id: u64, channel: ChannelId, sender: Option<String>, records: Vec<AppendRecord> },
+    /// An API retention move: give up the channel's records through `through`.
+    Retain { api: ApiId, channel: ChannelId, through: Seq },
+    /// A call another node forwarded here (an append's sender was checked there).
+    Forwarded { from: NodeId, id: u64, channel: ChannelId, call: LeaderCall },
     /// The leader's answer to an append this shard forwarded.
     Reply { id: u64, result: Result<Vec<Seq>, RemoteAppendError> },
+    /// The leader's answer to a retention move this shard forwarded.
+    RetentionReply { id: u64, result: Result<Seq, RemoteAppendError> },
     /// A channel's meta, as the node learned it (pushed, fetched or applied).
     Meta {
         /// The meta.
@@ -235,13 +241,22 @@ enum AppendOrigin {
     Remote { node: NodeId, id: u64 },
 }
 
-/// An append waiting for its channel's meta.
+/// A call waiting for its channel's meta.
 #[derive(Debug)]
 struct Waiting {
     api: ApiId,
-    sender: Option<String>,
-    records: Vec<AppendRecord>,
+    call: LeaderCall,
     deadline: Time,
+}
+
+/// A call forwarded to its channel's leader: the caller, what it waits for, the channel, the leader it
+/// went to.
+#[derive(Debug)]
+struct Forwarded {
+    api: ApiId,
+    kind: CallKind,
+    channel: ChannelId,
+    leader: NodeId,
 }
 
 /// A channel's meta as a shard knows it.
@@ -279,11 +294,13 @@ pub(crate) struct ChannelShard {
     metas: FxHashMap<ChannelId, KnownMeta>,
     waiting: FxHashMap<ChannelId, Vec<Waiting>>,
     appends: FxHashMap<u64, (AppendOrigin, Option<String>)>,
+    /// Retention moves the local leaders admitted: who waits for each.
+    retentions: FxHashMap<u64, AppendOrigin>,
     /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
     senders: BTreeMap<(ChannelId, Seq), String>,
-    /// Appends forwarded to a channel's leader: the caller, the channel, the leader they went to.
-    forwarded: BTreeMap<u64, (ApiId, ChannelId, NodeId)>,
-    /// When each forwarded append stops waiting for its reply (deadlines are increasing: one timeout).
+    /// Calls forwarded to a channel's leader.
+    forwarded: BTreeMap<u64, Forwarded>,
+    /// When each forwarded call stops waiting for its reply (deadlines are increasing: one timeout).
     forward_deadlines: VecDeque<(Time, u64)>,
     /// Channels whose local replica is named leader but cannot lead: when to ask for a failover next.
     cannot_lead: BTreeMap<ChannelId, Time>,
@@ -326,6 +343,7 @@ impl ChannelShard {
             metas: FxHashMap::default(),
             waiting: FxHashMap::default(),
             appends: FxHashMap::default(),
+            retentions: FxHashMap::default(),
             senders: BTreeMap::new(),
             forwarded: BTreeMap::new(),
             forward_deadlines: VecDeque::new(),
@@ -437,8 +455,8 @@ impl ChannelShard {
                 break;
             }
             self.forward_deadlines.pop_front();
-            if let Some((api, channel, _)) = self.forwarded.remove(&forward) {
-                self.done(api, ApiResult::Appended(Err(NodeError::Aborted(AppendAborted::Timeout))));
+            if let Some(Forwarded { api, kind, channel, .. }) = self.forwarded.remove(&forward) {
+                self.done(api, kind.failed(NodeError::Aborted(AppendAborted::Timeout)));
                 // The leader may be gone: learn the meta in force (a failover may have named another).
                 self.fetch_meta(&channel);
             }
@@ -457,19 +475,27 @@ impl ChannelShard {
         match input {
             ShardInput::Message { from, message } => self.channel_message(from, message),
             ShardInput::Append { api, channel, sender, records } => match sender {
-                None => self.route_append(api, channel, None, records),
+                None => self.route_call(api, channel, LeaderCall::Append { sender: None, records }),
                 Some(sender) => self.check_sender(api, channel, sender, records),
             },
             ShardInput::SenderChecked { api, channel, sender, records, verdict } => match verdict {
-                Ok(()) => self.route_append(api, channel, Some(sender), records),
+                Ok(()) => self.route_call(api, channel, LeaderCall::Append { sender: Some(sender), records }),
                 Err(error) => self.done(api, ApiResult::Appended(Err(error))),
             },
-            ShardInput::Forwarded { from, id, channel, sender, records } => {
-                self.append_locally(AppendOrigin::Remote { node: from, id }, &channel, sender, records)
+            ShardInput::Retain { api, channel, through } => {
+                self.route_call(api, channel, LeaderCall::Retain { through })
+            }
+            ShardInput::Forwarded { from, id, channel, call } => {
+                self.call_locally(AppendOrigin::Remote { node: from, id }, &channel, call)
             }
             ShardInput::Reply { id, result } => {
-                if let Some((api, ..)) = self.forwarded.remove(&id) {
+                if let Some(Forwarded { api, .. }) = self.forwarded.remove(&id) {
                     self.done(api, ApiResult::Appended(result.map_err(remote_error)));
+                }
+            }
+            ShardInput::RetentionReply { id, result } => {
+                if let Some(Forwarded { api, .. }) = self.forwarded.remove(&id) {
+                    self.done(api, ApiResult::Retained(result.map_err(remote_error)));
                 }
             }
             ShardInput::Meta { meta, stored_here } => self.learn_meta(meta, stored_here),
@@ -633,7 +659,21 @@ impl ChannelShard {
                     (AppendOrigin::Remote { node, id }, Ok(seqs)) => {
                         self.send_node(node, NodeMessage::AppendReply { id, result: Ok(seqs) })
                     }
-                    (origin, Err(aborted)) => self.fail_append(origin, RemoteAppendError::Aborted(aborted)),
+                    (origin, Err(aborted)) => {
+                        self.fail_call(origin, CallKind::Append, RemoteAppendError::Aborted(aborted))
+                    }
+                }
+            }
+            Effect::RetentionDone { id, result } => {
+                let Some(origin) = self.retentions.remove(&id.0) else { return };
+                match (origin, result) {
+                    (AppendOrigin::Local(api), result) => {
+                        self.done(api, ApiResult::Retained(result.map_err(NodeError::Aborted)))
+                    }
+                    (AppendOrigin::Remote { node, id }, result) => {
+                        let result = result.map_err(RemoteAppendError::Aborted);
+                        self.send_node(node, NodeMessage::RetentionReply { id, result })
+                    }
                 }
             }
             Effect::Committed { last, messages, .. } => {

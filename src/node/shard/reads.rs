@@ -98,6 +98,10 @@ impl ChannelShard {
         let through = self.through_for_api(now, channel)?;
         let limits =
             ReadLimits { records_max: limit.min(self.config.read_records_max), bytes_max: self.config.read_bytes_max };
+        // Records given up stop being readable once the meta that gives them up is known here, before
+        // the store has trimmed them (its next durable write).
+        let retained_after = self.metas.get(channel).map_or(Seq::new(0), |known| known.meta.retention_through);
+        let from = from.max(retained_after.next());
         Ok(ReadPlan { channel: channel.clone(), me: self.config.node, from, through, limits })
     }
 

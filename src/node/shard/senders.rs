@@ -3,6 +3,7 @@
 //! reactor), and the answer comes back as a [`SenderChecked`] that admits, refuses, or — when no
 //! replica here can vouch — sends the append on to the node's check through other nodes.
 
+use super::calls::LeaderCall;
 use super::{ChannelShard, Served, ShardOutput};
 use crate::node::core::{ApiId, ApiResult, NodeEffect};
 use crate::node::error::NodeError;
@@ -96,7 +97,10 @@ impl ChannelShard {
     pub(super) fn sender_checked(&mut self, checked: SenderChecked) {
         let SenderChecked { api, channel, sender, records, outcome } = checked;
         match outcome {
-            Ok(true) => self.route_append(api, channel, Some(sender.as_str().to_owned()), records),
+            Ok(true) => {
+                let sender = Some(sender.as_str().to_owned());
+                self.route_call(api, channel, LeaderCall::Append { sender, records })
+            }
             Ok(false) => self.outputs.push_back(ShardOutput::VerifySender { api, channel, sender, records }),
             Err(error) => self.done(api, ApiResult::Appended(Err(error))),
         }

@@ -27,6 +27,16 @@ pub struct AppendRequest {
     pub records: Vec<AppendRecord>,
 }
 
+/// A request to give up the channel's records through `through` (move its retention boundary; see
+/// [`super::ChannelMachine::handle_retention`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetentionRequest {
+    /// Echoed in the completion.
+    pub id: RequestId,
+    /// The last seq to give up: at most the leader's HW.
+    pub through: Seq,
+}
+
 /// Why an admitted append did not complete with its seqs. Its records may or may not be committed later:
 /// retry with the same idempotency keys to find out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
@@ -85,6 +95,11 @@ pub enum MetaChangeReason {
         /// ...at the leader's high watermark at that time.
         hw: Seq,
     },
+    /// A caller asked to give up the records through `through` (all committed).
+    Retention {
+        /// The new retention boundary.
+        through: Seq,
+    },
 }
 
 /// An effect for the runtime to carry out. Drained with [`super::ChannelMachine::poll_effect`].
@@ -134,6 +149,14 @@ pub enum Effect {
         last: Seq,
         /// Message records among them admitted by this leader (barriers and earlier leaders' records are not).
         messages: Vec<Seq>,
+    },
+    /// An admitted retention move finished: the boundary in force (at least the one asked for), or why
+    /// it was not seen in force (it may still come into force: ask again to find out).
+    RetentionDone {
+        /// The request.
+        id: RequestId,
+        /// The channel's retention boundary in force.
+        result: Result<Seq, AppendAborted>,
     },
     /// Propose `meta` to the slot layer as a compare-and-set on `expected_version`.
     ProposeMeta {

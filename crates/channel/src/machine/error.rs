@@ -1,8 +1,8 @@
 //! Typed refusals of a channel machine. Each leaves the machine unchanged.
 
-use tidings_types::{MetaError, NodeId};
+use tidings_types::{MetaError, NodeId, Seq};
 
-/// Why an append was refused at admission. Nothing was written.
+/// Why an append (or a retention move) was refused at admission. Nothing was written.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum AppendError {
@@ -60,6 +60,14 @@ pub enum AppendError {
     /// The machine has no meta yet.
     #[error("channel meta not applied yet")]
     NotReady,
+    /// A retention move past the high watermark: only committed records can be given up.
+    #[error("retention through {through} is past the high watermark {hw}")]
+    BeyondHw {
+        /// The boundary asked for.
+        through: Seq,
+        /// The leader's high watermark.
+        hw: Seq,
+    },
 }
 
 /// Why a meta was refused. The machine keeps the meta it had.

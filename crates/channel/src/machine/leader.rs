@@ -4,6 +4,7 @@
 use super::effect::{AppendAborted, AppendRequest, Effect, MetaChangeReason, ReadToken, RequestId};
 use super::error::AppendError;
 use super::message::{ChannelMessage, PullBody, PullHint, PullRequest, PullResponse};
+use super::retention::RetentionWait;
 use super::{ChannelMachine, MachineConfig, ReplicaProgress, Role};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -63,7 +64,7 @@ pub(super) struct LeaderState {
     /// HW up to which `Committed` was reported.
     reported: Seq,
     /// A meta change proposed and not yet answered: (when, version it was based on).
-    proposal: Option<(Time, u64)>,
+    pub(super) proposal: Option<(Time, u64)>,
     /// An ISR this leader proposed, with the meta version it was based on, until a newer meta is in force.
     /// HW counts under it too: a shrink that commits late must not find committed records on fewer than
     /// MinISR of the ISR it leaves (a failover's evidence quorum relies on that).
@@ -73,6 +74,8 @@ pub(super) struct LeaderState {
     woken_at: Option<Time>,
     /// When an append refused by a fence last asked for the meta in force.
     fence_refresh_at: Option<Time>,
+    /// Retention moves admitted and not yet seen in force, oldest first.
+    pub(super) retention_waits: VecDeque<RetentionWait>,
 }
 
 /// Silent ISR members are woken at most this often by refused appends.
@@ -99,6 +102,7 @@ impl LeaderState {
             became_at: now,
             woken_at: None,
             fence_refresh_at: None,
+            retention_waits: VecDeque::new(),
         }
     }
 
@@ -111,6 +115,7 @@ impl LeaderState {
             self.woken_at.map_or(first, |at| first.max(at + config.pull_timeout))
         });
         let proposal = self.proposal.map(|(at, _)| at + config.proposal_timeout);
+        let retention = self.retention_waits.front().map(|w| w.admitted_at + config.append_timeout);
         // ISR checks are due when a follower's lag bound expires; one already past was checked then.
         let isr = self
             .progress
@@ -118,7 +123,7 @@ impl LeaderState {
             .map(|p| (p.caught_up_at + config.isr_lag).max(self.became_at + config.isr_lag))
             .filter(|at| *at > now)
             .min();
-        [parked, append, wake, isr, proposal].into_iter().flatten().min()
+        [parked, append, wake, isr, proposal, retention].into_iter().flatten().min()
     }
 
     /// Each other replica's progress at `now` (see [`ChannelMachine::replica_progress`]).
@@ -173,7 +178,7 @@ impl Progress {
 }
 
 impl ChannelMachine {
-    fn leader(&mut self) -> Option<&mut LeaderState> {
+    pub(super) fn leader(&mut self) -> Option<&mut LeaderState> {
         match &mut self.role {
             Role::Leader(leader) => Some(leader),
             _ => None,
@@ -222,6 +227,7 @@ impl ChannelMachine {
         for id in pending {
             self.effects.push_back(Effect::AppendDone { id, result: Err(reason) });
         }
+        self.retention_stop(reason);
         let leader_epoch = self.meta.as_ref().map(|m| m.leader_epoch).unwrap_or_default();
         for (node, pull_id) in parked {
             let response =
@@ -247,6 +253,7 @@ impl ChannelMachine {
             leader.pending_isr = None;
         }
         self.leader_recompute_hw();
+        self.retention_meta_changed();
     }
 
     pub(super) fn leader_append(&mut self, request: AppendRequest) -> Result<(), AppendError> {
@@ -674,6 +681,7 @@ impl ChannelMachine {
             self.wake_isr_silent_for(self.config.pull_timeout, self.config.pull_timeout);
         }
         self.maybe_propose_shrink();
+        self.retention_timeout();
     }
 
     /// Proposes removing an ISR follower that has not caught up for longer than the lag bound — never

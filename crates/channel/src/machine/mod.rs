@@ -40,10 +40,12 @@ mod follower;
 mod idempotency;
 mod leader;
 mod message;
+mod retention;
 
 pub use config::{MachineConfig, UnsafeTestSwitches};
 pub use effect::{
     AppendAborted, AppendRecord, AppendRequest, Effect, MetaChangeReason, PersistToken, ReadToken, RequestId,
+    RetentionRequest,
 };
 pub use error::{AppendError, ApplyMetaError};
 pub use message::{ChannelMessage, PullBody, PullHint, PullRequest, PullResponse};
@@ -422,7 +424,9 @@ impl ChannelMachine {
     /// once replicas were evicted mid-run; an idle replica checkpoints within 1.1 s, see `checkpoint_due_at`).
     pub fn is_quiescent(&self) -> bool {
         let leader_idle = match &self.role {
-            Role::Leader(leader) => leader.pending.is_empty() && leader.reserved.is_empty(),
+            Role::Leader(leader) => {
+                leader.pending.is_empty() && leader.reserved.is_empty() && leader.retention_waits.is_empty()
+            }
             _ => true,
         };
         leader_idle
@@ -708,7 +712,9 @@ impl ChannelMachine {
     /// Adds an HW checkpoint and a retention move to a batch when they are due.
     fn append_bookkeeping_ops(&mut self, ops: &mut Vec<LogOp>, next: &mut ChannelLogState) {
         let checkpoint = self.log.hw.min(next.last_seq);
-        let due = !ops.is_empty() || self.log.checkpoint_at.is_some_and(|at| self.now >= at);
+        // A retention move waits for nothing: the store takes one only up to its checkpointed HW.
+        let retention_wanted = self.meta.as_ref().is_some_and(|m| m.retention_through > next.retention_through);
+        let due = !ops.is_empty() || retention_wanted || self.log.checkpoint_at.is_some_and(|at| self.now >= at);
         if checkpoint > next.hw && due {
             let op = LogOp::CheckpointHw(checkpoint);
             if next.apply(&self.channel, &op).is_ok() {

@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use tidings_channel::machine::{
     AppendAborted, AppendError, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, MachineConfig,
-    PersistToken, ReadToken, RequestId,
+    PersistToken, ReadToken, RequestId, RetentionRequest,
 };
 use tidings_store::message::{
     IdempotencyKey, LogBatch, LogLimits, MemoryLog, MessageLog, ReadLimits, Record, RecordKind,
@@ -91,6 +91,8 @@ pub struct Cluster {
     pub trace: Vec<String>,
     /// Whether the slot-layer stand-in applies meta proposals from leaders.
     pub accept_proposals: bool,
+    /// Retention moves submitted, and their outcome once known.
+    pub retentions: BTreeMap<RequestId, Option<Result<Seq, AppendAborted>>>,
 }
 
 impl Cluster {
@@ -126,6 +128,7 @@ impl Cluster {
             committed: BTreeMap::new(),
             trace: Vec::new(),
             accept_proposals: true,
+            retentions: BTreeMap::new(),
         };
         for id in nodes {
             cluster.replicas.insert(
@@ -215,6 +218,20 @@ impl Cluster {
         Ok(id)
     }
 
+    /// Asks `to` to give up the records through `through`; returns the request id, or the refusal.
+    pub fn retain(&mut self, to: NodeId, through: Seq) -> Result<RequestId, AppendError> {
+        let id = RequestId(self.next_request);
+        self.next_request += 1;
+        let now = self.now;
+        let Some(machine) = self.replicas.get_mut(&to).and_then(|r| r.machine.as_mut()) else {
+            return Err(AppendError::NotReady);
+        };
+        machine.handle_retention(now, RetentionRequest { id, through })?;
+        self.retentions.insert(id, None);
+        self.drain(to);
+        Ok(id)
+    }
+
     /// Carries out every effect `id` produced.
     fn drain(&mut self, id: NodeId) {
         loop {
@@ -250,6 +267,12 @@ impl Cluster {
                     assert_eq!(submitted.outcome, Outcome::Pending, "request completed twice");
                     submitted.outcome = outcome;
                 }
+            }
+            Effect::RetentionDone { id: request, result } => {
+                self.trace.push(format!("{} retention done {request:?} {result:?}", self.now));
+                let outcome = self.retentions.get_mut(&request).expect("a submitted retention move");
+                assert!(outcome.is_none(), "retention move completed twice");
+                *outcome = Some(result);
             }
             Effect::Committed { messages, .. } => {
                 if let Some(machine) = self.replicas.get_mut(&id).and_then(|r| r.machine.as_mut()) {
@@ -541,9 +564,11 @@ impl Cluster {
     /// replicas hold the same log through the leader's HW.
     pub fn check_converged(&self) {
         let isr: Vec<NodeId> = self.meta.isr.iter().copied().filter(|n| self.is_up(*n)).collect();
+        // Records given up (retention) are gone by design.
+        let retained_after = self.meta.retention_through;
         for submitted in self.requests.values() {
             let Outcome::Acked(seqs) = &submitted.outcome else { continue };
-            for (seq, payload) in seqs.iter().zip(&submitted.payloads) {
+            for (seq, payload) in seqs.iter().zip(&submitted.payloads).filter(|(seq, _)| **seq > retained_after) {
                 for id in &isr {
                     let records = self.durable_records(*id);
                     let found = records.iter().find(|r| r.seq == *seq);
@@ -560,7 +585,9 @@ impl Cluster {
         let reference = self.durable_records(self.meta.leader);
         for id in &isr {
             let records = self.durable_records(*id);
-            let upto = |rs: &[Record]| rs.iter().filter(|r| r.seq <= leader_hw).cloned().collect::<Vec<_>>();
+            let upto = |rs: &[Record]| {
+                rs.iter().filter(|r| r.seq > retained_after && r.seq <= leader_hw).cloned().collect::<Vec<_>>()
+            };
             assert_eq!(upto(&records), upto(&reference), "{id} differs from the leader through HW {leader_hw}");
         }
     }

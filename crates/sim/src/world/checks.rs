@@ -293,4 +293,21 @@ impl World {
             }
         }
     }
+
+    /// A retention boundary answered in force is at or below the channel's high watermark (only
+    /// committed records may be given up): HW only grows, so the highest any replica knows now bounds it.
+    pub(super) fn check_retention_within_hw(&mut self, channel: &ChannelId, boundary: Seq) {
+        let hw = self
+            .nodes
+            .values()
+            .flat_map(|node| {
+                let active = node.core.as_ref().and_then(|core| core.channel_status(channel)).map(|s| s.hw);
+                active.into_iter().chain(node.log.state(channel).map(|s| s.hw))
+            })
+            .max()
+            .unwrap_or_default();
+        if boundary > hw {
+            self.oracle.violation(format!("{channel}: retention boundary {boundary} in force past HW {hw}"));
+        }
+    }
 }

@@ -83,6 +83,10 @@ pub struct Faults {
     pub slot_migrations: u64,
     /// Hash-slot migrations completed during the run (slots whose owner changed).
     pub slots_migrated: u64,
+    /// Retention moves asked for.
+    pub retention_moves: u64,
+    /// Retention moves answered with the boundary in force.
+    pub retention_moves_done: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -100,6 +104,8 @@ impl std::ops::AddAssign for Faults {
         self.drains += other.drains;
         self.slot_migrations += other.slot_migrations;
         self.slots_migrated += other.slots_migrated;
+        self.retention_moves += other.retention_moves;
+        self.retention_moves_done += other.retention_moves_done;
     }
 }
 
@@ -172,6 +178,8 @@ pub struct World {
     storage_failures_seen: BTreeMap<NodeId, u64>,
     /// Liveness probes in flight: request → channel.
     probes: BTreeMap<ApiId, ChannelId>,
+    /// Retention moves asked for and not answered yet: their channel.
+    retentions: BTreeMap<ApiId, ChannelId>,
     /// Channels that acknowledged a probe after healing.
     probed: BTreeSet<ChannelId>,
     /// Metadata writes in flight: request → the user written.
@@ -232,6 +240,7 @@ impl World {
             hw_seen: BTreeMap::new(),
             storage_failures_seen: BTreeMap::new(),
             probes: BTreeMap::new(),
+            retentions: BTreeMap::new(),
             probed: BTreeSet::new(),
             user_writes: BTreeMap::new(),
             slot_moves: BTreeSet::new(),
@@ -559,6 +568,13 @@ impl World {
                     }
                     if let ApiResult::Task(Ok(_)) = &result {
                         self.faults.transfers_done += 1;
+                    }
+                    if let ApiResult::Retained(outcome) = &result {
+                        let channel = self.retentions.remove(&api);
+                        if let (Some(channel), Ok(boundary)) = (channel, outcome) {
+                            self.faults.retention_moves_done += 1;
+                            self.check_retention_within_hw(&channel, *boundary);
+                        }
                     }
                     if self.slot_moves.remove(&api) && matches!(result, ApiResult::Meta(Ok(()))) {
                         self.faults.slot_moves_accepted += 1;

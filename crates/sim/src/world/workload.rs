@@ -33,6 +33,10 @@ impl World {
             return;
         }
         let now = self.now;
+        if roll == 85 && self.params.retention_moves && splitmix(api.0) % 4 == 0 {
+            self.retention_request(node, api, &channel);
+            return;
+        }
         if roll < 30 {
             // Where the page starts and how long it may be come from the request's id, not the seed's
             // generator: the draws of every seed stay as they were (pinned seeds replay the same run).
@@ -67,6 +71,20 @@ impl World {
         if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
             core.append(now, api, channel.clone(), vec![record]);
             self.oracle.expect_append(api, node, channel, payload, key);
+        }
+    }
+
+    /// Gives up `channel`'s records through a seq drawn from the request's id (not the seed's generator):
+    /// up to a little past the last acknowledged one, so some moves go past HW and are refused.
+    fn retention_request(&mut self, node: NodeId, api: ApiId, channel: &ChannelId) {
+        let now = self.now;
+        let last = self.oracle.last_acked(channel);
+        let through = Seq::new((splitmix(api.0 ^ 0x7265_7461_696e) % (last + 3)).max(1));
+        if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
+            core.set_retention(now, api, channel.clone(), through);
+            self.oracle.expect_retention(api, node, channel.clone(), through);
+            self.retentions.insert(api, channel.clone());
+            self.faults.retention_moves += 1;
         }
     }
 

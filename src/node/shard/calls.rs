@@ -1,0 +1,164 @@
+//! Calls on a channel's leader on their way in — appends and retention moves: routed to the local
+//! leader or forwarded to the channel's leader, held while the channel's meta is fetched or its
+//! replica loads, and their failures, each answered in its own terms.
+
+use super::activation::Deferred;
+use super::{remote_error, AppendOrigin, ChannelShard, Forwarded, Waiting, FORWARD_SLACK, META_WAIT};
+use crate::node::core::{ApiId, ApiResult};
+use crate::node::error::NodeError;
+use crate::node::message::{NodeMessage, RemoteAppendError};
+use tidings_channel::machine::{AppendError, AppendRecord, AppendRequest, RequestId, RetentionRequest};
+use tidings_types::{ChannelId, Seq};
+
+/// What an API call asks of a channel's leader.
+#[derive(Debug)]
+pub(crate) enum LeaderCall {
+    /// Append `records` (`sender`, when named, was checked already).
+    Append { sender: Option<String>, records: Vec<AppendRecord> },
+    /// Give up the records through `through` (move the retention boundary).
+    Retain { through: Seq },
+}
+
+impl LeaderCall {
+    pub(super) fn kind(&self) -> CallKind {
+        match self {
+            LeaderCall::Append { .. } => CallKind::Append,
+            LeaderCall::Retain { .. } => CallKind::Retain,
+        }
+    }
+}
+
+/// Which kind of call a caller waits for: its failure is answered in that call's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CallKind {
+    Append,
+    Retain,
+}
+
+impl CallKind {
+    /// The caller's answer when the call failed with `error`.
+    pub(super) fn failed(self, error: NodeError) -> ApiResult {
+        match self {
+            CallKind::Append => ApiResult::Appended(Err(error)),
+            CallKind::Retain => ApiResult::Retained(Err(error)),
+        }
+    }
+}
+
+impl ChannelShard {
+    pub(super) fn route_call(&mut self, api: ApiId, channel: ChannelId, call: LeaderCall) {
+        let Some(leader) = self.metas.get(&channel).map(|m| m.meta.leader) else {
+            // A meta this node's slot replica keeps (one let go at eviction) comes with the replica's
+            // load, off this thread; else the node fetches it.
+            if self.served.serves(&channel) {
+                self.activate(&channel);
+            }
+            if self.is_loading(&channel) {
+                if let Err(Deferred::Route { api, call }) = self.park(&channel, Deferred::Route { api, call }) {
+                    self.done(api, call.kind().failed(NodeError::Busy(channel)));
+                }
+                return;
+            }
+            self.wait_for_meta(api, channel, call);
+            return;
+        };
+        if leader == self.config.node {
+            self.call_locally(AppendOrigin::Local(api), &channel, call);
+            return;
+        }
+        let forward = self.next_id();
+        self.forwarded.insert(forward, Forwarded { api, kind: call.kind(), channel: channel.clone(), leader });
+        // A lost forward or reply must not leave the caller waiting forever: after the leader's own
+        // append timeout (plus slack for the round trip) the caller gets `Aborted(Timeout)`, outcome
+        // unknown, and retries (an append with the same idempotency keys).
+        let deadline = self.now + self.config.machine.append_timeout + FORWARD_SLACK;
+        self.forward_deadlines.push_back((deadline, forward));
+        let message = match call {
+            LeaderCall::Append { sender, records } => {
+                let records = records.into_iter().map(|r| (r.idempotency_key, r.payload)).collect();
+                NodeMessage::AppendForward { id: forward, channel, sender, records }
+            }
+            LeaderCall::Retain { through } => NodeMessage::RetentionForward { id: forward, channel, through },
+        };
+        self.send_node(leader, message);
+    }
+
+    pub(super) fn wait_for_meta(&mut self, api: ApiId, channel: ChannelId, call: LeaderCall) {
+        let queue = self.waiting.entry(channel.clone()).or_default();
+        if queue.len() >= self.config.waiting_appends_max {
+            self.done(api, call.kind().failed(NodeError::Busy(channel)));
+            return;
+        }
+        let first = queue.is_empty();
+        queue.push(Waiting { api, call, deadline: self.now + META_WAIT });
+        if first {
+            self.fetch_meta(&channel);
+        }
+    }
+
+    /// Fails the calls waiting for `channel`'s meta that `expired` selects.
+    pub(super) fn fail_waiting(&mut self, channel: &ChannelId, expired: impl Fn(&Waiting) -> bool) {
+        let Some(queue) = self.waiting.remove(channel) else { return };
+        let (failed, kept): (Vec<Waiting>, Vec<Waiting>) = queue.into_iter().partition(|w| expired(w));
+        if !kept.is_empty() {
+            self.waiting.insert(channel.clone(), kept);
+        }
+        for waiting in failed {
+            self.done(waiting.api, waiting.call.kind().failed(NodeError::UnknownChannel(channel.clone())));
+        }
+    }
+
+    /// Hands `call` to the local replica's machine (activating it first).
+    pub(super) fn call_locally(&mut self, origin: AppendOrigin, channel: &ChannelId, call: LeaderCall) {
+        let now = self.now;
+        let kind = call.kind();
+        if !self.channels.contains(channel) {
+            self.activate(channel);
+            if self.is_loading(channel) {
+                if let Err(Deferred::Call { origin, .. }) = self.park(channel, Deferred::Call { origin, call }) {
+                    self.fail_call(origin, kind, RemoteAppendError::Refused(AppendError::Busy));
+                }
+                return;
+            }
+        }
+        let request = self.next_id();
+        let Some(machine) = self.channels.get_used(channel, now) else {
+            let full = self.loading.len() >= self.active_max;
+            let error = if full { RemoteAppendError::TooManyChannels } else { RemoteAppendError::NotReplica };
+            self.fail_call(origin, kind, error);
+            return;
+        };
+        let admitted = match call {
+            LeaderCall::Append { sender, records } => {
+                let admitted = machine.handle_append(now, AppendRequest { id: RequestId(request), records });
+                if admitted.is_ok() {
+                    self.appends.insert(request, (origin, sender));
+                }
+                admitted
+            }
+            LeaderCall::Retain { through } => {
+                let admitted = machine.handle_retention(now, RetentionRequest { id: RequestId(request), through });
+                if admitted.is_ok() {
+                    self.retentions.insert(request, origin);
+                }
+                admitted
+            }
+        };
+        if let Err(error) = admitted {
+            self.fail_call(origin, kind, RemoteAppendError::Refused(error));
+        }
+    }
+
+    /// Answers a call that failed with `error`: to the local caller, or to the node that forwarded it.
+    pub(super) fn fail_call(&mut self, origin: AppendOrigin, kind: CallKind, error: RemoteAppendError) {
+        match (origin, kind) {
+            (AppendOrigin::Local(api), _) => self.done(api, kind.failed(remote_error(error))),
+            (AppendOrigin::Remote { node, id }, CallKind::Append) => {
+                self.send_node(node, NodeMessage::AppendReply { id, result: Err(error) })
+            }
+            (AppendOrigin::Remote { node, id }, CallKind::Retain) => {
+                self.send_node(node, NodeMessage::RetentionReply { id, result: Err(error) })
+            }
+        }
+    }
+}
