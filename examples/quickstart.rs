@@ -8,7 +8,8 @@
 //! It prints one failover (old leader, evidence, new leader and epoch) and how long channels took to
 //! resume, restarts the node from its directory, shows it caught up, and reads every acknowledged
 //! message back in order. A toy gateway (half the users online, on node 1 or 2) counts the post-commit
-//! fanout deliveries. Last, a hash slot of users migrates to another slot group while they are written.
+//! fanout deliveries. It gives up the older half of one channel's history (`Node::set_retention`). Last, a
+//! hash slot of users migrates to another slot group while they are written.
 #![allow(clippy::disallowed_methods)] // An example is a runtime shell: it reads the clock to report figures.
 
 use bytes::Bytes;
@@ -332,8 +333,12 @@ fn main() {
     }
     let placement = NodeConfig::new(ids[0], ids.clone());
     let mut checked = 0;
+    let mut history = None;
     for (channel, mut expected) in by_channel {
         expected.sort();
+        if history.is_none() {
+            history = Some((channel.clone(), expected.iter().map(|(seq, _)| *seq).collect::<Vec<_>>()));
+        }
         let deadline = Instant::now() + Duration::from_secs(20);
         let got = 'found: loop {
             for replica in placement.channel_placement(&channel).iter() {
@@ -353,6 +358,31 @@ fn main() {
         checked += expected.len();
     }
     println!("read back all {checked} acknowledged messages in order: ok");
+
+    // Give up the older half of one channel's history (a retention period, a cleared conversation),
+    // asked of any node: the channel's leader checks the boundary against its HW and makes it the meta;
+    // every replica then reads from past it and trims its store.
+    let (channel, seqs) = history.expect("some channel was written");
+    let boundary = seqs[seqs.len() / 2];
+    let t = Instant::now();
+    let in_force = retry("give up older records", || nodes[&ids[0]].set_retention(channel.clone(), boundary));
+    let took = t.elapsed();
+    let replicas = placement.channel_placement(&channel);
+    let firsts: Vec<Seq> = replicas
+        .iter()
+        .map(|replica| {
+            retry("read past the boundary", || match read_all(&nodes[replica], &channel)?.first() {
+                Some((first, _)) if *first > in_force => Ok(*first),
+                _ => Err(NodeError::Busy(channel.clone())), // this replica has not applied the meta yet
+            })
+        })
+        .collect();
+    println!(
+        "gave up {channel} through {in_force} (of {} messages, via {}) in {took:.2?}: reads on its replicas start at {}",
+        seqs.len(),
+        ids[0],
+        firsts.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    );
 
     migrate_a_slot(&first);
     drop(nodes);
