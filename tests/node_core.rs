@@ -12,7 +12,7 @@ use tidings::frame::FrameError;
 use tidings::node::{ApiId, Lookup, NodeError};
 use tidings::slot::command::Command;
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
-use tidings::store::message::{IdempotencyKey, LogFailOp};
+use tidings::store::message::{IdempotencyKey, LogFailOp, MessageLog};
 use tidings::store::FailOp;
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
 
@@ -165,6 +165,47 @@ fn an_evicted_replica_loads_off_the_shard_and_then_takes_the_inputs_that_waited(
         let texts: Vec<Vec<u8>> =
             read_all(cluster.core(n), &channel).unwrap().iter().map(|r| r.payload.to_vec()).collect();
         assert_eq!(texts, vec![b"before".to_vec(), b"keyed".to_vec(), b"after".to_vec()], "node {n}");
+    }
+}
+
+/// A retention move through another node waits in loads like an append (for the meta there, for the
+/// evicted leader's replica there) and then gives up the records on every replica.
+#[test]
+fn a_forwarded_retention_move_waits_for_loads_like_an_append_and_trims_every_replica() {
+    let (mut cluster, channel, first) = evicting_cluster_with_one_message("retained");
+    let second = cluster.append(3, &channel, &["kept"]);
+    cluster.run_for(1_000);
+    let (given_up, kept) = (cluster.appended[&first][0], cluster.appended[&second][0]);
+    cluster.run_for(8_000);
+    assert!((1..=3).all(|n| cluster.core(n).channel(&channel).is_none()), "every replica evicted");
+    let leader = cluster.core(1).reader().runtime_meta(&channel).unwrap().expect("stored meta").leader;
+    let via = (1..=3).find(|n| *n != leader.get()).expect("a node that does not lead");
+    cluster.hold_reads = true;
+    let api = cluster.api();
+    let now = cluster.now;
+    cluster.core(via).set_retention(now, api, channel.clone(), given_up);
+    cluster.run_for(200);
+    // The node asked keeps the channel's slot group: its shard let the evicted replica's meta go, and
+    // the move waits in that replica's load, which reads the meta back.
+    assert!(!cluster.results.contains_key(&api), "it waits for the load");
+    assert!(
+        cluster
+            .held_reads
+            .iter()
+            .any(|(n, read)| n.get() == via && matches!(read, Lookup::Load(job) if job.channel() == &channel)),
+        "a load holds it: {:?}",
+        cluster.held_reads
+    );
+    // Then it is forwarded to the leader, whose evicted replica loads (off its shard) before the move.
+    cluster.hold_reads = false;
+    cluster.release_reads();
+    cluster.run_for(2_000);
+    assert_eq!(cluster.results.get(&api).map(String::as_str), Some(format!("Retained(Ok({given_up:?}))").as_str()));
+    for n in 1..=3 {
+        let seqs: Vec<Seq> = read_all(cluster.core(n), &channel).unwrap().iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, vec![kept], "node {n} reads past the boundary");
+        let stored = cluster.nodes[&NodeId::new(n)].log.state(&channel).expect("a stored state");
+        assert_eq!(stored.retention_through, given_up, "node {n} trimmed its store");
     }
 }
 
