@@ -90,6 +90,20 @@ fn one_node_with_channel(
     (dir, mesh, node, ch)
 }
 
+/// Three nodes under a temp dir with `name` created: the dir and mesh they live in (keep them while
+/// they run), their ids, the nodes and the channel.
+fn three_nodes_with_channel(
+    name: &str,
+) -> (tempfile::TempDir, Arc<InProcessMesh>, Vec<NodeId>, Vec<Arc<Node>>, ChannelId) {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+    let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
+    let ch = channel(name);
+    eventually(|| nodes[1].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    (dir, mesh, ids, nodes, ch)
+}
+
 #[test]
 fn single_node_goes_through_the_same_path() {
     let (_dir, _mesh, node, ch) = one_node_with_channel("solo", |_| {});
@@ -312,12 +326,7 @@ fn a_ready_node_takes_metadata_writes_at_once_and_one_without_its_peers_never_ge
 
 #[test]
 fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let mesh = InProcessMesh::new();
-    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
-    let mut nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
-    let ch = channel("shared");
-    eventually(|| nodes[1].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let (dir, mesh, ids, mut nodes, ch) = three_nodes_with_channel("shared");
     let mut acked = Vec::new();
     for (i, node) in nodes.iter().cycle().take(30).enumerate() {
         let text = format!("m{i}");
@@ -621,12 +630,7 @@ fn five_real_nodes_fan_out_and_check_senders_across_slot_groups() {
 
 #[test]
 fn records_given_up_through_any_node_stop_being_readable_everywhere_and_stay_given_up_after_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let mesh = InProcessMesh::new();
-    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
-    let mut nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
-    let ch = channel("retained");
-    eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let (dir, mesh, ids, mut nodes, ch) = three_nodes_with_channel("retained");
     let seqs: Vec<Seq> =
         (0..10).map(|i| eventually(|| nodes[i % 3].append(ch.clone(), record(&format!("m{i}")))?.wait())[0]).collect();
     let placement = NodeConfig::new(ids[0], ids.clone()).channel_placement(&ch);

@@ -316,10 +316,7 @@ fn held_back_hw_news_delays_no_commit_and_reaches_followers_with_the_next_record
 fn the_leader_reports_each_replicas_lag_and_silence() {
     let mut cluster = Cluster::new(31, 3, 2, quiet(), config());
     cluster.run_for(100);
-    for i in 0..5 {
-        let payload = format!("m{i}");
-        cluster.append(node(1), &[payload.as_str()], &[]).unwrap();
-    }
+    cluster.append_each(node(1), 5);
     cluster.run_for(100);
     let leader = cluster.machine(node(1));
     let progress = leader.replica_progress(cluster.now);
@@ -352,10 +349,7 @@ fn the_leader_reports_each_replicas_lag_and_silence() {
 fn the_leader_gives_up_committed_records_through_the_meta_and_every_replica_trims_them() {
     let mut cluster = Cluster::new(41, 3, 2, quiet(), config());
     cluster.run_for(100);
-    for i in 0..10 {
-        let payload = format!("m{i}");
-        cluster.append(node(1), &[payload.as_str()], &[]).unwrap();
-    }
+    cluster.append_each(node(1), 10);
     cluster.run_for(500);
     let hw = cluster.machine(node(1)).hw();
     let through = Seq::new(6);

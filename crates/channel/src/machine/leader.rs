@@ -334,7 +334,9 @@ impl ChannelMachine {
         Ok(())
     }
 
-    fn check_admission(&self, request: &AppendRequest) -> Result<(), AppendError> {
+    /// What every call on the leader needs first: a working log, a meta, this replica leading under it,
+    /// and no write fence (a task owns the channel meanwhile).
+    pub(super) fn admitting_leader(&self) -> Result<(&ChannelRuntimeMeta, &LeaderState), AppendError> {
         if self.broken {
             return Err(AppendError::StorageFailed);
         }
@@ -345,6 +347,11 @@ impl ChannelMachine {
         if let Some(fence) = meta.write_fence {
             return Err(AppendError::Fenced { task: fence.task });
         }
+        Ok((meta, leader))
+    }
+
+    fn check_admission(&self, request: &AppendRequest) -> Result<(), AppendError> {
+        let (meta, leader) = self.admitting_leader()?;
         let records = request.records.len();
         if records == 0 {
             return Err(AppendError::Empty);

@@ -33,17 +33,7 @@ impl ChannelMachine {
     }
 
     fn admit_retention(&mut self, request: RetentionRequest) -> Result<(), AppendError> {
-        if self.broken {
-            return Err(AppendError::StorageFailed);
-        }
-        let Some(meta) = &self.meta else { return Err(AppendError::NotReady) };
-        let Role::Leader(leader) = &self.role else {
-            return Err(AppendError::NotLeader { leader: Some(meta.leader).filter(|l| *l != self.me) });
-        };
-        if let Some(fence) = meta.write_fence {
-            // A task owns the meta meanwhile; the caller retries once it cleared the fence.
-            return Err(AppendError::Fenced { task: fence.task });
-        }
+        let (meta, leader) = self.admitting_leader()?;
         if request.through > self.log.hw {
             return Err(AppendError::BeyondHw { through: request.through, hw: self.log.hw });
         }

@@ -218,6 +218,11 @@ impl Cluster {
         Ok(id)
     }
 
+    /// Submits `count` one-record appends to `to` (payloads `m0`, `m1`, ...); returns their request ids.
+    pub fn append_each(&mut self, to: NodeId, count: usize) -> Vec<RequestId> {
+        (0..count).map(|i| self.append(to, &[format!("m{i}").as_str()], &[]).unwrap()).collect()
+    }
+
     /// Asks `to` to give up the records through `through`; returns the request id, or the refusal.
     pub fn retain(&mut self, to: NodeId, through: Seq) -> Result<RequestId, AppendError> {
         let id = RequestId(self.next_request);
