@@ -258,7 +258,7 @@ impl RaftLogStore {
     }
 
     /// [`RaftLogStore::write`] with `also` — changes to other data on this store's own backend, such as
-    /// a [`crate::MetaStore`]'s over the same [`Kv`] ([`crate::MetaStore::stage_all`]) — in the same atomic
+    /// a [`crate::MetaStore`]'s over the same [`Kv`] ([`crate::MetaStore::write_all_with`]) — in the same atomic
     /// batch: one backend write where there would be two.
     pub fn write_with(&self, batch: RaftLogBatch, also: KvBatch) -> StoreResult<()> {
         self.write_inner(batch, also, false)
