@@ -21,7 +21,7 @@ use tidings::channel::fanout::DeliveryPlan;
 use tidings::channel::machine::AppendRecord;
 use tidings::mesh::InProcessMesh;
 use tidings::node::TaskKind;
-use tidings::node::{NodeConfig, NodeError};
+use tidings::node::{NodeConfig, NodeError, Remedy};
 use tidings::router::hash_slot;
 use tidings::slot::command::{Command, MemberList};
 use tidings::slot::fsm::{Outcome, Refusal};
@@ -86,9 +86,10 @@ fn retry<T>(what: &str, mut call: impl FnMut() -> Result<T, tidings::node::NodeE
     loop {
         match call() {
             Ok(value) => return value,
-            Err(error) if Instant::now() < deadline => {
+            // What the error says to do (`NodeError::remedy`): the calls here are idempotent or keyed, so
+            // any retry is the same call again; one that cannot succeed as made stops the run.
+            Err(error) if error.remedy() != Remedy::GiveUp && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50));
-                let _ = error;
             }
             Err(error) => panic!("{what}: {error}"),
         }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidings::channel::machine::AppendRecord;
 use tidings::mesh::InProcessMesh;
-use tidings::node::{NodeConfig, NodeError};
+use tidings::node::{NodeConfig, NodeError, Remedy};
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid};
 use tidings::types::{ChannelId, NodeId};
 use tidings::{AppendHandle, Node, StorageOptions};
@@ -192,8 +192,7 @@ pub fn retry<T>(mut call: impl FnMut() -> Result<T, NodeError>) -> T {
     loop {
         match call() {
             Ok(value) => return value,
-            Err(error) if Instant::now() < deadline => {
-                let _ = error;
+            Err(error) if error.remedy() != Remedy::GiveUp && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(2));
             }
             Err(error) => panic!("gave up: {error}"),

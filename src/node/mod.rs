@@ -16,7 +16,7 @@ pub use controller::{
     ControllerConfig, DrainReport, EvidenceEntry, EvidenceReport, MembershipStep, MigrationPhase, Reconcile,
     SlotMigrationReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus,
 };
-pub use error::NodeError;
+pub use error::{NodeError, Remedy};
 pub use fanout::{carry_out_fanout, subscriber_page, FanoutAnswer, FanoutHost, FanoutWork, NoFanout};
 pub use message::{FlagQuery, NodeMessage, RemoteAppendError, SlotQuery, SlotReadAnswer};
 pub use shard::{ActivationLoad, Lookup, LookupAnswer, ReadPlan, SenderCheck};
