@@ -6,7 +6,7 @@
 //! the order they came.
 
 use super::calls::LeaderCall;
-use super::{AppendOrigin, ChannelShard, KnownMeta, ShardOutput};
+use super::{CallOrigin, ChannelShard, KnownMeta, ShardOutput};
 use crate::node::core::{ApiId, NodeEffect};
 use crate::node::error::NodeError;
 use crate::node::message::RemoteAppendError;
@@ -113,7 +113,7 @@ pub(super) enum Deferred {
     /// A peer's channel message.
     Message { from: NodeId, message: ChannelMessage },
     /// A call (append or retention move) for the local leader.
-    Call { origin: AppendOrigin, call: LeaderCall },
+    Call { origin: CallOrigin, call: LeaderCall },
     /// A controller's request for this replica's evidence.
     Evidence { from: NodeId, task: u64 },
     /// An API call not routed yet: its channel's meta comes with the load.

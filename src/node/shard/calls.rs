@@ -3,7 +3,7 @@
 //! replica loads, and their failures, each answered in its own terms.
 
 use super::activation::Deferred;
-use super::{remote_error, AppendOrigin, ChannelShard, Forwarded, Waiting, FORWARD_SLACK, META_WAIT};
+use super::{remote_error, CallOrigin, ChannelShard, Forwarded, Waiting, FORWARD_SLACK, META_WAIT};
 use crate::node::core::{ApiId, ApiResult};
 use crate::node::error::NodeError;
 use crate::node::message::{NodeMessage, RemoteAppendError};
@@ -46,6 +46,8 @@ impl CallKind {
 }
 
 impl ChannelShard {
+    /// Sends `call` on to `channel`'s leader: this node's machine, or the leader's node; without the
+    /// channel's meta it waits for it (in the replica's load when this node's slot replica keeps it).
     pub(super) fn route_call(&mut self, api: ApiId, channel: ChannelId, call: LeaderCall) {
         let Some(leader) = self.metas.get(&channel).map(|m| m.meta.leader) else {
             // A meta this node's slot replica keeps (one let go at eviction) comes with the replica's
@@ -63,7 +65,7 @@ impl ChannelShard {
             return;
         };
         if leader == self.config.node {
-            self.call_locally(AppendOrigin::Local(api), &channel, call);
+            self.call_locally(CallOrigin::Local(api), &channel, call);
             return;
         }
         let forward = self.next_id();
@@ -83,6 +85,7 @@ impl ChannelShard {
         self.send_node(leader, message);
     }
 
+    /// Holds `call` (bounded per channel) until the channel's meta arrives, fetching it.
     pub(super) fn wait_for_meta(&mut self, api: ApiId, channel: ChannelId, call: LeaderCall) {
         let queue = self.waiting.entry(channel.clone()).or_default();
         if queue.len() >= self.config.waiting_appends_max {
@@ -109,7 +112,7 @@ impl ChannelShard {
     }
 
     /// Hands `call` to the local replica's machine (activating it first).
-    pub(super) fn call_locally(&mut self, origin: AppendOrigin, channel: &ChannelId, call: LeaderCall) {
+    pub(super) fn call_locally(&mut self, origin: CallOrigin, channel: &ChannelId, call: LeaderCall) {
         let now = self.now;
         let kind = call.kind();
         if !self.channels.contains(channel) {
@@ -150,13 +153,13 @@ impl ChannelShard {
     }
 
     /// Answers a call that failed with `error`: to the local caller, or to the node that forwarded it.
-    pub(super) fn fail_call(&mut self, origin: AppendOrigin, kind: CallKind, error: RemoteAppendError) {
+    pub(super) fn fail_call(&mut self, origin: CallOrigin, kind: CallKind, error: RemoteAppendError) {
         match (origin, kind) {
-            (AppendOrigin::Local(api), _) => self.done(api, kind.failed(remote_error(error))),
-            (AppendOrigin::Remote { node, id }, CallKind::Append) => {
+            (CallOrigin::Local(api), _) => self.done(api, kind.failed(remote_error(error))),
+            (CallOrigin::Remote { node, id }, CallKind::Append) => {
                 self.send_node(node, NodeMessage::AppendReply { id, result: Err(error) })
             }
-            (AppendOrigin::Remote { node, id }, CallKind::Retain) => {
+            (CallOrigin::Remote { node, id }, CallKind::Retain) => {
                 self.send_node(node, NodeMessage::RetentionReply { id, result: Err(error) })
             }
         }

@@ -234,9 +234,9 @@ pub(crate) struct ShardStatus {
     pub(crate) loading: usize,
 }
 
-/// Who waits for an append the local machine admitted.
+/// Who waits for a call (an append, a retention move) the local machine admitted.
 #[derive(Debug, Clone, Copy)]
-enum AppendOrigin {
+enum CallOrigin {
     Local(ApiId),
     Remote { node: NodeId, id: u64 },
 }
@@ -293,9 +293,9 @@ pub(crate) struct ChannelShard {
     resumable: BTreeMap<ChannelId, LeaderEpoch>,
     metas: FxHashMap<ChannelId, KnownMeta>,
     waiting: FxHashMap<ChannelId, Vec<Waiting>>,
-    appends: FxHashMap<u64, (AppendOrigin, Option<String>)>,
+    appends: FxHashMap<u64, (CallOrigin, Option<String>)>,
     /// Retention moves the local leaders admitted: who waits for each.
-    retentions: FxHashMap<u64, AppendOrigin>,
+    retentions: FxHashMap<u64, CallOrigin>,
     /// Senders of appended messages not yet committed (for fanout: no unread badge for the sender).
     senders: BTreeMap<(ChannelId, Seq), String>,
     /// Calls forwarded to a channel's leader.
@@ -486,7 +486,7 @@ impl ChannelShard {
                 self.route_call(api, channel, LeaderCall::Retain { through })
             }
             ShardInput::Forwarded { from, id, channel, call } => {
-                self.call_locally(AppendOrigin::Remote { node: from, id }, &channel, call)
+                self.call_locally(CallOrigin::Remote { node: from, id }, &channel, call)
             }
             ShardInput::Reply { id, result } => {
                 if let Some(Forwarded { api, .. }) = self.forwarded.remove(&id) {
@@ -655,8 +655,8 @@ impl ChannelShard {
                     }
                 }
                 match (origin, result) {
-                    (AppendOrigin::Local(api), Ok(seqs)) => self.done(api, ApiResult::Appended(Ok(seqs))),
-                    (AppendOrigin::Remote { node, id }, Ok(seqs)) => {
+                    (CallOrigin::Local(api), Ok(seqs)) => self.done(api, ApiResult::Appended(Ok(seqs))),
+                    (CallOrigin::Remote { node, id }, Ok(seqs)) => {
                         self.send_node(node, NodeMessage::AppendReply { id, result: Ok(seqs) })
                     }
                     (origin, Err(aborted)) => {
@@ -667,10 +667,10 @@ impl ChannelShard {
             Effect::RetentionDone { id, result } => {
                 let Some(origin) = self.retentions.remove(&id.0) else { return };
                 match (origin, result) {
-                    (AppendOrigin::Local(api), result) => {
+                    (CallOrigin::Local(api), result) => {
                         self.done(api, ApiResult::Retained(result.map_err(NodeError::Aborted)))
                     }
-                    (AppendOrigin::Remote { node, id }, result) => {
+                    (CallOrigin::Remote { node, id }, result) => {
                         let result = result.map_err(RemoteAppendError::Aborted);
                         self.send_node(node, NodeMessage::RetentionReply { id, result })
                     }

@@ -86,10 +86,10 @@ impl ChannelMachine {
     /// Moves not seen in force within `append_timeout` end `Timeout`; the others are proposed again if
     /// their proposal timed out.
     pub(super) fn retention_timeout(&mut self) {
-        let expired_before = self.now - self.config.append_timeout;
+        let (now, timeout) = (self.now, self.config.append_timeout);
         let Some(leader) = self.leader() else { return };
         let mut expired = Vec::new();
-        while leader.retention_waits.front().is_some_and(|w| w.admitted_at <= expired_before) {
+        while leader.retention_waits.front().is_some_and(|w| w.admitted_at + timeout <= now) {
             expired.push(leader.retention_waits.pop_front().expect("checked non-empty"));
         }
         self.finish_retention(expired, Err(AppendAborted::Timeout));
