@@ -45,6 +45,8 @@ pub struct ReadAsked {
     /// After a short page: the first message a read from just past the page found (a leader may know a
     /// HW beyond its own durable log when MinISR counts others first: a page stops there).
     pub next: Option<Seq>,
+    /// The retention boundary in force on the replica at the read.
+    pub retained_through: Seq,
 }
 
 /// Requests, answers and violations.
@@ -236,6 +238,9 @@ impl Oracle {
         }
         if records.windows(2).any(|w| w[0].seq >= w[1].seq) {
             problems.push("seqs out of order".into());
+        }
+        if let Some(record) = records.iter().find(|r| r.seq <= read.retained_through) {
+            problems.push(format!("seq {} given up (retention through {})", record.seq, read.retained_through));
         }
         if let Some(record) = records.iter().find(|r| r.seq < read.from || r.seq > read.hw) {
             problems.push(format!("seq {} outside [{}, HW {}]", record.seq, read.from, read.hw));

@@ -31,6 +31,8 @@ pub struct ChannelStatus {
     pub log_end: Seq,
     /// Last durable seq.
     pub durable_last: Seq,
+    /// The retention boundary in force here: records at or below it are given up (reads start after it).
+    pub retention_through: Seq,
     /// On the leader: appends admitted and waiting for HW to cover them.
     pub pending_appends: usize,
     /// On the leader: every other replica's progress (acknowledged seq, lag, silence), in node order.

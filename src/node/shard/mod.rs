@@ -740,6 +740,7 @@ fn channel_status(machine: &ChannelMachine, now: Time) -> Option<ChannelStatus> 
         hw: machine.hw(),
         log_end: machine.log_end(),
         durable_last: machine.durable_last(),
+        retention_through: meta.retention_through,
         pending_appends: machine.drain_status().pending_appends,
         replicas: machine.replica_progress(now),
     })

@@ -56,7 +56,10 @@ impl World {
                         }
                         _ => None,
                     };
-                    self.oracle.check_read(node, &channel, &ReadAsked { from, limit, hw, next }, &records);
+                    // The retention boundary the replica's meta holds: nothing at or below it may be read.
+                    let retained_through = core.channel_status(&channel).map_or(Seq::new(0), |s| s.retention_through);
+                    let asked = ReadAsked { from, limit, hw, next, retained_through };
+                    self.oracle.check_read(node, &channel, &asked, &records);
                 }
             }
             return;
