@@ -38,7 +38,8 @@ pub struct NodeConfig {
     pub machine: MachineConfig,
     /// Largest inbound frame body, in bytes.
     pub frame_bytes_max: usize,
-    /// Appends waiting for a channel's meta to arrive, per channel.
+    /// Calls (appends, retention moves) waiting for a channel's meta to arrive, or for its replica to load,
+    /// per channel.
     pub waiting_appends_max: usize,
     /// Most records one API read ([`crate::Node::read`]) returns, whatever limit the caller asks;
     /// page on from the last seq returned. Default 1,000.

@@ -32,7 +32,7 @@ pub enum NodeError {
     /// No runtime meta is known for the channel yet (it does not exist, or its meta is still travelling).
     #[error("no meta known for {0}")]
     UnknownChannel(ChannelId),
-    /// Too many appends wait for the channel's meta: retry later.
+    /// Too many calls (appends, retention moves) wait for the channel's meta or replica: retry later.
     #[error("too many appends wait for the meta of {0}")]
     Busy(ChannelId),
     /// This node keeps no replica of the channel (reads are served by replicas).
