@@ -81,6 +81,39 @@ fn appends_to_unknown_channels_and_bad_frames_are_refused() {
     assert_eq!(cluster.core(1).handle_frame(now, NodeId::new(9), &frame), Err(FrameError::UnknownNode(NodeId::new(9))));
 }
 
+/// A forwarded append whose frame arrives twice (a network or a transport that resends) commits once.
+#[test]
+fn a_forward_delivered_twice_is_taken_once() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(5_000);
+    let channel = ChannelId::new(ChannelType::GROUP, "twice").unwrap();
+    cluster.create_channel(1, &channel);
+    let first = cluster.append(1, &channel, &["first"]);
+    cluster.run_for(1_000);
+    assert!(cluster.appended.contains_key(&first));
+    let leader = cluster.core(1).reader().runtime_meta(&channel).unwrap().expect("stored meta").leader;
+    let from = NodeId::new(if leader.get() == 1 { 2 } else { 1 });
+    let forward = tidings::node::NodeMessage::AppendForward {
+        id: 77,
+        channel: channel.clone(),
+        sender: None,
+        records: vec![(None, Bytes::from_static(b"once"))],
+    };
+    let frame = tidings::frame::encode(&tidings::frame::Frame {
+        cluster: 1,
+        from,
+        body: tidings::frame::FrameBody::Node(forward),
+    });
+    let now = cluster.now;
+    for _ in 0..2 {
+        cluster.core(leader.get()).handle_frame(now, from, &frame).expect("a valid frame");
+    }
+    cluster.run_for(1_000);
+    let payloads: Vec<Vec<u8>> =
+        read_all(cluster.core(leader.get()), &channel).unwrap().iter().map(|r| r.payload.to_vec()).collect();
+    assert_eq!(payloads, vec![b"first".to_vec(), b"once".to_vec()]);
+}
+
 /// Three nodes evicting replicas idle for 3 s, and `name`, a channel created on node 1 whose first
 /// message, "before", was appended through node 2 and committed (its id is returned).
 fn evicting_cluster_with_one_message(name: &str) -> (Cluster, ChannelId, ApiId) {

@@ -62,6 +62,9 @@ pub struct Oracle {
     keyed: Vec<(ChannelId, IdempotencyKey, Bytes)>,
     /// Every key submitted, acknowledged or not (a later request with one is a retry).
     submitted_keys: BTreeSet<(ChannelId, IdempotencyKey)>,
+    /// Payloads sent with an idempotency key: a retry of one may legitimately commit again (its first
+    /// copy given up, or out of the idempotency window). Every other payload is sent once.
+    keyed_payloads: BTreeSet<Bytes>,
     /// Setup writes acknowledged.
     setup_done: BTreeSet<String>,
     /// The furthest retention boundary asked for per channel (answered or not: one that timed out may
@@ -89,6 +92,7 @@ impl Oracle {
     ) {
         let mut fresh = true;
         if let Some(key) = &key {
+            self.keyed_payloads.insert(payload.clone());
             if !self.keyed.iter().any(|(c, k, _)| *c == channel && k == key) && self.keyed.len() < 1_000 {
                 self.keyed.push((channel.clone(), key.clone(), payload.clone()));
             }
@@ -148,6 +152,11 @@ impl Oracle {
     }
 
     pub fn answered(&mut self, api: ApiId, result: ApiResult) {
+        if std::env::var("SIM_DEBUG_RETAIN").is_ok() {
+            if let Some((n, Expect::Retain { channel, through })) = self.expected.get(&api) {
+                eprintln!("retain {api:?} via {n} {channel} through {through}: {result:?}");
+            }
+        }
         let Some((_, expect)) = self.expected.remove(&api) else { return };
         match (expect, result) {
             (Expect::Create(channel), ApiResult::Meta(Ok(()))) => {
@@ -298,6 +307,19 @@ impl Oracle {
         {
             if !held.iter().any(|(_, _, log)| log.get(seq) == Some(payload)) {
                 self.violations.push(format!("{channel}: acknowledged seq {seq} lost or changed on every replica"));
+            }
+        }
+        // A message sent once (no key) is committed once: a forward delivered twice must not append twice.
+        for (node, hw, log) in &held {
+            let mut first_at: BTreeMap<&Bytes, Seq> = BTreeMap::new();
+            for (seq, payload) in log.range(..=*hw) {
+                if let Some(first) = first_at.insert(payload, *seq) {
+                    if !self.keyed_payloads.contains(payload) {
+                        self.violations.push(format!(
+                            "{channel}: a message sent once is committed twice on {node}, at {first} and {seq}"
+                        ));
+                    }
+                }
             }
         }
         for (i, (a, hw_a, log_a)) in held.iter().enumerate() {

@@ -20,8 +20,8 @@ mod senders;
 
 pub use activation::ActivationLoad;
 use activation::Loaded;
-use calls::CallKind;
 pub(crate) use calls::LeaderCall;
+use calls::{CallKind, TakenForwards};
 pub use lookups::{Lookup, LookupAnswer};
 pub use reads::ReadPlan;
 pub use senders::SenderCheck;
@@ -300,6 +300,8 @@ pub(crate) struct ChannelShard {
     senders: BTreeMap<(ChannelId, Seq), String>,
     /// Calls forwarded to a channel's leader.
     forwarded: BTreeMap<u64, Forwarded>,
+    /// Calls other nodes forwarded here lately: a copy delivered twice is taken once.
+    taken_forwards: TakenForwards,
     /// When each forwarded call stops waiting for its reply (deadlines are increasing: one timeout).
     forward_deadlines: VecDeque<(Time, u64)>,
     /// Channels whose local replica is named leader but cannot lead: when to ask for a failover next.
@@ -346,6 +348,7 @@ impl ChannelShard {
             retentions: FxHashMap::default(),
             senders: BTreeMap::new(),
             forwarded: BTreeMap::new(),
+            taken_forwards: TakenForwards::default(),
             forward_deadlines: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
             hw_floor: BTreeMap::new(),
@@ -486,7 +489,10 @@ impl ChannelShard {
                 self.route_call(api, channel, LeaderCall::Retain { through })
             }
             ShardInput::Forwarded { from, id, channel, call } => {
-                self.call_locally(CallOrigin::Remote { node: from, id }, &channel, call)
+                // A second copy is dropped: the first one's outcome answers the caller.
+                if self.taken_forwards.first_time(from, id) {
+                    self.call_locally(CallOrigin::Remote { node: from, id }, &channel, call)
+                }
             }
             ShardInput::Reply { id, result } => {
                 if let Some(Forwarded { api, .. }) = self.forwarded.remove(&id) {
