@@ -9,7 +9,7 @@ use std::time::Duration;
 use support::{read_all, records, Cluster};
 use tidings::channel::machine::AppendRecord;
 use tidings::frame::FrameError;
-use tidings::node::{ApiId, Lookup, NodeError};
+use tidings::node::{ApiId, Lookup, NodeConfig, NodeError};
 use tidings::slot::command::Command;
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
 use tidings::store::message::{IdempotencyKey, LogFailOp, MessageLog};
@@ -84,13 +84,7 @@ fn appends_to_unknown_channels_and_bad_frames_are_refused() {
 /// A forwarded append whose frame arrives twice (a network or a transport that resends) commits once.
 #[test]
 fn a_forward_delivered_twice_is_taken_once() {
-    let mut cluster = Cluster::new(3);
-    cluster.run_for(5_000);
-    let channel = ChannelId::new(ChannelType::GROUP, "twice").unwrap();
-    cluster.create_channel(1, &channel);
-    let first = cluster.append(1, &channel, &["first"]);
-    cluster.run_for(1_000);
-    assert!(cluster.appended.contains_key(&first));
+    let (mut cluster, channel, _) = cluster_with_one_message("twice", |_| {});
     let leader = cluster.core(1).reader().runtime_meta(&channel).unwrap().expect("stored meta").leader;
     let from = NodeId::new(if leader.get() == 1 { 2 } else { 1 });
     let forward = tidings::node::NodeMessage::AppendForward {
@@ -111,13 +105,19 @@ fn a_forward_delivered_twice_is_taken_once() {
     cluster.run_for(1_000);
     let payloads: Vec<Vec<u8>> =
         read_all(cluster.core(leader.get()), &channel).unwrap().iter().map(|r| r.payload.to_vec()).collect();
-    assert_eq!(payloads, vec![b"first".to_vec(), b"once".to_vec()]);
+    assert_eq!(payloads, vec![b"before".to_vec(), b"once".to_vec()]);
 }
 
 /// Three nodes evicting replicas idle for 3 s, and `name`, a channel created on node 1 whose first
 /// message, "before", was appended through node 2 and committed (its id is returned).
 fn evicting_cluster_with_one_message(name: &str) -> (Cluster, ChannelId, ApiId) {
-    let mut cluster = Cluster::with(3, |config| config.channel_idle_evict = Duration::from_secs(3));
+    cluster_with_one_message(name, |config| config.channel_idle_evict = Duration::from_secs(3))
+}
+
+/// Three nodes configured by `tweak`, and `name`, a channel created on node 1 whose first message,
+/// "before", was appended through node 2 and committed (its id is returned).
+fn cluster_with_one_message(name: &str, tweak: impl Fn(&mut NodeConfig)) -> (Cluster, ChannelId, ApiId) {
+    let mut cluster = Cluster::with(3, tweak);
     cluster.run_for(5_000);
     let channel = ChannelId::new(ChannelType::GROUP, name).unwrap();
     cluster.create_channel(1, &channel);
