@@ -242,6 +242,33 @@ fn a_forwarded_retention_move_waits_for_loads_like_an_append_and_trims_every_rep
     }
 }
 
+/// A replica that was down while records were given up still holds them; read back before its load
+/// trims them, it starts after the boundary of the meta its node learned meanwhile.
+#[test]
+fn a_replica_that_missed_a_retention_move_reads_past_it_before_it_trims() {
+    let (mut cluster, channel, first) = cluster_with_one_message("missed", |_| {});
+    let kept = cluster.append(2, &channel, &["kept"]);
+    cluster.run_for(1_000);
+    let (given_up, kept) = (cluster.appended[&first][0], cluster.appended[&kept][0]);
+    let meta = cluster.core(1).reader().runtime_meta(&channel).unwrap().expect("stored meta");
+    let down = meta.replicas.iter().copied().find(|n| *n != meta.leader).expect("a follower").get();
+    cluster.crash(down);
+    let api = cluster.api();
+    let now = cluster.now;
+    cluster.core(meta.leader.get()).set_retention(now, api, channel.clone(), given_up);
+    // Its slot group may have to elect a leader first.
+    cluster.run_for(5_000);
+    assert!(cluster.results[&api].starts_with("Retained(Ok"), "{:?}", cluster.results.get(&api));
+    // Back, its replica's load held: the store still has the record given up.
+    cluster.hold_reads = true;
+    cluster.restart(down);
+    cluster.run_for(3_000);
+    let stored = cluster.nodes[&NodeId::new(down)].log.state(&channel).expect("a stored state");
+    assert!(stored.retention_through < given_up, "not trimmed yet: {stored:?}");
+    let seqs: Vec<Seq> = read_all(cluster.core(down), &channel).unwrap().iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, vec![kept]);
+}
+
 /// A load never answered does not hold a replica's inputs for good: after 30 s its parked appends get
 /// `Busy`, its late answer changes nothing, and the next append activates the replica again.
 #[test]

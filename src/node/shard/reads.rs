@@ -41,21 +41,26 @@ impl ReadPlan {
     /// The high watermark this read stops at: known at admission, or read from the store (and the
     /// channel's meta from `reader`, when the shard held none).
     pub fn high_watermark(&self, log: &dyn MessageLog, reader: &SlotReader) -> Result<Seq, NodeError> {
-        match self.through {
-            Through::Known(hw) => Ok(hw),
-            Through::Stored { check_meta } => {
-                if check_meta {
-                    match reader.runtime_meta(&self.channel)? {
-                        None => return Err(NodeError::UnknownChannel(self.channel.clone())),
-                        Some(meta) if !meta.is_replica(self.me) => {
-                            return Err(NodeError::NotReplica(self.channel.clone()))
-                        }
-                        Some(_) => {}
-                    }
-                }
-                Ok(log.state(&self.channel)?.hw)
+        self.range(log, reader).map(|(_, through)| through)
+    }
+
+    /// The first and last seq the read may return. A plan made without the channel's meta reads it
+    /// here, and starts after its retention boundary: the store may not have trimmed yet (an evicted
+    /// replica trims when it next applies the meta).
+    fn range(&self, log: &dyn MessageLog, reader: &SlotReader) -> Result<(Seq, Seq), NodeError> {
+        let check_meta = match self.through {
+            Through::Known(hw) => return Ok((self.from, hw)),
+            Through::Stored { check_meta } => check_meta,
+        };
+        let mut from = self.from;
+        if check_meta {
+            match reader.runtime_meta(&self.channel)? {
+                None => return Err(NodeError::UnknownChannel(self.channel.clone())),
+                Some(meta) if !meta.is_replica(self.me) => return Err(NodeError::NotReplica(self.channel.clone())),
+                Some(meta) => from = from.max(meta.retention_through.next()),
             }
         }
+        Ok((from, log.state(&self.channel)?.hw))
     }
 
     /// Reads the committed messages the plan covers, from its first seq on: at most its record limit,
@@ -63,9 +68,9 @@ impl ReadPlan {
     /// leader's first record) are skipped and read past, so a page comes back short only at the
     /// high watermark or at the byte limit.
     pub fn carry_out(&self, log: &dyn MessageLog, reader: &SlotReader) -> Result<Vec<Record>, NodeError> {
-        let through = self.high_watermark(log, reader)?;
+        let (mut from, through) = self.range(log, reader)?;
         let mut messages = Vec::new();
-        let (mut from, mut wanted) = (self.from, self.limits.records_max);
+        let mut wanted = self.limits.records_max;
         while wanted > 0 && from <= through {
             let limits = ReadLimits { records_max: wanted, bytes_max: self.limits.bytes_max };
             let records = log.read(&self.channel, from, through, limits)?;
@@ -225,5 +230,44 @@ mod tests {
             vec![5],
             "one, whatever the limit"
         );
+    }
+
+    #[test]
+    fn a_plan_made_without_the_meta_starts_after_the_boundary_its_slot_replica_holds() {
+        use tidings_slot::command::Command;
+        use tidings_slot::fsm::{migration::seed_placements, FsmLimits, SlotFsm};
+        let channel = ChannelId::new(ChannelType::GROUP, "unloaded").unwrap();
+        // The store holds everything through 9, committed, not trimmed (the replica was evicted when the
+        // meta giving up 1..=5 was applied).
+        let log = log(&channel);
+        log.commit(LogBatch::new(channel.clone(), vec![LogOp::CheckpointHw(Seq::new(9))])).unwrap();
+        let store = tidings_store::MetaStore::new(std::sync::Arc::new(tidings_store::kv::MemoryKv::new()));
+        let table = tidings_router::HashToSlot::even_split(1).unwrap();
+        seed_placements(&store, &table).unwrap();
+        let fsm = SlotFsm::new(tidings_types::GroupId::new(1), store.clone(), FsmLimits::default());
+        let me = NodeId::new(1);
+        let meta = tidings_types::ChannelRuntimeMeta {
+            channel: channel.clone(),
+            version: 1,
+            leader: me,
+            replicas: vec![me],
+            isr: vec![me],
+            min_isr: 1,
+            epoch: tidings_types::Epoch::new(1),
+            leader_epoch: LeaderEpoch::new(1),
+            write_fence: None,
+            retention_through: Seq::new(5),
+        };
+        let command = Command::CreateRuntimeMeta(meta).encode();
+        fsm.apply(&table, &[(1, command.as_slice())]).unwrap();
+        let all = ReadLimits { records_max: 100, bytes_max: usize::MAX };
+        let plan = ReadPlan {
+            channel: channel.clone(),
+            me,
+            from: Seq::new(1),
+            through: Through::Stored { check_meta: true },
+            limits: all,
+        };
+        assert_eq!(seqs(&plan.carry_out(&log, &SlotReader::new(store)).unwrap()), vec![6, 7, 8, 9]);
     }
 }
