@@ -8,7 +8,9 @@ use super::controller::{ClusterView, Controller, NodeView, PreferredLeaders, Slo
 use super::error::NodeError;
 use super::fanout::{FanoutAnswer, FanoutWork};
 use super::message::{NodeMessage, SlotReadAnswer};
-use super::shard::{shard_of, shard_of_id, ChannelShard, LeaderCall, Lookup, LookupAnswer, Served, ShardInput};
+use super::shard::{
+    shard_of, shard_of_id, CallOutcome, ChannelShard, LeaderCall, Lookup, LookupAnswer, Served, ShardInput,
+};
 use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
@@ -508,11 +510,11 @@ impl NodeCore {
             }
             NodeMessage::AppendReply { id, result } => {
                 let index = shard_of_id(id, self.shards.count());
-                self.feed_shard_at(index, ShardInput::Reply { id, result });
+                self.feed_shard_at(index, ShardInput::Reply { id, outcome: CallOutcome::Appended(result) });
             }
             NodeMessage::RetentionReply { id, result } => {
                 let index = shard_of_id(id, self.shards.count());
-                self.feed_shard_at(index, ShardInput::RetentionReply { id, result });
+                self.feed_shard_at(index, ShardInput::Reply { id, outcome: CallOutcome::Retained(result) });
             }
             NodeMessage::SlotReadRequest { request, query } => self.serve_read(from, request, query),
             NodeMessage::SlotReadReply { request, answer } => self.read_answered(from, request, answer),

@@ -186,14 +186,43 @@ impl ChannelShard {
 
     /// Answers a call that failed with `error`: to the local caller, or to the node that forwarded it.
     pub(super) fn fail_call(&mut self, origin: CallOrigin, kind: CallKind, error: RemoteAppendError) {
-        match (origin, kind) {
-            (CallOrigin::Local(api), _) => self.done(api, kind.failed(remote_error(error))),
-            (CallOrigin::Remote { node, id }, CallKind::Append) => {
-                self.send_node(node, NodeMessage::AppendReply { id, result: Err(error) })
+        let outcome = match kind {
+            CallKind::Append => CallOutcome::Appended(Err(error)),
+            CallKind::Retain => CallOutcome::Retained(Err(error)),
+        };
+        self.answer(origin, outcome);
+    }
+
+    /// Gives a call's outcome to whoever waits for it: the local caller, or the node that forwarded it.
+    pub(super) fn answer(&mut self, origin: CallOrigin, outcome: CallOutcome) {
+        match origin {
+            CallOrigin::Local(api) => self.done(api, outcome.into_api_result()),
+            CallOrigin::Remote { node, id } => {
+                let reply = match outcome {
+                    CallOutcome::Appended(result) => NodeMessage::AppendReply { id, result },
+                    CallOutcome::Retained(result) => NodeMessage::RetentionReply { id, result },
+                };
+                self.send_node(node, reply);
             }
-            (CallOrigin::Remote { node, id }, CallKind::Retain) => {
-                self.send_node(node, NodeMessage::RetentionReply { id, result: Err(error) })
-            }
+        }
+    }
+}
+
+/// A leader call's outcome in its own terms, as the leader's node sends it back.
+#[derive(Debug)]
+pub(crate) enum CallOutcome {
+    /// An append's seqs, or why not.
+    Appended(Result<Vec<Seq>, RemoteAppendError>),
+    /// The retention boundary in force, or why not.
+    Retained(Result<Seq, RemoteAppendError>),
+}
+
+impl CallOutcome {
+    /// What the caller gets.
+    pub(super) fn into_api_result(self) -> ApiResult {
+        match self {
+            CallOutcome::Appended(result) => ApiResult::Appended(result.map_err(remote_error)),
+            CallOutcome::Retained(result) => ApiResult::Retained(result.map_err(remote_error)),
         }
     }
 }

@@ -20,8 +20,8 @@ mod senders;
 
 pub use activation::ActivationLoad;
 use activation::Loaded;
-pub(crate) use calls::LeaderCall;
 use calls::{CallKind, TakenForwards};
+pub(crate) use calls::{CallOutcome, LeaderCall};
 pub use lookups::{Lookup, LookupAnswer};
 pub use reads::ReadPlan;
 pub use senders::SenderCheck;
@@ -160,10 +160,8 @@ pub(crate) enum ShardInput {
     Retain { api: ApiId, channel: ChannelId, through: Seq },
     /// A call another node forwarded here (an append's sender was checked there).
     Forwarded { from: NodeId, id: u64, channel: ChannelId, call: LeaderCall },
-    /// The leader's answer to an append this shard forwarded.
-    Reply { id: u64, result: Result<Vec<Seq>, RemoteAppendError> },
-    /// The leader's answer to a retention move this shard forwarded.
-    RetentionReply { id: u64, result: Result<Seq, RemoteAppendError> },
+    /// The leader's answer to a call this shard forwarded.
+    Reply { id: u64, outcome: CallOutcome },
     /// A channel's meta, as the node learned it (pushed, fetched or applied).
     Meta {
         /// The meta.
@@ -494,14 +492,9 @@ impl ChannelShard {
                     self.call_locally(CallOrigin::Remote { node: from, id }, &channel, call)
                 }
             }
-            ShardInput::Reply { id, result } => {
+            ShardInput::Reply { id, outcome } => {
                 if let Some(Forwarded { api, .. }) = self.forwarded.remove(&id) {
-                    self.done(api, ApiResult::Appended(result.map_err(remote_error)));
-                }
-            }
-            ShardInput::RetentionReply { id, result } => {
-                if let Some(Forwarded { api, .. }) = self.forwarded.remove(&id) {
-                    self.done(api, ApiResult::Retained(result.map_err(remote_error)));
+                    self.done(api, outcome.into_api_result());
                 }
             }
             ShardInput::Meta { meta, stored_here } => self.learn_meta(meta, stored_here),
@@ -660,27 +653,11 @@ impl ChannelShard {
                         self.senders.insert((channel.clone(), *seq), sender.clone());
                     }
                 }
-                match (origin, result) {
-                    (CallOrigin::Local(api), Ok(seqs)) => self.done(api, ApiResult::Appended(Ok(seqs))),
-                    (CallOrigin::Remote { node, id }, Ok(seqs)) => {
-                        self.send_node(node, NodeMessage::AppendReply { id, result: Ok(seqs) })
-                    }
-                    (origin, Err(aborted)) => {
-                        self.fail_call(origin, CallKind::Append, RemoteAppendError::Aborted(aborted))
-                    }
-                }
+                self.answer(origin, CallOutcome::Appended(result.map_err(RemoteAppendError::Aborted)));
             }
             Effect::RetentionDone { id, result } => {
                 let Some(origin) = self.retentions.remove(&id.0) else { return };
-                match (origin, result) {
-                    (CallOrigin::Local(api), result) => {
-                        self.done(api, ApiResult::Retained(result.map_err(NodeError::Aborted)))
-                    }
-                    (CallOrigin::Remote { node, id }, result) => {
-                        let result = result.map_err(RemoteAppendError::Aborted);
-                        self.send_node(node, NodeMessage::RetentionReply { id, result })
-                    }
-                }
+                self.answer(origin, CallOutcome::Retained(result.map_err(RemoteAppendError::Aborted)));
             }
             Effect::Committed { last, messages, .. } => {
                 if self.config.fanout_enabled {
