@@ -80,6 +80,16 @@ pub(super) struct Io {
 }
 
 impl Io {
+    /// Hands an API read (or `latest`) to the reader thread without blocking: its full queue answers the
+    /// caller `Overloaded` (a stopped one drops the job, whose completer then answers `Stopped`).
+    pub(super) fn api_read(&self, job: ReadJob) {
+        match self.read_tx.try_send(job) {
+            Err(TrySendError::Full(ReadJob::Api(_, reply))) => reply.complete(Err(NodeError::Overloaded)),
+            Err(TrySendError::Full(ReadJob::Latest(_, reply))) => reply.complete(Err(NodeError::Overloaded)),
+            _ => {}
+        }
+    }
+
     /// Hands `lookups` (one reactor's) to the reader thread as one job, without blocking. Gives back as
     /// effects what its full queue did not take: their inputs wait parked, so the caller offers them
     /// again later instead of dropping them.

@@ -150,12 +150,7 @@ impl Reactor {
             ReactorInput::Read { channel, from, limit, reply } => {
                 match self.shard.plan_read(now, &channel, from, limit) {
                     // The read itself may touch storage: the reader thread carries it out.
-                    Ok(plan) => match self.io.read_tx.try_send(ReadJob::Api(plan, reply)) {
-                        Ok(()) => {}
-                        Err(TrySendError::Full(ReadJob::Api(_, reply))) => reply.complete(Err(NodeError::Overloaded)),
-                        // Gone, or not this job: its completer, dropped, answers `Stopped`.
-                        Err(_) => {}
-                    },
+                    Ok(plan) => self.io.api_read(ReadJob::Api(plan, reply)),
                     Err(error) => reply.complete(Err(error)),
                 }
             }
@@ -163,13 +158,7 @@ impl Reactor {
                 Ok(plan) => match plan.known_high_watermark() {
                     Some(hw) => reply.complete(Ok(hw)),
                     // A replica not in memory: its store holds the answer, read on the reader thread.
-                    None => match self.io.read_tx.try_send(ReadJob::Latest(plan, reply)) {
-                        Ok(()) => {}
-                        Err(TrySendError::Full(ReadJob::Latest(_, reply))) => {
-                            reply.complete(Err(NodeError::Overloaded))
-                        }
-                        Err(_) => {}
-                    },
+                    None => self.io.api_read(ReadJob::Latest(plan, reply)),
                 },
                 Err(error) => reply.complete(Err(error)),
             },
