@@ -114,7 +114,12 @@ fn main() {
         .collect();
     let batch = LogBatch::new(
         channel.clone(),
-        vec![LogOp::Append(records.clone()), LogOp::CheckpointHw(Seq::new(2)), LogOp::TruncateAfter(Seq::new(2))],
+        vec![
+            LogOp::Append(records.clone()),
+            LogOp::CheckpointHw(Seq::new(2)),
+            LogOp::CheckpointFanned(Seq::new(2)),
+            LogOp::TruncateAfter(Seq::new(2)),
+        ],
     );
     write("stored_records", "batch", &stored::batch_to_bytes(&batch));
     write("stored_records", "pack", &stored::pack_to_bytes(&records));
@@ -123,6 +128,7 @@ fn main() {
         epochs: vec![(LeaderEpoch::new(1), Seq::new(1))],
         hw: Seq::new(2),
         retention_through: Seq::new(0),
+        fanned_through: Seq::new(1),
     };
     let stored_state = stored::StoredState { state, sled_through: Seq::new(2), frames_before: 1, opening: 1 };
     write("stored_records", "state", &stored::state_to_bytes(&stored_state));

@@ -12,6 +12,11 @@ use tidings_types::{ChannelId, NodeId};
 /// The host's side of post-commit fanout: presence (where members are online) and delivery. Called on the
 /// node's fanout worker thread, one call at a time; a slow call slows fanout only (never appends), and the
 /// planner holds a bounded number of plans meanwhile.
+///
+/// Delivery is at least once: a channel leader that crashes (or loses its leadership to a crash) before
+/// a message's plans were all taken leaves it to its successor, which plans the message again on its
+/// own node. A member may so get a message twice; drop the second by `(plan.message.channel,
+/// plan.message.seq)`.
 pub trait FanoutHost: Send + Sync + 'static {
     /// Where each member is online (`None`: offline). One answer per uid, in order.
     fn locate(&self, uids: &[String]) -> Vec<Option<NodeId>>;

@@ -73,7 +73,11 @@ impl Trio {
                     self.machines[target].handle_message(self.now, sender, message);
                 }
                 Effect::AppendDone { .. } => done += 1,
-                Effect::Committed { messages, .. } => self.machines[i].release_handoff(messages.len()),
+                Effect::Committed { messages, .. } => {
+                    for seq in messages {
+                        self.machines[i].fanout_finished(seq);
+                    }
+                }
                 _ => {}
             }
         }

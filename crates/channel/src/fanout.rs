@@ -10,6 +10,11 @@
 //! plans are in flight the planner waits (it slows down, it does not drop), and the queue of committed
 //! messages waiting for fanout is bounded: the channel reserves that capacity before it appends.
 //!
+//! A message's fanout finishes ([`FanoutEffect::Finished`]) once every page was planned and each plan
+//! was delivered or reported failed: only then does its channel's leader count it as fanned out, and a
+//! leader that crashes before makes its successor fan the message out again (at least once; see
+//! `ChannelMachine::fanout_finished`).
+//!
 //! Members that left are skipped, and so are members on the channel's deny list; a member whose
 //! conversation is hidden is delivered with `unhide` set. Every plan entry carries what the host needs
 //! to update conversation lists and unread badges without another read: the message's seq and sender,
@@ -143,7 +148,8 @@ pub enum FanoutEffect {
     Deliver(DeliveryPlan),
     /// A plan failed after every attempt; the message stays committed.
     Failed(DeliveryPlan),
-    /// The job finished: every online member was planned. Its handoff slot is free again.
+    /// The job finished: every online member was planned, and each plan was delivered or reported
+    /// failed. Its handoff slot is free again, and the channel's leader reports fanout past it.
     Finished {
         /// The job.
         job: JobId,
@@ -178,6 +184,7 @@ struct Active {
 
 #[derive(Debug)]
 struct InFlight {
+    job: JobId,
     plan: DeliveryPlan,
     attempts: u32,
 }
@@ -189,9 +196,13 @@ pub struct FanoutPlanner {
     config: FanoutConfig,
     queue: VecDeque<Job>,
     active: Option<Active>,
-    /// Plans built but not yet handed out (waiting for in-flight capacity).
-    ready: VecDeque<DeliveryPlan>,
+    /// Plans built but not yet handed out (waiting for in-flight capacity), with their job.
+    ready: VecDeque<(JobId, DeliveryPlan)>,
     in_flight: BTreeMap<u64, InFlight>,
+    /// Plans built and not yet delivered or failed, per job (ready or in flight).
+    plans_open: BTreeMap<JobId, usize>,
+    /// Jobs whose every page was planned, waiting for their last plans to end before they finish.
+    planned: BTreeMap<JobId, MessageRef>,
     effects: VecDeque<FanoutEffect>,
     next_job: u64,
     next_plan: u64,
@@ -206,6 +217,8 @@ impl FanoutPlanner {
             active: None,
             ready: VecDeque::new(),
             in_flight: BTreeMap::new(),
+            plans_open: BTreeMap::new(),
+            planned: BTreeMap::new(),
             effects: VecDeque::new(),
             next_job: 1,
             next_plan: 1,
@@ -261,19 +274,21 @@ impl FanoutPlanner {
             for chunk in entries.chunks(self.config.plan_members_max) {
                 let id = self.next_plan;
                 self.next_plan += 1;
-                self.ready.push_back(DeliveryPlan {
-                    id,
-                    target: target.clone(),
-                    message: message.clone(),
-                    members: chunk.to_vec(),
-                });
+                let plan =
+                    DeliveryPlan { id, target: target.clone(), message: message.clone(), members: chunk.to_vec() };
+                self.ready.push_back((job, plan));
+                *self.plans_open.entry(job).or_default() += 1;
             }
         }
         match next {
             Some(cursor) if !last_page => active.phase = Phase::NextPage(cursor),
             _ => {
                 let active = self.active.take().expect("checked above");
-                self.effects.push_back(FanoutEffect::Finished { job, message: active.job.message });
+                if self.plans_open.contains_key(&job) {
+                    self.planned.insert(job, active.job.message);
+                } else {
+                    self.effects.push_back(FanoutEffect::Finished { job, message: active.job.message });
+                }
             }
         }
         self.advance();
@@ -291,7 +306,21 @@ impl FanoutPlanner {
             }
             self.effects.push_back(FanoutEffect::Failed(flight.plan));
         }
+        self.plan_ended(flight.job);
         self.advance();
+    }
+
+    /// A plan of `job` was delivered or failed for good; the job finishes with its last plan.
+    fn plan_ended(&mut self, job: JobId) {
+        let Some(open) = self.plans_open.get_mut(&job) else { return };
+        *open -= 1;
+        if *open > 0 {
+            return;
+        }
+        self.plans_open.remove(&job);
+        if let Some(message) = self.planned.remove(&job) {
+            self.effects.push_back(FanoutEffect::Finished { job, message });
+        }
     }
 
     /// Next effect to carry out.
@@ -308,9 +337,9 @@ impl FanoutPlanner {
     /// done and plans have drained (so a huge group never builds more than a page of plans ahead).
     fn advance(&mut self) {
         while self.in_flight.len() < self.config.plans_in_flight_max {
-            let Some(plan) = self.ready.pop_front() else { break };
+            let Some((job, plan)) = self.ready.pop_front() else { break };
             self.effects.push_back(FanoutEffect::Deliver(plan.clone()));
-            self.in_flight.insert(plan.id, InFlight { plan, attempts: 1 });
+            self.in_flight.insert(plan.id, InFlight { job, plan, attempts: 1 });
         }
         if !self.ready.is_empty() {
             return; // One page of plans at a time: memory stays bounded by the page size.
@@ -388,5 +417,27 @@ mod tests {
         planner.handle_delivered(plan.id, false);
         assert!(matches!(planner.poll_effect(), Some(FanoutEffect::Failed(_))));
         assert_eq!(planner.plans_pending(), 0);
+    }
+
+    #[test]
+    fn a_job_finishes_only_once_each_of_its_plans_was_delivered_or_failed() {
+        let mut planner = FanoutPlanner::new(FanoutConfig { attempts_max: 1, ..FanoutConfig::default() });
+        let job = planner.submit(message(1), Some(["a".into(), "b".into()])).unwrap();
+        let Some(FanoutEffect::Locate { .. }) = planner.poll_effect() else { panic!("locate expected") };
+        let (one, two) = (Target { node: NodeId::new(1) }, Target { node: NodeId::new(2) });
+        planner.handle_located(job, vec![Some(one), Some(two)]);
+        let plans: Vec<u64> = std::iter::from_fn(|| planner.poll_effect())
+            .map(|effect| match effect {
+                FanoutEffect::Deliver(plan) => plan.id,
+                other => panic!("only deliveries before the plans end, got {other:?}"),
+            })
+            .collect();
+        assert_eq!(plans.len(), 2, "one plan per target");
+        planner.handle_delivered(plans[0], true);
+        assert_eq!(planner.poll_effect(), None, "one plan still out");
+        planner.handle_delivered(plans[1], false);
+        assert!(matches!(planner.poll_effect(), Some(FanoutEffect::Failed(_))));
+        assert!(matches!(planner.poll_effect(), Some(FanoutEffect::Finished { job: finished, .. }) if finished == job));
+        assert_eq!(planner.poll_effect(), None);
     }
 }

@@ -5,6 +5,7 @@ mod harness;
 use harness::{node, Cluster, Faults, Outcome};
 use std::time::Duration;
 use tidings_channel::machine::{AppendError, MachineConfig, RoleKind};
+use tidings_store::message::MessageLog;
 use tidings_types::{Seq, WriteFence};
 
 fn quiet() -> Faults {
@@ -391,4 +392,112 @@ fn a_retention_move_the_slot_layer_never_applies_times_out() {
     cluster.run_for(u64::try_from(config().append_timeout.as_millis()).unwrap() + 100);
     assert_eq!(cluster.retentions[&id], Some(Err(tidings_channel::machine::AppendAborted::Timeout)));
     assert_eq!(cluster.meta.retention_through, Seq::new(0));
+}
+
+/// The leader's fanout of the messages it committed is slow, and it crashes half way: its successor
+/// fans out again exactly those whose end the followers had not heard of.
+#[test]
+fn a_new_leader_fans_out_again_what_its_crashed_predecessor_had_not_finished() {
+    let mut cluster = Cluster::new(31, 3, 2, quiet(), config());
+    cluster.fanout_held = true;
+    cluster.run_for(100);
+    let ids = cluster.append_each(node(1), 6);
+    cluster.run_for(300);
+    let seqs: Vec<Seq> = ids.iter().map(|id| acked(&cluster, *id)[0]).collect();
+    assert_eq!(cluster.fanning[&node(1)], seqs, "each committed message handed off once, in order");
+    // Fanout ends for the first five (delivered, or failed for good); the sixth is slow.
+    for seq in &seqs[..5] {
+        cluster.replicas.get_mut(&node(1)).unwrap().machine.as_mut().unwrap().fanout_finished(*seq);
+    }
+    // Followers hear of it with the leader's next answer (a parked pull ends within `pull_park`).
+    cluster.run_for(500);
+    cluster.crash(node(1));
+    let leader = cluster.failover(&[node(1)], None, None).expect("two of three replicas report");
+    cluster.run_for(500);
+    let refanned: Vec<Seq> = cluster.handed_off.iter().filter(|(n, _)| *n == leader).map(|(_, s)| *s).collect();
+    assert_eq!(
+        refanned,
+        vec![seqs[5]],
+        "only the unfinished message goes to fanout again\n{}",
+        cluster.trace.join("\n")
+    );
+    // Its fanout is the new leader's now: finishing it is reported onwards.
+    cluster.finish_fanout(leader);
+    let id = cluster.append(leader, &["after"], &[]).unwrap();
+    cluster.run_for(300);
+    let after = acked(&cluster, id)[0];
+    let handed: Vec<Seq> = cluster.handed_off.iter().filter(|(n, _)| *n == leader).map(|(_, s)| *s).collect();
+    assert_eq!(handed, vec![seqs[5], after], "its own message follows, the barrier is none");
+}
+
+/// Records the crashed leader admitted but never saw commit are committed by its successor, which fans
+/// them out; with fanout finishing at once every committed message went to fanout somewhere.
+#[test]
+fn messages_a_successor_commits_for_a_crashed_leader_fan_out_there() {
+    // MinISR 3 and node 3 cut off: the leader and node 2 hold the records, and nothing commits.
+    let mut cluster = Cluster::new(32, 3, 3, quiet(), config());
+    cluster.run_for(100);
+    cluster.isolate(node(3), &[node(1), node(2)]);
+    let ids = cluster.append_each(node(1), 3);
+    cluster.run_for(100);
+    assert_eq!(cluster.durable_records(node(2)).len(), 4, "the barrier and the three records reached node 2");
+    assert!(ids.iter().all(|id| *cluster.outcome(*id) == Outcome::Pending), "nothing committed yet");
+    cluster.crash(node(1));
+    cluster.blocked.clear();
+    let leader = cluster.failover(&[node(1)], Some(vec![node(2), node(3)]), Some(2)).expect("both report");
+    assert_eq!(leader, node(2), "the replica holding the records leads");
+    cluster.run_for(500);
+    let inherited: Vec<Seq> = cluster.committed_messages().iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(inherited.len(), 3, "the successor committed the three records it held");
+    let handed: Vec<Seq> = cluster.handed_off.iter().filter(|(n, _)| *n == leader).map(|(_, s)| *s).collect();
+    assert_eq!(handed, inherited, "and fanned them out");
+    cluster.check_every_committed_message_handed_off();
+}
+
+/// How far fanout finished is checkpointed with the log: a replica that restarts and leads again fans
+/// out again only what had not finished before the crash.
+#[test]
+fn a_leader_restarted_from_its_disk_fans_out_again_only_what_had_not_finished() {
+    let mut cluster = Cluster::new(33, 1, 1, quiet(), config());
+    cluster.fanout_held = true;
+    cluster.run_for(100);
+    let ids = cluster.append_each(node(1), 4);
+    cluster.run_for(100);
+    let seqs: Vec<Seq> = ids.iter().map(|id| acked(&cluster, *id)[0]).collect();
+    for seq in &seqs[..2] {
+        cluster.replicas.get_mut(&node(1)).unwrap().machine.as_mut().unwrap().fanout_finished(*seq);
+    }
+    // The progress is checkpointed like HW (within about a second when nothing else is written).
+    cluster.run_for(1_500);
+    assert_eq!(cluster.replicas[&node(1)].log.state(&harness::channel()).unwrap().fanned_through, seqs[1]);
+    cluster.crash(node(1));
+    cluster.start(node(1));
+    cluster.failover(&[], None, None).expect("the one replica reports");
+    cluster.run_for(300);
+    let refanned: Vec<Seq> = cluster.handed_off[seqs.len()..].iter().map(|(_, seq)| *seq).collect();
+    assert_eq!(refanned, seqs[2..].to_vec(), "handed off after the restart\n{}", cluster.trace.join("\n"));
+}
+
+/// A leader evicted while quiescent resumes its epoch without a second barrier: each leader epoch
+/// holds one barrier, at its start, so a successor tells barriers from messages by the epoch history.
+#[test]
+fn a_leadership_resumed_after_an_eviction_writes_no_second_barrier() {
+    let mut cluster = Cluster::new(34, 3, 2, quiet(), config());
+    cluster.run_for(100);
+    cluster.append_each(node(1), 3);
+    // Quiescent: committed, durable, and HW checkpointed everywhere.
+    cluster.run_for(2_000);
+    cluster.evict_and_resume(node(1));
+    assert_eq!(cluster.machine(node(1)).role(), RoleKind::Leader);
+    let id = cluster.append(node(1), &["after the eviction"], &[]).unwrap();
+    cluster.run_for(300);
+    assert_eq!(acked(&cluster, id), vec![Seq::new(5)], "the next seq after barrier #1 and messages #2-#4");
+    let barriers: Vec<Seq> = cluster
+        .durable_records(node(1))
+        .iter()
+        .filter(|r| r.kind == tidings_store::message::RecordKind::Barrier)
+        .map(|r| r.seq)
+        .collect();
+    assert_eq!(barriers, vec![Seq::new(1)]);
+    cluster.check_converged();
 }

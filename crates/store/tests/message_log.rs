@@ -58,6 +58,7 @@ struct ChannelModel {
     records: Vec<Record>,
     hw: u64,
     retention: u64,
+    fanned: u64,
 }
 
 impl ChannelModel {
@@ -74,6 +75,7 @@ impl ChannelModel {
             LogOp::Append(records) => self.records.extend(records.iter().cloned()),
             LogOp::TruncateAfter(seq) => self.records.retain(|r| r.seq <= *seq),
             LogOp::CheckpointHw(seq) => self.hw = seq.get(),
+            LogOp::CheckpointFanned(seq) => self.fanned = seq.get(),
             LogOp::SetRetention(seq) => {
                 self.retention = seq.get();
                 self.records.retain(|r| r.seq > *seq);
@@ -104,6 +106,10 @@ enum Op {
         ch: usize,
         fraction: u8,
     },
+    Fanned {
+        ch: usize,
+        fraction: u8,
+    },
     Sync,
     /// The channel's replica leaves memory (`release_caches`): its caches and staging tail may go, what
     /// it staged must not.
@@ -126,6 +132,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..CHANNELS, 0u64..10).prop_map(|(ch, back)| Op::Truncate { ch, back }),
         2 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Hw { ch, fraction }),
         1 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Retention { ch, fraction }),
+        1 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Fanned { ch, fraction }),
         4 => Just(Op::Sync),
         2 => (0..CHANNELS).prop_map(|ch| Op::Release { ch }),
         2 => Just(Op::WriteBehind),
@@ -137,7 +144,11 @@ fn op() -> impl Strategy<Value = Op> {
 /// The batch `op` stages against the tail model `tail`, if it is a staging op.
 fn batch_for(op: &Op, tail: &Model) -> Option<LogBatch> {
     let ch = match op {
-        Op::Append { ch, .. } | Op::Truncate { ch, .. } | Op::Hw { ch, .. } | Op::Retention { ch, .. } => *ch,
+        Op::Append { ch, .. }
+        | Op::Truncate { ch, .. }
+        | Op::Hw { ch, .. }
+        | Op::Retention { ch, .. }
+        | Op::Fanned { ch, .. } => *ch,
         _ => return None,
     };
     let m = tail.get(&ch).cloned().unwrap_or_default();
@@ -148,6 +159,9 @@ fn batch_for(op: &Op, tail: &Model) -> Option<LogBatch> {
         }
         Op::Truncate { back, .. } => LogOp::TruncateAfter(Seq::new(m.last().saturating_sub(back).max(m.hw))),
         Op::Hw { fraction, .. } => LogOp::CheckpointHw(Seq::new(m.hw + (m.last() - m.hw) * u64::from(fraction) / 100)),
+        Op::Fanned { fraction, .. } => {
+            LogOp::CheckpointFanned(Seq::new(m.fanned + (m.hw - m.fanned) * u64::from(fraction) / 100))
+        }
         Op::Retention { fraction, .. } => {
             LogOp::SetRetention(Seq::new(m.retention + (m.hw - m.retention) * u64::from(fraction) / 100))
         }
@@ -172,6 +186,7 @@ fn check(log: &impl MessageLog, model: &Model) {
         assert_eq!(state.last_seq.get(), m.last(), "ch{ch} last seq");
         assert_eq!(state.hw.get(), m.hw, "ch{ch} hw");
         assert_eq!(state.retention_through.get(), m.retention, "ch{ch} retention");
+        assert_eq!(state.fanned_through.get(), m.fanned, "ch{ch} fanned through");
         let records = log.read(&channel(ch), Seq::new(1), Seq::new(u64::MAX), ALL).unwrap();
         assert_eq!(records, m.records, "ch{ch} records");
         if let Some(last) = m.records.last() {
@@ -202,7 +217,12 @@ fn observe(log: &impl MessageLog) -> Model {
     for ch in 0..CHANNELS {
         let state = log.state(&channel(ch)).unwrap();
         let records = log.read(&channel(ch), Seq::new(1), Seq::new(u64::MAX), ALL).unwrap();
-        let m = ChannelModel { records, hw: state.hw.get(), retention: state.retention_through.get() };
+        let m = ChannelModel {
+            records,
+            hw: state.hw.get(),
+            retention: state.retention_through.get(),
+            fanned: state.fanned_through.get(),
+        };
         if m != ChannelModel::default() {
             model.insert(ch, m);
         }

@@ -15,7 +15,7 @@ use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimit
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use tidings_channel::fanout::{FanoutEffect, FanoutPlanner, JobId, MessageRef, Target};
+use tidings_channel::fanout::{FanoutEffect, FanoutPlanner, MessageRef, Target};
 use tidings_channel::machine::{AppendRecord, ChannelMachine, PersistToken, ReadToken};
 use tidings_router::Router;
 use tidings_slot::command::RoutingKey;
@@ -150,8 +150,6 @@ pub struct NodeCore {
     fanout: FanoutPlanner,
     /// Committed messages waiting for room in the fanout queue (each still holds its channel's handoff slot).
     fanout_waiting: VecDeque<(ChannelId, Seq, Option<String>)>,
-    /// Which channel each fanout job belongs to (to release its handoff slot when done).
-    fanout_jobs: BTreeMap<JobId, ChannelId>,
     /// Reads asked of nodes serving a slot group this one does not, and pages served to peers.
     remote_reads: RemoteReads,
     /// Fanout pages no node served in time (each ended a message's fanout early).
@@ -221,7 +219,6 @@ impl NodeCore {
             frame_limits,
             fanout: FanoutPlanner::new(config.fanout),
             fanout_waiting: VecDeque::new(),
-            fanout_jobs: BTreeMap::new(),
             remote_reads: RemoteReads::default(),
             fanout_pages_abandoned: 0,
             sender_checks: SenderChecks::default(),
@@ -542,9 +539,7 @@ impl NodeCore {
             let members = person.map(|(a, b)| [a.to_owned(), b.to_owned()]);
             let message = MessageRef { channel: channel.clone(), seq, sender: sender.clone() };
             match self.fanout.submit(message, members) {
-                Ok(job) => {
-                    self.fanout_jobs.insert(job, channel);
-                }
+                Ok(_) => {}
                 Err(_) => {
                     // Submit refuses only when full (checked above); the message waits its turn.
                     self.fanout_waiting.push_front((channel, seq, sender));
@@ -569,10 +564,9 @@ impl NodeCore {
             host_work @ (FanoutEffect::Locate { .. } | FanoutEffect::Deliver(_) | FanoutEffect::Failed(_)) => {
                 self.effects.push_back(NodeEffect::Fanout(FanoutWork::Planner(host_work)));
             }
-            FanoutEffect::Finished { job, .. } => {
-                if let Some(channel) = self.fanout_jobs.remove(&job) {
-                    self.feed_shard(&channel.clone(), ShardInput::ReleaseHandoff { channel, count: 1 });
-                }
+            FanoutEffect::Finished { message, .. } => {
+                let MessageRef { channel, seq, .. } = message;
+                self.feed_shard(&channel.clone(), ShardInput::FanoutFinished { channel, seq });
                 self.feed_fanout();
             }
         }

@@ -182,8 +182,9 @@ pub(crate) enum ShardInput {
     Loaded(Loaded),
     /// A sender check in this node's slot replicas finished.
     SenderLookedUp(SenderChecked),
-    /// Fanout finished `count` committed messages of `channel`: their handoff slots are free.
-    ReleaseHandoff { channel: ChannelId, count: usize },
+    /// Fanout of `channel`'s committed message `seq` finished: its handoff slot (if it held one) is
+    /// free, and its leader reports fanout past it.
+    FanoutFinished { channel: ChannelId, seq: Seq },
     /// The node's served groups or hash-slot table changed.
     Served(Arc<Served>),
     /// An API call starts a controller task on the channel: the node needs the meta the shard knows.
@@ -196,8 +197,8 @@ pub(crate) enum ShardOutput {
     /// IO (`Send`, `Persist`, `Read`) or an API call's end (`Done`): carried out by whoever runs the
     /// shard, exactly as the node's own effects.
     Effect(NodeEffect),
-    /// A committed message for post-commit fanout (the machine holds its handoff slot until
-    /// [`ShardInput::ReleaseHandoff`]).
+    /// A committed message for post-commit fanout (the machine holds it unfinished until
+    /// [`ShardInput::FanoutFinished`]).
     Committed { channel: ChannelId, seq: Seq, sender: Option<String> },
     /// A metadata proposal (a leader's ISR change); nobody waits for it.
     Propose(Command),
@@ -514,9 +515,9 @@ impl ChannelShard {
             }
             ShardInput::Loaded(loaded) => self.finish_activation(loaded),
             ShardInput::SenderLookedUp(checked) => self.sender_checked(checked),
-            ShardInput::ReleaseHandoff { channel, count } => {
+            ShardInput::FanoutFinished { channel, seq } => {
                 if let Some(machine) = self.machine_mut(&channel) {
-                    machine.release_handoff(count);
+                    machine.fanout_finished(seq);
                 }
             }
             ShardInput::Served(served) => self.served = served,
@@ -675,7 +676,9 @@ impl ChannelShard {
                         self.senders.remove(&key);
                     }
                 } else if let Some(machine) = self.machine_mut(channel) {
-                    machine.release_handoff(messages.len());
+                    for seq in messages {
+                        machine.fanout_finished(seq);
+                    }
                 }
             }
             Effect::ProposeMeta { expected_version, meta, .. } => {

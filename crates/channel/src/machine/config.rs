@@ -12,8 +12,9 @@ pub struct MachineConfig {
     pub request_bytes_max: usize,
     /// Most records assigned a seq but not yet committed; beyond it appends get `Busy`. Default 8,192.
     pub pending_records_max: usize,
-    /// Post-commit handoff slots (records committed but not yet taken by fanout). Reserved at admission;
-    /// none free: `ChannelBusy` before anything is written. Default 16,384.
+    /// Post-commit handoff slots (records admitted and not yet fanned out). Reserved at admission; none
+    /// free: `ChannelBusy` before anything is written. Also the most messages of earlier leaders a new
+    /// leader fans out again. Default 16,384.
     pub handoff_slots: usize,
     /// Most records in one durable append. Default 1,024.
     pub persist_records_max: usize,

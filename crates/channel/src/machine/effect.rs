@@ -140,14 +140,17 @@ pub enum Effect {
         /// Its seqs (one per record, in order), or why it did not complete.
         result: Result<Vec<Seq>, AppendAborted>,
     },
-    /// Records `first..=last` are committed. `messages` are the ones this leader admitted: each holds a
-    /// handoff slot until post-commit fanout took it ([`super::ChannelMachine::release_handoff`]).
+    /// Records `first..=last` are committed (or, on a new leader, were committed under an earlier one
+    /// and may not have fanned out). `messages` are the ones to fan out, ascending; report each one's end
+    /// with [`super::ChannelMachine::fanout_finished`] (those this leader admitted hold a handoff slot
+    /// until then).
     Committed {
-        /// First newly committed seq.
+        /// First seq handed off.
         first: Seq,
-        /// Last newly committed seq.
+        /// Last seq handed off: HW.
         last: Seq,
-        /// Message records among them admitted by this leader (barriers and earlier leaders' records are not).
+        /// The message records among them this leader admitted, and earlier leaders' ones past what their
+        /// fanout was last known to finish (barriers are not messages).
         messages: Vec<Seq>,
     },
     /// An admitted retention move finished: the boundary in force (at least the one asked for), or why

@@ -138,7 +138,10 @@ impl ChannelMachine {
         follower.outstanding = None;
         let next_seq = expected.map(|o| o.next_seq).expect("checked above");
         match response.body {
-            PullBody::Records { records, hw } => self.follower_records(next_seq, records, hw, leader_epoch),
+            PullBody::Records { records, hw, fanned_through } => {
+                self.handoff.learn(Some(fanned_through));
+                self.follower_records(next_seq, records, hw, leader_epoch)
+            }
             PullBody::Diverging { epoch, end_seq } => self.follower_diverging(epoch, end_seq),
             PullBody::StartAfter { seq, epoch, hw } => self.follower_start_after(seq, epoch, hw),
             PullBody::StaleEpoch | PullBody::NotLeader => self.follower_back_off(true),

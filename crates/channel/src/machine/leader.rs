@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 use tidings_store::message::{Record, RecordKind};
 use tidings_store::StoreError;
-use tidings_types::{ChannelRuntimeMeta, NodeId, Seq, Time};
+use tidings_types::{ChannelRuntimeMeta, LeaderEpoch, NodeId, Seq, Time};
 
 /// What the leader knows of one other replica.
 #[derive(Debug)]
@@ -54,6 +54,9 @@ pub(super) struct PendingAppend {
 pub(super) struct LeaderState {
     /// Seq of this leader's barrier record: nothing counts as committed before it is.
     barrier_seq: Seq,
+    /// The log's last seq when this leadership began: records through it are earlier leaders' (or an
+    /// earlier incarnation's), the ones a successor may have to fan out again.
+    inherited_end: Seq,
     /// The barrier is durable locally: only then are records sent to followers, so a leader epoch that
     /// reached any follower is always on the leader's own disk.
     barrier_durable: bool,
@@ -92,6 +95,7 @@ impl LeaderState {
         let progress = meta.replicas.iter().filter(|n| **n != me).map(|n| (*n, Progress::new(now))).collect();
         Self {
             barrier_seq: Seq::new(0),
+            inherited_end: Seq::new(0),
             barrier_durable: false,
             progress,
             pending: VecDeque::new(),
@@ -141,6 +145,11 @@ impl LeaderState {
             .collect()
     }
 
+    /// Every message at or below this seq went to fanout (or was not this leader's to fan out).
+    pub(super) fn handed_through(&self) -> Seq {
+        self.reported
+    }
+
     /// The lowest match among every other replica (learners included): records at or below it are needed
     /// by no pull.
     pub(super) fn lowest_replica_match(&self, meta: &ChannelRuntimeMeta, me: NodeId) -> Seq {
@@ -185,27 +194,47 @@ impl ChannelMachine {
         }
     }
 
-    /// Becoming leader: write the barrier record of this leader epoch.
+    /// Becoming leader: write the barrier record of this leader epoch. A leadership resumed after an
+    /// eviction (`resume_leadership`) keeps the barrier its epoch started with: the log was quiescent, so
+    /// that barrier is committed, and a leader epoch keeps exactly one barrier, at its start — which is
+    /// how a successor tells barriers from messages it fans out again without reading them.
     pub(super) fn leader_start(&mut self) {
         let meta = self.meta.as_ref().expect("a leader has meta");
-        let barrier = Record {
-            seq: self.log.end.next(),
-            kind: RecordKind::Barrier,
-            leader_epoch: meta.leader_epoch,
-            idempotency_key: None,
-            timestamp_ms: self.now.as_millis(),
-            payload: bytes::Bytes::new(),
+        let inherited_end = self.log.end;
+        let epoch_start = self.log.epochs.last().filter(|(epoch, _)| *epoch == meta.leader_epoch).map(|(_, s)| *s);
+        let seq = match epoch_start {
+            Some(start) => start,
+            None => {
+                let barrier = Record {
+                    seq: self.log.end.next(),
+                    kind: RecordKind::Barrier,
+                    leader_epoch: meta.leader_epoch,
+                    idempotency_key: None,
+                    timestamp_ms: self.now.as_millis(),
+                    payload: bytes::Bytes::new(),
+                };
+                let seq = barrier.seq;
+                self.log.push_record(barrier);
+                seq
+            }
         };
-        let seq = barrier.seq;
-        self.log.push_record(barrier);
         let hw = self.log.hw;
         let replicas: Vec<NodeId> = meta.replicas.iter().copied().filter(|n| *n != self.me).collect();
         let hint = PullHint { channel: self.channel.clone(), leader_epoch: meta.leader_epoch };
+        // Records at or below the HW we start with were committed under an earlier leader, which fanned
+        // them out as far as we last heard; past that (or, knowing nothing, past our HW) they are ours to
+        // fan out again, at once. Records given up are not.
+        // What this node still fans out from an earlier term of its own it finishes itself.
+        let fanned = self.handoff.fanned_through(None).unwrap_or(hw).max(self.handoff.last_handed());
+        let handed_through = fanned.max(self.log.durable.retention_through).min(hw);
+        let durable_end = self.log.consistent_durable_end();
         if let Some(leader) = self.leader() {
             leader.barrier_seq = seq;
-            // Records at or below the HW we start with were committed (and handed off) under an earlier leader.
-            leader.reported = hw;
+            leader.inherited_end = inherited_end;
+            leader.barrier_durable = durable_end >= seq;
+            leader.reported = handed_through;
         }
+        self.leader_hand_off_committed();
         // Wake every replica: idle or evicted followers start pulling from this leader now.
         for replica in replicas {
             self.send(replica, ChannelMessage::Hint(hint.clone()));
@@ -223,7 +252,10 @@ impl ChannelMachine {
             .iter_mut()
             .filter_map(|(n, p)| p.parked.take().map(|parked| (*n, parked.pull_id)))
             .collect();
-        self.handoff_held = self.handoff_held.saturating_sub(unreleased);
+        let handed_through = leader.reported;
+        self.handoff.held = self.handoff.held.saturating_sub(unreleased);
+        // What this leader saw of its fanout stays known: it reports it again if it leads again.
+        self.handoff.learn(self.handoff.fanned_through(Some(handed_through)));
         for id in pending {
             self.effects.push_back(Effect::AppendDone { id, result: Err(reason) });
         }
@@ -317,7 +349,7 @@ impl ChannelMachine {
             seqs.push(seq);
         }
         let through = seqs.iter().copied().max().unwrap_or(Seq::new(0));
-        self.handoff_held += assigned.len();
+        self.handoff.held += assigned.len();
         let now = self.now;
         let hw = self.log.hw;
         let leader = self.leader().expect("admission checked role");
@@ -376,7 +408,7 @@ impl ChannelMachine {
         if leader.reserved.len() + records > self.config.pending_records_max {
             return Err(AppendError::Busy);
         }
-        if self.handoff_held + records > self.config.handoff_slots {
+        if self.handoff.held + records > self.config.handoff_slots {
             return Err(AppendError::ChannelBusy);
         }
         Ok(())
@@ -526,9 +558,9 @@ impl ChannelMachine {
             let epoch = self.log.durable.epoch_of(retention).unwrap_or(leader_epoch);
             PullBody::StartAfter { seq: retention, epoch, hw: self.log.hw }
         } else if next_seq > self.log.end || !barrier_durable {
-            PullBody::Records { records: Vec::new(), hw: self.log.hw }
+            self.records_body(Vec::new())
         } else if let Some(records) = self.log.cache.range(next_seq, max_bytes) {
-            PullBody::Records { records, hw: self.log.hw }
+            self.records_body(records)
         } else {
             let token = ReadToken { incarnation: self.incarnation, generation: self.generation, follower: to, pull_id };
             let through = self.log.durable.last_seq;
@@ -551,6 +583,12 @@ impl ChannelMachine {
         self.send(to, ChannelMessage::PullResponse(response));
     }
 
+    /// An answer with `records`, and what every answer tells: HW, and how far fanout finished.
+    fn records_body(&self, records: Vec<Record>) -> PullBody {
+        let fanned_through = self.fanned_through().unwrap_or_default();
+        PullBody::Records { records, hw: self.log.hw, fanned_through }
+    }
+
     pub(super) fn leader_read_done(&mut self, token: ReadToken, result: Result<Vec<Record>, StoreError>) {
         let leader_epoch = match &self.meta {
             Some(meta) => meta.leader_epoch,
@@ -564,7 +602,7 @@ impl ChannelMachine {
         if records.is_empty() || !consecutive {
             return;
         }
-        let body = PullBody::Records { records, hw: self.log.hw };
+        let body = self.records_body(records);
         let response = PullResponse { channel: self.channel.clone(), pull_id: token.pull_id, leader_epoch, body };
         self.send(token.follower, ChannelMessage::PullResponse(response));
     }
@@ -628,12 +666,6 @@ impl ChannelMachine {
         while leader.pending.front().is_some_and(|p| p.through <= hw) {
             done.push(leader.pending.pop_front().expect("checked non-empty"));
         }
-        let mut messages = Vec::new();
-        while leader.reserved.front().is_some_and(|seq| *seq <= hw) {
-            messages.push(leader.reserved.pop_front().expect("checked non-empty"));
-        }
-        let first = leader.reported.next();
-        leader.reported = hw;
         let parked: Vec<(NodeId, Parked)> = leader
             .progress
             .iter_mut()
@@ -651,12 +683,34 @@ impl ChannelMachine {
             self.effects.push_back(Effect::AppendDone { id: pending.id, result: Ok(pending.seqs) });
         }
         self.evict_cache();
-        if first <= hw {
-            self.effects.push_back(Effect::Committed { first, last: hw, messages });
-        }
+        self.leader_hand_off_committed();
         for (node, parked) in parked {
             self.answer_pull(node, parked.pull_id, parked.next_seq, parked.max_bytes);
         }
+    }
+
+    /// Hands to fanout (`Committed`) the committed messages past those handed off before: this leader's
+    /// own, each holding the slot reserved at its admission, and earlier leaders' (see `handoff.rs`), at
+    /// most `handoff_slots` of those, the most recent.
+    fn leader_hand_off_committed(&mut self) {
+        let hw = self.log.hw;
+        let cap = self.config.handoff_slots;
+        let Role::Leader(leader) = &mut self.role else { return };
+        if leader.reported >= hw {
+            return;
+        }
+        let first = leader.reported.next();
+        leader.reported = hw;
+        let inherited_through = hw.min(leader.inherited_end);
+        let mut messages = inherited_messages(&self.log.epochs, first, inherited_through, cap);
+        let inherited = messages.len();
+        while leader.reserved.front().is_some_and(|seq| *seq <= hw) {
+            messages.push(leader.reserved.pop_front().expect("checked non-empty"));
+        }
+        for (i, seq) in messages.iter().enumerate() {
+            self.handoff.handed(*seq, i >= inherited);
+        }
+        self.effects.push_back(Effect::Committed { first, last: hw, messages });
     }
 
     pub(super) fn leader_timeout(&mut self) {
@@ -769,4 +823,19 @@ enum Planned {
     Existing(Seq),
     /// The same key and payload as an earlier record of this request.
     SameAs(usize),
+}
+
+/// The message records among seqs `first..=last` of a log whose epochs start at `epochs` (each with its
+/// leader's barrier), at most `cap` of them, the last ones.
+fn inherited_messages(epochs: &[(LeaderEpoch, Seq)], first: Seq, last: Seq, cap: usize) -> Vec<Seq> {
+    let mut seqs = Vec::new();
+    let mut seq = last;
+    while seq >= first && seq.get() > 0 && seqs.len() < cap {
+        if epochs.binary_search_by_key(&seq, |(_, start)| *start).is_err() {
+            seqs.push(seq);
+        }
+        seq = Seq::new(seq.get() - 1);
+    }
+    seqs.reverse();
+    seqs
 }

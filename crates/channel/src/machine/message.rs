@@ -78,6 +78,9 @@ pub enum PullBody {
         records: Vec<Record>,
         /// The leader's high watermark.
         hw: Seq,
+        /// Every message at or below this seq finished its post-commit fanout, as far as the leader
+        /// knows: a successor fans out again the committed messages past it (see `machine::handoff`).
+        fanned_through: Seq,
     },
     /// The follower's log diverges: the leader's log holds epoch `epoch` (the largest at or below the
     /// follower's last epoch) only through `end_seq`. The follower truncates and pulls again.

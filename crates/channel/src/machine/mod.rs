@@ -37,6 +37,7 @@ mod config;
 mod effect;
 mod error;
 mod follower;
+mod handoff;
 mod idempotency;
 mod leader;
 mod message;
@@ -52,6 +53,7 @@ pub use message::{ChannelMessage, PullBody, PullHint, PullRequest, PullResponse}
 
 use cache::RecordCache;
 use follower::FollowerState;
+use handoff::Handoff;
 use idempotency::IdempotencyIndex;
 use leader::LeaderState;
 use std::collections::VecDeque;
@@ -232,8 +234,8 @@ pub struct ChannelMachine {
     idempotency: IdempotencyIndex,
     role: Role,
     effects: VecDeque<Effect>,
-    /// Handoff slots held by admitted records not yet released by the runtime.
-    handoff_held: usize,
+    /// Handoff slots held, messages handed to fanout and not finished, and how far fanout finished.
+    handoff: Handoff,
     /// The local log failed: no more leading until a new incarnation.
     broken: bool,
     /// A leader epoch this incarnation may lead although its log holds it (see `resume_leadership`).
@@ -265,6 +267,7 @@ impl ChannelMachine {
             idempotency.insert(&record);
             cache.push(record);
         }
+        let durable_fanned = durable.fanned_through;
         let log = LocalLog {
             end: durable.last_seq,
             epochs: durable.epochs.clone(),
@@ -289,7 +292,7 @@ impl ChannelMachine {
             idempotency,
             role: Role::None,
             effects: VecDeque::new(),
-            handoff_held: 0,
+            handoff: Handoff::knowing(durable_fanned),
             broken: false,
             resumable_epoch: None,
             recent_left_out: false,
@@ -431,9 +434,11 @@ impl ChannelMachine {
         };
         leader_idle
             && self.log.settled()
-            && self.handoff_held == 0
+            && self.handoff.held == 0
+            && self.handoff.is_idle()
             && self.log.hw == self.log.end
             && self.log.durable.hw >= self.log.hw
+            && self.leader_fanned_unwritten(&self.log.durable).is_none()
     }
 
     /// Next effect to carry out, if any.
@@ -590,9 +595,34 @@ impl ChannelMachine {
         self.leader_read_done(token, result);
     }
 
-    /// The runtime handed `slots` committed records to fanout.
-    pub fn release_handoff(&mut self, slots: usize) {
-        self.handoff_held = self.handoff_held.saturating_sub(slots);
+    /// Post-commit fanout of `seq`, one of the messages of a [`Effect::Committed`], finished: every
+    /// member it could reach was handed its delivery (or it ended for good). Frees its handoff slot if it
+    /// held one, and lets the leader report fanout past it to the followers. A seq this incarnation did
+    /// not hand off is ignored.
+    pub fn fanout_finished(&mut self, seq: Seq) {
+        if self.handoff.finished(seq) {
+            // A leader's progress is checkpointed (it stays known across an eviction or a restart).
+            self.maybe_persist();
+        }
+    }
+
+    /// How far fanout is known to have finished: on the leader, its own handoffs past what it knew when
+    /// it started; elsewhere what a leader last reported (or the checkpoint, after a restart).
+    fn fanned_through(&self) -> Option<Seq> {
+        let handed_through = match &self.role {
+            Role::Leader(leader) => Some(leader.handed_through()),
+            _ => None,
+        };
+        self.handoff.fanned_through(handed_through)
+    }
+
+    /// The fanout progress a leader has not checkpointed yet (followers' rides with their next write).
+    fn leader_fanned_unwritten(&self, durable: &ChannelLogState) -> Option<Seq> {
+        if !matches!(self.role, Role::Leader(_)) {
+            return None;
+        }
+        let fanned = self.fanned_through()?.min(durable.hw);
+        (fanned > durable.fanned_through).then_some(fanned)
     }
 
     fn advance(&mut self, now: Time) {
@@ -639,7 +669,8 @@ impl ChannelMachine {
     fn standalone_checkpoint_wanted(&self) -> bool {
         !self.broken
             && self.log.persisting.is_none()
-            && self.log.hw.min(self.log.durable.last_seq) > self.log.durable.hw
+            && (self.log.hw.min(self.log.durable.last_seq) > self.log.durable.hw
+                || self.leader_fanned_unwritten(&self.log.durable).is_some())
     }
 
     /// Builds the next durable append from the pending operations, if none is in flight.
@@ -726,6 +757,15 @@ impl ChannelMachine {
             let op = LogOp::SetRetention(target);
             if next.apply(&self.channel, &op).is_ok() {
                 ops.push(op);
+            }
+        }
+        // Fanout's progress rides with any write; a leader's is due on its own like an HW checkpoint.
+        let fanned = self.fanned_through().unwrap_or_default().min(next.hw);
+        if fanned > next.fanned_through && (!ops.is_empty() || due) {
+            let op = LogOp::CheckpointFanned(fanned);
+            if next.apply(&self.channel, &op).is_ok() {
+                ops.push(op);
+                self.log.checkpoint_at = None;
             }
         }
     }

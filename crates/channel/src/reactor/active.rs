@@ -544,7 +544,7 @@ mod tests {
                 channel: busy.clone(),
                 pull_id: request.pull_id,
                 leader_epoch: LeaderEpoch::new(1),
-                body: PullBody::Records { records: vec![], hw: Seq::new(0) },
+                body: PullBody::Records { records: vec![], hw: Seq::new(0), fanned_through: Seq::new(0) },
             });
             now = Time::from_millis(2 + step);
             active.get_marked(&busy).expect("active").handle_message(now, NodeId::new(1), answer);
@@ -597,7 +597,7 @@ mod tests {
             channel: channel.clone(),
             pull_id: pull.pull_id,
             leader_epoch: LeaderEpoch::new(1),
-            body: PullBody::Records { records: vec![], hw: Seq::new(0) },
+            body: PullBody::Records { records: vec![], hw: Seq::new(0), fanned_through: Seq::new(0) },
         });
         let machine = active.get_used(&channel, Time::from_millis(90)).expect("active");
         machine.handle_message(Time::from_millis(90), NodeId::new(1), answer);

@@ -93,6 +93,12 @@ pub struct Cluster {
     pub accept_proposals: bool,
     /// Retention moves submitted, and their outcome once known.
     pub retentions: BTreeMap<RequestId, Option<Result<Seq, AppendAborted>>>,
+    /// Every message a replica handed to fanout (`Committed`), in order.
+    pub handed_off: Vec<(NodeId, Seq)>,
+    /// While set, handed-off messages wait in `fanning` (a slow fanout) instead of finishing at once.
+    pub fanout_held: bool,
+    /// Messages whose fanout has not finished, per replica (lost with a crash, as the planner's memory).
+    pub fanning: BTreeMap<NodeId, Vec<Seq>>,
 }
 
 impl Cluster {
@@ -129,6 +135,9 @@ impl Cluster {
             trace: Vec::new(),
             accept_proposals: true,
             retentions: BTreeMap::new(),
+            handed_off: Vec::new(),
+            fanout_held: false,
+            fanning: BTreeMap::new(),
         };
         for id in nodes {
             cluster.replicas.insert(
@@ -158,6 +167,18 @@ impl Cluster {
 
     /// (Re)starts `id` from its durable log, with the authoritative meta.
     pub fn start(&mut self, id: NodeId) {
+        self.start_incarnation(id, false);
+    }
+
+    /// Evicts `id`'s quiescent machine (no crash: its log keeps everything) and builds the next
+    /// incarnation, which resumes leading its epoch as a runtime's activation lets it.
+    pub fn evict_and_resume(&mut self, id: NodeId) {
+        assert!(self.machine(id).is_quiescent(), "only a quiescent replica is evicted");
+        self.trace.push(format!("{} evict {id}", self.now));
+        self.start_incarnation(id, true);
+    }
+
+    fn start_incarnation(&mut self, id: NodeId, resume: bool) {
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
         let replica = self.replicas.get_mut(&id).unwrap();
@@ -168,6 +189,9 @@ impl Cluster {
             .read(&channel(), from, state.last_seq, ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX })
             .unwrap();
         let mut machine = ChannelMachine::new(channel(), id, self.config.clone(), incarnation, self.now, state, recent);
+        if resume {
+            machine.resume_leadership(self.meta.leader_epoch);
+        }
         machine.handle_meta(self.now, self.meta.clone()).unwrap();
         replica.machine = Some(machine);
         replica.incarnation = incarnation;
@@ -181,10 +205,22 @@ impl Cluster {
         let replica = self.replicas.get_mut(&id).unwrap();
         replica.machine = None;
         replica.log.crash();
+        self.fanning.remove(&id);
         for submitted in self.requests.values_mut().filter(|r| r.to == id && r.outcome == Outcome::Pending) {
             submitted.outcome = Outcome::Lost;
         }
         self.trace.push(format!("{} crash {id}", self.now));
+    }
+
+    /// Fanout of every message `id` holds in `fanning` finishes.
+    pub fn finish_fanout(&mut self, id: NodeId) {
+        let seqs = self.fanning.remove(&id).unwrap_or_default();
+        if let Some(machine) = self.replicas.get_mut(&id).and_then(|r| r.machine.as_mut()) {
+            for seq in seqs {
+                machine.fanout_finished(seq);
+            }
+        }
+        self.drain(id);
     }
 
     pub fn is_up(&self, id: NodeId) -> bool {
@@ -280,8 +316,13 @@ impl Cluster {
                 *outcome = Some(result);
             }
             Effect::Committed { messages, .. } => {
-                if let Some(machine) = self.replicas.get_mut(&id).and_then(|r| r.machine.as_mut()) {
-                    machine.release_handoff(messages.len());
+                self.handed_off.extend(messages.iter().map(|seq| (id, *seq)));
+                if self.fanout_held {
+                    self.fanning.entry(id).or_default().extend(messages);
+                } else if let Some(machine) = self.replicas.get_mut(&id).and_then(|r| r.machine.as_mut()) {
+                    for seq in messages {
+                        machine.fanout_finished(seq);
+                    }
                 }
             }
             Effect::ProposeMeta { expected_version, meta, reason } => {
@@ -594,6 +635,18 @@ impl Cluster {
                 rs.iter().filter(|r| r.seq > retained_after && r.seq <= leader_hw).cloned().collect::<Vec<_>>()
             };
             assert_eq!(upto(&records), upto(&reference), "{id} differs from the leader through HW {leader_hw}");
+        }
+        if !self.fanout_held {
+            self.check_every_committed_message_handed_off();
+        }
+    }
+
+    /// With fanout finishing at once, every committed message went to fanout at least once: on the
+    /// leader that committed it, or on a successor that inherited it uncommitted.
+    pub fn check_every_committed_message_handed_off(&self) {
+        let handed: BTreeSet<Seq> = self.handed_off.iter().map(|(_, seq)| *seq).collect();
+        for (seq, _) in self.committed_messages() {
+            assert!(handed.contains(&seq), "committed message {seq} never went to fanout\n{}", self.trace.join("\n"));
         }
     }
 

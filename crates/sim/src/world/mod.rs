@@ -87,6 +87,9 @@ pub struct Faults {
     pub retention_moves: u64,
     /// Retention moves answered with the boundary in force.
     pub retention_moves_done: u64,
+    /// Committed messages never delivered to a subscriber in runs where a subscriber page went unserved
+    /// for 30 s (which ends a message's fanout by design); in any other run one is a violation.
+    pub fanout_missed: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -106,6 +109,7 @@ impl std::ops::AddAssign for Faults {
         self.slots_migrated += other.slots_migrated;
         self.retention_moves += other.retention_moves;
         self.retention_moves_done += other.retention_moves_done;
+        self.fanout_missed += other.fanout_missed;
     }
 }
 

@@ -10,6 +10,7 @@ const OP_TRUNCATE_AFTER: u8 = 2;
 const OP_CHECKPOINT_HW: u8 = 3;
 const OP_SET_RETENTION: u8 = 4;
 const OP_START_AFTER: u8 = 5;
+const OP_CHECKPOINT_FANNED: u8 = 6;
 
 /// Most bytes [`encode_batch`]'s output takes for `batch` (what the journal reserves for the frame).
 pub(crate) fn encoded_batch_len_max(batch: &LogBatch) -> usize {
@@ -40,6 +41,7 @@ pub(crate) fn encode_batch(batch: &LogBatch, out: &mut Vec<u8>) {
             LogOp::TruncateAfter(seq) => put_seq(out, OP_TRUNCATE_AFTER, *seq),
             LogOp::CheckpointHw(seq) => put_seq(out, OP_CHECKPOINT_HW, *seq),
             LogOp::SetRetention(seq) => put_seq(out, OP_SET_RETENTION, *seq),
+            LogOp::CheckpointFanned(seq) => put_seq(out, OP_CHECKPOINT_FANNED, *seq),
             LogOp::StartAfter { seq, epoch } => {
                 put_seq(out, OP_START_AFTER, *seq);
                 out.extend_from_slice(&epoch.get().to_le_bytes());
@@ -69,6 +71,7 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Option<LogBatch> {
             OP_TRUNCATE_AFTER => LogOp::TruncateAfter(Seq::new(input.u64()?)),
             OP_CHECKPOINT_HW => LogOp::CheckpointHw(Seq::new(input.u64()?)),
             OP_SET_RETENTION => LogOp::SetRetention(Seq::new(input.u64()?)),
+            OP_CHECKPOINT_FANNED => LogOp::CheckpointFanned(Seq::new(input.u64()?)),
             OP_START_AFTER => {
                 let seq = Seq::new(input.u64()?);
                 LogOp::StartAfter { seq, epoch: LeaderEpoch::new(input.u64()?) }
@@ -83,7 +86,7 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Option<LogBatch> {
 /// Encodes a channel's state and how far its records are in sled.
 pub(crate) fn encode_state(stored: &StoredState) -> Vec<u8> {
     let StoredState { state, sled_through, frames_before, opening } = stored;
-    let mut out = Vec::with_capacity(56 + state.epochs.len() * 16);
+    let mut out = Vec::with_capacity(64 + state.epochs.len() * 16);
     for v in [state.last_seq.get(), state.hw.get(), state.retention_through.get(), sled_through.get()] {
         out.extend_from_slice(&v.to_le_bytes());
     }
@@ -94,6 +97,7 @@ pub(crate) fn encode_state(stored: &StoredState) -> Vec<u8> {
     }
     out.extend_from_slice(&frames_before.to_le_bytes());
     out.extend_from_slice(&opening.to_le_bytes());
+    out.extend_from_slice(&state.fanned_through.get().to_le_bytes());
     out
 }
 
@@ -117,10 +121,12 @@ pub(crate) fn decode_state(bytes: &[u8]) -> Option<StoredState> {
     let frames_before = if input.is_empty() { 0 } else { input.u64()? };
     // Written by a build before openings were counted (format 2): 0, no opening's.
     let opening = if input.is_empty() { 0 } else { input.u64()? };
+    // Written before fanout's progress was kept (format 3): 0, nothing known.
+    let fanned_through = Seq::new(if input.is_empty() { 0 } else { input.u64()? });
     let ordered = epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1);
-    let consistent = retention_through <= hw && hw <= last_seq && sled_through <= last_seq;
+    let consistent = retention_through <= hw && fanned_through <= hw && hw <= last_seq && sled_through <= last_seq;
     (input.is_empty() && ordered && consistent).then_some(StoredState {
-        state: ChannelLogState { last_seq, epochs, hw, retention_through },
+        state: ChannelLogState { last_seq, epochs, hw, retention_through, fanned_through },
         sled_through,
         frames_before,
         opening,
@@ -150,6 +156,7 @@ mod tests {
                 LogOp::Append(vec![record(4), record(5)]),
                 LogOp::CheckpointHw(Seq::new(4)),
                 LogOp::SetRetention(Seq::new(1)),
+                LogOp::CheckpointFanned(Seq::new(3)),
                 LogOp::StartAfter { seq: Seq::new(9), epoch: LeaderEpoch::new(3) },
             ],
         )
@@ -176,18 +183,26 @@ mod tests {
             epochs: vec![(LeaderEpoch::new(1), Seq::new(1)), (LeaderEpoch::new(3), Seq::new(6))],
             hw: Seq::new(8),
             retention_through: Seq::new(2),
+            fanned_through: Seq::new(5),
         };
         let stored = StoredState { state: state.clone(), sled_through: Seq::new(7), frames_before: 12, opening: 4 };
         let bytes = encode_state(&stored);
         assert_eq!(decode_state(&bytes), Some(stored.clone()));
-        // The layouts before the opening, and before `frames_before`, existed still read: as a state no
-        // opening wrote, and as one not ahead of the checkpoint either.
-        let format_2 = &bytes[..bytes.len() - 8];
-        assert_eq!(decode_state(format_2), Some(StoredState { opening: 0, ..stored.clone() }));
-        let format_1 = &bytes[..bytes.len() - 16];
-        assert_eq!(decode_state(format_1), Some(StoredState { opening: 0, frames_before: 0, ..stored.clone() }));
-        let bad = ChannelLogState { hw: Seq::new(11), ..state };
-        assert!(decode_state(&encode_state(&StoredState { state: bad, ..stored })).is_none());
+        // The layouts before fanout's progress, before the opening, and before `frames_before` existed
+        // still read: as a state that knows nothing of fanout, no opening wrote, and not ahead of the
+        // checkpoint either.
+        let unfanned =
+            StoredState { state: ChannelLogState { fanned_through: Seq::new(0), ..state.clone() }, ..stored.clone() };
+        let format_3 = &bytes[..bytes.len() - 8];
+        assert_eq!(decode_state(format_3), Some(unfanned.clone()));
+        let format_2 = &bytes[..bytes.len() - 16];
+        assert_eq!(decode_state(format_2), Some(StoredState { opening: 0, ..unfanned.clone() }));
+        let format_1 = &bytes[..bytes.len() - 24];
+        assert_eq!(decode_state(format_1), Some(StoredState { opening: 0, frames_before: 0, ..unfanned }));
+        let bad = ChannelLogState { hw: Seq::new(11), ..state.clone() };
+        assert!(decode_state(&encode_state(&StoredState { state: bad, ..stored.clone() })).is_none());
+        let fanned_past_hw = ChannelLogState { fanned_through: Seq::new(9), ..state };
+        assert!(decode_state(&encode_state(&StoredState { state: fanned_past_hw, ..stored })).is_none());
         assert!(decode_state(&bytes[..bytes.len() - 1]).is_none());
     }
 }

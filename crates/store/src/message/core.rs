@@ -428,7 +428,7 @@ impl LogCore {
                     entry.older_through = seq;
                     entry.generation += 1;
                 }
-                LogOp::CheckpointHw(_) => {}
+                LogOp::CheckpointHw(_) | LogOp::CheckpointFanned(_) => {}
             }
         }
         Ok(())

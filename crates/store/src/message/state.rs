@@ -18,8 +18,12 @@ pub enum LogOp {
     /// Moves the logical retention boundary: records at or below it are no longer readable and may be
     /// removed physically. Never beyond the checkpointed HW, never backwards.
     SetRetention(Seq),
+    /// Records how far post-commit fanout is known to have finished (every message at or below the seq
+    /// was fanned out), so that a replica that leads after a restart fans out again only what may not
+    /// have been. Never beyond the checkpointed HW, never backwards.
+    CheckpointFanned(Seq),
     /// Starts an empty log after `seq` (a replica that joins after the leader trimmed its history): sets
-    /// last seq, HW and retention to `seq`, with `epoch` as the epoch in force.
+    /// last seq, HW, retention and fanout's progress to `seq`, with `epoch` as the epoch in force.
     StartAfter {
         /// Last seq the log skips.
         seq: Seq,
@@ -117,6 +121,18 @@ pub enum LogRefusal {
         /// Checkpointed HW.
         hw: Seq,
     },
+    /// A fanout checkpoint beyond the HW, or below the checkpointed one.
+    #[error("{channel}: fanned through {got} is outside [{current}, {hw}]")]
+    BadFanned {
+        /// The channel.
+        channel: ChannelId,
+        /// Refused checkpoint.
+        got: Seq,
+        /// Checkpointed fanout progress.
+        current: Seq,
+        /// Checkpointed HW.
+        hw: Seq,
+    },
     /// `StartAfter` on a log that still holds readable records, or that would move it backwards.
     #[error("{channel}: cannot start after {seq}: log holds records through {last}")]
     NotEmpty {
@@ -153,6 +169,9 @@ pub struct ChannelLogState {
     pub hw: Seq,
     /// Records at or below this seq are no longer readable.
     pub retention_through: Seq,
+    /// Every message at or below this seq finished its post-commit fanout, as this replica knew at its
+    /// last checkpoint; 0: nothing known.
+    pub fanned_through: Seq,
 }
 
 impl ChannelLogState {
@@ -221,6 +240,18 @@ impl ChannelLogState {
                 self.epochs.drain(..keep_from);
                 Ok(())
             }
+            LogOp::CheckpointFanned(through) => {
+                if *through < self.fanned_through || *through > self.hw {
+                    return Err(LogRefusal::BadFanned {
+                        channel: channel.clone(),
+                        got: *through,
+                        current: self.fanned_through,
+                        hw: self.hw,
+                    });
+                }
+                self.fanned_through = *through;
+                Ok(())
+            }
             LogOp::StartAfter { seq, epoch } => {
                 if self.last_seq > self.retention_through || *seq < self.last_seq {
                     return Err(LogRefusal::NotEmpty { channel: channel.clone(), seq: *seq, last: self.last_seq });
@@ -228,6 +259,7 @@ impl ChannelLogState {
                 self.last_seq = *seq;
                 self.hw = *seq;
                 self.retention_through = *seq;
+                self.fanned_through = *seq;
                 self.epochs = vec![(*epoch, *seq)];
                 Ok(())
             }
@@ -568,6 +600,9 @@ mod tests {
         state.apply(&c, &LogOp::CheckpointHw(Seq::new(2))).unwrap();
         assert!(matches!(state.apply(&c, &LogOp::TruncateAfter(Seq::new(1))), Err(LogRefusal::TruncateBelowHw { .. })));
         assert!(matches!(state.apply(&c, &LogOp::CheckpointHw(Seq::new(1))), Err(LogRefusal::BadHw { .. })));
+        assert!(matches!(state.apply(&c, &LogOp::CheckpointFanned(Seq::new(3))), Err(LogRefusal::BadFanned { .. })));
+        state.apply(&c, &LogOp::CheckpointFanned(Seq::new(2))).unwrap();
+        assert!(matches!(state.apply(&c, &LogOp::CheckpointFanned(Seq::new(1))), Err(LogRefusal::BadFanned { .. })));
         assert!(matches!(
             state.apply(&c, &LogOp::StartAfter { seq: Seq::new(9), epoch: LeaderEpoch::new(3) }),
             Err(LogRefusal::NotEmpty { .. })

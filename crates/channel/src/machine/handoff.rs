@@ -1,0 +1,120 @@
+//! Post-commit handoff: which committed messages this replica handed to fanout and has not seen finish,
+//! which of them hold a handoff slot, and how far fanout is known to have finished.
+//!
+//! Fanout runs in memory on the leader's node, so a leader that crashes forgets the messages it had not
+//! finished fanning out, and the records it admitted but did not see commit are committed by its
+//! successor. For fanout to reach every message at least once, a leader reports with each pull answer
+//! how far its fanout finished (`PullBody::Records::fanned_through`); a replica that becomes leader fans
+//! out again every committed message of an earlier epoch past what it last heard — at most
+//! `handoff_slots` of them, the most recent — before its own (see `ChannelMachine::leader_start`).
+//! A message may so reach a member twice; a host drops the second by its seq.
+
+use std::collections::VecDeque;
+use tidings_types::Seq;
+
+/// One replica's handoff bookkeeping. Survives role changes: fanout goes on after its leader stepped
+/// down, and its completions free their slots whatever the role.
+#[derive(Debug, Default)]
+pub(super) struct Handoff {
+    /// Messages handed to fanout and not finished, ascending by seq; `true` for each holding a slot.
+    unfinished: VecDeque<(Seq, bool)>,
+    /// Slots held: admitted records not yet committed, and committed ones whose fanout did not finish.
+    pub(super) held: usize,
+    /// Every message at or below this seq finished fanning out, as far as this incarnation knows: what
+    /// it saw finish itself while it led, or what a leader reported. `None`: nothing known.
+    known: Option<Seq>,
+}
+
+impl Handoff {
+    /// Nothing handed off yet, knowing fanout finished through the checkpointed `fanned_through` (0:
+    /// nothing known).
+    pub(super) fn knowing(fanned_through: Seq) -> Self {
+        Self { known: (fanned_through.get() > 0).then_some(fanned_through), ..Self::default() }
+    }
+
+    /// `seq` went to fanout; `holds_slot` if it was admitted by this replica (its slot is reserved).
+    pub(super) fn handed(&mut self, seq: Seq, holds_slot: bool) {
+        debug_assert!(self.unfinished.back().is_none_or(|(last, _)| *last < seq), "handed out of order");
+        self.unfinished.push_back((seq, holds_slot));
+    }
+
+    /// Fanout of `seq` finished (however it ended). Returns `false` for a seq this incarnation did not
+    /// hand off (one of an earlier incarnation, or a duplicate report): nothing changes.
+    pub(super) fn finished(&mut self, seq: Seq) -> bool {
+        let Ok(at) = self.unfinished.binary_search_by_key(&seq, |(s, _)| *s) else { return false };
+        let (_, holds_slot) = self.unfinished.remove(at).expect("found above");
+        if holds_slot {
+            self.held = self.held.saturating_sub(1);
+        }
+        if self.unfinished.is_empty() {
+            // Drained: the buffer goes too (most replicas fan out nothing most of the time).
+            self.unfinished = VecDeque::new();
+        }
+        true
+    }
+
+    /// How far fanout finished, given that everything at or below `handed_through` that is due for
+    /// fanout was handed off (the leader's committed-and-reported HW; `None` off the leader).
+    pub(super) fn fanned_through(&self, handed_through: Option<Seq>) -> Option<Seq> {
+        let own = handed_through.map(|through| match self.unfinished.front() {
+            Some((first, _)) => through.min(Seq::new(first.get() - 1)),
+            None => through,
+        });
+        own.max(self.known)
+    }
+
+    /// A leader reported `through`, or this replica stops leading with its own figure.
+    pub(super) fn learn(&mut self, through: Option<Seq>) {
+        self.known = self.known.max(through);
+    }
+
+    /// The last message handed off and not finished (zero when none).
+    pub(super) fn last_handed(&self) -> Seq {
+        self.unfinished.back().map_or(Seq::new(0), |(seq, _)| *seq)
+    }
+
+    /// Nothing handed off is unfinished.
+    pub(super) fn is_idle(&self) -> bool {
+        self.unfinished.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(n: u64) -> Seq {
+        Seq::new(n)
+    }
+
+    #[test]
+    fn fanout_finished_out_of_order_counts_only_the_unbroken_prefix() {
+        let mut handoff = Handoff { held: 2, ..Handoff::default() };
+        handoff.handed(seq(3), false);
+        handoff.handed(seq(5), true);
+        handoff.handed(seq(6), true);
+        assert_eq!(handoff.fanned_through(Some(seq(6))), Some(seq(2)));
+        assert!(handoff.finished(seq(5)));
+        assert_eq!(handoff.held, 1, "a slot freed by an own message");
+        assert_eq!(handoff.fanned_through(Some(seq(6))), Some(seq(2)), "3 still out");
+        assert!(handoff.finished(seq(3)));
+        assert_eq!(handoff.held, 1, "an inherited message held no slot");
+        assert_eq!(handoff.fanned_through(Some(seq(6))), Some(seq(5)));
+        assert!(!handoff.finished(seq(3)), "a second report changes nothing");
+        assert!(handoff.finished(seq(6)));
+        assert_eq!((handoff.held, handoff.is_idle()), (0, true));
+        assert_eq!(handoff.fanned_through(Some(seq(6))), Some(seq(6)));
+    }
+
+    #[test]
+    fn what_a_leader_reported_stands_until_this_replica_knows_more() {
+        let mut handoff = Handoff::default();
+        assert_eq!(handoff.fanned_through(None), None, "nothing known");
+        handoff.learn(Some(seq(10)));
+        handoff.learn(Some(seq(7)));
+        assert_eq!(handoff.fanned_through(None), Some(seq(10)), "never goes back");
+        handoff.handed(seq(12), true);
+        assert_eq!(handoff.fanned_through(Some(seq(12))), Some(seq(11)));
+        assert_eq!(handoff.fanned_through(Some(seq(9))), Some(seq(10)));
+    }
+}
