@@ -139,7 +139,7 @@ impl ChannelMachine {
         let next_seq = expected.map(|o| o.next_seq).expect("checked above");
         match response.body {
             PullBody::Records { records, hw, fanned_through } => {
-                self.handoff.learn(Some(fanned_through));
+                self.handoff.learn(fanned_through);
                 self.follower_records(next_seq, records, hw, leader_epoch)
             }
             PullBody::Diverging { epoch, end_seq } => self.follower_diverging(epoch, end_seq),

@@ -14,22 +14,24 @@ use tidings_types::Seq;
 
 /// One replica's handoff bookkeeping. Survives role changes: fanout goes on after its leader stepped
 /// down, and its completions free their slots whatever the role.
+///
+/// Fanout progress is a seq with 0 for "nothing known": every log starts with a barrier, so a leader
+/// that committed anything reports at least 1.
 #[derive(Debug, Default)]
 pub(super) struct Handoff {
     /// Messages handed to fanout and not finished, ascending by seq; `true` for each holding a slot.
     unfinished: VecDeque<(Seq, bool)>,
     /// Slots held: admitted records not yet committed, and committed ones whose fanout did not finish.
     pub(super) held: usize,
-    /// Every message at or below this seq finished fanning out, as far as this incarnation knows: what
-    /// it saw finish itself while it led, or what a leader reported. `None`: nothing known.
-    known: Option<Seq>,
+    /// Every message at or below this seq finished fanning out, as far as this incarnation knows: the
+    /// checkpoint it started from, what it saw finish itself while it led, or what a leader reported.
+    known: Seq,
 }
 
 impl Handoff {
-    /// Nothing handed off yet, knowing fanout finished through the checkpointed `fanned_through` (0:
-    /// nothing known).
+    /// Nothing handed off yet, knowing fanout finished through the checkpointed `fanned_through`.
     pub(super) fn knowing(fanned_through: Seq) -> Self {
-        Self { known: (fanned_through.get() > 0).then_some(fanned_through), ..Self::default() }
+        Self { known: fanned_through, ..Self::default() }
     }
 
     /// `seq` went to fanout; `holds_slot` if it was admitted by this replica (its slot is reserved).
@@ -54,17 +56,23 @@ impl Handoff {
     }
 
     /// How far fanout finished, given that everything at or below `handed_through` that is due for
-    /// fanout was handed off (the leader's committed-and-reported HW; `None` off the leader).
-    pub(super) fn fanned_through(&self, handed_through: Option<Seq>) -> Option<Seq> {
+    /// fanout was handed off (the leader's reported HW; `None` off the leader).
+    pub(super) fn fanned_through(&self, handed_through: Option<Seq>) -> Seq {
         let own = handed_through.map(|through| match self.unfinished.front() {
             Some((first, _)) => through.min(Seq::new(first.get() - 1)),
             None => through,
         });
-        own.max(self.known)
+        own.unwrap_or_default().max(self.known)
+    }
+
+    /// What this replica knows of fanout's progress without handing off anything itself: `None` for
+    /// nothing.
+    pub(super) fn known(&self) -> Option<Seq> {
+        (self.known.get() > 0).then_some(self.known)
     }
 
     /// A leader reported `through`, or this replica stops leading with its own figure.
-    pub(super) fn learn(&mut self, through: Option<Seq>) {
+    pub(super) fn learn(&mut self, through: Seq) {
         self.known = self.known.max(through);
     }
 
@@ -93,28 +101,28 @@ mod tests {
         handoff.handed(seq(3), false);
         handoff.handed(seq(5), true);
         handoff.handed(seq(6), true);
-        assert_eq!(handoff.fanned_through(Some(seq(6))), Some(seq(2)));
+        assert_eq!(handoff.fanned_through(Some(seq(6))), seq(2));
         assert!(handoff.finished(seq(5)));
         assert_eq!(handoff.held, 1, "a slot freed by an own message");
-        assert_eq!(handoff.fanned_through(Some(seq(6))), Some(seq(2)), "3 still out");
+        assert_eq!(handoff.fanned_through(Some(seq(6))), seq(2), "3 still out");
         assert!(handoff.finished(seq(3)));
         assert_eq!(handoff.held, 1, "an inherited message held no slot");
-        assert_eq!(handoff.fanned_through(Some(seq(6))), Some(seq(5)));
+        assert_eq!(handoff.fanned_through(Some(seq(6))), seq(5));
         assert!(!handoff.finished(seq(3)), "a second report changes nothing");
         assert!(handoff.finished(seq(6)));
         assert_eq!((handoff.held, handoff.is_idle()), (0, true));
-        assert_eq!(handoff.fanned_through(Some(seq(6))), Some(seq(6)));
+        assert_eq!(handoff.fanned_through(Some(seq(6))), seq(6));
     }
 
     #[test]
     fn what_a_leader_reported_stands_until_this_replica_knows_more() {
-        let mut handoff = Handoff::default();
-        assert_eq!(handoff.fanned_through(None), None, "nothing known");
-        handoff.learn(Some(seq(10)));
-        handoff.learn(Some(seq(7)));
-        assert_eq!(handoff.fanned_through(None), Some(seq(10)), "never goes back");
+        let mut handoff = Handoff::knowing(seq(0));
+        assert_eq!(handoff.known(), None, "nothing known");
+        handoff.learn(seq(10));
+        handoff.learn(seq(7));
+        assert_eq!(handoff.known(), Some(seq(10)), "never goes back");
         handoff.handed(seq(12), true);
-        assert_eq!(handoff.fanned_through(Some(seq(12))), Some(seq(11)));
-        assert_eq!(handoff.fanned_through(Some(seq(9))), Some(seq(10)));
+        assert_eq!(handoff.fanned_through(Some(seq(12))), seq(11));
+        assert_eq!(handoff.fanned_through(Some(seq(9))), seq(10));
     }
 }

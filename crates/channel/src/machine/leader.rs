@@ -223,9 +223,9 @@ impl ChannelMachine {
         let hint = PullHint { channel: self.channel.clone(), leader_epoch: meta.leader_epoch };
         // Records at or below the HW we start with were committed under an earlier leader, which fanned
         // them out as far as we last heard; past that (or, knowing nothing, past our HW) they are ours to
-        // fan out again, at once. Records given up are not.
-        // What this node still fans out from an earlier term of its own it finishes itself.
-        let fanned = self.handoff.fanned_through(None).unwrap_or(hw).max(self.handoff.last_handed());
+        // fan out again, at once — except records given up, and those this node still fans out from an
+        // earlier term of its own (it finishes them itself).
+        let fanned = self.handoff.known().unwrap_or(hw).max(self.handoff.last_handed());
         let handed_through = fanned.max(self.log.durable.retention_through).min(hw);
         let durable_end = self.log.consistent_durable_end();
         if let Some(leader) = self.leader() {
@@ -243,6 +243,8 @@ impl ChannelMachine {
 
     /// Stepping down (or failing): pending appends end with `reason`; parked pulls learn we are not the leader.
     pub(super) fn leader_stop(&mut self, reason: AppendAborted) {
+        // What this leader saw of its fanout stays known: it reports it again if it leads again.
+        let fanned = self.fanned_through();
         let Role::Leader(leader) = &mut self.role else { return };
         let pending: Vec<RequestId> = leader.pending.drain(..).map(|p| p.id).collect();
         let unreleased = leader.reserved.len();
@@ -252,10 +254,8 @@ impl ChannelMachine {
             .iter_mut()
             .filter_map(|(n, p)| p.parked.take().map(|parked| (*n, parked.pull_id)))
             .collect();
-        let handed_through = leader.reported;
         self.handoff.held = self.handoff.held.saturating_sub(unreleased);
-        // What this leader saw of its fanout stays known: it reports it again if it leads again.
-        self.handoff.learn(self.handoff.fanned_through(Some(handed_through)));
+        self.handoff.learn(fanned);
         for id in pending {
             self.effects.push_back(Effect::AppendDone { id, result: Err(reason) });
         }
@@ -585,8 +585,7 @@ impl ChannelMachine {
 
     /// An answer with `records`, and what every answer tells: HW, and how far fanout finished.
     fn records_body(&self, records: Vec<Record>) -> PullBody {
-        let fanned_through = self.fanned_through().unwrap_or_default();
-        PullBody::Records { records, hw: self.log.hw, fanned_through }
+        PullBody::Records { records, hw: self.log.hw, fanned_through: self.fanned_through() }
     }
 
     pub(super) fn leader_read_done(&mut self, token: ReadToken, result: Result<Vec<Record>, StoreError>) {

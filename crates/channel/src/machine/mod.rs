@@ -608,7 +608,7 @@ impl ChannelMachine {
 
     /// How far fanout is known to have finished: on the leader, its own handoffs past what it knew when
     /// it started; elsewhere what a leader last reported (or the checkpoint, after a restart).
-    fn fanned_through(&self) -> Option<Seq> {
+    fn fanned_through(&self) -> Seq {
         let handed_through = match &self.role {
             Role::Leader(leader) => Some(leader.handed_through()),
             _ => None,
@@ -621,7 +621,7 @@ impl ChannelMachine {
         if !matches!(self.role, Role::Leader(_)) {
             return None;
         }
-        let fanned = self.fanned_through()?.min(durable.hw);
+        let fanned = self.fanned_through().min(durable.hw);
         (fanned > durable.fanned_through).then_some(fanned)
     }
 
@@ -760,7 +760,7 @@ impl ChannelMachine {
             }
         }
         // Fanout's progress rides with any write; a leader's is due on its own like an HW checkpoint.
-        let fanned = self.fanned_through().unwrap_or_default().min(next.hw);
+        let fanned = self.fanned_through().min(next.hw);
         if fanned > next.fanned_through && (!ops.is_empty() || due) {
             let op = LogOp::CheckpointFanned(fanned);
             if next.apply(&self.channel, &op).is_ok() {
