@@ -394,27 +394,32 @@ fn a_retention_move_the_slot_layer_never_applies_times_out() {
     assert_eq!(cluster.meta.retention_through, Seq::new(0));
 }
 
+/// `count` messages committed on node 1 of `n` replicas, their fanout held (not finished): the cluster
+/// and their seqs.
+fn committed_with_fanout_held(seed: u64, n: u64, min_isr: u8, count: usize) -> (Cluster, Vec<Seq>) {
+    let mut cluster = Cluster::new(seed, n, min_isr, quiet(), config());
+    cluster.fanout_held = true;
+    cluster.run_for(100);
+    let ids = cluster.append_each(node(1), count);
+    cluster.run_for(300);
+    let seqs: Vec<Seq> = ids.iter().map(|id| acked(&cluster, *id)[0]).collect();
+    assert_eq!(cluster.fanning[&node(1)], seqs, "each committed message handed off once, in order");
+    (cluster, seqs)
+}
+
 /// The leader's fanout of the messages it committed is slow, and it crashes half way: its successor
 /// fans out again exactly those whose end the followers had not heard of.
 #[test]
 fn a_new_leader_fans_out_again_what_its_crashed_predecessor_had_not_finished() {
-    let mut cluster = Cluster::new(31, 3, 2, quiet(), config());
-    cluster.fanout_held = true;
-    cluster.run_for(100);
-    let ids = cluster.append_each(node(1), 6);
-    cluster.run_for(300);
-    let seqs: Vec<Seq> = ids.iter().map(|id| acked(&cluster, *id)[0]).collect();
-    assert_eq!(cluster.fanning[&node(1)], seqs, "each committed message handed off once, in order");
+    let (mut cluster, seqs) = committed_with_fanout_held(31, 3, 2, 6);
     // Fanout ends for the first five (delivered, or failed for good); the sixth is slow.
-    for seq in &seqs[..5] {
-        cluster.replicas.get_mut(&node(1)).unwrap().machine.as_mut().unwrap().fanout_finished(*seq);
-    }
+    cluster.finish_fanout(node(1), &seqs[..5]);
     // Followers hear of it with the leader's next answer (a parked pull ends within `pull_park`).
     cluster.run_for(500);
     cluster.crash(node(1));
     let leader = cluster.failover(&[node(1)], None, None).expect("two of three replicas report");
     cluster.run_for(500);
-    let refanned: Vec<Seq> = cluster.handed_off.iter().filter(|(n, _)| *n == leader).map(|(_, s)| *s).collect();
+    let refanned = cluster.handed_off_by(leader);
     assert_eq!(
         refanned,
         vec![seqs[5]],
@@ -422,12 +427,11 @@ fn a_new_leader_fans_out_again_what_its_crashed_predecessor_had_not_finished() {
         cluster.trace.join("\n")
     );
     // Its fanout is the new leader's now: finishing it is reported onwards.
-    cluster.finish_fanout(leader);
+    cluster.finish_fanout(leader, &refanned);
     let id = cluster.append(leader, &["after"], &[]).unwrap();
     cluster.run_for(300);
     let after = acked(&cluster, id)[0];
-    let handed: Vec<Seq> = cluster.handed_off.iter().filter(|(n, _)| *n == leader).map(|(_, s)| *s).collect();
-    assert_eq!(handed, vec![seqs[5], after], "its own message follows, the barrier is none");
+    assert_eq!(cluster.handed_off_by(leader), vec![seqs[5], after], "its own message follows, the barrier is none");
 }
 
 /// Records the crashed leader admitted but never saw commit are committed by its successor, which fans
@@ -449,8 +453,7 @@ fn messages_a_successor_commits_for_a_crashed_leader_fan_out_there() {
     cluster.run_for(500);
     let inherited: Vec<Seq> = cluster.committed_messages().iter().map(|(seq, _)| *seq).collect();
     assert_eq!(inherited.len(), 3, "the successor committed the three records it held");
-    let handed: Vec<Seq> = cluster.handed_off.iter().filter(|(n, _)| *n == leader).map(|(_, s)| *s).collect();
-    assert_eq!(handed, inherited, "and fanned them out");
+    assert_eq!(cluster.handed_off_by(leader), inherited, "and fanned them out");
     cluster.check_every_committed_message_handed_off();
 }
 
@@ -458,15 +461,8 @@ fn messages_a_successor_commits_for_a_crashed_leader_fan_out_there() {
 /// out again only what had not finished before the crash.
 #[test]
 fn a_leader_restarted_from_its_disk_fans_out_again_only_what_had_not_finished() {
-    let mut cluster = Cluster::new(33, 1, 1, quiet(), config());
-    cluster.fanout_held = true;
-    cluster.run_for(100);
-    let ids = cluster.append_each(node(1), 4);
-    cluster.run_for(100);
-    let seqs: Vec<Seq> = ids.iter().map(|id| acked(&cluster, *id)[0]).collect();
-    for seq in &seqs[..2] {
-        cluster.replicas.get_mut(&node(1)).unwrap().machine.as_mut().unwrap().fanout_finished(*seq);
-    }
+    let (mut cluster, seqs) = committed_with_fanout_held(33, 1, 1, 4);
+    cluster.finish_fanout(node(1), &seqs[..2]);
     // The progress is checkpointed like HW (within about a second when nothing else is written).
     cluster.run_for(1_500);
     assert_eq!(cluster.replicas[&node(1)].log.state(&harness::channel()).unwrap().fanned_through, seqs[1]);
@@ -474,7 +470,7 @@ fn a_leader_restarted_from_its_disk_fans_out_again_only_what_had_not_finished() 
     cluster.start(node(1));
     cluster.failover(&[], None, None).expect("the one replica reports");
     cluster.run_for(300);
-    let refanned: Vec<Seq> = cluster.handed_off[seqs.len()..].iter().map(|(_, seq)| *seq).collect();
+    let refanned = cluster.handed_off_by(node(1))[seqs.len()..].to_vec();
     assert_eq!(refanned, seqs[2..].to_vec(), "handed off after the restart\n{}", cluster.trace.join("\n"));
 }
 

@@ -212,15 +212,22 @@ impl Cluster {
         self.trace.push(format!("{} crash {id}", self.now));
     }
 
-    /// Fanout of every message `id` holds in `fanning` finishes.
-    pub fn finish_fanout(&mut self, id: NodeId) {
-        let seqs = self.fanning.remove(&id).unwrap_or_default();
+    /// Fanout of `seqs`, held on `id` (`fanning`), finishes.
+    pub fn finish_fanout(&mut self, id: NodeId, seqs: &[Seq]) {
+        if let Some(fanning) = self.fanning.get_mut(&id) {
+            fanning.retain(|seq| !seqs.contains(seq));
+        }
         if let Some(machine) = self.replicas.get_mut(&id).and_then(|r| r.machine.as_mut()) {
             for seq in seqs {
-                machine.fanout_finished(seq);
+                machine.fanout_finished(*seq);
             }
         }
         self.drain(id);
+    }
+
+    /// The messages `id` handed to fanout, in order.
+    pub fn handed_off_by(&self, id: NodeId) -> Vec<Seq> {
+        self.handed_off.iter().filter(|(n, _)| *n == id).map(|(_, seq)| *seq).collect()
     }
 
     pub fn is_up(&self, id: NodeId) -> bool {
