@@ -226,7 +226,8 @@ impl ChannelMachine {
         // fan out again, at once — except records given up, and those this node still fans out from an
         // earlier term of its own (it finishes them itself).
         let fanned = self.handoff.known().unwrap_or(hw).max(self.handoff.last_handed());
-        let handed_through = fanned.max(self.log.durable.retention_through).min(hw);
+        let given_up = meta.retention_through.max(self.log.durable.retention_through);
+        let handed_through = fanned.max(given_up).min(hw);
         let durable_end = self.log.consistent_durable_end();
         if let Some(leader) = self.leader() {
             leader.barrier_seq = seq;
