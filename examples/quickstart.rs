@@ -8,14 +8,15 @@
 //! It prints one failover (old leader, evidence, new leader and epoch) and how long channels took to
 //! resume, restarts the node from its directory, shows it caught up, and reads every acknowledged
 //! message back in order. A toy gateway (half the users online, on node 1 or 2) counts the post-commit
-//! fanout deliveries. It gives up the older half of one channel's history (`Node::set_retention`). Last, a
+//! fanout deliveries, and checks that every message acknowledged around the stop reached its online
+//! subscribers at least once (the new leaders plan again what the stopped one had not). It gives up the older half of one channel's history (`Node::set_retention`). Last, a
 //! hash slot of users migrates to another slot group while they are written.
 #![allow(clippy::disallowed_methods)] // An example is a runtime shell: it reads the clock to report figures.
 
 use bytes::Bytes;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidings::channel::fanout::DeliveryPlan;
 use tidings::channel::machine::AppendRecord;
@@ -35,11 +36,26 @@ const MESSAGES: usize = 20_000;
 const IN_FLIGHT: usize = 256;
 
 /// The host's presence and delivery: even-numbered users are online (on node 1 or 2), the rest offline.
-/// Counts what it is asked to deliver.
+/// Counts what it is asked to deliver, and how many member deliveries each message had (a real gateway
+/// drops a repeat by channel and seq: delivery is at least once around a leader change).
 #[derive(Default)]
 struct Gateway {
     plans: AtomicU64,
     deliveries: AtomicU64,
+    per_message: Mutex<HashMap<(ChannelId, Seq), u64>>,
+}
+
+impl Gateway {
+    /// Of `messages`, how many have reached `members` members or more, and the member deliveries beyond
+    /// that (repeats).
+    fn reached(&self, messages: &[Acked], members: u64) -> (usize, u64) {
+        let per_message = self.per_message.lock().expect("gateway lock");
+        let counts = messages.iter().map(|(channel, seq, ..)| per_message.get(&(channel.clone(), *seq)).copied());
+        counts.fold((0, 0), |(reached, repeats), count| match count {
+            Some(n) if n >= members => (reached + 1, repeats + n - members),
+            _ => (reached, repeats),
+        })
+    }
 }
 
 impl FanoutHost for Gateway {
@@ -55,6 +71,8 @@ impl FanoutHost for Gateway {
     fn deliver(&self, plan: &DeliveryPlan) -> bool {
         self.plans.fetch_add(1, Ordering::Relaxed);
         self.deliveries.fetch_add(plan.members.len() as u64, Ordering::Relaxed);
+        let key = (plan.message.channel.clone(), plan.message.seq);
+        *self.per_message.lock().expect("gateway lock").entry(key).or_default() += plan.members.len() as u64;
         true
     }
 }
@@ -274,6 +292,17 @@ fn main() {
         NodeConfig::new(stopped, ids.clone()).controller.node_down_after,
     );
     assert_eq!(resumed.len(), led_by_stopped.len(), "every channel the stopped node led takes appends again");
+    // Fanout is at least once: what the stopped node had not finished, the new leaders plan again.
+    let t = Instant::now();
+    while gateway.reached(&more, 5).0 < more.len() && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (reached, repeats) = gateway.reached(&more, 5);
+    println!(
+        "fanout around the stop: {reached} of the {} messages acknowledged meanwhile reached their 5 online subscribers ({repeats} member deliveries repeated by the new leaders)",
+        more.len()
+    );
+    assert_eq!(reached, more.len(), "fanout lost a committed message around the stop");
     acked.extend(more);
 
     // Restart it from its directory and let it catch up.
