@@ -182,6 +182,32 @@ fn pages_go_to_another_node_when_the_one_asked_is_cut_off_and_are_given_up_when_
     assert!(["a", "b", "c", "d"].iter().all(|u| taken.contains(&(after[0], (*u).to_owned()))));
 }
 
+/// A leader whose fanout of a committed message is stuck (no node serves its subscriber pages) crashes:
+/// its successor plans the message again, and every subscriber gets it — fanout is at least once.
+#[test]
+fn a_message_whose_fanout_its_crashed_leader_had_not_finished_reaches_every_subscriber_through_the_next() {
+    let (mut cluster, recorder, channel, leader) = led_outside_its_slot_group(6, true, &["a", "b", "c", "d"], &[]);
+    let config = cluster.nodes[&NodeId::new(leader)].config.clone();
+    let group = config.table().group_of_key(channel.route_key());
+    let (_, serving) = config.slot_group_members().into_iter().find(|(g, _)| *g == group).unwrap();
+    for node in &serving {
+        cluster.cut.insert(*node);
+    }
+    let stuck = append_all(&mut cluster, leader, &channel, &["its pages are out of reach"])[0];
+    // The replicas hear how far fanout got (not this message) with their next pull answers.
+    cluster.run_for(4_000);
+    assert!(recorder.taken.lock().iter().all(|(seq, _)| *seq != stuck), "no page was served: nothing delivered");
+    cluster.crash(leader);
+    for node in &serving {
+        cluster.cut.remove(node);
+    }
+    let all_four = |_: &mut Cluster| recorder.taken.lock().iter().filter(|(seq, _)| *seq == stuck).count() == 4;
+    assert!(cluster.run_until(20_000, all_four), "the next leader fans the message out");
+    let ids: Vec<u64> = cluster.nodes.keys().map(|n| n.get()).filter(|n| *n != leader).collect();
+    let planned_again: u64 = ids.into_iter().map(|n| cluster.core(n).status().fanout_planned_again).sum();
+    assert_eq!(planned_again, 1, "one message planned again, by the new leader");
+}
+
 /// `append_from` through node `via`: the seqs, or the error's debug text.
 fn append_from(cluster: &mut Cluster, via: u64, channel: &ChannelId, sender: &str) -> Result<Vec<Seq>, String> {
     let id = cluster.api();

@@ -154,6 +154,8 @@ pub struct NodeCore {
     remote_reads: RemoteReads,
     /// Fanout pages no node served in time (each ended a message's fanout early).
     fanout_pages_abandoned: u64,
+    /// Committed messages of earlier leaders this node's channel leaders planned again.
+    fanout_planned_again: u64,
     /// `append_from` calls waiting for answers from other nodes about their sender.
     sender_checks: SenderChecks,
     controller: Controller,
@@ -221,6 +223,7 @@ impl NodeCore {
             fanout_waiting: VecDeque::new(),
             remote_reads: RemoteReads::default(),
             fanout_pages_abandoned: 0,
+            fanout_planned_again: 0,
             sender_checks: SenderChecks::default(),
             controller,
             preferred: PreferredLeaders::default(),

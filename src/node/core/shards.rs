@@ -132,7 +132,8 @@ impl NodeCore {
     pub(super) fn shard_output(&mut self, output: ShardOutput) {
         match output {
             ShardOutput::Effect(effect) => self.effects.push_back(effect),
-            ShardOutput::Committed { channel, seq, sender } => {
+            ShardOutput::Committed { channel, seq, sender, again } => {
+                self.fanout_planned_again += u64::from(again);
                 self.fanout_waiting.push_back((channel, seq, sender));
                 self.feed_fanout();
             }

@@ -91,6 +91,10 @@ pub struct NodeStatus {
     /// group) and that no node served within 30 s: each ended one message's fanout early (the message
     /// stays committed).
     pub fanout_pages_abandoned: u64,
+    /// Committed messages that leaders on this node fanned out again after taking over their channel:
+    /// their predecessor's fanout was not known to have finished them, so some members may get them
+    /// twice (fanout is at least once).
+    pub fanout_planned_again: u64,
 }
 
 impl NodeStatus {
@@ -131,6 +135,7 @@ impl NodeCore {
             channels_loading: 0,
             loads_given_up: 0,
             fanout_pages_abandoned: self.fanout_pages_abandoned,
+            fanout_planned_again: self.fanout_planned_again,
         };
         if let Shards::Inline(shards) = &self.shards {
             for shard in shards {

@@ -199,7 +199,7 @@ pub(crate) enum ShardOutput {
     Effect(NodeEffect),
     /// A committed message for post-commit fanout (the machine holds it unfinished until
     /// [`ShardInput::FanoutFinished`]).
-    Committed { channel: ChannelId, seq: Seq, sender: Option<String> },
+    Committed { channel: ChannelId, seq: Seq, sender: Option<String>, again: bool },
     /// A metadata proposal (a leader's ISR change); nobody waits for it.
     Propose(Command),
     /// The shard needs `channel`'s meta: the node fetches it and answers with [`ShardInput::Meta`].
@@ -660,11 +660,12 @@ impl ChannelShard {
                 let Some(origin) = self.retentions.remove(&id.0) else { return };
                 self.answer(origin, CallOutcome::Retained(result.map_err(RemoteAppendError::Aborted)));
             }
-            Effect::Committed { last, messages, .. } => {
+            Effect::Committed { last, messages, inherited, .. } => {
                 if self.config.fanout_enabled {
-                    for seq in messages {
+                    for (i, seq) in messages.into_iter().enumerate() {
                         let sender = self.senders.remove(&(channel.clone(), seq));
-                        self.outputs.push_back(ShardOutput::Committed { channel: channel.clone(), seq, sender });
+                        let again = i < inherited;
+                        self.outputs.push_back(ShardOutput::Committed { channel: channel.clone(), seq, sender, again });
                     }
                     // Senders of retries answered from committed records have no `Committed` of their own.
                     let stale: Vec<_> = self

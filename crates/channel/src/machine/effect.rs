@@ -152,6 +152,9 @@ pub enum Effect {
         /// The message records among them this leader admitted, and earlier leaders' ones past what their
         /// fanout was last known to finish (barriers are not messages).
         messages: Vec<Seq>,
+        /// How many of `messages`, the first ones, are earlier leaders': planned again (their fanout may
+        /// have reached some members already).
+        inherited: usize,
     },
     /// An admitted retention move finished: the boundary in force (at least the one asked for), or why
     /// it was not seen in force (it may still come into force: ask again to find out).

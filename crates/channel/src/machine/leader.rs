@@ -710,7 +710,7 @@ impl ChannelMachine {
         for (i, seq) in messages.iter().enumerate() {
             self.handoff.handed(*seq, i >= inherited);
         }
-        self.effects.push_back(Effect::Committed { first, last: hw, messages });
+        self.effects.push_back(Effect::Committed { first, last: hw, messages, inherited });
     }
 
     pub(super) fn leader_timeout(&mut self) {
