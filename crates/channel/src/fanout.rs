@@ -323,6 +323,38 @@ impl FanoutPlanner {
         }
     }
 
+    /// Stops planning `channel`'s messages (its replica here no longer leads; the next leader plans them
+    /// again): its queued jobs go, the job in progress too (answers for it are ignored), and its plans
+    /// not yet handed out. Plans already with the host may still end; their jobs then finish as usual.
+    pub fn cancel_channel(&mut self, channel: &ChannelId) {
+        self.queue.retain(|job| job.message.channel != *channel);
+        if self.active.as_ref().is_some_and(|active| active.job.message.channel == *channel) {
+            let active = self.active.take().expect("checked above");
+            // Its plans in flight, if any, finish it; without any, it is simply gone.
+            if self.plans_open.contains_key(&active.job.id) {
+                self.planned.insert(active.job.id, active.job.message);
+            }
+        }
+        let mut dropped = Vec::new();
+        self.ready.retain(|(job, plan)| {
+            let keep = plan.message.channel != *channel;
+            if !keep {
+                dropped.push(*job);
+            }
+            keep
+        });
+        for job in dropped {
+            if let Some(open) = self.plans_open.get_mut(&job) {
+                *open -= 1;
+                if *open == 0 {
+                    self.plans_open.remove(&job);
+                    self.planned.remove(&job);
+                }
+            }
+        }
+        self.advance();
+    }
+
     /// Next effect to carry out.
     pub fn poll_effect(&mut self) -> Option<FanoutEffect> {
         self.effects.pop_front()
@@ -417,6 +449,34 @@ mod tests {
         planner.handle_delivered(plan.id, false);
         assert!(matches!(planner.poll_effect(), Some(FanoutEffect::Failed(_))));
         assert_eq!(planner.plans_pending(), 0);
+    }
+
+    #[test]
+    fn a_cancelled_channel_plans_nothing_more_and_the_others_go_on() {
+        let other = |seq| MessageRef { channel: ChannelId::new(ChannelType::GROUP, "h").unwrap(), ..message(seq) };
+        let mut planner = FanoutPlanner::new(FanoutConfig::default());
+        let cancelled = planner.submit(message(1), None).unwrap();
+        planner.submit(message(2), None).unwrap();
+        let kept = planner.submit(other(1), None).unwrap();
+        let Some(FanoutEffect::FetchPage { job, .. }) = planner.poll_effect() else { panic!("a page of the first") };
+        assert_eq!(job, cancelled);
+        planner.cancel_channel(&message(1).channel);
+        // The other channel's job starts at once; a late page for the cancelled job changes nothing.
+        let Some(FanoutEffect::FetchPage { job, .. }) = planner.poll_effect() else { panic!("the next job starts") };
+        assert_eq!(job, kept);
+        planner.handle_page(
+            cancelled,
+            vec![Member { uid: "a".into(), left: false, hidden: false, denied: false }],
+            None,
+        );
+        assert_eq!(planner.poll_effect(), None);
+        planner.handle_page(kept, vec![Member { uid: "b".into(), left: false, hidden: false, denied: false }], None);
+        let Some(FanoutEffect::Locate { job, .. }) = planner.poll_effect() else { panic!("the kept job goes on") };
+        planner.handle_located(job, vec![Some(Target { node: NodeId::new(1) })]);
+        let Some(FanoutEffect::Deliver(plan)) = planner.poll_effect() else { panic!("its plan") };
+        planner.handle_delivered(plan.id, true);
+        assert!(matches!(planner.poll_effect(), Some(FanoutEffect::Finished { job, .. }) if job == kept));
+        assert_eq!((planner.poll_effect(), planner.capacity()), (None, FanoutConfig::default().queue_max));
     }
 
     #[test]

@@ -137,6 +137,11 @@ impl NodeCore {
                 self.fanout_waiting.push_back((channel, seq, sender));
                 self.feed_fanout();
             }
+            ShardOutput::FanoutHandedOver(channel) => {
+                self.fanout_waiting.retain(|(waiting, ..)| *waiting != channel);
+                self.fanout.cancel_channel(&channel);
+                self.feed_fanout();
+            }
             ShardOutput::Propose(command) => {
                 // A refused proposal is retried by the machine after its proposal timeout.
                 let _ = self.propose_for(&command, ProposalPurpose::Internal);

@@ -197,6 +197,9 @@ pub(crate) enum ShardOutput {
     /// IO (`Send`, `Persist`, `Read`) or an API call's end (`Done`): carried out by whoever runs the
     /// shard, exactly as the node's own effects.
     Effect(NodeEffect),
+    /// The channel's replica stopped leading: its next leader plans again what this node's fanout of it
+    /// has not finished, so this node stops (see `Effect::FanoutHandedOver`).
+    FanoutHandedOver(ChannelId),
     /// A committed message for post-commit fanout (the machine holds it unfinished until
     /// [`ShardInput::FanoutFinished`]).
     Committed { channel: ChannelId, seq: Seq, sender: Option<String>, again: bool },
@@ -688,6 +691,11 @@ impl ChannelShard {
                 self.outputs.push_back(ShardOutput::Propose(command));
             }
             Effect::RefreshMeta => self.fetch_meta(channel),
+            Effect::FanoutHandedOver => {
+                if self.config.fanout_enabled {
+                    self.outputs.push_back(ShardOutput::FanoutHandedOver(channel.clone()));
+                }
+            }
             Effect::NeedsFailover => {
                 tracing::warn!(%channel, node = %self.config.node, "channel replica cannot lead: asking for a failover");
                 self.cannot_lead.insert(channel.clone(), self.now);

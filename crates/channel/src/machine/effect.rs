@@ -177,6 +177,11 @@ pub enum Effect {
     RefreshMeta,
     /// The local log failed to persist; this replica stopped serving as leader. Fail over.
     StorageFailed,
+    /// This replica stopped leading: whichever replica leads next fans out again every message whose
+    /// fanout this one had not finished (see [`super::ChannelMachine::fanout_finished`]). Stop planning
+    /// them here (plans already with the host may end; their ends are ignored): each would otherwise
+    /// reach its members twice. Safe to ignore, at the cost of those repeats.
+    FanoutHandedOver,
     /// The meta names this replica leader under a leader epoch its log already holds: it restarted after
     /// leading in that epoch and may have lost records its followers have, so it must not lead again in
     /// it. The controller must fail over with evidence (which may pick this replica under a new epoch).

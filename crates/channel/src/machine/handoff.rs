@@ -76,6 +76,14 @@ impl Handoff {
         self.known = self.known.max(through);
     }
 
+    /// This replica stopped leading: its successor plans again every message it had not seen finish (all
+    /// past what it ever reported), so they are no longer its own; their slots are free.
+    pub(super) fn hand_over_unfinished(&mut self) {
+        let owned = self.unfinished.iter().filter(|(_, holds_slot)| *holds_slot).count();
+        self.held = self.held.saturating_sub(owned);
+        self.unfinished = VecDeque::new();
+    }
+
     /// The last message handed off and not finished (zero when none).
     pub(super) fn last_handed(&self) -> Seq {
         self.unfinished.back().map_or(Seq::new(0), |(seq, _)| *seq)
@@ -124,5 +132,18 @@ mod tests {
         handoff.handed(seq(12), true);
         assert_eq!(handoff.fanned_through(Some(seq(12))), seq(11));
         assert_eq!(handoff.fanned_through(Some(seq(9))), seq(10));
+    }
+
+    #[test]
+    fn messages_handed_over_to_a_successor_free_their_slots_and_their_late_ends_change_nothing() {
+        let mut handoff = Handoff { held: 3, ..Handoff::default() };
+        handoff.handed(seq(4), false);
+        handoff.handed(seq(5), true);
+        handoff.handed(seq(6), true);
+        handoff.learn(handoff.fanned_through(Some(seq(6))));
+        handoff.hand_over_unfinished();
+        assert_eq!((handoff.held, handoff.is_idle()), (1, true), "the slot of a record not committed stays");
+        assert!(!handoff.finished(seq(5)), "a plan already out ends later: nothing to change");
+        assert_eq!(handoff.known(), Some(seq(3)), "what it reported stays known");
     }
 }

@@ -257,6 +257,10 @@ impl ChannelMachine {
             .collect();
         self.handoff.held = self.handoff.held.saturating_sub(unreleased);
         self.handoff.learn(fanned);
+        if !self.handoff.is_idle() {
+            self.handoff.hand_over_unfinished();
+            self.effects.push_back(Effect::FanoutHandedOver);
+        }
         for id in pending {
             self.effects.push_back(Effect::AppendDone { id, result: Err(reason) });
         }

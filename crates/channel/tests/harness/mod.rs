@@ -344,6 +344,11 @@ impl Cluster {
                 self.schedule(at, Event::Meta { node: id, meta });
             }
             Effect::StorageFailed => self.trace.push(format!("{} storage failed on {id}", self.now)),
+            Effect::FanoutHandedOver => {
+                // The planner forgets the channel's unfinished messages: the next leader has them.
+                self.trace.push(format!("{} {id} hands its unfinished fanout over", self.now));
+                self.fanning.remove(&id);
+            }
             Effect::NeedsFailover => {
                 // The controller's repair loop: fail over with evidence from every live ISR member.
                 if self.meta.leader == id {
