@@ -325,16 +325,15 @@ impl FanoutPlanner {
 
     /// Stops planning `channel`'s messages (its replica here no longer leads; the next leader plans them
     /// again): its queued jobs go, the job in progress too (answers for it are ignored), and its plans
-    /// not yet handed out. Plans already with the host may still end; their jobs then finish as usual.
+    /// not yet handed out. Plans already with the host end as they will, but none of these jobs reports
+    /// [`FanoutEffect::Finished`]: the same message may be this node's to fan out again by then (it led
+    /// the channel once more), and an old job's end must not count for the new one.
     pub fn cancel_channel(&mut self, channel: &ChannelId) {
         self.queue.retain(|job| job.message.channel != *channel);
         if self.active.as_ref().is_some_and(|active| active.job.message.channel == *channel) {
-            let active = self.active.take().expect("checked above");
-            // Its plans in flight, if any, finish it; without any, it is simply gone.
-            if self.plans_open.contains_key(&active.job.id) {
-                self.planned.insert(active.job.id, active.job.message);
-            }
+            self.active = None;
         }
+        self.planned.retain(|_, message| message.channel != *channel);
         let mut dropped = Vec::new();
         self.ready.retain(|(job, plan)| {
             let keep = plan.message.channel != *channel;
@@ -344,13 +343,7 @@ impl FanoutPlanner {
             keep
         });
         for job in dropped {
-            if let Some(open) = self.plans_open.get_mut(&job) {
-                *open -= 1;
-                if *open == 0 {
-                    self.plans_open.remove(&job);
-                    self.planned.remove(&job);
-                }
-            }
+            self.plan_ended(job);
         }
         self.advance();
     }
@@ -455,6 +448,15 @@ mod tests {
     fn a_cancelled_channel_plans_nothing_more_and_the_others_go_on() {
         let other = |seq| MessageRef { channel: ChannelId::new(ChannelType::GROUP, "h").unwrap(), ..message(seq) };
         let mut planner = FanoutPlanner::new(FanoutConfig::default());
+        // A person channel's job has its plan with the host when the channel is cancelled.
+        let person = MessageRef { channel: ChannelId::new(ChannelType::PERSON, "a@b").unwrap(), ..message(7) };
+        let with_host = planner.submit(person.clone(), Some(["a".into(), "b".into()])).unwrap();
+        planner.poll_effect().expect("locate");
+        planner.handle_located(with_host, vec![Some(Target { node: NodeId::new(1) }), None]);
+        let Some(FanoutEffect::Deliver(out)) = planner.poll_effect() else { panic!("its plan goes out") };
+        planner.cancel_channel(&person.channel);
+        planner.handle_delivered(out.id, true);
+        assert_eq!(planner.poll_effect(), None, "a cancelled job reports no end");
         let cancelled = planner.submit(message(1), None).unwrap();
         planner.submit(message(2), None).unwrap();
         let kept = planner.submit(other(1), None).unwrap();
