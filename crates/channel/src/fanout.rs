@@ -451,7 +451,7 @@ mod tests {
         // A person channel's job has its plan with the host when the channel is cancelled.
         let person = MessageRef { channel: ChannelId::new(ChannelType::PERSON, "a@b").unwrap(), ..message(7) };
         let with_host = planner.submit(person.clone(), Some(["a".into(), "b".into()])).unwrap();
-        planner.poll_effect().expect("locate");
+        assert!(matches!(planner.poll_effect(), Some(FanoutEffect::Locate { .. })));
         planner.handle_located(with_host, vec![Some(Target { node: NodeId::new(1) }), None]);
         let Some(FanoutEffect::Deliver(out)) = planner.poll_effect() else { panic!("its plan goes out") };
         planner.cancel_channel(&person.channel);
