@@ -250,6 +250,8 @@ impl World {
                 }
             }
         }
+        self.faults.fanout_planned_again +=
+            self.nodes.values().filter_map(|n| n.core.as_ref()).map(|c| c.status().fanout_planned_again).sum::<u64>();
         self.check_slot_replicas();
         self.check_moves_settled();
         self.check_migrations_settled();

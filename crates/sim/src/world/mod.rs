@@ -90,6 +90,8 @@ pub struct Faults {
     /// Committed messages never delivered to a subscriber in runs where a subscriber page went unserved
     /// for 30 s (which ends a message's fanout by design); in any other run one is a violation.
     pub fanout_missed: u64,
+    /// Committed messages new channel leaders planned again (on the nodes up at the end).
+    pub fanout_planned_again: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -110,6 +112,7 @@ impl std::ops::AddAssign for Faults {
         self.retention_moves += other.retention_moves;
         self.retention_moves_done += other.retention_moves_done;
         self.fanout_missed += other.fanout_missed;
+        self.fanout_planned_again += other.fanout_planned_again;
     }
 }
 
