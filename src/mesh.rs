@@ -25,7 +25,7 @@
 use crate::runtime::{Node, Transport};
 use bytes::Bytes;
 use parking_lot::RwLock;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 use tidings_types::NodeId;
 
@@ -33,6 +33,8 @@ use tidings_types::NodeId;
 #[derive(Default)]
 pub struct InProcessMesh {
     nodes: RwLock<BTreeMap<NodeId, Weak<Node>>>,
+    /// Nodes whose frames are lost both ways (see [`InProcessMesh::isolate`]).
+    isolated: RwLock<BTreeSet<NodeId>>,
 }
 
 impl InProcessMesh {
@@ -46,14 +48,22 @@ impl InProcessMesh {
         Arc::new(MeshTransport { from, mesh: Arc::clone(self) })
     }
 
-    /// Makes `node` reachable under its id (replacing a node with the same id).
+    /// Makes `node` reachable under its id (replacing a node with the same id, and ending an isolation).
     pub fn attach(&self, node: &Arc<Node>) {
+        self.isolated.write().remove(&node.id());
         self.nodes.write().insert(node.id(), Arc::downgrade(node));
     }
 
     /// Makes node `id` unreachable: frames to it are lost, as to a crashed or partitioned node.
     pub fn detach(&self, id: NodeId) {
         self.nodes.write().remove(&id);
+    }
+
+    /// Cuts node `id` off both ways, as a crash does: frames to it are lost, and so are the frames it
+    /// still sends (while it shuts down, say) until it is attached again.
+    pub fn isolate(&self, id: NodeId) {
+        self.isolated.write().insert(id);
+        self.detach(id);
     }
 }
 
@@ -64,6 +74,9 @@ struct MeshTransport {
 
 impl Transport for MeshTransport {
     fn send(&self, to: NodeId, frame: Bytes) {
+        if self.mesh.isolated.read().contains(&self.from) {
+            return;
+        }
         let target = self.mesh.nodes.read().get(&to).and_then(Weak::upgrade);
         if let Some(node) = target {
             node.handle_frame(self.from, frame);

@@ -531,6 +531,85 @@ fn committed_messages_fan_out_once_to_online_allowed_subscribers_and_senders_are
     assert_eq!(own, expected_own, "only the sender's own entries are marked");
 }
 
+/// One node's gateway: every member online; while `held`, a delivery waits (the node's fanout is stuck)
+/// and is then refused. Deliveries taken go to a log shared by every node's gateway.
+struct GateHost {
+    held: std::sync::atomic::AtomicBool,
+    waiting: std::sync::atomic::AtomicBool,
+    taken: Arc<parking_lot::Mutex<Vec<(Seq, String)>>>,
+}
+
+impl FanoutHost for GateHost {
+    fn locate(&self, uids: &[String]) -> Vec<Option<NodeId>> {
+        vec![Some(NodeId::new(1)); uids.len()]
+    }
+
+    fn deliver(&self, plan: &DeliveryPlan) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.held.load(SeqCst) {
+            self.waiting.store(true, SeqCst);
+            while self.held.load(SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            return false;
+        }
+        self.taken.lock().extend(plan.members.iter().map(|m| (plan.message.seq, m.uid.clone())));
+        true
+    }
+}
+
+#[test]
+fn a_message_whose_leader_crashed_before_its_fanout_ended_reaches_every_subscriber_through_the_next() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+    let taken = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let hosts: Vec<Arc<GateHost>> = ids
+        .iter()
+        .map(|_| {
+            let (held, waiting) = (false.into(), false.into());
+            Arc::new(GateHost { held, waiting, taken: taken.clone() })
+        })
+        .collect();
+    let mut nodes: Vec<Option<Arc<Node>>> = ids
+        .iter()
+        .zip(&hosts)
+        .map(|(id, host)| Some(start_with_host(*id, &ids, dir.path(), &mesh, |_| {}, Some(host.clone() as _))))
+        .collect();
+    let node = |nodes: &[Option<Arc<Node>>], i: usize| nodes[i].clone().expect("running");
+    let ch = channel("stuck-fanout");
+    eventually(|| node(&nodes, 0).create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let subscribers: Vec<Uid> = (0..3).map(|u| Uid::new(format!("user-{u}")).unwrap()).collect();
+    let add = Command::AddMembers { channel: ch.clone(), list: MemberList::Subscribers, uids: subscribers };
+    eventually(|| node(&nodes, 0).propose(add.clone()));
+    std::thread::sleep(Duration::from_millis(300));
+    let leader = usize::try_from(NodeConfig::new(ids[0], ids.clone()).channel_placement(&ch)[0].get() - 1).unwrap();
+    let other = (leader + 1) % 3;
+    hosts[leader].held.store(true, SeqCst);
+    let seq = eventually(|| node(&nodes, other).append(ch.clone(), record("stuck"))?.wait())[0];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !hosts[leader].waiting.load(SeqCst) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(hosts[leader].waiting.load(SeqCst), "the leader's fanout reached its gateway");
+    // The followers hear the leader's answers meanwhile: its fanout has not finished this message.
+    std::thread::sleep(Duration::from_millis(1_000));
+    // The leader crashes: nothing it sends from now on arrives; its stuck delivery is refused.
+    mesh.isolate(ids[leader]);
+    hosts[leader].held.store(false, SeqCst);
+    nodes[leader] = None;
+    let reached = |taken: &[(Seq, String)]| taken.iter().filter(|(s, _)| *s == seq).count();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reached(&taken.lock()) < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(reached(&taken.lock()), 3, "every subscriber gets the message through the next leader");
+    let planned_again: u64 =
+        nodes.iter().flatten().map(|n| n.status().map(|s| s.fanout_planned_again).unwrap_or(0)).sum();
+    assert!(planned_again >= 1, "the next leader planned it again");
+}
+
 #[test]
 fn authoritative_metadata_reads_see_acknowledged_writes_and_latest_is_the_hw() {
     let dir = tempfile::tempdir().unwrap();
