@@ -354,3 +354,87 @@ fn a_machine_built_without_its_recent_records_follows_but_never_leads() {
     assert_eq!(would_lead.role(), RoleKind::None);
     assert!(settle(&mut would_lead, &log, t(0)).iter().any(|e| matches!(e, Effect::NeedsFailover)));
 }
+
+/// A log whose epoch 1 wrote #1-#4 and epoch 2 began at #5 (its barrier) and wrote #6-#7, with HW #7
+/// and retention through #4, led by node 1 in epoch 3 (its barrier #8 commits at once: MinISR 1).
+fn leader_past_a_retention_boundary_where_an_epoch_begins() -> (MemoryLog, ChannelMachine) {
+    use tidings_store::message::{LogBatch, LogOp, Record, RecordKind};
+    let log = MemoryLog::new(LogLimits::default());
+    let record = |seq: u64| Record {
+        seq: Seq::new(seq),
+        kind: if seq == 1 || seq == 5 { RecordKind::Barrier } else { RecordKind::Message },
+        leader_epoch: LeaderEpoch::new(if seq < 5 { 1 } else { 2 }),
+        idempotency_key: None,
+        timestamp_ms: 0,
+        payload: Bytes::from_static(b"m"),
+    };
+    let records = (1..=7).map(record).collect();
+    let ops = vec![LogOp::Append(records), LogOp::CheckpointHw(Seq::new(7)), LogOp::SetRetention(Seq::new(4))];
+    log.commit(LogBatch::new(channel(), ops)).unwrap();
+    let state = log.state(&channel()).unwrap();
+    let mut m = ChannelMachine::new(channel(), NodeId::new(1), MachineConfig::default(), 1, t(0), state, vec![]);
+    let mut leading = meta(1, 3, 5);
+    leading.retention_through = Seq::new(4);
+    m.handle_meta(t(1), leading).unwrap();
+    settle(&mut m, &log, t(1));
+    (log, m)
+}
+
+/// The leader's answer to node 2's pull from `next_seq` with `last_epoch`.
+fn answer_to_pull(
+    m: &mut ChannelMachine,
+    log: &MemoryLog,
+    next_seq: u64,
+    last_epoch: u64,
+) -> Option<tidings_channel::machine::PullBody> {
+    let pull = PullRequest {
+        channel: channel(),
+        pull_id: 1,
+        leader_epoch: LeaderEpoch::new(3),
+        next_seq: Seq::new(next_seq),
+        last_epoch: LeaderEpoch::new(last_epoch),
+        max_bytes: 1 << 20,
+    };
+    m.handle_message(t(2), NodeId::new(2), ChannelMessage::Pull(pull));
+    let mut effects = settle(m, log, t(2));
+    // Records older than the machine's cache come from a store read.
+    if let Some((token, from, through, max_bytes)) = effects.iter().find_map(|e| match e {
+        Effect::Read { token, from, through, max_bytes } => Some((*token, *from, *through, *max_bytes)),
+        _ => None,
+    }) {
+        let limits = tidings_store::message::ReadLimits { records_max: usize::MAX, bytes_max: max_bytes };
+        m.handle_read(t(3), token, log.read(&channel(), from, through, limits));
+        effects = settle(m, log, t(3));
+    }
+    effects.into_iter().find_map(|e| match e {
+        Effect::Send { message: ChannelMessage::PullResponse(response), .. } => Some(response.body),
+        _ => None,
+    })
+}
+
+/// A replica that must start its log after the retention boundary takes as its last epoch the one in
+/// force at the first record it will receive. When a leader epoch begins right after the boundary (its
+/// barrier the first readable record), the leader answered with its own, newer epoch: the replica then
+/// refused every record that followed (a lower epoch) and never caught up — seed 164004465.
+#[test]
+fn a_replica_started_after_the_retention_boundary_takes_the_epoch_of_the_next_record() {
+    use tidings_channel::machine::PullBody;
+    let (log, mut m) = leader_past_a_retention_boundary_where_an_epoch_begins();
+    let answer = answer_to_pull(&mut m, &log, 1, 0);
+    assert_eq!(answer, Some(PullBody::StartAfter { seq: Seq::new(4), epoch: LeaderEpoch::new(2), hw: Seq::new(8) }));
+}
+
+/// A follower whose last record is the retention boundary proves its log by that record's epoch. The
+/// boundary dropped that epoch from the leader's history when the next record began a new one: the
+/// leader then answered `Diverging` at seq 0, below the follower's HW, and the follower (an ISR member)
+/// stopped for good, holding the channel below MinISR — seed 164004465 again.
+#[test]
+fn a_follower_whose_last_record_is_the_retention_boundary_gets_the_records_after_it() {
+    use tidings_channel::machine::PullBody;
+    let (log, mut m) = leader_past_a_retention_boundary_where_an_epoch_begins();
+    let answer = answer_to_pull(&mut m, &log, 5, 1);
+    assert!(
+        matches!(&answer, Some(PullBody::Records { records, .. }) if records.first().map(|r| r.seq) == Some(Seq::new(5))),
+        "{answer:?}"
+    );
+}

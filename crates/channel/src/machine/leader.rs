@@ -560,7 +560,7 @@ impl ChannelMachine {
         // Nothing leaves this leader before its barrier is on its own disk (see `barrier_durable`).
         let barrier_durable = self.leader().is_some_and(|l| l.barrier_durable);
         let body = if next_seq <= retention {
-            let epoch = self.log.durable.epoch_of(retention).unwrap_or(leader_epoch);
+            let epoch = self.log.epoch_after(retention).unwrap_or(leader_epoch);
             PullBody::StartAfter { seq: retention, epoch, hw: self.log.hw }
         } else if next_seq > self.log.end || !barrier_durable {
             self.records_body(Vec::new())

@@ -169,6 +169,15 @@ impl LocalLog {
         self.epochs.last().map_or(LeaderEpoch::new(0), |(e, _)| *e)
     }
 
+    /// The epoch a replica starting its log right after `seq` takes as its last: the one in force at
+    /// the next record (every later record's is at least that), or the last one when none follows.
+    /// Never the epoch in force at `seq` itself, which retention may have dropped from the history.
+    fn epoch_after(&self, seq: Seq) -> Option<LeaderEpoch> {
+        let next = seq.next();
+        let in_force = self.epochs.iter().take_while(|(_, start)| *start <= next).last();
+        in_force.or(self.epochs.first()).map(|(epoch, _)| *epoch)
+    }
+
     /// Largest epoch at or below `epoch` in the local log, and its last seq.
     fn end_of_epoch(&self, epoch: LeaderEpoch) -> (LeaderEpoch, Seq) {
         tidings_store::message::end_of_epoch(&self.epochs, self.end, epoch)

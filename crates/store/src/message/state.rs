@@ -234,9 +234,11 @@ impl ChannelLogState {
                     });
                 }
                 self.retention_through = *through;
-                // Keep the epoch in force at the first readable record and every later one.
-                let first_readable = Seq::new(through.get().saturating_add(1));
-                let keep_from = self.epochs.partition_point(|(_, start)| *start <= first_readable).saturating_sub(1);
+                // Keep the epoch in force at the boundary itself and every later one: a follower whose
+                // last record is the boundary proves its log consistent by that record's epoch (the
+                // divergence check), which must stay in the history even when the next record starts a
+                // new epoch.
+                let keep_from = self.epochs.partition_point(|(_, start)| *start <= *through).saturating_sub(1);
                 self.epochs.drain(..keep_from);
                 Ok(())
             }
@@ -618,6 +620,11 @@ mod tests {
         // Seq 4 (first readable) was written in epoch 2, which started at 3.
         assert_eq!(state.epochs, vec![(LeaderEpoch::new(2), Seq::new(3)), (LeaderEpoch::new(3), Seq::new(5))]);
         assert_eq!(state.epoch_of(Seq::new(4)), Some(LeaderEpoch::new(2)));
+        // A boundary right before an epoch begins keeps the boundary record's epoch too: a follower whose
+        // last record it is proves its log by it.
+        state.apply(&c, &LogOp::SetRetention(Seq::new(4))).unwrap();
+        assert_eq!(state.epochs, vec![(LeaderEpoch::new(2), Seq::new(3)), (LeaderEpoch::new(3), Seq::new(5))]);
+        assert_eq!(state.end_of_epoch(LeaderEpoch::new(2)), (LeaderEpoch::new(2), Seq::new(4)));
     }
 
     #[test]
