@@ -90,7 +90,11 @@ fn a_batch_of_seeds_passes() {
 /// leader epoch dropped the boundary record's epoch from the leader's history: a follower whose last
 /// record was the boundary could no longer prove its log and stopped, and a replica started after the
 /// boundary got the leader's own newer epoch and refused every record after it — the channel stayed
-/// below MinISR; the boundary's epoch is now kept, and a replica starts with the next record's epoch).
+/// below MinISR; the boundary's epoch is now kept, and a replica starts with the next record's epoch),
+/// 166001309 and 166001709 (a follower rebuilt to lead — activated without its recent records — kept its
+/// earlier incarnation's HW but not how far it knew fanout finished, so it took its HW for that and
+/// planned nothing again, while its predecessor, stepping down, handed its unfinished fanout over: the
+/// messages never reached anyone; the next incarnation now keeps both).
 #[test]
 fn seeds_that_once_failed_pass() {
     for seed in [
@@ -98,7 +102,7 @@ fn seeds_that_once_failed_pass() {
         152521, 2, 200306, 100367, 101518, 102889, 203287, 203758, 502141, 502927, 504225, 501516, 503687, 505003,
         505049, 711764, 905951, 3024062, 4000934, 4002385, 6002809, 8009406, 3006042, 3006767, 3007578, 7009782,
         13000241, 63001920, 65000005, 92004055, 105000395, 106000026, 106000039, 106000043, 107001335, 113003393,
-        123002882, 127002507, 147004708, 164004465,
+        123002882, 127002507, 147004708, 164004465, 166001309, 166001709,
     ] {
         assert_passes(&run_seed(seed));
     }

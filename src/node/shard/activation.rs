@@ -311,13 +311,14 @@ impl ChannelShard {
         if left_out {
             machine = machine.without_recent();
         }
-        if let Some(floor) = self.hw_floor.remove(channel) {
+        if let Some((floor, fanned_through)) = self.carried_over.remove(channel) {
             // Everything up to the last incarnation's HW was committed: the durable prefix below it is
             // committed too, so HW does not go back. Raised in the machine, not in the state it starts
             // from: that state is what the store holds, and the machine is not quiescent (evictable)
             // until its HW is checkpointed there (seen in the simulator: a replica rebuilt after a
             // storage failure, evicted before its checkpoint, came back with the older HW).
             machine.raise_hw(floor);
+            machine.learn_fanned_through(fanned_through);
         }
         if let Some(epoch) = self.resumable.remove(channel) {
             machine.resume_leadership(epoch);

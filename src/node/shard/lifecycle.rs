@@ -213,11 +213,11 @@ impl ChannelShard {
     }
 
     /// Takes `channel`'s machine out of memory, not quiescent as an evicted one is: the next incarnation
-    /// keeps its HW (`hw_floor`), and what it held and had not made durable (a follower's unacknowledged
-    /// records) its leader sends again.
+    /// keeps its HW and how far it knew fanout finished (`carried_over`), and what it held and had not
+    /// made durable (a follower's unacknowledged records) its leader sends again.
     pub(super) fn retire(&mut self, channel: &ChannelId) {
         if let Some(machine) = self.deactivate(channel) {
-            self.hw_floor.insert(channel.clone(), machine.hw());
+            self.carried_over.insert(channel.clone(), (machine.hw(), machine.fanned_through()));
         }
     }
 }

@@ -308,8 +308,9 @@ pub(crate) struct ChannelShard {
     forward_deadlines: VecDeque<(Time, u64)>,
     /// Channels whose local replica is named leader but cannot lead: when to ask for a failover next.
     cannot_lead: BTreeMap<ChannelId, Time>,
-    /// HW of replicas taken out of memory after a storage failure: their next incarnation keeps it.
-    hw_floor: BTreeMap<ChannelId, Seq>,
+    /// HW and fanout progress of replicas taken out of memory before they were quiescent (a storage
+    /// failure, a follower rebuilt to lead): their next incarnation keeps both.
+    carried_over: BTreeMap<ChannelId, (Seq, Seq)>,
     id_base: u64,
     id_counter: u64,
     next_incarnation: u64,
@@ -353,7 +354,7 @@ impl ChannelShard {
             taken_forwards: TakenForwards::default(),
             forward_deadlines: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
-            hw_floor: BTreeMap::new(),
+            carried_over: BTreeMap::new(),
             id_base: id_base(config.boot_id, index % shards),
             id_counter: 0,
             next_incarnation: now.as_millis().wrapping_mul(1 << 20) + 1,

@@ -211,6 +211,8 @@ impl ChannelMachine {
             return;
         }
         self.log.end = seq;
+        // Everything through `seq` is given up: none of it is for a successor to fan out again.
+        self.handoff.learn(seq);
         self.log.epochs = vec![(epoch, seq)];
         self.log.cache.clear();
         self.log.unpersisted.push_back(PendingOp::StartAfter { seq, epoch });

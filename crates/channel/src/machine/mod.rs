@@ -430,6 +430,13 @@ impl ChannelMachine {
         }
     }
 
+    /// Takes what an earlier incarnation of this replica knew of fanout's progress
+    /// ([`ChannelMachine::fanned_through`]; its store may hold an older checkpoint). Without it, a
+    /// replica that leads next would take its HW for that progress and plan nothing again.
+    pub fn learn_fanned_through(&mut self, fanned_through: Seq) {
+        self.handoff.learn(fanned_through);
+    }
+
     /// `true` if the machine can be evicted without losing anything: no meta-dependent work pending,
     /// everything durable, nothing waiting for commit or handoff, and its HW checkpointed (the next
     /// incarnation starts from the checkpoint: an HW ahead of it would go back — seen in the simulator
@@ -615,9 +622,10 @@ impl ChannelMachine {
         }
     }
 
-    /// How far fanout is known to have finished: on the leader, its own handoffs past what it knew when
-    /// it started; elsewhere what a leader last reported (or the checkpoint, after a restart).
-    fn fanned_through(&self) -> Seq {
+    /// How far post-commit fanout is known to have finished (every message at or below it was fanned
+    /// out): on the leader, its own handoffs past what it knew when it started; elsewhere what a leader
+    /// last reported (or the checkpoint, after a restart). Zero: nothing known.
+    pub fn fanned_through(&self) -> Seq {
         let handed_through = match &self.role {
             Role::Leader(leader) => Some(leader.handed_through()),
             _ => None,
