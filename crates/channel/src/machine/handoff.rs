@@ -84,11 +84,6 @@ impl Handoff {
         self.unfinished = VecDeque::new();
     }
 
-    /// The last message handed off and not finished (zero when none).
-    pub(super) fn last_handed(&self) -> Seq {
-        self.unfinished.back().map_or(Seq::new(0), |(seq, _)| *seq)
-    }
-
     /// Nothing handed off is unfinished.
     pub(super) fn is_idle(&self) -> bool {
         self.unfinished.is_empty()

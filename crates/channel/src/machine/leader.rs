@@ -223,9 +223,10 @@ impl ChannelMachine {
         let hint = PullHint { channel: self.channel.clone(), leader_epoch: meta.leader_epoch };
         // Records at or below the HW we start with were committed under an earlier leader, which fanned
         // them out as far as we last heard; past that (or, knowing nothing, past our HW) they are ours to
-        // fan out again, at once — except records given up, and those this node still fans out from an
-        // earlier term of its own (it finishes them itself).
-        let fanned = self.handoff.known().unwrap_or(hw).max(self.handoff.last_handed());
+        // fan out again, at once — except records given up. (Nothing of an earlier term of this replica's
+        // is still handed off: stepping down handed it over.)
+        debug_assert!(self.handoff.is_idle(), "a replica starts leading with nothing handed off");
+        let fanned = self.handoff.known().unwrap_or(hw);
         let given_up = meta.retention_through.max(self.log.durable.retention_through);
         let handed_through = fanned.max(given_up).min(hw);
         let durable_end = self.log.consistent_durable_end();
