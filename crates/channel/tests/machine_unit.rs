@@ -438,3 +438,37 @@ fn a_follower_whose_last_record_is_the_retention_boundary_gets_the_records_after
         "{answer:?}"
     );
 }
+
+/// A new leader plans again at most `handoff_slots` of its predecessors' messages past what their
+/// fanout was known to finish, the most recent, and says how many it left.
+#[test]
+fn a_new_leader_plans_again_at_most_its_handoff_slots_and_counts_the_rest() {
+    use tidings_store::message::{LogBatch, LogOp, Record, RecordKind};
+    let log = MemoryLog::new(LogLimits::default());
+    let record = |seq: u64| Record {
+        seq: Seq::new(seq),
+        kind: if seq == 1 { RecordKind::Barrier } else { RecordKind::Message },
+        leader_epoch: LeaderEpoch::new(1),
+        idempotency_key: None,
+        timestamp_ms: 0,
+        payload: Bytes::from_static(b"m"),
+    };
+    // Epoch 1: barrier #1, messages #2-#400, all committed; fanout known to finish through #1 only.
+    let ops = vec![
+        LogOp::Append((1..=400).map(record).collect()),
+        LogOp::CheckpointHw(Seq::new(400)),
+        LogOp::CheckpointFanned(Seq::new(1)),
+    ];
+    log.commit(LogBatch::new(channel(), ops)).unwrap();
+    let state = log.state(&channel()).unwrap();
+    let config = MachineConfig { handoff_slots: 256, ..MachineConfig::default() };
+    let mut m = ChannelMachine::new(channel(), NodeId::new(1), config, 1, t(0), state, vec![]);
+    m.handle_meta(t(1), meta(1, 2, 2)).unwrap();
+    let committed = settle(&mut m, &log, t(1)).into_iter().find_map(|e| match e {
+        Effect::Committed { messages, inherited, skipped, .. } => Some((messages, inherited, skipped)),
+        _ => None,
+    });
+    let (messages, inherited, skipped) = committed.expect("the new leader hands off at once");
+    assert_eq!((messages.len(), inherited, skipped), (256, 256, 143), "399 messages past #1: 256 planned, 143 left");
+    assert_eq!((messages[0], messages[255]), (Seq::new(145), Seq::new(400)), "the most recent");
+}

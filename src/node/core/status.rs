@@ -95,6 +95,10 @@ pub struct NodeStatus {
     /// their predecessor's fanout was not known to have finished them, so some members may get them
     /// twice (fanout is at least once).
     pub fanout_planned_again: u64,
+    /// Committed messages of earlier leaders that new leaders here did not plan again although their
+    /// fanout was not known to finish: more than `MachineConfig::handoff_slots` were past what they
+    /// knew, and only the most recent are planned again. Some members may have missed them.
+    pub fanout_skipped: u64,
 }
 
 impl NodeStatus {
@@ -108,6 +112,7 @@ impl NodeStatus {
         self.channel_metas_held += shard.metas_held;
         self.channels_loading += shard.loading;
         self.loads_given_up += shard.counters.loads_given_up;
+        self.fanout_skipped += shard.counters.fanout_skipped;
     }
 }
 
@@ -136,6 +141,7 @@ impl NodeCore {
             loads_given_up: 0,
             fanout_pages_abandoned: self.fanout_pages_abandoned,
             fanout_planned_again: self.fanout_planned_again,
+            fanout_skipped: 0,
         };
         if let Shards::Inline(shards) = &self.shards {
             for shard in shards {

@@ -223,6 +223,7 @@ pub(crate) struct ShardCounters {
     pub(crate) stale_messages: u64,
     pub(crate) storage_failures: u64,
     pub(crate) loads_given_up: u64,
+    pub(crate) fanout_skipped: u64,
 }
 
 /// What a shard shows of itself: its replicas and counters.
@@ -664,8 +665,12 @@ impl ChannelShard {
                 let Some(origin) = self.retentions.remove(&id.0) else { return };
                 self.answer(origin, CallOutcome::Retained(result.map_err(RemoteAppendError::Aborted)));
             }
-            Effect::Committed { last, messages, inherited, .. } => {
+            Effect::Committed { last, messages, inherited, skipped, .. } => {
                 if self.config.fanout_enabled {
+                    if skipped > 0 {
+                        tracing::warn!(%channel, skipped, "a new leader plans again only the most recent of its predecessors' unfinished fanout");
+                        self.counters.fanout_skipped += skipped;
+                    }
                     for (i, seq) in messages.into_iter().enumerate() {
                         let sender = self.senders.remove(&(channel.clone(), seq));
                         let again = i < inherited;

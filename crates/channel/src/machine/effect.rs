@@ -155,6 +155,10 @@ pub enum Effect {
         /// How many of `messages`, the first ones, are earlier leaders': planned again (their fanout may
         /// have reached some members already).
         inherited: usize,
+        /// Earlier leaders' messages past what their fanout was known to finish that are not planned
+        /// again: more than `handoff_slots` were, and only the most recent are. Some members may have
+        /// missed them.
+        skipped: u64,
     },
     /// An admitted retention move finished: the boundary in force (at least the one asked for), or why
     /// it was not seen in force (it may still come into force: ask again to find out).

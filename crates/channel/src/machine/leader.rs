@@ -707,7 +707,7 @@ impl ChannelMachine {
         let first = leader.reported.next();
         leader.reported = hw;
         let inherited_through = hw.min(leader.inherited_end);
-        let mut messages = inherited_messages(&self.log.epochs, first, inherited_through, cap);
+        let (mut messages, skipped) = inherited_messages(&self.log.epochs, first, inherited_through, cap);
         let inherited = messages.len();
         while leader.reserved.front().is_some_and(|seq| *seq <= hw) {
             messages.push(leader.reserved.pop_front().expect("checked non-empty"));
@@ -715,7 +715,7 @@ impl ChannelMachine {
         for (i, seq) in messages.iter().enumerate() {
             self.handoff.handed(*seq, i >= inherited);
         }
-        self.effects.push_back(Effect::Committed { first, last: hw, messages, inherited });
+        self.effects.push_back(Effect::Committed { first, last: hw, messages, inherited, skipped });
     }
 
     pub(super) fn leader_timeout(&mut self) {
@@ -831,8 +831,13 @@ enum Planned {
 }
 
 /// The message records among seqs `first..=last` of a log whose epochs start at `epochs` (each with its
-/// leader's barrier), at most `cap` of them, the last ones.
-fn inherited_messages(epochs: &[(LeaderEpoch, Seq)], first: Seq, last: Seq, cap: usize) -> Vec<Seq> {
+/// leader's barrier), at most `cap` of them, the last ones; and how many more there were.
+fn inherited_messages(epochs: &[(LeaderEpoch, Seq)], first: Seq, last: Seq, cap: usize) -> (Vec<Seq>, u64) {
+    if first > last {
+        return (Vec::new(), 0);
+    }
+    let barriers = epochs.iter().filter(|(_, start)| (first..=last).contains(start)).count() as u64;
+    let messages = last.get() - first.get() + 1 - barriers;
     let mut seqs = Vec::new();
     let mut seq = last;
     while seq >= first && seq.get() > 0 && seqs.len() < cap {
@@ -842,5 +847,6 @@ fn inherited_messages(epochs: &[(LeaderEpoch, Seq)], first: Seq, last: Seq, cap:
         seq = Seq::new(seq.get() - 1);
     }
     seqs.reverse();
-    seqs
+    let skipped = messages - seqs.len() as u64;
+    (seqs, skipped)
 }
