@@ -460,7 +460,10 @@ fn migrate_a_slot(node: &Arc<Node>) {
     let t = Instant::now();
     retry("migrate a slot", || node.migrate_slot(slot, to));
     while node.routes().hash_to_slot().group_of(slot) != to {
-        assert!(t.elapsed() < Duration::from_secs(30), "the migration of {slot} did not complete");
+        if t.elapsed() > Duration::from_secs(30) {
+            let migrations = node.status().map(|s| s.slot_migrations);
+            panic!("the migration of {slot} did not complete: {migrations:?}, routes {:?}", node.routes());
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     let took = t.elapsed();

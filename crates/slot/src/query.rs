@@ -247,7 +247,7 @@ impl SlotReader {
     }
 
     /// Up to `limit` keys of hash slot `slot` written while `group` exported it (to be copied once the slot
-    /// is fenced), after `cursor`.
+    /// is fenced), after `cursor`: a key of an earlier page (the page's own cursor is its last key).
     pub fn slot_marks(
         &self,
         group: GroupId,
@@ -256,9 +256,14 @@ impl SlotReader {
         limit: usize,
     ) -> StoreResult<Page<Vec<u8>>> {
         let prefix = crate::fsm::migration::marks_prefix(slot);
-        let page = self.store.scan(MetaSpace::group_records(group), &prefix, cursor, limit)?;
+        // The store's cursors are whole keys; the pages list keys without the marks' prefix. A cursor
+        // taken from the items once made the next page start over at the first mark, and a migration
+        // with more marks than a page copied them round and round in its last phase for ever.
+        let after = cursor.map(|key| [prefix.as_slice(), key].concat());
+        let page = self.store.scan(MetaSpace::group_records(group), &prefix, after.as_deref(), limit)?;
         let items = page.entries.iter().map(|(key, _)| key[prefix.len()..].to_vec()).collect();
-        Ok(Page { items, cursor: page.next_after })
+        let cursor = page.next_after.map(|key| key[prefix.len()..].to_vec());
+        Ok(Page { items, cursor })
     }
 
     /// The raw value of `key` in `group`'s copy of hash slot `slot` (a migration copies these).

@@ -461,6 +461,13 @@ fn a_hash_slot_migrates_between_two_groups_on_one_node_without_touching_either_c
     );
     let marks = reader.slot_marks(a, slot, None, 100).unwrap().items;
     assert_eq!(marks.len(), 2, "both keys written while exporting are marked");
+    // Page by page, with the page's cursor or with its last key alike, each mark comes once.
+    let first = reader.slot_marks(a, slot, None, 1).unwrap();
+    assert_eq!(first.cursor.as_deref(), Some(marks[0].as_slice()), "a page's cursor is its last key");
+    for after in [first.cursor.clone(), Some(first.items[0].clone())] {
+        let next = reader.slot_marks(a, slot, after.as_deref(), 1).unwrap();
+        assert_eq!(next.items, vec![marks[1].clone()], "the next page starts after the first");
+    }
     // Fence: writes refused (retryable); reads still served by the source copy.
     assert_eq!(step(&source, &table, migrate(a, Step::Fence { to: b, epoch: 1 })), Outcome::Applied);
     assert_eq!(step(&source, &table, put(&in_slot[0], "late")), Outcome::Refused(Refusal::SlotFenced { slot, to: b }));
