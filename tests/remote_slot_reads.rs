@@ -100,6 +100,13 @@ fn led_outside_its_slot_group(
     (cluster, recorder, channel, leader)
 }
 
+/// The nodes serving `channel`'s slot group, as `leader`'s configuration places it.
+fn serving_nodes(cluster: &Cluster, leader: u64, channel: &ChannelId) -> Vec<NodeId> {
+    let config = &cluster.nodes[&NodeId::new(leader)].config;
+    let group = config.table().group_of_key(channel.route_key());
+    config.slot_group_members().into_iter().find(|(g, _)| *g == group).map(|(_, nodes)| nodes).unwrap()
+}
+
 /// Pages given up, over every node.
 fn abandoned(cluster: &mut Cluster) -> u64 {
     let ids: Vec<u64> = cluster.nodes.keys().map(|n| n.get()).collect();
@@ -132,9 +139,7 @@ fn pages_go_to_another_node_when_the_one_asked_is_cut_off_and_are_given_up_when_
     // Six nodes: the channel's three replicas all outside its slot group, so cutting the whole group
     // off leaves the channel committing.
     let (mut cluster, recorder, channel, leader) = led_outside_its_slot_group(6, true, &["a", "b", "c", "d"], &[]);
-    let config = cluster.nodes[&NodeId::new(leader)].config.clone();
-    let group = config.table().group_of_key(channel.route_key());
-    let (_, serving) = config.slot_group_members().into_iter().find(|(g, _)| *g == group).unwrap();
+    let serving = serving_nodes(&cluster, leader, &channel);
 
     // One member of the slot group goes silent (frames to it are lost, not refused): the leader's ask
     // to it times out and the page comes from another member. Which one the leader asks first depends
@@ -187,9 +192,7 @@ fn pages_go_to_another_node_when_the_one_asked_is_cut_off_and_are_given_up_when_
 #[test]
 fn a_message_whose_fanout_its_crashed_leader_had_not_finished_reaches_every_subscriber_through_the_next() {
     let (mut cluster, recorder, channel, leader) = led_outside_its_slot_group(6, true, &["a", "b", "c", "d"], &[]);
-    let config = cluster.nodes[&NodeId::new(leader)].config.clone();
-    let group = config.table().group_of_key(channel.route_key());
-    let (_, serving) = config.slot_group_members().into_iter().find(|(g, _)| *g == group).unwrap();
+    let serving = serving_nodes(&cluster, leader, &channel);
     for node in &serving {
         cluster.cut.insert(*node);
     }

@@ -48,12 +48,6 @@ impl FanoutHost for RecordingHost {
 }
 
 impl RecordingHost {
-    /// The seqs of `channel` delivered to `member`.
-    fn delivered_to(&self, channel: &ChannelId, member: &str) -> BTreeSet<Seq> {
-        let deliveries = self.deliveries.lock().expect("one thread");
-        deliveries.iter().filter(|(c, _, uid)| c == channel && uid == member).map(|(_, seq, _)| *seq).collect()
-    }
-
     /// The deliveries of `channel`'s messages: seq and member.
     fn of(&self, channel: &ChannelId) -> Vec<(Seq, String)> {
         let deliveries = self.deliveries.lock().expect("one thread");
@@ -178,7 +172,8 @@ impl World {
     ) {
         // The replica with the highest HW holds the committed log through it.
         let Some((_, hw, records)) = logs.iter().max_by_key(|(_, hw, _)| *hw) else { return };
-        let delivered = self.fanout_host.delivered_to(channel, ALLOWED);
+        let delivered: BTreeSet<Seq> =
+            self.fanout_host.of(channel).into_iter().filter(|(_, uid)| uid == ALLOWED).map(|(seq, _)| seq).collect();
         let missed: Vec<Seq> = records
             .iter()
             .filter(|r| r.kind == RecordKind::Message && r.seq <= *hw && r.seq > retained_through)
