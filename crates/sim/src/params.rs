@@ -1,6 +1,7 @@
 //! Everything a seed decides about a run, drawn from the seed and printed with it.
 
 use std::fmt;
+use tidings::node::NodeConfig;
 use tidings::types::DetRng;
 
 /// Parameters of one simulated run.
@@ -71,6 +72,13 @@ pub struct SimParams {
     /// little past the last acknowledged one (some refused as past HW): in half of the seeds. Drawn
     /// from its own stream.
     pub retention_moves: bool,
+    /// The nodes run with every page, batch, chunk and cache limit cut to a few items or bytes
+    /// ([`tighten`]): raft logs compacted every few entries (so lagging and new replicas are sent
+    /// snapshots, in many chunks), pulls, reads, subscriber pages, delivery plans, migration chunks and
+    /// repair passes of one or a few items, record caches too small to answer pulls from memory. Paths
+    /// that only run once a limit is reached (the second page, the snapshot instead of the log) run in
+    /// every such seed, under the same faults. In a third of the seeds; its own stream.
+    pub tight_limits: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
     /// Unsafe, for the simulator's own test: appends from the banned and the denied sender go through
@@ -133,6 +141,7 @@ impl SimParams {
             },
             // Its own generator, as the knobs above: the draws of the seed's other parameters stay.
             retention_moves: DetRng::new(seed ^ 0x7265_7465_6e74_696f).range(0, 1) == 0,
+            tight_limits: DetRng::new(seed ^ TIGHT_LIMITS_STREAM).range(0, 2) == 0,
             unsafe_lying_disk: false,
             unsafe_unchecked_senders: false,
         }
@@ -145,7 +154,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -178,10 +187,44 @@ impl fmt::Display for SimParams {
                 String::new()
             },
             if self.retention_moves { " retention-moves" } else { "" },
+            if self.tight_limits { " tight-limits" } else { "" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
             if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }
         )
     }
+}
+
+/// The stream `tight_limits` and the limits themselves are drawn from.
+const TIGHT_LIMITS_STREAM: u64 = 0x7469_6768_745f_6c69;
+
+/// Cuts `config`'s page, batch, chunk and cache limits to a few items or bytes, drawn from `seed`
+/// (every node of a seed gets the same ones). Each stays valid for the simulator's workload: appends
+/// of one record, keyed retries far fewer than the idempotency window, handoff slots as by default (a
+/// new leader plans again everything its predecessors left; the cap has its own unit test).
+pub fn tighten(config: &mut NodeConfig, seed: u64) {
+    let mut rng = DetRng::new(seed ^ TIGHT_LIMITS_STREAM ^ 0x6c69_6d69_7473);
+    let mut draw = |low: u64, high: u64| usize::try_from(rng.range(low, high)).unwrap_or(1);
+    let raft = &mut config.raft;
+    raft.compact_after_entries = draw(4, 200) as u64;
+    raft.chunk_bytes = draw(32, 4096);
+    raft.max_size_per_msg = draw(64, 8192) as u64;
+    raft.max_inflight_msgs = draw(1, 8);
+    raft.apply_batch_records_max = draw(1, 16);
+    raft.pending_proposals_max = draw(8, 128);
+    let machine = &mut config.machine;
+    machine.request_records_max = 1;
+    machine.pending_records_max = draw(1, 32);
+    machine.persist_records_max = draw(1, 8);
+    machine.pull_bytes_max = draw(1, 512);
+    machine.cache_bytes_max = draw(0, 1024);
+    let fanout = &mut config.fanout;
+    fanout.page_size = draw(1, 4);
+    fanout.plan_members_max = draw(1, 3);
+    fanout.plans_in_flight_max = draw(1, 4);
+    config.controller.migration_chunk_bytes = draw(8, 512);
+    config.controller.repair_page = draw(1, 8);
+    config.read_records_max = draw(1, 8);
+    config.waiting_appends_max = draw(2, 64);
 }
 
 /// The node's default `hw_notify_delay`, in ms.

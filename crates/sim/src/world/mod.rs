@@ -92,11 +92,15 @@ pub struct Faults {
     pub fanout_missed: u64,
     /// Committed messages new channel leaders planned again (on the nodes up at the end).
     pub fanout_planned_again: u64,
+    /// Slot-group snapshots sent (their first chunk), counted in `tight_limits` seeds only (it takes a
+    /// decode of every frame).
+    pub snapshots_sent: u64,
 }
 
 impl std::ops::AddAssign for Faults {
     fn add_assign(&mut self, other: Faults) {
         self.lost += other.lost;
+        self.snapshots_sent += other.snapshots_sent;
         self.duplicated += other.duplicated;
         self.crashes += other.crashes;
         self.partitions += other.partitions;
@@ -221,6 +225,9 @@ impl World {
             if params.rebalance_leaders_ms > 0 {
                 config.controller.rebalance_leaders_after =
                     Some(std::time::Duration::from_millis(params.rebalance_leaders_ms));
+            }
+            if params.tight_limits {
+                crate::params::tighten(&mut config, params.seed);
             }
             let kv = Arc::new(MemoryKv::new());
             let log = Arc::new(MemoryLog::new(LogLimits::default()));
@@ -612,6 +619,9 @@ impl World {
     }
 
     fn send(&mut self, from: NodeId, to: NodeId, frame: Bytes) {
+        if self.params.tight_limits && starts_a_snapshot(&frame) {
+            self.faults.snapshots_sent += 1;
+        }
         let copies = if !self.faulty {
             1
         } else if self.rng.chance(self.params.loss_ppm) {
@@ -629,6 +639,16 @@ impl World {
             self.schedule(at, Event::Frame { from, to, bytes: frame.clone() });
         }
     }
+}
+
+/// Whether `frame` carries the first chunk of a slot-group snapshot.
+fn starts_a_snapshot(frame: &[u8]) -> bool {
+    use tidings::frame::{decode, FrameBody, FrameLimits};
+    use tidings::slot::raft::SlotBody;
+    matches!(
+        decode(frame, &FrameLimits::default()).map(|f| f.body),
+        Ok(FrameBody::Slot(tidings::slot::raft::SlotMessage { body: SlotBody::Chunk { index: 0, .. }, .. }))
+    )
 }
 
 /// The hash slot of a user's records.

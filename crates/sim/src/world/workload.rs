@@ -43,6 +43,8 @@ impl World {
             let mix = splitmix(api.0);
             let from = Seq::new(1 + mix % (self.oracle.last_acked(&channel) + 2));
             let limit = 1 + usize::try_from((mix >> 32) % 64).unwrap_or(0);
+            // The node returns at most its `read_records_max` whatever the caller asks.
+            let limit = limit.min(self.nodes[&node].config.read_records_max);
             if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
                 // The read first, as before this check: asked after it, at the same instant, the HW is the
                 // one it read under and asks nothing of anyone (the replica is active).
