@@ -5,9 +5,9 @@
 use bytes::Bytes;
 use std::path::Path;
 use tidings::channel::fanout::Member;
-use tidings::channel::machine::{ChannelMessage, PullHint};
+use tidings::channel::machine::{AppendError, ChannelMessage, PullBody, PullHint, PullRequest, PullResponse};
 use tidings::frame::{encode, Frame, FrameBody};
-use tidings::node::{FlagQuery, NodeMessage, SlotQuery, SlotReadAnswer};
+use tidings::node::{FlagQuery, NodeMessage, RemoteAppendError, SlotQuery, SlotReadAnswer};
 use tidings::slot::command::{Command, MemberList};
 use tidings::slot::model::{ChannelFlags, ChannelInfo, SlotMigrationStep, Uid, User};
 use tidings::slot::raft::{SlotBody, SlotMessage};
@@ -34,6 +34,16 @@ fn main() {
         write_fence: None,
         retention_through: Seq::new(0),
     };
+    let records: Vec<Record> = (1..=3)
+        .map(|seq| Record {
+            seq: Seq::new(seq),
+            kind: RecordKind::Message,
+            leader_epoch: LeaderEpoch::new(1),
+            idempotency_key: IdempotencyKey::new(format!("key-{seq}")),
+            timestamp_ms: 1_700_000_000_000 + seq,
+            payload: Bytes::from(format!("message {seq}")),
+        })
+        .collect();
     let hint = ChannelMessage::Hint(PullHint { channel: channel.clone(), leader_epoch: LeaderEpoch::new(2) });
     let bodies = [
         FrameBody::Channel(hint.clone()),
@@ -72,6 +82,40 @@ fn main() {
             request: 12,
             query: SlotQuery::Flag(FlagQuery::Denied { channel: channel.clone(), uid: Uid::new("eve").expect("uid") }),
         }),
+        FrameBody::Channels(vec![
+            ChannelMessage::Pull(PullRequest {
+                channel: channel.clone(),
+                pull_id: 5,
+                leader_epoch: LeaderEpoch::new(2),
+                next_seq: Seq::new(1),
+                last_epoch: LeaderEpoch::new(0),
+                max_bytes: 1 << 20,
+            }),
+            ChannelMessage::PullResponse(PullResponse {
+                channel: channel.clone(),
+                pull_id: 5,
+                leader_epoch: LeaderEpoch::new(2),
+                body: PullBody::Records { records: records.clone(), hw: Seq::new(2), fanned_through: Seq::new(1) },
+            }),
+            ChannelMessage::PullResponse(PullResponse {
+                channel: channel.clone(),
+                pull_id: 6,
+                leader_epoch: LeaderEpoch::new(2),
+                body: PullBody::Diverging { epoch: LeaderEpoch::new(1), end_seq: Seq::new(2) },
+            }),
+            ChannelMessage::PullResponse(PullResponse {
+                channel: channel.clone(),
+                pull_id: 7,
+                leader_epoch: LeaderEpoch::new(2),
+                body: PullBody::StartAfter { seq: Seq::new(1), epoch: LeaderEpoch::new(1), hw: Seq::new(2) },
+            }),
+        ]),
+        FrameBody::Node(NodeMessage::AppendReply { id: 9, result: Ok(vec![Seq::new(4), Seq::new(5)]) }),
+        FrameBody::Node(NodeMessage::AppendReply {
+            id: 10,
+            result: Err(RemoteAppendError::Refused(AppendError::NotLeader { leader: Some(NodeId::new(3)) })),
+        }),
+        FrameBody::Slot(SlotMessage { group: GroupId::new(2), body: SlotBody::Raft(vec![8, 3, 16, 2]) }),
     ];
     for (i, body) in bodies.into_iter().enumerate() {
         write("frame_decode", &format!("frame-{i}"), &encode(&Frame { cluster: 1, from: NodeId::new(2), body }));
@@ -102,16 +146,6 @@ fn main() {
         write("slot_command", &format!("command-{i}"), &command.encode());
     }
 
-    let records: Vec<Record> = (1..=3)
-        .map(|seq| Record {
-            seq: Seq::new(seq),
-            kind: RecordKind::Message,
-            leader_epoch: LeaderEpoch::new(1),
-            idempotency_key: IdempotencyKey::new(format!("key-{seq}")),
-            timestamp_ms: 1_700_000_000_000 + seq,
-            payload: Bytes::from(format!("message {seq}")),
-        })
-        .collect();
     let batch = LogBatch::new(
         channel.clone(),
         vec![

@@ -1,5 +1,5 @@
 //! The wire frame between tidings nodes: versioned, length-checked, checksummed, decoded with a serde
-//! binary codec. Garbage, truncated, oversized, corrupted or newer-version bytes are a typed
+//! binary codec. Garbage, truncated, oversized, corrupted or other-version bytes are a typed
 //! [`FrameError`], never a panic; a frame from a node outside the cluster is refused before its body is
 //! looked at.
 //!
@@ -24,8 +24,16 @@ use tidings_channel::machine::ChannelMessage;
 use tidings_slot::raft::SlotMessage;
 use tidings_types::NodeId;
 
-/// Frame format version written by this build (and the newest it reads).
-pub const FRAME_VERSION: u8 = 1;
+/// Frame format version this build writes, and the only one it reads: a frame of another version is
+/// refused as [`FrameError::UnsupportedVersion`] (its body is not looked at), since postcard bodies
+/// carry no field names and an older or newer layout would decode as something else or not at all.
+/// Any change to the layout of a message that crosses the wire bumps it; `tests/formats.rs` holds
+/// encodings of this version and fails when a layout changes under it. Nodes of two frame versions
+/// refuse each other's frames (as a partition between them would): a cluster moves to a new frame
+/// version by restarting its nodes together, not one at a time.
+///
+/// Version 2: pull answers carry how far the leader's fanout finished (`PullBody::Records::fanned_through`).
+pub const FRAME_VERSION: u8 = 2;
 
 const MAGIC: [u8; 2] = *b"TD";
 const HEADER_BYTES: usize = 2 + 1 + 4 + 4;
@@ -81,8 +89,8 @@ pub enum FrameError {
     /// The bytes do not start with the frame magic.
     #[error("not a tidings frame")]
     BadMagic,
-    /// A frame of a newer format.
-    #[error("frame version {got} is newer than the supported {FRAME_VERSION}")]
+    /// A frame of another format version than this build's [`FRAME_VERSION`].
+    #[error("frame version {got}, this build reads only version {FRAME_VERSION}")]
     UnsupportedVersion {
         /// Version found.
         got: u8,
@@ -175,7 +183,7 @@ pub fn decode(bytes: &[u8], limits: &FrameLimits) -> Result<Frame, FrameError> {
     if bytes[..2] != MAGIC {
         return Err(FrameError::BadMagic);
     }
-    if bytes[2] > FRAME_VERSION || bytes[2] == 0 {
+    if bytes[2] != FRAME_VERSION {
         return Err(FrameError::UnsupportedVersion { got: bytes[2] });
     }
     let declared = usize::try_from(u32::from_le_bytes([bytes[3], bytes[4], bytes[5], bytes[6]])).unwrap_or(usize::MAX);
@@ -267,6 +275,9 @@ mod tests {
         let mut newer = good.to_vec();
         newer[2] = FRAME_VERSION + 1;
         assert_eq!(decode(&newer, &limits), Err(FrameError::UnsupportedVersion { got: FRAME_VERSION + 1 }));
+        let mut older = good.to_vec();
+        older[2] = FRAME_VERSION - 1;
+        assert_eq!(decode(&older, &limits), Err(FrameError::UnsupportedVersion { got: FRAME_VERSION - 1 }));
         let big = encode(&Frame {
             cluster: 1,
             from: NodeId::new(1),

@@ -1,7 +1,8 @@
 //! `cargo run --release -p tidings-sim -- --seeds N [--from S]` runs N seeds and prints a summary;
 //! `-- --seed S` replays one seed and prints its report. `--no-metadata` runs appends only;
 //! `--idle-evict-ms N` overrides the seed's idle eviction (0: the node's default, longer than a run);
-//! `--tight-limits` runs every seed with its limits cut to a few items (`SimParams::tight_limits`).
+//! `--tight-limits` runs every seed with its limits cut to a few items (`SimParams::tight_limits`),
+//! `--no-tight-limits` none. A failed seed prints the command that replays it, with these flags.
 //! `TIDINGS_SIM_LOG=info` (or `debug`, `trace`) prints the nodes' logs while one seed replays.
 #![allow(clippy::disallowed_methods)] // The command-line tool reads the clock to report speed.
 
@@ -12,7 +13,8 @@ fn params(seed: u64) -> SimParams {
     let appends_only = std::env::args().any(|a| a == "--no-metadata");
     let seeded = SimParams::from_seed(seed);
     let idle_evict_ms = arg("--idle-evict-ms").unwrap_or(seeded.idle_evict_ms);
-    let tight_limits = seeded.tight_limits || std::env::args().any(|a| a == "--tight-limits");
+    let flag = |name: &str| std::env::args().any(|a| a == name);
+    let tight_limits = (seeded.tight_limits || flag("--tight-limits")) && !flag("--no-tight-limits");
     SimParams { metadata_workload: !appends_only, idle_evict_ms, tight_limits, ..seeded }
 }
 

@@ -377,11 +377,18 @@ impl Controller {
             let table = slot.table();
             let led_slots: Vec<HashSlot> = led.iter().flat_map(|g| table.slots_of(*g)).collect();
             let gained_slot = led_slots.iter().any(|s| !self.led_slots.contains(s));
-            if down.iter().any(|n| !self.down.contains(n)) || led.iter().any(|g| !self.led.contains(g)) || gained_slot {
+            let gained = led.iter().any(|g| !self.led.contains(g)) || gained_slot;
+            if down.iter().any(|n| !self.down.contains(n)) || gained {
                 // Someone just went down, or this node just took over a group or a migrated slot: look at
                 // its channels now (a migrated slot may bring a fence whose controller gave up while the
                 // slot was fenced for the migration, and only a pass here sees it).
                 self.scan.next_pass = self.scan.next_pass.min(now);
+            }
+            if gained {
+                // A pass under way walks the slots led when it began: finished, it would rest a whole
+                // idle interval before the next one looked at what was gained (a fence left there would
+                // hold the channel that much longer). Start over, with every slot led now.
+                self.scan.active = false;
             }
             self.down = down;
             self.led = led;

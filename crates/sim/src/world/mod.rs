@@ -49,8 +49,18 @@ impl SimReport {
 
     /// The command that replays this seed.
     pub fn replay_command(&self) -> String {
-        let metadata = if self.params.metadata_workload { "" } else { " --no-metadata" };
-        format!("cargo run --release -p tidings-sim -- --seed {}{metadata}", self.params.seed)
+        let (params, drawn) = (&self.params, SimParams::from_seed(self.params.seed));
+        let mut command = format!("cargo run --release -p tidings-sim -- --seed {}", params.seed);
+        if !params.metadata_workload {
+            command.push_str(" --no-metadata");
+        }
+        if params.idle_evict_ms != drawn.idle_evict_ms {
+            command.push_str(&format!(" --idle-evict-ms {}", params.idle_evict_ms));
+        }
+        if params.tight_limits != drawn.tight_limits {
+            command.push_str(if params.tight_limits { " --tight-limits" } else { " --no-tight-limits" });
+        }
+        command
     }
 }
 
