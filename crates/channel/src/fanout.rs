@@ -358,6 +358,11 @@ impl FanoutPlanner {
         self.ready.len() + self.in_flight.len()
     }
 
+    /// Messages submitted and not finished: queued, being paged, or waiting for their last plans.
+    pub fn jobs_open(&self) -> usize {
+        self.queue.len() + usize::from(self.active.is_some()) + self.planned.len()
+    }
+
     /// Hands out ready plans within the in-flight bound, and starts the next job when the current one is
     /// done and plans have drained (so a huge group never builds more than a page of plans ahead).
     fn advance(&mut self) {

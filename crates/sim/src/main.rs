@@ -2,7 +2,8 @@
 //! `-- --seed S` replays one seed and prints its report. `--no-metadata` runs appends only;
 //! `--idle-evict-ms N` overrides the seed's idle eviction (0: the node's default, longer than a run);
 //! `--tight-limits` runs every seed with its limits cut to a few items (`SimParams::tight_limits`),
-//! `--no-tight-limits` none. A failed seed prints the command that replays it, with these flags.
+//! `--no-tight-limits` none; `--hurried-timings` / `--no-hurried-timings` the same for its timeouts and
+//! intervals (`SimParams::hurried_timings`). A failed seed prints the command that replays it, with these flags.
 //! `TIDINGS_SIM_LOG=info` (or `debug`, `trace`) prints the nodes' logs while one seed replays.
 #![allow(clippy::disallowed_methods)] // The command-line tool reads the clock to report speed.
 
@@ -15,7 +16,8 @@ fn params(seed: u64) -> SimParams {
     let idle_evict_ms = arg("--idle-evict-ms").unwrap_or(seeded.idle_evict_ms);
     let flag = |name: &str| std::env::args().any(|a| a == name);
     let tight_limits = (seeded.tight_limits || flag("--tight-limits")) && !flag("--no-tight-limits");
-    SimParams { metadata_workload: !appends_only, idle_evict_ms, tight_limits, ..seeded }
+    let hurried_timings = (seeded.hurried_timings || flag("--hurried-timings")) && !flag("--no-hurried-timings");
+    SimParams { metadata_workload: !appends_only, idle_evict_ms, tight_limits, hurried_timings, ..seeded }
 }
 
 fn arg(name: &str) -> Option<u64> {

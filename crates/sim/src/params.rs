@@ -1,6 +1,7 @@
 //! Everything a seed decides about a run, drawn from the seed and printed with it.
 
 use std::fmt;
+use std::time::Duration;
 use tidings::node::NodeConfig;
 use tidings::types::DetRng;
 
@@ -79,6 +80,13 @@ pub struct SimParams {
     /// that only run once a limit is reached (the second page, the snapshot instead of the log) run in
     /// every such seed, under the same faults. In a third of the seeds; its own stream.
     pub tight_limits: bool,
+    /// The nodes run with their timeouts and intervals cut down ([`hurry`]): raft ticks, elections and
+    /// heartbeats; failure detection; long polls, pull timeouts and ISR clocks; append and proposal
+    /// timeouts; a controller's fence takeover, drain and catch-up deadlines, repair and reconcile
+    /// intervals. Timers then fire beside the faults' delays and each other (a fence taken over while
+    /// its own controller still drives its task, an append given up while it commits), as they may on
+    /// a loaded cluster. In a third of the seeds; its own stream.
+    pub hurried_timings: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
     /// Unsafe, for the simulator's own test: appends from the banned and the denied sender go through
@@ -142,6 +150,7 @@ impl SimParams {
             // Its own generator, as the knobs above: the draws of the seed's other parameters stay.
             retention_moves: DetRng::new(seed ^ 0x7265_7465_6e74_696f).range(0, 1) == 0,
             tight_limits: DetRng::new(seed ^ TIGHT_LIMITS_STREAM).range(0, 2) == 0,
+            hurried_timings: DetRng::new(seed ^ HURRIED_TIMINGS_STREAM).range(0, 2) == 0,
             unsafe_lying_disk: false,
             unsafe_unchecked_senders: false,
         }
@@ -154,7 +163,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -188,6 +197,7 @@ impl fmt::Display for SimParams {
             },
             if self.retention_moves { " retention-moves" } else { "" },
             if self.tight_limits { " tight-limits" } else { "" },
+            if self.hurried_timings { " hurried-timings" } else { "" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
             if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }
         )
@@ -225,6 +235,44 @@ pub fn tighten(config: &mut NodeConfig, seed: u64) {
     config.controller.repair_page = draw(1, 8);
     config.read_records_max = draw(1, 8);
     config.waiting_appends_max = draw(2, 64);
+}
+
+/// The stream `hurried_timings` and the timings themselves are drawn from.
+const HURRIED_TIMINGS_STREAM: u64 = 0x6875_7272_6965_6474;
+
+/// Cuts `config`'s timeouts and intervals down, drawn from `seed` (every node of a seed gets the same
+/// ones), keeping the orders the configuration requires: heartbeats within elections, failure
+/// detection over several pings, pull timeouts past long polls, an ISR member's allowed silence past a
+/// healthy idle follower's.
+pub fn hurry(config: &mut NodeConfig, seed: u64) {
+    let mut rng = DetRng::new(seed ^ HURRIED_TIMINGS_STREAM ^ 0x7469_6d69_6e67);
+    let mut draw = |low: u64, high: u64| rng.range(low, high);
+    let ms = Duration::from_millis;
+    let raft = &mut config.raft;
+    raft.tick_interval = ms(draw(20, 100));
+    raft.election_ticks_min = usize::try_from(draw(4, 10)).unwrap_or(10);
+    raft.heartbeat_ticks = usize::try_from(draw(1, 2)).unwrap_or(1);
+    let controller = &mut config.controller;
+    controller.ping_interval = ms(draw(50, 250));
+    controller.node_down_after = controller.ping_interval * u32::try_from(draw(3, 6)).unwrap_or(6);
+    controller.fence_takeover_after = ms(draw(300, 5_000));
+    controller.drain_timeout = ms(draw(300, 5_000));
+    controller.catch_up_timeout = ms(draw(1_000, 10_000));
+    controller.replace_down_after = ms(draw(1_000, 30_000));
+    controller.repair_interval = ms(draw(100, 500));
+    controller.repair_idle_interval = ms(draw(500, 10_000));
+    controller.ask_interval = ms(draw(50, 200));
+    controller.reconcile_interval = ms(draw(100, 1_000));
+    controller.transfer_cooldown = ms(draw(500, 10_000));
+    controller.migration_retry = ms(draw(100, 500));
+    let machine = &mut config.machine;
+    machine.pull_park = ms(draw(100, 3_000));
+    machine.pull_timeout = machine.pull_park + ms(draw(100, 2_000));
+    machine.idle_pull_interval = ms(draw(50, 2_000));
+    machine.isr_alive = machine.healthy_silence() + ms(draw(100, 3_000));
+    machine.isr_lag = ms(draw(500, 10_000));
+    machine.append_timeout = ms(draw(300, 10_000));
+    machine.proposal_timeout = ms(draw(300, 5_000));
 }
 
 /// The node's default `hw_notify_delay`, in ms.

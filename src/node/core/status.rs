@@ -99,6 +99,10 @@ pub struct NodeStatus {
     /// fanout was not known to finish: more than `MachineConfig::handoff_slots` were past what they
     /// knew, and only the most recent are planned again. Some members may have missed them.
     pub fanout_skipped: u64,
+    /// Committed messages this node's fanout has not finished: waiting for the planner, being paged, or
+    /// waiting for their deliveries to end. It grows when fanout lags the commits (slow subscriber
+    /// pages, a slow host); the oldest committed message waits behind all of them.
+    pub fanout_backlog: usize,
 }
 
 impl NodeStatus {
@@ -142,6 +146,7 @@ impl NodeCore {
             fanout_pages_abandoned: self.fanout_pages_abandoned,
             fanout_planned_again: self.fanout_planned_again,
             fanout_skipped: 0,
+            fanout_backlog: self.fanout_waiting.len() + self.fanout.jobs_open(),
         };
         if let Shards::Inline(shards) = &self.shards {
             for shard in shards {

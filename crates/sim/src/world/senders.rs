@@ -186,6 +186,13 @@ impl World {
         self.faults.fanout_missed += missed.len() as u64;
         if std::env::var("SIM_DEBUG_FANOUT").is_ok() {
             eprintln!("{channel}: never fanned out to {ALLOWED}: {missed:?}");
+            for (id, node) in &self.nodes {
+                let Some(core) = node.core.as_ref() else { continue };
+                let status = core.status();
+                let replica = status.channels.iter().find(|c| &c.channel == channel);
+                let role = replica.map(|c| (c.role, c.hw));
+                eprintln!("  {id}: fanout backlog {}, replica {role:?}", status.fanout_backlog);
+            }
         }
         let abandoned: u64 =
             self.nodes.values().filter_map(|n| n.core.as_ref()).map(|c| c.status().fanout_pages_abandoned).sum();
