@@ -229,9 +229,10 @@ fn main() {
         std::thread::sleep(Duration::from_millis(10));
     }
     println!(
-        "fanout: {} member deliveries in {} plans (expected {expected_deliveries}: 5 online subscribers per message)",
+        "fanout: {} member deliveries in {} plans (expected {expected_deliveries}: 5 online subscribers per message), the last {:.2?} after the last commit",
         gateway.deliveries.load(Ordering::Relaxed),
         gateway.plans.load(Ordering::Relaxed),
+        t.elapsed(),
     );
     assert_eq!(gateway.deliveries.load(Ordering::Relaxed), expected_deliveries, "fanout lost or repeated deliveries");
 

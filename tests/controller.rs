@@ -700,3 +700,45 @@ fn a_slot_group_leader_cut_off_from_everyone_fails_no_channel_over() {
     assert_eq!(any_stored_meta(&mut cluster, &room).leader, replicas[0]);
     assert_all_readable(&mut cluster, leader, &room, &acked);
 }
+
+#[test]
+fn a_leader_that_asks_for_a_failover_while_a_transfer_waits_for_its_drain_gets_it_at_once() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    // A channel whose leader does not lead its slot group: the group goes on deciding while it is down.
+    let config = harness_config(3);
+    let room = (0..)
+        .map(|i| channel(&format!("restart-mid-transfer-{i}")))
+        .find(|c| {
+            cluster.slot_leader(config.table().group_of_key(c.route_key()))
+                != Some(config.channel_placement(c)[0].get())
+        })
+        .unwrap();
+    cluster.create_channel(1, &room);
+    let old = stored_meta(&mut cluster, 1, &room);
+    let follower = old.replicas.iter().copied().find(|n| *n != old.leader).unwrap();
+    let mut acked = append_acked(&mut cluster, follower.get(), &room, "a", 5);
+    // The leader crashes; a transfer fences the channel and waits for it to drain; it is back before
+    // anyone holds it down. Its replica must not lead its epoch again, so it never drains: it asks for
+    // a failover.
+    cluster.crash(old.leader.get());
+    let id = cluster.api();
+    let now = cluster.now;
+    // On the slot group's leader, whose controller also takes the failover request.
+    let slot_leader = cluster.slot_leader(config.table().group_of_key(room.route_key())).unwrap();
+    cluster.core(slot_leader).transfer_leader(now, id, room.clone(), follower);
+    assert!(cluster.run_until(1_000, |c| stored_meta(c, follower.get(), &room).write_fence.is_some()));
+    cluster.restart(old.leader.get());
+    let started = cluster.now;
+    let drain_timeout = tidings::node::ControllerConfig::default().drain_timeout;
+    let failed_over = cluster.run_until(u64::try_from(drain_timeout.as_millis()).unwrap() / 2, |c| {
+        let meta = stored_meta(c, follower.get(), &room);
+        meta.leader_epoch > old.leader_epoch && meta.write_fence.is_none()
+    });
+    let waited = cluster.now.since(started);
+    assert!(failed_over, "still fenced {waited:?} after the leader asked: the transfer waited for its drain");
+    assert!(matches!(cluster.tasks.get(&id), Some(Err(_))), "the transfer gave way: {:?}", cluster.tasks.get(&id));
+    acked.extend(append_acked(&mut cluster, follower.get(), &room, "b", 5));
+    let meta = stored_meta(&mut cluster, follower.get(), &room);
+    assert_all_readable(&mut cluster, meta.leader.get(), &room, &acked);
+}

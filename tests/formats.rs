@@ -48,9 +48,8 @@ fn every_committed_slot_command_decodes_and_encodes_to_the_same_bytes() {
 #[test]
 fn every_committed_stored_value_decodes_and_encodes_to_the_same_bytes() {
     let files = fixtures("stored_records");
-    let read = |name: &str| {
-        files.iter().find(|(p, _)| p.ends_with(name)).map(|(_, b)| b.clone()).expect("fixture present")
-    };
+    let read =
+        |name: &str| files.iter().find(|(p, _)| p.ends_with(name)).map(|(_, b)| b.clone()).expect("fixture present");
     let batch = stored::batch_from_bytes(&read("batch")).expect("the journal frame body decodes");
     assert_eq!(stored::batch_to_bytes(&batch), read("batch"));
     let pack = stored::pack_from_bytes(&read("pack")).expect("the pack decodes");

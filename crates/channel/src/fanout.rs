@@ -37,6 +37,11 @@ pub struct FanoutConfig {
     pub plan_members_max: usize,
     /// Delivery plans handed to the host and not yet acknowledged; beyond it the planner waits. Default 64.
     pub plans_in_flight_max: usize,
+    /// Messages paged and located at once (one page each, at most one per channel, so a channel's
+    /// messages are planned in seq order): each waits for its page and its presence answer, and with
+    /// one at a time those waits, not the work, bound how many messages a node fans out per second.
+    /// Default 16.
+    pub jobs_active_max: usize,
     /// Committed messages waiting for fanout (the handoff capacity). Default 10,000.
     pub queue_max: usize,
     /// Delivery attempts per plan before it is reported failed. Default 3.
@@ -45,7 +50,14 @@ pub struct FanoutConfig {
 
 impl Default for FanoutConfig {
     fn default() -> Self {
-        Self { page_size: 1000, plan_members_max: 500, plans_in_flight_max: 64, queue_max: 10_000, attempts_max: 3 }
+        Self {
+            page_size: 1000,
+            plan_members_max: 500,
+            plans_in_flight_max: 64,
+            jobs_active_max: 16,
+            queue_max: 10_000,
+            attempts_max: 3,
+        }
     }
 }
 
@@ -195,7 +207,8 @@ struct InFlight {
 pub struct FanoutPlanner {
     config: FanoutConfig,
     queue: VecDeque<Job>,
-    active: Option<Active>,
+    /// Jobs being paged or located, at most `jobs_active_max`, at most one per channel.
+    active: Vec<Active>,
     /// Plans built but not yet handed out (waiting for in-flight capacity), with their job.
     ready: VecDeque<(JobId, DeliveryPlan)>,
     in_flight: BTreeMap<u64, InFlight>,
@@ -214,7 +227,7 @@ impl FanoutPlanner {
         Self {
             config,
             queue: VecDeque::new(),
-            active: None,
+            active: Vec::new(),
             ready: VecDeque::new(),
             in_flight: BTreeMap::new(),
             plans_open: BTreeMap::new(),
@@ -227,7 +240,7 @@ impl FanoutPlanner {
 
     /// Free handoff capacity (messages that can still be queued).
     pub fn capacity(&self) -> usize {
-        self.config.queue_max.saturating_sub(self.queue.len() + usize::from(self.active.is_some()))
+        self.config.queue_max.saturating_sub(self.queue.len() + self.active.len())
     }
 
     /// Queues a committed message. Person channels (`person_members`: the two uids) fan out without paging.
@@ -247,7 +260,7 @@ impl FanoutPlanner {
 
     /// A page of subscribers arrived (`next` is `None` on the last page).
     pub fn handle_page(&mut self, job: JobId, members: Vec<Member>, next: Option<Vec<u8>>) {
-        let Some(active) = self.active.as_mut().filter(|a| a.job.id == job && matches!(a.phase, Phase::Page)) else {
+        let Some(active) = self.active.iter_mut().find(|a| a.job.id == job && matches!(a.phase, Phase::Page)) else {
             return;
         };
         let members: Vec<Member> = members.into_iter().filter(|m| !m.left && !m.denied).collect();
@@ -259,7 +272,8 @@ impl FanoutPlanner {
 
     /// Presence answered: `targets[i]` is where `uids[i]` of the `Locate` is online (`None`: offline).
     pub fn handle_located(&mut self, job: JobId, targets: Vec<Option<Target>>) {
-        let Some(active) = self.active.as_mut().filter(|a| a.job.id == job) else { return };
+        let Some(index) = self.active.iter().position(|a| a.job.id == job) else { return };
+        let active = &mut self.active[index];
         let Phase::Locate { members, next, last_page } = std::mem::replace(&mut active.phase, Phase::Page) else {
             return;
         };
@@ -283,7 +297,7 @@ impl FanoutPlanner {
         match next {
             Some(cursor) if !last_page => active.phase = Phase::NextPage(cursor),
             _ => {
-                let active = self.active.take().expect("checked above");
+                let active = self.active.remove(index);
                 if self.plans_open.contains_key(&job) {
                     self.planned.insert(job, active.job.message);
                 } else {
@@ -330,9 +344,7 @@ impl FanoutPlanner {
     /// the channel once more), and an old job's end must not count for the new one.
     pub fn cancel_channel(&mut self, channel: &ChannelId) {
         self.queue.retain(|job| job.message.channel != *channel);
-        if self.active.as_ref().is_some_and(|active| active.job.message.channel == *channel) {
-            self.active = None;
-        }
+        self.active.retain(|active| active.job.message.channel != *channel);
         self.planned.retain(|_, message| message.channel != *channel);
         let mut dropped = Vec::new();
         self.ready.retain(|(job, plan)| {
@@ -360,11 +372,12 @@ impl FanoutPlanner {
 
     /// Messages submitted and not finished: queued, being paged, or waiting for their last plans.
     pub fn jobs_open(&self) -> usize {
-        self.queue.len() + usize::from(self.active.is_some()) + self.planned.len()
+        self.queue.len() + self.active.len() + self.planned.len()
     }
 
-    /// Hands out ready plans within the in-flight bound, and starts the next job when the current one is
-    /// done and plans have drained (so a huge group never builds more than a page of plans ahead).
+    /// Hands out ready plans within the in-flight bound; once every plan built is handed out, fetches
+    /// the next page of the jobs waiting for one and starts queued jobs up to `jobs_active_max` (so a
+    /// huge group never builds more than a page of plans ahead, and a slow host holds everything back).
     fn advance(&mut self) {
         while self.in_flight.len() < self.config.plans_in_flight_max {
             let Some((job, plan)) = self.ready.pop_front() else { break };
@@ -372,38 +385,47 @@ impl FanoutPlanner {
             self.in_flight.insert(plan.id, InFlight { job, plan, attempts: 1 });
         }
         if !self.ready.is_empty() {
-            return; // One page of plans at a time: memory stays bounded by the page size.
+            return; // A page of plans at a time: memory stays bounded by the page size.
         }
-        if let Some(active) = self.active.as_mut() {
-            // The current job goes on with its next page, if it is waiting for one.
+        for active in &mut self.active {
+            // A job goes on with its next page, if it is waiting for one.
             if matches!(active.phase, Phase::NextPage(_)) {
                 let Phase::NextPage(cursor) = std::mem::replace(&mut active.phase, Phase::Page) else { unreachable!() };
                 let (job, channel, limit) = (active.job.id, active.job.message.channel.clone(), self.config.page_size);
                 self.effects.push_back(FanoutEffect::FetchPage { job, channel, cursor: Some(cursor), limit });
             }
-            return;
         }
-        let Some(job) = self.queue.pop_front() else { return };
+        while self.active.len() < self.config.jobs_active_max.max(1) {
+            // The first queued job of a channel with none active: a channel's messages start in order.
+            let busy = |job: &Job| self.active.iter().any(|a| a.job.message.channel == job.message.channel);
+            let Some(position) = self.queue.iter().take(QUEUE_SCAN_MAX).position(|job| !busy(job)) else { return };
+            let job = self.queue.remove(position).expect("position found in the queue");
+            self.start(job);
+        }
+    }
+
+    /// Starts `job`: its first page, or straight to presence for a person channel's two members.
+    fn start(&mut self, job: Job) {
         let id = job.id;
         match job.fixed_members.clone() {
             Some(members) => {
                 let uids = members.iter().map(|m| m.uid.clone()).collect();
-                self.active = Some(Active { job, phase: Phase::Locate { members, next: None, last_page: true } });
+                self.active.push(Active { job, phase: Phase::Locate { members, next: None, last_page: true } });
                 self.effects.push_back(FanoutEffect::Locate { job: id, uids });
             }
             None => {
                 let channel = job.message.channel.clone();
-                self.active = Some(Active { job, phase: Phase::Page });
-                self.effects.push_back(FanoutEffect::FetchPage {
-                    job: id,
-                    channel,
-                    cursor: None,
-                    limit: self.config.page_size,
-                });
+                self.active.push(Active { job, phase: Phase::Page });
+                let limit = self.config.page_size;
+                self.effects.push_back(FanoutEffect::FetchPage { job: id, channel, cursor: None, limit });
             }
         }
     }
 }
+
+/// Queued jobs looked at for one that may start (its channel has none active): a queue headed by many
+/// messages of busy channels waits for them rather than being searched through.
+const QUEUE_SCAN_MAX: usize = 256;
 
 #[cfg(test)]
 mod tests {
@@ -484,6 +506,39 @@ mod tests {
         planner.handle_delivered(plan.id, true);
         assert!(matches!(planner.poll_effect(), Some(FanoutEffect::Finished { job, .. }) if job == kept));
         assert_eq!((planner.poll_effect(), planner.capacity()), (None, FanoutConfig::default().queue_max));
+    }
+
+    #[test]
+    fn several_messages_are_paged_at_once_and_a_channels_next_waits_for_its_previous() {
+        let in_channel =
+            |name: &str, seq| MessageRef { channel: ChannelId::new(ChannelType::GROUP, name).unwrap(), ..message(seq) };
+        let fetched = |planner: &mut FanoutPlanner| -> Vec<JobId> {
+            std::iter::from_fn(|| planner.poll_effect())
+                .filter_map(|effect| match effect {
+                    FanoutEffect::FetchPage { job, .. } => Some(job),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut planner = FanoutPlanner::new(FanoutConfig { jobs_active_max: 2, ..FanoutConfig::default() });
+        let g1 = planner.submit(in_channel("g", 1), None).unwrap();
+        let g2 = planner.submit(in_channel("g", 2), None).unwrap();
+        let h1 = planner.submit(in_channel("h", 1), None).unwrap();
+        let k1 = planner.submit(in_channel("k", 1), None).unwrap();
+        assert_eq!(fetched(&mut planner), vec![g1, h1], "two at once, g's second after its first");
+        assert_eq!(planner.jobs_open(), 4);
+        let member = Member { uid: "a".into(), left: false, hidden: false, denied: false };
+        planner.handle_page(h1, vec![member.clone()], None);
+        planner.handle_located(h1, vec![None]);
+        // h's message is planned (nobody online: it finished at once), and the first queued job whose
+        // channel has none active starts: k's, since g's first is still being paged.
+        let effects: Vec<FanoutEffect> = std::iter::from_fn(|| planner.poll_effect()).collect();
+        assert!(matches!(effects.first(), Some(FanoutEffect::Locate { job, .. }) if *job == h1));
+        assert!(effects.iter().any(|e| matches!(e, FanoutEffect::Finished { job, .. } if *job == h1)));
+        assert!(effects.iter().any(|e| matches!(e, FanoutEffect::FetchPage { job, .. } if *job == k1)));
+        planner.handle_page(g1, vec![member], None);
+        planner.handle_located(g1, vec![None]);
+        assert!(fetched(&mut planner).contains(&g2), "g's second starts once its first is planned");
     }
 
     #[test]

@@ -511,9 +511,20 @@ impl Controller {
     /// leading the epoch in force). Acted on by the leader of the channel's slot group, when `from` is
     /// the leader the meta names.
     pub(crate) fn failover_requested(&mut self, now: Time, from: NodeId, meta: ChannelRuntimeMeta) {
-        if meta.leader == from {
-            self.start_failover(now, meta);
+        if meta.leader != from {
+            return;
         }
+        // A leader that cannot lead cannot drain either: a transfer or replacement fenced and waiting
+        // for its drain would only time out, and the repair loop could start the next such task before
+        // the leader asked again. The failover fences over it.
+        let draining = self.tasks.get(&meta.channel).is_some_and(|t| {
+            matches!(t.step, Step::Gathering) && matches!(t.kind, TaskKind::Transfer { .. } | TaskKind::Replace { .. })
+        });
+        if draining {
+            let task = self.tasks.remove(&meta.channel).expect("present");
+            self.finish(now, task, Err(TaskError::Preempted));
+        }
+        self.start_failover(now, meta);
     }
 
     /// A replica's answer to an evidence request.

@@ -164,7 +164,8 @@ pub enum TaskError {
     /// The new replica already holds a replica of the channel, or is not a node of the cluster.
     #[error("{0} cannot join: already a replica or not a cluster node")]
     CannotJoin(NodeId),
-    /// A failover of the channel took precedence (the task had not fenced anything yet).
+    /// A failover of the channel took precedence: the task had fenced nothing yet, or it waited for a
+    /// leader to drain that asked for the failover (it cannot lead, so it never drains).
     #[error("a failover took precedence")]
     Preempted,
     /// Taking the replica out would leave fewer ISR members than MinISR.

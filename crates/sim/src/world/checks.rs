@@ -54,6 +54,21 @@ impl World {
             })
     }
 
+    /// Whether every running member of every slot group has applied the same index.
+    pub(super) fn slot_replicas_agree(&self) -> bool {
+        let groups: Vec<GroupId> = self.genesis().groups().collect();
+        groups.into_iter().all(|group| {
+            let members = self.group_members(group);
+            let mut applied = self
+                .nodes
+                .iter()
+                .filter(|(id, _)| members.contains(id))
+                .filter_map(|(_, n)| n.core.as_ref().and_then(|c| c.slot().applied_index(group)));
+            let first = applied.next();
+            applied.all(|a| Some(a) == first)
+        })
+    }
+
     /// Replicas of a slot group hold identical metadata at the same applied index, and after the
     /// liveness phase every running replica of a group has applied as far as the others.
     pub(super) fn check_slot_replicas(&mut self) {

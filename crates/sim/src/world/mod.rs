@@ -67,8 +67,10 @@ impl SimReport {
     }
 }
 
-/// Most virtual time the fanout gets, after the liveness phase, to finish what was committed.
-const FANOUT_DRAIN_MAX_MS: u64 = 120_000;
+/// Most virtual time the cluster gets, after the liveness phase, to finish its fanout and bring every
+/// slot replica to its group's applied index; and the step it is looked at with.
+const SETTLE_MAX_MS: u64 = 120_000;
+const SETTLE_STEP_MS: u64 = 10;
 
 /// Fault counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -339,16 +341,16 @@ impl World {
         for _ in 0..self.params.liveness_ms / probe_every {
             self.probe();
             self.run_for(probe_every);
-
         }
         // Fanout lags the commits under load, and by far with tight limits (a page of one member, a
         // round trip per page): with nothing new committed, it gets time to finish before the checks
-        // look for messages that never reached their subscribers. A backlog that stops shrinking is
-        // reported by those checks.
-        let mut drain_left = FANOUT_DRAIN_MAX_MS;
-        while drain_left > 0 && self.fanout_backlog() > 0 {
-            self.run_for(probe_every);
-            drain_left -= probe_every;
+        // look for messages that never reached their subscribers. And a slot group's followers learn
+        // the last commit with the leader's next heartbeat: the checks compare replicas once they
+        // agree. Whatever does not settle in time is reported by those checks.
+        let mut settle_left = SETTLE_MAX_MS;
+        while settle_left > 0 && (self.fanout_backlog() > 0 || !self.slot_replicas_agree()) {
+            self.run_for(SETTLE_STEP_MS);
+            settle_left -= SETTLE_STEP_MS;
         }
         self.final_checks();
         let steps = self.now.as_millis();
