@@ -76,7 +76,8 @@ pub struct SimParams {
     /// The nodes run with every page, batch, chunk and cache limit cut to a few items or bytes
     /// ([`tighten`]): raft logs compacted every few entries (so lagging and new replicas are sent
     /// snapshots, in many chunks), pulls, reads, subscriber pages, delivery plans, migration chunks and
-    /// repair passes of one or a few items, record caches too small to answer pulls from memory. Paths
+    /// repair passes of one or a few items, record caches too small to answer pulls from memory, room
+    /// for fewer active channel replicas than a node holds. Paths
     /// that only run once a limit is reached (the second page, the snapshot instead of the log) run in
     /// every such seed, under the same faults. In a third of the seeds; its own stream.
     pub tight_limits: bool,
@@ -231,10 +232,14 @@ pub fn tighten(config: &mut NodeConfig, seed: u64) {
     fanout.page_size = draw(1, 4);
     fanout.plan_members_max = draw(1, 3);
     fanout.plans_in_flight_max = draw(1, 4);
+    fanout.jobs_active_max = draw(1, 3);
     config.controller.migration_chunk_bytes = draw(8, 512);
     config.controller.repair_page = draw(1, 8);
     config.read_records_max = draw(1, 8);
     config.waiting_appends_max = draw(2, 64);
+    // Fewer active replicas than a node holds: activations evict the least recently used quiescent
+    // one, or are refused while none is.
+    config.active_channels_max = draw(1, 6);
 }
 
 /// The stream `hurried_timings` and the timings themselves are drawn from.
