@@ -493,3 +493,59 @@ fn a_node_whose_slot_store_failed_a_write_says_so_and_the_others_go_on() {
     assert!(cluster.core(3).status().slot_storage_failed);
     assert!(!cluster.core(1).status().slot_storage_failed && !cluster.core(2).status().slot_storage_failed);
 }
+
+/// Each node has room for 4 active replicas and holds a replica of each of 12 busy channels (MinISR 2
+/// of 3). A leader waiting for its followers cannot leave memory; were every place taken by such
+/// leaders, each waiting for a follower another node has no room for, nothing would commit again. A
+/// share of the room is kept for followers, and followers make room among themselves.
+#[test]
+fn more_busy_channels_than_room_for_active_replicas_all_commit() {
+    let mut cluster = Cluster::with(3, |c| {
+        c.active_channels_max = 2;
+        c.reactors = 1;
+    });
+    cluster.run_for(3_000);
+    let rooms: Vec<ChannelId> =
+        (0..12).map(|i| ChannelId::new(ChannelType::GROUP, &format!("crowd-{i}")).unwrap()).collect();
+    for room in &rooms {
+        cluster.create_channel(1, room);
+    }
+    let leader = |cluster: &mut Cluster, room: &ChannelId| {
+        cluster.core(1).reader().runtime_meta(room).ok().flatten().map_or(1, |m| m.leader.get())
+    };
+    // Load on every channel at once, each through the node that leads it, for 5 s.
+    for _ in 0..50 {
+        for room in &rooms {
+            let via = leader(&mut cluster, room);
+            cluster.append(via, room, &["load"]);
+        }
+        cluster.run_for(100);
+    }
+    // Then every channel must take an append again; refused ones (`TooManyChannels`: no room yet, or
+    // timed out) are sent again.
+    let mut waiting: Vec<(ChannelId, ApiId)> = Vec::new();
+    for room in &rooms {
+        let via = leader(&mut cluster, room);
+        waiting.push((room.clone(), cluster.append(via, room, &["probe"])));
+    }
+    for _ in 0..120 {
+        cluster.run_for(250);
+        let mut still = Vec::new();
+        for (room, id) in waiting {
+            match (cluster.appended.contains_key(&id), cluster.results.contains_key(&id)) {
+                (true, _) => {}
+                (false, true) => {
+                    let via = leader(&mut cluster, &room);
+                    still.push((room.clone(), cluster.append(via, &room, &["probe"])));
+                }
+                (false, false) => still.push((room, id)),
+            }
+        }
+        waiting = still;
+    }
+    let stuck: Vec<&ChannelId> = waiting.iter().map(|(room, _)| room).collect();
+    assert!(stuck.is_empty(), "no append commits on {stuck:?} after the load");
+    for n in 1..=3 {
+        assert!(cluster.core(n).status().channels.len() <= 2, "node {n} holds more active replicas than its room");
+    }
+}

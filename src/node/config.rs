@@ -50,8 +50,12 @@ pub struct NodeConfig {
     /// A channel replica idle (no input) this long and quiescent is evicted from memory; its log stays.
     /// Default 30 s.
     pub channel_idle_evict: Duration,
-    /// Most channel replicas active in memory; at the cap the least recently used idle one is evicted,
-    /// and with none idle the activation is refused (`TooManyChannels`). Default 100,000.
+    /// Most channel replicas active in memory; at the cap the least recently used quiescent one is
+    /// evicted (else the least recently used follower whose state is all on disk), and with none the
+    /// activation is refused (`TooManyChannels`). Leaders take at most seven eighths of each shard's
+    /// part: the rest is kept for followers, so leaders that wait for their followers (and cannot be
+    /// evicted) never fill every node's room while those followers have none. Each shard keeps room for
+    /// at least 2. Default 100,000.
     pub active_channels_max: usize,
     /// Post-commit fanout limits.
     pub fanout: FanoutConfig,

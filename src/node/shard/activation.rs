@@ -22,6 +22,15 @@ use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Seq, Time};
 /// shard may keep replicas active (`active_channels_max`), and past that an input for another inactive
 /// replica is refused as an activation at the cap is (peer messages dropped, appends `TooManyChannels`).
 const LOADS_IN_FLIGHT_MAX: usize = 1024;
+/// Most leaders a shard keeps active: all but an eighth of its room (at least one place), which only
+/// followers take. Leaders waiting for their followers are not quiescent and cannot be evicted; were
+/// every place of two nodes taken by such leaders, each waiting for a follower the other has no room
+/// to activate, neither would ever commit. Followers can always make room among themselves (see
+/// `ChannelMachine::can_leave_memory_as_follower`), so the followers those leaders wait for find it.
+pub(super) fn leaders_max(active_max: usize) -> usize {
+    active_max.saturating_sub((active_max / 8).max(1)).max(1)
+}
+
 /// A load not answered within this is given up (its parked inputs end; the next input tries again):
 /// one lost on its way must not hold a channel's inputs for good.
 const LOAD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
@@ -279,7 +288,11 @@ impl ChannelShard {
             // Named leader while it loaded as a follower: a leader needs its idempotency window.
             return self.load(&channel, Some(meta), parked);
         }
-        if self.channels.len() >= self.active_max && !self.evict_one() {
+        let leaders_full = || {
+            self.channels.len() >= leaders_max(self.active_max) && self.leaders_active() >= leaders_max(self.active_max)
+        };
+        let no_room_to_lead = leads && leaders_full() && !self.evict_one_leader();
+        if no_room_to_lead || (self.channels.len() >= self.active_max && !self.evict_one()) {
             self.counters.refused_activations += 1;
             return self.end_parked(&channel, parked, RemoteAppendError::TooManyChannels);
         }

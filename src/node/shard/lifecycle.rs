@@ -155,13 +155,29 @@ impl ChannelShard {
         }
     }
 
-    /// Makes room for one activation: evicts the least recently used quiescent replica. O(active) but
-    /// only at the cap, which idle eviction normally keeps the shard below.
+    /// Makes room for one activation: evicts the least recently used quiescent replica, else the least
+    /// recently used follower that can leave memory (`ChannelMachine::can_leave_memory_as_follower`).
+    /// O(active) but only at the cap, which idle eviction normally keeps the shard below.
     pub(super) fn evict_one(&mut self) -> bool {
+        self.evict_least_recent(|m| m.is_quiescent()) || self.evict_least_recent(|m| m.can_leave_memory_as_follower())
+    }
+
+    /// Makes room for one more active leader when leaders fill their share of the cap
+    /// ([`leaders_max`]): evicts the least recently used quiescent leader.
+    pub(super) fn evict_one_leader(&mut self) -> bool {
+        self.evict_least_recent(|m| m.role() == RoleKind::Leader && m.is_quiescent())
+    }
+
+    /// Active leaders (counted at the cap only: O(active)).
+    pub(super) fn leaders_active(&self) -> usize {
+        self.channels.iter().filter(|(_, m)| m.role() == RoleKind::Leader).count()
+    }
+
+    fn evict_least_recent(&mut self, evictable: impl Fn(&ChannelMachine) -> bool) -> bool {
         let victim = self
             .channels
             .iter()
-            .filter(|(_, m)| m.is_quiescent())
+            .filter(|(_, m)| evictable(m))
             .min_by_key(|(c, _)| (self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
             .map(|(c, _)| c.clone());
         let Some(victim) = victim else { return false };

@@ -335,7 +335,8 @@ impl ChannelShard {
         let shards = shards.clamp(1, SHARDS_MAX);
         Self {
             index,
-            active_max: config.active_channels_max.div_ceil(shards).max(1),
+            // Room for a leader and for a follower besides it (see `activation::leaders_max`).
+            active_max: config.active_channels_max.div_ceil(shards).max(2),
             now,
             log,
             reader,

@@ -457,6 +457,19 @@ impl ChannelMachine {
             && self.leader_fanned_unwritten(&self.log.durable).is_none()
     }
 
+    /// `true` if a follower (or learner) can leave memory now, caught up or not: nothing of it is on its
+    /// way to the store and its HW is checkpointed, so the next incarnation resumes from its log where
+    /// this one stands and pulls the rest. A node out of room for active replicas evicts such a follower
+    /// when no replica is quiescent: a follower behind waits for its leader, and that leader, elsewhere,
+    /// may be waiting for room here. Never a leader: its appends and their callers live here.
+    pub fn can_leave_memory_as_follower(&self) -> bool {
+        !matches!(self.role, Role::Leader(_))
+            && self.log.settled()
+            && self.handoff.held == 0
+            && self.handoff.is_idle()
+            && self.log.durable.hw >= self.log.hw
+    }
+
     /// Next effect to carry out, if any.
     pub fn poll_effect(&mut self) -> Option<Effect> {
         let effect = self.effects.pop_front();

@@ -201,6 +201,8 @@ impl World {
                         ));
                     }
                 }
+                let committed = self.committed_seen.entry(channel.channel.clone()).or_default();
+                *committed = (*committed).max(channel.hw);
                 self.hw_seen.insert(key, channel.hw);
             }
         }

@@ -203,6 +203,8 @@ pub struct World {
     next_api: u64,
     /// Last HW seen per (node, channel) since the node's last crash.
     hw_seen: BTreeMap<(NodeId, ChannelId), Seq>,
+    /// The highest HW any replica of each channel showed (a crash does not uncommit anything).
+    committed_seen: BTreeMap<ChannelId, Seq>,
     /// Storage failures each node reported when its HWs were last seen.
     storage_failures_seen: BTreeMap<NodeId, u64>,
     /// Liveness probes in flight: request → channel.
@@ -273,6 +275,7 @@ impl World {
             trace: 0xcbf2_9ce4_8422_2325,
             next_api: 1,
             hw_seen: BTreeMap::new(),
+            committed_seen: BTreeMap::new(),
             storage_failures_seen: BTreeMap::new(),
             probes: BTreeMap::new(),
             retentions: BTreeMap::new(),
