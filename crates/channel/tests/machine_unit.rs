@@ -472,3 +472,44 @@ fn a_new_leader_plans_again_at_most_its_handoff_slots_and_counts_the_rest() {
     assert_eq!((messages.len(), inherited, skipped), (256, 256, 143), "399 messages past #1: 256 planned, 143 left");
     assert_eq!((messages[0], messages[255]), (Seq::new(145), Seq::new(400)), "the most recent");
 }
+
+/// An ISR follower silent for a pull timeout (evicted, restarted, refused room) comes back only on news:
+/// an append that must wait for it tells it at once, even when appends time out before a pull timeout.
+#[test]
+fn an_append_waiting_for_a_silent_follower_hints_it_at_once() {
+    let config = MachineConfig {
+        pull_park: std::time::Duration::from_millis(500),
+        pull_timeout: std::time::Duration::from_secs(2),
+        idle_pull_interval: std::time::Duration::from_millis(500),
+        isr_alive: std::time::Duration::from_secs(5),
+        append_timeout: std::time::Duration::from_secs(1),
+        ..MachineConfig::default()
+    };
+    let mut m = ChannelMachine::new(channel(), NodeId::new(1), config, 1, t(0), ChannelLogState::default(), vec![]);
+    let log = MemoryLog::new(LogLimits::default());
+    let mut both = meta(1, 1, 1);
+    both.min_isr = 2;
+    m.handle_meta(t(0), both).unwrap();
+    settle(&mut m, &log, t(0));
+    let hinted = |effects: &[Effect]| {
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::Send { to, message: ChannelMessage::Hint(_) } if *to == NodeId::new(2)))
+    };
+    // Follower 2 never pulled; 3 s on (silent past the pull timeout, alive for admission) an append
+    // comes: it waits for 2, which hears of it now.
+    m.handle_append(t(3_000), request(1, &["a"])).unwrap();
+    let effects = settle(&mut m, &log, t(3_000));
+    assert!(hinted(&effects), "no hint to the silent follower: {effects:?}");
+    // A second append right after: no second hint within the pull timeout.
+    m.handle_append(t(3_100), request(2, &["b"])).unwrap();
+    assert!(!hinted(&settle(&mut m, &log, t(3_100))), "hinted twice within a pull timeout");
+    // Both time out (1 s); their records stay, uncommitted: 2 is told again every pull timeout.
+    m.handle_timeout(t(4_200));
+    let effects = settle(&mut m, &log, t(4_200));
+    assert!(effects.iter().any(|e| matches!(e, Effect::AppendDone { result: Err(AppendAborted::Timeout), .. })));
+    let due = m.poll_timeout().expect("a timer while records wait to commit");
+    assert!(due <= t(5_000), "next wake-up at {due:?}, past the pull timeout after the last hint");
+    m.handle_timeout(t(5_000));
+    assert!(hinted(&settle(&mut m, &log, t(5_000))), "the silent follower is not told again");
+}

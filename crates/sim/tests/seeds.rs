@@ -181,3 +181,18 @@ fn metadata_seeds_that_once_failed_pass() {
         assert_passes(&report);
     }
 }
+
+/// Seeds that found bugs with tight limits and hurried timings both forced on: 186000976, 186002227,
+/// 186003070 and 186003892 (a follower refused room when its leader woke it was not woken again: the
+/// leader hinted silent followers only once an append had waited a pull timeout, and appends that time
+/// out sooner never had; their records then stayed uncommitted and the channel took nothing more — a
+/// leader now hints a silent follower as an append comes, and every pull timeout while records wait to
+/// commit). With them, 186000627 and 186001397 (the check took for uncommitted a message a leader
+/// committed, fanned out and then was replaced before any named replica showed that HW; the checks
+/// now count as committed any HW seen and every acknowledged seq).
+#[test]
+fn tight_and_hurried_seeds_that_once_failed_pass() {
+    for seed in [186000976, 186002227, 186003070, 186003892, 186000627, 186001397] {
+        assert_passes(&run(SimParams { tight_limits: true, hurried_timings: true, ..SimParams::from_seed(seed) }));
+    }
+}

@@ -110,12 +110,15 @@ impl LeaderState {
         }
     }
 
-    pub(super) fn next_timeout(&self, config: &MachineConfig, now: Time) -> Option<Time> {
+    /// When the leader's next timer is due; `uncommitted`: its log holds records past HW.
+    pub(super) fn next_timeout(&self, config: &MachineConfig, now: Time, uncommitted: bool) -> Option<Time> {
         let parked = self.progress.values().filter_map(|p| p.parked.map(|parked| parked.deadline)).min();
         let append = self.pending.front().map(|p| p.admitted_at + config.append_timeout);
-        // Appends waiting: wake silent ISR followers every `pull_timeout` (see `wake_isr_silent_for`).
-        let wake = self.pending.front().map(|p| {
-            let first = p.admitted_at + config.pull_timeout;
+        // Records waiting to commit: wake silent ISR followers every `pull_timeout` (see
+        // `wake_isr_silent_for`), from the first waiting append, or from when this leader began.
+        let waiting_since = self.pending.front().map(|p| p.admitted_at).or(uncommitted.then_some(self.became_at));
+        let wake = waiting_since.map(|since| {
+            let first = since + config.pull_timeout;
             self.woken_at.map_or(first, |at| first.max(at + config.pull_timeout))
         });
         let proposal = self.proposal.map(|(at, _)| at + config.proposal_timeout);
@@ -365,6 +368,10 @@ impl ChannelMachine {
             self.effects.push_back(Effect::AppendDone { id: request.id, result: Ok(seqs) });
         } else {
             leader.pending.push_back(PendingAppend { id: request.id, seqs, through, admitted_at: now });
+            // An ISR member silent for a pull timeout is not long-polling: it was evicted, restarted, or
+            // refused room. Tell it now — waiting a pull timeout first would outlast an append timeout
+            // shorter than it, and such appends would time out one after another without a word to it.
+            self.wake_isr_silent_for(self.config.pull_timeout, self.config.pull_timeout);
         }
         if !assigned.is_empty() {
             self.leader_new_records();
@@ -742,7 +749,11 @@ impl ChannelMachine {
         for id in timed_out {
             self.effects.push_back(Effect::AppendDone { id, result: Err(AppendAborted::Timeout) });
         }
-        let waiting_since = self.leader().and_then(|l| l.pending.front().map(|p| p.admitted_at));
+        // Records that cannot commit without a silent follower: appends waiting for them, or (their
+        // appends timed out) only the records themselves, which keep this leader from going quiet.
+        let uncommitted = self.log.hw < self.log.end;
+        let waiting_since =
+            self.leader().and_then(|l| l.pending.front().map(|p| p.admitted_at).or(uncommitted.then_some(l.became_at)));
         if waiting_since.is_some_and(|at| at + self.config.pull_timeout <= now) {
             self.wake_isr_silent_for(self.config.pull_timeout, self.config.pull_timeout);
         }

@@ -501,7 +501,7 @@ impl ChannelMachine {
     /// always makes progress (no timer stays due).
     pub fn poll_timeout(&self) -> Option<Time> {
         let role = match &self.role {
-            Role::Leader(leader) => leader.next_timeout(&self.config, self.now),
+            Role::Leader(leader) => leader.next_timeout(&self.config, self.now, self.log.hw < self.log.end),
             Role::Follower(follower) => follower.next_timeout(&self.config, self.now),
             Role::None => None,
         };
