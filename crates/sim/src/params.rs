@@ -77,7 +77,7 @@ pub struct SimParams {
     /// ([`tighten`]): raft logs compacted every few entries (so lagging and new replicas are sent
     /// snapshots, in many chunks), pulls, reads, subscriber pages, delivery plans, migration chunks and
     /// repair passes of one or a few items, record caches too small to answer pulls from memory, room
-    /// for fewer active channel replicas than a node holds. Paths
+    /// for fewer active channel replicas (3 to 8) than a node holds. Paths
     /// that only run once a limit is reached (the second page, the snapshot instead of the log) run in
     /// every such seed, under the same faults. In a third of the seeds; its own stream.
     pub tight_limits: bool,
@@ -238,8 +238,10 @@ pub fn tighten(config: &mut NodeConfig, seed: u64) {
     config.read_records_max = draw(1, 8);
     config.waiting_appends_max = draw(2, 64);
     // Fewer active replicas than a node holds: activations evict the least recently used quiescent
-    // one, or are refused while none is.
-    config.active_channels_max = draw(1, 6);
+    // one (or a follower whose state is on disk), or are refused while none is. Not below 3: with room
+    // for 2 (the least a shard keeps), a busy channel whose follower was evicted waits a pull timeout
+    // to wake it again, and channels then commit by turns, too slowly for the healed phase.
+    config.active_channels_max = draw(3, 8);
 }
 
 /// The stream `hurried_timings` and the timings themselves are drawn from.
