@@ -74,14 +74,14 @@ pub struct SimParams {
     /// from its own stream.
     pub retention_moves: bool,
     /// The nodes run with every page, batch, chunk and cache limit cut to a few items or bytes
-    /// ([`tighten`]): raft logs compacted every few entries (so lagging and new replicas are sent
+    /// (`tighten`): raft logs compacted every few entries (so lagging and new replicas are sent
     /// snapshots, in many chunks), pulls, reads, subscriber pages, delivery plans, migration chunks and
     /// repair passes of one or a few items, record caches too small to answer pulls from memory, room
     /// for fewer active channel replicas (3 to 8) than a node holds. Paths
     /// that only run once a limit is reached (the second page, the snapshot instead of the log) run in
     /// every such seed, under the same faults. In a third of the seeds; its own stream.
     pub tight_limits: bool,
-    /// The nodes run with their timeouts and intervals cut down ([`hurry`]): raft ticks, elections and
+    /// The nodes run with their timeouts and intervals cut down (`hurry`): raft ticks, elections and
     /// heartbeats; failure detection; long polls, pull timeouts and ISR clocks; append and proposal
     /// timeouts; a controller's fence takeover, drain and catch-up deadlines, repair and reconcile
     /// intervals. Timers then fire beside the faults' delays and each other (a fence taken over while
