@@ -190,9 +190,24 @@ fn metadata_seeds_that_once_failed_pass() {
 /// commit). With them, 186000627 and 186001397 (the check took for uncommitted a message a leader
 /// committed, fanned out and then was replaced before any named replica showed that HW; the checks
 /// now count as committed any HW seen and every acknowledged seq).
+/// 188001762 (a transfer named a node leader while its replica was inactive and the node had no room:
+/// the activation was refused and nothing asked again — no append came — so the messages its
+/// predecessor handed over were never fanned out; refused activations, and a new leader's above all,
+/// are now tried again at the next eviction scans).
 #[test]
 fn tight_and_hurried_seeds_that_once_failed_pass() {
-    for seed in [186000976, 186002227, 186003070, 186003892, 186000627, 186001397] {
+    for seed in [186000976, 186002227, 186003070, 186003892, 186000627, 186001397, 188001762] {
         assert_passes(&run(SimParams { tight_limits: true, hurried_timings: true, ..SimParams::from_seed(seed) }));
+    }
+}
+
+/// Seeds that found bugs with the parameters they draw (tight limits and hurried timings included):
+/// 189003680 (tight limits: a follower refused room when its leader woke it stayed inactive until the
+/// leader woke it again a pull timeout later, too late for the healed phase; a refused activation is
+/// now tried again at the next eviction scans).
+#[test]
+fn seeds_with_their_own_draws_that_once_failed_pass() {
+    for seed in [189003680] {
+        assert_passes(&run_seed(seed));
     }
 }

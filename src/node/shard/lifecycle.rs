@@ -10,6 +10,12 @@ use tidings_channel::machine::{AppendAborted, ChannelMachine, RoleKind};
 use tidings_channel::reactor::shrink_if_sparse;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Time};
 
+/// Eviction scans (one a second) at which a replica named leader while inactive, or refused room as
+/// one, is activated again: its leadership has work no other input may prompt.
+pub(super) const LEADER_START_TRIES: u8 = 60;
+/// Eviction scans at which an activation refused for want of room is tried again.
+pub(super) const REFUSED_ACTIVATION_TRIES: u8 = 5;
+
 impl ChannelShard {
     /// Has the node learn `channel`'s meta (from its own slot replica when it keeps one: read on the
     /// core's thread, not here) and answer with [`ShardInput::Meta`](super::ShardInput::Meta).
@@ -112,6 +118,9 @@ impl ChannelShard {
                     let _ = machine.handle_meta(now, meta);
                 }
             } else if !meta.as_created() {
+                if meta.leader == me {
+                    self.activate_later(&channel, LEADER_START_TRIES);
+                }
                 // A changed meta may ask something of this replica (a learner to catch up, a new leader
                 // to take over). A channel as created asks nothing until it is used: its replicas activate
                 // on their first input (an append, a peer's message), not all at once at creation — three
@@ -122,6 +131,33 @@ impl ChannelShard {
         }
         for waiting in self.waiting.remove(&channel).unwrap_or_default() {
             self.route_call(waiting.api, channel.clone(), waiting.call);
+        }
+    }
+
+    /// Files `channel` to be activated again at the next eviction scans, up to `tries` times (see
+    /// `to_activate`).
+    pub(super) fn activate_later(&mut self, channel: &ChannelId, tries: u8) {
+        if self.to_activate.len() < self.active_max || self.to_activate.contains_key(channel) {
+            let left = self.to_activate.entry(channel.clone()).or_default();
+            *left = (*left).max(tries);
+        }
+    }
+
+    /// Tries the activations filed by `activate_later` again; forgets those active or loading now, and
+    /// those out of tries.
+    pub(super) fn activate_again(&mut self) {
+        let filed: Vec<(ChannelId, u8)> = self.to_activate.iter().map(|(c, left)| (c.clone(), *left)).collect();
+        for (channel, left) in filed {
+            if left == 0 || self.channels.contains(&channel) || self.is_loading(&channel) {
+                self.to_activate.remove(&channel);
+                continue;
+            }
+            self.activate(&channel);
+            // Refused at once (it filed itself again): one try fewer. Refused later, when its load comes
+            // back, it files itself afresh.
+            if let Some(again) = self.to_activate.get_mut(&channel) {
+                *again = left - 1;
+            }
         }
     }
 

@@ -309,6 +309,13 @@ pub(crate) struct ChannelShard {
     forward_deadlines: VecDeque<(Time, u64)>,
     /// Channels whose local replica is named leader but cannot lead: when to ask for a failover next.
     cannot_lead: BTreeMap<ChannelId, Time>,
+    /// Activations to try again at the next eviction scans, with the tries left: those refused for want
+    /// of room (the input that asked for it — a leader's hint, a pull — is gone, and its sender asks
+    /// again only after a pull timeout), and a replica a new meta named leader while it was inactive
+    /// (a new leader has work of its own to start — its barrier, waking its followers, fanning out
+    /// again what its predecessor handed over — that no other input may come to prompt). At most
+    /// `active_max` entries.
+    to_activate: BTreeMap<ChannelId, u8>,
     /// HW and fanout progress of replicas taken out of memory before they were quiescent (a storage
     /// failure, a follower rebuilt to lead): their next incarnation keeps both.
     carried_over: BTreeMap<ChannelId, (Seq, Seq)>,
@@ -356,6 +363,7 @@ impl ChannelShard {
             taken_forwards: TakenForwards::default(),
             forward_deadlines: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
+            to_activate: BTreeMap::new(),
             carried_over: BTreeMap::new(),
             id_base: id_base(config.boot_id, index % shards),
             id_counter: 0,
@@ -432,7 +440,8 @@ impl ChannelShard {
             self.cannot_lead.values().min().copied(),
             self.forward_deadlines.front().map(|(at, _)| *at),
             self.waiting.values().flat_map(|queue| queue.iter().map(|w| w.deadline)).min(),
-            (!self.channels.is_empty() || !self.loading.is_empty()).then_some(self.next_evict_scan),
+            (!self.channels.is_empty() || !self.loading.is_empty() || !self.to_activate.is_empty())
+                .then_some(self.next_evict_scan),
         ];
         deadlines.into_iter().flatten().min()
     }
@@ -474,6 +483,7 @@ impl ChannelShard {
             self.next_evict_scan = self.now + EVICT_SCAN_INTERVAL;
             self.evict_idle();
             self.expire_loads();
+            self.activate_again();
         }
     }
 
