@@ -295,9 +295,7 @@ impl ChannelShard {
         let no_room_to_lead = leads && leaders_full() && !self.evict_one_leader();
         if no_room_to_lead || (self.channels.len() >= self.active_max && !self.evict_one()) {
             self.counters.refused_activations += 1;
-            let tries =
-                if leads { super::lifecycle::LEADER_START_TRIES } else { super::lifecycle::REFUSED_ACTIVATION_TRIES };
-            self.activate_later(&channel, tries);
+            self.activate_later(&channel, super::lifecycle::REFUSED_ACTIVATION_TRIES);
             return self.end_parked(&channel, parked, RemoteAppendError::TooManyChannels);
         }
         self.build_machine(&channel, meta, log.state, log.recent);

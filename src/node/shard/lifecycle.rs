@@ -10,9 +10,9 @@ use tidings_channel::machine::{AppendAborted, ChannelMachine, RoleKind};
 use tidings_channel::reactor::shrink_if_sparse;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Time};
 
-/// Eviction scans (one a second) at which a replica named leader while inactive, or refused room as
-/// one, is activated again: its leadership has work no other input may prompt.
-pub(super) const LEADER_START_TRIES: u8 = 60;
+/// Eviction scans (one a second) at which a replica named leader while inactive is activated again
+/// until it is: its leadership has work no other input may prompt.
+const LEADER_START_TRIES: u8 = 60;
 /// Eviction scans at which an activation refused for want of room is tried again.
 pub(super) const REFUSED_ACTIVATION_TRIES: u8 = 5;
 
@@ -119,6 +119,8 @@ impl ChannelShard {
                 }
             } else if !meta.as_created() {
                 if meta.leader == me {
+                    // A new leadership: tried as long as a leader's start, whatever was filed before.
+                    self.to_activate.remove(&channel);
                     self.activate_later(&channel, LEADER_START_TRIES);
                 }
                 // A changed meta may ask something of this replica (a learner to catch up, a new leader
@@ -135,28 +137,24 @@ impl ChannelShard {
     }
 
     /// Files `channel` to be activated again at the next eviction scans, up to `tries` times (see
-    /// `to_activate`).
+    /// `to_activate`). A channel filed already keeps the tries it has left: a retry refused again must
+    /// not start its count over.
     pub(super) fn activate_later(&mut self, channel: &ChannelId, tries: u8) {
-        if self.to_activate.len() < self.active_max || self.to_activate.contains_key(channel) {
-            let left = self.to_activate.entry(channel.clone()).or_default();
-            *left = (*left).max(tries);
+        if self.to_activate.len() < self.active_max && !self.to_activate.contains_key(channel) {
+            self.to_activate.insert(channel.clone(), tries);
         }
     }
 
-    /// Tries the activations filed by `activate_later` again; forgets those active or loading now, and
-    /// those out of tries.
+    /// Tries the activations filed by `activate_later` again, one try each; forgets those active now and
+    /// those out of tries (one loading waits for its outcome).
     pub(super) fn activate_again(&mut self) {
         let filed: Vec<(ChannelId, u8)> = self.to_activate.iter().map(|(c, left)| (c.clone(), *left)).collect();
         for (channel, left) in filed {
-            if left == 0 || self.channels.contains(&channel) || self.is_loading(&channel) {
+            if left == 0 || self.channels.contains(&channel) {
                 self.to_activate.remove(&channel);
-                continue;
-            }
-            self.activate(&channel);
-            // Refused at once (it filed itself again): one try fewer. Refused later, when its load comes
-            // back, it files itself afresh.
-            if let Some(again) = self.to_activate.get_mut(&channel) {
-                *again = left - 1;
+            } else if !self.is_loading(&channel) {
+                self.to_activate.insert(channel.clone(), left - 1);
+                self.activate(&channel);
             }
         }
     }

@@ -54,6 +54,19 @@ impl World {
             })
     }
 
+    /// The highest seq of `channel` known committed: the highest of the HWs given (what replicas show
+    /// now), of any HW a replica showed earlier (a leader may commit, answer and then lose its in-memory
+    /// HW to a crash or a storage failure, or be replaced before anyone else shows it), and of the
+    /// acknowledged seqs.
+    pub(super) fn committed_through(&self, channel: &ChannelId, known: impl IntoIterator<Item = Seq>) -> Seq {
+        known
+            .into_iter()
+            .chain(self.committed_seen.get(channel).copied())
+            .chain([Seq::new(self.oracle.last_acked(channel))])
+            .max()
+            .unwrap_or(Seq::new(0))
+    }
+
     /// Whether every running member of every slot group has applied the same index.
     pub(super) fn slot_replicas_agree(&self) -> bool {
         let groups: Vec<GroupId> = self.genesis().groups().collect();
@@ -316,15 +329,15 @@ impl World {
     /// A retention boundary answered in force is at or below the channel's high watermark (only
     /// committed records may be given up): HW only grows, so the highest any replica knows now bounds it.
     pub(super) fn check_retention_within_hw(&mut self, channel: &ChannelId, boundary: Seq) {
-        let hw = self
+        let known: Vec<Seq> = self
             .nodes
             .values()
             .flat_map(|node| {
                 let active = node.core.as_ref().and_then(|core| core.channel_status(channel)).map(|s| s.hw);
                 active.into_iter().chain(node.log.state(channel).map(|s| s.hw))
             })
-            .max()
-            .unwrap_or_default();
+            .collect();
+        let hw = self.committed_through(channel, known);
         if boundary > hw {
             self.oracle.violation(format!("{channel}: retention boundary {boundary} in force past HW {hw}"));
         }

@@ -141,15 +141,7 @@ impl World {
                 }
             }
         }
-        // Committed: within some replica's HW now, or an HW seen earlier (a leader replaced since may have
-        // committed past what its successor, not yet active, shows), or acknowledged.
-        let committed_through = logs
-            .iter()
-            .map(|(_, hw, _)| *hw)
-            .chain(self.committed_seen.get(channel).copied())
-            .chain([Seq::new(self.oracle.last_acked(channel))])
-            .max()
-            .unwrap_or(Seq::new(0));
+        let committed_through = self.committed_through(channel, logs.iter().map(|(_, hw, _)| *hw));
         let messages: BTreeSet<Seq> = logs
             .iter()
             .flat_map(|(_, _, records)| records.iter().filter(|r| r.kind == RecordKind::Message).map(|r| r.seq))
