@@ -205,7 +205,7 @@ fn tight_and_hurried_seeds_that_once_failed_pass() {
 /// 189003680 (tight limits: a follower refused room when its leader woke it stayed inactive until the
 /// leader woke it again a pull timeout later, too late for the healed phase; a refused activation is
 /// now tried again at the next eviction scans), 194002553 (neither draw; the retention check's own
-/// flaw, there since session 20: a leader answered a boundary at its HW, then a storage failure
+/// flaw, already in the code this session started from: a leader answered a boundary at its HW, then a storage failure
 /// rebuilt its replica with the HW its store held, one lower, and no replica showed the HW the
 /// boundary was checked against; the check now also counts as committed any HW seen earlier and every
 /// acknowledged seq).
