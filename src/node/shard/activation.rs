@@ -289,9 +289,9 @@ impl ChannelShard {
             // Named leader while it loaded as a follower: a leader needs its idempotency window.
             return self.load(&channel, Some(meta), parked);
         }
-        let leaders_full = || {
-            self.channels.len() >= leaders_max(self.active_max) && self.leaders_active() >= leaders_max(self.active_max)
-        };
+        let leaders_max = leaders_max(self.active_max);
+        // Counted only when the shard holds that many replicas at all (O(active)).
+        let leaders_full = || self.channels.len() >= leaders_max && self.leaders_active() >= leaders_max;
         let no_room_to_lead = leads && leaders_full() && !self.evict_one_leader();
         if no_room_to_lead || (self.channels.len() >= self.active_max && !self.evict_one()) {
             self.counters.refused_activations += 1;

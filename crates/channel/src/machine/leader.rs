@@ -110,14 +110,19 @@ impl LeaderState {
         }
     }
 
+    /// Since when records have waited to commit (`uncommitted`: the log holds records past HW): from the
+    /// first waiting append, or, their appends timed out, from when this leader began.
+    fn waiting_since(&self, uncommitted: bool) -> Option<Time> {
+        self.pending.front().map(|p| p.admitted_at).or(uncommitted.then_some(self.became_at))
+    }
+
     /// When the leader's next timer is due; `uncommitted`: its log holds records past HW.
     pub(super) fn next_timeout(&self, config: &MachineConfig, now: Time, uncommitted: bool) -> Option<Time> {
         let parked = self.progress.values().filter_map(|p| p.parked.map(|parked| parked.deadline)).min();
         let append = self.pending.front().map(|p| p.admitted_at + config.append_timeout);
         // Records waiting to commit: wake silent ISR followers every `pull_timeout` (see
         // `wake_isr_silent_for`), from the first waiting append, or from when this leader began.
-        let waiting_since = self.pending.front().map(|p| p.admitted_at).or(uncommitted.then_some(self.became_at));
-        let wake = waiting_since.map(|since| {
+        let wake = self.waiting_since(uncommitted).map(|since| {
             let first = since + config.pull_timeout;
             self.woken_at.map_or(first, |at| first.max(at + config.pull_timeout))
         });
@@ -752,8 +757,7 @@ impl ChannelMachine {
         // Records that cannot commit without a silent follower: appends waiting for them, or (their
         // appends timed out) only the records themselves, which keep this leader from going quiet.
         let uncommitted = self.log.hw < self.log.end;
-        let waiting_since =
-            self.leader().and_then(|l| l.pending.front().map(|p| p.admitted_at).or(uncommitted.then_some(l.became_at)));
+        let waiting_since = self.leader().and_then(|l| l.waiting_since(uncommitted));
         if waiting_since.is_some_and(|at| at + self.config.pull_timeout <= now) {
             self.wake_isr_silent_for(self.config.pull_timeout, self.config.pull_timeout);
         }
