@@ -128,6 +128,26 @@ fn single_node_goes_through_the_same_path() {
     assert!(stats.mem_bytes > 0 || stats.records_written_behind >= 1, "{stats:?}");
 }
 
+/// A record's timestamp is the leader's wall-clock time at its append, in ms since the Unix epoch (the
+/// runtime's clock counts from the node's start; its records once carried that count, which a host
+/// showed as dates in 1970).
+#[test]
+fn records_carry_the_wall_clock_time_of_their_append() {
+    let unix_ms = || {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        u64::try_from(since.as_millis()).unwrap()
+    };
+    let (_dir, _mesh, node, ch) = one_node_with_channel("stamped", |_| {});
+    std::thread::sleep(Duration::from_millis(300)); // so a count from the start could not pass either
+    let before = unix_ms();
+    let seqs = eventually(|| node.append(ch.clone(), record("now"))?.wait());
+    let after = unix_ms();
+    let read = node.read(&ch, seqs[0], 1).unwrap();
+    // The origin is read to the millisecond and the elapsed time counted in whole ones.
+    let stamped = read[0].timestamp_ms;
+    assert!(before.saturating_sub(2) <= stamped && stamped <= after, "{before} <= {stamped} <= {after}");
+}
+
 /// An idle channel's replica is evicted, and its entry in the message log leaves memory once written
 /// behind (a node does not hold every channel it ever wrote); reads and appends then read it back from
 /// sled, and nothing is lost.

@@ -129,7 +129,8 @@ struct FrameGate {
     limits: FrameLimits,
 }
 
-/// The runtime's clock: milliseconds since the node started, the `now` every thread hands the cores.
+/// The runtime's clock: milliseconds since the node started, the `now` every thread hands the cores
+/// (the wall clock at that start is the machines' `clock_origin_unix_ms`).
 #[derive(Clone, Copy)]
 struct Clock {
     started: Instant,
@@ -183,8 +184,11 @@ impl Node {
         // The default number of reactors: one per two cores (the IO workers and the host need the rest).
         let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
         let config = NodeConfig { reactors: config.reactors_or(cores / 2), ..config };
+        let clock = Clock { started: Instant::now() };
         let boot_nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let config = NodeConfig { boot_id: u64::from(boot_nanos.subsec_nanos()) ^ boot_nanos.as_secs(), ..config };
+        let mut config = NodeConfig { boot_id: u64::from(boot_nanos.subsec_nanos()) ^ boot_nanos.as_secs(), ..config };
+        // The clock counts from now: records are stamped with the wall clock read here plus that count.
+        config.machine.clock_origin_unix_ms = u64::try_from(boot_nanos.as_millis()).unwrap_or(u64::MAX);
         std::fs::create_dir_all(&storage.data_dir).map_err(|e| StoreError::io("create data directory", e))?;
         let kv: Arc<dyn Kv> = Arc::new(SledKv::open(storage.data_dir.join("sled"), storage.sled_cache_bytes)?);
         let logs = Arc::new(RaftLogStore::open(kv.clone())?);
@@ -196,7 +200,6 @@ impl Node {
         let write_behind = journal.start_write_behind();
         let log: Arc<dyn MessageLog> = journal.clone();
         let router = Arc::new(Router::new(config.table()));
-        let clock = Clock { started: Instant::now() };
         let id = config.node;
         let gate = FrameGate {
             cluster: config.cluster,
@@ -204,7 +207,7 @@ impl Node {
             limits: FrameLimits { frame_bytes_max: config.frame_bytes_max },
         };
         let mut core =
-            NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), Arc::clone(&router), Time::ZERO)?;
+            NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), Arc::clone(&router), clock.now())?;
         let shards = core.detach_shards();
         let (inbox, inputs) = bounded(INBOX_CAPACITY);
         let (sync_tx, sync_rx) = bounded::<u64>(1024);

@@ -62,6 +62,12 @@ pub struct MachineConfig {
     pub append_timeout: Duration,
     /// A meta proposal with no answer after this long may be proposed again. Default 5 s.
     pub proposal_timeout: Duration,
+    /// Unix time, in milliseconds, of the origin of the `now` the machine is given (`Time::ZERO`): a
+    /// record's `timestamp_ms` is this plus `now`. The threaded runtime sets it to the wall clock at its
+    /// start (its `now` counts from there), so records carry the leader's wall-clock time, read once and
+    /// then advanced by the monotonic clock (a clock step during the run moves no timestamp). Default 0:
+    /// timestamps are `now` itself, as a host driving the cores on its own time chooses.
+    pub clock_origin_unix_ms: u64,
     /// Switches that break safety on purpose, so tests and the simulator can show their checks catch the
     /// loss. All off by default; never turn one on outside a test.
     pub unsafe_test_switches: UnsafeTestSwitches,
@@ -98,6 +104,7 @@ impl Default for MachineConfig {
             isr_alive: Duration::from_secs(8),
             append_timeout: Duration::from_secs(10),
             proposal_timeout: Duration::from_secs(5),
+            clock_origin_unix_ms: 0,
             unsafe_test_switches: UnsafeTestSwitches::default(),
         }
     }
@@ -107,6 +114,11 @@ impl MachineConfig {
     /// How long HW news may wait for the next records: `hw_notify_delay`, never longer than a long poll.
     pub(crate) fn hw_hold(&self) -> Duration {
         self.hw_notify_delay.min(self.pull_park)
+    }
+
+    /// The wall-clock time of `now`, in milliseconds since the Unix epoch (see `clock_origin_unix_ms`).
+    pub(crate) fn unix_ms(&self, now: tidings_types::Time) -> u64 {
+        self.clock_origin_unix_ms.saturating_add(now.as_millis())
     }
 
     /// The longest a healthy idle follower goes without a pull reaching its leader: its last pull parked

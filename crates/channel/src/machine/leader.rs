@@ -218,7 +218,7 @@ impl ChannelMachine {
                     kind: RecordKind::Barrier,
                     leader_epoch: meta.leader_epoch,
                     idempotency_key: None,
-                    timestamp_ms: self.now.as_millis(),
+                    timestamp_ms: self.config.unix_ms(self.now),
                     payload: bytes::Bytes::new(),
                 };
                 let seq = barrier.seq;
@@ -350,7 +350,7 @@ impl ChannelMachine {
                         kind: RecordKind::Message,
                         leader_epoch,
                         idempotency_key: record.idempotency_key,
-                        timestamp_ms: self.now.as_millis(),
+                        timestamp_ms: self.config.unix_ms(self.now),
                         payload: record.payload,
                     };
                     let seq = record.seq;

@@ -61,7 +61,9 @@ pub struct Record {
     pub leader_epoch: LeaderEpoch,
     /// Idempotency key of the append, if it had one.
     pub idempotency_key: Option<IdempotencyKey>,
-    /// Leader's wall-clock time at assignment, in milliseconds since the Unix epoch (informational).
+    /// Leader's wall-clock time at assignment, in milliseconds since the Unix epoch (informational: each
+    /// leader's own clock, so it may go back across a leader change; `seq` is the order). The channel
+    /// machine stamps `MachineConfig::clock_origin_unix_ms` plus its `now`.
     pub timestamp_ms: u64,
     /// The message body, opaque to tidings.
     pub payload: Bytes,
