@@ -62,8 +62,8 @@ pub struct NodeConfig {
     /// Fan committed messages out to online subscribers (off for a host without sessions).
     pub fanout_enabled: bool,
     /// Distinguishes this start of the node from its earlier ones: request ids that cross the network
-    /// (forwarded appends) carry it, so a reply addressed to an earlier start is never taken for a new
-    /// request. `Node::start` sets it from the wall clock; a host driving `NodeCore` itself must give
+    /// (forwarded appends, channel replicas' pulls) carry it, so a reply addressed to an earlier start
+    /// is never taken for a new request. `Node::start` sets it from the wall clock; a host driving `NodeCore` itself must give
     /// each start a different value (low 32 bits). Default 0.
     pub boot_id: u64,
     /// Channel controller: failure detection, failovers, leader transfers, repair loop.

@@ -261,6 +261,82 @@ fn log_with_hw_checkpoint_behind() -> MemoryLog {
     log
 }
 
+/// A leader's late answer to a pull of an earlier machine of this replica (evicted and loaded again, or
+/// its node restarted; the answer waited in the network or a host's transport) is not taken for the
+/// answer to this machine's pull. Pull ids once started at 1 in every machine and every term as
+/// follower, so the first pulls of two incarnations shared an id: a divergence answer about the log as
+/// it was then cut the records through 3, acknowledged since, which an evidence quorum counts on.
+#[test]
+fn a_late_answer_to_a_pull_of_an_earlier_incarnation_is_ignored() {
+    use tidings_channel::machine::{PullBody, PullResponse};
+    let log = log_with_hw_checkpoint_behind();
+    let state = log.state(&channel()).unwrap();
+    let first_pull = |incarnation: u64| {
+        let mut m = ChannelMachine::new(
+            channel(),
+            NodeId::new(2),
+            MachineConfig::default(),
+            incarnation,
+            t(0),
+            state.clone(),
+            vec![],
+        );
+        m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+        let sent = pulls(&settle(&mut m, &log, t(1)));
+        assert_eq!(sent.len(), 1, "a follower pulls at once");
+        (m, sent[0])
+    };
+    let (_earlier, late_id) = first_pull(1);
+    let (mut m, id) = first_pull(2);
+    assert_ne!(late_id, id, "two incarnations' pulls share no id");
+    let late = PullResponse {
+        channel: channel(),
+        pull_id: late_id,
+        leader_epoch: LeaderEpoch::new(1),
+        body: PullBody::Diverging { epoch: LeaderEpoch::new(1), end_seq: Seq::new(1) },
+    };
+    m.handle_message(t(2), NodeId::new(1), ChannelMessage::PullResponse(late));
+    settle(&mut m, &log, t(2));
+    assert_eq!(m.log_end(), Seq::new(3), "nothing cut");
+    assert_eq!(log.state(&channel()).unwrap().last_seq, Seq::new(3));
+    // The answer to this machine's own pull is taken.
+    let answer = PullResponse {
+        channel: channel(),
+        pull_id: id,
+        leader_epoch: LeaderEpoch::new(1),
+        body: PullBody::Diverging { epoch: LeaderEpoch::new(1), end_seq: Seq::new(2) },
+    };
+    m.handle_message(t(3), NodeId::new(1), ChannelMessage::PullResponse(answer));
+    settle(&mut m, &log, t(3));
+    assert_eq!(m.log_end(), Seq::new(2), "its own answer is followed");
+}
+
+/// A follower's pulls keep distinct ids across its terms as follower within one machine: removed from
+/// the replicas and added back under the same leader and leader epoch, it starts a new term, whose
+/// pulls must not match a late answer to the previous term's.
+#[test]
+fn pull_ids_run_on_across_terms_as_follower() {
+    let log = log_with_hw_checkpoint_behind();
+    let state = log.state(&channel()).unwrap();
+    let mut m = ChannelMachine::new(channel(), NodeId::new(2), MachineConfig::default(), 1, t(0), state, vec![]);
+    m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    let first = pulls(&settle(&mut m, &log, t(1)));
+    let mut removed = meta(1, 1, 2);
+    removed.replicas = vec![NodeId::new(1), NodeId::new(3)];
+    removed.isr = vec![NodeId::new(1), NodeId::new(3)];
+    removed.epoch = Epoch::new(2);
+    m.handle_meta(t(2), removed.clone()).unwrap();
+    settle(&mut m, &log, t(2));
+    let mut back = meta(1, 1, 3);
+    back.replicas = vec![NodeId::new(1), NodeId::new(3), NodeId::new(2)];
+    back.isr = vec![NodeId::new(1), NodeId::new(3)];
+    back.epoch = Epoch::new(3);
+    m.handle_meta(t(3), back).unwrap();
+    let second = pulls(&settle(&mut m, &log, t(3)));
+    assert_eq!((first.len(), second.len()), (1, 1), "{first:?} {second:?}");
+    assert_ne!(first[0], second[0]);
+}
+
 /// Replica of node `me`, created at `created` ms over [`log_with_hw_checkpoint_behind`], its HW raised
 /// to `floor` (capped at the log end, 3).
 fn replica_with_hw_ahead_of_its_checkpoint(me: u64, created: u64, floor: u64) -> (MemoryLog, ChannelMachine) {

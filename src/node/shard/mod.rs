@@ -367,7 +367,9 @@ impl ChannelShard {
             carried_over: BTreeMap::new(),
             id_base: id_base(config.boot_id, index % shards),
             id_counter: 0,
-            next_incarnation: now.as_millis().wrapping_mul(1 << 20) + 1,
+            // Differs across the node's starts (its boot id), so a replica's machines never share an
+            // incarnation, nor the pull ids that start from it, with those of an earlier start.
+            next_incarnation: ((config.boot_id & 0xffff_ffff) << 32 | (now.as_millis() & 0xfff) << 20) + 1,
             // Batches stay well within what receivers accept (every node runs with the cluster's limit).
             outbox: ChannelOutbox::new((config.frame_bytes_max / 4).min(4 << 20)),
             outputs: VecDeque::new(),

@@ -18,7 +18,6 @@ pub(super) struct Outstanding {
 #[derive(Debug)]
 pub(super) struct FollowerState {
     leader: NodeId,
-    next_pull_id: u64,
     pub(super) outstanding: Option<Outstanding>,
     /// Do not pull before this time (idle back-off, or after an error); `None`: pull when settled.
     pub(super) next_pull_at: Option<Time>,
@@ -29,11 +28,11 @@ pub(super) struct FollowerState {
 impl FollowerState {
     /// See [`ChannelMachine::warm`].
     pub(super) fn warm(&self) -> u64 {
-        self.leader_hw.get() ^ self.next_pull_id
+        self.leader_hw.get() ^ u64::from(self.empty_pulls)
     }
 
     pub(super) fn new(leader: NodeId, _now: Time) -> Self {
-        Self { leader, next_pull_id: 1, outstanding: None, next_pull_at: None, empty_pulls: 0, leader_hw: Seq::new(0) }
+        Self { leader, outstanding: None, next_pull_at: None, empty_pulls: 0, leader_hw: Seq::new(0) }
     }
 
     pub(super) fn next_timeout(&self, config: &MachineConfig, now: Time) -> Option<Time> {
@@ -42,6 +41,19 @@ impl FollowerState {
         let next = self.next_pull_at.filter(|at| self.outstanding.is_none() && *at > now);
         [resend, next].into_iter().flatten().min()
     }
+}
+
+/// The first pull id of a machine incarnation. A leader's answer echoes the pull's id, and a late one
+/// must match no pull of a later incarnation of the replica (evicted and loaded again, or its node
+/// restarted), nor of a later term as follower of the same incarnation: there it could carry a
+/// divergence answer about a log the replica no longer has, and cut records it acknowledged. So ids
+/// run on across roles, from a point of their own per incarnation (incarnations differ across a
+/// node's restarts, see `ChannelMachine::new`).
+pub(super) fn first_pull_id(incarnation: u64) -> u64 {
+    let mut z = incarnation.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl ChannelMachine {
@@ -67,15 +79,15 @@ impl ChannelMachine {
         let max_bytes = u32::try_from(self.config.pull_bytes_max).unwrap_or(u32::MAX);
         let Some(meta) = &self.meta else { return };
         let (channel, leader_epoch, frozen) = (meta.channel.clone(), meta.leader_epoch, meta.replication_frozen());
+        let pull_id = self.next_pull_id;
         let Some(follower) = self.follower() else { return };
         if frozen || follower.outstanding.is_some() || !settled || follower.next_pull_at.is_some_and(|at| at > now) {
             return;
         }
-        let pull_id = follower.next_pull_id;
-        follower.next_pull_id += 1;
         follower.next_pull_at = None;
         follower.outstanding = Some(Outstanding { pull_id, next_seq, sent_at: now });
         let leader = follower.leader;
+        self.next_pull_id = self.next_pull_id.wrapping_add(1);
         let request = PullRequest { channel, pull_id, leader_epoch, next_seq, last_epoch, max_bytes };
         self.send(leader, ChannelMessage::Pull(request));
     }

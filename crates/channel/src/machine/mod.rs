@@ -252,12 +252,16 @@ pub struct ChannelMachine {
     /// Started without its recent records ([`ChannelMachine::without_recent`]): its idempotency window
     /// holds only the keys of records it received since.
     recent_left_out: bool,
+    /// The id of this replica's next pull as a follower (see `follower::first_pull_id`).
+    next_pull_id: u64,
 }
 
 impl ChannelMachine {
     /// A machine for `channel` on node `me`, over a log whose durable state is `durable` and whose last
     /// records (up to the idempotency window; at least none) are `recent`. `incarnation` must differ from
-    /// every earlier machine of this channel on this node (completions of those are then ignored).
+    /// every earlier machine of this channel on this node, across the node's restarts too (completions
+    /// of those are then ignored, and a leader's late answer to one of their pulls matches no pull of
+    /// this one: pull ids start from the incarnation).
     /// `config` may be an `Arc` shared by many machines.
     pub fn new(
         channel: ChannelId,
@@ -305,6 +309,7 @@ impl ChannelMachine {
             broken: false,
             resumable_epoch: None,
             recent_left_out: false,
+            next_pull_id: follower::first_pull_id(incarnation),
         }
     }
 
