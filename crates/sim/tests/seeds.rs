@@ -208,10 +208,15 @@ fn tight_and_hurried_seeds_that_once_failed_pass() {
 /// flaw, already in the code this session started from: a leader answered a boundary at its HW, then a storage failure
 /// rebuilt its replica with the HW its store held, one lower, and no replica showed the HW the
 /// boundary was checked against; the check now also counts as committed any HW seen earlier and every
-/// acknowledged seq).
+/// acknowledged seq), 203000732 (tight limits: a node with room for two replicas evicted a follower
+/// whose state was on disk to make room for another; its leader, waiting on it with MinISR all of the
+/// ISR, hinted it only a pull timeout after it last pulled, and by then appends had timed out and new
+/// ones moved that timer on: the channel took no append in the healed phase. A follower evicted while
+/// not quiescent is now activated again at the next eviction scans. The run of this seed changed with
+/// the pull ids of the same session, so it now passes without that fix too).
 #[test]
 fn seeds_with_their_own_draws_that_once_failed_pass() {
-    for seed in [189003680, 194002553] {
+    for seed in [189003680, 194002553, 203000732] {
         assert_passes(&run_seed(seed));
     }
 }

@@ -193,13 +193,23 @@ impl ChannelShard {
     /// recently used follower that can leave memory (`ChannelMachine::can_leave_memory_as_follower`).
     /// O(active) but only at the cap, which idle eviction normally keeps the shard below.
     pub(super) fn evict_one(&mut self) -> bool {
-        self.evict_least_recent(|m| m.is_quiescent()) || self.evict_least_recent(|m| m.can_leave_memory_as_follower())
+        if self.evict_least_recent(|m| m.is_quiescent()).is_some() {
+            return true;
+        }
+        let Some(follower) = self.evict_least_recent(|m| m.can_leave_memory_as_follower()) else { return false };
+        // Not quiescent: its leader may be waiting for it to acknowledge records, and nothing here
+        // brings it back before the leader's next hint — a pull timeout or two away, and longer while
+        // its leader's waiting appends time out and new ones come (sim seed 203000732: a channel whose
+        // MinISR is all of its ISR took no append for the whole healed phase). It comes back when room
+        // does, as a refused activation.
+        self.activate_later(&follower, REFUSED_ACTIVATION_TRIES);
+        true
     }
 
     /// Makes room for one more active leader when leaders fill their share of the cap
     /// ([`leaders_max`]): evicts the least recently used quiescent leader.
     pub(super) fn evict_one_leader(&mut self) -> bool {
-        self.evict_least_recent(|m| m.role() == RoleKind::Leader && m.is_quiescent())
+        self.evict_least_recent(|m| m.role() == RoleKind::Leader && m.is_quiescent()).is_some()
     }
 
     /// Active leaders (counted at the cap only: O(active)).
@@ -207,16 +217,16 @@ impl ChannelShard {
         self.channels.iter().filter(|(_, m)| m.role() == RoleKind::Leader).count()
     }
 
-    fn evict_least_recent(&mut self, evictable: impl Fn(&ChannelMachine) -> bool) -> bool {
+    /// Evicts the least recently used replica `evictable` accepts; which one, if any.
+    fn evict_least_recent(&mut self, evictable: impl Fn(&ChannelMachine) -> bool) -> Option<ChannelId> {
         let victim = self
             .channels
             .iter()
             .filter(|(_, m)| evictable(m))
             .min_by_key(|(c, _)| (self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
-            .map(|(c, _)| c.clone());
-        let Some(victim) = victim else { return false };
+            .map(|(c, _)| c.clone())?;
         self.evict(&victim);
-        true
+        Some(victim)
     }
 
     /// Takes a quiescent replica out of memory; a leader's epoch is kept for its next incarnation to
