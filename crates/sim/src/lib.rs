@@ -1,25 +1,35 @@
 //! Deterministic cluster simulator: the real `NodeCore` of every node, in one thread, on virtual time, with
 //! one seeded RNG (in the style of FoundationDB's simulation and TigerBeetle's VOPR).
 //!
-//! A seed draws the cluster (1–5 nodes, slot groups, replicas, MinISR, channels) and the fault rates
-//! ([`SimParams`]). A run boots the nodes on in-memory stores, creates the channels, then runs a safety
-//! phase with faults — frame loss, duplication, reordering and delay, one-way partitions, node crashes that
-//! lose every unsynced write, slow disk, storage IO errors (failed syncs and reads) — under a client workload (appends with and without idempotency
-//! keys, retries of keyed appends, reads, user writes, authoritative metadata reads), then a liveness phase with every fault healed. The oracle
-//! checks, as it goes and at the end: no acknowledged append lost or changed, an idempotent retry never
-//! yields a second record, reads match what was acknowledged, HW never goes back on a replica that did
-//! not crash, replicas agree at every seq at or below their HWs, an authoritative read sees every user
-//! write acknowledged before it, every acknowledged user write is on every replica of its group once
-//! healed, and every request is answered.
+//! A seed draws the cluster (1–5 nodes, slot groups, replicas, MinISR, channels), the fault rates and the
+//! nodes' own settings — reactors per node, the HW news hold, idle eviction, tight limits, hurried
+//! timings ([`SimParams`]). A run boots the nodes on in-memory stores, creates the channels, then runs a
+//! safety phase with faults — frame loss, duplication, reordering and delay, one-way partitions, node
+//! crashes that lose every unsynced write, slow disk, storage IO errors (failed syncs and reads) — under
+//! a client workload: appends with and without idempotency keys (some from allowed, banned and denied
+//! senders), retries of keyed appends, reads, retention moves, user and subscriber writes,
+//! authoritative metadata reads, and operator requests (leader transfers, replica replacements,
+//! preferred leaders, slot-replica moves, node drains, hash-slot migrations). A liveness phase follows
+//! with every fault healed: every request must be answered and every channel must take an append again
+//! (the controller's failovers, fence takeovers and repairs included); the cluster then gets time to
+//! finish its fanout and bring slot replicas level before the final checks.
+//!
+//! The oracle checks, as it goes and at the end: no acknowledged append lost or changed, an idempotent
+//! retry never yields a second record, nothing from a refused sender acknowledged or stored, reads match
+//! what was acknowledged, HW never goes back on a replica that did not crash, replicas agree at every
+//! seq at or below their HWs, no retention boundary past HW, every committed message reached its
+//! online subscribers at least once and none reached a denied member, an authoritative read sees every
+//! user write acknowledged before it, every acknowledged user write is on every replica of its group
+//! once healed, slot replicas agree at each applied index, and moves and migrations settle.
 //!
 //! ```
 //! let report = tidings_sim::run_seed(7);
 //! assert!(report.passed(), "{}: {:?}", report.params, report.violations);
 //! ```
 //!
-//! Simplified for now: no failovers, leader transfers or slot-replica moves (they need the controller),
-//! so requests on a channel whose leader crashed are exempt from the liveness check (the restarted leader
-//! waits for a failover).
+//! Every node shares one virtual clock that starts at zero: clock skew between nodes, and the clock of
+//! a restarted process starting over, are not simulated (no node compares its time with another's; the
+//! threaded runtime's tests cover restarts on the real clock).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
