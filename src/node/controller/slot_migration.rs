@@ -133,8 +133,9 @@ pub(crate) struct MigrationProposal {
     pub(crate) group: GroupId,
     pub(crate) slot: HashSlot,
     pub(crate) command: Command,
-    /// `false` for a fire-and-forget clean-up (its outcome is not reported back).
-    pub(crate) tracked: bool,
+    /// The copy attempt whose step it is, to which its outcome is reported back; `None` for a
+    /// fire-and-forget clean-up.
+    pub(crate) attempt: Option<u64>,
 }
 
 impl SlotMigrations {
@@ -174,6 +175,16 @@ impl SlotMigrations {
         slot: &MultiRaft,
         reader: &SlotReader,
     ) -> Vec<MigrationProposal> {
+        // A driver reads the slot's keys and marks from this node's replica of the source group, which
+        // holds every step it proposed only while it leads the group in the term the export began in.
+        // Past that its proposals went to another leader, whose answer says nothing of this replica:
+        // a fence applied there was followed by a read of the marks here, before this replica applied
+        // the writes marked ahead of the fence, and the target committed the slot without them (sim
+        // seed 206001022, with skewed clocks: an acknowledged user gone from the slot's new group).
+        // The group's leader in the new term starts its own attempt from the records.
+        self.exports.retain(|(group, _), export| {
+            slot.is_leader(*group) && slot.status(*group).is_some_and(|status| status.term == export.term)
+        });
         if now >= self.next_scan {
             self.next_scan = now + SCAN_INTERVAL;
             self.scan(now, slot, reader);
@@ -185,7 +196,7 @@ impl SlotMigrations {
                 group: from,
                 slot,
                 command: Command::MigrateSlot { group: to, slot, step: SlotMigrationStep::AbortImport { from, epoch } },
-                tracked: false,
+                attempt: None,
             })
             .collect();
         for ((group, hash_slot), export) in self.exports.iter_mut() {
@@ -195,7 +206,8 @@ impl SlotMigrations {
             match next_command(*group, *hash_slot, export, config.migration_chunk_bytes, reader) {
                 Ok(Some(command)) => {
                     export.in_flight = true;
-                    proposals.push(MigrationProposal { group: *group, slot: *hash_slot, command, tracked: true });
+                    let attempt = Some(export.attempt);
+                    proposals.push(MigrationProposal { group: *group, slot: *hash_slot, command, attempt });
                 }
                 Ok(None) => {}
                 Err(error) => {
@@ -313,11 +325,16 @@ impl SlotMigrations {
         &mut self,
         now: Time,
         config: &ControllerConfig,
-        group: GroupId,
-        slot: HashSlot,
+        (group, slot, attempt): (GroupId, HashSlot, u64),
         result: Result<Outcome, ProposeError>,
     ) {
-        let Some(export) = self.exports.get_mut(&(group, slot)) else { return };
+        // Only the attempt that proposed the step moves on with its outcome. An export started over (its
+        // group's leader in a new term, see `tick`) may have a step of the attempt it replaced still on
+        // its way: that step's outcome, taken for the new attempt's own, would move its phase or its
+        // cursor on past keys it has not sent.
+        let Some(export) = self.exports.get_mut(&(group, slot)).filter(|export| export.attempt == attempt) else {
+            return;
+        };
         export.in_flight = false;
         let restart = |export: &mut Export, now: Time, attempts: &mut u64| {
             *attempts += 1;

@@ -32,10 +32,11 @@ pub(super) enum ProposalPurpose {
         channel: ChannelId,
         tag: u64,
     },
-    /// A step of the migration of `slot` out of `group`, which this node drives.
+    /// A step of copy attempt `attempt` of the migration of `slot` out of `group`, which this node drives.
     SlotMigration {
         group: GroupId,
         slot: HashSlot,
+        attempt: u64,
     },
 }
 
@@ -200,12 +201,14 @@ impl NodeCore {
                 self.send_node(node, NodeMessage::ExportQuery { from, slot, to, epoch });
             }
         }
-        for MigrationProposal { group, slot, command, tracked } in proposals {
-            let purpose =
-                if tracked { ProposalPurpose::SlotMigration { group, slot } } else { ProposalPurpose::Internal };
+        for MigrationProposal { group, slot, command, attempt } in proposals {
+            let purpose = match attempt {
+                Some(attempt) => ProposalPurpose::SlotMigration { group, slot, attempt },
+                None => ProposalPurpose::Internal,
+            };
             if let Err(error) = self.propose_for(&command, purpose) {
-                if tracked {
-                    self.migrations.outcome(self.now, &self.config.controller, group, slot, Err(error));
+                if let Some(attempt) = attempt {
+                    self.migrations.outcome(self.now, &self.config.controller, (group, slot, attempt), Err(error));
                 }
             }
         }
@@ -293,8 +296,8 @@ impl NodeCore {
             self.controller.proposal_done(self.now, channel, *tag, result);
             return;
         }
-        if let ProposalPurpose::SlotMigration { group, slot } = purpose {
-            self.migrations.outcome(self.now, &self.config.controller, group, slot, result);
+        if let ProposalPurpose::SlotMigration { group, slot, attempt } = purpose {
+            self.migrations.outcome(self.now, &self.config.controller, (group, slot, attempt), result);
             return;
         }
         let applied = match result {
