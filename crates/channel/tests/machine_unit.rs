@@ -589,3 +589,66 @@ fn an_append_waiting_for_a_silent_follower_hints_it_at_once() {
     m.handle_timeout(t(5_000));
     assert!(hinted(&settle(&mut m, &log, t(5_000))), "the silent follower is not told again");
 }
+
+/// A keyed record given up by a retention move, appended again by a retry, then retried once more on
+/// a replica that kept the first: the retry finds the record still there, not the one given up. The
+/// index kept a key's first record for good, so a replica that saw both answered with the given-up seq
+/// while another leader had appended the retry anew (sim seed 206002248, with skewed clocks).
+#[test]
+fn a_retry_after_a_retention_move_finds_the_record_that_is_still_there() {
+    use tidings_channel::machine::{PullBody, PullResponse};
+    use tidings_store::message::{IdempotencyKey, Record, RecordKind};
+    let key = IdempotencyKey::new(Bytes::from_static(b"k")).unwrap();
+    let keyed = |seq: u64| Record {
+        seq: Seq::new(seq),
+        kind: RecordKind::Message,
+        leader_epoch: LeaderEpoch::new(1),
+        idempotency_key: Some(key.clone()),
+        timestamp_ms: 0,
+        payload: Bytes::from_static(b"hello"),
+    };
+    let log = MemoryLog::new(LogLimits::default());
+    let mut m = ChannelMachine::new(
+        channel(),
+        NodeId::new(2),
+        MachineConfig::default(),
+        1,
+        t(0),
+        ChannelLogState::default(),
+        vec![],
+    );
+    m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    // Follows node 1: the keyed record at 1, committed; then, 1 given up, the retry appended at 2.
+    let mut last_pull = None;
+    let mut answer = |m: &mut ChannelMachine, at: u64, records: Vec<Record>, hw: u64| {
+        last_pull = pulls(&settle(m, &log, t(at))).last().copied().or(last_pull);
+        let pull_id = last_pull.expect("a pull out");
+        let body = PullBody::Records { records, hw: Seq::new(hw), fanned_through: Seq::new(0) };
+        let response = PullResponse { channel: channel(), pull_id, leader_epoch: LeaderEpoch::new(1), body };
+        m.handle_message(t(at), NodeId::new(1), ChannelMessage::PullResponse(response));
+    };
+    answer(&mut m, 2, vec![keyed(1)], 1);
+    let mut given_up = meta(1, 1, 2);
+    given_up.retention_through = Seq::new(1);
+    answer(&mut m, 3, vec![], 1);
+    m.handle_meta(t(3), given_up).unwrap();
+    answer(&mut m, 4, vec![keyed(2)], 2);
+    answer(&mut m, 5, vec![], 2);
+    settle(&mut m, &log, t(5));
+    assert_eq!(m.hw(), Seq::new(2));
+    // Node 1 fails; this replica leads, and the client retries once more.
+    let mut leads = meta(2, 2, 3);
+    leads.retention_through = Seq::new(1);
+    m.handle_meta(t(6), leads).unwrap();
+    settle(&mut m, &log, t(6));
+    let retry = AppendRequest {
+        id: RequestId(7),
+        records: vec![AppendRecord { idempotency_key: Some(key.clone()), payload: Bytes::from_static(b"hello") }],
+    };
+    m.handle_append(t(7), retry).unwrap();
+    let done = settle(&mut m, &log, t(7)).into_iter().find_map(|e| match e {
+        Effect::AppendDone { id: RequestId(7), result } => Some(result),
+        _ => None,
+    });
+    assert_eq!(done, Some(Ok(vec![Seq::new(2)])), "the retry names the record that is still there");
+}

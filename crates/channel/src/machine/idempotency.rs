@@ -26,25 +26,45 @@ impl IdempotencyIndex {
         Self { window: window as u64, ..Self::default() }
     }
 
+    /// Remembers `record`'s key. A key already known from an earlier record now names this one: a key
+    /// appears twice only once its first record was given up (or left the window), and a retry must
+    /// find the record that is still there.
     pub(crate) fn insert(&mut self, record: &Record) {
         let Some(key) = &record.idempotency_key else { return };
-        if self.window == 0 || self.by_key.contains_key(key) {
+        if self.window == 0 || self.by_key.get(key).is_some_and(|known| known.seq >= record.seq) {
             return;
         }
         let entry = KeyedRecord { seq: record.seq, payload_crc32: crc32fast::hash(&record.payload) };
         self.by_key.insert(key.clone(), entry);
         self.order.push_back((record.seq, key.clone()));
         while self.order.front().is_some_and(|(seq, _)| seq.get() + self.window <= record.seq.get()) {
-            let (_, old) = self.order.pop_front().expect("checked non-empty");
-            self.by_key.remove(&old);
+            let (seq, old) = self.order.pop_front().expect("checked non-empty");
+            self.forget(seq, &old);
         }
     }
 
     /// Forgets keys of records after `seq` (they were truncated).
     pub(crate) fn truncate_after(&mut self, seq: Seq) {
         while self.order.back().is_some_and(|(s, _)| *s > seq) {
-            let (_, key) = self.order.pop_back().expect("checked non-empty");
-            self.by_key.remove(&key);
+            let (s, key) = self.order.pop_back().expect("checked non-empty");
+            self.forget(s, &key);
+        }
+    }
+
+    /// Forgets keys of records at or below `through`, given up by a retention move: a retry of one
+    /// appends it again, on whichever replica leads then (one that kept the key would answer with a
+    /// seq no read returns, while another had appended the retry anew — sim seed 206002248).
+    pub(crate) fn forget_through(&mut self, through: Seq) {
+        while self.order.front().is_some_and(|(s, _)| *s <= through) {
+            let (s, key) = self.order.pop_front().expect("checked non-empty");
+            self.forget(s, &key);
+        }
+    }
+
+    /// Drops `key` if it still names the record at `seq` (a later record of the key keeps it).
+    fn forget(&mut self, seq: Seq, key: &IdempotencyKey) {
+        if self.by_key.get(key).is_some_and(|known| known.seq == seq) {
+            self.by_key.remove(key);
         }
     }
 

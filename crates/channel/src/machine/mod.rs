@@ -540,6 +540,7 @@ impl ChannelMachine {
         }
         let previous = self.meta.replace(meta);
         let meta = self.meta.as_ref().expect("just set");
+        self.idempotency.forget_through(meta.retention_through);
         let leader_changed =
             previous.as_ref().is_none_or(|p| p.leader != meta.leader || p.leader_epoch != meta.leader_epoch);
         let was_replica = previous.as_ref().is_some_and(|p| p.is_replica(self.me));
