@@ -3,7 +3,8 @@
 //! `--idle-evict-ms N` overrides the seed's idle eviction (0: the node's default, longer than a run);
 //! `--tight-limits` runs every seed with its limits cut to a few items (`SimParams::tight_limits`),
 //! `--no-tight-limits` none; `--hurried-timings` / `--no-hurried-timings` the same for its timeouts and
-//! intervals (`SimParams::hurried_timings`). A failed seed prints the command that replays it, with these flags.
+//! intervals (`SimParams::hurried_timings`), `--clock-skew` / `--no-clock-skew` for its nodes' own
+//! clocks (`SimParams::clock_skew`). A failed seed prints the command that replays it, with these flags.
 //! `TIDINGS_SIM_LOG=info` (or `debug`, `trace`) prints the nodes' logs while one seed replays.
 #![allow(clippy::disallowed_methods)] // The command-line tool reads the clock to report speed.
 
@@ -17,7 +18,8 @@ fn params(seed: u64) -> SimParams {
     let flag = |name: &str| std::env::args().any(|a| a == name);
     let tight_limits = (seeded.tight_limits || flag("--tight-limits")) && !flag("--no-tight-limits");
     let hurried_timings = (seeded.hurried_timings || flag("--hurried-timings")) && !flag("--no-hurried-timings");
-    SimParams { metadata_workload: !appends_only, idle_evict_ms, tight_limits, hurried_timings, ..seeded }
+    let clock_skew = (seeded.clock_skew || flag("--clock-skew")) && !flag("--no-clock-skew");
+    SimParams { metadata_workload: !appends_only, idle_evict_ms, tight_limits, hurried_timings, clock_skew, ..seeded }
 }
 
 fn arg(name: &str) -> Option<u64> {

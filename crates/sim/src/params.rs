@@ -88,6 +88,11 @@ pub struct SimParams {
     /// its own controller still drives its task, an append given up while it commits), as they may on
     /// a loaded cluster. In a third of the seeds; its own stream.
     pub hurried_timings: bool,
+    /// Each node's clock runs at its own rate, 0.95 to 1.05 times the simulation's, and starts over at
+    /// zero whenever its node boots, as the threaded runtime's clock does (it counts from the process's
+    /// start): timeouts on two nodes then disagree on how long a while is, and a restarted node's times
+    /// begin again below those it had. In a third of the seeds; its own stream.
+    pub clock_skew: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
     /// Unsafe, for the simulator's own test: appends from the banned and the denied sender go through
@@ -152,6 +157,7 @@ impl SimParams {
             retention_moves: DetRng::new(seed ^ 0x7265_7465_6e74_696f).range(0, 1) == 0,
             tight_limits: DetRng::new(seed ^ TIGHT_LIMITS_STREAM).range(0, 2) == 0,
             hurried_timings: DetRng::new(seed ^ HURRIED_TIMINGS_STREAM).range(0, 2) == 0,
+            clock_skew: DetRng::new(seed ^ CLOCK_SKEW_STREAM).range(0, 2) == 0,
             unsafe_lying_disk: false,
             unsafe_unchecked_senders: false,
         }
@@ -164,7 +170,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -199,11 +205,15 @@ impl fmt::Display for SimParams {
             if self.retention_moves { " retention-moves" } else { "" },
             if self.tight_limits { " tight-limits" } else { "" },
             if self.hurried_timings { " hurried-timings" } else { "" },
+            if self.clock_skew { " clock-skew" } else { "" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
             if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }
         )
     }
 }
+
+/// The stream `clock_skew` and each node's clock rate are drawn from.
+pub(crate) const CLOCK_SKEW_STREAM: u64 = 0x636c_6f63_6b5f_736b;
 
 /// The stream `tight_limits` and the limits themselves are drawn from.
 const TIGHT_LIMITS_STREAM: u64 = 0x7469_6768_745f_6c69;

@@ -138,7 +138,7 @@ impl World {
             }
             let node = *self.rng.pick(&ids).expect("nodes");
             let api = self.api();
-            let now = self.now;
+            let now = self.node_now(node);
             let payload = Bytes::from(format!("probe-{}-{}", self.params.seed, api.0));
             let record = AppendRecord { idempotency_key: None, payload: payload.clone() };
             if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {

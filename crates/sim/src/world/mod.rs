@@ -2,6 +2,7 @@
 //! faults, a client workload, and the checks. One thread, virtual time in 1 ms steps.
 
 mod checks;
+mod clock;
 mod senders;
 mod workload;
 
@@ -62,6 +63,9 @@ impl SimReport {
         }
         if params.hurried_timings != drawn.hurried_timings {
             command.push_str(if params.hurried_timings { " --hurried-timings" } else { " --no-hurried-timings" });
+        }
+        if params.clock_skew != drawn.clock_skew {
+            command.push_str(if params.clock_skew { " --clock-skew" } else { " --no-clock-skew" });
         }
         command
     }
@@ -181,6 +185,10 @@ struct SimNode {
     core: Option<NodeCore>,
     /// Bumped at every crash: completions of an older incarnation are dropped (the work died with it).
     incarnation: u64,
+    /// How the node reads the time (`SimParams::clock_skew`).
+    clock: clock::NodeClock,
+    /// Its clock's rate when skewed, in millionths of the simulation's.
+    clock_rate_ppm: u64,
 }
 
 /// One simulated cluster.
@@ -254,7 +262,11 @@ impl World {
             }
             let kv = Arc::new(MemoryKv::new());
             let log = Arc::new(MemoryLog::new(LogLimits::default()));
-            nodes.insert(*id, SimNode { config, kv, log, core: None, incarnation: 0 });
+            let clock_rate_ppm = clock::NodeClock::skewed_rate(
+                DetRng::new(params.seed ^ crate::params::CLOCK_SKEW_STREAM ^ id.get()).next_u64(),
+            );
+            let clock = clock::NodeClock::exact();
+            nodes.insert(*id, SimNode { config, kv, log, core: None, incarnation: 0, clock, clock_rate_ppm });
         }
         let channels = (0..params.channels)
             .map(|i| ChannelId::new(ChannelType::GROUP, &format!("sim-{i}")).expect("valid channel id"))
@@ -305,7 +317,7 @@ impl World {
                 let api = self.api();
                 let info = ChannelInfo { channel: channel.clone(), flags: ChannelFlags::default() };
                 let first = ids[0];
-                let now = self.now;
+                let now = self.node_now(first);
                 if let Some(core) = self.nodes.get_mut(&first).and_then(|n| n.core.as_mut()) {
                     core.create_channel(now, api, info);
                 }
@@ -387,7 +399,10 @@ impl World {
         let logs = Arc::new(RaftLogStore::open(kv.clone()).expect("memory raft log opens"));
         let router = Arc::new(Router::new(node.config.table()));
         let log: Arc<dyn MessageLog> = node.log.clone();
-        let core = NodeCore::new(node.config.clone(), logs, MetaStore::new(kv), log, router, self.now)
+        if self.params.clock_skew {
+            node.clock = clock::NodeClock::started(self.now, node.clock_rate_ppm);
+        }
+        let core = NodeCore::new(node.config.clone(), logs, MetaStore::new(kv), log, router, node.clock.at(self.now))
             .expect("node core starts");
         node.core = Some(core);
     }
@@ -419,6 +434,11 @@ impl World {
         for id in down {
             self.boot(id);
         }
+    }
+
+    /// What node `id`'s clock reads now: the time its core is handed.
+    fn node_now(&self, id: NodeId) -> Time {
+        self.nodes.get(&id).map_or(self.now, |n| n.clock.at(self.now))
     }
 
     fn schedule(&mut self, at: Time, event: Event) {
@@ -456,9 +476,11 @@ impl World {
         }
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         for id in &ids {
-            if let Some(core) = self.nodes.get_mut(id).and_then(|n| n.core.as_mut()) {
-                if core.poll_timeout() <= now {
-                    core.handle_tick(now);
+            let Some(node) = self.nodes.get_mut(id) else { continue };
+            let local = node.clock.at(now);
+            if let Some(core) = node.core.as_mut() {
+                if core.poll_timeout() <= local {
+                    core.handle_tick(local);
                 }
             }
         }
@@ -503,9 +525,10 @@ impl World {
                 if self.cut.contains_key(&(from, to)) {
                     return;
                 }
+                let local = self.node_now(to);
                 let Some(core) = self.nodes.get_mut(&to).and_then(|n| n.core.as_mut()) else { return };
                 // Every frame a node sends is well formed: a refusal here is a bug.
-                if let Err(error) = core.handle_frame(now, from, &bytes) {
+                if let Err(error) = core.handle_frame(local, from, &bytes) {
                     self.oracle.violation(format!("{to} refused a frame from {from}: {error}"));
                 }
                 self.mix(&now.as_millis().to_le_bytes());
@@ -518,7 +541,7 @@ impl World {
                 }
                 n.kv.sync().expect("memory kv syncs");
                 if let Some(core) = n.core.as_mut() {
-                    core.handle_slots_synced(now, token);
+                    core.handle_slots_synced(n.clock.at(now), token);
                 }
             }
             Event::Persisted { node, incarnation, token, batch } => {
@@ -530,7 +553,7 @@ impl World {
                 let channel = batch.channel.clone();
                 let result = if lying { Ok(()) } else { n.log.commit(batch) };
                 if let Some(core) = n.core.as_mut() {
-                    core.handle_persisted(now, &channel, token, result);
+                    core.handle_persisted(n.clock.at(now), &channel, token, result);
                 }
             }
             Event::ReadDone { node, incarnation, channel, token, from, through, max_bytes } => {
@@ -541,7 +564,7 @@ impl World {
                 let limits = ReadLimits { records_max: usize::MAX, bytes_max: max_bytes };
                 let result = n.log.read(&channel, from, through, limits);
                 if let Some(core) = n.core.as_mut() {
-                    core.handle_read(now, &channel, token, result);
+                    core.handle_read(n.clock.at(now), &channel, token, result);
                 }
             }
             Event::Lookup { node, incarnation, lookup } => {
@@ -552,7 +575,7 @@ impl World {
                 if let Some(core) = n.core.as_mut() {
                     // Read when it runs, as a reader thread would: not when it was asked for.
                     let answer = lookup.carry_out(n.log.as_ref(), core.reader());
-                    core.handle_lookup(now, answer);
+                    core.handle_lookup(n.clock.at(now), answer);
                 }
             }
             Event::Restart { node } => {
@@ -568,7 +591,7 @@ impl World {
         loop {
             let now = self.now;
             let Some(node) = self.nodes.get_mut(&id) else { return };
-            let incarnation = node.incarnation;
+            let (incarnation, clock) = (node.incarnation, node.clock);
             let Some(core) = node.core.as_mut() else { return };
             let Some(effect) = core.poll_effect() else { return };
             match effect {
@@ -594,7 +617,7 @@ impl World {
                 }
                 NodeEffect::Fanout(work) => {
                     if let Some(answer) = carry_out_fanout(core.reader(), self.fanout_host.as_ref(), work) {
-                        core.handle_fanout(now, answer);
+                        core.handle_fanout(clock.at(now), answer);
                     }
                 }
                 NodeEffect::Done { id: api, result } => {

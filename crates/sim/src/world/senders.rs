@@ -87,7 +87,7 @@ impl World {
             }
             all_done = false;
             let api = self.api();
-            let now = self.now;
+            let now = self.node_now(first);
             if let Some(core) = self.nodes.get_mut(&first).and_then(|n| n.core.as_mut()) {
                 core.propose(now, api, command);
                 self.oracle.expect_setup(api, first, label);
@@ -101,7 +101,7 @@ impl World {
         let sender = *self.rng.pick(&[ALLOWED, BANNED, DENIED]).expect("three");
         let payload = Bytes::from(format!("{}-{}-{sender}", self.params.seed, api.0));
         let record = AppendRecord { idempotency_key: None, payload: payload.clone() };
-        let now = self.now;
+        let now = self.node_now(node);
         let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return };
         if self.params.unsafe_unchecked_senders && sender != ALLOWED {
             core.append(now, api, channel.clone(), vec![record]);

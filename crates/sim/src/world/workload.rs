@@ -32,7 +32,7 @@ impl World {
         if self.params.leader_transfers && self.operator_request(node, api, roll, &ids, &channel) {
             return;
         }
-        let now = self.now;
+        let now = self.node_now(node);
         if roll == 85 && self.params.retention_moves && splitmix(api.0) % 4 == 0 {
             self.retention_request(node, api, &channel);
             return;
@@ -82,7 +82,7 @@ impl World {
     /// Gives up `channel`'s records through a seq drawn from the request's id (not the seed's generator):
     /// up to a little past the last acknowledged one, so some moves go past HW and are refused.
     fn retention_request(&mut self, node: NodeId, api: ApiId, channel: &ChannelId) {
-        let now = self.now;
+        let now = self.node_now(node);
         let last = self.oracle.last_acked(channel);
         let through = Seq::new((splitmix(api.0 ^ 0x7265_7461_696e) % (last + 3)).max(1));
         if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
@@ -98,7 +98,7 @@ impl World {
     fn retry_keyed_append(&mut self, node: NodeId, api: ApiId) -> bool {
         let Some((channel, key, payload)) = self.oracle.pick_retry(&mut self.rng) else { return false };
         let record = AppendRecord { idempotency_key: Some(key.clone()), payload: payload.clone() };
-        let now = self.now;
+        let now = self.node_now(node);
         if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
             core.append(now, api, channel.clone(), vec![record]);
             self.oracle.expect_append(api, node, channel, payload, Some(key));
@@ -109,7 +109,7 @@ impl World {
     /// Metadata: write a new user, change a channel's subscribers, or read authoritatively in the group
     /// of a user written before.
     fn metadata_request(&mut self, node: NodeId, api: ApiId, roll: u64) {
-        let now = self.now;
+        let now = self.node_now(node);
         let acked: Vec<Uid> = self.users_acked.values().flatten().cloned().collect();
         let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return };
         if (94..96).contains(&roll) && !acked.is_empty() {
@@ -146,7 +146,7 @@ impl World {
         if !(86..=91).contains(&roll) {
             return false;
         }
-        let now = self.now;
+        let now = self.node_now(node);
         let groups: Vec<GroupId> = self.nodes[&node].config.table().groups().collect();
         match roll {
             89 => {
