@@ -652,3 +652,56 @@ fn a_retry_after_a_retention_move_finds_the_record_that_is_still_there() {
     });
     assert_eq!(done, Some(Ok(vec![Seq::new(2)])), "the retry names the record that is still there");
 }
+
+/// A follower that leaves memory while its pull waits for an answer hands the pull to its next
+/// incarnation, which takes the answer (its log is where the pull left off) instead of ignoring it as
+/// another machine's and pulling anew: at the cap on active replicas each activation evicted the
+/// follower activated last, and no follower ever took an answer (sim seed 208000252). An incarnation
+/// that does not start where the pull left off does not take it.
+#[test]
+fn an_evicted_followers_unanswered_pull_is_taken_over_by_its_next_incarnation() {
+    use tidings_channel::machine::{PullBody, PullResponse};
+    use tidings_store::message::{Record, RecordKind};
+    let log = log_with_hw_checkpoint_behind();
+    let state = log.state(&channel()).unwrap();
+    let follower = |incarnation: u64, state: ChannelLogState| {
+        ChannelMachine::new(channel(), NodeId::new(2), MachineConfig::default(), incarnation, t(0), state, vec![])
+    };
+    let mut first = follower(1, state.clone());
+    first.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    let sent = pulls(&settle(&mut first, &log, t(1)));
+    let pull = first.pull_in_flight().expect("a pull waits for its answer");
+    let answer = PullResponse {
+        channel: channel(),
+        pull_id: sent[0],
+        leader_epoch: LeaderEpoch::new(1),
+        body: PullBody::Records {
+            records: vec![Record {
+                seq: Seq::new(4),
+                kind: RecordKind::Message,
+                leader_epoch: LeaderEpoch::new(1),
+                idempotency_key: None,
+                timestamp_ms: 0,
+                payload: Bytes::from_static(b"m"),
+            }],
+            hw: Seq::new(4),
+            fanned_through: Seq::new(0),
+        },
+    };
+    // The next incarnation starts from the same log: it waits for that answer and takes it.
+    let mut next = follower(2, state);
+    next.inherit_pull(pull);
+    next.handle_meta(t(2), meta(1, 1, 1)).unwrap();
+    assert!(pulls(&settle(&mut next, &log, t(2))).is_empty(), "no second pull while the first is out");
+    next.handle_message(t(3), NodeId::new(1), ChannelMessage::PullResponse(answer.clone()));
+    settle(&mut next, &log, t(3));
+    assert_eq!(next.log_end(), Seq::new(4), "the answer is taken");
+    // One that starts elsewhere (its log ends at 4 now) pulls for itself and ignores the answer.
+    let mut elsewhere = follower(3, log.state(&channel()).unwrap());
+    elsewhere.inherit_pull(pull);
+    elsewhere.handle_meta(t(4), meta(1, 1, 1)).unwrap();
+    assert_eq!(pulls(&settle(&mut elsewhere, &log, t(4))).len(), 1);
+    elsewhere.handle_message(t(5), NodeId::new(1), ChannelMessage::PullResponse(answer));
+    settle(&mut elsewhere, &log, t(5));
+    assert_eq!(elsewhere.durable_last(), Seq::new(4), "nothing taken twice");
+}

@@ -262,7 +262,24 @@ impl ChannelShard {
     pub(super) fn deactivate(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
         let machine = self.channels.remove(channel)?;
         self.log.release_caches(channel);
+        if let Some(pull) = machine.pull_in_flight() {
+            self.keep_pull_in_flight(channel, pull);
+        }
         Some(machine)
+    }
+
+    /// Keeps an evicted follower's unanswered pull for its next incarnation (bounded: the oldest go).
+    fn keep_pull_in_flight(&mut self, channel: &ChannelId, pull: tidings_channel::machine::PullInFlight) {
+        if self.pulls_in_flight.insert(channel.clone(), pull).is_none() {
+            self.pulls_in_flight_order.push_back(channel.clone());
+        }
+        // The order may name a channel twice, or one whose pull was taken since: popping such a name
+        // may forget a newer pull of the channel, which costs its next incarnation one pull.
+        while self.pulls_in_flight_order.len() > self.active_max {
+            if let Some(oldest) = self.pulls_in_flight_order.pop_front() {
+                self.pulls_in_flight.remove(&oldest);
+            }
+        }
     }
 
     /// Replaces `channel`'s machine with a new incarnation from the store (see

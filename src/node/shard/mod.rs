@@ -319,6 +319,10 @@ pub(crate) struct ChannelShard {
     /// HW and fanout progress of replicas taken out of memory before they were quiescent (a storage
     /// failure, a follower rebuilt to lead): their next incarnation keeps both.
     carried_over: BTreeMap<ChannelId, (Seq, Seq)>,
+    /// Pulls of followers evicted while waiting for their answer, for their next incarnation to take
+    /// (`ChannelMachine::pull_in_flight`); at most `active_max`, the oldest forgotten first.
+    pulls_in_flight: FxHashMap<ChannelId, tidings_channel::machine::PullInFlight>,
+    pulls_in_flight_order: VecDeque<ChannelId>,
     id_base: u64,
     id_counter: u64,
     next_incarnation: u64,
@@ -365,6 +369,8 @@ impl ChannelShard {
             cannot_lead: BTreeMap::new(),
             to_activate: BTreeMap::new(),
             carried_over: BTreeMap::new(),
+            pulls_in_flight: FxHashMap::default(),
+            pulls_in_flight_order: VecDeque::new(),
             id_base: id_base(config.boot_id, index % shards),
             id_counter: 0,
             // Differs across the node's starts (its boot id), so a replica's machines never share an

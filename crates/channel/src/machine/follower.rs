@@ -14,6 +14,18 @@ pub(super) struct Outstanding {
     sent_at: Time,
 }
 
+/// A follower's pull still unanswered when its replica left memory, for the replica's next incarnation
+/// to take the answer of ([`ChannelMachine::pull_in_flight`], [`ChannelMachine::inherit_pull`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PullInFlight {
+    pull_id: u64,
+    next_seq: Seq,
+    last_epoch: LeaderEpoch,
+    leader: NodeId,
+    leader_epoch: LeaderEpoch,
+    sent_at: Time,
+}
+
 /// Follower-only state.
 #[derive(Debug)]
 pub(super) struct FollowerState {
@@ -57,6 +69,45 @@ pub(super) fn first_pull_id(incarnation: u64) -> u64 {
 }
 
 impl ChannelMachine {
+    /// The pull this follower waits an answer for, to hand to its next incarnation when it leaves
+    /// memory with everything on disk (what the pull acknowledged is then exactly what the next
+    /// incarnation starts from). At the cap on active replicas, where each activation evicts the
+    /// follower activated last, the leader's answer came after the eviction and brought the replica
+    /// back, whose new incarnation ignored it as another's and pulled anew, to be evicted again: no
+    /// follower ever took an answer (sim seed 208000252).
+    pub fn pull_in_flight(&self) -> Option<PullInFlight> {
+        let (Role::Follower(follower), Some(meta)) = (&self.role, &self.meta) else { return None };
+        let pull = follower.outstanding?;
+        let durable = &self.log.durable;
+        (self.log.settled() && pull.next_seq == durable.last_seq.next()).then_some(PullInFlight {
+            pull_id: pull.pull_id,
+            next_seq: pull.next_seq,
+            last_epoch: durable.last_epoch(),
+            leader: follower.leader,
+            leader_epoch: meta.leader_epoch,
+            sent_at: pull.sent_at,
+        })
+    }
+
+    /// Takes `pull`, from this replica's previous incarnation, as its own outstanding pull when it
+    /// starts following, if it starts where that pull left off: under the same leader and leader
+    /// epoch, with the same durable log end and last epoch. Call before the first meta.
+    pub fn inherit_pull(&mut self, pull: PullInFlight) {
+        self.inherited_pull = Some(pull);
+    }
+
+    /// The inherited pull, if it fits this replica as it starts following `leader` in `leader_epoch`.
+    pub(super) fn take_inherited_pull(&mut self, leader: NodeId, leader_epoch: LeaderEpoch) -> Option<Outstanding> {
+        let pull = self.inherited_pull.take()?;
+        let durable = &self.log.durable;
+        let fits = pull.leader == leader
+            && pull.leader_epoch == leader_epoch
+            && pull.next_seq == durable.last_seq.next()
+            && pull.last_epoch == durable.last_epoch()
+            && self.log.settled();
+        fits.then_some(Outstanding { pull_id: pull.pull_id, next_seq: pull.next_seq, sent_at: pull.sent_at })
+    }
+
     fn follower(&mut self) -> Option<&mut FollowerState> {
         match &mut self.role {
             Role::Follower(follower) => Some(follower),

@@ -49,6 +49,7 @@ pub use effect::{
     RetentionRequest,
 };
 pub use error::{AppendError, ApplyMetaError};
+pub use follower::PullInFlight;
 pub use message::{ChannelMessage, PullBody, PullHint, PullRequest, PullResponse};
 
 use cache::RecordCache;
@@ -254,6 +255,8 @@ pub struct ChannelMachine {
     recent_left_out: bool,
     /// The id of this replica's next pull as a follower (see `follower::first_pull_id`).
     next_pull_id: u64,
+    /// A pull of the previous incarnation, taken as this one's if it fits (see `inherit_pull`).
+    inherited_pull: Option<PullInFlight>,
 }
 
 impl ChannelMachine {
@@ -310,6 +313,7 @@ impl ChannelMachine {
             resumable_epoch: None,
             recent_left_out: false,
             next_pull_id: follower::first_pull_id(incarnation),
+            inherited_pull: None,
         }
     }
 
@@ -682,7 +686,10 @@ impl ChannelMachine {
         self.role = if meta.leader == self.me {
             Role::Leader(Box::new(LeaderState::new(meta, self.me, self.now)))
         } else if meta.is_replica(self.me) {
-            Role::Follower(FollowerState::new(meta.leader, self.now))
+            let (leader, leader_epoch) = (meta.leader, meta.leader_epoch);
+            let mut follower = FollowerState::new(leader, self.now);
+            follower.outstanding = self.take_inherited_pull(leader, leader_epoch);
+            Role::Follower(follower)
         } else {
             Role::None
         };
