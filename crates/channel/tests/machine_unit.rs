@@ -289,24 +289,21 @@ fn a_late_answer_to_a_pull_of_an_earlier_incarnation_is_ignored() {
     let (_earlier, late_id) = first_pull(1);
     let (mut m, id) = first_pull(2);
     assert_ne!(late_id, id, "two incarnations' pulls share no id");
-    let late = PullResponse {
-        channel: channel(),
-        pull_id: late_id,
-        leader_epoch: LeaderEpoch::new(1),
-        body: PullBody::Diverging { epoch: LeaderEpoch::new(1), end_seq: Seq::new(1) },
+    // The leader's log holds epoch 1 only through `end`: cut the rest.
+    let diverging = |pull_id: u64, end: u64| {
+        ChannelMessage::PullResponse(PullResponse {
+            channel: channel(),
+            pull_id,
+            leader_epoch: LeaderEpoch::new(1),
+            body: PullBody::Diverging { epoch: LeaderEpoch::new(1), end_seq: Seq::new(end) },
+        })
     };
-    m.handle_message(t(2), NodeId::new(1), ChannelMessage::PullResponse(late));
+    m.handle_message(t(2), NodeId::new(1), diverging(late_id, 1));
     settle(&mut m, &log, t(2));
     assert_eq!(m.log_end(), Seq::new(3), "nothing cut");
     assert_eq!(log.state(&channel()).unwrap().last_seq, Seq::new(3));
     // The answer to this machine's own pull is taken.
-    let answer = PullResponse {
-        channel: channel(),
-        pull_id: id,
-        leader_epoch: LeaderEpoch::new(1),
-        body: PullBody::Diverging { epoch: LeaderEpoch::new(1), end_seq: Seq::new(2) },
-    };
-    m.handle_message(t(3), NodeId::new(1), ChannelMessage::PullResponse(answer));
+    m.handle_message(t(3), NodeId::new(1), diverging(id, 2));
     settle(&mut m, &log, t(3));
     assert_eq!(m.log_end(), Seq::new(2), "its own answer is followed");
 }
