@@ -558,8 +558,8 @@ impl Node {
     /// channel's next meta through its slot group. Reads then start after the boundary, and every replica
     /// trims its store (within its next write-behind round). A boundary never moves back: asking for one
     /// at or below the boundary in force returns that one. `Aborted` (timeout, leadership change): the
-    /// move may still come into force; ask again. The idempotency keys of records given up are not kept
-    /// for good: a retry of one may append it again.
+    /// move may still come into force; ask again. The idempotency keys of records given up are
+    /// forgotten once the move is in force: a retry of one appends it again.
     ///
     /// ```no_run
     /// # fn demo(node: &tidings::Node, channel: tidings::types::ChannelId) -> Result<(), tidings::node::NodeError> {
