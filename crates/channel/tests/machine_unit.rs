@@ -587,6 +587,49 @@ fn an_append_waiting_for_a_silent_follower_hints_it_at_once() {
     assert!(hinted(&settle(&mut m, &log, t(5_000))), "the silent follower is not told again");
 }
 
+/// A follower that pulled just after the leader last woke its silent followers, then went silent
+/// (evicted for room, restarted), is told at the next wake-up, a pull timeout later — not only at the
+/// one after, two pull timeouts without a word (sim seed 216002928: the healed phase ended first).
+#[test]
+fn a_follower_silent_since_just_after_a_wake_up_is_told_at_the_next() {
+    let config = MachineConfig {
+        pull_park: std::time::Duration::from_millis(500),
+        pull_timeout: std::time::Duration::from_secs(2),
+        idle_pull_interval: std::time::Duration::from_millis(500),
+        isr_alive: std::time::Duration::from_secs(5),
+        append_timeout: std::time::Duration::from_secs(1),
+        ..MachineConfig::default()
+    };
+    let mut m = ChannelMachine::new(channel(), NodeId::new(1), config, 1, t(0), ChannelLogState::default(), vec![]);
+    let log = MemoryLog::new(LogLimits::default());
+    let mut both = meta(1, 1, 1);
+    both.min_isr = 2;
+    m.handle_meta(t(0), both).unwrap();
+    settle(&mut m, &log, t(0));
+    let hinted = |effects: &[Effect]| {
+        effects
+            .iter()
+            .any(|e| matches!(e, Effect::Send { to, message: ChannelMessage::Hint(_) } if *to == NodeId::new(2)))
+    };
+    m.handle_append(t(3_000), request(1, &["a"])).unwrap();
+    assert!(hinted(&settle(&mut m, &log, t(3_000))), "told as the append comes");
+    // It pulls once, 50 ms after the hint, and is not heard from again.
+    let pull = PullRequest {
+        channel: channel(),
+        pull_id: 1,
+        leader_epoch: LeaderEpoch::new(1),
+        next_seq: Seq::new(1),
+        last_epoch: LeaderEpoch::new(0),
+        max_bytes: 1 << 20,
+    };
+    m.handle_message(t(3_050), NodeId::new(2), ChannelMessage::Pull(pull));
+    settle(&mut m, &log, t(3_050));
+    m.handle_timeout(t(4_000));
+    settle(&mut m, &log, t(4_000));
+    m.handle_timeout(t(5_000));
+    assert!(hinted(&settle(&mut m, &log, t(5_000))), "not told at the next wake-up");
+}
+
 /// A keyed record given up by a retention move, appended again by a retry, then retried once more on
 /// a replica that kept the first: the retry finds the record still there, not the one given up. The
 /// index kept a key's first record for good, so a replica that saw both answered with the given-up seq

@@ -759,7 +759,12 @@ impl ChannelMachine {
         let uncommitted = self.log.hw < self.log.end;
         let waiting_since = self.leader().and_then(|l| l.waiting_since(uncommitted));
         if waiting_since.is_some_and(|at| at + self.config.pull_timeout <= now) {
-            self.wake_isr_silent_for(self.config.pull_timeout, self.config.pull_timeout);
+            // Silent for half the interval, not the whole: a follower that pulled just after the last
+            // wake-up and went silent then (evicted for room, restarted) was not silent long enough at
+            // the next, and waited a third — two pull timeouts without a word, longer than a healed
+            // cluster's patience (sim seed 216002928, skewed clocks). While records wait to commit, a
+            // follower that pulls gets them at once, so half a pull timeout of silence is no long poll.
+            self.wake_isr_silent_for(self.config.pull_timeout / 2, self.config.pull_timeout);
         }
         self.maybe_propose_shrink();
         self.retention_timeout();
