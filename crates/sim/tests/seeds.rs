@@ -249,4 +249,7 @@ fn clock_skew_seeds_that_once_failed_pass() {
     // refused a leader's room for good while the channel's real leader hinted it in vain; a message
     // from a newer leader epoch now makes its shard fetch the meta.
     assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..SimParams::from_seed(219001768) }));
+    // With its own draws: a replica evicted between an input and the next drain of its effects dropped
+    // them, and a retention move ended by the end of its leadership was never answered.
+    assert_passes(&run_seed(222001593));
 }

@@ -260,7 +260,15 @@ impl ChannelShard {
     /// Takes the channel's machine out of memory (its log stays); the next input activates a new
     /// incarnation from the store.
     pub(super) fn deactivate(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
-        let machine = self.channels.remove(channel)?;
+        let mut machine = self.channels.remove(channel)?;
+        // What it asked for and was not drained yet goes out first: a replica is quiescent by its state,
+        // and one taken out between an input and the next drain dropped that input's effects — a
+        // retention move ended by the leadership's end was never answered (sim seed 222001593).
+        let mut effects = Vec::new();
+        machine.drain_effects(&mut effects);
+        for effect in effects {
+            self.channel_effect(channel, effect);
+        }
         self.log.release_caches(channel);
         if let Some(pull) = machine.pull_in_flight() {
             self.keep_pull_in_flight(channel, pull);
