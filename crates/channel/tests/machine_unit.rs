@@ -546,10 +546,9 @@ fn a_new_leader_plans_again_at_most_its_handoff_slots_and_counts_the_rest() {
     assert_eq!((messages[0], messages[255]), (Seq::new(145), Seq::new(400)), "the most recent");
 }
 
-/// An ISR follower silent for a pull timeout (evicted, restarted, refused room) comes back only on news:
-/// an append that must wait for it tells it at once, even when appends time out before a pull timeout.
-#[test]
-fn an_append_waiting_for_a_silent_follower_hints_it_at_once() {
+/// Node 1 leading with MinISR 2 of {1, 2} (appends wait for follower 2), appends timing out before a
+/// pull timeout: the machine and its log.
+fn leader_waiting_for_follower_2() -> (ChannelMachine, MemoryLog) {
     let config = MachineConfig {
         pull_park: std::time::Duration::from_millis(500),
         pull_timeout: std::time::Duration::from_secs(2),
@@ -564,11 +563,19 @@ fn an_append_waiting_for_a_silent_follower_hints_it_at_once() {
     both.min_isr = 2;
     m.handle_meta(t(0), both).unwrap();
     settle(&mut m, &log, t(0));
-    let hinted = |effects: &[Effect]| {
-        effects
-            .iter()
-            .any(|e| matches!(e, Effect::Send { to, message: ChannelMessage::Hint(_) } if *to == NodeId::new(2)))
-    };
+    (m, log)
+}
+
+/// `true` if `effects` send follower 2 a hint.
+fn hinted(effects: &[Effect]) -> bool {
+    effects.iter().any(|e| matches!(e, Effect::Send { to, message: ChannelMessage::Hint(_) } if *to == NodeId::new(2)))
+}
+
+/// An ISR follower silent for a pull timeout (evicted, restarted, refused room) comes back only on news:
+/// an append that must wait for it tells it at once, even when appends time out before a pull timeout.
+#[test]
+fn an_append_waiting_for_a_silent_follower_hints_it_at_once() {
+    let (mut m, log) = leader_waiting_for_follower_2();
     // Follower 2 never pulled; 3 s on (silent past the pull timeout, alive for admission) an append
     // comes: it waits for 2, which hears of it now.
     m.handle_append(t(3_000), request(1, &["a"])).unwrap();
@@ -592,25 +599,7 @@ fn an_append_waiting_for_a_silent_follower_hints_it_at_once() {
 /// one after, two pull timeouts without a word (sim seed 216002928: the healed phase ended first).
 #[test]
 fn a_follower_silent_since_just_after_a_wake_up_is_told_at_the_next() {
-    let config = MachineConfig {
-        pull_park: std::time::Duration::from_millis(500),
-        pull_timeout: std::time::Duration::from_secs(2),
-        idle_pull_interval: std::time::Duration::from_millis(500),
-        isr_alive: std::time::Duration::from_secs(5),
-        append_timeout: std::time::Duration::from_secs(1),
-        ..MachineConfig::default()
-    };
-    let mut m = ChannelMachine::new(channel(), NodeId::new(1), config, 1, t(0), ChannelLogState::default(), vec![]);
-    let log = MemoryLog::new(LogLimits::default());
-    let mut both = meta(1, 1, 1);
-    both.min_isr = 2;
-    m.handle_meta(t(0), both).unwrap();
-    settle(&mut m, &log, t(0));
-    let hinted = |effects: &[Effect]| {
-        effects
-            .iter()
-            .any(|e| matches!(e, Effect::Send { to, message: ChannelMessage::Hint(_) } if *to == NodeId::new(2)))
-    };
+    let (mut m, log) = leader_waiting_for_follower_2();
     m.handle_append(t(3_000), request(1, &["a"])).unwrap();
     assert!(hinted(&settle(&mut m, &log, t(3_000))), "told as the append comes");
     // It pulls once, 50 ms after the hint, and is not heard from again.

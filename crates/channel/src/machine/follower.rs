@@ -62,10 +62,7 @@ impl FollowerState {
 /// run on across roles, from a point of their own per incarnation (incarnations differ across a
 /// node's restarts, see `ChannelMachine::new`).
 pub(super) fn first_pull_id(incarnation: u64) -> u64 {
-    let mut z = incarnation.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    tidings_types::DetRng::new(incarnation).next_u64()
 }
 
 impl ChannelMachine {
