@@ -199,11 +199,15 @@ impl Oracle {
                     match self.key_seq.get(&(channel.clone(), key.clone())) {
                         // Keys are remembered for the channel's last `IDEMPOTENCY_WINDOW` seqs; an older key
                         // may legitimately append again.
-                        // A key whose record was given up (retention) may append again too.
+                        // A key whose record was given up (retention) may append again too: the earlier
+                        // of its two records, whichever was acknowledged first (the original append's
+                        // answer may come after its retry's, appended anew past a retention move that
+                        // gave the original up — sim seed 226004206).
                         Some(first)
                             if *first != seq
-                                && seq.get().saturating_sub(first.get()) < IDEMPOTENCY_WINDOW
-                                && *first > self.retention_asked.get(&channel).copied().unwrap_or_default() =>
+                                && seq.get().abs_diff(first.get()) < IDEMPOTENCY_WINDOW
+                                && (*first).min(seq)
+                                    > self.retention_asked.get(&channel).copied().unwrap_or_default() =>
                         {
                             self.violation(format!(
                                 "{channel}: idempotent retry acknowledged at {seq}, first at {first} (two records)"

@@ -219,10 +219,13 @@ fn tight_and_hurried_seeds_that_once_failed_pass() {
 /// ISR, hinted it only a pull timeout after it last pulled, and by then appends had timed out and new
 /// ones moved that timer on: the channel took no append in the healed phase. A follower evicted while
 /// not quiescent is now activated again at the next eviction scans. The run of this seed changed with
-/// the pull ids of the same session, so it now passes without that fix too).
+/// the pull ids of the same session, so it now passes without that fix too), 226004206 (the oracle's
+/// own flaw: an original append committed at #28, a retention move through #46 gave it up, its
+/// retry was appended anew at #237 and answered first, then the original's late answer named #28; the
+/// check took the key's first answer for its earlier record and called the two a duplicate).
 #[test]
 fn seeds_with_their_own_draws_that_once_failed_pass() {
-    for seed in [189003680, 194002553, 203000732] {
+    for seed in [189003680, 194002553, 203000732, 226004206] {
         assert_passes(&run(as_found(seed)));
     }
 }
