@@ -4,9 +4,10 @@
 use super::effect::{AppendAborted, AppendRequest, Effect, MetaChangeReason, ReadToken, RequestId};
 use super::error::AppendError;
 use super::message::{ChannelMessage, PullBody, PullHint, PullRequest, PullResponse};
+use super::replica_map::ReplicaMap;
 use super::retention::RetentionWait;
 use super::{ChannelMachine, MachineConfig, ReplicaProgress, Role};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 use tidings_store::message::{Record, RecordKind};
 use tidings_store::StoreError;
@@ -60,7 +61,7 @@ pub(super) struct LeaderState {
     /// The barrier is durable locally: only then are records sent to followers, so a leader epoch that
     /// reached any follower is always on the leader's own disk.
     barrier_durable: bool,
-    progress: BTreeMap<NodeId, Progress>,
+    progress: ReplicaMap<Progress>,
     pub(super) pending: VecDeque<PendingAppend>,
     /// Message records this leader assigned, not yet committed: each holds a handoff slot.
     pub(super) reserved: VecDeque<Seq>,
@@ -118,7 +119,20 @@ impl LeaderState {
 
     /// When the leader's next timer is due; `uncommitted`: its log holds records past HW.
     pub(super) fn next_timeout(&self, config: &MachineConfig, now: Time, uncommitted: bool) -> Option<Time> {
-        let parked = self.progress.values().filter_map(|p| p.parked.map(|parked| parked.deadline)).min();
+        // One pass over the followers (this runs after every input): their earliest parked deadline, and
+        // their earliest ISR check still ahead — due when a follower's lag bound expires; one already past
+        // was checked then.
+        let (mut parked, mut isr) = (None::<Time>, None::<Time>);
+        let isr_floor = self.became_at + config.isr_lag;
+        for p in self.progress.values() {
+            if let Some(deadline) = p.parked.map(|parked| parked.deadline) {
+                parked = Some(parked.map_or(deadline, |at| at.min(deadline)));
+            }
+            let check = (p.caught_up_at + config.isr_lag).max(isr_floor);
+            if check > now {
+                isr = Some(isr.map_or(check, |at| at.min(check)));
+            }
+        }
         let append = self.pending.front().map(|p| p.admitted_at + config.append_timeout);
         // Records waiting to commit: wake silent ISR followers every `pull_timeout` (see
         // `wake_isr_silent_for`), from the first waiting append, or from when this leader began.
@@ -128,13 +142,6 @@ impl LeaderState {
         });
         let proposal = self.proposal.map(|(at, _)| at + config.proposal_timeout);
         let retention = self.retention_waits.front().map(|w| w.admitted_at + config.append_timeout);
-        // ISR checks are due when a follower's lag bound expires; one already past was checked then.
-        let isr = self
-            .progress
-            .values()
-            .map(|p| (p.caught_up_at + config.isr_lag).max(self.became_at + config.isr_lag))
-            .filter(|at| *at > now)
-            .min();
         [parked, append, wake, isr, proposal, retention].into_iter().flatten().min()
     }
 
@@ -290,7 +297,7 @@ impl ChannelMachine {
         let Some(leader) = self.leader() else { return };
         leader.progress.retain(|n, _| meta.is_replica(*n));
         for node in meta.replicas.iter().filter(|n| **n != me) {
-            leader.progress.entry(*node).or_insert_with(|| Progress::new(now));
+            leader.progress.get_or_insert_with(*node, || Progress::new(now));
         }
         if leader.proposal.is_some_and(|(_, version)| meta.version > version) {
             leader.proposal = None;

@@ -41,6 +41,7 @@ mod handoff;
 mod idempotency;
 mod leader;
 mod message;
+mod replica_map;
 mod retention;
 
 pub use config::{MachineConfig, UnsafeTestSwitches};
