@@ -136,10 +136,13 @@ impl fmt::Display for ChannelId {
 
 impl<'de> Deserialize<'de> for ChannelId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // The id borrowed from the input when the format allows (a frame decoded from its buffer
+        // does): every peer message names its channel, and the id is copied once, into the `Arc`.
         #[derive(Deserialize)]
-        struct Raw {
+        struct Raw<'a> {
             kind: ChannelType,
-            id: String,
+            #[serde(borrow)]
+            id: std::borrow::Cow<'a, str>,
         }
         let raw = Raw::deserialize(d)?;
         ChannelId::new(raw.kind, &raw.id).map_err(serde::de::Error::custom)
@@ -149,6 +152,24 @@ impl<'de> Deserialize<'de> for ChannelId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decoded_id_is_checked_as_a_built_one() {
+        let channel = ChannelId::new(ChannelType::GROUP, "g1").expect("valid");
+        let bytes = postcard::to_allocvec(&channel).expect("encodes");
+        assert_eq!(postcard::from_bytes::<ChannelId>(&bytes).expect("decodes"), channel);
+        // The same encoding with an empty id, and with one past the limit: refused, not built.
+        #[derive(Serialize)]
+        struct Raw<'a> {
+            kind: ChannelType,
+            id: &'a str,
+        }
+        let long = "x".repeat(CHANNEL_ID_BYTES_MAX + 1);
+        for id in ["", long.as_str()] {
+            let bytes = postcard::to_allocvec(&Raw { kind: ChannelType::GROUP, id }).expect("encodes");
+            assert!(postcard::from_bytes::<ChannelId>(&bytes).is_err(), "id of {} bytes", id.len());
+        }
+    }
 
     #[test]
     fn refuses_empty_and_long_ids() {
