@@ -666,12 +666,9 @@ impl ChannelMachine {
         let (Some(meta), Role::Leader(leader)) = (&self.meta, &self.role) else { return None };
         let (me, min_isr) = (self.me, usize::from(meta.min_isr));
         let quorum_match = |isr: &[NodeId]| -> Option<Seq> {
-            let mut matches: Vec<Seq> = isr
-                .iter()
-                .map(|n| if *n == me { own } else { leader.progress.get(n).map_or(Seq::new(0), |p| p.match_seq) })
-                .collect();
-            matches.sort_unstable_by(|a, b| b.cmp(a));
-            matches.get(min_isr - 1).copied()
+            let matches =
+                isr.iter().map(|n| if *n == me { own } else { leader.progress.get(n).map_or(Seq::new(0), |p| p.match_seq) });
+            kth_highest(matches, min_isr)
         };
         let mut candidate = quorum_match(&meta.isr)?;
         if let Some((_, proposed)) = &leader.pending_isr {
@@ -876,4 +873,50 @@ fn inherited_messages(epochs: &[(LeaderEpoch, Seq)], first: Seq, last: Seq, cap:
     seqs.reverse();
     let skipped = messages - seqs.len() as u64;
     (seqs, skipped)
+}
+
+/// The `k`-th highest of `values` (1 for the highest), if there are that many. Sorted on the stack for
+/// an ISR of a usual size: the HW is recomputed on every acknowledgement.
+fn kth_highest(values: impl ExactSizeIterator<Item = Seq>, k: usize) -> Option<Seq> {
+    const ON_STACK: usize = 8;
+    let len = values.len();
+    if k == 0 || k > len {
+        return None;
+    }
+    let mut heap = Vec::new();
+    let mut stack = [Seq::new(0); ON_STACK];
+    let all: &mut [Seq] = if len <= ON_STACK {
+        for (slot, value) in stack.iter_mut().zip(values) {
+            *slot = value;
+        }
+        &mut stack[..len]
+    } else {
+        heap.extend(values);
+        &mut heap
+    };
+    all.sort_unstable_by(|a, b| b.cmp(a));
+    Some(all[k - 1])
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seqs(values: &[u64]) -> Vec<Seq> {
+        values.iter().map(|v| Seq::new(*v)).collect()
+    }
+
+    #[test]
+    fn kth_highest_counts_from_the_top_on_the_stack_and_past_it() {
+        let few = seqs(&[5, 9, 7]);
+        assert_eq!(kth_highest(few.iter().copied(), 1), Some(Seq::new(9)));
+        assert_eq!(kth_highest(few.iter().copied(), 2), Some(Seq::new(7)));
+        assert_eq!(kth_highest(few.iter().copied(), 3), Some(Seq::new(5)));
+        assert_eq!(kth_highest(few.iter().copied(), 4), None, "fewer values than asked for");
+        assert_eq!(kth_highest(few.iter().copied(), 0), None);
+        let many = seqs(&[3, 1, 4, 1, 5, 9, 2, 6, 5, 3]);
+        assert_eq!(kth_highest(many.iter().copied(), 2), Some(Seq::new(6)));
+        assert_eq!(kth_highest(many.iter().copied(), 10), Some(Seq::new(1)));
+    }
 }
