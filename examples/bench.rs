@@ -33,7 +33,15 @@
 //! journal's `write_behind_interval` and `write_behind_nice`, `TIDINGS_DURABLE_WORKERS=N` its durable
 //! workers, `TIDINGS_SYNC_INTERVAL_US=N` its journal's `sync_interval_min`, `TIDINGS_WRITE_BEHIND_REST=N`
 //! its `write_behind_rest_percent`, `TIDINGS_PACK_KB=N` its `pack_bytes_max`, `TIDINGS_PULL_PARK_MS=N` its channels' `pull_park` (`pull_timeout` and `isr_alive` follow) and
-//! `TIDINGS_IDLE_AFTER_EMPTY_PULLS=N` their `idle_after_empty_pulls` (for A/B runs).
+//! `TIDINGS_IDLE_AFTER_EMPTY_PULLS=N` their `idle_after_empty_pulls` (for A/B runs);
+//! `TIDINGS_NODE_DOWN_AFTER_MS=N` the controllers' `node_down_after`, for runs on a much slower host.
+//!
+//! Instructions per message, which do not move with the machine's load as times do: run the reactors
+//! under callgrind at one message per channel round, then divide the instructions by the appends
+//! (`ChannelMachine::handle_append` calls), e.g.
+//! `TIDINGS_PULL_PARK_MS=10000 TIDINGS_NODE_DOWN_AFTER_MS=60000 valgrind --tool=callgrind
+//! --toggle-collect='tidings::runtime::reactor::Reactor::run' target/release/examples/bench --quick
+//! --channels 400 --in-flight 400 --messages 20000` (see `docs/performance-history.md`, session 24).
 #![allow(clippy::disallowed_methods)] // A benchmark tool reads the clock.
 
 #[path = "support/mod.rs"]

@@ -158,21 +158,67 @@ impl FrameError {
 
 /// Encodes `frame`.
 pub fn encode(frame: &Frame) -> Bytes {
+    // The body is serialized straight behind room left for the header, into a buffer sized from the
+    // frame's own estimate: no growth while it is written (every peer message pays this), no copy after.
+    let mut out = Vec::with_capacity(HEADER_BYTES + frame.body.size_hint());
+    out.resize(HEADER_BYTES, 0);
     // Cannot fail: every field serializes into memory.
-    let body = postcard::to_allocvec(frame).expect("frame encodes");
-    seal(&body)
+    let mut out = postcard::serialize_with_flavor(frame, BehindHeader(out)).expect("frame encodes");
+    write_header(&mut out);
+    Bytes::from(out)
 }
 
-/// Frames raw body bytes with the header (magic, version, length, checksum). [`encode`] uses it; tests
-/// and fuzzers use it to hand the decoder well-sealed bodies of any content.
+/// Frames raw body bytes with the header (magic, version, length, checksum). [`encode`] builds its
+/// frames the same way; tests and fuzzers use it to hand the decoder well-sealed bodies of any content.
 pub fn seal(body: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
-    out.extend_from_slice(&MAGIC);
-    out.push(FRAME_VERSION);
-    out.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    out.resize(HEADER_BYTES, 0);
     out.extend_from_slice(body);
+    write_header(&mut out);
     Bytes::from(out)
+}
+
+/// Fills the header room at the front of `frame` from the body behind it.
+fn write_header(frame: &mut [u8]) {
+    let (header, body) = frame.split_at_mut(HEADER_BYTES);
+    header[..2].copy_from_slice(&MAGIC);
+    header[2] = FRAME_VERSION;
+    header[3..7].copy_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
+    header[7..11].copy_from_slice(&crc32fast::hash(body).to_le_bytes());
+}
+
+/// A postcard output that appends to a buffer holding the header's room already.
+struct BehindHeader(Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for BehindHeader {
+    type Output = Vec<u8>;
+
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.push(data);
+        Ok(())
+    }
+
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<Vec<u8>> {
+        Ok(self.0)
+    }
+}
+
+impl FrameBody {
+    /// About how many bytes the body takes encoded: its channel messages' own estimates, or a fixed
+    /// allowance for the rest (a buffer grows past an estimate that was short).
+    fn size_hint(&self) -> usize {
+        const OTHER: usize = 256;
+        match self {
+            FrameBody::Channel(message) => message.size_hint(),
+            FrameBody::Channels(messages) => messages.iter().map(ChannelMessage::size_hint).sum(),
+            FrameBody::Slot(_) | FrameBody::Node(_) => OTHER,
+        }
+    }
 }
 
 /// Decodes a frame, checking header, size, checksum and body.

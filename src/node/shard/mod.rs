@@ -719,7 +719,7 @@ impl ChannelShard {
             }
             Effect::ProposeMeta { expected_version, meta, .. } => {
                 // A refused proposal is retried by the machine after its proposal timeout.
-                let command = Command::CasRuntimeMeta { expected_version, meta, proof: None };
+                let command = Command::CasRuntimeMeta { expected_version, meta: *meta, proof: None };
                 self.outputs.push_back(ShardOutput::Propose(command));
             }
             Effect::RefreshMeta => self.fetch_meta(channel),

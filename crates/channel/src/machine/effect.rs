@@ -172,8 +172,9 @@ pub enum Effect {
     ProposeMeta {
         /// The version the change is based on.
         expected_version: u64,
-        /// The proposed meta.
-        meta: ChannelRuntimeMeta,
+        /// The proposed meta (boxed: the effect is rare, and every other effect would otherwise be as
+        /// large as a meta wherever effects are moved).
+        meta: Box<ChannelRuntimeMeta>,
         /// Why.
         reason: MetaChangeReason,
     },

@@ -666,8 +666,13 @@ impl ChannelMachine {
         let (Some(meta), Role::Leader(leader)) = (&self.meta, &self.role) else { return None };
         let (me, min_isr) = (self.me, usize::from(meta.min_isr));
         let quorum_match = |isr: &[NodeId]| -> Option<Seq> {
-            let matches =
-                isr.iter().map(|n| if *n == me { own } else { leader.progress.get(n).map_or(Seq::new(0), |p| p.match_seq) });
+            let matches = isr.iter().map(|n| {
+                if *n == me {
+                    own
+                } else {
+                    leader.progress.get(n).map_or(Seq::new(0), |p| p.match_seq)
+                }
+            });
             kth_highest(matches, min_isr)
         };
         let mut candidate = quorum_match(&meta.isr)?;
@@ -818,7 +823,7 @@ impl ChannelMachine {
         next.isr = isr;
         next.version += 1;
         next.epoch = next.epoch.next();
-        self.effects.push_back(Effect::ProposeMeta { expected_version: meta.version, meta: next, reason });
+        self.effects.push_back(Effect::ProposeMeta { expected_version: meta.version, meta: Box::new(next), reason });
     }
 
     /// Proposes adding a replica to the ISR once it proved, under this leader and epoch, that it holds
@@ -897,7 +902,6 @@ fn kth_highest(values: impl ExactSizeIterator<Item = Seq>, k: usize) -> Option<S
     all.sort_unstable_by(|a, b| b.cmp(a));
     Some(all[k - 1])
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -70,7 +70,7 @@ impl ChannelMachine {
         let expected_version = meta.version;
         self.leader().expect("checked leader").proposal = Some((now, expected_version));
         let reason = MetaChangeReason::Retention { through };
-        self.effects.push_back(Effect::ProposeMeta { expected_version, meta: next, reason });
+        self.effects.push_back(Effect::ProposeMeta { expected_version, meta: Box::new(next), reason });
     }
 
     /// A new meta is in force on this leader: moves it covers are done; the rest are proposed again.

@@ -335,7 +335,7 @@ impl Cluster {
             Effect::ProposeMeta { expected_version, meta, reason } => {
                 if self.accept_proposals && expected_version == self.meta.version {
                     self.trace.push(format!("{} meta cas ok {reason:?}", self.now));
-                    self.publish(meta);
+                    self.publish(*meta);
                 }
             }
             Effect::RefreshMeta => {
