@@ -6,6 +6,10 @@
 //! intervals (`SimParams::hurried_timings`), `--clock-skew` / `--no-clock-skew` for its nodes' own
 //! clocks (`SimParams::clock_skew`). A failed seed prints the command that replays it, with these flags.
 //! `TIDINGS_SIM_LOG=info` (or `debug`, `trace`) prints the nodes' logs while one seed replays.
+//! `-- --cost N [--load-ms MS]` runs the fault-free steady load of `SimParams::steady` over N channels
+//! (10 virtual seconds by default) and prints its report: run it under
+//! `valgrind --tool=callgrind` and divide the instructions by the appends acknowledged to compare
+//! two builds' cost per append exactly.
 #![allow(clippy::disallowed_methods)] // The command-line tool reads the clock to report speed.
 
 use std::time::Instant;
@@ -28,6 +32,16 @@ fn arg(name: &str) -> Option<u64> {
 }
 
 fn main() {
+    if let Some(channels) = arg("--cost") {
+        let params = SimParams::steady(usize::try_from(channels).unwrap_or(1), arg("--load-ms").unwrap_or(10_000));
+        println!("{params}");
+        let report = run(params);
+        println!("steps {} acked {} trace {:016x}", report.steps, report.acked, report.trace_hash);
+        for violation in &report.violations {
+            println!("VIOLATION: {violation}");
+        }
+        std::process::exit(i32::from(!report.passed()));
+    }
     if let Some(seed) = arg("--seed") {
         let level = std::env::var("TIDINGS_SIM_LOG").ok().and_then(|l| l.parse::<tracing::Level>().ok());
         if let Some(level) = level {

@@ -164,6 +164,49 @@ impl SimParams {
     }
 }
 
+impl SimParams {
+    /// A run that measures cost, not faults: three nodes, `channels` channels of three replicas with
+    /// MinISR 2, no faults of any kind, no metadata or operator workload, a client request every
+    /// millisecond for `load_ms`. Being a simulation, two runs of one build are the same run (their
+    /// trace hashes agree), so the instructions it takes under callgrind, divided by its acknowledged
+    /// appends, compare two builds exactly: what the bench's wall-clock figures, on a shared machine,
+    /// cannot do for a change of a few percent.
+    pub fn steady(channels: usize, load_ms: u64) -> Self {
+        SimParams {
+            seed: 1,
+            nodes: 3,
+            slot_groups: 3,
+            channel_replicas: 3,
+            min_isr: 2,
+            channels: channels.max(1),
+            safety_ms: load_ms,
+            liveness_ms: 2_000,
+            loss_ppm: 0,
+            dup_ppm: 0,
+            delay_max_ms: 1,
+            disk_delay_max_ms: 1,
+            crash_ppm: 0,
+            restart_ms: 0,
+            partition_ppm: 0,
+            partition_ms: 0,
+            io_error_ppm: 0,
+            request_ppm: 1_000_000,
+            metadata_workload: false,
+            leader_transfers: false,
+            hw_notify_delay_ms: default_hw_notify_delay_ms(),
+            idle_evict_ms: 0,
+            reactors: 1,
+            rebalance_leaders_ms: 0,
+            retention_moves: false,
+            tight_limits: false,
+            hurried_timings: false,
+            clock_skew: false,
+            unsafe_lying_disk: false,
+            unsafe_unchecked_senders: false,
+        }
+    }
+}
+
 impl fmt::Display for SimParams {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

@@ -149,6 +149,21 @@ fn the_same_seed_gives_the_same_trace() {
     assert_ne!(first.trace_hash, run_seed(seed + 1).trace_hash);
 }
 
+/// The cost run (`tidings-sim --cost`) measures builds against each other only if it is the same run
+/// every time and a fault-free one: it must pass, take appends on every channel's behalf, inject
+/// nothing, and repeat itself exactly.
+#[test]
+fn the_steady_cost_run_is_fault_free_and_repeats_itself() {
+    let params = SimParams::steady(8, 2_000);
+    let first = run(params.clone());
+    assert_passes(&first);
+    assert!(first.acked > 500, "{} appends acknowledged", first.acked);
+    assert_eq!(first.faults.crashes + first.faults.partitions + first.faults.io_errors + first.faults.lost, 0);
+    assert_eq!(first.faults.transfers + first.faults.retention_moves, 0);
+    let second = run(params);
+    assert_eq!((first.trace_hash, first.acked), (second.trace_hash, second.acked));
+}
+
 /// `true` if one of the first 16 seeds run with the unsafe switch `unsafe` reports a violation naming
 /// `what` (an invariant that could never fail would never be reported).
 fn caught(unsafe_switch: impl Fn(&mut SimParams), what: &str) -> bool {
