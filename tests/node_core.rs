@@ -549,3 +549,53 @@ fn more_busy_channels_than_room_for_active_replicas_all_commit() {
         assert!(cluster.core(n).status().channels.len() <= 2, "node {n} holds more active replicas than its room");
     }
 }
+
+/// A node with room for one active leader (`active_channels_max` 2: an eighth of the room, at least one
+/// place, is kept for followers) leads two channels, both under load that never lets either drain on
+/// its own. The leader holding the place must hand it over in turn: each channel keeps committing.
+#[test]
+fn two_busy_channels_sharing_one_leaders_place_both_keep_committing() {
+    let mut cluster = Cluster::with(3, |c| {
+        c.active_channels_max = 2;
+        c.reactors = 1;
+    });
+    cluster.run_for(3_000);
+    let leader = |cluster: &mut Cluster, room: &ChannelId| {
+        cluster.core(1).reader().runtime_meta(room).ok().flatten().map_or(0, |m| m.leader.get())
+    };
+    let mut led_by_1 = Vec::new();
+    for i in 0..40 {
+        let room = ChannelId::new(ChannelType::GROUP, &format!("pair-{i}")).unwrap();
+        cluster.create_channel(1, &room);
+        cluster.run_for(50);
+        if leader(&mut cluster, &room) == 1 {
+            led_by_1.push(room);
+        }
+        if led_by_1.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(led_by_1.len(), 2, "two of the channels created are led by node 1");
+    // Several appends in flight on each channel at every step: neither is ever quiescent by itself.
+    let mut committed = [0usize, 0];
+    let mut sent: Vec<(usize, ApiId)> = Vec::new();
+    for step in 0..1_000 {
+        for (i, room) in led_by_1.iter().enumerate() {
+            for _ in 0..4 {
+                sent.push((i, cluster.append(1, room, &["load"])));
+            }
+        }
+        cluster.run_for(10);
+        if step == 500 {
+            // Count only what commits in the second half, once the hand-over has had its chances.
+            sent.retain(|(_, id)| !cluster.appended.contains_key(id));
+        }
+    }
+    cluster.run_for(2_000);
+    for (i, id) in &sent {
+        if cluster.appended.contains_key(id) {
+            committed[*i] += 1;
+        }
+    }
+    assert!(committed.iter().all(|c| *c > 0), "appends committed in the second half, by channel: {committed:?}");
+}
