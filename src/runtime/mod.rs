@@ -319,14 +319,23 @@ impl Node {
 
     /// Hands a peer's channel messages to their reactors, in order, one mailbox message per reactor.
     fn to_reactors(&self, from: NodeId, messages: Vec<ChannelMessage>) {
+        if let [reactor] = self.reactors.as_slice() {
+            // One reactor takes the frame's messages as they came: nothing to split.
+            return self.offer(reactor, from, messages);
+        }
         let mut per_reactor: Vec<Vec<ChannelMessage>> = self.reactors.iter().map(|_| Vec::new()).collect();
         for message in messages {
             per_reactor[shard_of(message.channel(), self.reactors.len())].push(message);
         }
         for (reactor, messages) in self.reactors.iter().zip(per_reactor).filter(|(_, m)| !m.is_empty()) {
-            if reactor.try_send(ReactorInput::Messages { from, messages }).is_err() {
-                self.dropped_frames.fetch_add(1, Ordering::Relaxed);
-            }
+            self.offer(reactor, from, messages);
+        }
+    }
+
+    /// Puts one reactor's share of a peer frame in its mailbox; a full mailbox drops it (counted).
+    fn offer(&self, reactor: &Sender<ReactorInput>, from: NodeId, messages: Vec<ChannelMessage>) {
+        if reactor.try_send(ReactorInput::Messages { from, messages }).is_err() {
+            self.dropped_frames.fetch_add(1, Ordering::Relaxed);
         }
     }
 
