@@ -9,7 +9,7 @@
 //! `-- --cost N [--load-ms MS]` runs the fault-free steady load of `SimParams::steady` over N channels
 //! (10 virtual seconds by default) and prints its report: run it under
 //! `valgrind --tool=callgrind` and divide the instructions by the appends acknowledged to compare
-//! two builds' cost per append exactly.
+//! two builds' cost per append (to within the ~1% the compiler's inlining moves between builds).
 #![allow(clippy::disallowed_methods)] // The command-line tool reads the clock to report speed.
 
 use std::time::Instant;

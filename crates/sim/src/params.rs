@@ -169,8 +169,9 @@ impl SimParams {
     /// MinISR 2, no faults of any kind, no metadata or operator workload, a client request every
     /// millisecond for `load_ms`. Being a simulation, two runs of one build are the same run (their
     /// trace hashes agree), so the instructions it takes under callgrind, divided by its acknowledged
-    /// appends, compare two builds exactly: what the bench's wall-clock figures, on a shared machine,
-    /// cannot do for a change of a few percent.
+    /// appends, compare two builds that run it alike to within what the compiler's inlining moves
+    /// between them (about 1% for an unrelated change): what the bench's wall-clock figures, on a
+    /// shared machine, cannot do for a change of a few percent.
     pub fn steady(channels: usize, load_ms: u64) -> Self {
         SimParams {
             seed: 1,
