@@ -293,11 +293,6 @@ impl ChannelShard {
         // Counted only when the shard holds that many replicas at all (O(active)).
         let leaders_full = || self.channels.len() >= leaders_max && self.leaders_active() >= leaders_max;
         let no_room_to_lead = leads && leaders_full() && !self.evict_one_leader();
-        if no_room_to_lead {
-            // Busy leaders hold every place: without a hand-over, the one holding it keeps it for as
-            // long as its appends keep coming.
-            self.yield_a_leaders_place(&channel);
-        }
         if no_room_to_lead || (self.channels.len() >= self.active_max && !self.evict_one()) {
             self.counters.refused_activations += 1;
             self.activate_later(&channel, super::lifecycle::REFUSED_ACTIVATION_TRIES);

@@ -156,12 +156,6 @@ impl ChannelShard {
                 return;
             }
         }
-        if self.yielding.as_ref().is_some_and(|yielding| &yielding.leader == channel) {
-            // Its place goes to a leader that waits for one: refused as that leader's calls are while
-            // it waits, and sent again once both have had their turn.
-            self.fail_call(origin, kind, RemoteAppendError::TooManyChannels);
-            return;
-        }
         let request = self.next_id();
         let Some(machine) = self.channels.get_used(channel, now) else {
             let full = self.loading.len() >= self.active_max;

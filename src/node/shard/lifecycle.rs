@@ -13,23 +13,6 @@ use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Time};
 /// Eviction scans (one a second) at which a replica named leader while inactive is activated again
 /// until it is: its leadership has work no other input may prompt.
 const LEADER_START_TRIES: u8 = 60;
-/// A leader handing its place over to a leader that waits for one (see
-/// [`ChannelShard::yield_a_leaders_place`]).
-#[derive(Debug)]
-pub(super) struct Yielding {
-    /// The leader that takes no new call until it drains, then leaves memory.
-    pub(super) leader: ChannelId,
-    /// The leader whose activation waits for the place: activated as soon as it is free.
-    to: ChannelId,
-    /// When the hand-over began.
-    since: Time,
-}
-
-/// How long a leader that took a handed-over place keeps it before it may be asked to hand it over.
-const LEADER_TENURE: std::time::Duration = std::time::Duration::from_secs(2);
-/// How long a leader may take to hand its place over (see `ChannelShard::yield_a_leaders_place`)
-/// before the hand-over passes to another leader.
-const YIELD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Eviction scans at which an activation refused for want of room is tried again.
 pub(super) const REFUSED_ACTIVATION_TRIES: u8 = 5;
 
@@ -229,51 +212,6 @@ impl ChannelShard {
         self.evict_least_recent(|m| m.role() == RoleKind::Leader && m.is_quiescent()).is_some()
     }
 
-    /// A leader's activation for `waiting` found no leader's place to take: has the least recently used
-    /// active leader hand its place over (it takes no new call until it drains, then leaves at the next
-    /// eviction scan), unless another is handing one over already. A hand-over that did not end within
-    /// `YIELD_PATIENCE` (a leader whose followers are gone cannot drain) passes to another leader.
-    pub(super) fn yield_a_leaders_place(&mut self, waiting: &ChannelId) {
-        if self.handed_over_at.is_some_and(|at| at + LEADER_TENURE > self.now) {
-            // The place just changed hands: its new leader serves a while first, else every hand-over
-            // would start the next at once and the place would spend its time draining.
-            return;
-        }
-        let stale = match &self.yielding {
-            Some(yielding) if self.channels.contains(&yielding.leader) => {
-                if yielding.since + YIELD_PATIENCE > self.now {
-                    return;
-                }
-                Some(yielding.leader.clone())
-            }
-            _ => None,
-        };
-        let victim = self
-            .channels
-            .iter()
-            .filter(|(c, m)| m.role() == RoleKind::Leader && *c != waiting && stale.as_ref() != Some(*c))
-            .min_by_key(|(c, _)| (self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
-            .map(|(c, _)| c.clone());
-        self.yielding = victim.map(|leader| Yielding { leader, to: waiting.clone(), since: self.now });
-    }
-
-    /// Once the leader handing its place over is quiescent (its calls drained), evicts it and starts the
-    /// activation that waited for the place; lets the hand-over go if the replica stopped leading.
-    /// Checked at every tick: the place is idle meanwhile.
-    pub(super) fn evict_yielded(&mut self) {
-        let Some(yielding) = &self.yielding else { return };
-        let leader = yielding.leader.clone();
-        match self.channels.get(&leader) {
-            Some(machine) if machine.role() == RoleKind::Leader && !machine.is_quiescent() => {}
-            Some(machine) if machine.role() == RoleKind::Leader => {
-                let to = yielding.to.clone();
-                self.evict(&leader);
-                self.activate(&to);
-            }
-            _ => self.yielding = None,
-        }
-    }
-
     /// Active leaders (counted at the cap only: O(active)).
     pub(super) fn leaders_active(&self) -> usize {
         self.channels.iter().filter(|(_, m)| m.role() == RoleKind::Leader).count()
@@ -323,12 +261,6 @@ impl ChannelShard {
     /// incarnation from the store.
     pub(super) fn deactivate(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
         let mut machine = self.channels.remove(channel)?;
-        if self.yielding.as_ref().is_some_and(|y| &y.leader == channel) {
-            // Its place is handed over, whichever way it left (evicted once drained, or as a quiescent
-            // leader to make room): the leader that takes it serves its tenure.
-            self.yielding = None;
-            self.handed_over_at = Some(self.now);
-        }
         // What it asked for and was not drained yet goes out first: a replica is quiescent by its state,
         // and one taken out between an input and the next drain dropped that input's effects — a
         // retention move ended by the leadership's end was never answered (sim seed 222001593).

@@ -22,7 +22,6 @@ pub use activation::ActivationLoad;
 use activation::Loaded;
 use calls::{CallKind, TakenForwards};
 pub(crate) use calls::{CallOutcome, LeaderCall};
-use lifecycle::Yielding;
 pub use lookups::{Lookup, LookupAnswer};
 pub use reads::ReadPlan;
 pub use senders::SenderCheck;
@@ -317,14 +316,6 @@ pub(crate) struct ChannelShard {
     /// again what its predecessor handed over — that no other input may come to prompt). At most
     /// `active_max` entries.
     to_activate: BTreeMap<ChannelId, u8>,
-    /// A leader handing its place over: a leader's activation found every leader's place taken by
-    /// leaders none of which is quiescent, so this one (the least recently used) takes no new call
-    /// until it drains, and leaves memory at the first tick that finds it quiescent (see
-    /// `lifecycle::yield_a_leaders_place`). One at a time.
-    yielding: Option<Yielding>,
-    /// When the last hand-over ended: the leader that took the place keeps it a while
-    /// (`LEADER_TENURE`) before it may be asked to hand it over in turn.
-    handed_over_at: Option<Time>,
     /// HW and fanout progress of replicas taken out of memory before they were quiescent (a storage
     /// failure, a follower rebuilt to lead): their next incarnation keeps both.
     carried_over: BTreeMap<ChannelId, (Seq, Seq)>,
@@ -377,8 +368,6 @@ impl ChannelShard {
             forward_deadlines: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
             to_activate: BTreeMap::new(),
-            yielding: None,
-            handed_over_at: None,
             carried_over: BTreeMap::new(),
             pulls_in_flight: FxHashMap::default(),
             pulls_in_flight_order: VecDeque::new(),
@@ -498,7 +487,6 @@ impl ChannelShard {
             }
         }
         self.request_failovers();
-        self.evict_yielded();
         if self.now >= self.next_evict_scan {
             self.next_evict_scan = self.now + EVICT_SCAN_INTERVAL;
             self.evict_idle();
