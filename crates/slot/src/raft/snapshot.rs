@@ -114,7 +114,14 @@ struct Partial {
     chunks: Vec<Option<Vec<u8>>>,
     bytes: usize,
     started: Time,
+    /// When its last chunk came.
+    touched: Time,
 }
+
+/// A partial message that took no chunk for this long is given up for any other transfer of its
+/// sender, older-numbered or not: a sender that restarted numbers its transfers from 1 again, and
+/// the chunks of an old transfer that arrive late come within a network delay of each other.
+const PARTIAL_IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One received chunk of a message.
 pub(crate) struct Chunk {
@@ -144,7 +151,12 @@ impl Reassembly {
         let index = usize::try_from(index).ok().filter(|i| *i < count)?;
         let key = (from, group);
         let fresh = match self.partials.get(&key) {
-            Some((current, _)) => transfer > *current,
+            // A sender restarted mid-transfer numbers its next ones from 1 again; were only higher
+            // numbers taken, every later snapshot from it would be dropped here (sim seed 238002204:
+            // a learner never caught up once healed).
+            Some((current, partial)) => {
+                transfer > *current || (transfer != *current && partial.touched + PARTIAL_IDLE_MAX <= now)
+            }
             None => true,
         };
         if fresh {
@@ -153,13 +165,14 @@ impl Reassembly {
                 let oldest = self.partials.iter().min_by_key(|(_, (_, p))| p.started).map(|(k, _)| *k)?;
                 self.partials.remove(&oldest);
             }
-            let partial = Partial { chunks: vec![None; count], bytes: 0, started: now };
+            let partial = Partial { chunks: vec![None; count], bytes: 0, started: now, touched: now };
             self.partials.insert(key, (transfer, partial));
         }
         let (current, partial) = self.partials.get_mut(&key)?;
         if *current != transfer || partial.chunks.len() != count {
             return None;
         }
+        partial.touched = now;
         if partial.chunks[index].is_none() {
             partial.bytes += bytes.len();
             if partial.bytes > self.bytes_max {
@@ -191,5 +204,22 @@ mod tests {
         assert_eq!(r.add(Time::ZERO, n, g, chunk(2, 0, 2, vec![0; 8])), None);
         assert_eq!(r.add(Time::ZERO, n, g, chunk(2, 1, 2, vec![0; 8])), None, "over the byte bound: dropped");
         assert_eq!(r.add(Time::ZERO, n, g, chunk(3, 5, 2, vec![1])), None, "index out of range");
+    }
+
+    #[test]
+    fn a_sender_that_restarted_mid_transfer_is_heard_again_once_its_old_transfer_went_idle() {
+        let mut r = Reassembly::new(100, 2);
+        let (n, g) = (NodeId::new(1), GroupId::new(1));
+        let chunk = |transfer, index, count, bytes| Chunk { transfer, index, count, bytes };
+        let at = Time::from_millis;
+        // Transfer 40 loses its last chunk: its sender crashed.
+        assert_eq!(r.add(at(0), n, g, chunk(40, 0, 2, vec![1])), None);
+        // A late chunk of an older transfer while 40 is still arriving is dropped.
+        assert_eq!(r.add(at(10), n, g, chunk(39, 0, 1, vec![9])), None, "older transfer while the newer is live");
+        // Restarted, the sender numbers from 1 again: taken once 40 took nothing for a while.
+        assert_eq!(r.add(at(500), n, g, chunk(1, 0, 1, vec![7])), None, "40 still counts as live");
+        assert_eq!(r.add(at(1_010), n, g, chunk(1, 0, 1, vec![7])), Some(vec![7]));
+        assert_eq!(r.add(at(1_020), n, g, chunk(2, 1, 2, vec![8])), None);
+        assert_eq!(r.add(at(1_030), n, g, chunk(2, 0, 2, vec![6])), Some(vec![6, 8]));
     }
 }
