@@ -60,6 +60,19 @@ fn settle(machine: &mut ChannelMachine, log: &MemoryLog, now: Time) -> Vec<Effec
     others
 }
 
+/// A pull (id 1, no byte limit to speak of) from a replica under `leader_epoch`, asking from `next_seq`
+/// with `last_epoch` as the epoch of its last record.
+fn pull(leader_epoch: u64, next_seq: u64, last_epoch: u64) -> ChannelMessage {
+    ChannelMessage::Pull(PullRequest {
+        channel: channel(),
+        pull_id: 1,
+        leader_epoch: LeaderEpoch::new(leader_epoch),
+        next_seq: Seq::new(next_seq),
+        last_epoch: LeaderEpoch::new(last_epoch),
+        max_bytes: 1 << 20,
+    })
+}
+
 fn request(id: u64, payloads: &[&str]) -> AppendRequest {
     AppendRequest {
         id: RequestId(id),
@@ -125,15 +138,7 @@ fn leader_storage_failure_aborts_pending_appends_and_stops_leading() {
     let log = MemoryLog::new(LogLimits::default());
     m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
     // Node 2 pulls once so admission sees two live ISR members.
-    let pull = PullRequest {
-        channel: channel(),
-        pull_id: 1,
-        leader_epoch: LeaderEpoch::new(1),
-        next_seq: Seq::new(1),
-        last_epoch: LeaderEpoch::new(0),
-        max_bytes: 1 << 20,
-    };
-    m.handle_message(t(1), NodeId::new(2), ChannelMessage::Pull(pull));
+    m.handle_message(t(1), NodeId::new(2), pull(1, 1, 0));
     settle(&mut m, &log, t(1));
     m.handle_append(t(2), request(9, &["a"])).unwrap();
     let persist = std::iter::from_fn(|| m.poll_effect()).find(|e| matches!(e, Effect::Persist { .. }));
@@ -197,15 +202,7 @@ fn pulls_from_nodes_outside_the_replica_set_are_ignored() {
     let log = MemoryLog::new(LogLimits::default());
     m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
     settle(&mut m, &log, t(1));
-    let pull = PullRequest {
-        channel: channel(),
-        pull_id: 1,
-        leader_epoch: LeaderEpoch::new(1),
-        next_seq: Seq::new(1),
-        last_epoch: LeaderEpoch::new(0),
-        max_bytes: 1 << 20,
-    };
-    m.handle_message(t(2), NodeId::new(42), ChannelMessage::Pull(pull));
+    m.handle_message(t(2), NodeId::new(42), pull(1, 1, 0));
     assert!(settle(&mut m, &log, t(2)).is_empty());
 }
 
@@ -460,15 +457,7 @@ fn answer_to_pull(
     next_seq: u64,
     last_epoch: u64,
 ) -> Option<tidings_channel::machine::PullBody> {
-    let pull = PullRequest {
-        channel: channel(),
-        pull_id: 1,
-        leader_epoch: LeaderEpoch::new(3),
-        next_seq: Seq::new(next_seq),
-        last_epoch: LeaderEpoch::new(last_epoch),
-        max_bytes: 1 << 20,
-    };
-    m.handle_message(t(2), NodeId::new(2), ChannelMessage::Pull(pull));
+    m.handle_message(t(2), NodeId::new(2), pull(3, next_seq, last_epoch));
     let mut effects = settle(m, log, t(2));
     // Records older than the machine's cache come from a store read.
     if let Some((token, from, through, max_bytes)) = effects.iter().find_map(|e| match e {
@@ -603,15 +592,7 @@ fn a_follower_silent_since_just_after_a_wake_up_is_told_at_the_next() {
     m.handle_append(t(3_000), request(1, &["a"])).unwrap();
     assert!(hinted(&settle(&mut m, &log, t(3_000))), "told as the append comes");
     // It pulls once, 50 ms after the hint, and is not heard from again.
-    let pull = PullRequest {
-        channel: channel(),
-        pull_id: 1,
-        leader_epoch: LeaderEpoch::new(1),
-        next_seq: Seq::new(1),
-        last_epoch: LeaderEpoch::new(0),
-        max_bytes: 1 << 20,
-    };
-    m.handle_message(t(3_050), NodeId::new(2), ChannelMessage::Pull(pull));
+    m.handle_message(t(3_050), NodeId::new(2), pull(1, 1, 0));
     settle(&mut m, &log, t(3_050));
     m.handle_timeout(t(4_000));
     settle(&mut m, &log, t(4_000));
