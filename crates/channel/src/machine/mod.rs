@@ -495,8 +495,26 @@ impl ChannelMachine {
     /// Moves every pending effect to the end of `out`, in order (what [`ChannelMachine::poll_effect`]
     /// would return one by one, moved in bulk), and frees the machine's buffer as `poll_effect` does.
     pub fn drain_effects(&mut self, out: &mut Vec<Effect>) {
+        drop(self.drain_effects_returning_buffer(out));
+    }
+
+    /// Like [`ChannelMachine::drain_effects`], and returns the emptied effect buffer (the machine keeps
+    /// none), for [`ChannelMachine::lend_effect_buffer`] to pass on to the next machine.
+    pub fn drain_effects_returning_buffer(&mut self, out: &mut Vec<Effect>) -> VecDeque<Effect> {
         out.extend(self.effects.drain(..));
-        self.effects = VecDeque::new();
+        std::mem::take(&mut self.effects)
+    }
+
+    /// Gives the machine an empty buffer to push its next effects into, if it holds none. A runtime
+    /// that drains many machines passes one machine's emptied buffer on to the next instead of each
+    /// input allocating a buffer and each drain freeing it. Returns the buffer when it is not taken.
+    pub fn lend_effect_buffer(&mut self, buffer: VecDeque<Effect>) -> Option<VecDeque<Effect>> {
+        if self.effects.capacity() == 0 && buffer.is_empty() {
+            self.effects = buffer;
+            None
+        } else {
+            Some(buffer)
+        }
     }
 
     /// Room the effect buffer holds (tests: a drained machine holds none).
@@ -727,7 +745,9 @@ impl ChannelMachine {
             .standalone_checkpoint_wanted()
             .then(|| self.log.checkpoint_at.unwrap_or_else(|| checkpoint_due_at(last, now)));
         let mut ops = Vec::new();
-        let mut records: Vec<Record> = Vec::new();
+        // Sized once (most batches are the records waiting, up to the limit); no allocation when none waits.
+        let mut records: Vec<Record> =
+            Vec::with_capacity(self.log.unpersisted.len().min(self.config.persist_records_max));
         let mut bytes = 0usize;
         while let Some(op) = self.log.unpersisted.front() {
             match op {
@@ -756,9 +776,12 @@ impl ChannelMachine {
             }
         }
         flush_records(&mut ops, &mut records);
-        let mut next = self.log.durable.clone();
+        // The state after the batch, copied from the durable one only once the batch holds an operation:
+        // most calls find nothing to write, and the copy allocates (the epoch list).
+        let mut next: Option<ChannelLogState> = None;
         for op in &ops {
-            if next.apply(&self.channel, op).is_err() {
+            let state = next.get_or_insert_with(|| self.log.durable.clone());
+            if state.apply(&self.channel, op).is_err() {
                 // The machine only builds operations its own log accepts: reaching this is a bug, and the
                 // safe reaction is to stop writing.
                 debug_assert!(false, "machine built an operation its log refuses: {op:?}");
@@ -767,9 +790,8 @@ impl ChannelMachine {
             }
         }
         self.append_bookkeeping_ops(&mut ops, &mut next);
-        if ops.is_empty() {
-            return;
-        }
+        // Every operation in `ops` was applied to `next`, so `next` is set whenever `ops` is not empty.
+        let Some(next) = next.filter(|_| !ops.is_empty()) else { return };
         let token =
             PersistToken { incarnation: self.incarnation, generation: self.generation, id: self.log.next_persist_id };
         self.log.next_persist_id += 1;
@@ -784,30 +806,35 @@ impl ChannelMachine {
         self.effects.push_back(Effect::Persist { token, batch: LogBatch::new(self.channel.clone(), ops) });
     }
 
-    /// Adds an HW checkpoint and a retention move to a batch when they are due.
-    fn append_bookkeeping_ops(&mut self, ops: &mut Vec<LogOp>, next: &mut ChannelLogState) {
-        let checkpoint = self.log.hw.min(next.last_seq);
+    /// Adds an HW checkpoint and a retention move to a batch when they are due. `next` is the state after
+    /// the batch's operations, `None` while it equals the durable state (copied once an operation is added).
+    fn append_bookkeeping_ops(&mut self, ops: &mut Vec<LogOp>, next: &mut Option<ChannelLogState>) {
+        fn state<'a>(next: &'a Option<ChannelLogState>, durable: &'a ChannelLogState) -> &'a ChannelLogState {
+            next.as_ref().unwrap_or(durable)
+        }
+        let base = state(next, &self.log.durable);
+        let checkpoint = self.log.hw.min(base.last_seq);
         // A retention move waits for nothing: the store takes one only up to its checkpointed HW.
-        let retention_wanted = self.meta.as_ref().is_some_and(|m| m.retention_through > next.retention_through);
+        let retention_wanted = self.meta.as_ref().is_some_and(|m| m.retention_through > base.retention_through);
         let due = !ops.is_empty() || retention_wanted || self.log.checkpoint_at.is_some_and(|at| self.now >= at);
-        if checkpoint > next.hw && due {
+        if checkpoint > base.hw && due {
             let op = LogOp::CheckpointHw(checkpoint);
-            if next.apply(&self.channel, &op).is_ok() {
+            if next.get_or_insert_with(|| self.log.durable.clone()).apply(&self.channel, &op).is_ok() {
                 ops.push(op);
                 self.log.checkpoint_at = None;
             }
         }
-        if let Some(target) = self.retention_target(next) {
+        if let Some(target) = self.retention_target(state(next, &self.log.durable)) {
             let op = LogOp::SetRetention(target);
-            if next.apply(&self.channel, &op).is_ok() {
+            if next.get_or_insert_with(|| self.log.durable.clone()).apply(&self.channel, &op).is_ok() {
                 ops.push(op);
             }
         }
         // Fanout's progress rides with any write; a leader's is due on its own like an HW checkpoint.
-        let fanned = self.fanned_through().min(next.hw);
-        if fanned > next.fanned_through && (!ops.is_empty() || due) {
+        let fanned = self.fanned_through().min(state(next, &self.log.durable).hw);
+        if fanned > state(next, &self.log.durable).fanned_through && (!ops.is_empty() || due) {
             let op = LogOp::CheckpointFanned(fanned);
-            if next.apply(&self.channel, &op).is_ok() {
+            if next.get_or_insert_with(|| self.log.durable.clone()).apply(&self.channel, &op).is_ok() {
                 ops.push(op);
                 self.log.checkpoint_at = None;
             }
@@ -817,6 +844,10 @@ impl ChannelMachine {
     /// Physical retention moves only at or below HW, the checkpointed HW, and (leader) the lowest ISR match.
     fn retention_target(&self, next: &ChannelLogState) -> Option<Seq> {
         let wanted = self.meta.as_ref()?.retention_through;
+        if wanted <= next.retention_through {
+            // The target is at most `wanted`: nothing to move (and no ISR walk on every batch).
+            return None;
+        }
         let mut target = wanted.min(next.hw).min(self.log.hw);
         if let Role::Leader(leader) = &self.role {
             let own = self.log.consistent_durable_end().min(next.last_seq);

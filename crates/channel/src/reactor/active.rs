@@ -14,12 +14,18 @@
 use crate::machine::{ChannelMachine, Effect};
 use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use tidings_types::{ChannelId, Time};
 
 pub use tidings_store::shrink_if_sparse;
 
 use super::warm::WARM_RUN;
+
+/// Most emptied effect buffers kept to lend to replicas put on the drain list (see
+/// [`ChannelMachine::lend_effect_buffer`]): about one drain's worth.
+const SPARE_BUFFERS_MAX: usize = 256;
+/// Largest buffer (in effects) kept for lending; a larger one, left by a burst, is given back.
+const SPARE_BUFFER_EFFECTS_MAX: usize = 16;
 
 /// One replica in memory.
 struct Active {
@@ -59,6 +65,9 @@ pub struct ActiveChannels {
     /// Drains left before the next run of the drain list is touched (see [`ActiveChannels::drain_next`]);
     /// 0 at the start of each drain.
     drain_warmed: usize,
+    /// Emptied effect buffers, lent to replicas as they go on the drain list and taken back when they are
+    /// drained: an input then costs no allocation for its effects (at most [`SPARE_BUFFERS_MAX`]).
+    spare: Vec<VecDeque<Effect>>,
 }
 
 impl ActiveChannels {
@@ -92,11 +101,14 @@ impl ActiveChannels {
         self.slot(channel).map(|a| &*a.machine)
     }
 
-    /// Puts `slot`'s replica on the drain list unless it is on it.
-    fn mark(dirty: &mut Vec<u32>, slot: u32, active: &mut Active) {
+    /// Puts `slot`'s replica on the drain list unless it is on it, lending it a spare effect buffer.
+    fn mark(dirty: &mut Vec<u32>, spare: &mut Vec<VecDeque<Effect>>, slot: u32, active: &mut Active) {
         if !active.dirty {
             active.dirty = true;
             dirty.push(slot);
+            if let Some(refused) = spare.pop().and_then(|buffer| active.machine.lend_effect_buffer(buffer)) {
+                spare.push(refused);
+            }
         }
     }
 
@@ -105,7 +117,7 @@ impl ActiveChannels {
     pub fn get_marked(&mut self, channel: &ChannelId) -> Option<&mut ChannelMachine> {
         let &slot = self.index.get(channel)?;
         let active = self.slots[slot as usize].as_mut()?;
-        Self::mark(&mut self.dirty, slot, active);
+        Self::mark(&mut self.dirty, &mut self.spare, slot, active);
         Some(&mut active.machine)
     }
 
@@ -115,7 +127,7 @@ impl ActiveChannels {
         let &slot = self.index.get(channel)?;
         let active = self.slots[slot as usize].as_mut()?;
         active.last_used = now;
-        Self::mark(&mut self.dirty, slot, active);
+        Self::mark(&mut self.dirty, &mut self.spare, slot, active);
         Some(&mut active.machine)
     }
 
@@ -143,7 +155,13 @@ impl ActiveChannels {
         while let Some(slot) = self.dirty.pop() {
             let Some(active) = self.slots[slot as usize].as_mut().filter(|a| a.dirty) else { continue };
             active.dirty = false;
-            active.machine.drain_effects(effects);
+            let buffer = active.machine.drain_effects_returning_buffer(effects);
+            if buffer.capacity() > 0
+                && buffer.capacity() <= SPARE_BUFFER_EFFECTS_MAX
+                && self.spare.len() < SPARE_BUFFERS_MAX
+            {
+                self.spare.push(buffer);
+            }
             let channel = active.channel.clone();
             self.refile(slot);
             return Some(channel);
@@ -270,7 +288,7 @@ impl ActiveChannels {
                 self.forget_outdated();
                 continue;
             }
-            Self::mark(&mut self.dirty, filed.slot, active);
+            Self::mark(&mut self.dirty, &mut self.spare, filed.slot, active);
             let channel = active.channel.clone();
             self.forget_outdated();
             return Some(channel);
@@ -440,6 +458,31 @@ mod tests {
         assert_eq!(fired, deadlines.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>(), "in time order, once each");
         assert!(active.timers.is_empty(), "fired timers are unfiled");
         assert_eq!(drain(&mut active).0.len(), 3, "fired replicas are on the drain list");
+    }
+
+    #[test]
+    fn effect_buffers_pass_from_drained_replicas_to_marked_ones_and_none_stays_with_a_drained_one() {
+        let mut active = ActiveChannels::default();
+        let (a, machine_a) = follower("a", 0);
+        let (b, machine_b) = follower("b", 0);
+        active.insert(a.clone(), machine_a, Time::ZERO);
+        active.insert(b.clone(), machine_b, Time::ZERO);
+        let _ = drain(&mut active);
+        assert!(active.spare.is_empty(), "replicas drained with no effects hand back no buffer");
+        // a's pull resend: an effect pushed into a buffer a's machine allocates itself.
+        let resend = active.get(&a).and_then(ChannelMachine::poll_timeout).expect("a waits for its pull");
+        active.get_marked(&a).expect("a is active").handle_timeout(resend);
+        let (_, sent) = drain(&mut active);
+        assert_eq!(sent.len(), 1, "a sent its pull again");
+        assert_eq!(active.get(&a).expect("a").effects_capacity(), 0, "a drained replica keeps no effect buffer");
+        assert_eq!(active.spare.len(), 1, "its emptied buffer is kept to lend");
+        let lent = active.spare[0].capacity();
+        active.get_marked(&b).expect("b is active");
+        assert_eq!(active.get(&b).expect("b").effects_capacity(), lent, "b, put on the drain list, holds it");
+        assert!(active.spare.is_empty());
+        let _ = drain(&mut active);
+        assert_eq!(active.get(&b).expect("b").effects_capacity(), 0);
+        assert_eq!(active.spare.len(), 1, "b's drain hands the buffer back");
     }
 
     #[test]
