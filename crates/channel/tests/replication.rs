@@ -243,6 +243,38 @@ fn lagging_follower_is_shrunk_out_of_the_isr_never_below_min_isr() {
 }
 
 #[test]
+fn a_leader_that_missed_its_committed_shrink_counts_hw_under_every_isr_it_proposed() {
+    // Sim seed 241005257: a leader proposed dropping node 3, the slot layer took it (v2: ISR [1, 2]) and
+    // the answer never reached the leader. Later, with node 2 cut off and node 3 back, it proposed
+    // dropping node 2 from the old version. Counting HW under that last proposal alone, it committed
+    // records that node 2 — half of the ISR in force — never had.
+    let mut cluster = Cluster::new(41, 3, 2, quiet(), config());
+    cluster.run_for(100);
+    cluster.meta_unheard.insert(node(1));
+    cluster.isolate(node(3), &[node(1), node(2)]);
+    for i in 0..40 {
+        let payload = format!("a{i}");
+        cluster.append(node(1), &[payload.as_str()], &[]).unwrap();
+        cluster.run_for(100);
+    }
+    assert_eq!(cluster.meta.isr, vec![node(1), node(2)], "node 3 shrunk out in the meta in force");
+    assert_eq!(cluster.machine(node(1)).meta().map(|m| m.version), Some(1), "the leader never heard it");
+    cluster.blocked.clear();
+    cluster.isolate(node(2), &[node(1), node(3)]);
+    let node_2_holds = cluster.machine(node(2)).durable_last();
+    for i in 0..60 {
+        let payload = format!("b{i}");
+        let _ = cluster.append(node(1), &[payload.as_str()], &[]);
+        cluster.run_for(100);
+    }
+    assert!(cluster.machine(node(3)).durable_last() > node_2_holds, "node 3 took records while node 2 was cut off");
+    // With ISR [1, 2] in force and MinISR 2, nothing past what node 2 holds is committed.
+    let hw = cluster.machine(node(1)).hw();
+    assert!(hw <= node_2_holds, "leader HW {hw:?} past node 2's {node_2_holds:?}\n{}", cluster.trace.join("\n"));
+    cluster.check_invariants();
+}
+
+#[test]
 fn a_replica_is_quiescent_only_once_its_hw_is_checkpointed() {
     // An evicted replica comes back from its checkpoint: evicting it with a newer HW in memory would have
     // its HW go back (the simulator saw it once replicas were evicted within a second of a commit).

@@ -69,10 +69,14 @@ pub(super) struct LeaderState {
     reported: Seq,
     /// A meta change proposed and not yet answered: (when, version it was based on).
     pub(super) proposal: Option<(Time, u64)>,
-    /// An ISR this leader proposed, with the meta version it was based on, until a newer meta is in force.
-    /// HW counts under it too: a shrink that commits late must not find committed records on fewer than
-    /// MinISR of the ISR it leaves (a failover's evidence quorum relies on that).
-    pending_isr: Option<(u64, Vec<NodeId>)>,
+    /// Every ISR this leader proposed from the meta version in force, until a newer meta is (at most
+    /// [`PENDING_ISRS_MAX`]). HW counts under each of them too: a shrink that commits late must not find
+    /// committed records on fewer than MinISR of the ISR it leaves (a failover's evidence quorum relies
+    /// on that). All of them, not only the last: proposals from one version race for one
+    /// compare-and-set, so at most one commits — but an earlier one whose answer was lost may be the one
+    /// (sim seed 241005257: a shrink committed unheard, the leader proposed another from the old version,
+    /// counted HW under that one alone, and committed records only one member of the ISR in force had).
+    pending_isrs: Vec<(u64, Vec<NodeId>)>,
     became_at: Time,
     /// When silent ISR members were last woken by an append that could not be admitted.
     woken_at: Option<Time>,
@@ -81,6 +85,11 @@ pub(super) struct LeaderState {
     /// Retention moves admitted and not yet seen in force, oldest first.
     pub(super) retention_waits: VecDeque<RetentionWait>,
 }
+
+/// Most ISRs a leader keeps proposed from one meta version (see `LeaderState::pending_isrs`): each
+/// unanswered proposal counts until a newer meta is in force, and a leader that cannot learn one stops
+/// proposing rather than keep more.
+const PENDING_ISRS_MAX: usize = 4;
 
 /// Silent ISR members are woken at most this often by refused appends.
 const WAKE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
@@ -103,7 +112,7 @@ impl LeaderState {
             reserved: VecDeque::new(),
             reported: Seq::new(0),
             proposal: None,
-            pending_isr: None,
+            pending_isrs: Vec::new(),
             became_at: now,
             woken_at: None,
             fence_refresh_at: None,
@@ -302,9 +311,7 @@ impl ChannelMachine {
         if leader.proposal.is_some_and(|(_, version)| meta.version > version) {
             leader.proposal = None;
         }
-        if leader.pending_isr.as_ref().is_some_and(|(version, _)| meta.version > *version) {
-            leader.pending_isr = None;
-        }
+        leader.pending_isrs.retain(|(version, _)| meta.version <= *version);
         self.leader_recompute_hw();
         self.retention_meta_changed();
     }
@@ -676,7 +683,7 @@ impl ChannelMachine {
             kth_highest(matches, min_isr)
         };
         let mut candidate = quorum_match(&meta.isr)?;
-        if let Some((_, proposed)) = &leader.pending_isr {
+        for (_, proposed) in &leader.pending_isrs {
             candidate = candidate.min(quorum_match(proposed).unwrap_or(Seq::new(0)));
         }
         Some(candidate.min(self.log.end))
@@ -754,7 +761,8 @@ impl ChannelMachine {
         while leader.pending.front().is_some_and(|p| p.admitted_at + append_timeout <= now) {
             timed_out.push(leader.pending.pop_front().expect("checked non-empty").id);
         }
-        if leader.proposal.is_some_and(|(at, _)| at + proposal_timeout <= now) {
+        let proposal_unanswered = leader.proposal.is_some_and(|(at, _)| at + proposal_timeout <= now);
+        if proposal_unanswered {
             leader.proposal = None;
         }
         for (node, parked) in expired {
@@ -762,6 +770,11 @@ impl ChannelMachine {
         }
         for id in timed_out {
             self.effects.push_back(Effect::AppendDone { id, result: Err(AppendAborted::Timeout) });
+        }
+        if proposal_unanswered {
+            // It may have been taken with its answer lost: until the meta in force is known, HW counts
+            // under every ISR proposed from this one (see `pending_isrs`), which may hold commits back.
+            self.effects.push_back(Effect::RefreshMeta);
         }
         // Records that cannot commit without a silent follower: appends waiting for them, or (their
         // appends timed out) only the records themselves, which keep this leader from going quiet.
@@ -817,8 +830,19 @@ impl ChannelMachine {
     fn propose_isr(&mut self, meta: &ChannelRuntimeMeta, isr: Vec<NodeId>, reason: MetaChangeReason) {
         let now = self.now;
         let Some(leader) = self.leader() else { return };
+        let proposed = (meta.version, isr);
+        let known = leader.pending_isrs.contains(&proposed);
+        if !known && leader.pending_isrs.len() >= PENDING_ISRS_MAX {
+            // Too many unanswered ISRs to count HW under: propose nothing for a proposal timeout, which
+            // then asks for the meta in force (see `leader_timeout`).
+            leader.proposal = Some((now, meta.version));
+            return;
+        }
+        if !known {
+            leader.pending_isrs.push(proposed.clone());
+        }
+        let (_, isr) = proposed;
         leader.proposal = Some((now, meta.version));
-        leader.pending_isr = Some((meta.version, isr.clone()));
         let mut next = meta.clone();
         next.isr = isr;
         next.version += 1;

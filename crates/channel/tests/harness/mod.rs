@@ -91,6 +91,8 @@ pub struct Cluster {
     pub trace: Vec<String>,
     /// Whether the slot-layer stand-in applies meta proposals from leaders.
     pub accept_proposals: bool,
+    /// Replicas that hear no meta (published or asked for): a node whose meta pushes and answers are lost.
+    pub meta_unheard: BTreeSet<NodeId>,
     /// Retention moves submitted, and their outcome once known.
     pub retentions: BTreeMap<RequestId, Option<Result<Seq, AppendAborted>>>,
     /// Every message a replica handed to fanout (`Committed`), in order.
@@ -134,6 +136,7 @@ impl Cluster {
             committed: BTreeMap::new(),
             trace: Vec::new(),
             accept_proposals: true,
+            meta_unheard: BTreeSet::new(),
             retentions: BTreeMap::new(),
             handed_off: Vec::new(),
             fanout_held: false,
@@ -549,6 +552,9 @@ impl Cluster {
                 self.drain(node);
             }
             Event::Meta { node, meta } => {
+                if self.meta_unheard.contains(&node) {
+                    return;
+                }
                 if let Some(machine) = self.replicas.get_mut(&node).and_then(|r| r.machine.as_mut()) {
                     // Stale or repeated metas are refused by the machine; that is expected here.
                     let _ = machine.handle_meta(now, meta);
