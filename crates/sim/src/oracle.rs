@@ -295,6 +295,29 @@ impl Oracle {
 
     /// Every acknowledged append is on some replica's durable log unchanged; replicas agree at every seq at
     /// or below both their HWs.
+    /// Leader completeness (Raft's): the leader the newest meta names holds every message another
+    /// replica holds at or below its HW — apart from what a retention move may have given up. Replicas
+    /// agreeing below their HWs do not show it: a leader elected without committed records holds its own
+    /// records at those seqs above its own HW, and the replicas holding the committed ones refuse to
+    /// truncate them, so the channel only stops taking appends (sim seed 241005257).
+    pub fn check_leader_complete(&mut self, channel: &ChannelId, leader: NodeId, logs: &[(NodeId, Seq, Vec<Record>)]) {
+        let Some((_, _, leader_log)) = logs.iter().find(|(id, _, _)| *id == leader) else { return };
+        let retained_through = self.retention_asked.get(channel).copied().unwrap_or_default();
+        let held: BTreeMap<Seq, &Bytes> =
+            leader_log.iter().filter(|r| r.kind == RecordKind::Message).map(|r| (r.seq, &r.payload)).collect();
+        for (id, hw, log) in logs.iter().filter(|(id, _, _)| *id != leader) {
+            let committed = log.iter().filter(|r| r.kind == RecordKind::Message && r.seq <= *hw);
+            if let Some(missing) =
+                committed.filter(|r| r.seq > retained_through).find(|r| held.get(&r.seq) != Some(&&r.payload))
+            {
+                self.violations.push(format!(
+                    "{channel}: leader {leader} lacks the message {id} holds committed at {} (HW {hw})",
+                    missing.seq
+                ));
+            }
+        }
+    }
+
     pub fn check_durable(&mut self, channel: &ChannelId, logs: &[(NodeId, Seq, Vec<Record>)]) {
         let messages = |records: &[Record]| -> BTreeMap<Seq, Bytes> {
             records.iter().filter(|r| r.kind == RecordKind::Message).map(|r| (r.seq, r.payload.clone())).collect()
@@ -377,5 +400,51 @@ impl Oracle {
 
     pub fn into_violations(self) -> Vec<String> {
         self.violations
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings::types::{ChannelType, LeaderEpoch};
+
+    fn message(seq: u64, epoch: u64, payload: &'static str) -> Record {
+        Record {
+            seq: Seq::new(seq),
+            kind: RecordKind::Message,
+            leader_epoch: LeaderEpoch::new(epoch),
+            idempotency_key: None,
+            timestamp_ms: 0,
+            payload: Bytes::from_static(payload.as_bytes()),
+        }
+    }
+
+    #[test]
+    fn a_leader_without_a_message_another_replica_holds_committed_is_reported_and_one_with_it_is_not() {
+        let channel = ChannelId::new(ChannelType::GROUP, "c").expect("channel id");
+        let (leader, follower) = (NodeId::new(4), NodeId::new(1));
+        let committed = vec![message(1, 1, "a"), message(2, 1, "b")];
+        // The follower's HW covers seq 2; the leader holds its own record there, above its HW of 1.
+        let incomplete = [
+            (leader, Seq::new(1), vec![message(1, 1, "a"), message(2, 2, "x")]),
+            (follower, Seq::new(2), committed.clone()),
+        ];
+        let mut oracle = Oracle::default();
+        oracle.check_leader_complete(&channel, leader, &incomplete);
+        let violations = oracle.into_violations();
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(violations[0].contains("lacks the message n1 holds committed at #2"), "{violations:?}");
+        // A follower's uncommitted tail (above its HW) the leader does not hold is no violation.
+        let complete = [
+            (leader, Seq::new(2), committed.clone()),
+            (follower, Seq::new(2), {
+                let mut log = committed.clone();
+                log.push(message(3, 1, "tail"));
+                log
+            }),
+        ];
+        let mut oracle = Oracle::default();
+        oracle.check_leader_complete(&channel, leader, &complete);
+        assert!(oracle.into_violations().is_empty());
     }
 }

@@ -235,7 +235,7 @@ impl World {
                 self.oracle.violation(format!("{channel}: no node stores its meta"));
                 continue;
             };
-            let replicas = meta.replicas;
+            let (replicas, leader) = (meta.replicas, meta.leader);
             let mut logs: Vec<(NodeId, Seq, Vec<Record>)> = Vec::new();
             for id in &replicas {
                 let node = &self.nodes[id];
@@ -251,6 +251,7 @@ impl World {
                 logs.push((*id, hw, records));
             }
             self.oracle.check_durable(&channel, &logs);
+            self.oracle.check_leader_complete(&channel, leader, &logs);
             self.check_senders_and_fanout(&channel, &logs);
         }
         // Every acknowledged metadata write is on every replica of the group owning its slot once healed.
