@@ -546,6 +546,8 @@ fn more_busy_channels_than_room_for_active_replicas_all_commit() {
     let stuck: Vec<&ChannelId> = waiting.iter().map(|(room, _)| room).collect();
     assert!(stuck.is_empty(), "no append commits on {stuck:?} after the load");
     for n in 1..=3 {
-        assert!(cluster.core(n).status().channels.len() <= 2, "node {n} holds more active replicas than its room");
+        // Its room, and past it at most the followers' reserve (an eighth, at least one place).
+        let active = cluster.core(n).status().channels.len();
+        assert!(active <= 2 + 1, "node {n} holds {active} active replicas, more than its room allows");
     }
 }

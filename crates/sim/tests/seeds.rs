@@ -243,6 +243,11 @@ fn seeds_with_their_own_draws_that_once_failed_pass() {
     for seed in [189003680, 194002553, 203000732, 226004206] {
         assert_passes(&run(as_found(seed)));
     }
+    // Tight limits, MinISR the whole ISR: transfers and failovers named active followers leaders in
+    // place, past the leaders' share of a shard's two places; two nodes then held only busy leaders,
+    // each waiting for a follower the other refused for want of room. Followers now get a place past
+    // the cap while leaders hold the followers' reserve.
+    assert_passes(&run(as_found(243002380)));
 }
 
 /// Seeds that found bugs once each node's clock ran at its own rate and started over at every boot

@@ -31,6 +31,12 @@ pub(super) fn leaders_max(active_max: usize) -> usize {
     active_max.saturating_sub((active_max / 8).max(1)).max(1)
 }
 
+/// Room past the cap a shard keeps for followers (see `ChannelShard::followers_place_taken_by_leaders`):
+/// the places [`leaders_max`] leaves them.
+pub(super) fn followers_reserve(active_max: usize) -> usize {
+    active_max - leaders_max(active_max)
+}
+
 /// A load not answered within this is given up (its parked inputs end; the next input tries again):
 /// one lost on its way must not hold a channel's inputs for good.
 const LOAD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
@@ -293,7 +299,8 @@ impl ChannelShard {
         // Counted only when the shard holds that many replicas at all (O(active)).
         let leaders_full = || self.channels.len() >= leaders_max && self.leaders_active() >= leaders_max;
         let no_room_to_lead = leads && leaders_full() && !self.evict_one_leader();
-        if no_room_to_lead || (self.channels.len() >= self.active_max && !self.evict_one()) {
+        let at_cap = self.channels.len() >= self.active_max && !self.evict_one();
+        if no_room_to_lead || (at_cap && (leads || !self.followers_place_taken_by_leaders())) {
             self.counters.refused_activations += 1;
             self.activate_later(&channel, super::lifecycle::REFUSED_ACTIVATION_TRIES);
             return self.end_parked(&channel, parked, RemoteAppendError::TooManyChannels);

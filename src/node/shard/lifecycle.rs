@@ -1,7 +1,7 @@
 //! Replicas coming and going: metas learned, fetched and let go, eviction of idle quiescent replicas,
 //! failover requests and evidence for a controller. Activation is in `activation`.
 
-use super::activation::Deferred;
+use super::activation::{followers_reserve, Deferred};
 use super::{ChannelShard, KnownMeta, ShardOutput, FAILOVER_REQUEST_INTERVAL};
 use crate::node::controller::EvidenceReport;
 use crate::node::error::NodeError;
@@ -215,6 +215,18 @@ impl ChannelShard {
     /// Active leaders (counted at the cap only: O(active)).
     pub(super) fn leaders_active(&self) -> usize {
         self.channels.iter().filter(|(_, m)| m.role() == RoleKind::Leader).count()
+    }
+
+    /// `true` when a follower may be activated past the cap (up to [`followers_reserve`] more): leaders
+    /// hold places the followers' reserve was to keep. The leaders' share is checked when a replica is
+    /// activated as leader, but an active follower named leader in place (a failover or transfer to
+    /// this node) takes a leader's role in a follower's place. Two nodes whose every place held such
+    /// leaders, each waiting for a follower the other had no room for, took no append again (sim seed
+    /// 243002380, MinISR the whole ISR). O(active), at the cap only.
+    pub(super) fn followers_place_taken_by_leaders(&self) -> bool {
+        let reserve = followers_reserve(self.active_max);
+        let followers = self.channels.len() - self.leaders_active();
+        followers < reserve && self.channels.len() < self.active_max + reserve
     }
 
     /// Evicts the least recently used replica `evictable` accepts; which one, if any.
