@@ -345,8 +345,8 @@ impl ChannelShard {
         if let Some(epoch) = self.resumable.remove(channel) {
             machine.resume_leadership(epoch);
         }
-        // (Its name stays in the order, which is bounded and forgets only what is still kept.)
-        if let Some(pull) = self.pulls_in_flight.remove(channel) {
+        // (Its entry stays in the order, which is bounded; popping an entry whose pull was taken forgets nothing.)
+        if let Some((_, pull)) = self.pulls_in_flight.remove(channel) {
             machine.inherit_pull(pull);
         }
         let _ = machine.handle_meta(self.now, meta);

@@ -290,13 +290,17 @@ impl ChannelShard {
 
     /// Keeps an evicted follower's unanswered pull for its next incarnation (bounded: the oldest go).
     fn keep_pull_in_flight(&mut self, channel: &ChannelId, pull: tidings_channel::machine::PullInFlight) {
-        if self.pulls_in_flight.insert(channel.clone(), pull).is_none() {
-            self.pulls_in_flight_order.push_back(channel.clone());
-        }
-        // The order may name a channel twice, or one whose pull was taken since: popping such a name
-        // may forget a newer pull of the channel, which costs its next incarnation one pull.
+        self.pulls_kept += 1;
+        self.pulls_in_flight.insert(channel.clone(), (self.pulls_kept, pull));
+        self.pulls_in_flight_order.push_back((channel.clone(), self.pulls_kept));
+        // The order also names pulls taken or replaced since: popping one forgets nothing. Only the kept
+        // pull the entry numbers goes, so a channel's newer pull outlives its older entries. (Forgetting
+        // by name alone dropped the pull of a follower evicted again and again for room: two followers
+        // sharing one place each came back to a new pull, ignored the answer to the one kept, and were
+        // evicted before the next answer came — sim seed 245001988.)
         while self.pulls_in_flight_order.len() > self.active_max {
-            if let Some(oldest) = self.pulls_in_flight_order.pop_front() {
+            let Some((oldest, number)) = self.pulls_in_flight_order.pop_front() else { break };
+            if self.pulls_in_flight.get(&oldest).is_some_and(|(kept, _)| *kept == number) {
                 self.pulls_in_flight.remove(&oldest);
             }
         }

@@ -321,8 +321,11 @@ pub(crate) struct ChannelShard {
     carried_over: BTreeMap<ChannelId, (Seq, Seq)>,
     /// Pulls of followers evicted while waiting for their answer, for their next incarnation to take
     /// (`ChannelMachine::pull_in_flight`); at most `active_max`, the oldest forgotten first.
-    pulls_in_flight: FxHashMap<ChannelId, tidings_channel::machine::PullInFlight>,
-    pulls_in_flight_order: VecDeque<ChannelId>,
+    pulls_in_flight: FxHashMap<ChannelId, (u64, tidings_channel::machine::PullInFlight)>,
+    /// Kept pulls by their numbers, oldest first; may name pulls taken or replaced since.
+    pulls_in_flight_order: VecDeque<(ChannelId, u64)>,
+    /// Pulls kept so far: each kept pull's number.
+    pulls_kept: u64,
     id_base: u64,
     id_counter: u64,
     next_incarnation: u64,
@@ -371,6 +374,7 @@ impl ChannelShard {
             carried_over: BTreeMap::new(),
             pulls_in_flight: FxHashMap::default(),
             pulls_in_flight_order: VecDeque::new(),
+            pulls_kept: 0,
             id_base: id_base(config.boot_id, index % shards),
             id_counter: 0,
             // Differs across the node's starts (its boot id), so a replica's machines never share an
