@@ -299,8 +299,12 @@ impl ChannelShard {
         // Counted only when the shard holds that many replicas at all (O(active)).
         let leaders_full = || self.channels.len() >= leaders_max && self.leaders_active() >= leaders_max;
         let no_room_to_lead = leads && leaders_full() && !self.evict_one_leader();
-        let at_cap = self.channels.len() >= self.active_max && !self.evict_one();
-        if no_room_to_lead || (at_cap && (leads || !self.followers_place_taken_by_leaders())) {
+        // (Evicts for room only when a leader's place is not what is missing.)
+        let refused = no_room_to_lead || {
+            let no_room = self.channels.len() >= self.active_max && !self.evict_one();
+            no_room && (leads || !self.followers_place_taken_by_leaders())
+        };
+        if refused {
             self.counters.refused_activations += 1;
             self.activate_later(&channel, super::lifecycle::REFUSED_ACTIVATION_TRIES);
             return self.end_parked(&channel, parked, RemoteAppendError::TooManyChannels);
