@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use tidings_channel::machine::{
     AppendAborted, AppendError, AppendRecord, AppendRequest, ChannelMachine, ChannelMessage, Effect, MachineConfig,
-    PersistToken, ReadToken, RequestId, RetentionRequest,
+    PersistToken, ReadToken, RequestId, RetentionRequest, RoleKind,
 };
 use tidings_store::message::{
     IdempotencyKey, LogBatch, LogLimits, MemoryLog, MessageLog, ReadLimits, Record, RecordKind,
@@ -611,6 +611,29 @@ impl Cluster {
                         self.committed.insert(record.seq, record);
                     }
                 }
+            }
+        }
+        // Leader completeness: the leader the meta in force names, once it leads under that meta, holds
+        // every committed record durably (a leader elected without one would overwrite it).
+        // A record committed on followers may not be durable on the leader yet: past its durable end it
+        // must at least be in the leader's log.
+        let leader = self.meta.leader;
+        let leading = self.replicas.get(&leader).and_then(|r| r.machine.as_ref()).filter(|m| {
+            m.role() == RoleKind::Leader && m.meta().is_some_and(|own| own.leader_epoch == self.meta.leader_epoch)
+        });
+        if let Some((durable_last, log_end)) = leading.map(|m| (m.durable_last(), m.log_end())) {
+            let held = self.replicas[&leader].log.read(&channel(), Seq::new(1), durable_last, limits).unwrap();
+            let retained = self
+                .meta
+                .retention_through
+                .max(self.replicas[&leader].log.state(&channel()).map_or(Seq::new(0), |s| s.retention_through));
+            for (seq, record) in self.committed.range(retained.next()..) {
+                let held_here = if *seq <= durable_last { held.iter().any(|r| r == record) } else { *seq <= log_end };
+                assert!(
+                    held_here,
+                    "leader {leader} lacks the record at committed seq {seq}\n{}",
+                    self.trace.join("\n")
+                );
             }
         }
         // Every acknowledged record is committed with its payload.

@@ -251,7 +251,12 @@ impl World {
                 logs.push((*id, hw, records));
             }
             self.oracle.check_durable(&channel, &logs);
-            self.oracle.check_leader_complete(&channel, leader, &logs);
+            let in_memory_end = self.nodes[&leader]
+                .core
+                .as_ref()
+                .and_then(|c| c.status().channels.into_iter().find(|s| s.channel == channel))
+                .map(|s| s.log_end);
+            self.oracle.check_leader_complete(&channel, leader, in_memory_end, &logs);
             self.check_senders_and_fanout(&channel, &logs);
         }
         // Every acknowledged metadata write is on every replica of the group owning its slot once healed.
