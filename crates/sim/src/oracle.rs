@@ -418,14 +418,7 @@ mod tests {
     use tidings::types::{ChannelType, LeaderEpoch};
 
     fn message(seq: u64, epoch: u64, payload: &'static str) -> Record {
-        Record {
-            seq: Seq::new(seq),
-            kind: RecordKind::Message,
-            leader_epoch: LeaderEpoch::new(epoch),
-            idempotency_key: None,
-            timestamp_ms: 0,
-            payload: Bytes::from_static(payload.as_bytes()),
-        }
+        Record::message(Seq::new(seq), LeaderEpoch::new(epoch), payload)
     }
 
     #[test]

@@ -87,6 +87,27 @@ const HAS_SEQ: u8 = 8;
 const KNOWN_FLAGS: u8 = BARRIER | HAS_KEY | HAS_EPOCH | HAS_SEQ;
 
 impl Record {
+    /// A message record at `seq` under `leader_epoch`, without idempotency key or timestamp (what tests
+    /// and tools need; the channel machine builds its records itself).
+    ///
+    /// ```
+    /// use tidings_store::message::{Record, RecordKind};
+    /// use tidings_types::{LeaderEpoch, Seq};
+    ///
+    /// let record = Record::message(Seq::new(7), LeaderEpoch::new(2), "hello");
+    /// assert_eq!((record.kind, record.seq, &record.payload[..]), (RecordKind::Message, Seq::new(7), &b"hello"[..]));
+    /// ```
+    pub fn message(seq: Seq, leader_epoch: LeaderEpoch, payload: impl Into<Bytes>) -> Self {
+        Self {
+            seq,
+            kind: RecordKind::Message,
+            leader_epoch,
+            idempotency_key: None,
+            timestamp_ms: 0,
+            payload: payload.into(),
+        }
+    }
+
     /// Most bytes this record takes when encoded (memory and batch-size accounting use it).
     pub fn encoded_len(&self) -> usize {
         RECORD_OVERHEAD_MAX + self.idempotency_key.as_ref().map_or(0, |k| k.0.len()) + self.payload.len()

@@ -544,7 +544,6 @@ pub fn end_of_epoch(epochs: &[(LeaderEpoch, Seq)], last_seq: Seq, epoch: LeaderE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::record::RecordKind;
     use bytes::Bytes;
     use tidings_types::ChannelType;
 
@@ -553,14 +552,7 @@ mod tests {
     }
 
     fn rec(seq: u64, epoch: u64) -> Record {
-        Record {
-            seq: Seq::new(seq),
-            kind: RecordKind::Message,
-            leader_epoch: LeaderEpoch::new(epoch),
-            idempotency_key: None,
-            timestamp_ms: 0,
-            payload: Bytes::from_static(b"p"),
-        }
+        Record::message(Seq::new(seq), LeaderEpoch::new(epoch), Bytes::from_static(b"p"))
     }
 
     fn state_with(records: &[(u64, u64)]) -> ChannelLogState {
