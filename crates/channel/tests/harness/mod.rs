@@ -628,7 +628,12 @@ impl Cluster {
                 .retention_through
                 .max(self.replicas[&leader].log.state(&channel()).map_or(Seq::new(0), |s| s.retention_through));
             for (seq, record) in self.committed.range(retained.next()..) {
-                let held_here = if *seq <= durable_last { held.iter().any(|r| r == record) } else { *seq <= log_end };
+                // `held` is in seq order.
+                let held_here = if *seq <= durable_last {
+                    held.binary_search_by_key(seq, |r| r.seq).is_ok_and(|i| held[i] == *record)
+                } else {
+                    *seq <= log_end
+                };
                 assert!(
                     held_here,
                     "leader {leader} lacks the record at committed seq {seq}\n{}",

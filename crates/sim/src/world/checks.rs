@@ -240,22 +240,16 @@ impl World {
             for id in &replicas {
                 let node = &self.nodes[id];
                 // An evicted replica's HW is its log's checkpoint.
-                let active_hw = node
-                    .core
-                    .as_ref()
-                    .and_then(|c| c.status().channels.into_iter().find(|s| s.channel == channel))
-                    .map_or(Seq::new(0), |s| s.hw);
+                let active_hw =
+                    node.core.as_ref().and_then(|c| c.channel_status(&channel)).map_or(Seq::new(0), |s| s.hw);
                 let hw = active_hw.max(node.log.state(&channel).map_or(Seq::new(0), |s| s.hw));
                 let limits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
                 let records = node.log.read(&channel, Seq::new(1), Seq::new(u64::MAX), limits).unwrap_or_default();
                 logs.push((*id, hw, records));
             }
             self.oracle.check_durable(&channel, &logs);
-            let in_memory_end = self.nodes[&leader]
-                .core
-                .as_ref()
-                .and_then(|c| c.status().channels.into_iter().find(|s| s.channel == channel))
-                .map(|s| s.log_end);
+            let in_memory_end =
+                self.nodes[&leader].core.as_ref().and_then(|c| c.channel_status(&channel)).map(|s| s.log_end);
             self.oracle.check_leader_complete(&channel, leader, in_memory_end, &logs);
             self.check_senders_and_fanout(&channel, &logs);
         }
