@@ -381,7 +381,7 @@ fn an_evicted_replica_lets_go_of_a_meta_its_slot_replica_applied_without_reading
 }
 
 #[test]
-fn messages_of_an_older_leadership_are_refused_and_counted() {
+fn messages_of_an_older_leadership_are_counted_answers_refused_and_hints_answered_with_the_epoch_in_force() {
     let mut cluster = Cluster::new(3);
     cluster.run_for(3_000);
     let channel = ChannelId::new(ChannelType::GROUP, "epochs").unwrap();
@@ -404,7 +404,23 @@ fn messages_of_an_older_leadership_are_refused_and_counted() {
     let stale_before = cluster.core(3).status().stale_messages;
     cluster.core(3).handle_frame(now, NodeId::new(2), &frame).unwrap();
     assert_eq!(cluster.core(3).status().stale_messages, stale_before + 1);
+    // The hint's sender hears of the newer epoch: a leader that missed its successor would refresh.
+    cluster.captured.clear();
+    cluster.capture_max = 1_000;
     cluster.settle();
+    use tidings::channel::machine::ChannelMessage;
+    use tidings::frame::FrameBody;
+    let told = cluster.captured.iter().filter(|(from, to, _)| (*from, *to) == (NodeId::new(3), NodeId::new(2))).any(
+        |(_, _, frame)| {
+            let messages = match tidings::frame::decode(frame, &Default::default()).map(|f| f.body) {
+                Ok(FrameBody::Channel(message)) => vec![message],
+                Ok(FrameBody::Channels(messages)) => messages,
+                _ => vec![],
+            };
+            messages.iter().any(|m| matches!(m, ChannelMessage::Hint(h) if h.leader_epoch.get() == 1))
+        },
+    );
+    assert!(told, "a stale hint is answered with the epoch in force");
     let after: Vec<_> = (1..=3).map(|n| cluster.core(n).status().channels).collect();
     assert_eq!(before, after, "a stale message changes no replica");
 }

@@ -238,6 +238,42 @@ fn a_hint_from_the_leader_replaces_a_pull_that_was_lost() {
     assert!(pulls(&settle(&mut m, &log, t(60))).is_empty());
 }
 
+/// A leader that missed its successor's meta (cut off, or drained out of the channel with no slot
+/// replica of its own to tell it) keeps hinting the ISR members that no longer pull from it. Each answers
+/// with the epoch in force, which sends the stale leader for the meta: without the answer such a leader
+/// held its node's place for an active channel for good (sim seed 265002888).
+#[test]
+fn a_hint_of_an_older_epoch_is_answered_with_the_epoch_in_force_and_its_sender_refreshes_its_meta() {
+    use tidings_channel::machine::PullHint;
+    let log = MemoryLog::new(LogLimits::default());
+    // Node 1 follows node 2 at leader epoch 3.
+    let mut current = machine();
+    current.handle_meta(t(1), meta(2, 3, 3)).unwrap();
+    settle(&mut current, &log, t(1));
+    let stale = PullHint { channel: channel(), leader_epoch: LeaderEpoch::new(1) };
+    current.handle_message(t(10), NodeId::new(3), ChannelMessage::Hint(stale));
+    let answers: Vec<Effect> = settle(&mut current, &log, t(10));
+    let answer = match answers.as_slice() {
+        [Effect::Send { to, message: ChannelMessage::Hint(hint) }] if *to == NodeId::new(3) => hint.clone(),
+        other => panic!("expected one hint back to the stale sender, got {other:?}"),
+    };
+    assert_eq!(answer.leader_epoch, LeaderEpoch::new(3));
+    // A hint of the epoch in force from a node that is not the leader gets no answer: two replicas
+    // never answer each other's hints back and forth.
+    let same = PullHint { channel: channel(), leader_epoch: LeaderEpoch::new(3) };
+    current.handle_message(t(20), NodeId::new(3), ChannelMessage::Hint(same));
+    assert!(settle(&mut current, &log, t(20)).is_empty());
+    // The stale leader (node 1 of another log, leading at epoch 1) takes the answer and asks for the meta.
+    let stale_log = MemoryLog::new(LogLimits::default());
+    let mut leader = machine();
+    leader.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    settle(&mut leader, &stale_log, t(1));
+    leader.handle_message(t(30), NodeId::new(2), ChannelMessage::Hint(answer));
+    let effects = settle(&mut leader, &stale_log, t(30));
+    assert!(effects.iter().any(|e| matches!(e, Effect::RefreshMeta)), "{effects:?}");
+    assert_eq!(leader.role(), RoleKind::Leader, "a hint carries no authority: the meta decides");
+}
+
 /// Three records durable, HW checkpointed at 1: the store of a replica rebuilt after a storage failure,
 /// whose previous incarnation knew seq 3 committed.
 fn log_with_hw_checkpoint_behind() -> MemoryLog {

@@ -66,7 +66,8 @@ pub struct NodeStatus {
     pub refused_activations: u64,
     /// Raft messages in accepted frames that the slot layer refused (see `MultiRaft::refused_messages`).
     pub refused_raft_messages: u64,
-    /// Channel answers and hints of an older leader epoch than the meta in force, refused, plus raft
+    /// Channel answers and hints of an older leader epoch than the meta in force (answers refused;
+    /// hints answered with the newer epoch, which sends their stale sender for the meta), plus raft
     /// messages of an older term (raft-rs ignores or answers those; they change no state).
     pub stale_messages: u64,
     /// Channel replicas rebuilt from their store after a storage failure since start. A rebuilt replica

@@ -572,13 +572,15 @@ impl ChannelShard {
 
     fn channel_message(&mut self, from: NodeId, message: ChannelMessage) {
         let channel = message.channel().clone();
-        // Answers and hints of an older leadership change nothing: refused here and counted. (A stale
-        // pull goes on: the leader answers it with `StaleEpoch`, which sends the follower for the meta.)
+        // Answers of an older leadership change nothing: refused here and counted. (A stale pull goes on:
+        // the leader answers it with `StaleEpoch`, which sends the follower for the meta; a stale hint
+        // too: the machine answers its sender with the newer epoch, which sends that leader for the meta.)
         let epoch = match &message {
             ChannelMessage::Hint(hint) => Some(hint.leader_epoch),
             ChannelMessage::PullResponse(response) => Some(response.leader_epoch),
             ChannelMessage::Pull(_) => None,
         };
+        let refused_when_stale = matches!(message, ChannelMessage::PullResponse(_));
         // New data keeps a channel in memory; replication keep-alives (empty answers to long polls) do
         // not, and do not bring an evicted replica back either.
         let news = match &message {
@@ -614,11 +616,11 @@ impl ChannelShard {
         match machine {
             Some(machine) => {
                 // Checked against the replica's own meta: no extra lookup on the hot path.
-                if epoch.is_some_and(|e| machine.meta().is_some_and(|m| e < m.leader_epoch)) {
-                    self.counters.stale_messages += 1;
-                } else {
+                let stale = epoch.is_some_and(|e| machine.meta().is_some_and(|m| e < m.leader_epoch));
+                if !stale || !refused_when_stale {
                     machine.handle_message(now, from, message);
                 }
+                self.counters.stale_messages += u64::from(stale);
             }
             None => self.fetch_meta(&channel),
         }

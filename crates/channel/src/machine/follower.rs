@@ -159,7 +159,16 @@ impl ChannelMachine {
             self.effects.push_back(super::Effect::RefreshMeta);
             return;
         }
-        if hint.leader_epoch != meta.leader_epoch {
+        if hint.leader_epoch < meta.leader_epoch {
+            // A leader of an older epoch: it missed its successor's meta (it may not even be a replica any
+            // more, with no slot replica of its own to tell it). It wakes only ISR members that do not
+            // pull from it, at most once per pull timeout, and such a leader may hold the node's place
+            // for an active channel forever: tell it the newer epoch, which makes it refresh its meta
+            // (sim seed 265002888: a node drained out of a channel stayed its leader at an old epoch and
+            // its one place under tight limits kept the channel it did lead from activating). Only an
+            // older epoch gets an answer, so two replicas never answer each other's hints.
+            let epoch = PullHint { channel: hint.channel, leader_epoch: meta.leader_epoch };
+            self.send(from, ChannelMessage::Hint(epoch));
             return;
         }
         let Some(follower) = self.follower() else { return };

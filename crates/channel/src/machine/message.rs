@@ -11,7 +11,9 @@ pub enum ChannelMessage {
     Pull(PullRequest),
     /// Leader → follower: the answer to one pull.
     PullResponse(PullResponse),
-    /// Leader → follower: records arrived; pull now. Only a hint: it carries no authority.
+    /// Leader → follower: records arrived; pull now. Also a replica's answer to a hint of an older leader
+    /// epoch, naming the one in force (its sender then refreshes its meta). Only a hint: it carries no
+    /// authority.
     Hint(PullHint),
 }
 

@@ -298,6 +298,9 @@ impl World {
                 if std::env::var("SIM_DEBUG").is_ok() {
                     for (id, node) in &self.nodes {
                         let Some(core) = node.core.as_ref() else { continue };
+                        for replica in core.status().channels {
+                            eprintln!("{id} replica: {replica:?}");
+                        }
                         for group in core.slot().groups().collect::<Vec<_>>() {
                             eprintln!("{id} {group}: {:?}", core.slot().status(group));
                         }
