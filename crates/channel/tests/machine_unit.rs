@@ -274,6 +274,39 @@ fn a_hint_of_an_older_epoch_is_answered_with_the_epoch_in_force_and_its_sender_r
     assert_eq!(leader.role(), RoleKind::Leader, "a hint carries no authority: the meta decides");
 }
 
+/// A leader whose records wait to commit hints its silent followers every pull timeout; once they
+/// have waited two, it also asks for the meta in force (once per wake-up): the replicas it hints may no
+/// longer run the channel, removed from it by a successor whose meta this leader missed, and so never
+/// tell it of the newer epoch.
+#[test]
+fn a_leader_whose_records_wait_two_pull_timeouts_asks_for_the_meta_in_force() {
+    let log = MemoryLog::new(LogLimits::default());
+    let mut m = machine();
+    let needs_both = ChannelRuntimeMeta { min_isr: 2, ..meta(1, 1, 1) };
+    m.handle_meta(t(1), needs_both).unwrap();
+    settle(&mut m, &log, t(1));
+    m.handle_append(t(10), request(1, &["waits"])).unwrap();
+    settle(&mut m, &log, t(10));
+    assert!(m.hw() < m.log_end(), "node 2 never pulls: nothing commits");
+    let pull_timeout = MachineConfig::default().pull_timeout.as_millis() as u64;
+    let mut refreshes = Vec::new();
+    let mut hints = Vec::new();
+    while let Some(at) = m.poll_timeout().filter(|at| at.as_millis() <= 4 * pull_timeout) {
+        m.handle_timeout(at);
+        for effect in settle(&mut m, &log, at) {
+            match effect {
+                Effect::RefreshMeta => refreshes.push(at.as_millis()),
+                Effect::Send { message: ChannelMessage::Hint(_), .. } => hints.push(at.as_millis()),
+                _ => {}
+            }
+        }
+    }
+    assert!(!hints.is_empty() && hints[0] < 2 * pull_timeout, "hints first: {hints:?}");
+    assert!(!refreshes.is_empty(), "no meta asked for in {}ms of waiting", 4 * pull_timeout);
+    assert!(refreshes.iter().all(|at| *at >= 2 * pull_timeout), "asked too soon: {refreshes:?}");
+    assert!(refreshes.iter().all(|at| hints.contains(at)), "only with a wake-up: {refreshes:?} {hints:?}");
+}
+
 /// Three records durable, HW checkpointed at 1: the store of a replica rebuilt after a storage failure,
 /// whose previous incarnation knew seq 3 committed.
 fn log_with_hw_checkpoint_behind() -> MemoryLog {

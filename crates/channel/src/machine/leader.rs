@@ -489,12 +489,19 @@ impl ChannelMachine {
         self.wake_isr_silent_for(self.config.isr_alive, WAKE_INTERVAL);
     }
 
-    /// Hints the ISR members that have not pulled for `silent` (at most once per `every`): a follower that
-    /// restarted comes back only on news, and appends waiting for it to commit make none.
-    fn wake_isr_silent_for(&mut self, silent: std::time::Duration, every: std::time::Duration) {
-        let (Some(meta), Role::Leader(leader)) = (&self.meta, &mut self.role) else { return };
+    /// How long records may wait to commit before the leader suspects its own meta: twice the pull
+    /// timeout, by which a live follower has pulled after a hint even when the first hint was lost.
+    fn suspect_meta_after(&self) -> std::time::Duration {
+        self.config.pull_timeout * 2
+    }
+
+    /// Hints the ISR members that have not pulled for `silent` (at most once per `every`; false when it
+    /// was too soon): a follower that restarted comes back only on news, and appends waiting for it to
+    /// commit make none.
+    fn wake_isr_silent_for(&mut self, silent: std::time::Duration, every: std::time::Duration) -> bool {
+        let (Some(meta), Role::Leader(leader)) = (&self.meta, &mut self.role) else { return false };
         if leader.woken_at.is_some_and(|at| self.now < at + every) {
-            return;
+            return false;
         }
         leader.woken_at = Some(self.now);
         let alive_after = self.now - silent;
@@ -508,6 +515,7 @@ impl ChannelMachine {
         for node in silent {
             self.send(node, ChannelMessage::Hint(hint.clone()));
         }
+        true
     }
 
     pub(super) fn leader_pull(&mut self, from: NodeId, request: PullRequest) {
@@ -786,7 +794,14 @@ impl ChannelMachine {
             // the next, and waited a third — two pull timeouts without a word, longer than a healed
             // cluster's patience (sim seed 216002928, skewed clocks). While records wait to commit, a
             // follower that pulls gets them at once, so half a pull timeout of silence is no long poll.
-            self.wake_isr_silent_for(self.config.pull_timeout / 2, self.config.pull_timeout);
+            let woke = self.wake_isr_silent_for(self.config.pull_timeout / 2, self.config.pull_timeout);
+            // Still waiting after the hints of two pull timeouts: this leader may have missed its
+            // successor's meta, and the replicas it hints may no longer run the channel to tell it so
+            // (removed from it, they drop its hints). Ask for the meta in force, once per wake-up: it
+            // is the same meta for a leader that only waits for a slow follower, and changes nothing.
+            if woke && waiting_since.is_some_and(|at| at + self.suspect_meta_after() <= now) {
+                self.effects.push_back(Effect::RefreshMeta);
+            }
         }
         self.maybe_propose_shrink();
         self.retention_timeout();
