@@ -288,7 +288,7 @@ fn a_leader_whose_records_wait_two_pull_timeouts_asks_for_the_meta_in_force() {
     m.handle_append(t(10), request(1, &["waits"])).unwrap();
     settle(&mut m, &log, t(10));
     assert!(m.hw() < m.log_end(), "node 2 never pulls: nothing commits");
-    let pull_timeout = MachineConfig::default().pull_timeout.as_millis() as u64;
+    let pull_timeout = u64::try_from(MachineConfig::default().pull_timeout.as_millis()).unwrap();
     let mut refreshes = Vec::new();
     let mut hints = Vec::new();
     while let Some(at) = m.poll_timeout().filter(|at| at.as_millis() <= 4 * pull_timeout) {
