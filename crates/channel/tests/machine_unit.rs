@@ -400,6 +400,62 @@ fn pull_ids_run_on_across_terms_as_follower() {
     assert_ne!(first[0], second[0]);
 }
 
+/// A follower away while a retention move passed its log end holds records the leader no longer has:
+/// the leader answers its pull with `StartAfter`. Every record it holds is at or below the boundary, so
+/// it gives them all up (the ones past its checkpointed HW truncated, the rest as a retention move) and
+/// restarts its log after the boundary. Before, only an empty replica restarted: this one pulled the
+/// same answer for good, and a replacement waiting for it timed out again and again (sim seed 269000187).
+#[test]
+fn a_follower_behind_the_leaders_retention_boundary_gives_up_what_it_holds_and_starts_after_it() {
+    use tidings_channel::machine::{PullBody, PullResponse};
+    let log = log_with_hw_checkpoint_behind(); // records 1..=3, HW checkpointed at 1
+    let state = log.state(&channel()).unwrap();
+    let mut m = ChannelMachine::new(channel(), NodeId::new(2), MachineConfig::default(), 1, t(0), state, vec![]);
+    m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    let first = pulls(&settle(&mut m, &log, t(1)));
+    assert_eq!(first.len(), 1);
+    let start_after = |pull_id: u64, seq: u64| {
+        ChannelMessage::PullResponse(PullResponse {
+            channel: channel(),
+            pull_id,
+            leader_epoch: LeaderEpoch::new(1),
+            body: PullBody::StartAfter { seq: Seq::new(seq), epoch: LeaderEpoch::new(1), hw: Seq::new(9) },
+        })
+    };
+    m.handle_message(t(2), NodeId::new(1), start_after(first[0], 6));
+    let effects = settle(&mut m, &log, t(2));
+    let stored = log.state(&channel()).unwrap();
+    assert_eq!((stored.last_seq, stored.retention_through, stored.hw), (Seq::new(6), Seq::new(6), Seq::new(6)));
+    let readable = log.read(
+        &channel(),
+        Seq::new(1),
+        Seq::new(u64::MAX),
+        tidings_store::message::ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX },
+    );
+    assert!(readable.unwrap().is_empty(), "the records at or below the boundary are given up");
+    assert_eq!((m.log_end(), m.durable_last()), (Seq::new(6), Seq::new(6)));
+    // It pulls on from after the boundary.
+    let next: Vec<Seq> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send { message: ChannelMessage::Pull(pull), .. } => Some(pull.next_seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(next, vec![Seq::new(7)], "{effects:?}");
+    // A log holding records past a boundary was not asking from before it: such an answer is stale and
+    // changes nothing (the follower asks for the meta instead).
+    let log_b = log_with_hw_checkpoint_behind();
+    let state_b = log_b.state(&channel()).unwrap();
+    let mut m_b = ChannelMachine::new(channel(), NodeId::new(2), MachineConfig::default(), 1, t(0), state_b, vec![]);
+    m_b.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    let pull_b = pulls(&settle(&mut m_b, &log_b, t(1)));
+    m_b.handle_message(t(2), NodeId::new(1), start_after(pull_b[0], 2));
+    let effects_b = settle(&mut m_b, &log_b, t(2));
+    assert_eq!(log_b.state(&channel()).unwrap().last_seq, Seq::new(3), "nothing given up");
+    assert!(effects_b.iter().any(|e| matches!(e, Effect::RefreshMeta)), "{effects_b:?}");
+}
+
 /// Replica of node `me`, created at `created` ms over [`log_with_hw_checkpoint_behind`], its HW raised
 /// to `floor` (capped at the log end, 3).
 fn replica_with_hw_ahead_of_its_checkpoint(me: u64, created: u64, floor: u64) -> (MemoryLog, ChannelMachine) {
@@ -497,6 +553,12 @@ fn a_machine_built_without_its_recent_records_follows_but_never_leads() {
 /// A log whose epoch 1 wrote #1-#4 and epoch 2 began at #5 (its barrier) and wrote #6-#7, with HW #7
 /// and retention through #4, led by node 1 in epoch 3 (its barrier #8 commits at once: MinISR 1).
 fn leader_past_a_retention_boundary_where_an_epoch_begins() -> (MemoryLog, ChannelMachine) {
+    leader_past_a_retention_boundary(4)
+}
+
+/// Leader (node 1, leader epoch 3) of records 1..=7 — epoch 1 through 4, epoch 2 from the barrier at 5 —
+/// committed, given up through `retention`.
+fn leader_past_a_retention_boundary(retention: u64) -> (MemoryLog, ChannelMachine) {
     use tidings_store::message::{LogBatch, LogOp, Record, RecordKind};
     let log = MemoryLog::new(LogLimits::default());
     let record = |seq: u64| Record {
@@ -508,12 +570,12 @@ fn leader_past_a_retention_boundary_where_an_epoch_begins() -> (MemoryLog, Chann
         payload: Bytes::from_static(b"m"),
     };
     let records = (1..=7).map(record).collect();
-    let ops = vec![LogOp::Append(records), LogOp::CheckpointHw(Seq::new(7)), LogOp::SetRetention(Seq::new(4))];
+    let ops = vec![LogOp::Append(records), LogOp::CheckpointHw(Seq::new(7)), LogOp::SetRetention(Seq::new(retention))];
     log.commit(LogBatch::new(channel(), ops)).unwrap();
     let state = log.state(&channel()).unwrap();
     let mut m = ChannelMachine::new(channel(), NodeId::new(1), MachineConfig::default(), 1, t(0), state, vec![]);
     let mut leading = meta(1, 3, 5);
-    leading.retention_through = Seq::new(4);
+    leading.retention_through = Seq::new(retention);
     m.handle_meta(t(1), leading).unwrap();
     settle(&mut m, &log, t(1));
     (log, m)
@@ -568,6 +630,17 @@ fn a_follower_whose_last_record_is_the_retention_boundary_gets_the_records_after
         matches!(&answer, Some(PullBody::Records { records, .. }) if records.first().map(|r| r.seq) == Some(Seq::new(5))),
         "{answer:?}"
     );
+}
+
+/// A follower whose log ends before the retention boundary, in an epoch the boundary took out of the
+/// leader's history, is told to start after the boundary — not to truncate by the epochs left, which
+/// named a point below its HW: it refused, and pulled the same answer for good (sim seed 273001409).
+#[test]
+fn a_follower_whose_log_ends_before_the_retention_boundary_is_told_to_start_after_it_whatever_its_epoch() {
+    use tidings_channel::machine::PullBody;
+    let (log, mut m) = leader_past_a_retention_boundary(6); // epoch 1 (records 1..=4) gone from the history
+    let answer = answer_to_pull(&mut m, &log, 3, 1);
+    assert_eq!(answer, Some(PullBody::StartAfter { seq: Seq::new(6), epoch: LeaderEpoch::new(2), hw: Seq::new(8) }));
 }
 
 /// A new leader plans again at most `handoff_slots` of its predecessors' messages past what their

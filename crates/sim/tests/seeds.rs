@@ -248,6 +248,14 @@ fn seeds_with_their_own_draws_that_once_failed_pass() {
     // each waiting for a follower the other refused for want of room. Followers now get a place past
     // the cap while leaders hold the followers' reserve.
     assert_passes(&run(as_found(243002380)));
+    // Drains that could finish did not (the check came in session 26): replacements interrupted after
+    // adding their new replica left it behind, each retry added another, until the channel had a replica
+    // on every node and the drained one had nowhere to go (269000079: five replicas on five nodes); a
+    // learner behind its leader's retention boundary never caught up, as only an empty replica restarted
+    // its log after it, so the replacement waiting for it timed out again and again (269000187).
+    for seed in [269000079, 269000187] {
+        assert_passes(&run(as_found(seed)));
+    }
 }
 
 /// Seeds that found bugs once each node's clock ran at its own rate and started over at every boot
@@ -295,4 +303,9 @@ fn clock_skew_seeds_that_once_failed_pass() {
     // the node's one leader's place, so the channel the node did lead could not activate once healed.
     // A stale hint is now answered with the epoch in force, which sends its sender for the meta.
     assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..SimParams::from_seed(265002888) }));
+    // The same draws, with the drain check: a learner whose log ended before its leader's retention
+    // boundary, in an epoch the boundary took out of the leader's history, was told to truncate below
+    // its HW by the divergence check, refused, and never caught up; the replacement waiting for it held
+    // the channel's replica on the drained node for good.
+    assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..SimParams::from_seed(273001409) }));
 }

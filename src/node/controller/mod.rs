@@ -237,6 +237,9 @@ pub struct DrainReport {
 pub(crate) struct Controller {
     config: ControllerConfig,
     me: NodeId,
+    /// Replicas a channel is created with: a channel holding more (replacements interrupted after
+    /// adding their new replica) may lose one on a drained node without a replacement.
+    replication_factor: usize,
     /// When this controller started: this node's own uptime.
     started: Time,
     liveness: Liveness,
@@ -270,12 +273,22 @@ const FENCES_SEEN_MAX: usize = 4_096;
 
 impl Controller {
     /// The controller of `me` among `nodes`. Task ids start at `first_task` (unique per node start).
-    pub(crate) fn new(config: ControllerConfig, me: NodeId, nodes: &[NodeId], first_task: u64, now: Time) -> Self {
+    /// A controller for node `me` of the cluster `nodes`, whose channels are created with
+    /// `replication_factor` replicas (`NodeConfig::channel_replicas`).
+    pub(crate) fn new(
+        config: ControllerConfig,
+        me: NodeId,
+        nodes: &[NodeId],
+        replication_factor: usize,
+        first_task: u64,
+        now: Time,
+    ) -> Self {
         let peers = nodes.iter().copied().filter(|n| *n != me);
         Self {
             liveness: Liveness::new(peers, config.node_down_after, now),
             config,
             me,
+            replication_factor,
             started: now,
             next_ping: now,
             down: BTreeSet::new(),
@@ -433,7 +446,11 @@ impl Controller {
         Ok(())
     }
 
-    /// Starts replacing replica `from` of `meta`'s channel by `to` (a node of the cluster, not in the ISR).
+    /// Starts replacing replica `from` of `meta`'s channel by `to`: a node of the cluster that holds no
+    /// replica of the channel yet, or a learner of it (a replica outside the ISR, left by a replacement
+    /// that was interrupted), which the task then brings in instead of adding another. In a channel
+    /// holding more replicas than it is created with, `to` may be any other replica: `from` leaves and
+    /// `to` takes its place, one replica fewer.
     pub(crate) fn start_replace(
         &mut self,
         now: Time,
@@ -446,11 +463,14 @@ impl Controller {
             return Err(TaskError::NotReplica(from));
         }
         let known = to == self.me || self.liveness.peers().any(|n| n == to);
-        // The new replica is a node that holds no replica of the channel yet (not `from` itself either).
-        if meta.is_replica(to) || !known {
+        // The new replica is a node that holds no replica of the channel yet, or only a learner's (not
+        // `from` itself either) — or, in a channel holding more replicas than it is created with, any
+        // other replica: `from` then leaves and `to` takes its place.
+        let over_replicated = meta.replicas.len() > self.replication_factor;
+        if to == from || (meta.isr.contains(&to) && !over_replicated) || !known {
             return Err(TaskError::CannotJoin(to));
         }
-        let isr_after = meta.isr.iter().filter(|n| **n != from).count() + 1;
+        let isr_after = meta.isr.iter().filter(|n| **n != from && **n != to).count() + 1;
         if isr_after < usize::from(meta.min_isr) {
             return Err(TaskError::BelowMinIsr);
         }

@@ -134,7 +134,7 @@ impl Controller {
         if let Some(from) = meta.replicas.iter().copied().find(|n| self.scan.draining.contains(n)) {
             *self.scan.drain_left.entry(from).or_default() += 1;
             // A replica on a drained node moves to a live, undrained node (one task per channel at a time).
-            if let Some(to) = self.spare_node(&meta, now) {
+            if let Some(to) = self.replacement_for(&meta, from, now) {
                 tracing::info!(channel = %meta.channel, %from, %to, "repair: moving a replica off a drained node");
                 if let Err(error) = self.start_replace(now, None, meta, from, to) {
                     tracing::debug!(%error, %from, "repair: drain replacement not started");
@@ -152,7 +152,7 @@ impl Controller {
         let long_down =
             |n: &NodeId| self.liveness.silent_for(*n, now).is_some_and(|d| d >= self.config.replace_down_after);
         let Some(from) = meta.isr.iter().copied().find(long_down) else { return };
-        let Some(to) = self.spare_node(&meta, now) else { return };
+        let Some(to) = self.replacement_for(&meta, from, now) else { return };
         tracing::info!(channel = %meta.channel, %from, %to, "repair: ISR below MinISR, replacing a replica that is down");
         let _ = self.start_replace(now, None, meta, from, to);
     }
@@ -216,8 +216,35 @@ impl Controller {
         }
     }
 
+    /// Where a replica leaving `meta`'s channel (`from`) goes: a learner of the channel on a live,
+    /// undrained node, if it has one — a replacement interrupted after adding it (its fence lost to a
+    /// failover, its catch-up timed out) left it there, and another replacement to a spare node would
+    /// add a replica more each time, until every node held one and a drain had nowhere to go (sim seed
+    /// 269000079: five replicas on five nodes) — else a spare node, else, in a channel holding more
+    /// replicas than it is created with, one of its other replicas.
+    fn replacement_for(&self, meta: &ChannelRuntimeMeta, from: NodeId, now: Time) -> Option<NodeId> {
+        let mut key = Vec::new();
+        meta.channel.encode_key(&mut key);
+        let learners = meta.replicas.iter().copied().filter(|n| {
+            *n != from && !meta.isr.contains(n) && !self.is_down(*n, now) && !self.scan.draining.contains(n)
+        });
+        let in_place = || {
+            // No learner and no spare node: a channel holding more replicas than it is created with
+            // (its last learner was put in the ISR before its replacement was interrupted) gives up
+            // `from` to another of its replicas. A channel at its factor keeps `from` (the drain waits).
+            let others = meta
+                .replicas
+                .iter()
+                .copied()
+                .filter(|n| *n != from && !self.is_down(*n, now) && !self.scan.draining.contains(n));
+            let over_replicated = meta.replicas.len() > self.replication_factor;
+            over_replicated.then(|| rendezvous::best(&key, others)).flatten()
+        };
+        rendezvous::best(&key, learners).or_else(|| self.spare_node(meta, now)).or_else(in_place)
+    }
+
     /// A live node that keeps no copy of the channel, chosen by rendezvous hash so repairs spread.
-    pub(super) fn spare_node(&self, meta: &ChannelRuntimeMeta, now: Time) -> Option<NodeId> {
+    fn spare_node(&self, meta: &ChannelRuntimeMeta, now: Time) -> Option<NodeId> {
         let mut key = Vec::new();
         meta.channel.encode_key(&mut key);
         let candidates = self
@@ -312,11 +339,48 @@ mod tests {
         }
     }
 
+    /// A replica on a drained node goes to the channel's learner (left by an interrupted replacement)
+    /// before a spare node, and, in a channel holding more replicas than it is created with and no spare
+    /// node left, to one of its other replicas; at its replication factor with no spare node, it stays.
+    #[test]
+    fn a_drained_replica_goes_to_a_learner_first_and_an_over_replicated_channel_gives_it_up() {
+        let nodes = [n(1), n(2), n(3), n(4), n(5)];
+        let mut controller = Controller::new(ControllerConfig::default(), n(1), &nodes, 3, 1, Time::ZERO);
+        let now = Time::from_millis(100);
+        for node in &nodes[1..] {
+            controller.heard(*node, now);
+        }
+        controller.scan.draining.insert(n(2));
+        let mut meta = led_away_from_its_preferred_replica(); // replicas 2, 1, 3 (all in the ISR)
+                                                              // At its factor, with spare nodes 4 and 5: one of them.
+        let spare = controller.replacement_for(&meta, n(2), now).expect("a spare node");
+        assert!([n(4), n(5)].contains(&spare), "{spare}");
+        // Node 5 a learner (a replacement interrupted after adding it): node 5, not another spare.
+        meta.replicas.push(n(5));
+        assert_eq!(controller.replacement_for(&meta, n(2), now), Some(n(5)));
+        // Node 5 put in the ISR before the interruption and node 4 taken too: no learner, no spare node,
+        // but more replicas than the factor: another replica takes node 2's place.
+        meta.isr.push(n(5));
+        meta.replicas.push(n(4));
+        meta.isr.push(n(4));
+        let in_place = controller.replacement_for(&meta, n(2), now).expect("an in-place replacement");
+        assert!([n(1), n(3), n(4), n(5)].contains(&in_place), "{in_place}");
+        assert!(controller.start_replace(now, None, meta.clone(), n(2), in_place).is_ok());
+        // At the factor with every node a replica (three nodes of three): the drained replica stays.
+        let mut small = Controller::new(ControllerConfig::default(), n(1), &nodes[..3], 3, 1, Time::ZERO);
+        small.heard(n(2), now);
+        small.heard(n(3), now);
+        small.scan.draining.insert(n(2));
+        let full = led_away_from_its_preferred_replica();
+        assert_eq!(small.replacement_for(&full, n(2), now), None);
+        assert!(matches!(small.start_replace(now, None, full, n(2), n(3)), Err(TaskError::CannotJoin(_))));
+    }
+
     #[test]
     fn a_failed_transfer_back_waits_before_it_is_tried_again() {
         let after = Duration::from_secs(3);
         let config = ControllerConfig { rebalance_leaders_after: Some(after), ..ControllerConfig::default() };
-        let mut controller = Controller::new(config, n(1), &[n(1), n(2), n(3)], 1, Time::ZERO);
+        let mut controller = Controller::new(config, n(1), &[n(1), n(2), n(3)], 3, 1, Time::ZERO);
         let meta = led_away_from_its_preferred_replica();
         // Peers heard every 500 ms up to `at` (a longer silence would restart their uptime).
         let mut heard_until = Time::ZERO;

@@ -161,8 +161,9 @@ pub enum TaskError {
     /// The replica to replace is not a replica of the channel.
     #[error("{0} is not a replica")]
     NotReplica(NodeId),
-    /// The new replica already holds a replica of the channel, or is not a node of the cluster.
-    #[error("{0} cannot join: already a replica or not a cluster node")]
+    /// The new replica is already in the channel's ISR (or is the one leaving), or is not a node of the
+    /// cluster.
+    #[error("{0} cannot join: already in the ISR or not a cluster node")]
     CannotJoin(NodeId),
     /// A failover of the channel took precedence: the task had fenced nothing yet, or it waited for a
     /// leader to drain that asked for the failover (it cannot lead, so it never drains).

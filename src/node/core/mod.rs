@@ -193,7 +193,14 @@ impl NodeCore {
         let frame_limits = FrameLimits { frame_bytes_max: config.frame_bytes_max };
         // Task ids share the boot-id range of the node's other ids, in their own upper half.
         let first_task = ((config.boot_id & 0xffff_ffff) << 32) | (1 << 31);
-        let controller = Controller::new(config.controller.clone(), config.node, &config.nodes, first_task, now);
+        let controller = Controller::new(
+            config.controller.clone(),
+            config.node,
+            &config.nodes,
+            config.channel_replicas,
+            first_task,
+            now,
+        );
         let reader = SlotReader::new(meta);
         let served = Arc::new(Served::new(slot.table(), slot.groups().collect(), Vec::new(), reader.routes_version()));
         let count = config.reactors_or(1);

@@ -23,6 +23,9 @@ impl NodeCore {
     /// learner and catches up while the channel keeps taking appends, then a short fence, one meta change
     /// that puts `to` in the ISR and takes `from` out (and hands over the leadership if `from` led),
     /// unfence. [`NodeEffect::Done`](crate::node::NodeEffect::Done) with [`ApiResult::Task`] follows.
+    /// `to` may already be a learner of the channel (a replacement interrupted after adding it: this
+    /// one finishes it) or, in a channel holding more replicas than `NodeConfig::channel_replicas`, any
+    /// other replica (`from` then leaves, one replica fewer); otherwise `TaskError::CannotJoin`.
     pub fn replace_replica(&mut self, now: Time, id: ApiId, channel: ChannelId, from: NodeId, to: NodeId) {
         self.start_task(now, id, channel, TaskStart::Replace { from, to });
     }
@@ -89,7 +92,8 @@ impl NodeCore {
     /// leaders then move the group's replica off the node (one replica move at a time per group, to a
     /// live node outside the group, never to a drained one) and replace the node's channel replicas in the
     /// group's slots (controller replacement tasks). [`NodeEffect::Done`](crate::node::NodeEffect::Done) with [`ApiResult::Meta`]
-    /// follows once every group recorded it; [`NodeStatus::drains`](crate::node::NodeStatus::drains) on each node shows what is left in
+    /// follows once every group recorded it (an error means some group may not have: the call is
+    /// idempotent, call it again); [`NodeStatus::drains`](crate::node::NodeStatus::drains) on each node shows what is left in
     /// the groups it leads. A drained node holds nothing once no node reports anything left; it can then
     /// be stopped and taken out of the host's configuration.
     pub fn drain_node(&mut self, now: Time, id: ApiId, node: NodeId, drain: bool) {

@@ -272,16 +272,22 @@ impl ChannelMachine {
     }
 
     fn follower_start_after(&mut self, seq: Seq, epoch: LeaderEpoch, hw: Seq) {
-        let readable = self.log.end > self.log.durable.retention_through;
-        // A seq with no successor cannot start a log (only a corrupt or hostile answer carries one).
-        if readable || self.log.end > seq || seq.checked_next().is_none() {
-            // Only an empty replica can restart its log; this one needs an operator to re-add it.
+        // A seq with no successor cannot start a log (only a corrupt or hostile answer carries one), and a
+        // log holding records past what the leader gave up was not asking from before it: a stale answer.
+        if self.log.end > seq || seq.checked_next().is_none() {
             self.follower_back_off(true);
             return;
         }
+        // Every record this log still holds is at or below `seq`, which the leader gave up: committed
+        // there, and given up on every replica by the retention move. The log gives them up too and
+        // starts after `seq` (Kafka's follower does the same below the leader's log start offset): a
+        // replica that was away while the retention passed its log end otherwise never caught up, and a
+        // replacement waiting for it timed out again and again (sim seed 269000187).
         self.log.end = seq;
-        // Everything through `seq` is given up: none of it is for a successor to fan out again.
+        // Everything through `seq` is given up: none of it is for a successor to fan out again, and no
+        // retry of it can be recognised any more.
         self.handoff.learn(seq);
+        self.idempotency.forget_through(seq);
         self.log.epochs = vec![(epoch, seq)];
         self.log.cache.clear();
         self.log.unpersisted.push_back(PendingOp::StartAfter { seq, epoch });

@@ -549,8 +549,12 @@ impl ChannelMachine {
             return;
         }
         // Divergence check (KIP-279): the follower's last record must lie within the same epoch of ours.
+        // Not for a follower whose log ends before the retention boundary: the history that would judge
+        // it is given up with the records, and so is everything it holds, which it gives up for the
+        // `StartAfter` its pull gets (judged by the epochs left, it was told to truncate below its HW,
+        // which it refuses, and pulled the same answer for good: sim seed 273001409).
         let follower_last = Seq::new(request.next_seq.get().saturating_sub(1));
-        if follower_last.get() > 0 {
+        if follower_last.get() > 0 && follower_last >= self.log.durable.retention_through {
             let (epoch, end) = self.log.end_of_epoch(request.last_epoch);
             if epoch != request.last_epoch || end < follower_last {
                 self.send(from, respond(PullBody::Diverging { epoch, end_seq: end }));

@@ -735,6 +735,26 @@ impl ChannelMachine {
                 || self.leader_fanned_unwritten(&self.log.durable).is_some())
     }
 
+    /// The operations that empty the log before a `StartAfter` (the store starts only an empty log): the
+    /// records past the checkpointed HW truncated, those at or below it given up as a retention move
+    /// would. Only a follower told that the leader gave up everything it holds restarts its log, so none
+    /// of them is wanted any more. Rare (a replica that was away while a retention move passed its log
+    /// end): the state the batch reaches so far is rebuilt here rather than carried through every batch.
+    fn give_up_before_start(&self, ops: &mut Vec<LogOp>) {
+        let mut state = self.log.durable.clone();
+        for op in ops.iter() {
+            if state.apply(&self.channel, op).is_err() {
+                return; // The batch's own check reports it.
+            }
+        }
+        if state.last_seq > state.hw {
+            ops.push(LogOp::TruncateAfter(state.hw));
+        }
+        if state.hw > state.retention_through {
+            ops.push(LogOp::SetRetention(state.hw));
+        }
+    }
+
     /// Builds the next durable append from the pending operations, if none is in flight.
     fn maybe_persist(&mut self) {
         if self.log.persisting.is_some() || self.broken {
@@ -770,6 +790,7 @@ impl ChannelMachine {
                 PendingOp::StartAfter { seq, epoch } => {
                     let (seq, epoch) = (*seq, *epoch);
                     flush_records(&mut ops, &mut records);
+                    self.give_up_before_start(&mut ops);
                     ops.push(LogOp::StartAfter { seq, epoch });
                     self.log.unpersisted.pop_front();
                 }
