@@ -272,9 +272,8 @@ pub(crate) struct Controller {
 const FENCES_SEEN_MAX: usize = 4_096;
 
 impl Controller {
-    /// The controller of `me` among `nodes`. Task ids start at `first_task` (unique per node start).
-    /// A controller for node `me` of the cluster `nodes`, whose channels are created with
-    /// `replication_factor` replicas (`NodeConfig::channel_replicas`).
+    /// The controller of `me` among `nodes`, whose channels are created with `replication_factor`
+    /// replicas (`NodeConfig::channel_replicas`). Task ids start at `first_task` (unique per node start).
     pub(crate) fn new(
         config: ControllerConfig,
         me: NodeId,

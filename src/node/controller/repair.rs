@@ -225,18 +225,13 @@ impl Controller {
     fn replacement_for(&self, meta: &ChannelRuntimeMeta, from: NodeId, now: Time) -> Option<NodeId> {
         let mut key = Vec::new();
         meta.channel.encode_key(&mut key);
-        let learners = meta.replicas.iter().copied().filter(|n| {
-            *n != from && !meta.isr.contains(n) && !self.is_down(*n, now) && !self.scan.draining.contains(n)
-        });
+        let others = || meta.replicas.iter().copied().filter(move |n| *n != from && self.may_receive(*n, now));
+        let learners = others().filter(|n| !meta.isr.contains(n));
         let in_place = || {
             // No learner and no spare node: a channel holding more replicas than it is created with
             // (its last learner was put in the ISR before its replacement was interrupted) gives up
             // `from` to another of its replicas. A channel at its factor keeps `from` (the drain waits).
-            let others = meta
-                .replicas
-                .iter()
-                .copied()
-                .filter(|n| *n != from && !self.is_down(*n, now) && !self.scan.draining.contains(n));
+            let others = others();
             let over_replicated = meta.replicas.len() > self.replication_factor;
             over_replicated.then(|| rendezvous::best(&key, others)).flatten()
         };
@@ -251,8 +246,13 @@ impl Controller {
             .liveness
             .peers()
             .chain(std::iter::once(self.me))
-            .filter(|n| !meta.is_replica(*n) && !self.is_down(*n, now) && !self.scan.draining.contains(n));
+            .filter(|n| !meta.is_replica(*n) && self.may_receive(*n, now));
         rendezvous::best(&key, candidates)
+    }
+
+    /// `true` if a replica may move to `node`: up, and not being drained.
+    fn may_receive(&self, node: NodeId, now: Time) -> bool {
+        !self.is_down(node, now) && !self.scan.draining.contains(&node)
     }
 
     /// Notes when a fence no local task owns was first seen (or forgets a cleared one).
