@@ -378,3 +378,32 @@ fn a_move_finishes_after_a_crash_of_any_participant_in_any_phase() {
         }
     }
 }
+
+/// A drain recorded after a repair pass found nothing to do starts moving replicas at once, not after
+/// the idle pause between passes (`repair_idle_interval`): the group's leader starts a pass as it
+/// applies the drain.
+#[test]
+fn a_drain_starts_moving_replicas_without_waiting_for_the_idle_pause_between_repair_passes() {
+    let idle = std::time::Duration::from_secs(60);
+    let mut cluster = Cluster::with(4, |config| config.controller.repair_idle_interval = idle);
+    cluster.run_for(6_000);
+    let drained = NodeId::new(2);
+    let config = cluster.nodes[&NodeId::new(1)].config.clone();
+    let room = (0..40)
+        .map(|i| channel(&format!("prompt-{i}")))
+        .find(|c| config.channel_placement(c).contains(&drained))
+        .expect("a channel with a replica on the drained node");
+    cluster.create_channel(1, &room);
+    // Every leader's pass has ended with nothing to repair: the next would come a minute later.
+    cluster.run_for(2_000);
+    let answer = call(&mut cluster, |core, now, id| core.drain_node(now, id, drained, true));
+    assert_eq!(answer, "Meta(Ok(()))");
+    let group = config.table().group_of_key(room.route_key());
+    let moved = cluster.run_until(15_000, |c| {
+        c.slot_leader(group).is_some_and(|l| {
+            let meta = c.core(l).reader().runtime_meta(&room).unwrap().unwrap();
+            !meta.is_replica(drained) && meta.write_fence.is_none()
+        })
+    });
+    assert!(moved, "the channel's replica left the drained node well within the idle pause");
+}

@@ -162,7 +162,10 @@ impl Cluster {
                 SlotEffect::ReadFailed { id: read, .. } => {
                     self.reads.insert((id, read), false);
                 }
-                SlotEffect::MetaChanged { .. } | SlotEffect::GroupRemoved { .. } | SlotEffect::SlotPlaced { .. } => {}
+                SlotEffect::MetaChanged { .. }
+                | SlotEffect::GroupRemoved { .. }
+                | SlotEffect::SlotPlaced { .. }
+                | SlotEffect::DrainStarted { .. } => {}
                 SlotEffect::Observed { group, observation } => {
                     self.trace.push(format!(
                         "{} {id} sees {group} leader {:?} term {}",

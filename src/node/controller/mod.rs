@@ -68,9 +68,10 @@ pub struct ControllerConfig {
     pub ping_interval: Duration,
     /// A peer not heard from for this long is down (its channels get failovers).
     pub node_down_after: Duration,
-    /// Pause between repair passes while some node is down.
+    /// Pause between repair passes while some node is down or being drained.
     pub repair_interval: Duration,
-    /// Pause between repair passes otherwise (they then only look for abandoned fences).
+    /// Pause between repair passes otherwise (they then only look for abandoned fences). A drain that a
+    /// group this node leads records meanwhile starts a pass at once.
     pub repair_idle_interval: Duration,
     /// Runtime metas read per repair step.
     pub repair_page: usize,

@@ -216,6 +216,17 @@ impl Controller {
         }
     }
 
+    /// `group` recorded `node` as being drained. If this node leads the group and its repair pass does
+    /// not know the drain yet, a new pass starts at once: a pass that ended with nothing to repair
+    /// rests `repair_idle_interval` (10 s by default) before the next, and the drain's first move
+    /// would wait that long.
+    pub(crate) fn drain_started(&mut self, now: Time, group: GroupId, node: NodeId) {
+        if self.led.contains(&group) && !self.scan.draining.contains(&node) {
+            self.scan.active = false;
+            self.scan.next_pass = self.scan.next_pass.min(now);
+        }
+    }
+
     /// Where a replica leaving `meta`'s channel (`from`) goes: a learner of the channel on a live,
     /// undrained node, if it has one — a replacement interrupted after adding it (its fence lost to a
     /// failover, its catch-up timed out) left it there, and another replacement to a spare node would

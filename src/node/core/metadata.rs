@@ -270,6 +270,7 @@ impl NodeCore {
                 // A stale or conflicting observation is refused by the router; the newer one stands.
                 let _ = self.router.observe(group, observation);
             }
+            SlotEffect::DrainStarted { group, node } => self.controller.drain_started(self.now, group, node),
             SlotEffect::SlotPlaced { slot, placement } => {
                 self.router.learn_slot_owner(slot, placement.group, placement.epoch);
             }

@@ -296,6 +296,8 @@ pub struct AppliedBatch {
     pub metas: Vec<ChannelRuntimeMeta>,
     /// Hash slots whose placement the batch changed (a migration this group finished or committed).
     pub placements: Vec<(HashSlot, Placement)>,
+    /// Nodes the batch recorded as being drained (`Command::DrainNode` with `drain: true`, applied).
+    pub drains_started: Vec<NodeId>,
 }
 
 impl SlotFsm {
@@ -361,6 +363,7 @@ impl SlotFsm {
         entries: &[(u64, &[u8])],
     ) -> StoreResult<(AppliedBatch, Option<MetaWriteBatch>)> {
         let mut metas = Vec::new();
+        let mut drains_started = Vec::new();
         let applied = self.applied_index()?;
         let mut overlay = Overlay::new(&self.store);
         let mut outcomes = Vec::with_capacity(entries.len());
@@ -378,10 +381,12 @@ impl SlotFsm {
             let outcome = match Command::decode(data) {
                 Ok(command) => {
                     let outcome = self.apply_one(genesis, conf, &mut overlay, &command)?;
-                    if let (Outcome::Applied, Command::CreateRuntimeMeta(meta) | Command::CasRuntimeMeta { meta, .. }) =
-                        (&outcome, command)
-                    {
-                        metas.push(meta);
+                    if matches!(outcome, Outcome::Applied) {
+                        match command {
+                            Command::CreateRuntimeMeta(meta) | Command::CasRuntimeMeta { meta, .. } => metas.push(meta),
+                            Command::DrainNode { node, drain: true, .. } => drains_started.push(node),
+                            _ => {}
+                        }
                     }
                     outcome
                 }
@@ -401,9 +406,10 @@ impl SlotFsm {
             for (slot, record) in overlay.records_written {
                 records.insert(slot, Some(record));
             }
-            return Ok((AppliedBatch { outcomes, metas, placements: overlay.placements }, Some(overlay.batch)));
+            let applied = AppliedBatch { outcomes, metas, placements: overlay.placements, drains_started };
+            return Ok((applied, Some(overlay.batch)));
         }
-        Ok((AppliedBatch { outcomes, metas, placements: overlay.placements }, None))
+        Ok((AppliedBatch { outcomes, metas, placements: overlay.placements, drains_started }, None))
     }
 
     fn record(&self, genesis: &HashToSlot, overlay: &Overlay<'_>, slot: HashSlot) -> StoreResult<Option<SlotRecord>> {

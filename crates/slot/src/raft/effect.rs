@@ -128,6 +128,14 @@ pub enum SlotEffect {
         /// Where it lives now, and its ownership epoch.
         placement: tidings_store::Placement,
     },
+    /// `group` recorded `node` as being drained (a `DrainNode` command this node applied): the group's
+    /// leader moves the node's replicas away.
+    DrainStarted {
+        /// The group.
+        group: GroupId,
+        /// The drained node.
+        node: NodeId,
+    },
     /// This node left `group` (a membership change removed it): its replica was destroyed.
     GroupRemoved {
         /// The group.

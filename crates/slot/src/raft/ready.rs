@@ -258,6 +258,9 @@ impl MultiRaft {
         for meta in applied.metas {
             self.effects.push_back(SlotEffect::MetaChanged { group: id, meta, leader });
         }
+        for node in applied.drains_started {
+            self.effects.push_back(SlotEffect::DrainStarted { group: id, node });
+        }
         self.placed(applied.placements);
         let outcomes = applied.outcomes;
         let group = self.groups.get_mut(&id).expect("group exists");
