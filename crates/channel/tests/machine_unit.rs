@@ -307,6 +307,62 @@ fn a_leader_whose_records_wait_two_pull_timeouts_asks_for_the_meta_in_force() {
     assert!(refreshes.iter().all(|at| hints.contains(at)), "only with a wake-up: {refreshes:?} {hints:?}");
 }
 
+/// A hint replaces the pull out with a new one, but the replaced pull may not be lost: it may be what
+/// woke the hinting leader (activated by it, the new incarnation hints every replica). Its answer is
+/// still taken while the pull out asks from the same seq; an answer to a pull replaced before the last
+/// answer taken is not. Without that, two learners whose pulls each woke a leader evicted for room
+/// between them dropped every answer (sim seed 279006691).
+#[test]
+fn the_answer_to_a_pull_a_hint_replaced_is_still_taken_while_it_fits() {
+    use tidings_channel::machine::{PullBody, PullHint, PullResponse};
+    use tidings_store::message::{Record, RecordKind};
+    let log = MemoryLog::new(LogLimits::default());
+    let mut m =
+        ChannelMachine::new(channel(), NodeId::new(2), MachineConfig::default(), 1, t(0), Default::default(), vec![]);
+    m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    let first = pulls(&settle(&mut m, &log, t(1)));
+    let hint = PullHint { channel: channel(), leader_epoch: LeaderEpoch::new(1) };
+    m.handle_message(t(2), NodeId::new(1), ChannelMessage::Hint(hint.clone()));
+    let second = pulls(&settle(&mut m, &log, t(2)));
+    assert_eq!((first.len(), second.len()), (1, 1));
+    let answer = |pull_id: u64, seq: u64| {
+        let record = Record {
+            seq: Seq::new(seq),
+            kind: if seq == 1 { RecordKind::Barrier } else { RecordKind::Message },
+            leader_epoch: LeaderEpoch::new(1),
+            idempotency_key: None,
+            timestamp_ms: 0,
+            payload: Bytes::from_static(b"m"),
+        };
+        ChannelMessage::PullResponse(PullResponse {
+            channel: channel(),
+            pull_id,
+            leader_epoch: LeaderEpoch::new(1),
+            body: PullBody::Records { records: vec![record], hw: Seq::new(0), fanned_through: Seq::new(0) },
+        })
+    };
+    // The answer to the replaced pull comes first: taken.
+    m.handle_message(t(3), NodeId::new(1), answer(first[0], 1));
+    let third = pulls(&settle(&mut m, &log, t(3)));
+    assert_eq!(m.log_end(), Seq::new(1), "the replaced pull's answer is taken");
+    assert_eq!(third.len(), 1, "and the next pull goes out");
+    // The answer to the pull that replaced it comes late: ignored, as is a second copy of the first.
+    m.handle_message(t(4), NodeId::new(1), answer(second[0], 1));
+    m.handle_message(t(4), NodeId::new(1), answer(first[0], 1));
+    settle(&mut m, &log, t(4));
+    assert_eq!(m.log_end(), Seq::new(1));
+    // A hint now, then an answer to a pull replaced before the last answer taken: ignored.
+    m.handle_message(t(5), NodeId::new(1), ChannelMessage::Hint(hint));
+    settle(&mut m, &log, t(5));
+    m.handle_message(t(6), NodeId::new(1), answer(second[0], 2));
+    settle(&mut m, &log, t(6));
+    assert_eq!(m.log_end(), Seq::new(1), "an answer to a pull replaced earlier is stale");
+    // The replaced pull (the third) is still welcome.
+    m.handle_message(t(7), NodeId::new(1), answer(third[0], 2));
+    settle(&mut m, &log, t(7));
+    assert_eq!(m.log_end(), Seq::new(2));
+}
+
 /// Three records durable, HW checkpointed at 1: the store of a replica rebuilt after a storage failure,
 /// whose previous incarnation knew seq 3 committed.
 fn log_with_hw_checkpoint_behind() -> MemoryLog {

@@ -31,6 +31,11 @@ pub struct PullInFlight {
 pub(super) struct FollowerState {
     leader: NodeId,
     pub(super) outstanding: Option<Outstanding>,
+    /// The pull a leader's hint replaced (see `follower_hint`): its answer is still taken while the pull
+    /// out asks from the same seq. The hint may come from the very leader incarnation that the replaced
+    /// pull woke: two learners whose pulls each activated a leader evicted for room between them, each
+    /// activation hinting both, dropped every answer as one to a replaced pull (sim seed 279006691).
+    pub(super) replaced: Option<Outstanding>,
     /// Do not pull before this time (idle back-off, or after an error); `None`: pull when settled.
     pub(super) next_pull_at: Option<Time>,
     empty_pulls: u32,
@@ -44,7 +49,7 @@ impl FollowerState {
     }
 
     pub(super) fn new(leader: NodeId, _now: Time) -> Self {
-        Self { leader, outstanding: None, next_pull_at: None, empty_pulls: 0, leader_hw: Seq::new(0) }
+        Self { leader, outstanding: None, replaced: None, next_pull_at: None, empty_pulls: 0, leader_hw: Seq::new(0) }
     }
 
     pub(super) fn next_timeout(&self, config: &MachineConfig, now: Time) -> Option<Time> {
@@ -147,6 +152,7 @@ impl ChannelMachine {
             if follower.outstanding.is_some_and(|o| o.sent_at + timeout <= now) {
                 // Lost request or response: pull again (a late answer is ignored by its id).
                 follower.outstanding = None;
+                follower.replaced = None;
             }
         }
         self.follower_maybe_pull();
@@ -178,8 +184,9 @@ impl ChannelMachine {
         // The leader hints replicas it has no live pull from: a pull of ours still out was lost (sent
         // before the leader's replica was active, say — it drops pulls for a channel it does not run),
         // so send another now instead of at the pull timeout (a late answer is ignored by its id).
-        // Seen: first appends after channel creation waiting the whole 2 s pull timeout.
-        follower.outstanding = None;
+        // Seen: first appends after channel creation waiting the whole 2 s pull timeout. The pull out
+        // may not be lost, though (it may be what woke the hinting leader): its answer stays welcome.
+        follower.replaced = follower.outstanding.take().or(follower.replaced);
         follower.next_pull_at = None;
         follower.empty_pulls = 0;
         self.follower_maybe_pull();
@@ -192,6 +199,7 @@ impl ChannelMachine {
             // A failover froze replication: take nothing more from the current leader.
             if let Some(follower) = self.follower() {
                 follower.outstanding = None;
+                follower.replaced = None;
             }
             return;
         }
@@ -200,11 +208,18 @@ impl ChannelMachine {
             return;
         }
         let Some(follower) = self.follower() else { return };
-        let expected = follower.outstanding.filter(|o| o.pull_id == response.pull_id);
+        // The answer to the pull out, or to the one a hint replaced while the pull out asks from where it
+        // did: nothing was taken since (taking an answer forgets both), so it still fits the log.
+        let asks_from = follower.outstanding.map(|o| o.next_seq);
+        let expected = follower
+            .outstanding
+            .filter(|o| o.pull_id == response.pull_id)
+            .or_else(|| follower.replaced.filter(|r| r.pull_id == response.pull_id && Some(r.next_seq) == asks_from));
         if from != follower.leader || response.leader_epoch < leader_epoch || expected.is_none() {
             return; // Stale, duplicated or misdirected.
         }
         follower.outstanding = None;
+        follower.replaced = None;
         let next_seq = expected.map(|o| o.next_seq).expect("checked above");
         match response.body {
             PullBody::Records { records, hw, fanned_through } => {

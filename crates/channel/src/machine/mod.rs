@@ -895,6 +895,7 @@ impl ChannelMachine {
                 self.idempotency.truncate_after(durable.last_seq);
                 if let Role::Follower(follower) = &mut self.role {
                     follower.outstanding = None;
+                    follower.replaced = None;
                     follower.next_pull_at = Some(self.now + self.config.idle_pull_interval);
                 }
             }
