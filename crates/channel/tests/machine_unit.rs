@@ -315,7 +315,7 @@ fn a_leader_whose_records_wait_two_pull_timeouts_asks_for_the_meta_in_force() {
 #[test]
 fn the_answer_to_a_pull_a_hint_replaced_is_still_taken_while_it_fits() {
     use tidings_channel::machine::{PullBody, PullHint, PullResponse};
-    use tidings_store::message::{Record, RecordKind};
+    use tidings_store::message::Record;
     let log = MemoryLog::new(LogLimits::default());
     let mut m =
         ChannelMachine::new(channel(), NodeId::new(2), MachineConfig::default(), 1, t(0), Default::default(), vec![]);
@@ -326,14 +326,7 @@ fn the_answer_to_a_pull_a_hint_replaced_is_still_taken_while_it_fits() {
     let second = pulls(&settle(&mut m, &log, t(2)));
     assert_eq!((first.len(), second.len()), (1, 1));
     let answer = |pull_id: u64, seq: u64| {
-        let record = Record {
-            seq: Seq::new(seq),
-            kind: if seq == 1 { RecordKind::Barrier } else { RecordKind::Message },
-            leader_epoch: LeaderEpoch::new(1),
-            idempotency_key: None,
-            timestamp_ms: 0,
-            payload: Bytes::from_static(b"m"),
-        };
+        let record = Record::message(Seq::new(seq), LeaderEpoch::new(1), Bytes::from_static(b"m"));
         ChannelMessage::PullResponse(PullResponse {
             channel: channel(),
             pull_id,

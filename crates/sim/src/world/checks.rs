@@ -18,8 +18,7 @@ impl World {
     pub(super) fn check_moves_settled(&mut self) {
         let table = self.nodes.values().next().expect("nodes").config.table();
         for group in table.groups().collect::<Vec<_>>() {
-            let Some(core) = self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group))
-            else {
+            let Some(core) = self.group_leader(group) else {
                 continue;
             };
             let joint = core.slot().status(group).is_some_and(|s| s.joint);
@@ -34,6 +33,19 @@ impl World {
         }
     }
 
+    /// The running core that leads `group`, if any.
+    fn group_leader(&self, group: GroupId) -> Option<&tidings::node::NodeCore> {
+        self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group))
+    }
+
+    /// The newest runtime meta of `channel` any running node stores.
+    fn newest_meta(&self, channel: &ChannelId) -> Option<tidings::types::ChannelRuntimeMeta> {
+        self.nodes
+            .values()
+            .filter_map(|n| n.core.as_ref()?.reader().runtime_meta(channel).ok().flatten())
+            .max_by_key(|m| m.version)
+    }
+
     /// After healing, a node being drained holds no slot-group replica and no channel replica, if the
     /// nodes left undrained can hold them all (a drain with too few left waits, by design, for an
     /// operator). Replacements interrupted before their switch once left their new replicas behind, so
@@ -45,9 +57,7 @@ impl World {
         if !left.is_empty() {
             if std::env::var("SIM_DEBUG").is_ok() {
                 for group in self.genesis().groups() {
-                    let Some(core) =
-                        self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group))
-                    else {
+                    let Some(core) = self.group_leader(group) else {
                         continue;
                     };
                     eprintln!("{} leads {group}: {:?}", core.node(), core.slot().status(group));
@@ -75,7 +85,7 @@ impl World {
             .genesis()
             .groups()
             .filter_map(|group| {
-                let core = self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group))?;
+                let core = self.group_leader(group)?;
                 Some((group, core))
             })
             .collect();
@@ -109,11 +119,7 @@ impl World {
             left.extend(members.iter().filter(|n| draining.contains(n)).map(|n| format!("{n} in {group}")));
         }
         for channel in &self.channels {
-            let meta = self
-                .nodes
-                .values()
-                .filter_map(|n| n.core.as_ref()?.reader().runtime_meta(channel).ok().flatten())
-                .max_by_key(|m| m.version);
+            let meta = self.newest_meta(channel);
             let on_drained = meta.iter().flat_map(|m| m.replicas.iter()).filter(|n| draining.contains(n));
             left.extend(on_drained.map(|n| format!("{n} in {channel} ({meta:?})")));
         }
@@ -124,20 +130,14 @@ impl World {
     /// away may linger until it hears it was removed, and a learner a move added late in the healing phase
     /// may still be catching up (neither is a replica the checks compare).
     pub(super) fn group_members(&self, group: GroupId) -> Vec<NodeId> {
-        self.nodes
-            .values()
-            .filter_map(|n| n.core.as_ref())
-            .find(|c| c.slot().is_leader(group))
-            .and_then(|c| c.slot().status(group))
-            .map(|s| s.voters)
-            .unwrap_or_else(|| {
-                // No leader to ask: every replica held counts (the checks then stay strict).
-                let holding = self
-                    .nodes
-                    .iter()
-                    .filter(|(_, n)| n.core.as_ref().is_some_and(|c| c.slot().groups().any(|g| g == group)));
-                holding.map(|(id, _)| *id).collect()
-            })
+        self.group_leader(group).and_then(|c| c.slot().status(group)).map(|s| s.voters).unwrap_or_else(|| {
+            // No leader to ask: every replica held counts (the checks then stay strict).
+            let holding = self
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.core.as_ref().is_some_and(|c| c.slot().groups().any(|g| g == group)));
+            holding.map(|(id, _)| *id).collect()
+        })
     }
 
     /// The highest seq of `channel` known committed: the highest of the HWs given (what replicas show
@@ -244,7 +244,7 @@ impl World {
     pub(super) fn owner_of(&self, slot: HashSlot) -> GroupId {
         let mut group = self.genesis().group_of(slot);
         for _ in 0..64 {
-            let leader = self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group));
+            let leader = self.group_leader(group);
             let record = leader.and_then(|c| c.reader().slot_record(group, slot).ok().flatten());
             match record.map(|r| r.state) {
                 Some(SlotState::Gone { to }) => group = to,
@@ -257,11 +257,9 @@ impl World {
     /// After healing, no hash-slot migration is left half done: no group's leader shows a slot exporting,
     /// fenced or importing (an import whose export was given up is dropped).
     pub(super) fn check_migrations_settled(&mut self) {
-        for group in self.genesis().groups().collect::<Vec<_>>() {
-            let Some(core) = self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group))
-            else {
-                continue;
-            };
+        let mut unsettled = Vec::new();
+        for group in self.genesis().groups() {
+            let Some(core) = self.group_leader(group) else { continue };
             let records = core.reader().slot_records(group).unwrap_or_default();
             for (slot, record) in records {
                 if matches!(
@@ -269,11 +267,14 @@ impl World {
                     SlotState::Exporting { .. } | SlotState::Fenced { .. } | SlotState::Importing { .. }
                 ) {
                     let driver = core.status().slot_migrations;
-                    self.oracle.violation(format!(
+                    unsettled.push(format!(
                         "liveness: {slot} of {group} still migrating after healing ({record:?}, driver {driver:?})"
                     ));
                 }
             }
+        }
+        for violation in unsettled {
+            self.oracle.violation(violation);
         }
     }
 
@@ -312,12 +313,7 @@ impl World {
     pub(super) fn final_checks(&mut self) {
         for channel in self.channels.clone() {
             // The replicas the newest meta names (replacements move them).
-            let Some(meta) = self
-                .nodes
-                .values()
-                .filter_map(|n| n.core.as_ref()?.reader().runtime_meta(&channel).ok().flatten())
-                .max_by_key(|m| m.version)
-            else {
+            let Some(meta) = self.newest_meta(&channel) else {
                 self.oracle.violation(format!("{channel}: no node stores its meta"));
                 continue;
             };
