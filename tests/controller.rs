@@ -493,6 +493,37 @@ fn replacing_the_leader_hands_the_leadership_to_the_new_replica() {
 }
 
 #[test]
+fn a_replacement_that_cannot_catch_up_fails_and_takes_its_learner_out_again() {
+    let mut cluster = Cluster::with(4, |config| config.controller.catch_up_timeout = std::time::Duration::from_secs(3));
+    cluster.run_for(3_000);
+    let room = channel("replace-gives-up");
+    cluster.create_channel(1, &room);
+    let old = any_stored_meta(&mut cluster, &room);
+    let spare = (1..=4).map(NodeId::new).find(|n| !old.is_replica(*n)).unwrap();
+    let mut acked = append_acked(&mut cluster, old.leader.get(), &room, "before", 5);
+    // The spare is gone: it is added as a learner, and never catches up.
+    cluster.crash(spare.get());
+    let from = old.isr.iter().copied().find(|n| *n != old.leader).unwrap();
+    let id = cluster.api();
+    let now = cluster.now;
+    cluster.core(old.leader.get()).replace_replica(now, id, room.clone(), from, spare);
+    assert!(cluster.run_until(10_000, |c| c.tasks.contains_key(&id)));
+    assert!(matches!(cluster.tasks[&id], Err(NodeError::Task(TaskError::DrainTimedOut))), "{:?}", cluster.tasks[&id]);
+    // The members are what they were, one membership change later than the learner's addition.
+    let removed = |c: &mut Cluster| !any_stored_meta(c, &room).is_replica(spare);
+    assert!(cluster.run_until(5_000, removed), "the learner stays: {:?}", any_stored_meta(&mut cluster, &room));
+    let meta = any_stored_meta(&mut cluster, &room);
+    assert_eq!((&meta.replicas, &meta.isr, meta.leader), (&old.replicas, &old.isr, old.leader));
+    assert_eq!(meta.epoch, old.epoch.next().next(), "added, then taken out");
+    let removal = TaskKind::RemoveLearner { node: spare };
+    assert!(reports(&mut cluster, &room).iter().any(|r| r.kind == removal && r.outcome.is_ok()));
+    acked.extend(append_acked(&mut cluster, old.leader.get(), &room, "after", 3));
+    for replica in &meta.replicas {
+        assert_all_readable(&mut cluster, replica.get(), &room, &acked);
+    }
+}
+
+#[test]
 fn repair_replaces_a_dead_replica_when_the_isr_falls_below_min_isr() {
     let mut cluster =
         Cluster::with(4, |config| config.controller.replace_down_after = std::time::Duration::from_secs(3));

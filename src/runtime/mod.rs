@@ -494,7 +494,9 @@ impl Node {
     /// Replaces replica `from` of `channel` by node `to`: `to` catches up as a learner while appends go
     /// on, then a short fence, one meta change (`to` into the ISR, `from` out, leadership handed over if
     /// `from` led), unfence (see [`NodeCore::replace_replica`]). Waits up to the controller's catch-up
-    /// and drain timeouts; returns the task's report.
+    /// and drain timeouts; returns the task's report. A replacement whose new replica does not catch
+    /// up in time fails with `TaskError::DrainTimedOut` and, in a healthy channel, takes that learner
+    /// out again (`TaskKind::RemoveLearner`): the members stay as they were.
     pub fn replace_replica(&self, channel: ChannelId, from: NodeId, to: NodeId) -> Result<TaskReport, NodeError> {
         self.task(Call::ReplaceReplica { channel, from, to }, REPLACE_TIMEOUT)
     }

@@ -316,3 +316,15 @@ fn clock_skew_seeds_that_once_failed_pass() {
     // the channel's replica on the drained node for good.
     assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..SimParams::from_seed(273001409) }));
 }
+
+/// Seeds that ended with channels over their replication factor once the check that none does came
+/// in (session 27): replacements that did not finish left their new replicas behind — 283001123 (its
+/// own draws) a replica added by a replacement whose drain timed out, 282001647 (hurried timings forced
+/// on) one left by a replacement interrupted by crashes. Both kept shrinking and expanding their ISR in
+/// the healed phase (tight limits evict followers for room), which a wait keyed on the meta's version
+/// never saw settle: the wait is on the replicas.
+#[test]
+fn seeds_left_over_their_replication_factor_pass() {
+    assert_passes(&run_seed(283001123));
+    assert_passes(&run(SimParams { hurried_timings: true, ..SimParams::from_seed(282001647) }));
+}

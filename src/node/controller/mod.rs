@@ -40,6 +40,7 @@ mod repair;
 mod report;
 mod slot_migration;
 mod steps;
+mod surplus;
 
 pub(crate) use membership::ClusterView;
 pub use membership::MembershipStep;
@@ -81,7 +82,9 @@ pub struct ControllerConfig {
     pub ask_interval: Duration,
     /// A transfer or replacement gives up (and unfences) when the old leader has not drained by then.
     pub drain_timeout: Duration,
-    /// A replacement gives up when its new replica has not caught up by then (nothing was fenced).
+    /// A replacement gives up when its new replica has not caught up by then (nothing was fenced). In a
+    /// healthy channel the learner it added is taken out again (`TaskKind::RemoveLearner`); in one
+    /// below MinISR it stays, for the next replacement to resume from.
     pub catch_up_timeout: Duration,
     /// The repair loop replaces an ISR member down this long when the live ISR is below MinISR.
     pub replace_down_after: Duration,
@@ -159,6 +162,8 @@ pub(crate) enum Action {
 enum Change {
     /// A replacement adds its new replica as a learner.
     AddLearner,
+    /// A learner left behind by an unfinished replacement leaves the replicas.
+    RemoveLearner,
     Fence,
     Switch,
     Unfence {
@@ -260,6 +265,10 @@ pub(crate) struct Controller {
     rebalance_backoff: BTreeMap<ChannelId, Time>,
     /// Fences seen by the repair loop that no local task owns: task id and when first seen.
     fences_seen: BTreeMap<ChannelId, (u64, Time)>,
+    /// Healthy channels holding more replicas than they are created with, by the replicas they had when
+    /// the repair pass first saw them so, and since when: one replica is given up once they stayed
+    /// `catch_up_timeout` (see `surplus`). At most `FENCES_SEEN_MAX`.
+    surplus_seen: BTreeMap<ChannelId, (Vec<NodeId>, Time)>,
     /// Slot groups this node led at the last tick.
     led: BTreeSet<GroupId>,
     /// The hash slots of the groups in `led`, as of the last ping round.
@@ -300,6 +309,7 @@ impl Controller {
             drains_known: BTreeSet::new(),
             rebalance_backoff: BTreeMap::new(),
             fences_seen: BTreeMap::new(),
+            surplus_seen: BTreeMap::new(),
             led: BTreeSet::new(),
             led_slots: Vec::new(),
             next_task: first_task,
@@ -351,6 +361,7 @@ impl Controller {
                 kind: task.kind,
                 step: match &task.step {
                     Step::Proposing { change: Change::AddLearner, .. } => "adding learner",
+                    Step::Proposing { change: Change::RemoveLearner, .. } => "removing learner",
                     Step::CatchingUp => "catching up",
                     Step::Proposing { change: Change::Fence, .. } => "fencing",
                     Step::Gathering => "gathering evidence",

@@ -146,7 +146,9 @@ impl Controller {
         // `replace_down_after` is replaced by a live node that keeps no copy yet.
         let live = meta.isr.iter().filter(|n| !self.is_down(**n, now)).count();
         if live >= usize::from(meta.min_isr) {
-            self.return_to_preferred_leader(now, meta);
+            if !self.give_up_surplus_replica(now, &meta) {
+                self.return_to_preferred_leader(now, meta);
+            }
             return;
         }
         let long_down =

@@ -28,6 +28,14 @@ pub enum TaskKind {
     /// A fence left by a task nobody runs any more (its controller stopped) and that froze nothing:
     /// cleared with a newer meta, the leader unchanged.
     ClearFence,
+    /// Take `node`, a replica outside the ISR, out of a healthy channel that holds more replicas than it
+    /// is created with: what a replacement that did not finish left behind (it added `node` as a
+    /// learner, then timed out or lost its controller). One meta change, no fence: a learner never
+    /// counts towards commit or leadership, so nothing the channel committed depends on it.
+    RemoveLearner {
+        /// The learner that leaves.
+        node: NodeId,
+    },
 }
 
 /// One replica's durable state, as evidence for a leader switch.

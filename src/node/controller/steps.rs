@@ -33,6 +33,13 @@ impl Controller {
                 next.replicas.push(to);
                 (Change::AddLearner, next)
             }
+            TaskKind::RemoveLearner { node } => {
+                let mut next = task.meta.clone();
+                next.version += 1;
+                next.epoch = next.epoch.next();
+                next.replicas.retain(|n| *n != node);
+                (Change::RemoveLearner, next)
+            }
         };
         self.propose(now, &channel, change, next);
     }
@@ -84,6 +91,10 @@ impl Controller {
                 let next = unfenced(&task.meta);
                 self.propose(now, channel, Change::Unfence { switched: true }, next);
             }
+            Change::RemoveLearner => {
+                let task = self.tasks.remove(channel).expect("present");
+                self.finish(now, task, Ok(()));
+            }
             Change::Unfence { switched } => {
                 let task = self.tasks.remove(channel).expect("present");
                 let outcome = match (switched, task.kind) {
@@ -132,9 +143,15 @@ impl Controller {
                     return;
                 }
                 Step::CatchingUp => {
-                    // Nothing is fenced yet: the learner stays (a later replacement resumes from it).
+                    // Nothing is fenced yet. In a healthy channel the learner goes again (a failed task
+                    // leaves the members as they were); in one below MinISR it stays, for the next
+                    // replacement to resume from.
                     let task = self.tasks.remove(channel).expect("present");
+                    let (meta, to) = (task.meta.clone(), replacement_target(task.kind));
                     self.finish(now, task, Err(TaskError::DrainTimedOut));
+                    if let Some(to) = to {
+                        self.remove_own_learner(now, &meta, to);
+                    }
                     return;
                 }
                 Step::Proposing { .. } => {}
@@ -267,7 +284,8 @@ fn switch_target(
             }
             to
         }
-        TaskKind::ClearFence => return None,
+        // Neither gathers evidence.
+        TaskKind::ClearFence | TaskKind::RemoveLearner { .. } => return None,
     };
     Some(Ok(chosen))
 }

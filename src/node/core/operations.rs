@@ -25,7 +25,9 @@ impl NodeCore {
     /// unfence. [`NodeEffect::Done`](crate::node::NodeEffect::Done) with [`ApiResult::Task`] follows.
     /// `to` may already be a learner of the channel (a replacement interrupted after adding it: this
     /// one finishes it) or, in a channel holding more replicas than `NodeConfig::channel_replicas`, any
-    /// other replica (`from` then leaves, one replica fewer); otherwise `TaskError::CannotJoin`.
+    /// other replica (`from` then leaves, one replica fewer); otherwise `TaskError::CannotJoin`. A new
+    /// replica that does not catch up within `ControllerConfig::catch_up_timeout` ends the task with
+    /// `TaskError::DrainTimedOut` and, in a healthy channel, leaves the replicas again.
     pub fn replace_replica(&mut self, now: Time, id: ApiId, channel: ChannelId, from: NodeId, to: NodeId) {
         self.start_task(now, id, channel, TaskStart::Replace { from, to });
     }

@@ -126,6 +126,42 @@ impl World {
         (draining, left)
     }
 
+    /// After healing, no channel holds more replicas than it is created with (unless it has a replica
+    /// on a node some group names draining, whose drain moves it first), when the seed's timings let
+    /// the controllers give the surplus up in the healed phase and the settling time: a repair pass
+    /// waits `catch_up_timeout` on a settled meta before it gives one up (see
+    /// `tidings::node::controller::surplus`), and an in-place replacement may wait for a drain.
+    pub(super) fn check_surplus_given_up(&mut self) {
+        let left = self.surplus_left();
+        if !left.is_empty() {
+            self.oracle.violation(format!("liveness: channels over their replication factor after healing: {left:?}"));
+        }
+    }
+
+    /// What [`Self::check_surplus_given_up`] finds, or nothing when the seed's timings do not let it
+    /// expect anything.
+    pub(super) fn surplus_left(&self) -> Vec<String> {
+        let config = &self.nodes.values().next().expect("nodes").config;
+        let timings = &config.controller;
+        let needed = timings.catch_up_timeout * 2 + timings.repair_idle_interval * 2 + timings.drain_timeout * 2;
+        if needed > std::time::Duration::from_millis(self.params.liveness_ms + super::SETTLE_MAX_MS / 2) {
+            return Vec::new();
+        }
+        let genesis = self.genesis();
+        let leaders = genesis.groups().filter_map(|group| Some((group, self.group_leader(group)?)));
+        let intents = leaders.map(|(group, core)| core.reader().group_intent(group).ok().flatten());
+        let named: BTreeSet<NodeId> = intents.flatten().flat_map(|i| i.draining).collect();
+        let factor = config.channel_replicas;
+        self.channels
+            .iter()
+            .filter_map(|channel| {
+                let meta = self.newest_meta(channel)?;
+                let surplus = meta.replicas.len() > factor && !meta.replicas.iter().any(|n| named.contains(n));
+                surplus.then(|| format!("{channel}: replicas {:?}, ISR {:?}", meta.replicas, meta.isr))
+            })
+            .collect()
+    }
+
     /// The voters of `group` in force, as its leader has them: replica moves change them, a replica moved
     /// away may linger until it hears it was removed, and a learner a move added late in the healing phase
     /// may still be catching up (neither is a replica the checks compare).
@@ -362,11 +398,15 @@ impl World {
                 }
             }
         }
+        let reports = self.nodes.values().filter_map(|n| n.core.as_ref()).flat_map(|c| c.status().finished_tasks);
+        let removal = |r: &tidings::node::TaskReport| matches!(r.kind, tidings::node::TaskKind::RemoveLearner { .. });
+        self.faults.learners_removed += reports.filter(|r| removal(r) && r.outcome.is_ok()).count() as u64;
         self.faults.fanout_planned_again +=
             self.nodes.values().filter_map(|n| n.core.as_ref()).map(|c| c.status().fanout_planned_again).sum::<u64>();
         self.check_slot_replicas();
         self.check_moves_settled();
         self.check_drains_finished();
+        self.check_surplus_given_up();
         self.check_migrations_settled();
         self.oracle.check_answered();
         for channel in &self.channels {

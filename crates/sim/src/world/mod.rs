@@ -114,6 +114,9 @@ pub struct Faults {
     pub fanout_missed: u64,
     /// Committed messages new channel leaders planned again (on the nodes up at the end).
     pub fanout_planned_again: u64,
+    /// Learners taken out of channels over their replication factor (`TaskKind::RemoveLearner` that
+    /// succeeded), from the finished-task reports of the nodes up at the end (each keeps its last few).
+    pub learners_removed: u64,
     /// Slot-group snapshots sent (their first chunk), counted in `tight_limits` seeds only (it takes a
     /// decode of every frame).
     pub snapshots_sent: u64,
@@ -138,6 +141,7 @@ impl std::ops::AddAssign for Faults {
         self.retention_moves += other.retention_moves;
         self.retention_moves_done += other.retention_moves_done;
         self.fanout_missed += other.fanout_missed;
+        self.learners_removed += other.learners_removed;
         self.fanout_planned_again += other.fanout_planned_again;
     }
 }
@@ -366,7 +370,10 @@ impl World {
         // Whatever does not settle in time is reported by those checks.
         let mut settle_left = SETTLE_MAX_MS;
         while settle_left > 0
-            && (self.fanout_backlog() > 0 || !self.slot_replicas_agree() || !self.drains_left().1.is_empty())
+            && (self.fanout_backlog() > 0
+                || !self.slot_replicas_agree()
+                || !self.drains_left().1.is_empty()
+                || !self.surplus_left().is_empty())
         {
             self.run_for(SETTLE_STEP_MS);
             settle_left -= SETTLE_STEP_MS;
