@@ -44,20 +44,6 @@ fn live() -> usize {
     tikv_jemalloc_ctl::stats::allocated::read().unwrap_or(0)
 }
 
-/// Waits (up to 30 s) until write-behind stored every record waiting in the journals' memory tables and
-/// the entries of evicted channels left memory (at the end of the round after their eviction).
-fn wait_for_write_behind(cluster: &Cluster) {
-    let from = Instant::now();
-    let waiting = |node: &Arc<tidings::Node>| {
-        let log = node.message_log_stats();
-        let active = node.status().map_or(0, |s| s.channels.len());
-        log.mem_bytes > 0 || log.channels_in_memory > active
-    };
-    while from.elapsed() < Duration::from_secs(30) && cluster.nodes.iter().any(waiting) {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// One line of the report.
 struct Row {
     section: &'static str,
@@ -146,7 +132,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // the journals' memory tables empty (records waiting for write-behind are not the replicas'
             // memory).
             cluster.wait_until_evicted(0);
-            wait_for_write_behind(&cluster);
+            cluster.wait_for_write_behind();
         }
         let before = live();
         let t = Instant::now();
@@ -160,7 +146,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             cluster.wait_until_evicted(3 * 1_000);
         }
         if count == 10_000 {
-            wait_for_write_behind(&cluster);
+            cluster.wait_for_write_behind();
             let per = (live().saturating_sub(before)) as f64 / (count * 3) as f64;
             println!("memory: {per:.0} B per active channel replica");
             memory.push(("per active channel replica", per));
@@ -181,7 +167,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if count == 100_000 {
             // Wait for idle eviction: (nearly) every replica of these channels leaves memory.
             cluster.wait_until_evicted(3 * 1_000);
-            wait_for_write_behind(&cluster);
+            cluster.wait_for_write_behind();
             let per = (live().saturating_sub(before)) as f64 / (count * 3) as f64;
             let held: usize = cluster.nodes.iter().map(|n| n.message_log_stats().channels_in_memory).sum();
             println!("memory: {per:.0} B per evicted idle channel replica ({held} channels left in the message logs' memory)");

@@ -130,6 +130,22 @@ impl Cluster {
         }
     }
 
+    /// Waits (up to 30 s) until write-behind stored every record waiting in the journals' memory tables
+    /// and the entries of evicted channels left memory (at the end of the round after their eviction);
+    /// how long it waited.
+    pub fn wait_for_write_behind(&self) -> Duration {
+        let from = Instant::now();
+        let waiting = |node: &Arc<Node>| {
+            let log = node.message_log_stats();
+            let active = node.status().map_or(0, |s| s.channels.len());
+            log.mem_bytes > 0 || log.channels_in_memory > active
+        };
+        while from.elapsed() < Duration::from_secs(30) && self.nodes.iter().any(waiting) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        from.elapsed()
+    }
+
     /// Creates `channels` from several threads (metadata writes batch in the slot groups' raft logs).
     pub fn create(&self, channels: &[ChannelId]) {
         std::thread::scope(|scope| {

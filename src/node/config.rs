@@ -24,7 +24,10 @@ pub struct NodeConfig {
     pub slot_groups: u32,
     /// Replicas (raft voters) per slot group.
     pub slot_replicas: usize,
-    /// Replicas per new channel.
+    /// Replicas per new channel: the channels' replication factor. A healthy channel holding more (a
+    /// replacement that did not finish left one behind) gives the surplus up, one replica per
+    /// `ControllerConfig::catch_up_timeout`, so lowering this setting shrinks existing channels too
+    /// (not below their MinISR); raising it does not add replicas to them.
     pub channel_replicas: usize,
     /// MinISR of new channels.
     pub channel_min_isr: u8,
