@@ -26,19 +26,9 @@ impl Controller {
                 self.ask(now, &channel);
                 return;
             }
-            TaskKind::Replace { to, .. } => {
-                let mut next = task.meta.clone();
-                next.version += 1;
-                next.epoch = next.epoch.next();
-                next.replicas.push(to);
-                (Change::AddLearner, next)
-            }
+            TaskKind::Replace { to, .. } => (Change::AddLearner, with_replicas(&task.meta, |r| r.push(to))),
             TaskKind::RemoveLearner { node } => {
-                let mut next = task.meta.clone();
-                next.version += 1;
-                next.epoch = next.epoch.next();
-                next.replicas.retain(|n| *n != node);
-                (Change::RemoveLearner, next)
+                (Change::RemoveLearner, with_replicas(&task.meta, |r| r.retain(|n| *n != node)))
             }
         };
         self.propose(now, &channel, change, next);
@@ -288,6 +278,16 @@ fn switch_target(
         TaskKind::ClearFence | TaskKind::RemoveLearner { .. } => return None,
     };
     Some(Ok(chosen))
+}
+
+/// `base`'s next version in the next membership epoch, its replicas changed by `change` (a learner
+/// added or taken out: the ISR, the leader and the fence stay).
+fn with_replicas(base: &ChannelRuntimeMeta, change: impl FnOnce(&mut Vec<NodeId>)) -> ChannelRuntimeMeta {
+    let mut next = base.clone();
+    next.version += 1;
+    next.epoch = next.epoch.next();
+    change(&mut next.replicas);
+    next
 }
 
 /// The meta a task of `kind` proposes to switch `meta` to `chosen`: the next version with `chosen` leading

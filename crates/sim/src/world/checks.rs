@@ -129,8 +129,8 @@ impl World {
     /// After healing, no channel holds more replicas than it is created with (unless it has a replica
     /// on a node some group names draining, whose drain moves it first), when the seed's timings let
     /// the controllers give the surplus up in the healed phase and the settling time: a repair pass
-    /// waits `catch_up_timeout` on a settled meta before it gives one up (see
-    /// `tidings::node::controller::surplus`), and an in-place replacement may wait for a drain.
+    /// waits until the channel has kept the same replicas for `catch_up_timeout` before it gives one up
+    /// (see `tidings::node::controller::surplus`), and an in-place replacement may wait for a drain.
     pub(super) fn check_surplus_given_up(&mut self) {
         let left = self.surplus_left();
         if !left.is_empty() {
