@@ -179,6 +179,32 @@ mod tests {
         );
     }
 
+    /// A replacement of this node's whose learner does not catch up in time fails, and the learner it
+    /// added leaves at once (no wait: the task knows it is its own); in a channel below MinISR it stays
+    /// for the replacement that repairs the channel.
+    #[test]
+    fn a_replacement_that_times_out_takes_its_own_learner_out_at_once_unless_the_channel_needs_it() {
+        let now = Time::from_millis(100);
+        // MinISR 3 of replicas 2, 1, 3: with node 3 down at the deadline, the channel is below MinISR.
+        for node_3_up in [true, false] {
+            let (mut controller, config) = controller(now);
+            let base = ChannelRuntimeMeta { min_isr: 3, ..meta(&[], &[2, 1, 3]) };
+            controller.start_replace(now, None, base.clone(), n(3), n(4)).expect("the replacement starts");
+            let Some(Action::Propose { tag, .. }) = controller.poll_action() else { panic!("adds the learner") };
+            controller.proposal_done(now, &base.channel, tag, Ok(Outcome::Applied));
+            let deadline = now + config.catch_up_timeout;
+            for node in [n(2), n(3), n(4), n(5)].into_iter().filter(|node| node_3_up || *node != n(3)) {
+                controller.heard(node, deadline);
+            }
+            controller.task_timer(deadline, &base.channel);
+            let report = controller.reports().pop().expect("the replacement's report");
+            assert_eq!(report.outcome, Err(super::super::report::TaskError::DrainTimedOut));
+            let removal = controller.tasks.get(&base.channel).map(|t| t.kind);
+            let expected = node_3_up.then_some(TaskKind::RemoveLearner { node: n(4) });
+            assert_eq!(removal, expected, "node 3 up: {node_3_up}");
+        }
+    }
+
     /// The pass gives up a surplus only once the channel kept its replicas for `catch_up_timeout` (a
     /// change of the ISR does not start the wait again, one of the replicas does), a learner on a down
     /// node first, in one meta change of the next version and membership epoch, without a fence or
