@@ -207,6 +207,8 @@ struct Task {
 /// Where the repair loop is in its walk over the slots this node's groups own.
 #[derive(Debug, Default)]
 struct RepairScan {
+    /// Passes started, this one included.
+    pass: u64,
     slots: Vec<(GroupId, HashSlot)>,
     index: usize,
     cursor: Option<Vec<u8>>,
@@ -265,10 +267,10 @@ pub(crate) struct Controller {
     rebalance_backoff: BTreeMap<ChannelId, Time>,
     /// Fences seen by the repair loop that no local task owns: task id and when first seen.
     fences_seen: BTreeMap<ChannelId, (u64, Time)>,
-    /// Healthy channels holding more replicas than they are created with, by the replicas they had when
-    /// the repair pass first saw them so, and since when: one replica is given up once they stayed
-    /// `catch_up_timeout` (see `surplus`). At most `FENCES_SEEN_MAX`.
-    surplus_seen: BTreeMap<ChannelId, (Vec<NodeId>, Time)>,
+    /// Healthy channels holding more replicas than they are created with, as the repair passes found
+    /// them: one replica is given up once they kept the same replicas for `catch_up_timeout` (see
+    /// `surplus`). At most `FENCES_SEEN_MAX`.
+    surplus_seen: BTreeMap<ChannelId, surplus::SurplusSeen>,
     /// Slot groups this node led at the last tick.
     led: BTreeSet<GroupId>,
     /// The hash slots of the groups in `led`, as of the last ping round.

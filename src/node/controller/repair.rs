@@ -22,6 +22,7 @@ impl Controller {
             self.scan.index = 0;
             self.scan.cursor = None;
             self.scan.active = true;
+            self.scan.pass += 1;
             self.scan.draining.clear();
             self.scan.drain_left.clear();
             self.scan.drain_groups.clear();
@@ -85,6 +86,7 @@ impl Controller {
         let done = self.scan.index >= self.scan.slots.len();
         if done {
             self.scan.active = false;
+            self.surplus_pass_done();
             let scan = &mut self.scan;
             self.drain_reports = scan
                 .drain_left

@@ -11,6 +11,16 @@ use super::report::TaskKind;
 use super::{Controller, FENCES_SEEN_MAX};
 use tidings_types::{ChannelRuntimeMeta, NodeId, Time};
 
+/// A channel over its replication factor as the repair passes found it: healthy, with `replicas`,
+/// since `since`; `pass` is the last pass that saw it so (an entry no pass saw goes at the pass's end:
+/// its channel healed, went to another group, or has a task).
+#[derive(Debug)]
+pub(super) struct SurplusSeen {
+    replicas: Vec<NodeId>,
+    since: Time,
+    pass: u64,
+}
+
 /// The replica a channel holding more replicas than it is created with gives up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Surplus {
@@ -62,21 +72,19 @@ impl Controller {
             self.surplus_seen.remove(&meta.channel);
             return false;
         };
-        let wait = self.config.catch_up_timeout;
-        match self.surplus_seen.get(&meta.channel) {
-            Some((replicas, since)) if *replicas == meta.replicas => {
-                if now.since(*since) < wait {
+        let pass = self.scan.pass;
+        match self.surplus_seen.get_mut(&meta.channel) {
+            Some(seen) if seen.replicas == meta.replicas => {
+                seen.pass = pass;
+                if now.since(seen.since) < self.config.catch_up_timeout {
                     return true;
                 }
             }
             _ => {
-                if self.surplus_seen.len() >= FENCES_SEEN_MAX {
-                    // Entries older than any wait: their channels went elsewhere, or healed unseen.
-                    let stale = wait * 2 + self.config.repair_idle_interval;
-                    self.surplus_seen.retain(|_, (_, since)| now.since(*since) < stale);
-                }
-                if self.surplus_seen.len() < FENCES_SEEN_MAX {
-                    self.surplus_seen.insert(meta.channel.clone(), (meta.replicas.clone(), now));
+                let full = self.surplus_seen.len() >= FENCES_SEEN_MAX;
+                if !full || self.surplus_seen.contains_key(&meta.channel) {
+                    let seen = SurplusSeen { replicas: meta.replicas.clone(), since: now, pass };
+                    self.surplus_seen.insert(meta.channel.clone(), seen);
                 }
                 return true;
             }
@@ -92,6 +100,18 @@ impl Controller {
             }
         }
         true
+    }
+
+    /// Healthy channels over their replication factor the last repair passes found and wait to give a
+    /// replica up for.
+    pub(crate) fn channels_over_factor(&self) -> usize {
+        self.surplus_seen.len()
+    }
+
+    /// At the end of a repair pass: forgets the channels it did not find over their factor.
+    pub(super) fn surplus_pass_done(&mut self) {
+        let pass = self.scan.pass;
+        self.surplus_seen.retain(|_, seen| seen.pass == pass);
     }
 
     /// A replacement of this node's gave up catching `to` up: in a healthy channel over its factor the
@@ -179,6 +199,21 @@ mod tests {
         );
     }
 
+    /// A channel a repair pass did not find over its factor (healed, moved to another group, or with a
+    /// task) is forgotten at the pass's end: the wait starts again when one finds it so again.
+    #[test]
+    fn a_pass_that_does_not_find_a_channel_over_its_factor_forgets_it() {
+        let now = Time::from_millis(100);
+        let (mut controller, _) = controller(now);
+        controller.scan.pass = 1;
+        controller.consider(now, meta(&[4], &[2, 1, 3]));
+        controller.surplus_pass_done();
+        assert_eq!(controller.channels_over_factor(), 1, "seen by this pass");
+        controller.scan.pass = 2;
+        controller.surplus_pass_done();
+        assert_eq!(controller.channels_over_factor(), 0, "not seen by the next");
+    }
+
     /// A replacement of this node's whose learner does not catch up in time fails, and the learner it
     /// added leaves at once (no wait: the task knows it is its own); in a channel below MinISR it stays
     /// for the replacement that repairs the channel.
@@ -223,6 +258,7 @@ mod tests {
         };
         pass(&mut controller, at, &meta);
         assert!(controller.tasks.is_empty(), "first seen: wait");
+        assert_eq!(controller.channels_over_factor(), 1);
         let reordered = ChannelRuntimeMeta { replicas: vec![n(2), n(1), n(3), n(5), n(4)], ..meta.clone() };
         at = at + config.catch_up_timeout;
         pass(&mut controller, at, &reordered);
@@ -236,6 +272,7 @@ mod tests {
         at = at + config.catch_up_timeout / 2;
         pass(&mut controller, at, &meta);
         assert_eq!(controller.tasks[&meta.channel].kind, TaskKind::RemoveLearner { node: n(4) });
+        assert_eq!(controller.channels_over_factor(), 0, "given up: no longer waiting");
         let Some(Action::Propose { tag, command: Command::CasRuntimeMeta { meta: next, proof, .. }, .. }) =
             controller.poll_action()
         else {

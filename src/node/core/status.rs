@@ -58,6 +58,10 @@ pub struct NodeStatus {
     pub leadership: Vec<(GroupId, Reconcile)>,
     /// Drains in progress, as far as the slot groups this node leads show them (see [`DrainReport`]).
     pub drains: Vec<DrainReport>,
+    /// Healthy channels holding more replicas than `NodeConfig::channel_replicas` (left by replacements
+    /// that did not finish) that the last repair passes over the slot groups this node leads found, and
+    /// that wait to give one up (see `ControllerConfig::catch_up_timeout`).
+    pub channels_over_factor: usize,
     /// Hash-slot migrations this node drives (it leads their source groups).
     pub slot_migrations: Vec<SlotMigrationReport>,
     /// Inbound frames refused since start, by reason ([`FrameError::kind`](crate::frame::FrameError::kind)); they changed nothing.
@@ -134,6 +138,7 @@ impl NodeCore {
             finished_tasks: self.controller.reports(),
             leadership: self.preferred.decisions(),
             drains: self.controller.drain_reports(),
+            channels_over_factor: self.controller.channels_over_factor(),
             slot_migrations: self.migrations.reports(),
             refused_frames: self.refused_frames.clone(),
             refused_activations: 0,
