@@ -2,10 +2,9 @@
 //! it added behind: as a learner (it timed out catching up, or its controller stopped), or in the ISR
 //! (the leader takes a caught-up learner in itself). Left there, such a replica replicates the channel
 //! for ever, and each later interrupted replacement may add one more. The repair pass gives one up per
-//! channel at a time, once the channel is healthy and its meta has stayed as it is for
-//! `catch_up_timeout` (a replacement on another node's controller may still be catching it up:
-//! operators start tasks on any node); a replacement of this node's that gives up takes its own learner
-//! out at once.
+//! channel at a time, once every pass for `catch_up_timeout` found the channel healthy with the same
+//! replicas (a replacement on another node's controller may still be catching one up: operators start
+//! tasks on any node); a replacement of this node's that gives up takes its own learner out at once.
 
 use super::report::TaskKind;
 use super::{Controller, FENCES_SEEN_MAX};
