@@ -524,6 +524,46 @@ fn a_replacement_that_cannot_catch_up_fails_and_takes_its_learner_out_again() {
 }
 
 #[test]
+fn a_channel_over_its_replication_factor_gives_a_replica_up_while_appends_go_on() {
+    let mut cluster = Cluster::with(4, |config| config.controller.catch_up_timeout = std::time::Duration::from_secs(2));
+    cluster.run_for(3_000);
+    let room = channel("over-factor");
+    cluster.create_channel(1, &room);
+    let old = any_stored_meta(&mut cluster, &room);
+    let spare = (1..=4).map(NodeId::new).find(|n| !old.is_replica(*n)).unwrap();
+    let mut acked = append_acked(&mut cluster, old.leader.get(), &room, "before", 5);
+    // What a replacement interrupted after adding its new replica leaves: a fourth replica, which the
+    // leader takes into the ISR once it has caught up.
+    let mut over = old.clone();
+    over.version += 1;
+    over.epoch = over.epoch.next();
+    over.replicas.push(spare);
+    force_meta(&mut cluster, old.leader.get(), &old, over, None);
+    let mut round = 0;
+    while any_stored_meta(&mut cluster, &room).replicas.len() > 3 && round < 60 {
+        acked.extend(append_acked(&mut cluster, old.leader.get(), &room, &format!("during-{round}"), 1));
+        round += 1;
+    }
+    let meta = any_stored_meta(&mut cluster, &room);
+    assert_eq!(meta.replicas.len(), 3, "the surplus stays: {meta:?}");
+    let mut kept = meta.replicas.clone();
+    kept.sort();
+    let mut before = old.replicas.clone();
+    before.sort();
+    assert_eq!(kept, before, "the last added replica (neither leader nor preferred) leaves");
+    let gave_up = |r: &TaskReport| match r.kind {
+        TaskKind::Replace { from, .. } => from == spare && r.outcome.is_ok(),
+        TaskKind::RemoveLearner { node } => node == spare && r.outcome.is_ok(),
+        _ => false,
+    };
+    assert!(reports(&mut cluster, &room).iter().any(gave_up), "{:?}", reports(&mut cluster, &room));
+    acked.extend(append_acked(&mut cluster, old.leader.get(), &room, "after", 3));
+    for replica in &meta.replicas {
+        assert_all_readable(&mut cluster, replica.get(), &room, &acked);
+    }
+}
+
+#[test]
 fn repair_replaces_a_dead_replica_when_the_isr_falls_below_min_isr() {
     let mut cluster =
         Cluster::with(4, |config| config.controller.replace_down_after = std::time::Duration::from_secs(3));
