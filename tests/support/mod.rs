@@ -113,6 +113,15 @@ impl Cluster {
         self.boot(NodeId::new(id));
     }
 
+    /// Starts a crashed node again on empty stores, as on a new disk.
+    #[allow(dead_code)] // Not every test binary uses every helper.
+    pub fn restart_empty(&mut self, id: u64) {
+        let node = self.nodes.get_mut(&NodeId::new(id)).unwrap();
+        node.kv = Arc::new(MemoryKv::new());
+        node.log = Arc::new(MemoryLog::new(LogLimits::default()));
+        self.boot(NodeId::new(id));
+    }
+
     /// Carries out the reads held so far (the nodes that asked for them take the answers) and stops
     /// holding new ones.
     pub fn release_reads(&mut self) {
