@@ -11,7 +11,9 @@ use tidings_slot::raft::MultiRaftConfig;
 use tidings_types::{ChannelId, GroupId, NodeId};
 
 /// Everything a node needs to join a cluster. Every node of a cluster must be given the same cluster
-/// description (`cluster`, `nodes`, `slot_groups`, `slot_replicas`).
+/// description (`cluster`, `nodes`, `slot_groups`, `slot_replicas`), and should be given the same
+/// `channel_replicas`: a slot group's leader brings the channels of its slots back to its own value
+/// (a node configured with more would create channels the others shrink again).
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
     /// This node.
