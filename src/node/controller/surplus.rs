@@ -39,7 +39,7 @@ impl Controller {
     /// node, else the last added —; else the last added ISR member that neither leads nor is the
     /// preferred replica (one on a down node first), replaced in place by a live replica.
     pub(super) fn surplus_replica(&self, meta: &ChannelRuntimeMeta, now: Time) -> Option<Surplus> {
-        let down = |n: &NodeId| *n != self.me && self.is_down(*n, now);
+        let down = |n: &NodeId| self.is_down(*n, now);
         let drained = |n: &NodeId| self.scan.draining.contains(n) || self.drains_known.contains(n);
         let healthy = meta.write_fence.is_none()
             && !down(&meta.leader)
