@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tidings::node::NodeConfig;
@@ -21,8 +22,23 @@ impl Drop for Process {
     }
 }
 
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+/// `n` distinct free loopback addresses: all held at once while they are chosen, so that no two are the
+/// same port (a port let go may be handed out again at once).
+fn free_addrs(n: usize) -> Vec<SocketAddr> {
+    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    listeners.iter().map(|l| l.local_addr().unwrap()).collect()
+}
+
+/// The nodes' logs (their stderr), for a failure's message: a node that could not start says why there.
+fn node_logs(dir: &Path) -> String {
+    (1..=3)
+        .map(|id| {
+            let log = std::fs::read_to_string(dir.join(format!("node-{id}.log"))).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            format!("--- node {id}:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Sends one command line; returns the reply lines (through `END` for reads).
@@ -46,16 +62,18 @@ fn ask(addr: SocketAddr, line: &str) -> Option<Vec<String>> {
     }
 }
 
-/// Retries `line` until the reply starts with `OK`; returns it.
-fn until_ok(addr: SocketAddr, line: &str) -> String {
+/// Retries `line` until the reply starts with `OK`; returns it. Fails with the nodes' logs (in `dir`).
+fn until_ok(dir: &Path, addr: SocketAddr, line: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = None;
     loop {
         if let Some(reply) = ask(addr, line) {
             if reply[0].starts_with("OK") {
                 return reply[0].clone();
             }
+            last = Some(reply);
         }
-        assert!(Instant::now() < deadline, "{line}: never OK");
+        assert!(Instant::now() < deadline, "{line}: never OK (last reply {last:?})\n{}", node_logs(dir));
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -64,33 +82,35 @@ fn until_ok(addr: SocketAddr, line: &str) -> String {
 fn sigkill_one_of_three_loses_no_acknowledged_message() {
     let dir = tempfile::tempdir().unwrap();
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
-    let peers: Vec<SocketAddr> = ids.iter().map(|_| free_addr()).collect();
+    let addrs = free_addrs(ids.len() * 2);
+    let (peers, clients) = addrs.split_at(ids.len());
     let peer_list =
-        ids.iter().zip(&peers).map(|(id, addr)| format!("{}={addr}", id.get())).collect::<Vec<_>>().join(",");
+        ids.iter().zip(peers).map(|(id, addr)| format!("{}={addr}", id.get())).collect::<Vec<_>>().join(",");
     let mut processes: Vec<Option<Process>> = ids
         .iter()
-        .map(|id| {
-            let client = free_addr();
+        .zip(clients)
+        .map(|(id, client)| {
+            let log = std::fs::File::create(dir.path().join(format!("node-{}.log", id.get()))).unwrap();
             let child = Command::new(env!("CARGO_BIN_EXE_tidings-tcp-node"))
                 .args(["--id", &id.get().to_string(), "--peers", &peer_list, "--client", &client.to_string()])
                 .args(["--data", &dir.path().join(id.get().to_string()).to_string_lossy()])
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(log)
                 .spawn()
                 .unwrap();
-            Some(Process { child, client })
+            Some(Process { child, client: *client })
         })
         .collect();
     let client = |i: usize, processes: &[Option<Process>]| processes[i].as_ref().unwrap().client;
     let channels: Vec<String> = (0..6).map(|i| format!("tcp-{i}")).collect();
     for name in &channels {
-        until_ok(client(0, &processes), &format!("CREATE {name}"));
+        until_ok(dir.path(), client(0, &processes), &format!("CREATE {name}"));
     }
     let mut acked: Vec<(String, u64, String)> = Vec::new();
     for i in 0..60 {
         let name = &channels[i % channels.len()];
         let payload = format!("before-{i}");
-        let reply = until_ok(client(i % 3, &processes), &format!("APPEND {name} {payload}"));
+        let reply = until_ok(dir.path(), client(i % 3, &processes), &format!("APPEND {name} {payload}"));
         acked.push((name.clone(), reply[3..].parse().unwrap(), payload));
     }
     // SIGKILL node 3.
@@ -103,7 +123,7 @@ fn sigkill_one_of_three_loses_no_acknowledged_message() {
     for i in 0..30 {
         let name = served[i % served.len()];
         let payload = format!("after-{i}");
-        let reply = until_ok(client(i % 2, &processes), &format!("APPEND {name} {payload}"));
+        let reply = until_ok(dir.path(), client(i % 2, &processes), &format!("APPEND {name} {payload}"));
         acked.push((name.clone(), reply[3..].parse().unwrap(), payload));
     }
     // Every acknowledged message is readable from a live replica of its channel.
