@@ -239,6 +239,20 @@ fn a_move_resumes_when_its_leader_crashes_mid_way() {
 
 #[test]
 fn draining_a_node_moves_its_replicas_away_without_loss_and_it_may_then_start_on_an_empty_disk() {
+    drain_then_start_on_an_empty_disk(false);
+}
+
+/// The procedure for a lost disk (docs/operations.md): the node stays down while its drain moves every
+/// replica off it (channels it led fail over first), then it starts on an empty directory.
+#[test]
+fn a_node_whose_disk_is_lost_is_drained_while_down_and_then_starts_on_an_empty_disk() {
+    drain_then_start_on_an_empty_disk(true);
+}
+
+/// Drains node 2 of five (crashed first when `down`) under metadata load and appends, checks that
+/// nothing acknowledged is lost, then starts it on empty stores: the genesis slot replicas it
+/// bootstraps there go at their leaders' word, and the groups keep their voters and take writes.
+fn drain_then_start_on_an_empty_disk(down: bool) {
     let mut cluster = Cluster::new(5);
     cluster.run_for(3_000);
     let drained = NodeId::new(2);
@@ -267,6 +281,9 @@ fn draining_a_node_moves_its_replicas_away_without_loss_and_it_may_then_start_on
     append_some(&mut cluster, "before");
     let voter_of = config.slot_group_members().into_iter().filter(|(_, m)| m.contains(&drained)).count();
     assert!(voter_of > 0, "the drained node holds slot replicas");
+    if down {
+        cluster.crash(drained.get());
+    }
     let answer = call(&mut cluster, |core, now, id| core.drain_node(now, id, drained, true));
     assert_eq!(answer, "Meta(Ok(()))");
     let mut load = Load { next: 0, issued: Vec::new() };
@@ -298,7 +315,9 @@ fn draining_a_node_moves_its_replicas_away_without_loss_and_it_may_then_start_on
     );
     append_some(&mut cluster, "after");
     // The drained node can go: everything acknowledged stays readable without it.
-    cluster.crash(drained.get());
+    if !down {
+        cluster.crash(drained.get());
+    }
     cluster.run_for(3_000);
     load.check(&mut cluster);
     for (room, seq, text) in &acked {
@@ -309,9 +328,7 @@ fn draining_a_node_moves_its_replicas_away_without_loss_and_it_may_then_start_on
         assert_eq!(records.first().map(|r| r.payload.as_ref()), Some(text.as_bytes()), "{room} {seq}");
     }
     assert!(acked.len() >= rooms.len() * 2 - 1, "appends went through before and after ({})", acked.len());
-    // Started again on a new, empty disk (see docs/operations.md): the genesis slot replicas it
-    // bootstraps are outside every group's configuration and go at their leaders' word; the groups
-    // keep their voters and take writes.
+    // Started again on a new, empty disk.
     cluster.restart_empty(drained.get());
     let gone = |c: &mut Cluster| c.core(drained.get()).slot().groups().next().is_none();
     let removed = run_loaded(&mut cluster, &mut load, 20_000, gone);

@@ -515,15 +515,19 @@ impl Controller {
         self.propose(now, channel, Change::Fence, next);
     }
 
+    /// `true` if the task running for `channel` is a replacement that has fenced nothing yet (adding its
+    /// learner, or waiting for it to catch up): it waits for a leader that may never serve it, and a
+    /// failover takes its place.
+    pub(super) fn failover_preempts(&self, channel: &ChannelId) -> bool {
+        self.tasks
+            .get(channel)
+            .is_some_and(|t| matches!(t.step, Step::CatchingUp | Step::Proposing { change: Change::AddLearner, .. }))
+    }
+
     /// Starts a failover of `meta`'s channel unless a task runs for it; a meta that a failover already
     /// fenced is resumed at evidence gathering.
     pub(crate) fn start_failover(&mut self, now: Time, meta: ChannelRuntimeMeta) {
-        let preemptible = self
-            .tasks
-            .get(&meta.channel)
-            .is_some_and(|t| matches!(t.step, Step::CatchingUp | Step::Proposing { change: Change::AddLearner, .. }));
-        if preemptible {
-            // A replacement that has fenced nothing yet waits for a leader that may never serve it.
+        if self.failover_preempts(&meta.channel) {
             let task = self.tasks.remove(&meta.channel).expect("present");
             self.finish(now, task, Err(TaskError::Preempted));
         }

@@ -126,10 +126,20 @@ impl Controller {
 
     pub(super) fn consider(&mut self, now: Time, meta: ChannelRuntimeMeta) {
         self.track_fence(now, &meta);
-        if meta.write_fence.is_some() || self.tasks.contains_key(&meta.channel) {
+        if meta.write_fence.is_some() {
             return;
         }
-        if meta.leader != self.me && self.is_down(meta.leader, now) {
+        let leader_down = meta.leader != self.me && self.is_down(meta.leader, now);
+        if self.tasks.contains_key(&meta.channel) {
+            // A replacement started just before its leader went down (a drain asked right after a crash,
+            // before the failure detector held the node down) would otherwise keep the channel without a
+            // leader until its catch-up timed out (two minutes by default).
+            if leader_down && self.failover_preempts(&meta.channel) {
+                self.start_failover(now, meta);
+            }
+            return;
+        }
+        if leader_down {
             self.start_failover(now, meta);
             return;
         }
@@ -389,6 +399,39 @@ mod tests {
         let full = led_away_from_its_preferred_replica();
         assert_eq!(small.replacement_for(&full, n(2), now), None);
         assert!(matches!(small.start_replace(now, None, full, n(2), n(3)), Err(TaskError::CannotJoin(_))));
+    }
+
+    /// A replacement that has fenced nothing yet gives way to a failover at the first repair pass that
+    /// finds its channel's leader down. Before, the pass skipped every channel with a task, and a drain
+    /// asked right after a crash (before the failure detector held the node down) left a channel it
+    /// led without a leader until the replacement's catch-up timed out, two minutes later.
+    #[test]
+    fn a_failover_preempts_a_replacement_still_catching_up_once_the_leader_is_down() {
+        use super::super::Action;
+        use tidings_slot::fsm::Outcome;
+        let nodes = [n(1), n(2), n(3), n(4)];
+        let config = ControllerConfig { rebalance_leaders_after: None, ..ControllerConfig::default() };
+        let mut controller = Controller::new(config.clone(), n(1), &nodes, 3, 1, Time::ZERO);
+        let now = Time::from_millis(100);
+        for node in &nodes[1..] {
+            controller.heard(*node, now);
+        }
+        let meta = ChannelRuntimeMeta { leader: n(2), ..led_away_from_its_preferred_replica() };
+        controller.start_replace(now, None, meta.clone(), n(3), n(4)).expect("the replacement starts");
+        let Some(Action::Propose { tag, .. }) = controller.poll_action() else { panic!("adds the learner") };
+        controller.proposal_done(now, &meta.channel, tag, Ok(Outcome::Applied));
+        let catching_up = controller.tasks[&meta.channel].meta.clone();
+        // The leader's node falls silent.
+        let later = now + config.node_down_after + Duration::from_millis(1);
+        controller.heard(n(3), later);
+        controller.heard(n(4), later);
+        controller.consider(later, catching_up);
+        assert_eq!(controller.tasks[&meta.channel].kind, TaskKind::Failover);
+        let report = controller.reports().pop().expect("the replacement's report");
+        assert_eq!(
+            (report.kind, report.outcome),
+            (TaskKind::Replace { from: n(3), to: n(4) }, Err(TaskError::Preempted))
+        );
     }
 
     #[test]
