@@ -425,7 +425,15 @@ fn a_leader_that_restarts_before_anyone_notices_gets_a_failover_it_asked_for() {
 
 /// Four nodes, a channel on three of them, and the fourth (`spare`).
 fn four_nodes_and_a_channel(name: &str) -> (Cluster, ChannelId, ChannelRuntimeMeta, NodeId) {
-    let mut cluster = Cluster::new(4);
+    four_nodes_and_a_channel_with(name, |_| {})
+}
+
+/// [`four_nodes_and_a_channel`] with every node's configuration changed by `tweak`.
+fn four_nodes_and_a_channel_with(
+    name: &str,
+    tweak: impl Fn(&mut NodeConfig),
+) -> (Cluster, ChannelId, ChannelRuntimeMeta, NodeId) {
+    let mut cluster = Cluster::with(4, tweak);
     cluster.run_for(3_000);
     let room = channel(name);
     cluster.create_channel(1, &room);
@@ -494,12 +502,8 @@ fn replacing_the_leader_hands_the_leadership_to_the_new_replica() {
 
 #[test]
 fn a_replacement_that_cannot_catch_up_fails_and_takes_its_learner_out_again() {
-    let mut cluster = Cluster::with(4, |config| config.controller.catch_up_timeout = std::time::Duration::from_secs(3));
-    cluster.run_for(3_000);
-    let room = channel("replace-gives-up");
-    cluster.create_channel(1, &room);
-    let old = any_stored_meta(&mut cluster, &room);
-    let spare = (1..=4).map(NodeId::new).find(|n| !old.is_replica(*n)).unwrap();
+    let catch_up = |config: &mut NodeConfig| config.controller.catch_up_timeout = std::time::Duration::from_secs(3);
+    let (mut cluster, room, old, spare) = four_nodes_and_a_channel_with("replace-gives-up", catch_up);
     let mut acked = append_acked(&mut cluster, old.leader.get(), &room, "before", 5);
     // The spare is gone: it is added as a learner, and never catches up.
     cluster.crash(spare.get());
@@ -525,12 +529,8 @@ fn a_replacement_that_cannot_catch_up_fails_and_takes_its_learner_out_again() {
 
 #[test]
 fn a_channel_over_its_replication_factor_gives_a_replica_up_while_appends_go_on() {
-    let mut cluster = Cluster::with(4, |config| config.controller.catch_up_timeout = std::time::Duration::from_secs(2));
-    cluster.run_for(3_000);
-    let room = channel("over-factor");
-    cluster.create_channel(1, &room);
-    let old = any_stored_meta(&mut cluster, &room);
-    let spare = (1..=4).map(NodeId::new).find(|n| !old.is_replica(*n)).unwrap();
+    let catch_up = |config: &mut NodeConfig| config.controller.catch_up_timeout = std::time::Duration::from_secs(2);
+    let (mut cluster, room, old, spare) = four_nodes_and_a_channel_with("over-factor", catch_up);
     let mut acked = append_acked(&mut cluster, old.leader.get(), &room, "before", 5);
     // What a replacement interrupted after adding its new replica leaves: a fourth replica, which the
     // leader takes into the ISR once it has caught up.

@@ -338,7 +338,7 @@ impl Controller {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::report::TaskError;
     use super::*;
     use crate::node::controller::ControllerConfig;
@@ -349,7 +349,7 @@ mod tests {
     }
 
     /// Node 1 leads; node 2, the first replica, is the preferred leader.
-    fn led_away_from_its_preferred_replica() -> ChannelRuntimeMeta {
+    pub(in crate::node::controller) fn led_away_from_its_preferred_replica() -> ChannelRuntimeMeta {
         ChannelRuntimeMeta {
             channel: ChannelId::new(ChannelType::GROUP, "away").expect("channel id"),
             version: 4,

@@ -142,7 +142,6 @@ mod tests {
     use std::time::Duration;
     use tidings_slot::command::Command;
     use tidings_slot::fsm::Outcome;
-    use tidings_types::{ChannelId, ChannelType, Epoch, LeaderEpoch, Seq};
 
     fn n(id: u64) -> NodeId {
         NodeId::new(id)
@@ -161,18 +160,9 @@ mod tests {
 
     /// Node 1 leads replicas 2, 1, 3 and `more`; the ISR is `isr`.
     fn meta(more: &[u64], isr: &[u64]) -> ChannelRuntimeMeta {
-        ChannelRuntimeMeta {
-            channel: ChannelId::new(ChannelType::GROUP, "surplus").expect("channel id"),
-            version: 4,
-            leader: n(1),
-            replicas: [2, 1, 3].iter().chain(more).map(|id| n(*id)).collect(),
-            isr: isr.iter().map(|id| n(*id)).collect(),
-            min_isr: 2,
-            epoch: Epoch::new(1),
-            leader_epoch: LeaderEpoch::new(2),
-            write_fence: None,
-            retention_through: Seq::new(0),
-        }
+        let base = super::super::repair::tests::led_away_from_its_preferred_replica();
+        let replicas = base.replicas.iter().copied().chain(more.iter().map(|id| n(*id))).collect();
+        ChannelRuntimeMeta { replicas, isr: isr.iter().map(|id| n(*id)).collect(), ..base }
     }
 
     #[test]
