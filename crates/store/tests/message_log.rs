@@ -81,6 +81,7 @@ impl ChannelModel {
                 self.records.retain(|r| r.seq > *seq);
             }
             LogOp::StartAfter { .. } => unreachable!("not generated"),
+            LogOp::Forget => *self = ChannelModel::default(),
         }
     }
 }
@@ -110,6 +111,10 @@ enum Op {
         ch: usize,
         fraction: u8,
     },
+    /// The channel's log is forgotten (its replica left the channel).
+    Forget {
+        ch: usize,
+    },
     Sync,
     /// The channel's replica leaves memory (`release_caches`): its caches and staging tail may go, what
     /// it staged must not.
@@ -133,6 +138,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Hw { ch, fraction }),
         1 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Retention { ch, fraction }),
         1 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Fanned { ch, fraction }),
+        1 => (0..CHANNELS).prop_map(|ch| Op::Forget { ch }),
         4 => Just(Op::Sync),
         2 => (0..CHANNELS).prop_map(|ch| Op::Release { ch }),
         2 => Just(Op::WriteBehind),
@@ -148,7 +154,8 @@ fn batch_for(op: &Op, tail: &Model) -> Option<LogBatch> {
         | Op::Truncate { ch, .. }
         | Op::Hw { ch, .. }
         | Op::Retention { ch, .. }
-        | Op::Fanned { ch, .. } => *ch,
+        | Op::Fanned { ch, .. }
+        | Op::Forget { ch } => *ch,
         _ => return None,
     };
     let m = tail.get(&ch).cloned().unwrap_or_default();
@@ -165,6 +172,7 @@ fn batch_for(op: &Op, tail: &Model) -> Option<LogBatch> {
         Op::Retention { fraction, .. } => {
             LogOp::SetRetention(Seq::new(m.retention + (m.hw - m.retention) * u64::from(fraction) / 100))
         }
+        Op::Forget { .. } => LogOp::Forget,
         _ => unreachable!(),
     };
     Some(LogBatch::new(channel(ch), vec![log_op]))

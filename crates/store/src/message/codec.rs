@@ -11,6 +11,7 @@ const OP_CHECKPOINT_HW: u8 = 3;
 const OP_SET_RETENTION: u8 = 4;
 const OP_START_AFTER: u8 = 5;
 const OP_CHECKPOINT_FANNED: u8 = 6;
+const OP_FORGET: u8 = 7;
 
 /// Most bytes [`encode_batch`]'s output takes for `batch` (what the journal reserves for the frame).
 pub(crate) fn encoded_batch_len_max(batch: &LogBatch) -> usize {
@@ -46,6 +47,9 @@ pub(crate) fn encode_batch(batch: &LogBatch, out: &mut Vec<u8>) {
                 put_seq(out, OP_START_AFTER, *seq);
                 out.extend_from_slice(&epoch.get().to_le_bytes());
             }
+            // Eight reserved zero bytes, as every other op has a payload: decoding bounds the op count by
+            // the bytes left at nine per op.
+            LogOp::Forget => put_seq(out, OP_FORGET, Seq::new(0)),
         }
     }
 }
@@ -76,6 +80,7 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Option<LogBatch> {
                 let seq = Seq::new(input.u64()?);
                 LogOp::StartAfter { seq, epoch: LeaderEpoch::new(input.u64()?) }
             }
+            OP_FORGET if input.u64()? == 0 => LogOp::Forget,
             _ => return None,
         };
         ops.push(op);
@@ -158,6 +163,7 @@ mod tests {
                 LogOp::SetRetention(Seq::new(1)),
                 LogOp::CheckpointFanned(Seq::new(3)),
                 LogOp::StartAfter { seq: Seq::new(9), epoch: LeaderEpoch::new(3) },
+                LogOp::Forget,
             ],
         )
     }

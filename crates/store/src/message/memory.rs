@@ -109,6 +109,10 @@ impl MessageLog for MemoryLog {
         })
     }
 
+    fn logs_after(&self, after: Option<&ChannelId>, limit: usize) -> StoreResult<Vec<ChannelId>> {
+        Ok(self.core.lock().visible.logs_after(after, limit))
+    }
+
     fn release_caches(&self, channel: &ChannelId) {
         let mut parts = self.core.lock();
         parts.staging.forget_tail(channel);

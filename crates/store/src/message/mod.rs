@@ -128,6 +128,12 @@ pub trait MessageLog: Send + Sync {
     /// Durable data is unaffected.
     fn release_caches(&self, channel: &ChannelId);
 
+    /// Up to `limit` channels this log holds a log of, in key order after `after` (from the first with
+    /// `None`): what a sweep over a node's logs pages through. A log that keeps older storage lists what
+    /// that holds, so a channel first written since the last write-behind may be missing, and one
+    /// forgotten since ([`LogOp::Forget`]) may still be listed; a later pass sees the change.
+    fn logs_after(&self, after: Option<&ChannelId>, limit: usize) -> StoreResult<Vec<ChannelId>>;
+
     /// Waits up to `patience` for memory to stage into (a [`StoreError::Busy`] from `stage` means records
     /// wait for write-behind); `Err(Busy)` if there is still none. A background stager calls this before
     /// staging so that backpressure delays its batches instead of failing them. Default: always room.
@@ -168,6 +174,10 @@ impl<T: MessageLog + ?Sized> MessageLog for std::sync::Arc<T> {
 
     fn release_caches(&self, channel: &ChannelId) {
         (**self).release_caches(channel)
+    }
+
+    fn logs_after(&self, after: Option<&ChannelId>, limit: usize) -> StoreResult<Vec<ChannelId>> {
+        (**self).logs_after(after, limit)
     }
 
     fn wait_for_room(&self, patience: std::time::Duration) -> StoreResult<()> {

@@ -30,6 +30,11 @@ pub enum LogOp {
         /// The leader epoch in force at `seq`.
         epoch: LeaderEpoch,
     },
+    /// Forgets the log: every record and the whole state go, and the channel is as if this log never
+    /// wrote it (a later batch starts again at seq 1). For a replica its channel no longer names: the
+    /// caller must know it holds nothing the channel still needs (see `tidings::Node`'s stray-log sweep).
+    /// The only operation that lowers the HW, which is why nothing else may take its place.
+    Forget,
 }
 
 /// Operations on one channel's log, applied atomically and in order.
@@ -263,6 +268,10 @@ impl ChannelLogState {
                 self.retention_through = *seq;
                 self.fanned_through = *seq;
                 self.epochs = vec![(*epoch, *seq)];
+                Ok(())
+            }
+            LogOp::Forget => {
+                *self = ChannelLogState::default();
                 Ok(())
             }
         }

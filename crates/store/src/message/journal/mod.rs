@@ -637,6 +637,26 @@ impl MessageLog for JournalLog {
         })
     }
 
+    fn logs_after(&self, after: Option<&ChannelId>, limit: usize) -> StoreResult<Vec<ChannelId>> {
+        // Key order is the order of `ChannelId::encode_key`, which a key's decoding gives back.
+        let start = after.map_or_else(Vec::new, |channel| {
+            let mut key = Vec::new();
+            channel.encode_key(&mut key);
+            key.push(0);
+            key
+        });
+        let page = self.kv.scan(Keyspace::MessageState, &KeyRange { start, end: None }, Direction::Forward, limit)?;
+        page.into_iter()
+            .map(|(key, _)| match ChannelId::decode_key(&key) {
+                Some((channel, rest)) if rest.is_empty() => Ok(channel),
+                _ => Err(StoreError::Corrupt {
+                    location: CorruptLocation::Kv { keyspace: Keyspace::MessageState, key },
+                    detail: "channel state key does not decode",
+                }),
+            })
+            .collect()
+    }
+
     fn release_caches(&self, channel: &ChannelId) {
         // Staging before visible (the lock order); a channel with batches still on their way keeps its tail.
         self.staging.lock().forget_tail(channel);
@@ -733,6 +753,8 @@ mod tests {
         crate::message::test_append(channel, seq, 1)
     }
 
+    use crate::message::LogOp;
+
     fn reopen(dir: &Path, kv: &Arc<dyn Kv>) -> JournalLog {
         JournalLog::open(dir, Arc::clone(kv), JournalConfig::default()).unwrap()
     }
@@ -812,6 +834,64 @@ mod tests {
         log.write_behind().unwrap();
         assert_eq!(log.stats().channels_in_memory, 0, "after a restart no replica uses any channel yet");
         assert_eq!(seqs(&log, &a), vec![1, 2, 3, 4, 5]);
+    }
+
+    /// Keys of `keyspace` the store holds for `channel`'s log.
+    fn keys_of(kv: &Arc<dyn Kv>, keyspace: Keyspace, channel: &ChannelId) -> usize {
+        let mut prefix = Vec::new();
+        channel.encode_key(&mut prefix);
+        let all = KeyRange { start: Vec::new(), end: None };
+        let keys = kv.scan(keyspace, &all, Direction::Forward, usize::MAX).unwrap();
+        keys.iter()
+            .filter(|(key, value)| key.starts_with(&prefix) || value.windows(prefix.len()).any(|w| w == prefix))
+            .count()
+    }
+
+    /// A forgotten log leaves nothing behind: its records, packs and stored state go (the state with the
+    /// round's checkpoint), a sweep no longer lists it, a restart does not bring it back, and the channel
+    /// can start again at seq 1. The other channel is untouched.
+    #[test]
+    fn a_forgotten_log_leaves_nothing_in_the_store_and_may_start_again_at_one() {
+        let (dir, kv, a, log) = fresh();
+        let b = ChannelId::new(ChannelType::GROUP, "b").unwrap();
+        log.commit(crate::message::test_append(&a, 1, 40)).unwrap();
+        log.commit(LogBatch::new(a.clone(), vec![LogOp::CheckpointHw(Seq::new(30))])).unwrap();
+        log.commit(crate::message::test_append(&b, 1, 2)).unwrap();
+        log.write_behind().unwrap();
+        log.commit(crate::message::test_append(&a, 41, 5)).unwrap();
+        assert!(keys_of(&kv, Keyspace::MessagePack, &a) > 0);
+        assert_eq!(log.logs_after(None, 10).unwrap().len(), 2);
+
+        log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget])).unwrap();
+        assert_eq!(log.state(&a).unwrap(), ChannelLogState::default(), "forgotten at once");
+        assert!(seqs(&log, &a).is_empty());
+        log.write_behind().unwrap();
+        for keyspace in [Keyspace::MessageState, Keyspace::MessagePack] {
+            assert_eq!(keys_of(&kv, keyspace, &a), 0, "{keyspace:?}");
+        }
+        assert_eq!(log.logs_after(None, 10).unwrap(), vec![b.clone()]);
+        assert_eq!(log.logs_after(Some(&b), 10).unwrap(), Vec::<ChannelId>::new());
+        assert!(seqs(&log, &a).is_empty());
+
+        // Forgotten in the journal only, then a restart: the replay forgets it again.
+        log.commit(crate::message::test_append(&a, 1, 3)).unwrap();
+        log.write_behind().unwrap();
+        log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget])).unwrap();
+        drop(log);
+        let log = reopen(dir.path(), &kv);
+        assert_eq!(log.state(&a).unwrap(), ChannelLogState::default());
+        log.write_behind().unwrap();
+        assert_eq!(keys_of(&kv, Keyspace::MessageState, &a), 0);
+
+        // Starts again at one, as a channel never written does; the other channel kept everything.
+        assert!(log.stage(append(&a, 2)).is_err(), "a forgotten log starts at seq 1");
+        log.commit(append(&a, 1)).unwrap();
+        log.write_behind().unwrap();
+        drop(log);
+        let log = reopen(dir.path(), &kv);
+        assert_eq!(seqs(&log, &a), vec![1]);
+        assert_eq!(seqs(&log, &b), vec![1, 2]);
+        assert_eq!(log.logs_after(None, 1).unwrap().len(), 1, "the limit holds");
     }
 
     /// A channel read back in the opening that wrote its state skips the clean-up of stale packs (none
