@@ -1,6 +1,7 @@
 //! Cluster and node configuration, and the deterministic placement derived from it.
 
 use super::controller::ControllerConfig;
+use super::core::StrayLogConfig;
 use super::rendezvous;
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -76,6 +77,8 @@ pub struct NodeConfig {
     pub boot_id: u64,
     /// Channel controller: failure detection, failovers, leader transfers, repair loop.
     pub controller: ControllerConfig,
+    /// The sweep that finds and forgets the logs of channel replicas moved off this node.
+    pub stray_logs: StrayLogConfig,
     /// Channel reactors: the node's channels are split over this many shards by the hash slot of their
     /// id, and the threaded runtime runs each shard on its own thread (the simulator runs them in turn).
     /// Each shard keeps its part of `active_channels_max`. At most 256. `0` (the default) lets the
@@ -109,6 +112,7 @@ impl NodeConfig {
             fanout_enabled: true,
             boot_id: 0,
             controller: ControllerConfig::default(),
+            stray_logs: StrayLogConfig::default(),
             reactors: 0,
             nodes,
         }
@@ -141,6 +145,7 @@ impl NodeConfig {
             return Err("reactors must be at most 256");
         }
         HashToSlot::even_split(self.slot_groups).map_err(|_| "slot_groups must be between 1 and 256")?;
+        self.stray_logs.validate()?;
         self.machine.validate()
     }
 

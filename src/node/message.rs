@@ -124,6 +124,26 @@ pub enum NodeMessage {
         /// What was read, or why not.
         answer: SlotReadAnswer,
     },
+    /// Asks a node of the channel's slot group for the channel's runtime meta read after a ReadIndex
+    /// of the group: a meta as new as every one committed before the ask. How a node tells that a log
+    /// it holds belongs to no replica of the channel any more.
+    MetaConfirm {
+        /// The asking node's id for it.
+        request: u64,
+        /// The channel.
+        channel: ChannelId,
+    },
+    /// The answer to a [`NodeMessage::MetaConfirm`]: `None` when the node could not read the meta
+    /// that way (it keeps no replica of the group, the read failed, the group no longer serves the
+    /// channel's hash slot, or it holds no meta).
+    MetaConfirmed {
+        /// The request answered.
+        request: u64,
+        /// The channel.
+        channel: ChannelId,
+        /// The meta.
+        meta: Option<ChannelRuntimeMeta>,
+    },
 }
 
 /// A read one node asks of another that keeps a replica of the slot group it concerns.

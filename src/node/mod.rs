@@ -10,7 +10,9 @@ mod message;
 mod rendezvous;
 pub(crate) mod shard;
 
-pub use self::core::{ApiId, ApiResult, ChannelStatus, NodeCore, NodeEffect, NodeStatus};
+pub use self::core::{
+    ApiId, ApiResult, ChannelStatus, LogPage, LogsListed, NodeCore, NodeEffect, NodeStatus, StrayLogConfig,
+};
 pub use config::NodeConfig;
 pub use controller::{
     ControllerConfig, DrainReport, EvidenceEntry, EvidenceReport, MembershipStep, MigrationPhase, Reconcile,

@@ -122,7 +122,9 @@ impl Io {
             }
             NodeEffect::Lookup(lookup) => return self.hand_off(vec![lookup]).pop(),
             NodeEffect::Done { id, result } => calls.finish(id, result),
-            other @ (NodeEffect::SyncSlots { .. } | NodeEffect::Fanout(_)) => return Some(other),
+            other @ (NodeEffect::SyncSlots { .. } | NodeEffect::Fanout(_) | NodeEffect::ListLogs(_)) => {
+                return Some(other)
+            }
         }
         None
     }

@@ -8,7 +8,7 @@ use super::{Clock, RouteKey, STEP_STALL_WARNING};
 use crate::frame::FrameBody;
 use crate::node::shard::{ShardInput, ShardOutput};
 use crate::node::FanoutWork;
-use crate::node::{FanoutAnswer, NodeCore, NodeEffect, NodeStatus};
+use crate::node::{FanoutAnswer, LogsListed, NodeCore, NodeEffect, NodeStatus};
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::collections::VecDeque;
@@ -40,6 +40,8 @@ pub(super) enum Input {
     SlotsSynced { token: u64 },
     /// A fanout worker's answer.
     Fanout(FanoutAnswer),
+    /// The reader thread listed a page of the stray-log sweep.
+    LogsListed(LogsListed),
     /// What a reactor's shard asks of the core.
     FromShard(Vec<ShardOutput>),
     /// The node stops.
@@ -153,6 +155,7 @@ impl Shell {
             }
             Input::SlotsSynced { token } => self.core.handle_slots_synced(now, token),
             Input::Fanout(answer) => self.core.handle_fanout(now, answer),
+            Input::LogsListed(listed) => self.core.handle_logs_listed(now, listed),
             Input::FromShard(outputs) => {
                 for output in outputs {
                     self.core.handle_shard_output(now, output);
@@ -170,6 +173,9 @@ impl Shell {
                 Some(NodeEffect::SyncSlots { token }) => drop(self.sync_tx.send(token)),
                 // Bounded wait when the fanout worker is behind (the planner bounds what it asks for).
                 Some(NodeEffect::Fanout(work)) => drop(self.fanout_tx.send(work)),
+                // A page the reader's full queue does not take is asked again later (the sweep's
+                // patience): never a wait on this thread.
+                Some(NodeEffect::ListLogs(page)) => drop(self.io.read_tx.try_send(super::workers::ReadJob::Logs(page))),
                 // The core's shards are on the reactors: no durable append comes this way.
                 Some(other) => tracing::error!(?other, "an effect the core thread does not carry out"),
             }

@@ -232,9 +232,9 @@ impl Node {
             }));
         }
         threads.push(spawn("tidings-reader", {
-            let (log, completions) = (log.clone(), completions.clone());
+            let (log, completions, inbox) = (log.clone(), completions.clone(), inbox.clone());
             let reader = SlotReader::new(MetaStore::new(kv.clone()));
-            move || reader_worker(log.as_ref(), &reader, &read_rx, &completions)
+            move || reader_worker(log.as_ref(), &reader, &read_rx, &completions, &inbox)
         }));
         threads.push(spawn("tidings-fanout", {
             let (reader, inbox) = (SlotReader::new(MetaStore::new(kv.clone())), inbox.clone());

@@ -7,6 +7,7 @@ use super::reactor::Completion;
 use super::{GROUP_COMMIT_MAX, ROOM_PATIENCE};
 use crate::node::shard::{shard_of, Lookup, ReadPlan};
 use crate::node::FanoutWork;
+use crate::node::LogPage;
 use crate::node::{carry_out_fanout, FanoutHost};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;
@@ -31,6 +32,8 @@ pub(super) enum ReadJob {
     /// Activations' loads and `append_from`'s sender checks of one reactor's step; the answers go back
     /// to it in one message (one hop each way for all of them).
     Lookups(Vec<Lookup>),
+    /// A page of the core's sweep for logs of replicas moved away; the answer goes to the core.
+    Logs(LogPage),
 }
 
 /// Where storage completions go: the reactor of each channel's shard. Unbounded channels, bounded by
@@ -155,6 +158,7 @@ pub(super) fn reader_worker(
     reader: &SlotReader,
     reads: &Receiver<ReadJob>,
     completions: &Completions,
+    core: &Sender<Input>,
 ) {
     while let Ok(job) = reads.recv() {
         match job {
@@ -172,6 +176,9 @@ pub(super) fn reader_worker(
                 let reactor = completions.reactor_of(first.channel()).clone();
                 let answers = lookups.into_iter().map(|lookup| lookup.carry_out(log, reader).into_input()).collect();
                 let _ = reactor.send(Completion::Answers(answers));
+            }
+            ReadJob::Logs(page) => {
+                let _ = core.send(Input::LogsListed(page.carry_out(log, reader)));
             }
         }
     }

@@ -289,6 +289,7 @@ pub fn tighten(config: &mut NodeConfig, seed: u64) {
     fanout.jobs_active_max = draw(1, 3);
     config.controller.migration_chunk_bytes = draw(8, 512);
     config.controller.repair_page = draw(1, 8);
+    config.stray_logs.page = draw(1, 4);
     config.read_records_max = draw(1, 8);
     config.waiting_appends_max = draw(2, 64);
     // Fewer active replicas than a node holds: activations evict the least recently used quiescent

@@ -40,6 +40,17 @@ pub(super) enum ProposalPurpose {
     },
 }
 
+/// What an authoritative read of a slot group (a ReadIndex) is for.
+#[derive(Debug)]
+pub(super) enum MetaRead {
+    /// An API call's read barrier on `slot`, tried `tries` times (a migrated slot is followed).
+    Api { api: ApiId, slot: HashSlot, tries: u8 },
+    /// The meta of a candidate of the stray-log sweep, for its shard (see `stray_logs`).
+    Stray { channel: ChannelId, ask: u64 },
+    /// The meta a peer asked for with [`NodeMessage::MetaConfirm`].
+    Peer { to: NodeId, request: u64, channel: ChannelId },
+}
+
 /// A proposal's command and how it went out.
 #[derive(Debug)]
 pub(super) struct Sent {
@@ -84,7 +95,7 @@ impl NodeCore {
         }
         match self.slot.read_index(self.now, group) {
             Ok(read) => {
-                self.meta_reads.insert(read, (id, slot, tries));
+                self.meta_reads.insert(read, MetaRead::Api { api: id, slot, tries });
             }
             Err(error) => self.done(id, ApiResult::Meta(Err(error.into()))),
         }
@@ -246,16 +257,16 @@ impl NodeCore {
             SlotEffect::Send { to, message } => self.send(to, FrameBody::Slot(message)),
             SlotEffect::Sync { token } => self.effects.push_back(NodeEffect::SyncSlots { token }),
             SlotEffect::ProposalDone { id, result } => self.proposal_done(id, result),
-            SlotEffect::ReadReady { id, group } => {
-                if let Some((api, slot, tries)) = self.meta_reads.remove(&id) {
-                    self.finish_read(api, group, slot, tries);
-                }
-            }
-            SlotEffect::ReadFailed { id, error } => {
-                if let Some((api, _, _)) = self.meta_reads.remove(&id) {
-                    self.done(api, ApiResult::Meta(Err(error.into())));
-                }
-            }
+            SlotEffect::ReadReady { id, group } => match self.meta_reads.remove(&id) {
+                Some(MetaRead::Api { api, slot, tries }) => self.finish_read(api, group, slot, tries),
+                Some(read) => self.stray_read_done(Some(group), read),
+                None => {}
+            },
+            SlotEffect::ReadFailed { id, error } => match self.meta_reads.remove(&id) {
+                Some(MetaRead::Api { api, .. }) => self.done(api, ApiResult::Meta(Err(error.into()))),
+                Some(read) => self.stray_read_done(None, read),
+                None => {}
+            },
             SlotEffect::MetaChanged { meta, leader, .. } => {
                 self.controller.meta_applied(self.now, &meta, leader);
                 if leader {

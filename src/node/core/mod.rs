@@ -24,7 +24,7 @@ use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, ProposalId, ReadId};
 use tidings_store::message::{LogBatch, MessageLog, Record};
 use tidings_store::{MetaStore, RaftLogStore, StoreError};
-use tidings_types::{ChannelId, GroupId, HashSlot, NodeId, Seq, Time};
+use tidings_types::{ChannelId, GroupId, NodeId, Seq, Time};
 
 mod metadata;
 mod operations;
@@ -33,12 +33,14 @@ mod sender_checks;
 mod shards;
 mod slot_reads;
 mod status;
+mod stray_logs;
 
 use metadata::{ProposalPurpose, Sent};
 use remote_reads::RemoteReads;
 use sender_checks::SenderChecks;
 use shards::Shards;
 pub use status::{ChannelStatus, NodeStatus};
+pub use stray_logs::{LogPage, LogsListed, StrayLogConfig};
 
 /// Identifies an API call; chosen by the runtime, echoed in [`NodeEffect::Done`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -99,6 +101,10 @@ pub enum NodeEffect {
     /// out with [`Lookup::carry_out`], off the thread that drives the core or the channel's shard, then
     /// call [`NodeCore::handle_lookup`]. The inputs that need it wait meanwhile (bounded).
     Lookup(Lookup),
+    /// A page of the sweep for logs of replicas moved away: carry it out with [`LogPage::carry_out`], off
+    /// the thread that drives the core, then call [`NodeCore::handle_logs_listed`]. A page lost is asked
+    /// again after a while.
+    ListLogs(LogPage),
     /// Post-commit fanout work (the planner's, or a subscriber page for a peer): carry it out with
     /// [`carry_out_fanout`](crate::node::carry_out_fanout), off the core thread, and hand the answer to
     /// [`NodeCore::handle_fanout`].
@@ -144,7 +150,7 @@ pub struct NodeCore {
     not_leaders: BTreeMap<GroupId, NodeId>,
     /// Authoritative metadata reads waiting for their ReadIndex: the caller, the key's hash slot, and how
     /// many groups were asked (a migrated slot is followed).
-    meta_reads: BTreeMap<ReadId, (ApiId, HashSlot, u8)>,
+    meta_reads: BTreeMap<ReadId, metadata::MetaRead>,
     effects: VecDeque<NodeEffect>,
     frame_limits: FrameLimits,
     fanout: FanoutPlanner,
@@ -163,6 +169,8 @@ pub struct NodeCore {
     /// Messages this node sends to itself (the controller asking its own replica), handled in `pump`.
     loopback: VecDeque<NodeMessage>,
     refused_frames: BTreeMap<&'static str, u64>,
+    /// The sweep for logs of replicas moved away.
+    stray_logs: stray_logs::StrayLogSweep,
 }
 
 impl NodeCore {
@@ -236,6 +244,7 @@ impl NodeCore {
             preferred: PreferredLeaders::default(),
             loopback: VecDeque::new(),
             refused_frames: BTreeMap::new(),
+            stray_logs: stray_logs::StrayLogSweep::new(config.stray_logs.clone(), config.boot_id, now),
             config,
         })
     }
@@ -278,6 +287,7 @@ impl NodeCore {
             self.controller.poll_timeout().min(self.preferred.poll_timeout()).min(self.migrations.poll_timeout());
         let mut next = self.slot.poll_timeout().min(controller);
         next = self.remote_reads.poll_timeout().map_or(next, |due| next.min(due));
+        next = next.min(self.stray_logs.poll_timeout());
         if let Shards::Inline(shards) = &self.shards {
             next = shards.iter().filter_map(ChannelShard::poll_timeout).fold(next, Time::min);
         }
@@ -298,6 +308,7 @@ impl NodeCore {
         for (ask, again) in self.remote_reads.take_due(self.now) {
             self.retry_read(ask, again);
         }
+        self.sweep_stray_logs();
         if let Shards::Inline(shards) = &mut self.shards {
             for shard in shards {
                 shard.handle_tick(self.now);
@@ -525,6 +536,8 @@ impl NodeCore {
             }
             NodeMessage::SlotReadRequest { request, query } => self.serve_read(from, request, query),
             NodeMessage::SlotReadReply { request, answer } => self.read_answered(from, request, answer),
+            NodeMessage::MetaConfirm { request, channel } => self.serve_meta_confirm(from, request, channel),
+            NodeMessage::MetaConfirmed { request, channel, meta } => self.meta_confirmed(from, request, channel, meta),
         }
     }
 

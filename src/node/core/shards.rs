@@ -152,6 +152,7 @@ impl NodeCore {
             ShardOutput::VerifySender { api, channel, sender, records } => {
                 self.verify_sender(api, channel, sender, records)
             }
+            ShardOutput::ConfirmStray { channel, ask } => self.confirm_stray(channel, ask),
         }
     }
 

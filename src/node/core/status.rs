@@ -108,6 +108,11 @@ pub struct NodeStatus {
     /// waiting for their deliveries to end. It grows when fanout lags the commits (slow subscriber
     /// pages, a slow host); the oldest committed message waits behind all of them.
     pub fanout_backlog: usize,
+    /// Logs of channel replicas moved off this node (a replacement, a drain, a surplus removal) that
+    /// the stray-log sweep forgot, giving their space back (`NodeConfig::stray_logs`).
+    pub stray_logs_forgotten: u64,
+    /// Passes of the stray-log sweep over this node's logs finished since the node started.
+    pub stray_log_passes: u64,
 }
 
 impl NodeStatus {
@@ -122,6 +127,7 @@ impl NodeStatus {
         self.channels_loading += shard.loading;
         self.loads_given_up += shard.counters.loads_given_up;
         self.fanout_skipped += shard.counters.fanout_skipped;
+        self.stray_logs_forgotten += shard.counters.stray_logs_forgotten;
     }
 }
 
@@ -153,6 +159,8 @@ impl NodeCore {
             fanout_planned_again: self.fanout_planned_again,
             fanout_skipped: 0,
             fanout_backlog: self.fanout_waiting.len() + self.fanout.jobs_open(),
+            stray_logs_forgotten: 0,
+            stray_log_passes: self.stray_logs.passes,
         };
         if let Shards::Inline(shards) = &self.shards {
             for shard in shards {

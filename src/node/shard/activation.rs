@@ -151,7 +151,8 @@ impl ChannelShard {
     /// not (the load reads it). A channel whose meta nobody here holds has it fetched. Nothing happens
     /// for a replica already active or loading.
     pub(super) fn activate(&mut self, channel: &ChannelId) {
-        if self.channels.contains(channel) || self.loading.contains_key(channel) {
+        // A log being forgotten is activated once the forget is durable (see `stray`).
+        if self.channels.contains(channel) || self.loading.contains_key(channel) || self.is_forgetting(channel) {
             return;
         }
         let meta = self.metas.get(channel).map(|known| known.meta.clone());
@@ -322,6 +323,8 @@ impl ChannelShard {
         state: ChannelLogState,
         recent: Option<Vec<Record>>,
     ) {
+        // A replica active here: the log is in use, whatever a read begun earlier may answer.
+        self.withdraw_stray(channel);
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
         let left_out = recent.is_none();

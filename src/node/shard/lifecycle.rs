@@ -78,6 +78,9 @@ impl ChannelShard {
     /// `stored_here`: this node's slot replica holds it.
     pub(super) fn learn_meta(&mut self, meta: ChannelRuntimeMeta, stored_here: bool) {
         let channel = meta.channel.clone();
+        if meta.is_replica(self.config.node) {
+            self.withdraw_stray(&channel);
+        }
         let mut now_stored = false;
         let (newer, new_leadership) = match self.metas.get_mut(&channel) {
             None => (true, false),

@@ -17,6 +17,7 @@ mod lifecycle;
 mod lookups;
 mod reads;
 mod senders;
+mod stray;
 
 pub use activation::ActivationLoad;
 use activation::Loaded;
@@ -189,6 +190,12 @@ pub(crate) enum ShardInput {
     Served(Arc<Served>),
     /// An API call starts a controller task on the channel: the node needs the meta the shard knows.
     TaskMeta { api: ApiId, channel: ChannelId, start: TaskStart },
+    /// The node's sweep of its logs found one of `channel`, and no local meta naming this node: it may
+    /// belong to a replica moved away (see `stray`).
+    MaybeStray(ChannelId),
+    /// The authoritative meta a [`ShardOutput::ConfirmStray`] asked for (`None`: the read failed or
+    /// found none).
+    StrayConfirmed { channel: ChannelId, ask: u64, meta: Option<ChannelRuntimeMeta> },
 }
 
 /// An output of a shard.
@@ -214,6 +221,9 @@ pub(crate) enum ShardOutput {
     /// An API append whose sender this node's slot replicas cannot check: the node asks nodes that
     /// can, and answers with [`ShardInput::SenderChecked`].
     VerifySender { api: ApiId, channel: ChannelId, sender: Uid, records: Vec<AppendRecord> },
+    /// The node reads `channel`'s meta authoritatively (begun after this is asked) and answers with
+    /// [`ShardInput::StrayConfirmed`] and the same `ask`.
+    ConfirmStray { channel: ChannelId, ask: u64 },
 }
 
 /// A shard's counters, for the node's status.
@@ -224,6 +234,8 @@ pub(crate) struct ShardCounters {
     pub(crate) storage_failures: u64,
     pub(crate) loads_given_up: u64,
     pub(crate) fanout_skipped: u64,
+    /// Logs of replicas moved away that this shard forgot.
+    pub(crate) stray_logs_forgotten: u64,
 }
 
 /// What a shard shows of itself: its replicas and counters.
@@ -326,6 +338,11 @@ pub(crate) struct ChannelShard {
     pulls_in_flight_order: VecDeque<(ChannelId, u64)>,
     /// Pulls kept so far: each kept pull's number.
     pulls_kept: u64,
+    /// Channels whose log may belong to no replica here, waiting for their authoritative meta (at most
+    /// `stray::STRAY_CANDIDATES_MAX`).
+    stray: BTreeMap<ChannelId, stray::StrayCandidate>,
+    /// Logs being forgotten, by the token of their forget (see `stray`).
+    forgetting: BTreeMap<ChannelId, PersistToken>,
     id_base: u64,
     id_counter: u64,
     next_incarnation: u64,
@@ -375,6 +392,8 @@ impl ChannelShard {
             pulls_in_flight: FxHashMap::default(),
             pulls_in_flight_order: VecDeque::new(),
             pulls_kept: 0,
+            stray: BTreeMap::new(),
+            forgetting: BTreeMap::new(),
             id_base: id_base(config.boot_id, index % shards),
             id_counter: 0,
             // Differs across the node's starts (its boot id), so a replica's machines never share an
@@ -495,6 +514,7 @@ impl ChannelShard {
             self.next_evict_scan = self.now + EVICT_SCAN_INTERVAL;
             self.evict_idle();
             self.expire_loads();
+            self.expire_stray();
             self.activate_again();
         }
     }
@@ -531,6 +551,9 @@ impl ChannelShard {
             ShardInput::Evidence { from, task, meta } => self.answer_evidence(from, task, meta),
             ShardInput::Persisted { channel, token, result } => {
                 let now = self.now;
+                if self.forget_persisted(&channel, token, &result) {
+                    return;
+                }
                 if let Some(machine) = self.machine_mut(&channel) {
                     machine.handle_persisted(now, token, result);
                 }
@@ -554,6 +577,8 @@ impl ChannelShard {
                 let meta = self.metas.get(&channel).map(|known| known.meta.clone()).ok_or_else(|| channel.clone());
                 self.outputs.push_back(ShardOutput::TaskMeta { api, meta, start });
             }
+            ShardInput::MaybeStray(channel) => self.consider_stray(channel),
+            ShardInput::StrayConfirmed { channel, ask, meta } => self.stray_confirmed(channel, ask, meta),
         }
     }
 

@@ -480,6 +480,12 @@ impl ChannelMachine {
             && self.log.durable.hw >= self.log.hw
     }
 
+    /// `true` while a durable append of this replica is in flight or waits to be built: its log may
+    /// still change in the store.
+    pub fn is_writing(&self) -> bool {
+        !self.log.settled()
+    }
+
     /// Next effect to carry out, if any.
     pub fn poll_effect(&mut self) -> Option<Effect> {
         let effect = self.effects.pop_front();

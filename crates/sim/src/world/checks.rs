@@ -162,6 +162,29 @@ impl World {
             .collect()
     }
 
+    /// After healing, no running node holds the log of a channel whose newest meta does not name it: the
+    /// stray-log sweep forgot the logs of replicas moved away (`tidings::node::StrayLogConfig`; a pass a
+    /// second here). A replica moved away while its node was down is found once the node is back.
+    pub(super) fn check_stray_logs_forgotten(&mut self) {
+        let left = self.stray_logs_left();
+        if !left.is_empty() {
+            self.oracle.violation(format!("liveness: logs of replicas moved away still held: {left:?}"));
+        }
+    }
+
+    /// What [`Self::check_stray_logs_forgotten`] finds: node and channel of each log left.
+    pub(super) fn stray_logs_left(&self) -> Vec<(NodeId, ChannelId)> {
+        let mut left = Vec::new();
+        for (id, node) in self.nodes.iter().filter(|(_, n)| n.core.is_some()) {
+            for channel in node.log.logs_after(None, usize::MAX).unwrap_or_default() {
+                if self.newest_meta(&channel).is_some_and(|meta| !meta.is_replica(*id)) {
+                    left.push((*id, channel));
+                }
+            }
+        }
+        left
+    }
+
     /// The voters of `group` in force, as its leader has them: replica moves change them, a replica moved
     /// away may linger until it hears it was removed, and a learner a move added late in the healing phase
     /// may still be catching up (neither is a replica the checks compare).
@@ -407,6 +430,7 @@ impl World {
         self.check_moves_settled();
         self.check_drains_finished();
         self.check_surplus_given_up();
+        self.check_stray_logs_forgotten();
         self.check_migrations_settled();
         self.oracle.check_answered();
         for channel in &self.channels {

@@ -17,7 +17,7 @@ use tidings::router::Router;
 use tidings::slot::command::RoutingKey;
 use tidings::slot::model::Uid;
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
-use tidings::store::message::{LogBatch, LogFailOp, LogLimits, MemoryLog, MessageLog, ReadLimits};
+use tidings::store::message::{LogBatch, LogFailOp, LogLimits, LogOp, MemoryLog, MessageLog, ReadLimits};
 use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
 use tidings::types::{ChannelId, ChannelType, DetRng, HashSlot, NodeId, Seq, Time};
 
@@ -120,6 +120,8 @@ pub struct Faults {
     /// Slot-group snapshots sent (their first chunk), counted in `tight_limits` seeds only (it takes a
     /// decode of every frame).
     pub snapshots_sent: u64,
+    /// Logs of replicas moved away that nodes forgot (`LogOp::Forget` made durable).
+    pub stray_logs_forgotten: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -142,6 +144,7 @@ impl std::ops::AddAssign for Faults {
         self.retention_moves_done += other.retention_moves_done;
         self.fanout_missed += other.fanout_missed;
         self.learners_removed += other.learners_removed;
+        self.stray_logs_forgotten += other.stray_logs_forgotten;
         self.fanout_planned_again += other.fanout_planned_again;
     }
 }
@@ -176,6 +179,11 @@ enum Event {
         node: NodeId,
         incarnation: u64,
         lookup: tidings::node::Lookup,
+    },
+    ListLogs {
+        node: NodeId,
+        incarnation: u64,
+        page: tidings::node::LogPage,
     },
     Restart {
         node: NodeId,
@@ -251,6 +259,13 @@ impl World {
             config.seed = params.seed;
             config.reactors = params.reactors;
             config.machine.hw_notify_delay = std::time::Duration::from_millis(params.hw_notify_delay_ms);
+            // The sweep for logs of replicas moved away, within a run's length (by default a pass
+            // every 10 minutes), a few channels a page so that passes page.
+            config.stray_logs = tidings::node::StrayLogConfig {
+                page: 4,
+                page_interval: std::time::Duration::from_millis(100),
+                pass_interval: std::time::Duration::from_secs(1),
+            };
             if params.idle_evict_ms > 0 {
                 config.channel_idle_evict = std::time::Duration::from_millis(params.idle_evict_ms);
             }
@@ -373,7 +388,8 @@ impl World {
             && (self.fanout_backlog() > 0
                 || !self.slot_replicas_agree()
                 || !self.drains_left().1.is_empty()
-                || !self.surplus_left().is_empty())
+                || !self.surplus_left().is_empty()
+                || !self.stray_logs_left().is_empty())
         {
             self.run_for(SETTLE_STEP_MS);
             settle_left -= SETTLE_STEP_MS;
@@ -562,7 +578,13 @@ impl World {
                     return;
                 }
                 let channel = batch.channel.clone();
+                let forgets = batch.ops.contains(&LogOp::Forget);
                 let result = if lying { Ok(()) } else { n.log.commit(batch) };
+                if forgets && result.is_ok() {
+                    // The replica's log starts again from nothing: its HW may be lower next time it shows.
+                    self.hw_seen.remove(&(node, channel.clone()));
+                    self.faults.stray_logs_forgotten += 1;
+                }
                 if let Some(core) = n.core.as_mut() {
                     core.handle_persisted(n.clock.at(now), &channel, token, result);
                 }
@@ -587,6 +609,16 @@ impl World {
                     // Read when it runs, as a reader thread would: not when it was asked for.
                     let answer = lookup.carry_out(n.log.as_ref(), core.reader());
                     core.handle_lookup(n.clock.at(now), answer);
+                }
+            }
+            Event::ListLogs { node, incarnation, page } => {
+                let n = self.nodes.get_mut(&node).expect("known node");
+                if n.incarnation != incarnation {
+                    return;
+                }
+                if let Some(core) = n.core.as_mut() {
+                    let listed = page.carry_out(n.log.as_ref(), core.reader());
+                    core.handle_logs_listed(n.clock.at(now), listed);
                 }
             }
             Event::Restart { node } => {
@@ -625,6 +657,10 @@ impl World {
                 NodeEffect::Lookup(lookup) => {
                     let at = now + self.disk_delay();
                     self.schedule(at, Event::Lookup { node: id, incarnation, lookup });
+                }
+                NodeEffect::ListLogs(page) => {
+                    let at = now + self.disk_delay();
+                    self.schedule(at, Event::ListLogs { node: id, incarnation, page });
                 }
                 NodeEffect::Fanout(work) => {
                     if let Some(answer) = carry_out_fanout(core.reader(), self.fanout_host.as_ref(), work) {

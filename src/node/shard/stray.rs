@@ -1,0 +1,145 @@
+//! Logs of replicas this node no longer holds: a replacement, a drain or a surplus removal moved the
+//! replica away, and its log would otherwise stay on disk for good. The node's sweep
+//! (`core::stray_logs`) pages through the logs it holds and names each channel whose local meta does
+//! not name this node; the shard forgets such a log ([`LogOp::Forget`]) only once an authoritative
+//! read of the channel's meta says this node is no replica.
+//!
+//! Why an authoritative read, asked only after the candidate is filed: a replica of an ISR must never
+//! lose its log. A meta this node read locally may be stale (its slot replica lags; after a restart the
+//! shard knows no meta at all), and a node that was removed and then added back may hold the only
+//! copies of committed records. The read's answer reflects every meta committed before the read began,
+//! and the read begins after the candidate is filed; every meta this shard learns that names it a
+//! replica, and every activation, withdraws the candidate. So when the answer excludes this node and the
+//! candidate still stands, no meta naming this node was committed before the read, or one was and a
+//! later one removed it again; either way this node is no replica now, and it has not acted as one
+//! since. While the forget is on its way, the channel is not activated; a meta that adds the node
+//! back then activates a new replica, on the empty log, once the forget is durable.
+
+use super::{ChannelShard, ShardOutput};
+use crate::node::core::NodeEffect;
+use std::time::Duration;
+use tidings_channel::machine::PersistToken;
+use tidings_store::message::{LogBatch, LogOp};
+use tidings_store::StoreError;
+use tidings_types::{ChannelId, ChannelRuntimeMeta, Time};
+
+/// Most candidates a shard has filed at once: more wait for a later pass of the sweep.
+pub(super) const STRAY_CANDIDATES_MAX: usize = 64;
+/// A candidate whose authoritative read did not come back within this is withdrawn (the next pass of
+/// the sweep files it again).
+const CONFIRM_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A channel whose log may belong to no replica here, waiting for its authoritative meta.
+#[derive(Debug)]
+pub(super) struct StrayCandidate {
+    /// Names the read asked for it: only that read's answer counts.
+    ask: u64,
+    since: Time,
+}
+
+impl ChannelShard {
+    /// The node's sweep found a log of `channel` here, and no meta naming this node in its slot
+    /// replica: files it as a candidate and asks for its authoritative meta
+    /// ([`ShardOutput::ConfirmStray`]), unless the shard is busy with the channel or an active replica
+    /// here is named in its own meta. A meta the shard holds otherwise is not trusted: nothing tells a
+    /// replica moved away that it was, so the one it holds may be stale for good.
+    pub(super) fn consider_stray(&mut self, channel: ChannelId) {
+        let me = self.config.node;
+        let busy = self.stray.contains_key(&channel)
+            || self.forgetting.contains_key(&channel)
+            || self.is_loading(&channel)
+            || self.stray.len() >= STRAY_CANDIDATES_MAX;
+        let active = self.channels.get(&channel).is_some_and(|m| m.meta().is_none_or(|meta| meta.is_replica(me)));
+        if busy || active {
+            return;
+        }
+        let ask = self.next_id();
+        self.stray.insert(channel.clone(), StrayCandidate { ask, since: self.now });
+        self.outputs.push_back(ShardOutput::ConfirmStray { channel, ask });
+    }
+
+    /// This node learned a meta naming it a replica of `channel`, or activated its replica: a
+    /// candidate filed before is withdrawn (its read may have begun before that meta was committed).
+    pub(super) fn withdraw_stray(&mut self, channel: &ChannelId) {
+        self.stray.remove(channel);
+    }
+
+    /// The authoritative meta of candidate `channel` (`None`: the read failed, or found no meta; the
+    /// candidate is withdrawn). A meta that names no replica here forgets the log, unless something
+    /// changed since the candidate was filed.
+    pub(super) fn stray_confirmed(&mut self, channel: ChannelId, ask: u64, meta: Option<ChannelRuntimeMeta>) {
+        if self.stray.get(&channel).is_none_or(|candidate| candidate.ask != ask) {
+            return;
+        }
+        self.stray.remove(&channel);
+        let Some(meta) = meta else { return };
+        // Committed, and as new as anything committed before the read: the shard keeps the newest it has.
+        self.learn_meta(meta, false);
+        let me = self.config.node;
+        let removed = self.metas.get(&channel).is_some_and(|known| !known.meta.is_replica(me));
+        if !removed || self.is_loading(&channel) || self.forgetting.contains_key(&channel) {
+            return;
+        }
+        if let Some(machine) = self.channels.get(&channel) {
+            // A replica still writing is left for a later pass: its batch must not land after the forget.
+            if machine.is_writing() || machine.meta().is_some_and(|m| m.is_replica(me)) {
+                return;
+            }
+        }
+        self.forget_log(&channel);
+    }
+
+    /// Takes `channel`'s replica out of memory with everything kept for its next incarnation, and asks
+    /// the store to forget its log.
+    fn forget_log(&mut self, channel: &ChannelId) {
+        self.deactivate(channel);
+        self.resumable.remove(channel);
+        self.carried_over.remove(channel);
+        self.pulls_in_flight.remove(channel);
+        self.cannot_lead.remove(channel);
+        self.to_activate.remove(channel);
+        // An incarnation of its own: no machine's completion can be taken for it.
+        let token = PersistToken { incarnation: self.next_incarnation, generation: 0, id: 0 };
+        self.next_incarnation += 1;
+        self.forgetting.insert(channel.clone(), token);
+        tracing::info!(%channel, node = %self.config.node, "forgetting the log of a replica moved away");
+        let batch = LogBatch::new(channel.clone(), vec![LogOp::Forget]);
+        self.outputs.push_back(ShardOutput::Effect(NodeEffect::Persist { token, batch }));
+    }
+
+    /// `true` if `token` is the forget of `channel`'s log, which this finishes: the channel may be
+    /// activated again (a meta added this node back meanwhile: a new replica starts on the empty log).
+    pub(super) fn forget_persisted(
+        &mut self,
+        channel: &ChannelId,
+        token: PersistToken,
+        result: &Result<(), StoreError>,
+    ) -> bool {
+        if self.forgetting.get(channel) != Some(&token) {
+            return false;
+        }
+        self.forgetting.remove(channel);
+        match result {
+            Ok(()) => self.counters.stray_logs_forgotten += 1,
+            // Nothing changed in the store: a later pass of the sweep tries again.
+            Err(error) => tracing::warn!(%channel, node = %self.config.node, %error, "could not forget a log"),
+        }
+        self.log.release_caches(channel);
+        let me = self.config.node;
+        if self.metas.get(channel).is_some_and(|known| known.meta.is_replica(me)) {
+            self.activate(channel);
+        }
+        true
+    }
+
+    /// `true` while `channel`'s log is being forgotten (its replica is not activated meanwhile).
+    pub(super) fn is_forgetting(&self, channel: &ChannelId) -> bool {
+        self.forgetting.contains_key(channel)
+    }
+
+    /// Withdraws the candidates whose read did not come back in time. Called with idle eviction's scan.
+    pub(super) fn expire_stray(&mut self) {
+        let now = self.now;
+        self.stray.retain(|_, candidate| candidate.since + CONFIRM_PATIENCE > now);
+    }
+}
