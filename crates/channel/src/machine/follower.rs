@@ -148,12 +148,21 @@ impl ChannelMachine {
     pub(super) fn follower_timeout(&mut self) {
         let now = self.now;
         let timeout = self.config.pull_timeout;
+        let mut unanswered = false;
         if let Some(follower) = self.follower() {
             if follower.outstanding.is_some_and(|o| o.sent_at + timeout <= now) {
                 // Lost request or response: pull again (a late answer is ignored by its id).
                 follower.outstanding = None;
                 follower.replaced = None;
+                unanswered = true;
             }
+        }
+        if unanswered {
+            // A leader drops the pulls of a node its meta does not name, and nothing else tells a
+            // replica that it was moved away: learn the meta in force, so that one moved away stops
+            // pulling for good, and its log can be forgotten (sim seed 310000170: a replica removed
+            // while it was active kept its stale meta and pulled for ever).
+            self.effects.push_back(super::Effect::RefreshMeta);
         }
         self.follower_maybe_pull();
     }
