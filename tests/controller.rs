@@ -489,6 +489,58 @@ fn replacing_a_follower_keeps_appends_going_and_loses_nothing() {
     assert_all_readable(&mut cluster, old.leader.get(), &room, &acked);
 }
 
+/// A sweep for logs of replicas moved away that passes every second (by default every 10 minutes).
+fn quick_stray_sweep(config: &mut NodeConfig) {
+    config.stray_logs.pass_interval = std::time::Duration::from_secs(1);
+    config.stray_logs.page_interval = std::time::Duration::from_millis(100);
+}
+
+/// `true` once node `n` holds no log of `channel`.
+fn log_forgotten(cluster: &Cluster, n: NodeId, channel: &ChannelId) -> bool {
+    use tidings::store::message::MessageLog;
+    !cluster.nodes[&n].log.logs_after(None, usize::MAX).unwrap().contains(channel)
+}
+
+#[test]
+fn a_replica_moved_away_forgets_its_log_and_starts_from_nothing_when_added_back() {
+    let (mut cluster, room, old, spare) = four_nodes_and_a_channel_with("moved-away", quick_stray_sweep);
+    let from = old.isr.iter().copied().find(|n| *n != old.leader).unwrap();
+    let (_, mut acked) = replace_under_load(&mut cluster, spare.get(), &room, from, spare);
+    assert!(!log_forgotten(&cluster, spare, &room));
+    assert!(cluster.run_until(10_000, |c| log_forgotten(c, from, &room)), "the log moved away stays");
+    assert_eq!(cluster.core(from.get()).status().stray_logs_forgotten, 1);
+    assert!(cluster.core(from.get()).status().stray_log_passes > 0);
+    for replica in any_stored_meta(&mut cluster, &room).replicas {
+        assert!(!log_forgotten(&cluster, replica, &room), "{replica} is a replica");
+        assert_all_readable(&mut cluster, replica.get(), &room, &acked);
+    }
+    // Added back in place of another follower: it catches up from an empty log, and holds everything.
+    let other = any_stored_meta(&mut cluster, &room).isr.into_iter().find(|n| *n != old.leader && *n != spare);
+    let (_, again) = replace_under_load(&mut cluster, old.leader.get(), &room, other.unwrap(), from);
+    acked.extend(again);
+    assert!(any_stored_meta(&mut cluster, &room).in_isr(from));
+    assert_all_readable(&mut cluster, from.get(), &room, &acked);
+}
+
+#[test]
+fn a_replica_moved_away_while_its_node_was_down_is_forgotten_once_the_node_is_back() {
+    let (mut cluster, room, old, spare) = four_nodes_and_a_channel_with("moved-while-down", quick_stray_sweep);
+    let acked = append_acked(&mut cluster, old.leader.get(), &room, "m", 10);
+    let from = old.isr.iter().copied().find(|n| *n != old.leader).unwrap();
+    cluster.crash(from.get());
+    let id = cluster.api();
+    let now = cluster.now;
+    cluster.core(old.leader.get()).replace_replica(now, id, room.clone(), from, spare);
+    assert!(cluster.run_until(20_000, |c| c.tasks.contains_key(&id)));
+    assert!(cluster.tasks[&id].is_ok(), "{:?}", cluster.tasks[&id]);
+    assert!(!log_forgotten(&cluster, from, &room), "down: nothing forgot it");
+    cluster.restart(from.get());
+    assert!(cluster.run_until(15_000, |c| log_forgotten(c, from, &room)), "the log moved away stays");
+    for replica in any_stored_meta(&mut cluster, &room).replicas {
+        assert_all_readable(&mut cluster, replica.get(), &room, &acked);
+    }
+}
+
 #[test]
 fn replacing_the_leader_hands_the_leadership_to_the_new_replica() {
     let (mut cluster, room, old, spare) = four_nodes_and_a_channel("replace-leader");

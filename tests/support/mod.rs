@@ -180,6 +180,10 @@ impl Cluster {
                             let answer = lookup.carry_out(log.as_ref(), core.reader());
                             core.handle_lookup(self.now, answer);
                         }
+                        NodeEffect::ListLogs(page) => {
+                            let listed = page.carry_out(log.as_ref(), core.reader());
+                            core.handle_logs_listed(self.now, listed);
+                        }
                         NodeEffect::Fanout(work) => {
                             if let Some(answer) = carry_out_fanout(core.reader(), self.fanout_host.as_ref(), work) {
                                 core.handle_fanout(self.now, answer);

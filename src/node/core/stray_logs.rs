@@ -231,19 +231,22 @@ impl NodeCore {
     }
 
     /// A shard asks for the authoritative meta of candidate `channel`: read through this node's replica
-    /// of its slot group, else asked of a node that keeps one.
+    /// of its slot group, else (it keeps none, or that replica cannot read: one still being added holds
+    /// nothing) asked of a node that keeps one.
     pub(super) fn confirm_stray(&mut self, channel: ChannelId, ask: u64) {
         let group = self.slot.table().group_of_key(channel.route_key());
         if self.serves_group_of(&channel) {
-            match self.slot.read_index(self.now, group) {
-                Ok(read) => {
-                    self.meta_reads.insert(read, super::metadata::MetaRead::Stray { channel, ask });
-                }
-                Err(_) => self.feed_shard(&channel.clone(), ShardInput::StrayConfirmed { channel, ask, meta: None }),
+            if let Ok(read) = self.slot.read_index(self.now, group) {
+                self.meta_reads.insert(read, super::metadata::MetaRead::Stray { channel, ask });
+                return;
             }
-            return;
         }
+        self.confirm_remotely(channel, ask, group);
+    }
+
+    fn confirm_remotely(&mut self, channel: ChannelId, ask: u64, group: GroupId) {
         let contact = self.group_contact(group).filter(|node| *node != self.config.node);
+        let contact = contact.or_else(|| self.config.nodes.iter().copied().find(|n| *n != self.config.node));
         match contact {
             Some(to) if self.stray_logs.confirming.len() < CONFIRMS_IN_FLIGHT_MAX => {
                 self.ask_confirm(Confirming { channel, ask, since: self.now, tried: 0 }, to)
@@ -311,10 +314,16 @@ impl NodeCore {
             core.reader.runtime_meta(channel).ok().flatten()
         };
         match read {
-            super::metadata::MetaRead::Stray { channel, ask } => {
-                let meta = meta_of(self, &channel);
-                self.feed_shard(&channel.clone(), ShardInput::StrayConfirmed { channel, ask, meta });
-            }
+            super::metadata::MetaRead::Stray { channel, ask } => match meta_of(self, &channel) {
+                Some(meta) => {
+                    self.feed_shard(&channel.clone(), ShardInput::StrayConfirmed { channel, ask, meta: Some(meta) })
+                }
+                // The local replica could not tell: nodes that keep the group may.
+                None => {
+                    let group = self.slot.table().group_of_key(channel.route_key());
+                    self.confirm_remotely(channel, ask, group);
+                }
+            },
             super::metadata::MetaRead::Peer { to, request, channel } => {
                 let meta = meta_of(self, &channel);
                 self.send_node(to, NodeMessage::MetaConfirmed { request, channel, meta });

@@ -143,3 +143,145 @@ impl ChannelShard {
         self.stray.retain(|_, candidate| candidate.since + CONFIRM_PATIENCE > now);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Served, ShardInput};
+    use super::*;
+    use crate::node::config::NodeConfig;
+    use crate::node::core::NodeEffect;
+    use crate::node::shard::Lookup;
+    use std::sync::Arc;
+    use tidings_slot::query::SlotReader;
+    use tidings_store::message::{MemoryLog, MessageLog, Record, RecordKind};
+    use tidings_store::{MemoryKv, MetaStore};
+    use tidings_types::{ChannelType, Epoch, LeaderEpoch, NodeId, Seq};
+
+    const ME: NodeId = NodeId::new(1);
+
+    fn room() -> ChannelId {
+        ChannelId::new(ChannelType::GROUP, "moved").unwrap()
+    }
+
+    /// The channel's meta at `version`, with `replicas` (the first leads).
+    fn meta(version: u64, replicas: &[u64]) -> ChannelRuntimeMeta {
+        let replicas: Vec<NodeId> = replicas.iter().copied().map(NodeId::new).collect();
+        ChannelRuntimeMeta {
+            channel: room(),
+            version,
+            leader: replicas[0],
+            isr: replicas.clone(),
+            replicas,
+            min_isr: 1,
+            epoch: Epoch::new(version),
+            leader_epoch: LeaderEpoch::new(1),
+            write_fence: None,
+            retention_through: Seq::new(0),
+        }
+    }
+
+    /// A shard of node 1 serving no slot group, over a log that holds three records of the channel.
+    fn new_shard() -> (ChannelShard, Arc<MemoryLog>) {
+        let config = NodeConfig::new(ME, (1..=4).map(NodeId::new).collect());
+        let log = Arc::new(MemoryLog::new(Default::default()));
+        let records = (1..=3)
+            .map(|seq| Record {
+                seq: Seq::new(seq),
+                kind: RecordKind::Message,
+                leader_epoch: LeaderEpoch::new(1),
+                idempotency_key: None,
+                timestamp_ms: 0,
+                payload: bytes::Bytes::from_static(b"m"),
+            })
+            .collect();
+        log.commit(LogBatch::new(room(), vec![LogOp::Append(records)])).unwrap();
+        let reader = SlotReader::new(MetaStore::new(Arc::new(MemoryKv::new())));
+        let served = Arc::new(Served::new(Arc::new(config.table()), Vec::new(), Vec::new(), 0));
+        let dyn_log: Arc<dyn MessageLog> = log.clone();
+        (ChannelShard::new(0, 1, config, dyn_log, reader, served, Time::ZERO), log)
+    }
+
+    fn outputs(shard: &mut ChannelShard) -> Vec<ShardOutput> {
+        std::iter::from_fn(|| shard.poll_output()).collect()
+    }
+
+    /// The candidate's ask, from the shard's outputs.
+    fn filed(shard: &mut ChannelShard) -> u64 {
+        shard.handle(Time::ZERO, ShardInput::MaybeStray(room()));
+        let asks: Vec<u64> = outputs(shard)
+            .into_iter()
+            .filter_map(|o| match o {
+                ShardOutput::ConfirmStray { ask, .. } => Some(ask),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(asks.len(), 1, "one authoritative read asked for");
+        asks[0]
+    }
+
+    /// The forget the shard asked the store for, if any.
+    fn forget_asked(outputs: &[ShardOutput]) -> Option<PersistToken> {
+        outputs.iter().find_map(|o| match o {
+            ShardOutput::Effect(NodeEffect::Persist { token, batch }) if batch.ops == vec![LogOp::Forget] => {
+                Some(*token)
+            }
+            _ => None,
+        })
+    }
+
+    fn activates(outputs: &[ShardOutput]) -> bool {
+        outputs.iter().any(|o| matches!(o, ShardOutput::Effect(NodeEffect::Lookup(Lookup::Load(_)))))
+    }
+
+    /// Only the answer to the read asked for the candidate counts, and a meta naming this node learned
+    /// before it comes withdraws the candidate: that read may have begun before the meta that added the
+    /// node back was committed, so its "not a replica" is no proof.
+    #[test]
+    fn a_log_is_kept_unless_the_read_asked_for_its_candidate_says_no_replica_and_nothing_named_it_since() {
+        let (mut shard, _) = new_shard();
+        let ask = filed(&mut shard);
+        let now = Time::ZERO;
+        shard
+            .handle(now, ShardInput::StrayConfirmed { channel: room(), ask: ask + 1, meta: Some(meta(5, &[2, 3, 4])) });
+        assert!(forget_asked(&outputs(&mut shard)).is_none(), "an answer to another read");
+        // Added back (version 6) before the answer to a read of version 5 came.
+        shard.handle(now, ShardInput::Meta { meta: meta(6, &[2, 3, 1]), stored_here: false });
+        outputs(&mut shard);
+        // Withdrawn, not merely outweighed by the newer meta: the shard may let that meta go (an evicted
+        // replica's meta stored in its slot replica) before the answer comes.
+        assert!(!shard.stray.contains_key(&room()), "withdrawn");
+        shard.metas.clear();
+        shard.handle(now, ShardInput::StrayConfirmed { channel: room(), ask, meta: Some(meta(5, &[2, 3, 4])) });
+        assert!(forget_asked(&outputs(&mut shard)).is_none(), "withdrawn by the meta naming this node");
+        // A read that names this node, or that could not tell, forgets nothing either.
+        let (mut shard, _) = new_shard();
+        let ask = filed(&mut shard);
+        shard.handle(now, ShardInput::StrayConfirmed { channel: room(), ask, meta: Some(meta(7, &[1, 2, 3])) });
+        assert!(forget_asked(&outputs(&mut shard)).is_none());
+        let (mut shard, _) = new_shard();
+        let ask = filed(&mut shard);
+        shard.handle(now, ShardInput::StrayConfirmed { channel: room(), ask, meta: None });
+        assert!(forget_asked(&outputs(&mut shard)).is_none());
+    }
+
+    /// A confirmed stray log is forgotten; meanwhile the replica is not activated, even by a meta that
+    /// adds the node back, which activates it once the forget is durable: on the empty log.
+    #[test]
+    fn a_confirmed_log_is_forgotten_and_a_replica_added_back_meanwhile_starts_after_the_forget() {
+        let (mut shard, log) = new_shard();
+        let ask = filed(&mut shard);
+        let now = Time::ZERO;
+        shard.handle(now, ShardInput::StrayConfirmed { channel: room(), ask, meta: Some(meta(5, &[2, 3, 4])) });
+        let token = forget_asked(&outputs(&mut shard)).expect("forgotten");
+        assert!(shard.is_forgetting(&room()));
+        shard.handle(now, ShardInput::MaybeStray(room()));
+        assert!(outputs(&mut shard).is_empty(), "busy with it: no second read");
+        shard.handle(now, ShardInput::Meta { meta: meta(6, &[2, 3, 1]), stored_here: false });
+        assert!(!activates(&outputs(&mut shard)), "not activated on a log being forgotten");
+        let result = log.commit(LogBatch::new(room(), vec![LogOp::Forget]));
+        shard.handle(now, ShardInput::Persisted { channel: room(), token, result });
+        assert!(activates(&outputs(&mut shard)), "added back: activated once the forget is durable");
+        assert_eq!(log.state(&room()).unwrap(), Default::default(), "from an empty log");
+        assert_eq!(shard.status().counters.stray_logs_forgotten, 1);
+    }
+}
