@@ -785,3 +785,51 @@ fn records_given_up_through_any_node_stop_being_readable_everywhere_and_stay_giv
     });
     assert_eq!(read.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs[5..].to_vec());
 }
+
+#[test]
+fn a_replica_moved_off_a_real_node_has_its_log_forgotten_there_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let ids: Vec<NodeId> = (1..=4).map(NodeId::new).collect();
+    // A pass of the stray-log sweep every half second (by default every 10 minutes).
+    let quick = |config: &mut NodeConfig| {
+        config.stray_logs.pass_interval = Duration::from_millis(500);
+        config.stray_logs.page_interval = Duration::from_millis(100);
+    };
+    let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, quick)).collect();
+    let node = |id: NodeId| &nodes[usize::try_from(id.get() - 1).unwrap()];
+    let ch = channel("moved-off");
+    eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    let mut acked = Vec::new();
+    for i in 0..20 {
+        let text = format!("m{i}");
+        acked.push((eventually(|| nodes[0].append(ch.clone(), record(&text))?.wait())[0], text));
+    }
+    let leading = eventually(|| {
+        let statuses = nodes.iter().filter_map(|n| n.channel_status(&ch).ok().flatten());
+        statuses.into_iter().find(|s| s.role == tidings::channel::machine::RoleKind::Leader).ok_or(NodeError::Stopped)
+    });
+    let from = *leading.isr.iter().find(|n| **n != leading.leader).unwrap();
+    let spare = *ids.iter().find(|n| !leading.isr.contains(n)).unwrap();
+    let report = eventually(|| node(leading.leader).replace_replica(ch.clone(), from, spare));
+    assert_eq!(report.kind, tidings::node::TaskKind::Replace { from, to: spare });
+    let forgotten = || node(from).status().map(|s| s.stray_logs_forgotten).unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while forgotten() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(forgotten(), 1, "the log of the replica moved away is forgotten on {from}");
+    for replica in [leading.leader, spare] {
+        assert_eq!(node(replica).status().unwrap().stray_logs_forgotten, 0, "{replica} keeps its log");
+    }
+    let read = eventually(|| {
+        let read = node(leading.leader).read(&ch, Seq::new(1), 100)?;
+        if read.len() < acked.len() {
+            return Err(NodeError::Stopped);
+        }
+        Ok(read)
+    });
+    for (seq, text) in &acked {
+        assert!(read.iter().any(|r| r.seq == *seq && r.payload.as_ref() == text.as_bytes()), "lost {seq} {text}");
+    }
+}

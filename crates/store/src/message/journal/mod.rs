@@ -648,7 +648,7 @@ impl MessageLog for JournalLog {
         let page = self.kv.scan(Keyspace::MessageState, &KeyRange { start, end: None }, Direction::Forward, limit)?;
         page.into_iter()
             .map(|(key, _)| match ChannelId::decode_key(&key) {
-                Some((channel, rest)) if rest.is_empty() => Ok(channel),
+                Some((channel, [])) => Ok(channel),
                 _ => Err(StoreError::Corrupt {
                     location: CorruptLocation::Kv { keyspace: Keyspace::MessageState, key },
                     detail: "channel state key does not decode",
