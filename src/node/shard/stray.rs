@@ -72,10 +72,13 @@ impl ChannelShard {
             return;
         }
         self.stray.remove(&channel);
-        let Some(meta) = meta else { return };
-        // Committed, and as new as anything committed before the read: the shard keeps the newest it has.
-        self.learn_meta(meta, false);
         let me = self.config.node;
+        // A meta naming this node is not learned here: after a restart the shard knows no meta, and a
+        // sweep that learned every one it read would activate every replica whose log it lists.
+        let Some(meta) = meta.filter(|meta| !meta.is_replica(me)) else { return };
+        // Committed, and as new as anything committed before the read: the shard keeps the newest it has
+        // (an active replica it names no more leaves its role).
+        self.learn_meta(meta, false);
         let removed = self.metas.get(&channel).is_some_and(|known| !known.meta.is_replica(me));
         if !removed || self.is_loading(&channel) || self.forgetting.contains_key(&channel) {
             return;
@@ -257,7 +260,10 @@ mod tests {
         let (mut shard, _) = new_shard();
         let ask = filed(&mut shard);
         shard.handle(now, ShardInput::StrayConfirmed { channel: room(), ask, meta: Some(meta(7, &[1, 2, 3])) });
-        assert!(forget_asked(&outputs(&mut shard)).is_none());
+        let out = outputs(&mut shard);
+        assert!(forget_asked(&out).is_none());
+        // Nor does the sweep activate the replica it names: after a restart it would activate them all.
+        assert!(!activates(&out) && shard.metas.is_empty(), "the meta read is not learned");
         let (mut shard, _) = new_shard();
         let ask = filed(&mut shard);
         shard.handle(now, ShardInput::StrayConfirmed { channel: room(), ask, meta: None });

@@ -639,22 +639,40 @@ impl MessageLog for JournalLog {
 
     fn logs_after(&self, after: Option<&ChannelId>, limit: usize) -> StoreResult<Vec<ChannelId>> {
         // Key order is the order of `ChannelId::encode_key`, which a key's decoding gives back.
-        let start = after.map_or_else(Vec::new, |channel| {
+        let mut start = after.map_or_else(Vec::new, |channel| {
             let mut key = Vec::new();
             channel.encode_key(&mut key);
-            key.push(0);
             key
         });
-        let page = self.kv.scan(Keyspace::MessageState, &KeyRange { start, end: None }, Direction::Forward, limit)?;
-        page.into_iter()
-            .map(|(key, _)| match ChannelId::decode_key(&key) {
-                Some((channel, [])) => Ok(channel),
-                _ => Err(StoreError::Corrupt {
-                    location: CorruptLocation::Kv { keyspace: Keyspace::MessageState, key },
-                    detail: "channel state key does not decode",
-                }),
-            })
-            .collect()
+        let mut listed = Vec::new();
+        let mut first = after.is_none();
+        while listed.len() < limit {
+            if !first {
+                start.push(0); // the first key after the last one seen
+            }
+            first = false;
+            let range = KeyRange { start: std::mem::take(&mut start), end: None };
+            let page = self.kv.scan(Keyspace::MessageState, &range, Direction::Forward, limit - listed.len())?;
+            let full = page.len() == limit - listed.len();
+            let visible = self.visible.lock();
+            for (key, _) in page {
+                let Some((channel, [])) = ChannelId::decode_key(&key) else {
+                    return Err(StoreError::Corrupt {
+                        location: CorruptLocation::Kv { keyspace: Keyspace::MessageState, key },
+                        detail: "channel state key does not decode",
+                    });
+                };
+                // Forgotten since its state was stored (not written behind yet): not a log any more.
+                if visible.core.get(&channel).is_none_or(|entry| entry.state != ChannelLogState::default()) {
+                    listed.push(channel);
+                }
+                start = key;
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(listed)
     }
 
     fn release_caches(&self, channel: &ChannelId) {
@@ -865,6 +883,7 @@ mod tests {
         log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget])).unwrap();
         assert_eq!(log.state(&a).unwrap(), ChannelLogState::default(), "forgotten at once");
         assert!(seqs(&log, &a).is_empty());
+        assert_eq!(log.logs_after(None, 10).unwrap(), vec![b.clone()], "not listed, though sled still holds it");
         log.write_behind().unwrap();
         for keyspace in [Keyspace::MessageState, Keyspace::MessagePack] {
             assert_eq!(keys_of(&kv, keyspace, &a), 0, "{keyspace:?}");
