@@ -328,3 +328,14 @@ fn seeds_left_over_their_replication_factor_pass() {
     assert_passes(&run_seed(283001123));
     assert_passes(&run(SimParams { hurried_timings: true, ..SimParams::from_seed(282001647) }));
 }
+
+/// Seeds that kept the logs of replicas moved away: a contact that kept no replica of the channel's
+/// slot group answered for it, and no other node was asked (310000148); a replica removed while it was
+/// active kept its stale meta and pulled for ever (310000170, hurried timings); this node's replica of
+/// the group, still being added, could not read, and no other node was asked (312002924).
+#[test]
+fn seeds_that_kept_logs_of_replicas_moved_away_pass() {
+    assert_passes(&run_seed(310000148));
+    assert_passes(&run(SimParams { hurried_timings: true, ..SimParams::from_seed(310000170) }));
+    assert_passes(&run_seed(312002924));
+}
