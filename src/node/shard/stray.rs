@@ -131,6 +131,10 @@ impl ChannelShard {
         let me = self.config.node;
         if self.metas.get(channel).is_some_and(|known| known.meta.is_replica(me)) {
             self.activate(channel);
+        } else if !self.waiting.contains_key(channel) {
+            // Nothing here needs the meta of a channel this node holds nothing of: the next use fetches
+            // it (kept, every log a drain moved away would leave one in memory for good).
+            self.metas.remove(channel);
         }
         true
     }
@@ -289,5 +293,13 @@ mod tests {
         assert!(activates(&outputs(&mut shard)), "added back: activated once the forget is durable");
         assert_eq!(log.state(&room()).unwrap(), Default::default(), "from an empty log");
         assert_eq!(shard.status().counters.stray_logs_forgotten, 1);
+        // Not added back: the meta of a channel the node holds nothing of is let go with the log.
+        let (mut shard, _) = new_shard();
+        let ask = filed(&mut shard);
+        shard.handle(now, ShardInput::StrayConfirmed { channel: room(), ask, meta: Some(meta(5, &[2, 3, 4])) });
+        let token = forget_asked(&outputs(&mut shard)).expect("forgotten");
+        assert_eq!(shard.status().metas_held, 1);
+        shard.handle(now, ShardInput::Persisted { channel: room(), token, result: Ok(()) });
+        assert_eq!(shard.status().metas_held, 0);
     }
 }
