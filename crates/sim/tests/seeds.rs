@@ -339,3 +339,11 @@ fn seeds_that_kept_logs_of_replicas_moved_away_pass() {
     assert_passes(&run(SimParams { hurried_timings: true, ..SimParams::from_seed(310000170) }));
     assert_passes(&run_seed(312002924));
 }
+
+/// An active follower moved away kept a meta naming it that its own slot replica (which held none)
+/// never corrected, so its log was never forgotten: the shard trusted the active replica's own meta
+/// and asked for no authoritative read (316007578, skewed clocks).
+#[test]
+fn a_seed_whose_moved_replica_trusted_its_own_stale_meta_passes() {
+    assert_passes(&run(SimParams { clock_skew: true, ..SimParams::from_seed(316007578) }));
+}

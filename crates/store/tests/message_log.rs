@@ -81,7 +81,7 @@ impl ChannelModel {
                 self.records.retain(|r| r.seq > *seq);
             }
             LogOp::StartAfter { .. } => unreachable!("not generated"),
-            LogOp::Forget => *self = ChannelModel::default(),
+            LogOp::Forget { .. } => *self = ChannelModel::default(),
         }
     }
 }
@@ -172,7 +172,7 @@ fn batch_for(op: &Op, tail: &Model) -> Option<LogBatch> {
         Op::Retention { fraction, .. } => {
             LogOp::SetRetention(Seq::new(m.retention + (m.hw - m.retention) * u64::from(fraction) / 100))
         }
-        Op::Forget { .. } => LogOp::Forget,
+        Op::Forget { .. } => LogOp::Forget { version: 1 },
         _ => unreachable!(),
     };
     Some(LogBatch::new(channel(ch), vec![log_op]))

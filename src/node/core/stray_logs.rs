@@ -5,8 +5,8 @@
 //! Once a pass ([`StrayLogConfig::pass_interval`]), the core pages through the logs the message log
 //! holds, [`StrayLogConfig::page`] channels at a time ([`NodeEffect::ListLogs`], read off the core's
 //! thread). A channel whose meta in this node's slot replica names this node is skipped; every other
-//! one goes to its shard, which files it as a candidate unless it knows better and asks for the
-//! channel's meta read authoritatively: through this node's replica of the channel's slot group (raft
+//! one goes to its shard, which files it as a candidate (unless busy with the channel) and asks for
+//! the channel's meta read authoritatively: through this node's replica of the channel's slot group (raft
 //! ReadIndex), else through a node that keeps one ([`NodeMessage::MetaConfirm`]). Only a meta read
 //! that way, after the candidate was filed, lets the shard forget the log (see `shard::stray` for why
 //! that is safe for an ISR member added back).

@@ -288,7 +288,10 @@ impl ChannelShard {
         let Some(meta) = self.metas.get(&channel).map(|known| known.meta.clone()) else {
             return self.end_parked(&channel, parked, RemoteAppendError::NotReplica);
         };
-        if !meta.is_replica(self.config.node) {
+        // A meta at or below the log's tombstone is stale (one that named this node before its replica
+        // was removed and its log forgotten): under it the empty log would act as the replica it was —
+        // a leader would lead again an epoch it led before.
+        if !meta.is_replica(self.config.node) || meta.version <= log.state.forgotten_at {
             return self.end_parked(&channel, parked, RemoteAppendError::NotReplica);
         }
         let leads = meta.leader == self.config.node;

@@ -40,17 +40,16 @@ pub(super) struct StrayCandidate {
 impl ChannelShard {
     /// The node's sweep found a log of `channel` here, and no meta naming this node in its slot
     /// replica: files it as a candidate and asks for its authoritative meta
-    /// ([`ShardOutput::ConfirmStray`]), unless the shard is busy with the channel or an active replica
-    /// here is named in its own meta. A meta the shard holds otherwise is not trusted: nothing tells a
-    /// replica moved away that it was, so the one it holds may be stale for good.
+    /// ([`ShardOutput::ConfirmStray`]), unless the shard is busy with the channel. Neither a meta the
+    /// shard holds nor an active replica's own is trusted: nothing tells a replica moved away that it
+    /// was, so the meta it holds may be stale for good (sim seed 316007578: an active follower kept
+    /// a meta naming it that its own slot replica, which held none, never corrected).
     pub(super) fn consider_stray(&mut self, channel: ChannelId) {
-        let me = self.config.node;
         let busy = self.stray.contains_key(&channel)
             || self.forgetting.contains_key(&channel)
             || self.is_loading(&channel)
             || self.stray.len() >= STRAY_CANDIDATES_MAX;
-        let active = self.channels.get(&channel).is_some_and(|m| m.meta().is_none_or(|meta| meta.is_replica(me)));
-        if busy || active {
+        if busy {
             return;
         }
         let ask = self.next_id();
@@ -89,12 +88,14 @@ impl ChannelShard {
                 return;
             }
         }
-        self.forget_log(&channel);
+        let version = self.metas.get(&channel).map_or(0, |known| known.meta.version);
+        self.forget_log(&channel, version);
     }
 
     /// Takes `channel`'s replica out of memory with everything kept for its next incarnation, and asks
-    /// the store to forget its log.
-    fn forget_log(&mut self, channel: &ChannelId) {
+    /// the store to forget its log, leaving the tombstone `version` (the meta that named no replica
+    /// here): activation refuses any meta at or below it (see `activation`).
+    fn forget_log(&mut self, channel: &ChannelId, version: u64) {
         self.deactivate(channel);
         self.resumable.remove(channel);
         self.carried_over.remove(channel);
@@ -106,7 +107,7 @@ impl ChannelShard {
         self.next_incarnation += 1;
         self.forgetting.insert(channel.clone(), token);
         tracing::info!(%channel, node = %self.config.node, "forgetting the log of a replica moved away");
-        let batch = LogBatch::new(channel.clone(), vec![LogOp::Forget]);
+        let batch = LogBatch::new(channel.clone(), vec![LogOp::Forget { version }]);
         self.outputs.push_back(ShardOutput::Effect(NodeEffect::Persist { token, batch }));
     }
 
@@ -229,7 +230,9 @@ mod tests {
     /// The forget the shard asked the store for, if any.
     fn forget_asked(outputs: &[ShardOutput]) -> Option<PersistToken> {
         outputs.iter().find_map(|o| match o {
-            ShardOutput::Effect(NodeEffect::Persist { token, batch }) if batch.ops == vec![LogOp::Forget] => {
+            ShardOutput::Effect(NodeEffect::Persist { token, batch })
+                if matches!(batch.ops[..], [LogOp::Forget { version: 5 }]) =>
+            {
                 Some(*token)
             }
             _ => None,
@@ -288,10 +291,10 @@ mod tests {
         assert!(outputs(&mut shard).is_empty(), "busy with it: no second read");
         shard.handle(now, ShardInput::Meta { meta: meta(6, &[2, 3, 1]), stored_here: false });
         assert!(!activates(&outputs(&mut shard)), "not activated on a log being forgotten");
-        let result = log.commit(LogBatch::new(room(), vec![LogOp::Forget]));
+        let result = log.commit(LogBatch::new(room(), vec![LogOp::Forget { version: 5 }]));
         shard.handle(now, ShardInput::Persisted { channel: room(), token, result });
         assert!(activates(&outputs(&mut shard)), "added back: activated once the forget is durable");
-        assert_eq!(log.state(&room()).unwrap(), Default::default(), "from an empty log");
+        assert!(log.state(&room()).unwrap().is_empty(), "from an empty log");
         assert_eq!(shard.status().counters.stray_logs_forgotten, 1);
         // Not added back: the meta of a channel the node holds nothing of is let go with the log.
         let (mut shard, _) = new_shard();
@@ -301,5 +304,41 @@ mod tests {
         assert_eq!(shard.status().metas_held, 1);
         shard.handle(now, ShardInput::Persisted { channel: room(), token, result: Ok(()) });
         assert_eq!(shard.status().metas_held, 0);
+    }
+
+    /// Carries out the loads among `outputs` and feeds their answers back.
+    fn carry_out_loads(shard: &mut ChannelShard, log: &MemoryLog, outputs: Vec<ShardOutput>) {
+        for output in outputs {
+            if let ShardOutput::Effect(NodeEffect::Lookup(lookup)) = output {
+                let answer = lookup.carry_out(log, &shard.reader.clone());
+                shard.handle(Time::ZERO, answer.into_input());
+            }
+        }
+    }
+
+    /// The tombstone a forget leaves keeps a stale meta (one at or below the version that removed this
+    /// node) from activating the empty log as the replica it was: named leader of an epoch it led
+    /// before, it would lead it again with nothing. A newer meta adding the node back activates it.
+    #[test]
+    fn after_a_forget_a_stale_meta_naming_the_node_activates_nothing_and_a_newer_one_does() {
+        let (mut shard, log) = new_shard();
+        let ask = filed(&mut shard);
+        let now = Time::ZERO;
+        shard.handle(now, ShardInput::StrayConfirmed { channel: room(), ask, meta: Some(meta(5, &[2, 3, 4])) });
+        let token = forget_asked(&outputs(&mut shard)).expect("forgotten");
+        let result = log.commit(LogBatch::new(room(), vec![LogOp::Forget { version: 5 }]));
+        shard.handle(now, ShardInput::Persisted { channel: room(), token, result });
+        outputs(&mut shard);
+        assert_eq!(log.state(&room()).unwrap().forgotten_at, 5);
+        // A late push of an older meta that named this node leader (the shard let the newer one go).
+        shard.handle(now, ShardInput::Meta { meta: meta(4, &[1, 2, 3]), stored_here: false });
+        let out = outputs(&mut shard);
+        assert!(activates(&out), "it loads, and finds the tombstone");
+        carry_out_loads(&mut shard, &log, out);
+        assert!(shard.channel(&room()).is_none(), "no replica under a meta the tombstone outdates");
+        shard.handle(now, ShardInput::Meta { meta: meta(6, &[2, 3, 1]), stored_here: false });
+        let out = outputs(&mut shard);
+        carry_out_loads(&mut shard, &log, out);
+        assert!(shard.channel(&room()).is_some(), "added back by a newer meta: a replica on the empty log");
     }
 }

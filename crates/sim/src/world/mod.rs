@@ -578,7 +578,7 @@ impl World {
                     return;
                 }
                 let channel = batch.channel.clone();
-                let forgets = batch.ops.contains(&LogOp::Forget);
+                let forgets = batch.ops.iter().any(|op| matches!(op, LogOp::Forget { .. }));
                 let result = if lying { Ok(()) } else { n.log.commit(batch) };
                 if forgets && result.is_ok() {
                     // The replica's log starts again from nothing: its HW may be lower next time it shows.

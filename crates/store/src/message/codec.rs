@@ -47,9 +47,7 @@ pub(crate) fn encode_batch(batch: &LogBatch, out: &mut Vec<u8>) {
                 put_seq(out, OP_START_AFTER, *seq);
                 out.extend_from_slice(&epoch.get().to_le_bytes());
             }
-            // Eight reserved zero bytes, as every other op has a payload: decoding bounds the op count by
-            // the bytes left at nine per op.
-            LogOp::Forget => put_seq(out, OP_FORGET, Seq::new(0)),
+            LogOp::Forget { version } => put_seq(out, OP_FORGET, Seq::new(*version)),
         }
     }
 }
@@ -80,7 +78,7 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Option<LogBatch> {
                 let seq = Seq::new(input.u64()?);
                 LogOp::StartAfter { seq, epoch: LeaderEpoch::new(input.u64()?) }
             }
-            OP_FORGET if input.u64()? == 0 => LogOp::Forget,
+            OP_FORGET => LogOp::Forget { version: input.u64()? },
             _ => return None,
         };
         ops.push(op);
@@ -103,6 +101,10 @@ pub(crate) fn encode_state(stored: &StoredState) -> Vec<u8> {
     out.extend_from_slice(&frames_before.to_le_bytes());
     out.extend_from_slice(&opening.to_le_bytes());
     out.extend_from_slice(&state.fanned_through.get().to_le_bytes());
+    // Only a tombstone writes it: every other state keeps format 4's bytes.
+    if state.forgotten_at > 0 {
+        out.extend_from_slice(&state.forgotten_at.to_le_bytes());
+    }
     out
 }
 
@@ -128,10 +130,12 @@ pub(crate) fn decode_state(bytes: &[u8]) -> Option<StoredState> {
     let opening = if input.is_empty() { 0 } else { input.u64()? };
     // Written before fanout's progress was kept (format 3): 0, nothing known.
     let fanned_through = Seq::new(if input.is_empty() { 0 } else { input.u64()? });
+    // Written before forgotten logs left a tombstone, or by a log never forgotten: 0.
+    let forgotten_at = if input.is_empty() { 0 } else { input.u64()? };
     let ordered = epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1);
     let consistent = retention_through <= hw && fanned_through <= hw && hw <= last_seq && sled_through <= last_seq;
     (input.is_empty() && ordered && consistent).then_some(StoredState {
-        state: ChannelLogState { last_seq, epochs, hw, retention_through, fanned_through },
+        state: ChannelLogState { last_seq, epochs, hw, retention_through, fanned_through, forgotten_at },
         sled_through,
         frames_before,
         opening,
@@ -163,7 +167,7 @@ mod tests {
                 LogOp::SetRetention(Seq::new(1)),
                 LogOp::CheckpointFanned(Seq::new(3)),
                 LogOp::StartAfter { seq: Seq::new(9), epoch: LeaderEpoch::new(3) },
-                LogOp::Forget,
+                LogOp::Forget { version: 12 },
             ],
         )
     }
@@ -190,10 +194,16 @@ mod tests {
             hw: Seq::new(8),
             retention_through: Seq::new(2),
             fanned_through: Seq::new(5),
+            forgotten_at: 0,
         };
         let stored = StoredState { state: state.clone(), sled_through: Seq::new(7), frames_before: 12, opening: 4 };
         let bytes = encode_state(&stored);
         assert_eq!(decode_state(&bytes), Some(stored.clone()));
+        // A tombstone's version follows (a state never forgotten keeps format 4's bytes).
+        let tombstoned = StoredState { state: ChannelLogState { forgotten_at: 9, ..state.clone() }, ..stored.clone() };
+        let with_tombstone = encode_state(&tombstoned);
+        assert_eq!(with_tombstone.len(), bytes.len() + 8);
+        assert_eq!(decode_state(&with_tombstone), Some(tombstoned));
         // The layouts before fanout's progress, before the opening, and before `frames_before` existed
         // still read: as a state that knows nothing of fanout, no opening wrote, and not ahead of the
         // checkpoint either.

@@ -428,13 +428,13 @@ impl LogCore {
                     entry.older_through = seq;
                     entry.generation += 1;
                 }
-                LogOp::Forget => {
+                LogOp::Forget { .. } => {
                     entry.unflush();
                     self.mem_bytes -= entry.mem.bytes();
                     entry.mem = MemTable::default();
                     entry.idempotency = None;
-                    // Every pack in older storage is stale now: the next write-behind clears them all
-                    // and, the state being the default one, deletes the channel's stored state too.
+                    // Every pack in older storage is stale now: the next write-behind clears them all and
+                    // stores the tombstone as the channel's state.
                     entry.older_through = Seq::default();
                     entry.older_dirty_after = Some(Seq::default());
                     entry.generation += 1;
@@ -445,14 +445,13 @@ impl LogCore {
         Ok(())
     }
 
-    /// Up to `limit` channels in memory whose state is not the never-written one, in key order after
+    /// Up to `limit` channels in memory whose log holds something (not a tombstone), in key order after
     /// `after` (a log without older storage lists its channels from here). O(channels in memory).
     pub(crate) fn logs_after(&self, after: Option<&ChannelId>, limit: usize) -> Vec<ChannelId> {
-        let default = ChannelLogState::default();
         let mut listed: Vec<&ChannelId> = self
             .index
             .iter()
-            .filter(|(channel, id)| after.is_none_or(|a| *channel > a) && self.entries[**id].state != default)
+            .filter(|(channel, id)| after.is_none_or(|a| *channel > a) && !self.entries[**id].state.is_empty())
             .map(|(channel, _)| channel)
             .collect();
         listed.sort_unstable();

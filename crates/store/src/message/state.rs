@@ -30,11 +30,17 @@ pub enum LogOp {
         /// The leader epoch in force at `seq`.
         epoch: LeaderEpoch,
     },
-    /// Forgets the log: every record and the whole state go, and the channel is as if this log never
-    /// wrote it (a later batch starts again at seq 1). For a replica its channel no longer names: the
-    /// caller must know it holds nothing the channel still needs (see `tidings::Node`'s stray-log sweep).
-    /// The only operation that lowers the HW, which is why nothing else may take its place.
-    Forget,
+    /// Forgets the log: every record and the state go, and a later batch starts again at seq 1. What
+    /// stays is a tombstone, `version`: the channel meta version that named this node no replica
+    /// (`ChannelLogState::forgotten_at`), so that no meta as old, read from a stale copy, can ever
+    /// make this empty log act as the replica it was (a leader that led an epoch before would lead it
+    /// again). For a replica its channel no longer names: the caller must know it holds nothing the
+    /// channel still needs (see `tidings::Node`'s stray-log sweep). The only operation that lowers the
+    /// HW, which is why nothing else may take its place.
+    Forget {
+        /// The meta version that removed this node's replica.
+        version: u64,
+    },
 }
 
 /// Operations on one channel's log, applied atomically and in order.
@@ -177,9 +183,18 @@ pub struct ChannelLogState {
     /// Every message at or below this seq finished its post-commit fanout, as this replica knew at its
     /// last checkpoint; 0: nothing known.
     pub fanned_through: Seq,
+    /// The channel meta version at which this node's replica was removed and its log forgotten
+    /// ([`LogOp::Forget`]; 0: never): a meta at or below it is stale here and names no replica of
+    /// this log. Kept across later writes (a replica added back by a newer meta).
+    pub forgotten_at: u64,
 }
 
 impl ChannelLogState {
+    /// `true` if the log holds nothing (never written, or forgotten: a tombstone at most).
+    pub fn is_empty(&self) -> bool {
+        *self == ChannelLogState { forgotten_at: self.forgotten_at, ..ChannelLogState::default() }
+    }
+
     /// Leader epoch of the last record (0 if the log never held one).
     pub fn last_epoch(&self) -> LeaderEpoch {
         self.epochs.last().map_or(LeaderEpoch::new(0), |(epoch, _)| *epoch)
@@ -270,8 +285,9 @@ impl ChannelLogState {
                 self.epochs = vec![(*epoch, *seq)];
                 Ok(())
             }
-            LogOp::Forget => {
-                *self = ChannelLogState::default();
+            LogOp::Forget { version } => {
+                let forgotten_at = self.forgotten_at.max(*version);
+                *self = ChannelLogState { forgotten_at, ..ChannelLogState::default() };
                 Ok(())
             }
         }

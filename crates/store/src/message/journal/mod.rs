@@ -655,15 +655,20 @@ impl MessageLog for JournalLog {
             let page = self.kv.scan(Keyspace::MessageState, &range, Direction::Forward, limit - listed.len())?;
             let full = page.len() == limit - listed.len();
             let visible = self.visible.lock();
-            for (key, _) in page {
+            for (key, value) in page {
                 let Some((channel, [])) = ChannelId::decode_key(&key) else {
                     return Err(StoreError::Corrupt {
                         location: CorruptLocation::Kv { keyspace: Keyspace::MessageState, key },
                         detail: "channel state key does not decode",
                     });
                 };
-                // Forgotten since its state was stored (not written behind yet): not a log any more.
-                if visible.core.get(&channel).is_none_or(|entry| entry.state != ChannelLogState::default()) {
+                // A tombstone holds no log; nor does one forgotten since its state was stored (not
+                // written behind yet).
+                let holds = match visible.core.get(&channel) {
+                    Some(entry) => !entry.state.is_empty(),
+                    None => decode_state(&value).is_none_or(|stored| !stored.state.is_empty()),
+                };
+                if holds {
                     listed.push(channel);
                 }
                 start = key;
@@ -865,9 +870,10 @@ mod tests {
             .count()
     }
 
-    /// A forgotten log leaves nothing behind: its records, packs and stored state go (the state with the
-    /// round's checkpoint), a sweep no longer lists it, a restart does not bring it back, and the channel
-    /// can start again at seq 1. The other channel is untouched.
+    /// A forgotten log leaves only its tombstone behind: its records and packs go, its stored state is
+    /// the tombstone (the meta version that removed it), a sweep no longer lists it, a restart does not
+    /// bring it back, and the channel can start again at seq 1, keeping the tombstone. The other
+    /// channel is untouched.
     #[test]
     fn a_forgotten_log_leaves_nothing_in_the_store_and_may_start_again_at_one() {
         let (dir, kv, a, log) = fresh();
@@ -880,14 +886,14 @@ mod tests {
         assert!(keys_of(&kv, Keyspace::MessagePack, &a) > 0);
         assert_eq!(log.logs_after(None, 10).unwrap().len(), 2);
 
-        log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget])).unwrap();
-        assert_eq!(log.state(&a).unwrap(), ChannelLogState::default(), "forgotten at once");
+        log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget { version: 7 }])).unwrap();
+        let tombstone = ChannelLogState { forgotten_at: 7, ..ChannelLogState::default() };
+        assert_eq!(log.state(&a).unwrap(), tombstone, "forgotten at once");
         assert!(seqs(&log, &a).is_empty());
         assert_eq!(log.logs_after(None, 10).unwrap(), vec![b.clone()], "not listed, though sled still holds it");
         log.write_behind().unwrap();
-        for keyspace in [Keyspace::MessageState, Keyspace::MessagePack] {
-            assert_eq!(keys_of(&kv, keyspace, &a), 0, "{keyspace:?}");
-        }
+        assert_eq!(keys_of(&kv, Keyspace::MessagePack, &a), 0, "no pack left");
+        assert_eq!(keys_of(&kv, Keyspace::MessageState, &a), 1, "the tombstone");
         assert_eq!(log.logs_after(None, 10).unwrap(), vec![b.clone()]);
         assert_eq!(log.logs_after(Some(&b), 10).unwrap(), Vec::<ChannelId>::new());
         assert!(seqs(&log, &a).is_empty());
@@ -895,12 +901,12 @@ mod tests {
         // Forgotten in the journal only, then a restart: the replay forgets it again.
         log.commit(crate::message::test_append(&a, 1, 3)).unwrap();
         log.write_behind().unwrap();
-        log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget])).unwrap();
+        log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget { version: 7 }])).unwrap();
         drop(log);
         let log = reopen(dir.path(), &kv);
-        assert_eq!(log.state(&a).unwrap(), ChannelLogState::default());
+        assert_eq!(log.state(&a).unwrap(), tombstone);
         log.write_behind().unwrap();
-        assert_eq!(keys_of(&kv, Keyspace::MessageState, &a), 0);
+        assert_eq!(keys_of(&kv, Keyspace::MessagePack, &a), 0);
 
         // Starts again at one, as a channel never written does; the other channel kept everything.
         assert!(log.stage(append(&a, 2)).is_err(), "a forgotten log starts at seq 1");
@@ -909,6 +915,7 @@ mod tests {
         drop(log);
         let log = reopen(dir.path(), &kv);
         assert_eq!(seqs(&log, &a), vec![1]);
+        assert_eq!(log.state(&a).unwrap().forgotten_at, 7, "the tombstone stays with the new log");
         assert_eq!(seqs(&log, &b), vec![1, 2]);
         assert_eq!(log.logs_after(None, 1).unwrap().len(), 1, "the limit holds");
     }

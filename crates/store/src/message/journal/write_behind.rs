@@ -202,13 +202,6 @@ impl JournalLog {
         if item.state.retention_through.get() > 0 {
             self.trim_through(&prefix, item.state.retention_through, &mut writer.batch)?;
         }
-        if item.state == ChannelLogState::default() {
-            // A forgotten log (`LogOp::Forget`): its packs are cleared above, and its stored state goes
-            // with the round's checkpoint, in the last batch. Deleted earlier, a crash before that batch
-            // would replay the channel's frames since the old checkpoint onto no state at all.
-            writer.forgotten.push(prefix);
-            return writer.channel_done();
-        }
         let through = item.records.last().map_or(item.older_through, |r| r.seq);
         let stored =
             StoredState { state: item.state.clone(), sled_through: through, frames_before, opening: self.opening };
@@ -311,8 +304,6 @@ pub(super) struct RoundWriter<'a> {
     rest_percent: u32,
     /// The channel being added goes into one batch (no cut before its state).
     whole_channel: bool,
-    /// Keys of the stored states of forgotten logs, deleted with the checkpoint.
-    forgotten: Vec<Vec<u8>>,
 }
 
 impl<'a> RoundWriter<'a> {
@@ -328,7 +319,6 @@ impl<'a> RoundWriter<'a> {
             channels_max: config.write_behind_batch_channels,
             rest_percent: config.write_behind_rest_percent,
             whole_channel: false,
-            forgotten: Vec::new(),
         }
     }
 
@@ -370,9 +360,6 @@ impl<'a> RoundWriter<'a> {
 
     /// The round's last batch, with the journal checkpoint.
     fn finish(mut self, checkpoint: &Position) -> StoreResult<()> {
-        for key in std::mem::take(&mut self.forgotten) {
-            self.batch.delete(Keyspace::MessageState, key);
-        }
         self.batch.put(Keyspace::Journal, CHECKPOINT_KEY.to_vec(), &checkpoint.encode());
         self.cut()
     }
