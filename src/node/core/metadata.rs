@@ -45,10 +45,8 @@ pub(super) enum ProposalPurpose {
 pub(super) enum MetaRead {
     /// An API call's read barrier on `slot`, tried `tries` times (a migrated slot is followed).
     Api { api: ApiId, slot: HashSlot, tries: u8 },
-    /// The meta of a candidate of the stray-log sweep, for its shard (see `stray_logs`).
-    Stray { channel: ChannelId, ask: u64 },
-    /// The meta a peer asked for with [`NodeMessage::MetaConfirm`].
-    Peer { to: NodeId, request: u64, channel: ChannelId },
+    /// A channel's meta for the stray-log sweep (see `stray_logs`).
+    Stray(super::stray_logs::StrayRead),
 }
 
 /// A proposal's command and how it went out.
@@ -259,12 +257,12 @@ impl NodeCore {
             SlotEffect::ProposalDone { id, result } => self.proposal_done(id, result),
             SlotEffect::ReadReady { id, group } => match self.meta_reads.remove(&id) {
                 Some(MetaRead::Api { api, slot, tries }) => self.finish_read(api, group, slot, tries),
-                Some(read) => self.stray_read_done(Some(group), read),
+                Some(MetaRead::Stray(read)) => self.stray_read_done(Some(group), read),
                 None => {}
             },
             SlotEffect::ReadFailed { id, error } => match self.meta_reads.remove(&id) {
                 Some(MetaRead::Api { api, .. }) => self.done(api, ApiResult::Meta(Err(error.into()))),
-                Some(read) => self.stray_read_done(None, read),
+                Some(MetaRead::Stray(read)) => self.stray_read_done(None, read),
                 None => {}
             },
             SlotEffect::MetaChanged { meta, leader, .. } => {

@@ -11,6 +11,7 @@
 //! that way, after the candidate was filed, lets the shard forget the log (see `shard::stray` for why
 //! that is safe for an ISR member added back).
 
+use super::metadata::MetaRead;
 use super::{NodeCore, NodeEffect};
 use crate::node::message::NodeMessage;
 use crate::node::shard::ShardInput;
@@ -95,6 +96,15 @@ impl LogPage {
         });
         LogsListed { page: self, found }
     }
+}
+
+/// What an authoritative read of a channel's meta through this node's slot replica is for.
+#[derive(Debug)]
+pub(super) enum StrayRead {
+    /// A candidate of one of this node's shards.
+    Candidate { channel: ChannelId, ask: u64 },
+    /// A peer's [`NodeMessage::MetaConfirm`].
+    Peer { to: NodeId, request: u64, channel: ChannelId },
 }
 
 /// A candidate's authoritative read asked of another node.
@@ -237,7 +247,7 @@ impl NodeCore {
         let group = self.slot.table().group_of_key(channel.route_key());
         if self.serves_group_of(&channel) {
             if let Ok(read) = self.slot.read_index(self.now, group) {
-                self.meta_reads.insert(read, super::metadata::MetaRead::Stray { channel, ask });
+                self.meta_reads.insert(read, MetaRead::Stray(StrayRead::Candidate { channel, ask }));
                 return;
             }
         }
@@ -269,7 +279,7 @@ impl NodeCore {
         let read = if self.serves_group_of(&channel) { self.slot.read_index(self.now, group).ok() } else { None };
         match read {
             Some(read) => {
-                self.meta_reads.insert(read, super::metadata::MetaRead::Peer { to: from, request, channel });
+                self.meta_reads.insert(read, MetaRead::Stray(StrayRead::Peer { to: from, request, channel }));
             }
             None => self.send_node(from, NodeMessage::MetaConfirmed { request, channel, meta: None }),
         }
@@ -304,7 +314,7 @@ impl NodeCore {
     /// A ReadIndex of `group` asked for a candidate's or a peer's authoritative meta is ready (`None`:
     /// it failed): the meta this node's replica holds now, if the group still serves the channel's
     /// hash slot.
-    pub(super) fn stray_read_done(&mut self, group: Option<GroupId>, read: super::metadata::MetaRead) {
+    pub(super) fn stray_read_done(&mut self, group: Option<GroupId>, read: StrayRead) {
         let meta_of = |core: &Self, channel: &ChannelId| {
             let group = group?;
             let slot = tidings_router::hash_slot(channel.route_key());
@@ -314,7 +324,7 @@ impl NodeCore {
             core.reader.runtime_meta(channel).ok().flatten()
         };
         match read {
-            super::metadata::MetaRead::Stray { channel, ask } => match meta_of(self, &channel) {
+            StrayRead::Candidate { channel, ask } => match meta_of(self, &channel) {
                 Some(meta) => {
                     self.feed_shard(&channel.clone(), ShardInput::StrayConfirmed { channel, ask, meta: Some(meta) })
                 }
@@ -324,11 +334,10 @@ impl NodeCore {
                     self.confirm_remotely(channel, ask, group);
                 }
             },
-            super::metadata::MetaRead::Peer { to, request, channel } => {
+            StrayRead::Peer { to, request, channel } => {
                 let meta = meta_of(self, &channel);
                 self.send_node(to, NodeMessage::MetaConfirmed { request, channel, meta });
             }
-            super::metadata::MetaRead::Api { .. } => {}
         }
     }
 }

@@ -239,6 +239,20 @@ mod tests {
         })
     }
 
+    /// Files the channel, confirms it removed at version 5, and returns the forget the shard asked for.
+    fn confirmed_removed(shard: &mut ChannelShard) -> PersistToken {
+        let ask = filed(shard);
+        let confirmed = ShardInput::StrayConfirmed { channel: room(), ask, meta: Some(meta(5, &[2, 3, 4])) };
+        shard.handle(Time::ZERO, confirmed);
+        forget_asked(&outputs(shard)).expect("forgotten")
+    }
+
+    /// Writes the forget `token` names to `log`, as a durable worker would, and completes it.
+    fn finish_forget(shard: &mut ChannelShard, log: &MemoryLog, token: PersistToken) {
+        let result = log.commit(LogBatch::new(room(), vec![LogOp::Forget { version: 5 }]));
+        shard.handle(Time::ZERO, ShardInput::Persisted { channel: room(), token, result });
+    }
+
     fn activates(outputs: &[ShardOutput]) -> bool {
         outputs.iter().any(|o| matches!(o, ShardOutput::Effect(NodeEffect::Lookup(Lookup::Load(_)))))
     }
@@ -282,27 +296,22 @@ mod tests {
     #[test]
     fn a_confirmed_log_is_forgotten_and_a_replica_added_back_meanwhile_starts_after_the_forget() {
         let (mut shard, log) = new_shard();
-        let ask = filed(&mut shard);
         let now = Time::ZERO;
-        shard.handle(now, ShardInput::StrayConfirmed { channel: room(), ask, meta: Some(meta(5, &[2, 3, 4])) });
-        let token = forget_asked(&outputs(&mut shard)).expect("forgotten");
+        let token = confirmed_removed(&mut shard);
         assert!(shard.is_forgetting(&room()));
         shard.handle(now, ShardInput::MaybeStray(room()));
         assert!(outputs(&mut shard).is_empty(), "busy with it: no second read");
         shard.handle(now, ShardInput::Meta { meta: meta(6, &[2, 3, 1]), stored_here: false });
         assert!(!activates(&outputs(&mut shard)), "not activated on a log being forgotten");
-        let result = log.commit(LogBatch::new(room(), vec![LogOp::Forget { version: 5 }]));
-        shard.handle(now, ShardInput::Persisted { channel: room(), token, result });
+        finish_forget(&mut shard, &log, token);
         assert!(activates(&outputs(&mut shard)), "added back: activated once the forget is durable");
         assert!(log.state(&room()).unwrap().is_empty(), "from an empty log");
         assert_eq!(shard.status().counters.stray_logs_forgotten, 1);
         // Not added back: the meta of a channel the node holds nothing of is let go with the log.
-        let (mut shard, _) = new_shard();
-        let ask = filed(&mut shard);
-        shard.handle(now, ShardInput::StrayConfirmed { channel: room(), ask, meta: Some(meta(5, &[2, 3, 4])) });
-        let token = forget_asked(&outputs(&mut shard)).expect("forgotten");
+        let (mut shard, log) = new_shard();
+        let token = confirmed_removed(&mut shard);
         assert_eq!(shard.status().metas_held, 1);
-        shard.handle(now, ShardInput::Persisted { channel: room(), token, result: Ok(()) });
+        finish_forget(&mut shard, &log, token);
         assert_eq!(shard.status().metas_held, 0);
     }
 
@@ -322,12 +331,9 @@ mod tests {
     #[test]
     fn after_a_forget_a_stale_meta_naming_the_node_activates_nothing_and_a_newer_one_does() {
         let (mut shard, log) = new_shard();
-        let ask = filed(&mut shard);
         let now = Time::ZERO;
-        shard.handle(now, ShardInput::StrayConfirmed { channel: room(), ask, meta: Some(meta(5, &[2, 3, 4])) });
-        let token = forget_asked(&outputs(&mut shard)).expect("forgotten");
-        let result = log.commit(LogBatch::new(room(), vec![LogOp::Forget { version: 5 }]));
-        shard.handle(now, ShardInput::Persisted { channel: room(), token, result });
+        let token = confirmed_removed(&mut shard);
+        finish_forget(&mut shard, &log, token);
         outputs(&mut shard);
         assert_eq!(log.state(&room()).unwrap().forgotten_at, 5);
         // A late push of an older meta that named this node leader (the shard let the newer one go).

@@ -590,42 +590,45 @@ impl World {
                 }
             }
             Event::ReadDone { node, incarnation, channel, token, from, through, max_bytes } => {
-                let n = self.nodes.get_mut(&node).expect("known node");
-                if n.incarnation != incarnation {
-                    return;
-                }
-                let limits = ReadLimits { records_max: usize::MAX, bytes_max: max_bytes };
-                let result = n.log.read(&channel, from, through, limits);
-                if let Some(core) = n.core.as_mut() {
-                    core.handle_read(n.clock.at(now), &channel, token, result);
-                }
+                self.with_running(node, incarnation, |core, log, at| {
+                    let limits = ReadLimits { records_max: usize::MAX, bytes_max: max_bytes };
+                    let result = log.read(&channel, from, through, limits);
+                    core.handle_read(at, &channel, token, result);
+                });
             }
-            Event::Lookup { node, incarnation, lookup } => {
-                let n = self.nodes.get_mut(&node).expect("known node");
-                if n.incarnation != incarnation {
-                    return;
-                }
-                if let Some(core) = n.core.as_mut() {
-                    // Read when it runs, as a reader thread would: not when it was asked for.
-                    let answer = lookup.carry_out(n.log.as_ref(), core.reader());
-                    core.handle_lookup(n.clock.at(now), answer);
-                }
-            }
-            Event::ListLogs { node, incarnation, page } => {
-                let n = self.nodes.get_mut(&node).expect("known node");
-                if n.incarnation != incarnation {
-                    return;
-                }
-                if let Some(core) = n.core.as_mut() {
-                    let listed = page.carry_out(n.log.as_ref(), core.reader());
-                    core.handle_logs_listed(n.clock.at(now), listed);
-                }
-            }
+            // Read when it runs, as a reader thread would: not when it was asked for.
+            Event::Lookup { node, incarnation, lookup } => self.with_running(node, incarnation, |core, log, at| {
+                let answer = lookup.carry_out(log, core.reader());
+                core.handle_lookup(at, answer);
+            }),
+            Event::ListLogs { node, incarnation, page } => self.with_running(node, incarnation, |core, log, at| {
+                let listed = page.carry_out(log, core.reader());
+                core.handle_logs_listed(at, listed);
+            }),
             Event::Restart { node } => {
                 if self.nodes[&node].core.is_none() {
                     self.boot(node);
                 }
             }
+        }
+    }
+
+    /// Runs `io` on node `node`'s core, its message log and its clock's reading of now, if the node
+    /// runs the incarnation that asked for the IO (one asked before a crash finds nothing).
+    fn with_running(
+        &mut self,
+        node: NodeId,
+        incarnation: u64,
+        io: impl FnOnce(&mut tidings::node::NodeCore, &dyn MessageLog, Time),
+    ) {
+        let now = self.now;
+        let n = self.nodes.get_mut(&node).expect("known node");
+        if n.incarnation != incarnation {
+            return;
+        }
+        let at = n.clock.at(now);
+        if let Some(core) = n.core.as_mut() {
+            io(core, n.log.as_ref(), at);
         }
     }
 
