@@ -726,6 +726,52 @@ fn a_new_leader_plans_again_at_most_its_handoff_slots_and_counts_the_rest() {
     assert_eq!((messages[0], messages[255]), (Seq::new(145), Seq::new(400)), "the most recent");
 }
 
+/// A replica that joins by a `StartAfter` right before a leader's barrier, and leads next, plans again
+/// the messages after the barrier but not the barrier: a successor tells barriers by the epoch starts,
+/// and the `StartAfter` put the epoch's start at the skipped seq (sim seed 317006295: the barrier was
+/// fanned out to every member as a message).
+#[test]
+fn a_replica_that_started_after_a_boundary_right_before_a_barrier_does_not_fan_the_barrier_out() {
+    use tidings_channel::machine::{PullBody, PullResponse};
+    use tidings_store::message::{Record, RecordKind};
+    let log = MemoryLog::new(LogLimits::default());
+    let mut m = ChannelMachine::new(
+        channel(),
+        NodeId::new(2),
+        MachineConfig::default(),
+        1,
+        t(0),
+        ChannelLogState::default(),
+        vec![],
+    );
+    m.handle_meta(t(1), meta(1, 2, 1)).unwrap();
+    let answer = |m: &mut ChannelMachine, at: u64, body: PullBody| {
+        let pull_id = *pulls(&settle(m, &log, t(at))).last().expect("a pull out");
+        let response = PullResponse { channel: channel(), pull_id, leader_epoch: LeaderEpoch::new(2), body };
+        m.handle_message(t(at), NodeId::new(1), ChannelMessage::PullResponse(response));
+    };
+    // Leader 1 gave up everything through #6, the last record of epoch 1; its epoch 2 began at #7.
+    let start = PullBody::StartAfter { seq: Seq::new(6), epoch: LeaderEpoch::new(2), hw: Seq::new(6) };
+    answer(&mut m, 2, start);
+    let record = |seq: u64, kind: RecordKind| Record {
+        kind,
+        ..Record::message(Seq::new(seq), LeaderEpoch::new(2), Bytes::from_static(b"m"))
+    };
+    let records = vec![record(7, RecordKind::Barrier), record(8, RecordKind::Message), record(9, RecordKind::Message)];
+    answer(&mut m, 3, PullBody::Records { records, hw: Seq::new(9), fanned_through: Seq::new(6) });
+    settle(&mut m, &log, t(3));
+    assert_eq!((m.durable_last(), m.hw()), (Seq::new(9), Seq::new(9)));
+    // Leader 1 fails before its fanout of #8 and #9 is known to have finished; this replica leads.
+    m.handle_meta(t(4), meta(2, 3, 2)).unwrap();
+    let committed = settle(&mut m, &log, t(4)).into_iter().find_map(|e| match e {
+        Effect::Committed { messages, inherited, skipped, .. } => Some((messages, inherited, skipped)),
+        _ => None,
+    });
+    assert_eq!(committed, Some((vec![Seq::new(8), Seq::new(9)], 2, 0)), "the messages, not the barrier");
+    let epochs = log.state(&channel()).unwrap().epochs;
+    assert_eq!(epochs, vec![(LeaderEpoch::new(2), Seq::new(7)), (LeaderEpoch::new(3), Seq::new(10))]);
+}
+
 /// Node 1 leading with MinISR 2 of {1, 2} (appends wait for follower 2), appends timing out before a
 /// pull timeout: the machine and its log.
 fn leader_waiting_for_follower_2() -> (ChannelMachine, MemoryLog) {

@@ -206,9 +206,7 @@ impl LocalLog {
     }
 
     fn push_record(&mut self, record: Record) {
-        if self.epochs.last().is_none_or(|(e, _)| record.leader_epoch > *e) {
-            self.epochs.push((record.leader_epoch, record.seq));
-        }
+        tidings_store::message::note_epoch(&mut self.epochs, &record);
         self.end = record.seq;
         self.cache.push(record.clone());
         self.unpersisted.push_back(PendingOp::Append(record));

@@ -1,7 +1,7 @@
 //! Per-channel log state shared by every message-log implementation: the checks and transitions of log
 //! operations, the epoch history, the in-memory table of recent records, and the idempotency window.
 
-use super::record::{IdempotencyKey, Record};
+use super::record::{IdempotencyKey, Record, RecordKind};
 use crate::error::StoreError;
 use std::collections::{BTreeMap, VecDeque};
 use tidings_types::{ChannelId, LeaderEpoch, Seq};
@@ -312,12 +312,7 @@ impl ChannelLogState {
             last_epoch = record.leader_epoch;
         }
         for record in records {
-            if record.leader_epoch > self.last_epoch() || self.epochs.is_empty() {
-                // Exactly: leader epochs change rarely, and every channel's state keeps its history (a
-                // first push would otherwise reserve room for four, 48 bytes unused per channel).
-                self.epochs.reserve_exact(1);
-                self.epochs.push((record.leader_epoch, record.seq));
-            }
+            note_epoch(&mut self.epochs, record);
         }
         self.last_seq = last;
         Ok(())
@@ -550,6 +545,33 @@ impl From<LogRefusal> for StoreError {
     }
 }
 
+/// Notes in a log's epoch history (`(leader_epoch, start_seq)`, ascending) the `record` that follows
+/// it: a record of a newer epoch starts that epoch; the barrier of the epoch in force moves its start
+/// to itself.
+///
+/// A leader writes its barrier as the first record of its epoch, and a successor tells barriers from
+/// the messages it fans out again by these starts alone, without reading the records. A log started
+/// by [`LogOp::StartAfter`] names the epoch in force as starting at the skipped seq, not knowing
+/// whether the next record is that epoch's barrier; once it arrives, it is (sim seed 317006295: a
+/// replica that joined by a `StartAfter` just before a barrier led later and fanned the barrier out
+/// as a message).
+pub fn note_epoch(epochs: &mut Vec<(LeaderEpoch, Seq)>, record: &Record) {
+    match epochs.last_mut() {
+        Some((epoch, start)) if record.leader_epoch == *epoch => {
+            if record.kind == RecordKind::Barrier && *start < record.seq {
+                *start = record.seq;
+            }
+        }
+        Some((epoch, _)) if record.leader_epoch < *epoch => {}
+        _ => {
+            // Exactly: leader epochs change rarely, and every channel's state keeps its history (a
+            // first push would otherwise reserve room for four, 48 bytes unused per channel).
+            epochs.reserve_exact(1);
+            epochs.push((record.leader_epoch, record.seq));
+        }
+    }
+}
+
 /// [`ChannelLogState::end_of_epoch`] over an epoch history (`(epoch, first seq)`, ascending) whose log
 /// ends at `last_seq`: for a caller that keeps its history outside a state (a replica's log beyond
 /// what is durable), without building one for each pull.
@@ -652,6 +674,25 @@ mod tests {
         assert_eq!((state.last_seq, state.hw, state.retention_through), (Seq::new(100), Seq::new(100), Seq::new(100)));
         state.apply(&c, &LogOp::Append(vec![rec(101, 5)])).unwrap();
         assert_eq!(state.epochs, vec![(LeaderEpoch::new(5), Seq::new(100))]);
+    }
+
+    /// After a `StartAfter`, the epoch in force starts at the skipped seq; its barrier, if it follows,
+    /// moves the start to itself (a successor takes epoch starts for barriers and fans out the rest).
+    #[test]
+    fn a_barrier_right_after_start_after_starts_its_epoch() {
+        let mut state = ChannelLogState::default();
+        let c = channel();
+        state.apply(&c, &LogOp::StartAfter { seq: Seq::new(56), epoch: LeaderEpoch::new(2) }).unwrap();
+        let barrier = |seq: u64, epoch: u64| Record { kind: RecordKind::Barrier, ..rec(seq, epoch) };
+        state.apply(&c, &LogOp::Append(vec![barrier(57, 2), rec(58, 2), barrier(59, 3)])).unwrap();
+        assert_eq!(state.epochs, vec![(LeaderEpoch::new(2), Seq::new(57)), (LeaderEpoch::new(3), Seq::new(59))]);
+        assert_eq!(state.epoch_of(Seq::new(58)), Some(LeaderEpoch::new(2)));
+        assert_eq!(state.end_of_epoch(LeaderEpoch::new(2)), (LeaderEpoch::new(2), Seq::new(58)));
+        // A message of the epoch in force moves nothing.
+        let mut joined = ChannelLogState::default();
+        joined.apply(&c, &LogOp::StartAfter { seq: Seq::new(56), epoch: LeaderEpoch::new(2) }).unwrap();
+        joined.apply(&c, &LogOp::Append(vec![rec(57, 2)])).unwrap();
+        assert_eq!(joined.epochs, vec![(LeaderEpoch::new(2), Seq::new(56))]);
     }
 
     #[test]
