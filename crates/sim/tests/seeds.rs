@@ -347,3 +347,12 @@ fn seeds_that_kept_logs_of_replicas_moved_away_pass() {
 fn a_seed_whose_moved_replica_trusted_its_own_stale_meta_passes() {
     assert_passes(&run(SimParams { clock_skew: true, ..SimParams::from_seed(316007578) }));
 }
+
+/// A replica named leader while it could not start (its one leader's place held by a busy leader)
+/// found the file of activations to retry full of followers' retries, was never started, and three
+/// messages its predecessor had committed and handed over never reached a member (320000242, hurried
+/// timings and skewed clocks).
+#[test]
+fn a_seed_whose_new_leader_found_no_room_to_be_retried_passes() {
+    assert_passes(&run(SimParams { hurried_timings: true, clock_skew: true, ..SimParams::from_seed(320000242) }));
+}

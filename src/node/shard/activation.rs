@@ -310,7 +310,11 @@ impl ChannelShard {
         };
         if refused {
             self.counters.refused_activations += 1;
-            self.activate_later(&channel, super::lifecycle::REFUSED_ACTIVATION_TRIES);
+            // A leader refused (its share of the places held by busy leaders) is tried as long as a
+            // leader's start: nothing else starts it.
+            let tries =
+                if leads { super::lifecycle::LEADER_START_TRIES } else { super::lifecycle::REFUSED_ACTIVATION_TRIES };
+            self.activate_later(&channel, tries);
             return self.end_parked(&channel, parked, RemoteAppendError::TooManyChannels);
         }
         self.build_machine(&channel, meta, log.state, log.recent);

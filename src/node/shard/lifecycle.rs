@@ -12,7 +12,7 @@ use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Time};
 
 /// Eviction scans (one a second) at which a replica named leader while inactive is activated again
 /// until it is: its leadership has work no other input may prompt.
-const LEADER_START_TRIES: u8 = 60;
+pub(super) const LEADER_START_TRIES: u8 = 60;
 /// Eviction scans at which an activation refused for want of room is tried again.
 pub(super) const REFUSED_ACTIVATION_TRIES: u8 = 5;
 
@@ -141,11 +141,29 @@ impl ChannelShard {
 
     /// Files `channel` to be activated again at the next eviction scans, up to `tries` times (see
     /// `to_activate`). A channel filed already keeps the tries it has left: a retry refused again must
-    /// not start its count over.
+    /// not start its count over. When the file is full, a leadership to start takes the place of a
+    /// follower's retry: a follower is prompted again by its leader's hints and its own pulls, but
+    /// nothing else starts a leader, whose barrier, followers' wake-up and fanout of what its
+    /// predecessor left wait for it (sim seed 320000242: a replica named leader while both places in
+    /// the file held followers' retries was never started, and three committed messages its
+    /// predecessor had handed over never reached a member).
     pub(super) fn activate_later(&mut self, channel: &ChannelId, tries: u8) {
-        if self.to_activate.len() < self.active_max && !self.to_activate.contains_key(channel) {
-            self.to_activate.insert(channel.clone(), tries);
+        if self.to_activate.contains_key(channel) {
+            return;
         }
+        if self.to_activate.len() >= self.active_max {
+            if !self.named_leader(channel) {
+                return;
+            }
+            let Some(follower) = self.to_activate.keys().find(|c| !self.named_leader(c)).cloned() else { return };
+            self.to_activate.remove(&follower);
+        }
+        self.to_activate.insert(channel.clone(), tries);
+    }
+
+    /// `true` if the meta this shard knows for `channel` names this node its leader.
+    fn named_leader(&self, channel: &ChannelId) -> bool {
+        self.metas.get(channel).is_some_and(|known| known.meta.leader == self.config.node)
     }
 
     /// Tries the activations filed by `activate_later` again, one try each; forgets those active now and
@@ -323,5 +341,64 @@ impl ChannelShard {
         if let Some(machine) = self.deactivate(channel) {
             self.carried_over.insert(channel.clone(), (machine.hw(), machine.fanned_through()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::config::NodeConfig;
+    use std::sync::Arc;
+    use tidings_store::message::MemoryLog;
+    use tidings_types::{ChannelType, Epoch, LeaderEpoch, Seq};
+
+    const ME: NodeId = NodeId::new(1);
+
+    /// Channel `name`, its meta known to the shard with `leader` leading.
+    fn known(shard: &mut ChannelShard, name: &str, leader: u64) -> ChannelId {
+        let channel = ChannelId::new(ChannelType::GROUP, name).unwrap();
+        let replicas = vec![ME, NodeId::new(2)];
+        let meta = ChannelRuntimeMeta {
+            channel: channel.clone(),
+            version: 3,
+            leader: NodeId::new(leader),
+            isr: replicas.clone(),
+            replicas,
+            min_isr: 1,
+            epoch: Epoch::new(1),
+            leader_epoch: LeaderEpoch::new(2),
+            write_fence: None,
+            retention_through: Seq::new(0),
+        };
+        shard.metas.insert(channel.clone(), KnownMeta { meta, stored_here: true });
+        channel
+    }
+
+    /// The file of activations to retry holds at most `active_max` channels; a leadership to start
+    /// takes the place of a follower's retry when it is full, never of another leadership.
+    #[test]
+    fn a_leadership_to_start_takes_a_followers_place_in_a_full_file_of_retries() {
+        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        let mut shard = super::super::test_shard(config, Arc::new(MemoryLog::new(Default::default())));
+        assert_eq!(shard.active_max, 2);
+        let followers: Vec<ChannelId> = (0..3).map(|i| known(&mut shard, &format!("f{i}"), 2)).collect();
+        let leaders: Vec<ChannelId> = (0..3).map(|i| known(&mut shard, &format!("l{i}"), 1)).collect();
+        for follower in &followers {
+            shard.activate_later(follower, REFUSED_ACTIVATION_TRIES);
+        }
+        assert_eq!(shard.to_activate.keys().collect::<Vec<_>>(), vec![&followers[0], &followers[1]], "full");
+        shard.activate_later(&leaders[0], LEADER_START_TRIES);
+        assert!(shard.to_activate.contains_key(&leaders[0]) && shard.to_activate.len() == 2);
+        // Filed again, it keeps its tries; a follower's retry does not take a leadership's place.
+        shard.to_activate.insert(leaders[0].clone(), 7);
+        shard.activate_later(&leaders[0], LEADER_START_TRIES);
+        shard.activate_later(&followers[2], REFUSED_ACTIVATION_TRIES);
+        assert_eq!(shard.to_activate.get(&leaders[0]), Some(&7));
+        shard.activate_later(&leaders[1], LEADER_START_TRIES);
+        assert_eq!(shard.to_activate.keys().collect::<Vec<_>>(), vec![&leaders[0], &leaders[1]]);
+        // Full of leaderships, the file takes no more: it stays bounded.
+        shard.activate_later(&leaders[2], LEADER_START_TRIES);
+        assert_eq!(shard.to_activate.len(), 2);
+        assert!(!shard.to_activate.contains_key(&leaders[2]));
     }
 }

@@ -804,6 +804,15 @@ fn channel_status(machine: &ChannelMachine, now: Time) -> Option<ChannelStatus> 
     })
 }
 
+/// A shard (the only one) of a node serving no slot group, over `log` and an empty metadata store: for
+/// the unit tests of the shard's modules.
+#[cfg(test)]
+pub(super) fn test_shard(config: NodeConfig, log: Arc<dyn MessageLog>) -> ChannelShard {
+    let reader = SlotReader::new(tidings_store::MetaStore::new(Arc::new(tidings_store::MemoryKv::new())));
+    let served = Arc::new(Served::new(Arc::new(config.table()), Vec::new(), Vec::new(), 0));
+    ChannelShard::new(0, 1, config, log, reader, served, Time::ZERO)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

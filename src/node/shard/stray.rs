@@ -154,15 +154,13 @@ impl ChannelShard {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Served, ShardInput};
+    use super::super::ShardInput;
     use super::*;
     use crate::node::config::NodeConfig;
     use crate::node::core::NodeEffect;
     use crate::node::shard::Lookup;
     use std::sync::Arc;
-    use tidings_slot::query::SlotReader;
     use tidings_store::message::{MemoryLog, MessageLog, Record, RecordKind};
-    use tidings_store::{MemoryKv, MetaStore};
     use tidings_types::{ChannelType, Epoch, LeaderEpoch, NodeId, Seq};
 
     const ME: NodeId = NodeId::new(1);
@@ -203,10 +201,8 @@ mod tests {
             })
             .collect();
         log.commit(LogBatch::new(room(), vec![LogOp::Append(records)])).unwrap();
-        let reader = SlotReader::new(MetaStore::new(Arc::new(MemoryKv::new())));
-        let served = Arc::new(Served::new(Arc::new(config.table()), Vec::new(), Vec::new(), 0));
         let dyn_log: Arc<dyn MessageLog> = log.clone();
-        (ChannelShard::new(0, 1, config, dyn_log, reader, served, Time::ZERO), log)
+        (super::super::test_shard(config, dyn_log), log)
     }
 
     fn outputs(shard: &mut ChannelShard) -> Vec<ShardOutput> {
