@@ -34,9 +34,14 @@ fn t(ms: u64) -> Time {
 }
 
 fn machine() -> ChannelMachine {
+    empty_replica(1)
+}
+
+/// Node `me`'s replica over an empty log, default config, created at 0.
+fn empty_replica(me: u64) -> ChannelMachine {
     ChannelMachine::new(
         channel(),
-        NodeId::new(1),
+        NodeId::new(me),
         MachineConfig::default(),
         1,
         t(0),
@@ -735,15 +740,7 @@ fn a_replica_that_started_after_a_boundary_right_before_a_barrier_does_not_fan_t
     use tidings_channel::machine::{PullBody, PullResponse};
     use tidings_store::message::{Record, RecordKind};
     let log = MemoryLog::new(LogLimits::default());
-    let mut m = ChannelMachine::new(
-        channel(),
-        NodeId::new(2),
-        MachineConfig::default(),
-        1,
-        t(0),
-        ChannelLogState::default(),
-        vec![],
-    );
+    let mut m = empty_replica(2);
     m.handle_meta(t(1), meta(1, 2, 1)).unwrap();
     let answer = |m: &mut ChannelMachine, at: u64, body: PullBody| {
         let pull_id = *pulls(&settle(m, &log, t(at))).last().expect("a pull out");
@@ -855,15 +852,7 @@ fn a_retry_after_a_retention_move_finds_the_record_that_is_still_there() {
         payload: Bytes::from_static(b"hello"),
     };
     let log = MemoryLog::new(LogLimits::default());
-    let mut m = ChannelMachine::new(
-        channel(),
-        NodeId::new(2),
-        MachineConfig::default(),
-        1,
-        t(0),
-        ChannelLogState::default(),
-        vec![],
-    );
+    let mut m = empty_replica(2);
     m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
     // Follows node 1: the keyed record at 1, committed; then, 1 given up, the retry appended at 2.
     let mut last_pull = None;
