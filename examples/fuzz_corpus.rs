@@ -12,7 +12,9 @@ use tidings::slot::command::{Command, MemberList};
 use tidings::slot::model::{ChannelFlags, ChannelInfo, SlotMigrationStep, Uid, User};
 use tidings::slot::raft::{SlotBody, SlotMessage};
 use tidings::store::message::{stored, ChannelLogState, IdempotencyKey, LogBatch, LogOp, Record, RecordKind};
-use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, GroupId, HashSlot, LeaderEpoch, NodeId, Seq};
+use tidings::types::{
+    ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, GroupId, HashSlot, LeaderEpoch, NodeId, Seq, StorageId,
+};
 
 fn write(target: &str, name: &str, bytes: &[u8]) {
     let dir = Path::new("fuzz/seeds").join(target);
@@ -116,9 +118,11 @@ fn main() {
             result: Err(RemoteAppendError::Refused(AppendError::NotLeader { leader: Some(NodeId::new(3)) })),
         }),
         FrameBody::Slot(SlotMessage { group: GroupId::new(2), body: SlotBody::Raft(vec![8, 3, 16, 2]) }),
+        FrameBody::Node(NodeMessage::StorageRefused { known: StorageId::new(77) }),
     ];
     for (i, body) in bodies.into_iter().enumerate() {
-        write("frame_decode", &format!("frame-{i}"), &encode(&Frame { cluster: 1, from: NodeId::new(2), body }));
+        let frame = Frame { cluster: 1, from: NodeId::new(2), storage: StorageId::new(0x5eed), body };
+        write("frame_decode", &format!("frame-{i}"), &encode(&frame));
     }
 
     let uid = Uid::new("alice").expect("uid");

@@ -4,15 +4,16 @@
 //! looked at.
 //!
 //! Layout: `magic "TD" | version u8 | body length u32 LE | crc32 u32 LE (of the body) | body`, where the
-//! body is the postcard encoding of `(cluster id, sender, FrameBody)`.
+//! body is the postcard encoding of `(cluster id, sender, sender's storage identity, FrameBody)`.
 //!
 //! ```
 //! use tidings::frame::{decode, encode, Frame, FrameBody, FrameLimits};
 //! use tidings::channel::machine::{ChannelMessage, PullHint};
-//! use tidings::types::{ChannelId, ChannelType, LeaderEpoch, NodeId};
+//! use tidings::types::{ChannelId, ChannelType, LeaderEpoch, NodeId, StorageId};
 //!
 //! let hint = PullHint { channel: ChannelId::new(ChannelType::GROUP, "g").unwrap(), leader_epoch: LeaderEpoch::new(1) };
-//! let frame = Frame { cluster: 7, from: NodeId::new(1), body: FrameBody::Channel(ChannelMessage::Hint(hint)) };
+//! let body = FrameBody::Channel(ChannelMessage::Hint(hint));
+//! let frame = Frame { cluster: 7, from: NodeId::new(1), storage: StorageId::new(9), body };
 //! let bytes = encode(&frame);
 //! assert_eq!(decode(&bytes, &FrameLimits::default()).unwrap(), frame);
 //! assert!(decode(&bytes[..bytes.len() - 1], &FrameLimits::default()).is_err());
@@ -22,7 +23,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tidings_channel::machine::ChannelMessage;
 use tidings_slot::raft::SlotMessage;
-use tidings_types::NodeId;
+use tidings_types::{NodeId, StorageId};
 
 /// Frame format version this build writes, and the only one it reads: a frame of another version is
 /// refused as [`FrameError::UnsupportedVersion`] (its body is not looked at), since postcard bodies
@@ -33,7 +34,9 @@ use tidings_types::NodeId;
 /// version by restarting its nodes together, not one at a time.
 ///
 /// Version 2: pull answers carry how far the leader's fanout finished (`PullBody::Records::fanned_through`).
-pub const FRAME_VERSION: u8 = 2;
+/// Version 3: every frame names the sender's storage identity (`Frame::storage`), and a node tells a
+/// peer whose identity it refuses (`NodeMessage::StorageRefused`).
+pub const FRAME_VERSION: u8 = 3;
 
 const MAGIC: [u8; 2] = *b"TD";
 const HEADER_BYTES: usize = 2 + 1 + 4 + 4;
@@ -72,6 +75,9 @@ pub struct Frame {
     pub cluster: u64,
     /// The sending node.
     pub from: NodeId,
+    /// The sender's storage identity: its receivers refuse a node that comes back with another one than
+    /// they knew (see `node::identity`).
+    pub storage: StorageId,
     /// The message.
     pub body: FrameBody,
 }
@@ -136,6 +142,18 @@ pub enum FrameError {
         /// Sender according to the transport.
         actual: NodeId,
     },
+    /// The sender names another storage identity than the one this node knew for it: it was started
+    /// again on a new or emptied data directory, without the votes and records the cluster counted on,
+    /// and is refused until it has been drained (see `node::identity`).
+    #[error("frame from {node} with storage {got}, which this node knows as {known}")]
+    StorageChanged {
+        /// The sender.
+        node: NodeId,
+        /// The identity this node knew for it.
+        known: StorageId,
+        /// The identity the frame names.
+        got: StorageId,
+    },
 }
 
 impl FrameError {
@@ -152,6 +170,7 @@ impl FrameError {
             FrameError::WrongCluster { .. } => "wrong_cluster",
             FrameError::UnknownNode(_) => "unknown_node",
             FrameError::SenderMismatch { .. } => "sender_mismatch",
+            FrameError::StorageChanged { .. } => "storage_changed",
         }
     }
 }
@@ -276,14 +295,22 @@ mod tests {
     use tidings_slot::raft::SlotBody;
     use tidings_types::{ChannelId, ChannelType, GroupId, LeaderEpoch};
 
+    const STORAGE: StorageId = StorageId::new(5);
+
     fn frames() -> Vec<Frame> {
         let hint =
             PullHint { channel: ChannelId::new(ChannelType::GROUP, "g").unwrap(), leader_epoch: LeaderEpoch::new(3) };
         vec![
-            Frame { cluster: 1, from: NodeId::new(2), body: FrameBody::Channel(ChannelMessage::Hint(hint)) },
+            Frame {
+                cluster: 1,
+                from: NodeId::new(2),
+                storage: STORAGE,
+                body: FrameBody::Channel(ChannelMessage::Hint(hint)),
+            },
             Frame {
                 cluster: 1,
                 from: NodeId::new(3),
+                storage: STORAGE,
                 body: FrameBody::Slot(SlotMessage { group: GroupId::new(4), body: SlotBody::Raft(vec![1, 2, 3]) }),
             },
         ]
@@ -327,6 +354,7 @@ mod tests {
         let big = encode(&Frame {
             cluster: 1,
             from: NodeId::new(1),
+            storage: STORAGE,
             body: FrameBody::Slot(SlotMessage { group: GroupId::new(1), body: SlotBody::Raft(vec![0; 100]) }),
         });
         assert!(matches!(decode(&big, &limits), Err(FrameError::TooLarge { .. })));

@@ -334,6 +334,7 @@ fn conflicting_evidence_keeps_the_channel_fenced() {
     let frame = tidings::frame::encode(&tidings::frame::Frame {
         cluster: 1,
         from: NodeId::new(b),
+        storage: cluster.core(b).storage_id(),
         body: tidings::frame::FrameBody::Node(body),
     });
     let now = cluster.now;

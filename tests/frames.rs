@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 use tidings::channel::machine::{ChannelMessage, PullHint, PullRequest};
 use tidings::frame::{decode, encode, Frame, FrameBody, FrameLimits};
-use tidings::types::{ChannelId, ChannelType, LeaderEpoch, NodeId, Seq};
+use tidings::types::{ChannelId, ChannelType, LeaderEpoch, NodeId, Seq, StorageId};
 
 fn sample() -> Frame {
     let pull = PullRequest {
@@ -14,7 +14,12 @@ fn sample() -> Frame {
         last_epoch: LeaderEpoch::new(2),
         max_bytes: 1 << 20,
     };
-    Frame { cluster: 1, from: NodeId::new(2), body: FrameBody::Channel(ChannelMessage::Pull(pull)) }
+    Frame {
+        cluster: 1,
+        from: NodeId::new(2),
+        storage: StorageId::new(7),
+        body: FrameBody::Channel(ChannelMessage::Pull(pull)),
+    }
 }
 
 proptest! {
@@ -45,7 +50,8 @@ proptest! {
 fn hint_round_trips() {
     let hint =
         PullHint { channel: ChannelId::new(ChannelType::PERSON, "a@b").unwrap(), leader_epoch: LeaderEpoch::new(1) };
-    let frame = Frame { cluster: 3, from: NodeId::new(1), body: FrameBody::Channel(ChannelMessage::Hint(hint)) };
+    let body = FrameBody::Channel(ChannelMessage::Hint(hint));
+    let frame = Frame { cluster: 3, from: NodeId::new(1), storage: StorageId::new(7), body };
     assert_eq!(decode(&encode(&frame), &FrameLimits::default()).unwrap(), frame);
 }
 
@@ -56,6 +62,7 @@ fn a_batch_of_channel_messages_round_trips_in_order() {
         channel: ChannelId::new(ChannelType::GROUP, "other").unwrap(),
         leader_epoch: LeaderEpoch::new(3),
     });
-    let frame = Frame { cluster: 3, from: NodeId::new(1), body: FrameBody::Channels(vec![hint.clone(), pull, hint]) };
+    let body = FrameBody::Channels(vec![hint.clone(), pull, hint]);
+    let frame = Frame { cluster: 3, from: NodeId::new(1), storage: StorageId::new(7), body };
     assert_eq!(decode(&encode(&frame), &FrameLimits::default()).unwrap(), frame);
 }

@@ -76,6 +76,7 @@ fn appends_to_unknown_channels_and_bad_frames_are_refused() {
     let frame = tidings::frame::encode(&tidings::frame::Frame {
         cluster: 1,
         from: NodeId::new(9),
+        storage: tidings::types::StorageId::new(9),
         body: tidings::frame::FrameBody::Node(tidings::node::NodeMessage::MetaFetch(ghost)),
     });
     assert_eq!(cluster.core(1).handle_frame(now, NodeId::new(9), &frame), Err(FrameError::UnknownNode(NodeId::new(9))));
@@ -96,6 +97,7 @@ fn a_forward_delivered_twice_is_taken_once() {
     let frame = tidings::frame::encode(&tidings::frame::Frame {
         cluster: 1,
         from,
+        storage: cluster.core(from.get()).storage_id(),
         body: tidings::frame::FrameBody::Node(forward),
     });
     let now = cluster.now;
@@ -398,6 +400,7 @@ fn messages_of_an_older_leadership_are_counted_answers_refused_and_hints_answere
     let frame = tidings::frame::encode(&tidings::frame::Frame {
         cluster: 1,
         from: NodeId::new(2),
+        storage: cluster.core(2).storage_id(),
         body: tidings::frame::FrameBody::Channel(tidings::channel::machine::ChannelMessage::Hint(hint)),
     });
     let now = cluster.now;

@@ -328,7 +328,12 @@ fn drain_then_start_on_an_empty_disk(down: bool) {
         assert_eq!(records.first().map(|r| r.payload.as_ref()), Some(text.as_bytes()), "{room} {seq}");
     }
     assert!(acked.len() >= rooms.len() * 2 - 1, "appends went through before and after ({})", acked.len());
-    // Started again on a new, empty disk.
+    // Started again on a new, empty disk, once every node forgot the identity of its old one (its
+    // frames are refused until then: see `storage_identity.rs`).
+    for node in (1..=5).filter(|n| *n != drained.get()) {
+        let answer = call(&mut cluster, |core, now, id| core.forget_storage_identity(now, id, drained));
+        assert_eq!(answer, "Meta(Ok(()))", "n{node}");
+    }
     cluster.restart_empty(drained.get());
     let gone = |c: &mut Cluster| c.core(drained.get()).slot().groups().next().is_none();
     let removed = run_loaded(&mut cluster, &mut load, 20_000, gone);

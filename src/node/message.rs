@@ -56,6 +56,13 @@ pub enum NodeMessage {
     },
     /// Liveness: sent to every peer periodically; any valid frame counts as a sign of life.
     Ping,
+    /// The receiver's frames name another storage identity than the one the sender knew for it: the
+    /// sender refuses them (it came back on a new or emptied data directory without being drained; see
+    /// `node::identity`). At most one a second per refused node.
+    StorageRefused {
+        /// The identity the sender knows for the receiver.
+        known: tidings_types::StorageId,
+    },
     /// A controller task asks a replica for its durable evidence under `meta` (a committed, fenced meta:
     /// the replica applies it first, so it froze before it answers).
     EvidenceRequest {

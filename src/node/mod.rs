@@ -6,6 +6,7 @@ mod controller;
 mod core;
 mod error;
 mod fanout;
+pub(crate) mod identity;
 mod message;
 mod rendezvous;
 pub(crate) mod shard;

@@ -62,6 +62,7 @@ pub(super) enum Call {
     AbortSlotMigration(HashSlot),
     SetPreferredLeader { group: GroupId, preferred: Option<NodeId> },
     DrainNode { node: NodeId, drain: bool },
+    ForgetStorageIdentity(NodeId),
 }
 
 /// The core thread's state.
@@ -145,6 +146,7 @@ impl Shell {
                     Call::MigrateSlot { slot, to } => core.migrate_slot(now, id, slot, to),
                     Call::AbortSlotMigration(slot) => core.abort_slot_migration(now, id, slot),
                     Call::DrainNode { node, drain } => core.drain_node(now, id, node, drain),
+                    Call::ForgetStorageIdentity(node) => core.forget_storage_identity(now, id, node),
                     Call::SetPreferredLeader { group, preferred } => {
                         core.set_preferred_leader(now, id, group, preferred)
                     }

@@ -28,6 +28,7 @@ mod reactor;
 mod workers;
 
 use crate::frame::{decode_from, Frame, FrameBody, FrameLimits};
+use crate::node::identity::KnownStorages;
 use crate::node::shard::shard_of;
 use crate::node::FanoutWork;
 use crate::node::{
@@ -122,11 +123,15 @@ const REPLACE_TIMEOUT: Duration = Duration::from_secs(180);
 /// A core or reactor step taking this long is logged.
 const STEP_STALL_WARNING: Duration = Duration::from_millis(500);
 
-/// The checks of an inbound frame: this cluster, a member sender, the size limit.
+/// The checks of an inbound frame: this cluster, a member sender, the size limit, the sender's storage
+/// identity.
 struct FrameGate {
     cluster: u64,
     nodes: Vec<NodeId>,
     limits: FrameLimits,
+    /// Peers' storage identities as the core recorded them: a frame naming another (or a peer not
+    /// recorded yet) goes to the core, which decides (see `node::identity`).
+    storages: Arc<KnownStorages>,
 }
 
 /// The runtime's clock: milliseconds since the node started, the `now` every thread hands the cores
@@ -201,13 +206,11 @@ impl Node {
         let log: Arc<dyn MessageLog> = journal.clone();
         let router = Arc::new(Router::new(config.table()));
         let id = config.node;
-        let gate = FrameGate {
-            cluster: config.cluster,
-            nodes: config.nodes.clone(),
-            limits: FrameLimits { frame_bytes_max: config.frame_bytes_max },
-        };
+        let (cluster, nodes) = (config.cluster, config.nodes.clone());
+        let limits = FrameLimits { frame_bytes_max: config.frame_bytes_max };
         let mut core =
             NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), Arc::clone(&router), clock.now())?;
+        let gate = FrameGate { cluster, nodes, limits, storages: core.known_storages() };
         let shards = core.detach_shards();
         let (inbox, inputs) = bounded(INBOX_CAPACITY);
         let (sync_tx, sync_rx) = bounded::<u64>(1024);
@@ -308,6 +311,7 @@ impl Node {
         let is_member = |node: NodeId| gate.nodes.contains(&node);
         let input = match decode_from(&bytes, from, gate.cluster, is_member, &gate.limits) {
             Err(_) => Input::Frame { from, bytes },
+            Ok(frame) if !gate.storages.matches(frame.from, frame.storage) => Input::Frame { from, bytes },
             Ok(Frame { body: FrameBody::Channel(message), .. }) => return self.to_reactors(from, vec![message]),
             Ok(Frame { body: FrameBody::Channels(messages), .. }) => return self.to_reactors(from, messages),
             Ok(Frame { body, .. }) => Input::Decoded { from, body },
@@ -524,6 +528,14 @@ impl Node {
     /// every slot group recorded it; [`NodeStatus::drains`] shows the progress.
     pub fn drain_node(&self, node: NodeId, drain: bool) -> Result<(), NodeError> {
         self.call(Call::DrainNode { node, drain })
+    }
+
+    /// Forgets the storage identity this node knew for `node` (see
+    /// [`NodeCore::forget_storage_identity`]): the last step of the procedure for a node whose data
+    /// directory was lost, called on every node once that node's drain is done. Its next identity is
+    /// then taken.
+    pub fn forget_storage_identity(&self, node: NodeId) -> Result<(), NodeError> {
+        self.call(Call::ForgetStorageIdentity(node))
     }
 
     /// Starts migrating hash slot `slot` to group `to` (see [`NodeCore::migrate_slot`]). Returns once the

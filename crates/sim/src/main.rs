@@ -4,7 +4,11 @@
 //! `--tight-limits` runs every seed with its limits cut to a few items (`SimParams::tight_limits`),
 //! `--no-tight-limits` none; `--hurried-timings` / `--no-hurried-timings` the same for its timeouts and
 //! intervals (`SimParams::hurried_timings`), `--clock-skew` / `--no-clock-skew` for its nodes' own
-//! clocks (`SimParams::clock_skew`). A failed seed prints the command that replays it, with these flags.
+//! clocks (`SimParams::clock_skew`), `--disk-loss` / `--no-disk-loss` for a node that loses its disk
+//! (`SimParams::disk_loss`, only in the seeds where it may). A failed seed prints the command that
+//! replays it, with these flags. `--unsafe-disk-loss-keeps-identity` lets the node that loses its disk
+//! keep its storage identity (the simulator's own check: its peers then cannot refuse it, and the
+//! seeds fail).
 //! `TIDINGS_SIM_LOG=info` (or `debug`, `trace`) prints the nodes' logs while one seed replays.
 //! `-- --cost N [--load-ms MS]` runs the fault-free steady load of `SimParams::steady` over N channels
 //! (10 virtual seconds by default) and prints its report: run it under
@@ -23,7 +27,18 @@ fn params(seed: u64) -> SimParams {
     let tight_limits = (seeded.tight_limits || flag("--tight-limits")) && !flag("--no-tight-limits");
     let hurried_timings = (seeded.hurried_timings || flag("--hurried-timings")) && !flag("--no-hurried-timings");
     let clock_skew = (seeded.clock_skew || flag("--clock-skew")) && !flag("--no-clock-skew");
-    SimParams { metadata_workload: !appends_only, idle_evict_ms, tight_limits, hurried_timings, clock_skew, ..seeded }
+    let disk_loss = (seeded.disk_loss || flag("--disk-loss") && seeded.disk_loss_possible()) && !flag("--no-disk-loss");
+    let unsafe_disk_loss_keeps_identity = flag("--unsafe-disk-loss-keeps-identity");
+    SimParams {
+        metadata_workload: !appends_only,
+        idle_evict_ms,
+        tight_limits,
+        hurried_timings,
+        clock_skew,
+        disk_loss,
+        unsafe_disk_loss_keeps_identity,
+        ..seeded
+    }
 }
 
 fn arg(name: &str) -> Option<u64> {

@@ -93,8 +93,19 @@ pub struct SimParams {
     /// start): timeouts on two nodes then disagree on how long a while is, and a restarted node's times
     /// begin again below those it had. In a third of the seeds; its own stream.
     pub clock_skew: bool,
+    /// One node loses its disk once in the safety phase: it crashes and starts again on empty stores,
+    /// without being drained first (what `docs/operations.md` says never to do). Its peers must refuse
+    /// it for good (a new storage identity), and it is left out of the checks of what replicas hold and
+    /// of the nodes requests go through from then on. Only where [`SimParams::disk_loss_possible`]: the
+    /// others commit, fail over and elect without it (with MinISR 1 a record committed on the lost
+    /// node alone is gone, and its channel rightly stays fenced). In a quarter of those seeds; its own
+    /// stream.
+    pub disk_loss: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
+    /// Unsafe, for the simulator's own test: a node that loses its disk (`disk_loss`) keeps its storage
+    /// identity, as if its peers could not tell it from the node it was.
+    pub unsafe_disk_loss_keeps_identity: bool,
     /// Unsafe, for the simulator's own test: appends from the banned and the denied sender go through
     /// `append` (no sender check), as a host that forgot the check would send them.
     pub unsafe_unchecked_senders: bool,
@@ -158,13 +169,24 @@ impl SimParams {
             tight_limits: DetRng::new(seed ^ TIGHT_LIMITS_STREAM).range(0, 2) == 0,
             hurried_timings: DetRng::new(seed ^ HURRIED_TIMINGS_STREAM).range(0, 2) == 0,
             clock_skew: DetRng::new(seed ^ CLOCK_SKEW_STREAM).range(0, 2) == 0,
+            disk_loss: nodes >= 3
+                && channel_replicas == 3
+                && min_isr == 2
+                && DetRng::new(seed ^ DISK_LOSS_STREAM).range(0, 3) == 0,
             unsafe_lying_disk: false,
+            unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
         }
     }
 }
 
 impl SimParams {
+    /// Whether a seed with these parameters may lose a disk (`disk_loss`): at least three nodes, and
+    /// channels of three replicas with MinISR 2, which commit and fail over without the lost one.
+    pub fn disk_loss_possible(&self) -> bool {
+        self.nodes >= 3 && self.channel_replicas == 3 && self.min_isr == 2
+    }
+
     /// A run that measures cost, not faults: three nodes, `channels` channels of three replicas with
     /// MinISR 2, no faults of any kind, no metadata or operator workload, a client request every
     /// millisecond for `load_ms`. Being a simulation, two runs of one build are the same run (their
@@ -202,7 +224,9 @@ impl SimParams {
             tight_limits: false,
             hurried_timings: false,
             clock_skew: false,
+            disk_loss: false,
             unsafe_lying_disk: false,
+            unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
         }
     }
@@ -214,7 +238,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -250,11 +274,16 @@ impl fmt::Display for SimParams {
             if self.tight_limits { " tight-limits" } else { "" },
             if self.hurried_timings { " hurried-timings" } else { "" },
             if self.clock_skew { " clock-skew" } else { "" },
+            if self.disk_loss { " disk-loss" } else { "" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
+            if self.unsafe_disk_loss_keeps_identity { " UNSAFE-disk-loss-keeps-identity" } else { "" },
             if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }
         )
     }
 }
+
+/// The stream `disk_loss`, the node that loses its disk and when, are drawn from.
+pub(crate) const DISK_LOSS_STREAM: u64 = 0x6469_736b_5f6c_6f73;
 
 /// The stream `clock_skew` and each node's clock rate are drawn from.
 pub(crate) const CLOCK_SKEW_STREAM: u64 = 0x636c_6f63_6b5f_736b;

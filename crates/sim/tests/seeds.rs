@@ -4,9 +4,15 @@
 use tidings_sim::{run, run_seed, SimParams, SimReport, World};
 
 /// `seed` with the draws it had when it was found: clocks were not skewed yet (`clock_skew` would
-/// change its run).
+/// change its run), nor disks lost.
 fn as_found(seed: u64) -> SimParams {
-    SimParams { clock_skew: false, ..SimParams::from_seed(seed) }
+    SimParams { clock_skew: false, ..pinned(seed) }
+}
+
+/// `seed` as drawn, but for the disk loss that came after it was found (`disk_loss` would change its
+/// run).
+fn pinned(seed: u64) -> SimParams {
+    SimParams { disk_loss: false, ..SimParams::from_seed(seed) }
 }
 
 fn assert_passes(report: &SimReport) {
@@ -180,6 +186,40 @@ fn a_disk_that_lies_about_persisting_is_caught() {
     assert!(lying, "acknowledged appends that were never stored went unnoticed for 16 seeds");
 }
 
+/// The first `count` seeds that may lose a disk, with the loss forced on.
+fn losing_a_disk(count: usize) -> impl Iterator<Item = SimParams> {
+    (0..)
+        .map(SimParams::from_seed)
+        .filter(SimParams::disk_loss_possible)
+        .take(count)
+        .map(|params| SimParams { disk_loss: true, ..params })
+}
+
+/// A node that loses its disk and starts again on empty stores, undrained: every peer refuses it (its
+/// new storage identity), the others go on, and nothing acknowledged is lost.
+#[test]
+fn seeds_where_a_node_loses_its_disk_pass() {
+    for params in losing_a_disk(6) {
+        let report = run(params);
+        assert_passes(&report);
+        assert_eq!(report.faults.disks_lost, 1, "{}", report.params);
+        assert!(report.faults.storage_refusals > 0, "{}: nobody refused the emptied node", report.params);
+    }
+}
+
+/// The same node, had it kept its storage identity, is taken for the node it was — its empty log as
+/// the one the ISR counted on, its empty raft state as the one that voted — and acknowledged messages
+/// are lost or their seqs given twice: what storage identities are there to prevent.
+#[test]
+fn a_node_back_on_an_empty_disk_under_its_old_identity_is_caught() {
+    let caught = losing_a_disk(16).any(|params| {
+        let params = SimParams { unsafe_disk_loss_keeps_identity: true, ..params };
+        let violations = World::new(params).run().violations;
+        violations.iter().any(|v| v.contains("acknowledged") || v.contains("lacks the message"))
+    });
+    assert!(caught, "an emptied node taken for the one it was went unnoticed for 16 seeds");
+}
+
 #[test]
 fn messages_from_senders_the_channel_refuses_are_caught() {
     let unchecked = caught(|p| p.unsafe_unchecked_senders = true, "refused sender");
@@ -262,7 +302,7 @@ fn seeds_with_their_own_draws_that_once_failed_pass() {
     // the drain waiting for them never finished. (The run of this seed changed with the drain signal of
     // the same session, so it now passes without that fix too: the unit test
     // `the_answer_to_a_pull_a_hint_replaced_is_still_taken_while_it_fits` guards it.)
-    assert_passes(&run(SimParams { idle_evict_ms: 500, tight_limits: true, ..SimParams::from_seed(279006691) }));
+    assert_passes(&run(SimParams { idle_evict_ms: 500, tight_limits: true, ..pinned(279006691) }));
 }
 
 /// Seeds that found bugs once each node's clock ran at its own rate and started over at every boot
@@ -281,40 +321,40 @@ fn seeds_with_their_own_draws_that_once_failed_pass() {
 #[test]
 fn clock_skew_seeds_that_once_failed_pass() {
     for seed in [206001022, 206002248, 208000252, 216002928] {
-        assert_passes(&run(SimParams { clock_skew: true, ..SimParams::from_seed(seed) }));
+        assert_passes(&run(SimParams { clock_skew: true, ..pinned(seed) }));
     }
     // With tight limits forced on too: a replica out of memory whose meta, stale, named it leader was
     // refused a leader's room for good while the channel's real leader hinted it in vain; a message
     // from a newer leader epoch now makes its shard fetch the meta.
-    assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..SimParams::from_seed(219001768) }));
+    assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..pinned(219001768) }));
     // With its own draws: a replica evicted between an input and the next drain of its effects dropped
     // them, and a retention move ended by the end of its leadership was never answered.
-    assert_passes(&run_seed(222001593));
+    assert_passes(&run(pinned(222001593)));
     // Skewed clocks on its own tight limits: a slot group's leader restarted in the middle of sending a
     // snapshot in chunks; the learner kept the half-received transfer and, its numbers being higher,
     // dropped every later snapshot the restarted leader numbered from 1 again: it never caught up.
-    assert_passes(&run(SimParams { clock_skew: true, ..SimParams::from_seed(238002204) }));
+    assert_passes(&run(SimParams { clock_skew: true, ..pinned(238002204) }));
     // Skewed clocks with tight limits forced on: a leader's ISR shrink committed and its answer was lost;
     // the leader then proposed another shrink from the old meta, counted HW under that one alone, and
     // committed records a failover from the ISR in force could not find (it elected a replica without
     // them, and the replicas holding them refused to truncate committed records: no append took again).
-    assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..SimParams::from_seed(241005257) }));
+    assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..pinned(241005257) }));
     // The same draws: two followers sharing one place evicted each other again and again; the pull each
     // left for its next incarnation was forgotten by name when a stale entry of its name was the
     // oldest kept, so every incarnation pulled anew and ignored the answer to the kept one.
     for seed in [245001552, 245001988] {
-        assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..SimParams::from_seed(seed) }));
+        assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..pinned(seed) }));
     }
     // The same draws: a node drained out of a channel stayed its leader at an old epoch (no slot replica
     // of its own told it; the replicas it hinted dropped hints of an older epoch), and that replica held
     // the node's one leader's place, so the channel the node did lead could not activate once healed.
     // A stale hint is now answered with the epoch in force, which sends its sender for the meta.
-    assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..SimParams::from_seed(265002888) }));
+    assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..pinned(265002888) }));
     // The same draws, with the drain check: a learner whose log ended before its leader's retention
     // boundary, in an epoch the boundary took out of the leader's history, was told to truncate below
     // its HW by the divergence check, refused, and never caught up; the replacement waiting for it held
     // the channel's replica on the drained node for good.
-    assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..SimParams::from_seed(273001409) }));
+    assert_passes(&run(SimParams { clock_skew: true, tight_limits: true, ..pinned(273001409) }));
 }
 
 /// Seeds that ended with channels over their replication factor once the check that none does came
@@ -325,8 +365,8 @@ fn clock_skew_seeds_that_once_failed_pass() {
 /// never saw settle: the wait is on the replicas.
 #[test]
 fn seeds_left_over_their_replication_factor_pass() {
-    assert_passes(&run_seed(283001123));
-    assert_passes(&run(SimParams { hurried_timings: true, ..SimParams::from_seed(282001647) }));
+    assert_passes(&run(pinned(283001123)));
+    assert_passes(&run(SimParams { hurried_timings: true, ..pinned(282001647) }));
 }
 
 /// Seeds that kept the logs of replicas moved away: a contact that kept no replica of the channel's
@@ -335,9 +375,9 @@ fn seeds_left_over_their_replication_factor_pass() {
 /// the group, still being added, could not read, and no other node was asked (312002924).
 #[test]
 fn seeds_that_kept_logs_of_replicas_moved_away_pass() {
-    assert_passes(&run_seed(310000148));
-    assert_passes(&run(SimParams { hurried_timings: true, ..SimParams::from_seed(310000170) }));
-    assert_passes(&run_seed(312002924));
+    assert_passes(&run(pinned(310000148)));
+    assert_passes(&run(SimParams { hurried_timings: true, ..pinned(310000170) }));
+    assert_passes(&run(pinned(312002924)));
 }
 
 /// An active follower moved away kept a meta naming it that its own slot replica (which held none)
@@ -345,7 +385,7 @@ fn seeds_that_kept_logs_of_replicas_moved_away_pass() {
 /// and asked for no authoritative read (316007578, skewed clocks).
 #[test]
 fn a_seed_whose_moved_replica_trusted_its_own_stale_meta_passes() {
-    assert_passes(&run(SimParams { clock_skew: true, ..SimParams::from_seed(316007578) }));
+    assert_passes(&run(SimParams { clock_skew: true, ..pinned(316007578) }));
 }
 
 /// A replica named leader while it could not start (its one leader's place held by a busy leader)
@@ -354,5 +394,5 @@ fn a_seed_whose_moved_replica_trusted_its_own_stale_meta_passes() {
 /// timings and skewed clocks).
 #[test]
 fn a_seed_whose_new_leader_found_no_room_to_be_retried_passes() {
-    assert_passes(&run(SimParams { hurried_timings: true, clock_skew: true, ..SimParams::from_seed(320000242) }));
+    assert_passes(&run(SimParams { hurried_timings: true, clock_skew: true, ..pinned(320000242) }));
 }

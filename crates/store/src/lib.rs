@@ -44,6 +44,7 @@ pub fn shrink_if_sparse<K: std::hash::Hash + Eq, V>(map: &mut rustc_hash::FxHash
 
 mod error;
 mod failpoint;
+mod identity;
 pub mod kv;
 mod latency;
 pub mod message;
@@ -51,6 +52,7 @@ mod meta;
 mod raft_log;
 
 pub use error::{CorruptLocation, StoreError, StoreResult};
+pub use identity::IdentityStore;
 pub use kv::{FailOp, Keyspace, Kv, KvBatch, MemoryKv, SledKv, SyncReport};
 pub use latency::LatencyHistogram;
 pub use meta::{

@@ -435,6 +435,11 @@ impl MetaStore {
         Ok(())
     }
 
+    /// The node's storage identities, kept in the same backend (durable with [`MetaStore::sync`]).
+    pub fn identity(&self) -> crate::IdentityStore {
+        crate::IdentityStore::new(Arc::clone(&self.kv))
+    }
+
     /// Makes every write so far durable.
     pub fn sync(&self) -> StoreResult<()> {
         self.kv.sync()

@@ -27,7 +27,7 @@ mod time;
 pub use channel::{ChannelId, ChannelIdError, ChannelType, CHANNEL_ID_BYTES_MAX};
 pub use meta::{ChannelRuntimeMeta, MetaError, WriteFence};
 pub use numeric::{
-    ConfigEpoch, Epoch, GroupId, HashSlot, HashToSlotVersion, LeaderEpoch, NodeId, RouteRevision, Seq, Term,
+    ConfigEpoch, Epoch, GroupId, HashSlot, HashToSlotVersion, LeaderEpoch, NodeId, RouteRevision, Seq, StorageId, Term,
     HASH_SLOT_COUNT,
 };
 pub use rng::DetRng;

@@ -76,6 +76,14 @@ id_newtype!(
     GroupId(u32),
     "g"
 );
+id_newtype!(
+    /// One life of a node's data directory: drawn when the directory is first initialized and kept
+    /// in it, so a node started again on a new or emptied directory has another. Peers remember the one
+    /// they first saw for each node and refuse a node that comes back with another (it lost the votes
+    /// and records the cluster counted on). Zero is never drawn.
+    StorageId(u64),
+    "s"
+);
 counter_newtype!(
     /// Position of a record in a channel log. The first record has seq 1; seq 0 means "nothing".
     Seq,

@@ -7,6 +7,7 @@ use super::config::NodeConfig;
 use super::controller::{ClusterView, Controller, NodeView, PreferredLeaders, SlotMigrations, TaskReport};
 use super::error::NodeError;
 use super::fanout::{FanoutAnswer, FanoutWork};
+use super::identity::{draw_storage_id, Identities, KnownStorages};
 use super::message::{NodeMessage, SlotReadAnswer};
 use super::shard::{
     shard_of, shard_of_id, CallOutcome, ChannelShard, LeaderCall, Lookup, LookupAnswer, Served, ShardInput,
@@ -24,7 +25,7 @@ use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, ProposalId, ReadId};
 use tidings_store::message::{LogBatch, MessageLog, Record};
 use tidings_store::{MetaStore, RaftLogStore, StoreError};
-use tidings_types::{ChannelId, GroupId, NodeId, Seq, Time};
+use tidings_types::{ChannelId, GroupId, NodeId, Seq, StorageId, Time};
 
 mod metadata;
 mod operations;
@@ -71,9 +72,10 @@ pub enum NodeEffect {
         frame: Bytes,
     },
     /// Make every write to the metadata and raft-log stores durable (one fsync), then call
-    /// [`NodeCore::handle_slots_synced`].
+    /// [`NodeCore::handle_slots_synced`]. One sync may answer several: with the highest token asked.
     SyncSlots {
-        /// Echo it.
+        /// Echo it. Zero when nothing waits on the sync but the writes before it (a peer's storage
+        /// identity, recorded).
         token: u64,
     },
     /// Make `batch` durable in the message log (stage + group-committed sync), then call
@@ -171,6 +173,8 @@ pub struct NodeCore {
     refused_frames: BTreeMap<&'static str, u64>,
     /// The sweep for logs of replicas moved away.
     stray_logs: stray_logs::StrayLogSweep,
+    /// This node's storage identity and its peers' (see `node::identity`).
+    identities: Identities,
 }
 
 impl NodeCore {
@@ -192,6 +196,8 @@ impl NodeCore {
         // election timeout and split their votes forever when their clocks tick in step.
         raft_config.seed = config.seed ^ config.node.get().wrapping_mul(0x9e37_79b9_7f4a_7c15);
         raft_config.boot_id = config.boot_id;
+        let draw = || draw_storage_id(config.seed, config.node, config.boot_id);
+        let identities = Identities::open(meta.identity(), draw)?;
         let slot = MultiRaft::open(raft_config, logs, meta.clone(), config.table(), &members, now)?;
         // Routes start from what this node learned of slot migrations before it stopped.
         let learned = slot.table();
@@ -215,7 +221,7 @@ impl NodeCore {
         let shards = (0..count)
             .map(|index| {
                 let (log, reader, served) = (Arc::clone(&log), reader.clone(), Arc::clone(&served));
-                ChannelShard::new(index, count, config.clone(), log, reader, served, now)
+                ChannelShard::new(index, count, config.clone(), identities.own(), log, reader, served, now)
             })
             .collect();
         Ok(Self {
@@ -245,6 +251,7 @@ impl NodeCore {
             loopback: VecDeque::new(),
             refused_frames: BTreeMap::new(),
             stray_logs: stray_logs::StrayLogSweep::new(config.stray_logs.clone(), config.boot_id, now),
+            identities,
             config,
         })
     }
@@ -320,7 +327,9 @@ impl NodeCore {
     pub fn handle_frame(&mut self, now: Time, from: NodeId, bytes: &[u8]) -> Result<(), FrameError> {
         self.advance(now);
         let nodes = &self.config.nodes;
-        let frame = match decode_from(bytes, from, self.config.cluster, |n| nodes.contains(&n), &self.frame_limits) {
+        let checked = decode_from(bytes, from, self.config.cluster, |n| nodes.contains(&n), &self.frame_limits)
+            .and_then(|frame| self.check_storage(from, frame.storage).map(|()| frame));
+        let frame = match checked {
             Ok(frame) => frame,
             Err(error) => {
                 *self.refused_frames.entry(error.kind()).or_default() += 1;
@@ -329,6 +338,38 @@ impl NodeCore {
         };
         self.handle_frame_body(from, frame.body);
         Ok(())
+    }
+
+    /// This node's storage identity: every frame it sends names it (see `node::identity`).
+    pub fn storage_id(&self) -> StorageId {
+        self.identities.own()
+    }
+
+    /// The storage identities this node knows of its peers, for a runtime that checks frames on other
+    /// threads: a frame whose sender is known with the identity it names may skip the core.
+    pub(crate) fn known_storages(&self) -> Arc<KnownStorages> {
+        self.identities.shared()
+    }
+
+    /// Takes a valid frame's storage identity: the first of a peer is recorded; another one than
+    /// recorded is refused (its sender told, at most once a second).
+    fn check_storage(&mut self, from: NodeId, storage: StorageId) -> Result<(), FrameError> {
+        match self.identities.check(self.now, from, storage) {
+            Ok(recorded) => {
+                if recorded {
+                    // Durable at once, not with the next raft round (an idle node may have none for
+                    // long): a crash meanwhile would forget the identity and take the next one seen.
+                    self.effects.push_back(NodeEffect::SyncSlots { token: 0 });
+                }
+                Ok(())
+            }
+            Err((error, tell)) => {
+                if let (true, FrameError::StorageChanged { known, .. }) = (tell, &error) {
+                    self.send_node(from, NodeMessage::StorageRefused { known: *known });
+                }
+                Err(error)
+            }
+        }
     }
 
     /// The body of a frame from `from` that the runtime decoded and checked already
@@ -485,6 +526,7 @@ impl NodeCore {
                 self.feed_shard(&channel.clone(), ShardInput::Forwarded { from, id, channel, call });
             }
             NodeMessage::Ping => {}
+            NodeMessage::StorageRefused { known } => self.identities.refused_by(self.now, from, known),
             NodeMessage::EvidenceRequest { task, meta } => {
                 self.controller.meta_seen(self.now, &meta);
                 self.feed_shard(&meta.channel.clone(), ShardInput::Evidence { from, task, meta });
@@ -550,7 +592,8 @@ impl NodeCore {
     }
 
     fn send(&mut self, to: NodeId, body: FrameBody) {
-        let frame = encode(&Frame { cluster: self.config.cluster, from: self.config.node, body });
+        let (cluster, from, storage) = (self.config.cluster, self.config.node, self.identities.own());
+        let frame = encode(&Frame { cluster, from, storage, body });
         self.effects.push_back(NodeEffect::Send { to, frame });
     }
 

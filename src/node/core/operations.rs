@@ -1,5 +1,6 @@
 //! Operator calls: controller tasks (leader transfer, replica replacement), slot-group intents and
-//! replica moves, preferred leaders, drains and hash-slot migrations; and the controller's periodic run.
+//! replica moves, preferred leaders, drains, peers' storage identities and hash-slot migrations; and the
+//! controller's periodic run.
 
 use super::metadata::ProposalPurpose;
 use super::{ApiId, ApiResult, NodeCore};
@@ -88,6 +89,24 @@ impl NodeCore {
     /// the group's leader hands leadership over when everything fits (see [`Reconcile`](crate::node::controller::Reconcile)).
     pub fn set_preferred_leader(&mut self, now: Time, id: ApiId, group: GroupId, preferred: Option<NodeId>) {
         self.propose(now, id, Command::SetPreferredLeader { group, preferred });
+    }
+
+    /// Forgets the storage identity this node knew for `node`, so that the next one `node` names is
+    /// taken: the last step of the procedure for a node whose data directory is lost (see
+    /// `docs/operations.md`), on every node, once `node` has been drained (while down) and nothing is
+    /// left on it. Until then its peers refuse every frame of a node back on a new directory
+    /// ([`NodeStatus::storage_refused_by`](crate::node::NodeStatus::storage_refused_by) on it). Nothing
+    /// checks that the drain is done: forgetting earlier lets an empty node act as a replica the
+    /// cluster counts on. [`NodeEffect::Done`](crate::node::NodeEffect::Done) with [`ApiResult::Meta`]
+    /// follows at once (`Ok` also when no identity was known); the store is synced right after.
+    pub fn forget_storage_identity(&mut self, now: Time, id: ApiId, node: NodeId) {
+        self.advance(now);
+        let result = match self.identities.forget(node) {
+            Ok(_) => Ok(()),
+            Err(error) => Err(NodeError::Storage(error)),
+        };
+        self.effects.push_back(super::NodeEffect::SyncSlots { token: 0 });
+        self.done(id, ApiResult::Meta(result));
     }
 
     /// Drains `node` (`drain: true`) or stops draining it: recorded in the intent of every slot group, whose

@@ -6,7 +6,7 @@ use crate::node::controller::{DrainReport, Reconcile, SlotMigrationReport, TaskR
 use crate::node::shard::{shard_of, ShardStatus};
 use std::collections::BTreeMap;
 use tidings_channel::machine::ReplicaProgress;
-use tidings_types::{ChannelId, Epoch, GroupId, LeaderEpoch, NodeId, Seq};
+use tidings_types::{ChannelId, Epoch, GroupId, LeaderEpoch, NodeId, Seq, StorageId};
 
 /// Operator view of one channel replica on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,7 +65,16 @@ pub struct NodeStatus {
     /// Hash-slot migrations this node drives (it leads their source groups).
     pub slot_migrations: Vec<SlotMigrationReport>,
     /// Inbound frames refused since start, by reason ([`FrameError::kind`](crate::frame::FrameError::kind)); they changed nothing.
+    /// `storage_changed`: frames of a peer that came back on another data directory without being
+    /// drained (see [`NodeStatus::storage_refused_by`] on that peer).
     pub refused_frames: BTreeMap<&'static str, u64>,
+    /// This node's storage identity: drawn when its data directory was first initialized, named by
+    /// every frame it sends.
+    pub storage_id: StorageId,
+    /// Peers that refused this node's frames in the last 10 s, with the storage identity each knows for
+    /// it: this node was started on a new or emptied data directory without being drained first, and
+    /// takes part in nothing with them (see "A lost data directory" in `docs/operations.md`).
+    pub storage_refused_by: Vec<(NodeId, StorageId)>,
     /// Channel activations refused because `active_channels_max` replicas were active and none idle.
     pub refused_activations: u64,
     /// Raft messages in accepted frames that the slot layer refused (see `MultiRaft::refused_messages`).
@@ -147,6 +156,8 @@ impl NodeCore {
             channels_over_factor: self.controller.channels_over_factor(),
             slot_migrations: self.migrations.reports(),
             refused_frames: self.refused_frames.clone(),
+            storage_id: self.identities.own(),
+            storage_refused_by: self.identities.refusing(self.now),
             refused_activations: 0,
             refused_raft_messages: self.slot.refused_messages(),
             stale_messages: self.slot.stale_messages(),

@@ -113,8 +113,11 @@ struct Confirming {
     channel: ChannelId,
     ask: u64,
     since: Time,
-    /// Nodes asked so far: one that could not read it is followed by the next, once each.
+    /// Nodes asked so far: one that could not read it, or did not answer in time, is followed by the
+    /// next, once each.
     tried: usize,
+    /// The node asked last.
+    asked: NodeId,
 }
 
 /// The sweep's state on the core.
@@ -208,7 +211,14 @@ impl NodeCore {
             .map(|(r, _)| *r)
             .collect();
         for request in expired {
-            if let Some(Confirming { channel, ask, .. }) = self.stray_logs.confirming.remove(&request) {
+            let Some(confirming) = self.stray_logs.confirming.remove(&request) else { continue };
+            // Unanswered (the node may have crashed, or refuse this one): the next node, as for one
+            // that could not read it, until each was asked once.
+            if confirming.tried < self.config.nodes.len().saturating_sub(1) {
+                let next = self.next_peer_after(confirming.asked);
+                self.ask_confirm(Confirming { since: now, ..confirming }, next);
+            } else {
+                let Confirming { channel, ask, .. } = confirming;
                 self.feed_shard(&channel.clone(), ShardInput::StrayConfirmed { channel, ask, meta: None });
             }
         }
@@ -255,20 +265,35 @@ impl NodeCore {
     }
 
     fn confirm_remotely(&mut self, channel: ChannelId, ask: u64, group: GroupId) {
-        let contact = self.group_contact(group).filter(|node| *node != self.config.node);
-        let contact = contact.or_else(|| self.config.nodes.iter().copied().find(|n| *n != self.config.node));
+        let me = self.config.node;
+        let up = |node: &NodeId| *node != me && !self.controller.is_down(*node, self.now);
+        let contact = self.group_contact(group).filter(up);
+        let contact = contact.or_else(|| (self.config.nodes.len() > 1).then(|| self.next_peer_after(me)));
         match contact {
             Some(to) if self.stray_logs.confirming.len() < CONFIRMS_IN_FLIGHT_MAX => {
-                self.ask_confirm(Confirming { channel, ask, since: self.now, tried: 0 }, to)
+                self.ask_confirm(Confirming { channel, ask, since: self.now, tried: 0, asked: to }, to)
             }
             _ => self.feed_shard(&channel.clone(), ShardInput::StrayConfirmed { channel, ask, meta: None }),
         }
     }
 
+    /// The node after `after` in the cluster's order (wrapping, never this one), passing over those
+    /// the failure detector holds down while any other is left.
+    fn next_peer_after(&self, after: NodeId) -> NodeId {
+        let me = self.config.node;
+        let nodes = &self.config.nodes;
+        let start = nodes.iter().position(|n| *n == after).map_or(0, |at| at + 1);
+        let ring = (0..nodes.len()).map(|i| nodes[(start + i) % nodes.len()]).filter(|n| *n != me);
+        let candidates: Vec<NodeId> = ring.collect();
+        let up = candidates.iter().copied().find(|n| !self.controller.is_down(*n, self.now));
+        up.or_else(|| candidates.first().copied()).unwrap_or(me)
+    }
+
     fn ask_confirm(&mut self, confirming: Confirming, to: NodeId) {
         let request = self.stray_logs.next_request();
         let channel = confirming.channel.clone();
-        self.stray_logs.confirming.insert(request, Confirming { tried: confirming.tried + 1, ..confirming });
+        let asked = Confirming { tried: confirming.tried + 1, asked: to, ..confirming };
+        self.stray_logs.confirming.insert(request, asked);
         self.send_node(to, NodeMessage::MetaConfirm { request, channel });
     }
 
@@ -301,11 +326,9 @@ impl NodeCore {
             return;
         }
         let Some(confirming) = self.stray_logs.confirming.remove(&request) else { return };
-        let me = self.config.node;
-        let others: Vec<NodeId> = self.config.nodes.iter().copied().filter(|n| *n != me).collect();
-        if meta.is_none() && confirming.tried < others.len() {
-            let next = others.iter().position(|n| *n == from).map_or(0, |at| (at + 1) % others.len());
-            return self.ask_confirm(confirming, others[next]);
+        if meta.is_none() && confirming.tried < self.config.nodes.len().saturating_sub(1) {
+            let next = self.next_peer_after(from);
+            return self.ask_confirm(confirming, next);
         }
         let Confirming { channel, ask, .. } = confirming;
         self.feed_shard(&channel.clone(), ShardInput::StrayConfirmed { channel, ask, meta });

@@ -46,7 +46,7 @@ use tidings_slot::model::Uid;
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{MessageLog, Record};
 use tidings_store::StoreError;
-use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, LeaderEpoch, NodeId, Seq, Time};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, LeaderEpoch, NodeId, Seq, StorageId, Time};
 
 /// How long an append waits for its channel's meta before failing with `UnknownChannel`.
 const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -285,6 +285,8 @@ struct KnownMeta {
 pub(crate) struct ChannelShard {
     index: usize,
     config: NodeConfig,
+    /// This node's storage identity, named by every frame the shard sends.
+    storage: StorageId,
     /// `config.machine`, shared by every machine of the shard.
     machine_config: Arc<MachineConfig>,
     /// This shard's part of `active_channels_max`.
@@ -354,10 +356,12 @@ pub(crate) struct ChannelShard {
 
 impl ChannelShard {
     /// Shard `index` of `shards` on the node `config` describes.
+    #[allow(clippy::too_many_arguments)] // Each is one thing a shard is made of; a struct would only name them again.
     pub(crate) fn new(
         index: usize,
         shards: usize,
         config: NodeConfig,
+        storage: StorageId,
         log: Arc<dyn MessageLog>,
         reader: SlotReader,
         served: Arc<Served>,
@@ -366,6 +370,7 @@ impl ChannelShard {
         let shards = shards.clamp(1, SHARDS_MAX);
         Self {
             index,
+            storage,
             // Room for a leader and for a follower besides it (see `activation::leaders_max`).
             active_max: config.active_channels_max.div_ceil(shards).max(2),
             now,
@@ -669,7 +674,8 @@ impl ChannelShard {
     }
 
     fn send(&mut self, to: NodeId, body: FrameBody) {
-        let frame = encode(&Frame { cluster: self.config.cluster, from: self.config.node, body });
+        let (cluster, from, storage) = (self.config.cluster, self.config.node, self.storage);
+        let frame = encode(&Frame { cluster, from, storage, body });
         self.outputs.push_back(ShardOutput::Effect(NodeEffect::Send { to, frame }));
     }
 
@@ -810,7 +816,7 @@ fn channel_status(machine: &ChannelMachine, now: Time) -> Option<ChannelStatus> 
 pub(super) fn test_shard(config: NodeConfig, log: Arc<dyn MessageLog>) -> ChannelShard {
     let reader = SlotReader::new(tidings_store::MetaStore::new(Arc::new(tidings_store::MemoryKv::new())));
     let served = Arc::new(Served::new(Arc::new(config.table()), Vec::new(), Vec::new(), 0));
-    ChannelShard::new(0, 1, config, log, reader, served, Time::ZERO)
+    ChannelShard::new(0, 1, config, StorageId::new(1), log, reader, served, Time::ZERO)
 }
 
 #[cfg(test)]

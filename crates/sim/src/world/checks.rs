@@ -24,7 +24,10 @@ impl World {
             let joint = core.slot().status(group).is_some_and(|s| s.joint);
             let intent = core.reader().group_intent(group).ok().flatten();
             let moving = intent.as_ref().and_then(|i| i.target_peers.clone());
-            if joint || moving.is_some() {
+            // A move to a node back on an empty disk waits for a learner its peers refuse: for good,
+            // until an operator aborts it (as one would, seeing `LearnerInactive`).
+            let to_lost_disk = moving.as_ref().is_some_and(|to| self.lost_disk.is_some_and(|l| to.contains(&l)));
+            if (joint || moving.is_some()) && !to_lost_disk {
                 let decision = core.status().leadership.into_iter().find(|(g, _)| *g == group);
                 self.oracle.violation(format!(
                     "liveness: {group} still moving after healing (joint {joint}, target {moving:?}, {decision:?})"
@@ -110,7 +113,9 @@ impl World {
         let named: BTreeSet<&NodeId> = intents.iter().flatten().collect();
         let config = &self.nodes.values().next().expect("nodes").config;
         let needed = config.slot_replicas.max(config.channel_replicas);
-        if draining.is_empty() || self.nodes.len() - named.len().min(self.nodes.len()) < needed {
+        // A node back on an empty disk receives nothing either (its peers refuse it).
+        let receiving = self.nodes.keys().filter(|n| !named.contains(n) && Some(**n) != self.lost_disk).count();
+        if draining.is_empty() || receiving < needed {
             return (draining, Vec::new());
         }
         let mut left = Vec::new();
@@ -175,7 +180,9 @@ impl World {
     /// What [`Self::check_stray_logs_forgotten`] finds: node and channel of each log left.
     pub(super) fn stray_logs_left(&self) -> Vec<(NodeId, ChannelId)> {
         let mut left = Vec::new();
-        for (id, node) in self.nodes.iter().filter(|(_, n)| n.core.is_some()) {
+        // A node back on an empty disk cannot have a log confirmed stray by peers that refuse it.
+        let running = self.nodes.iter().filter(|(id, n)| n.core.is_some() && Some(**id) != self.lost_disk);
+        for (id, node) in running {
             for channel in node.log.logs_after(None, usize::MAX).unwrap_or_default() {
                 if self.newest_meta(&channel).is_some_and(|meta| !meta.is_replica(*id)) {
                     left.push((*id, channel));
@@ -189,14 +196,18 @@ impl World {
     /// away may linger until it hears it was removed, and a learner a move added late in the healing phase
     /// may still be catching up (neither is a replica the checks compare).
     pub(super) fn group_members(&self, group: GroupId) -> Vec<NodeId> {
-        self.group_leader(group).and_then(|c| c.slot().status(group)).map(|s| s.voters).unwrap_or_else(|| {
-            // No leader to ask: every replica held counts (the checks then stay strict).
-            let holding = self
-                .nodes
-                .iter()
-                .filter(|(_, n)| n.core.as_ref().is_some_and(|c| c.slot().groups().any(|g| g == group)));
-            holding.map(|(id, _)| *id).collect()
-        })
+        let mut members =
+            self.group_leader(group).and_then(|c| c.slot().status(group)).map(|s| s.voters).unwrap_or_else(|| {
+                // No leader to ask: every replica held counts (the checks then stay strict).
+                let holding = self
+                    .nodes
+                    .iter()
+                    .filter(|(_, n)| n.core.as_ref().is_some_and(|c| c.slot().groups().any(|g| g == group)));
+                holding.map(|(id, _)| *id).collect()
+            });
+        // A node back on an empty disk stays a voter its peers refuse: it holds nothing to compare.
+        members.retain(|id| Some(*id) != self.lost_disk);
+        members
     }
 
     /// The highest seq of `channel` known committed: the highest of the HWs given (what replicas show
@@ -273,10 +284,26 @@ impl World {
         }
     }
 
+    /// A node back on an empty disk was refused by its peers (`storage_changed` frames).
+    fn check_lost_disk_refused(&mut self) {
+        let refusals: u64 = self
+            .nodes
+            .values()
+            .filter_map(|n| n.core.as_ref())
+            .map(|c| c.status().refused_frames.get("storage_changed").copied().unwrap_or(0))
+            .sum();
+        self.faults.storage_refusals += refusals;
+        if let Some(lost) = self.lost_disk {
+            if refusals == 0 && self.must_refuse_lost_disk() {
+                self.oracle.violation(format!("{lost} came back on an empty disk and no peer refused it"));
+            }
+        }
+    }
+
     /// One append, through a random node, to every channel that has not acknowledged a probe yet.
     pub(super) fn probe(&mut self) {
         let waiting: BTreeSet<ChannelId> = self.probes.values().cloned().collect();
-        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        let ids = self.serving_nodes();
         for channel in self.channels.clone() {
             if self.probed.contains(&channel) || waiting.contains(&channel) {
                 continue;
@@ -426,6 +453,7 @@ impl World {
         self.faults.learners_removed += reports.filter(|r| removal(r) && r.outcome.is_ok()).count() as u64;
         self.faults.fanout_planned_again +=
             self.nodes.values().filter_map(|n| n.core.as_ref()).map(|c| c.status().fanout_planned_again).sum::<u64>();
+        self.check_lost_disk_refused();
         self.check_slot_replicas();
         self.check_moves_settled();
         self.check_drains_finished();

@@ -12,13 +12,14 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
+use tidings::frame::FrameError;
 use tidings::node::{carry_out_fanout, ApiId, ApiResult, NodeConfig, NodeCore, NodeEffect};
 use tidings::router::Router;
 use tidings::slot::command::RoutingKey;
 use tidings::slot::model::Uid;
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
 use tidings::store::message::{LogBatch, LogFailOp, LogLimits, LogOp, MemoryLog, MessageLog, ReadLimits};
-use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
+use tidings::store::{IdentityStore, Kv, MemoryKv, MetaStore, RaftLogStore};
 use tidings::types::{ChannelId, ChannelType, DetRng, HashSlot, NodeId, Seq, Time};
 
 /// What a run did, and what it found.
@@ -66,6 +67,9 @@ impl SimReport {
         }
         if params.clock_skew != drawn.clock_skew {
             command.push_str(if params.clock_skew { " --clock-skew" } else { " --no-clock-skew" });
+        }
+        if params.disk_loss != drawn.disk_loss {
+            command.push_str(if params.disk_loss { " --disk-loss" } else { " --no-disk-loss" });
         }
         command
     }
@@ -122,6 +126,10 @@ pub struct Faults {
     pub snapshots_sent: u64,
     /// Logs of replicas moved away that nodes forgot (`LogOp::Forget` made durable).
     pub stray_logs_forgotten: u64,
+    /// Disks lost (`SimParams::disk_loss`): a node started again on empty stores without a drain.
+    pub disks_lost: u64,
+    /// Frames the peers of a node back on an empty disk refused (`storage_changed`), at the end.
+    pub storage_refusals: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -146,6 +154,8 @@ impl std::ops::AddAssign for Faults {
         self.learners_removed += other.learners_removed;
         self.stray_logs_forgotten += other.stray_logs_forgotten;
         self.fanout_planned_again += other.fanout_planned_again;
+        self.disks_lost += other.disks_lost;
+        self.storage_refusals += other.storage_refusals;
     }
 }
 
@@ -186,6 +196,10 @@ enum Event {
         page: tidings::node::LogPage,
     },
     Restart {
+        node: NodeId,
+    },
+    /// `node` loses its disk (`SimParams::disk_loss`).
+    LoseDisk {
         node: NodeId,
     },
 }
@@ -244,6 +258,11 @@ pub struct World {
     slot_moves: BTreeSet<ApiId>,
     /// Every node's fanout host: records what was delivered.
     fanout_host: Arc<senders::RecordingHost>,
+    /// The node that lost its disk, once it has (`SimParams::disk_loss`): its peers refuse it for good,
+    /// so requests no longer go through it and the checks of what replicas hold leave it out.
+    lost_disk: Option<NodeId>,
+    /// The storage identity it started with on its new disk (once it has).
+    lost_disk_identity: Option<tidings::types::StorageId>,
 }
 
 impl World {
@@ -316,6 +335,8 @@ impl World {
             users_acked: BTreeMap::new(),
             barriers: BTreeMap::new(),
             fanout_host: Arc::new(senders::RecordingHost::default()),
+            lost_disk: None,
+            lost_disk_identity: None,
         }
     }
 
@@ -363,6 +384,12 @@ impl World {
 
         self.faulty = true;
         self.requests_on = true;
+        if self.params.disk_loss {
+            let mut own = DetRng::new(self.params.seed ^ crate::params::DISK_LOSS_STREAM ^ 0x7768_656e);
+            let node = NodeId::new(own.range(1, self.params.nodes));
+            let after = own.range(self.params.safety_ms / 5, self.params.safety_ms * 4 / 5);
+            self.schedule(self.now + Duration::from_millis(after), Event::LoseDisk { node });
+        }
         self.run_for(self.params.safety_ms);
         self.faulty = false;
         // Liveness: everything healed, no new client requests; every request must be answered in time
@@ -431,6 +458,9 @@ impl World {
         }
         let core = NodeCore::new(node.config.clone(), logs, MetaStore::new(kv), log, router, node.clock.at(self.now))
             .expect("node core starts");
+        if self.lost_disk == Some(id) {
+            self.lost_disk_identity = Some(core.storage_id());
+        }
         node.core = Some(core);
     }
 
@@ -553,10 +583,26 @@ impl World {
                     return;
                 }
                 let local = self.node_now(to);
+                if self.nodes.get(&to).is_none_or(|n| n.core.is_none()) {
+                    return;
+                }
+                // Every frame a node sends is well formed: a refusal here is a bug, but for the frames of a
+                // node back on an empty disk, which its peers must refuse.
+                // What the lost node sent before it lost its disk names its old identity: taken as ever.
+                let names_new_disk = || {
+                    let limits = tidings::frame::FrameLimits::default();
+                    let frame = tidings::frame::decode(&bytes, &limits).ok();
+                    frame.is_some_and(|f| self.lost_disk_identity == Some(f.storage))
+                };
+                let must_refuse = Some(from) == self.lost_disk && self.must_refuse_lost_disk() && names_new_disk();
                 let Some(core) = self.nodes.get_mut(&to).and_then(|n| n.core.as_mut()) else { return };
-                // Every frame a node sends is well formed: a refusal here is a bug.
-                if let Err(error) = core.handle_frame(local, from, &bytes) {
-                    self.oracle.violation(format!("{to} refused a frame from {from}: {error}"));
+                match core.handle_frame(local, from, &bytes) {
+                    Ok(()) if must_refuse => {
+                        self.oracle.violation(format!("{to} took a frame of {from}, back on an empty disk"));
+                    }
+                    Ok(()) | Err(FrameError::StorageChanged { .. }) if Some(from) == self.lost_disk => {}
+                    Ok(()) => {}
+                    Err(error) => self.oracle.violation(format!("{to} refused a frame from {from}: {error}")),
                 }
                 self.mix(&now.as_millis().to_le_bytes());
                 self.mix(&bytes);
@@ -610,7 +656,39 @@ impl World {
                     self.boot(node);
                 }
             }
+            Event::LoseDisk { node } => self.lose_disk(node),
         }
+    }
+
+    /// `id` crashes and its stores are replaced by empty ones: it starts again (`restart_ms` later, or
+    /// when healed) as on a new disk, without having been drained.
+    fn lose_disk(&mut self, id: NodeId) {
+        self.crash(id);
+        let node = self.nodes.get_mut(&id).expect("known node");
+        let old: Arc<dyn Kv> = node.kv.clone();
+        node.kv = Arc::new(MemoryKv::new());
+        node.log = Arc::new(MemoryLog::new(LogLimits::default()));
+        if self.params.unsafe_disk_loss_keeps_identity {
+            let own = IdentityStore::new(old).own_or_create(|| 0).expect("memory kv reads");
+            let new: Arc<dyn Kv> = node.kv.clone();
+            IdentityStore::new(new).own_or_create(|| own.get()).expect("memory kv writes");
+        }
+        if std::env::var("SIM_DEBUG").is_ok() {
+            eprintln!("{:?} {id} lost its disk", self.now);
+        }
+        self.lost_disk = Some(id);
+        self.faults.disks_lost += 1;
+    }
+
+    /// Whether every peer must refuse the node back on an empty disk: every peer knew its first identity
+    /// since setup (nothing in the workload forgets one), unless the run is the unsafe one that keeps it.
+    pub(super) fn must_refuse_lost_disk(&self) -> bool {
+        !self.params.unsafe_disk_loss_keeps_identity
+    }
+
+    /// The nodes requests go through (and operator calls name): all but one that lost its disk.
+    pub(super) fn serving_nodes(&self) -> Vec<NodeId> {
+        self.nodes.keys().copied().filter(|id| Some(*id) != self.lost_disk).collect()
     }
 
     /// Runs `io` on node `node`'s core, its message log and its clock's reading of now, if the node

@@ -17,7 +17,7 @@ impl World {
     /// read, a metadata write or read, or (with
     /// `leader_transfers`) an operator call. The order of the draws is part of each seed's run.
     pub(super) fn request(&mut self) {
-        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        let ids = self.serving_nodes();
         let node = *self.rng.pick(&ids).expect("nodes");
         let api = self.api();
         let roll = self.rng.below(100);

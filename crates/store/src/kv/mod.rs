@@ -42,6 +42,9 @@ pub enum Keyspace {
     MessageState = b'c',
     /// The message journal's checkpoint: where replay starts after a restart.
     Journal = b'j',
+    /// This node's storage identity and the identities it has seen of its peers (see
+    /// [`crate::IdentityStore`]).
+    Identity = b'i',
 }
 
 impl Keyspace {

@@ -1,0 +1,258 @@
+//! Storage identities: a node started again on a new or emptied data directory is refused by the peers
+//! that knew it, until it has been drained.
+//!
+//! Raft's safety rests on every voter keeping its votes and its log, and a channel's on every ISR member
+//! keeping the records it acknowledged: a voter that comes back without them could vote twice in one
+//! term, and a replica could hand a failover evidence of less than it acknowledged. Node ids are
+//! static, so nothing else tells such a node from the one it was. Each data directory therefore draws a
+//! [`StorageId`] when it is first initialized (kept in it, durable before any frame names it), every
+//! frame names its sender's, and each node records the first identity it sees of every peer
+//! ([`tidings_store::IdentityStore`], durable with the next sync of the slot stores).
+//!
+//! A frame naming another identity than the one recorded is refused before anything reads its body
+//! ([`FrameError::StorageChanged`](crate::frame::FrameError::StorageChanged), counted in
+//! `NodeStatus::refused_frames` as `storage_changed`), and its sender is told, at most once a second
+//! ([`NodeMessage::StorageRefused`](super::NodeMessage::StorageRefused)), so that it can say why it
+//! hears from nobody (`NodeStatus::storage_refused_by`, and an error in its log). Its raft messages,
+//! votes included, never reach raft-rs; its pulls, acknowledgements and evidence never reach a channel.
+//!
+//! The one way back is the procedure for a lost directory (`docs/operations.md`): drain the node while
+//! it is down; once nothing is left on it, every node is told to forget the identity it knew
+//! (`Node::forget_storage_identity`, `NodeCore::forget_storage_identity`), and the next one the node
+//! names is recorded as a first. Nothing is taken back on its own: whether a drained node still holds
+//! a channel replica the cluster counts on is known only to the leaders of every slot group together
+//! (an earlier form took a new identity once the slot groups a node kept had the node drained and out of
+//! their configurations; the simulator found a channel whose meta still named the emptied node its leader,
+//! which then led it with an empty log).
+//!
+//! What this does not catch: a directory restored from an older copy keeps its identity (and lost what
+//! came after the copy); a node that loses its directory before any peer recorded its identity (a
+//! record is durable with the peer's next slot-store sync); and two nodes of three that lose theirs
+//! together, which then know only each other (beyond what any majority quorum survives).
+
+use crate::frame::FrameError;
+use parking_lot::RwLock;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tidings_store::{IdentityStore, StoreResult};
+use tidings_types::{NodeId, StorageId, Time};
+
+/// How often a refused peer is told so.
+const TELL_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a peer's refusal shows in `NodeStatus::storage_refused_by` after it was last heard.
+const REFUSAL_SHOWN_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The storage identities a node knows of its peers, shared with the threads that check frames beside
+/// the core (the threaded runtime's receiving threads): a frame whose sender's identity is known and
+/// matches may go straight to its reactors; any other goes to the core, which decides.
+#[derive(Debug, Default)]
+pub(crate) struct KnownStorages {
+    known: RwLock<Vec<(NodeId, StorageId)>>,
+}
+
+impl KnownStorages {
+    /// `true` if `node` is known with identity `storage`.
+    pub(crate) fn matches(&self, node: NodeId, storage: StorageId) -> bool {
+        self.known.read().iter().any(|(n, s)| *n == node && *s == storage)
+    }
+}
+
+/// What a frame's storage identity means for its sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// The identity recorded for the sender.
+    Known,
+    /// The first this node sees of the sender.
+    First,
+    /// Another identity than the one recorded.
+    Changed { known: StorageId },
+}
+
+/// This node's storage identity, and those of its peers (see the module docs).
+pub(crate) struct Identities {
+    own: StorageId,
+    store: IdentityStore,
+    known: BTreeMap<NodeId, StorageId>,
+    shared: Arc<KnownStorages>,
+    /// Refused peers: when each was last told.
+    told: BTreeMap<NodeId, Time>,
+    /// Peers that refuse this node: the identity they know for it, and when they last said so.
+    refused_by: BTreeMap<NodeId, (StorageId, Time)>,
+}
+
+impl Identities {
+    /// This directory's identity (drawn with `draw` if it has none yet: a new or emptied directory)
+    /// and the peers' identities it recorded.
+    pub(crate) fn open(store: IdentityStore, draw: impl FnOnce() -> u64) -> StoreResult<Self> {
+        let own = store.own_or_create(draw)?;
+        let known: BTreeMap<NodeId, StorageId> = store.peers()?.into_iter().collect();
+        let shared = Arc::new(KnownStorages { known: RwLock::new(known.iter().map(|(n, s)| (*n, *s)).collect()) });
+        Ok(Self { own, store, known, shared, told: BTreeMap::new(), refused_by: BTreeMap::new() })
+    }
+
+    /// This node's storage identity.
+    pub(crate) fn own(&self) -> StorageId {
+        self.own
+    }
+
+    /// The table the runtime's receiving threads check frames against.
+    pub(crate) fn shared(&self) -> Arc<KnownStorages> {
+        Arc::clone(&self.shared)
+    }
+
+    /// Decides on a valid frame of `node` naming `storage`: `Ok(true)` to go on with it having recorded
+    /// a first identity (the store needs a sync: until then a crash would forget it), `Ok(false)` to go
+    /// on, or the refusal, with `true` when the sender is due to be told.
+    pub(crate) fn check(&mut self, now: Time, node: NodeId, storage: StorageId) -> Result<bool, (FrameError, bool)> {
+        match self.verdict(node, storage) {
+            Verdict::Known => Ok(false),
+            Verdict::First => {
+                self.record(node, storage);
+                Ok(true)
+            }
+            Verdict::Changed { known } => {
+                let tell = self.told.get(&node).is_none_or(|at| now >= *at + TELL_EVERY);
+                if tell {
+                    self.told.insert(node, now);
+                    tracing::error!(%node, %known, %storage, "refusing a node that came back on another data directory without being drained");
+                }
+                Err((FrameError::StorageChanged { node, known, got: storage }, tell))
+            }
+        }
+    }
+
+    /// Forgets the identity recorded for `node` (the operator drained it, and it comes back on a new
+    /// directory): the next one it names is taken as a first. `true` if one was recorded. The store
+    /// needs a sync for it to outlast a crash.
+    pub(crate) fn forget(&mut self, node: NodeId) -> StoreResult<bool> {
+        let Some(known) = self.known.remove(&node) else { return Ok(false) };
+        self.shared.known.write().retain(|(n, _)| *n != node);
+        self.told.remove(&node);
+        tracing::warn!(%node, %known, "forgot a peer's storage identity: the next one it names is taken");
+        self.store.forget_peer(node)?;
+        Ok(true)
+    }
+
+    fn verdict(&self, node: NodeId, storage: StorageId) -> Verdict {
+        match self.known.get(&node) {
+            Some(known) if *known == storage => Verdict::Known,
+            Some(known) => Verdict::Changed { known: *known },
+            None => Verdict::First,
+        }
+    }
+
+    fn record(&mut self, node: NodeId, storage: StorageId) {
+        if let Err(error) = self.store.record_peer(node, storage) {
+            // Kept in memory for this run: the check holds until a restart, which reads the store again.
+            tracing::warn!(%node, %storage, %error, "could not record a peer's storage identity");
+        }
+        self.known.insert(node, storage);
+        let mut shared = self.shared.known.write();
+        shared.retain(|(n, _)| *n != node);
+        shared.push((node, storage));
+    }
+
+    /// `peer` refuses this node: it knows it as `known`.
+    pub(crate) fn refused_by(&mut self, now: Time, peer: NodeId, known: StorageId) {
+        if known == self.own {
+            // A refusal of an earlier identity of this directory's? Cannot be: ignore a confused peer.
+            return;
+        }
+        if self.refused_by.insert(peer, (known, now)).is_none() {
+            tracing::error!(
+                %peer, %known, own = %self.own,
+                "a peer refuses this node: it knew it with another data directory; drain this node (docs/operations.md, a lost data directory)"
+            );
+        }
+    }
+
+    /// Peers that refused this node lately, with the identity each knows for it.
+    pub(crate) fn refusing(&self, now: Time) -> Vec<(NodeId, StorageId)> {
+        self.refused_by
+            .iter()
+            .filter(|(_, (_, at))| now < *at + REFUSAL_SHOWN_FOR)
+            .map(|(peer, (known, _))| (*peer, *known))
+            .collect()
+    }
+}
+
+/// Draws a storage identity for a new directory from what differs between a node's starts (its boot
+/// id) and between nodes (the node id), mixed with the configured seed.
+pub(crate) fn draw_storage_id(seed: u64, node: NodeId, boot_id: u64) -> u64 {
+    let mut x = seed ^ node.get().wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ boot_id.rotate_left(29);
+    // splitmix64's finalizer: every input bit moves every output bit.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings_store::{Kv, MemoryKv};
+
+    fn identities(kv: &Arc<MemoryKv>, own: u64) -> Identities {
+        Identities::open(IdentityStore::new(kv.clone()), || own).unwrap()
+    }
+
+    const PEER: NodeId = NodeId::new(2);
+
+    #[test]
+    fn the_first_identity_seen_is_kept_and_another_is_refused_and_told_once_a_second() {
+        let kv = Arc::new(MemoryKv::new());
+        let mut ids = identities(&kv, 1);
+        let t0 = Time::from_millis(1_000);
+        assert_eq!(ids.check(t0, PEER, StorageId::new(20)), Ok(true), "recorded");
+        assert!(ids.shared().matches(PEER, StorageId::new(20)));
+        assert_eq!(ids.check(t0, PEER, StorageId::new(20)), Ok(false));
+        let refused = FrameError::StorageChanged { node: PEER, known: StorageId::new(20), got: StorageId::new(21) };
+        assert_eq!(ids.check(t0, PEER, StorageId::new(21)), Err((refused.clone(), true)));
+        assert_eq!(ids.check(t0 + TELL_EVERY / 2, PEER, StorageId::new(21)), Err((refused.clone(), false)));
+        assert_eq!(ids.check(t0 + TELL_EVERY, PEER, StorageId::new(21)), Err((refused, true)));
+        assert!(!ids.shared().matches(PEER, StorageId::new(21)));
+        // Recorded in the store: a restart of this node still knows the first one.
+        kv.sync().unwrap();
+        kv.crash();
+        let mut again = identities(&kv, 9);
+        assert_eq!(again.own(), StorageId::new(1));
+        assert!(again.check(t0, PEER, StorageId::new(21)).is_err());
+    }
+
+    #[test]
+    fn a_forgotten_identity_lets_the_next_one_in_and_the_old_one_is_refused_then() {
+        let kv = Arc::new(MemoryKv::new());
+        let mut ids = identities(&kv, 1);
+        let t0 = Time::from_millis(1_000);
+        ids.check(t0, PEER, StorageId::new(20)).unwrap();
+        assert!(ids.check(t0, PEER, StorageId::new(21)).is_err());
+        assert!(ids.forget(PEER).unwrap());
+        assert!(!ids.forget(PEER).unwrap(), "nothing left to forget");
+        assert!(!ids.shared().matches(PEER, StorageId::new(20)));
+        assert_eq!(ids.check(t0, PEER, StorageId::new(21)), Ok(true));
+        assert!(ids.check(t0, PEER, StorageId::new(20)).is_err());
+        // The forget and the new record are in the store: a restart keeps them.
+        kv.sync().unwrap();
+        kv.crash();
+        assert!(identities(&kv, 9).check(t0, PEER, StorageId::new(21)).is_ok());
+    }
+
+    #[test]
+    fn refusals_show_for_a_while_and_a_refusal_of_the_own_identity_is_ignored() {
+        let kv = Arc::new(MemoryKv::new());
+        let mut ids = identities(&kv, 1);
+        let t0 = Time::from_millis(1_000);
+        ids.refused_by(t0, PEER, StorageId::new(1));
+        assert!(ids.refusing(t0).is_empty());
+        ids.refused_by(t0, PEER, StorageId::new(7));
+        assert_eq!(ids.refusing(t0 + REFUSAL_SHOWN_FOR / 2), vec![(PEER, StorageId::new(7))]);
+        assert!(ids.refusing(t0 + REFUSAL_SHOWN_FOR).is_empty());
+    }
+
+    #[test]
+    fn drawn_identities_differ_by_node_and_by_start() {
+        let a = draw_storage_id(0, NodeId::new(1), 1);
+        assert_ne!(a, draw_storage_id(0, NodeId::new(2), 1));
+        assert_ne!(a, draw_storage_id(0, NodeId::new(1), 2));
+        assert_eq!(a, draw_storage_id(0, NodeId::new(1), 1));
+    }
+}
