@@ -833,3 +833,41 @@ fn a_replica_moved_off_a_real_node_has_its_log_forgotten_there_and_nothing_is_lo
         assert!(read.iter().any(|r| r.seq == *seq && r.payload.as_ref() == text.as_bytes()), "lost {seq} {text}");
     }
 }
+
+/// A real node (threads, sled, the runtime's frame gate on the receiving thread) started again on an
+/// emptied data directory: its peers refuse every frame it sends, channel messages included, it says
+/// so in its status, and the others go on; once each peer forgot its old identity (the lost-directory
+/// procedure's last step, after a drain — which three nodes have no spare node for), its frames are
+/// taken again.
+#[test]
+fn a_real_node_back_on_an_emptied_directory_is_refused_until_its_peers_forget_its_old_identity() {
+    let (dir, mesh, ids, mut nodes, ch) = three_nodes_with_channel("wiped");
+    let first = eventually(|| nodes[0].append(ch.clone(), record("before"))?.wait())[0];
+    let old = nodes[2].status().unwrap().storage_id;
+    mesh.detach(ids[2]);
+    nodes.pop();
+    std::fs::remove_dir_all(dir.path().join(ids[2].to_string())).unwrap();
+    nodes.push(start(ids[2], &ids, dir.path(), &mesh, |_| {}));
+    assert_ne!(nodes[2].status().unwrap().storage_id, old, "an emptied directory draws a new identity");
+    let refused = |node: &Node| node.status().unwrap().refused_frames.get("storage_changed").copied().unwrap_or(0);
+    eventually(|| match nodes[2].status()?.storage_refused_by.len() {
+        2 => Ok(()),
+        _ => Err(NodeError::TimedOut),
+    });
+    assert!(nodes[2].status().unwrap().storage_refused_by.iter().all(|(_, known)| *known == old));
+    assert!(refused(&nodes[0]) > 0 && refused(&nodes[1]) > 0);
+    // The other two commit on their own (MinISR 2), and what was acknowledged before reads back.
+    let second = eventually(|| nodes[1].append(ch.clone(), record("after"))?.wait())[0];
+    let read = eventually(|| nodes[0].read(&ch, first, 10));
+    let texts: Vec<&[u8]> = read.iter().map(|r| r.payload.as_ref()).collect();
+    assert_eq!(texts, vec![&b"before"[..], &b"after"[..]], "{first} and {second}");
+    for node in &nodes[..2] {
+        node.forget_storage_identity(ids[2]).unwrap();
+    }
+    let taken = |node: &Node| {
+        let before = refused(node);
+        std::thread::sleep(Duration::from_millis(1_500));
+        refused(node) == before
+    };
+    assert!(taken(&nodes[0]) && taken(&nodes[1]), "refused after its old identity was forgotten");
+}

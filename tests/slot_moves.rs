@@ -331,7 +331,7 @@ fn drain_then_start_on_an_empty_disk(down: bool) {
     // Started again on a new, empty disk, once every node forgot the identity of its old one (its
     // frames are refused until then: see `storage_identity.rs`).
     for node in (1..=5).filter(|n| *n != drained.get()) {
-        let answer = call(&mut cluster, |core, now, id| core.forget_storage_identity(now, id, drained));
+        let answer = cluster.call(node, |core, now, id| core.forget_storage_identity(now, id, drained));
         assert_eq!(answer, "Meta(Ok(()))", "n{node}");
     }
     cluster.restart_empty(drained.get());

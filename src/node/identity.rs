@@ -39,21 +39,62 @@ use tidings_types::{NodeId, StorageId, Time};
 
 /// How often a refused peer is told so.
 const TELL_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a peer's frames are refused, without one of its known identity between, before it is sent
+/// nothing more.
+const CUT_OFF_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long a peer's refusal shows in `NodeStatus::storage_refused_by` after it was last heard.
 const REFUSAL_SHOWN_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The storage identities a node knows of its peers, shared with the threads that check frames beside
-/// the core (the threaded runtime's receiving threads): a frame whose sender's identity is known and
-/// matches may go straight to its reactors; any other goes to the core, which decides.
-#[derive(Debug, Default)]
+/// This node's storage identity and what it knows of its peers', shared with whoever sends or checks
+/// frames beside the core (channel shards, the threaded runtime's receiving threads): a frame whose
+/// sender's identity is known and matches may go straight to its reactors, any other goes to the
+/// core, which decides; and nothing but the notice of its refusal is sent to a peer this node refuses,
+/// so that a node back on an empty directory builds no state from its peers' frames (it cannot answer
+/// them) — such as a leadership of a channel its empty log cannot hold, or HWs it never had.
+#[derive(Debug)]
 pub(crate) struct KnownStorages {
-    known: RwLock<Vec<(NodeId, StorageId)>>,
+    own: StorageId,
+    table: RwLock<PeerTable>,
+}
+
+#[derive(Debug, Default)]
+struct PeerTable {
+    known: Vec<(NodeId, StorageId)>,
+    /// Peers refused for their identity for `CUT_OFF_AFTER` (a frame of the identity known takes a
+    /// peer off: a mangled frame does not cut a healthy peer off).
+    refused: Vec<NodeId>,
 }
 
 impl KnownStorages {
+    /// This node's storage identity.
+    pub(crate) fn own(&self) -> StorageId {
+        self.own
+    }
+
     /// `true` if `node` is known with identity `storage`.
     pub(crate) fn matches(&self, node: NodeId, storage: StorageId) -> bool {
-        self.known.read().iter().any(|(n, s)| *n == node && *s == storage)
+        self.table.read().known.iter().any(|(n, s)| *n == node && *s == storage)
+    }
+
+    /// `true` if this node refuses `node` (it came back with another identity): send it nothing.
+    pub(crate) fn refuses(&self, node: NodeId) -> bool {
+        self.table.read().refused.contains(&node)
+    }
+
+    /// A table knowing no peer, for the unit tests of the parts that send frames.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Arc<Self> {
+        Arc::new(Self { own: StorageId::new(1), table: RwLock::default() })
+    }
+
+    fn set(&self, node: NodeId, known: Option<StorageId>, refused: bool) {
+        let mut table = self.table.write();
+        table.known.retain(|(n, _)| *n != node);
+        table.known.extend(known.map(|s| (node, s)));
+        table.refused.retain(|n| *n != node);
+        if refused {
+            table.refused.push(node);
+        }
     }
 }
 
@@ -70,12 +111,13 @@ enum Verdict {
 
 /// This node's storage identity, and those of its peers (see the module docs).
 pub(crate) struct Identities {
-    own: StorageId,
     store: IdentityStore,
     known: BTreeMap<NodeId, StorageId>,
     shared: Arc<KnownStorages>,
     /// Refused peers: when each was last told.
     told: BTreeMap<NodeId, Time>,
+    /// Peers whose frames are refused: since when, without a frame of their known identity between.
+    refused_since: BTreeMap<NodeId, Time>,
     /// Peers that refuse this node: the identity they know for it, and when they last said so.
     refused_by: BTreeMap<NodeId, (StorageId, Time)>,
 }
@@ -86,13 +128,21 @@ impl Identities {
     pub(crate) fn open(store: IdentityStore, draw: impl FnOnce() -> u64) -> StoreResult<Self> {
         let own = store.own_or_create(draw)?;
         let known: BTreeMap<NodeId, StorageId> = store.peers()?.into_iter().collect();
-        let shared = Arc::new(KnownStorages { known: RwLock::new(known.iter().map(|(n, s)| (*n, *s)).collect()) });
-        Ok(Self { own, store, known, shared, told: BTreeMap::new(), refused_by: BTreeMap::new() })
+        let table = PeerTable { known: known.iter().map(|(n, s)| (*n, *s)).collect(), refused: Vec::new() };
+        let shared = Arc::new(KnownStorages { own, table: RwLock::new(table) });
+        Ok(Self {
+            store,
+            known,
+            shared,
+            told: BTreeMap::new(),
+            refused_since: BTreeMap::new(),
+            refused_by: BTreeMap::new(),
+        })
     }
 
     /// This node's storage identity.
     pub(crate) fn own(&self) -> StorageId {
-        self.own
+        self.shared.own
     }
 
     /// The table the runtime's receiving threads check frames against.
@@ -105,12 +155,25 @@ impl Identities {
     /// on, or the refusal, with `true` when the sender is due to be told.
     pub(crate) fn check(&mut self, now: Time, node: NodeId, storage: StorageId) -> Result<bool, (FrameError, bool)> {
         match self.verdict(node, storage) {
-            Verdict::Known => Ok(false),
+            Verdict::Known => {
+                // Its own directory after all: a frame naming another identity (one mangled in transit
+                // and sealed again, or a hostile one) does not cut a healthy peer off.
+                if self.refused_since.remove(&node).is_some() && self.shared.refuses(node) {
+                    self.shared.set(node, Some(storage), false);
+                }
+                Ok(false)
+            }
             Verdict::First => {
                 self.record(node, storage);
                 Ok(true)
             }
             Verdict::Changed { known } => {
+                // Sent nothing more once it went on naming another identity, with no frame of the known
+                // one between, for `CUT_OFF_AFTER`.
+                let since = *self.refused_since.entry(node).or_insert(now);
+                if now >= since + CUT_OFF_AFTER && !self.shared.refuses(node) {
+                    self.shared.set(node, Some(known), true);
+                }
                 let tell = self.told.get(&node).is_none_or(|at| now >= *at + TELL_EVERY);
                 if tell {
                     self.told.insert(node, now);
@@ -126,8 +189,9 @@ impl Identities {
     /// needs a sync for it to outlast a crash.
     pub(crate) fn forget(&mut self, node: NodeId) -> StoreResult<bool> {
         let Some(known) = self.known.remove(&node) else { return Ok(false) };
-        self.shared.known.write().retain(|(n, _)| *n != node);
+        self.shared.set(node, None, false);
         self.told.remove(&node);
+        self.refused_since.remove(&node);
         tracing::warn!(%node, %known, "forgot a peer's storage identity: the next one it names is taken");
         self.store.forget_peer(node)?;
         Ok(true)
@@ -147,20 +211,18 @@ impl Identities {
             tracing::warn!(%node, %storage, %error, "could not record a peer's storage identity");
         }
         self.known.insert(node, storage);
-        let mut shared = self.shared.known.write();
-        shared.retain(|(n, _)| *n != node);
-        shared.push((node, storage));
+        self.shared.set(node, Some(storage), false);
     }
 
     /// `peer` refuses this node: it knows it as `known`.
     pub(crate) fn refused_by(&mut self, now: Time, peer: NodeId, known: StorageId) {
-        if known == self.own {
+        if known == self.own() {
             // A refusal of an earlier identity of this directory's? Cannot be: ignore a confused peer.
             return;
         }
         if self.refused_by.insert(peer, (known, now)).is_none() {
             tracing::error!(
-                %peer, %known, own = %self.own,
+                %peer, %known, own = %self.own(),
                 "a peer refuses this node: it knew it with another data directory; drain this node (docs/operations.md, a lost data directory)"
             );
         }
@@ -207,9 +269,19 @@ mod tests {
         assert_eq!(ids.check(t0, PEER, StorageId::new(20)), Ok(false));
         let refused = FrameError::StorageChanged { node: PEER, known: StorageId::new(20), got: StorageId::new(21) };
         assert_eq!(ids.check(t0, PEER, StorageId::new(21)), Err((refused.clone(), true)));
+        assert!(!ids.shared().refuses(PEER), "one refused frame cuts nothing off");
         assert_eq!(ids.check(t0 + TELL_EVERY / 2, PEER, StorageId::new(21)), Err((refused.clone(), false)));
         assert_eq!(ids.check(t0 + TELL_EVERY, PEER, StorageId::new(21)), Err((refused, true)));
         assert!(!ids.shared().matches(PEER, StorageId::new(21)));
+        assert!(ids.shared().refuses(PEER), "refused for CUT_OFF_AFTER: nothing more is sent to it");
+        // A frame of its old identity again (that one was mangled, or sent before it lost its disk):
+        // taken, and it is sent to again until the next refused one.
+        assert_eq!(ids.check(t0 + TELL_EVERY, PEER, StorageId::new(20)), Ok(false));
+        assert!(!ids.shared().refuses(PEER));
+        assert!(ids.check(t0 + TELL_EVERY, PEER, StorageId::new(21)).is_err());
+        assert!(!ids.shared().refuses(PEER), "the clock starts again");
+        assert!(ids.check(t0 + TELL_EVERY + CUT_OFF_AFTER, PEER, StorageId::new(21)).is_err());
+        assert!(ids.shared().refuses(PEER));
         // Recorded in the store: a restart of this node still knows the first one.
         kv.sync().unwrap();
         kv.crash();
@@ -228,6 +300,7 @@ mod tests {
         assert!(ids.forget(PEER).unwrap());
         assert!(!ids.forget(PEER).unwrap(), "nothing left to forget");
         assert!(!ids.shared().matches(PEER, StorageId::new(20)));
+        assert!(!ids.shared().refuses(PEER));
         assert_eq!(ids.check(t0, PEER, StorageId::new(21)), Ok(true));
         assert!(ids.check(t0, PEER, StorageId::new(20)).is_err());
         // The forget and the new record are in the store: a restart keeps them.

@@ -143,8 +143,34 @@ impl Controller {
             self.start_failover(now, meta);
             return;
         }
-        if let Some(from) = meta.replicas.iter().copied().find(|n| self.scan.draining.contains(n)) {
+        let drained = meta.replicas.iter().copied().find(|n| self.scan.draining.contains(n));
+        if let Some(from) = drained {
             *self.scan.drain_left.entry(from).or_default() += 1;
+        }
+        // Fewer live ISR members than MinISR: nothing commits until a replica that has been down for
+        // `replace_down_after` is replaced by a live node that keeps no copy yet. First, before a drain:
+        // a drained replica moves only once its channel commits (a leader's move waits for it to drain),
+        // and a member that never comes back (a node its peers refuse for its storage identity) would
+        // hold the channel for good.
+        let live = meta.isr.iter().filter(|n| !self.is_down(**n, now)).count();
+        if live < usize::from(meta.min_isr) {
+            let long_down =
+                |n: &NodeId| self.liveness.silent_for(*n, now).is_some_and(|d| d >= self.config.replace_down_after);
+            let down = meta.isr.iter().copied().find(long_down);
+            // A learner on a drained node, when nothing else can take the place: the channel commits
+            // again, and the drain moves that replica on once another node can take it.
+            let learner_up = |from: NodeId| {
+                let mut learners = meta.replicas.iter().copied().filter(|n| *n != from && !meta.in_isr(*n));
+                learners.find(|n| !self.is_down(*n, now))
+            };
+            let target = |from: NodeId| self.replacement_for(&meta, from, now).or_else(|| learner_up(from));
+            if let Some((from, to)) = down.and_then(|from| Some((from, target(from)?))) {
+                tracing::info!(channel = %meta.channel, %from, %to, "repair: ISR below MinISR, replacing a replica that is down");
+                let _ = self.start_replace(now, None, meta, from, to);
+                return;
+            }
+        }
+        if let Some(from) = drained {
             // A replica on a drained node moves to a live, undrained node (one task per channel at a time).
             if let Some(to) = self.replacement_for(&meta, from, now) {
                 tracing::info!(channel = %meta.channel, %from, %to, "repair: moving a replica off a drained node");
@@ -154,21 +180,9 @@ impl Controller {
             }
             return;
         }
-        // Fewer live ISR members than MinISR: nothing commits until a replica that has been down for
-        // `replace_down_after` is replaced by a live node that keeps no copy yet.
-        let live = meta.isr.iter().filter(|n| !self.is_down(**n, now)).count();
-        if live >= usize::from(meta.min_isr) {
-            if !self.give_up_surplus_replica(now, &meta) {
-                self.return_to_preferred_leader(now, meta);
-            }
-            return;
+        if live >= usize::from(meta.min_isr) && !self.give_up_surplus_replica(now, &meta) {
+            self.return_to_preferred_leader(now, meta);
         }
-        let long_down =
-            |n: &NodeId| self.liveness.silent_for(*n, now).is_some_and(|d| d >= self.config.replace_down_after);
-        let Some(from) = meta.isr.iter().copied().find(long_down) else { return };
-        let Some(to) = self.replacement_for(&meta, from, now) else { return };
-        tracing::info!(channel = %meta.channel, %from, %to, "repair: ISR below MinISR, replacing a replica that is down");
-        let _ = self.start_replace(now, None, meta, from, to);
     }
 
     /// Hands a healthy channel's leadership back to its preferred replica, the first of its replicas

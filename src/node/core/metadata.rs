@@ -224,13 +224,20 @@ impl NodeCore {
     }
 
     /// The leader of slot group `group` as this node's replica, the last `NotLeader` hint or the route
-    /// table knows it (a hint first: it is newer than what the table learned).
+    /// table knows it (a hint first: it is newer than what the table learned); one held down counts
+    /// only as this node's own replica knows it.
     pub(super) fn known_group_leader(&self, group: GroupId) -> Option<NodeId> {
         let me = self.config.node;
         // A hint or route naming this node is stale unless its replica leads: a replica moved away
         // leaves its last observation in the route table.
         let refuted = self.not_leaders.get(&group).copied();
-        let elsewhere = |leader: &NodeId| (*leader != me || self.slot.is_leader(group)) && Some(*leader) != refuted;
+        // A leader the failure detector holds down may be gone for good (a node its peers refuse for its
+        // storage identity never answers `NotLeader`): the rotating contact finds the group instead.
+        let elsewhere = |leader: &NodeId| {
+            (*leader != me || self.slot.is_leader(group))
+                && Some(*leader) != refuted
+                && !self.controller.is_down(*leader, self.now)
+        };
         self.slot
             .leader(group)
             .or_else(|| self.remote_leaders.get(&group).copied().filter(elsewhere))

@@ -221,7 +221,7 @@ impl NodeCore {
         let shards = (0..count)
             .map(|index| {
                 let (log, reader, served) = (Arc::clone(&log), reader.clone(), Arc::clone(&served));
-                ChannelShard::new(index, count, config.clone(), identities.own(), log, reader, served, now)
+                ChannelShard::new(index, count, config.clone(), identities.shared(), log, reader, served, now)
             })
             .collect();
         Ok(Self {
@@ -354,6 +354,15 @@ impl NodeCore {
     /// Takes a valid frame's storage identity: the first of a peer is recorded; another one than
     /// recorded is refused (its sender told, at most once a second).
     fn check_storage(&mut self, from: NodeId, storage: StorageId) -> Result<(), FrameError> {
+        if from == self.config.node {
+            // A frame this node sent itself names this directory's identity, and no other.
+            let own = self.identities.own();
+            return (storage == own).then_some(()).ok_or(FrameError::StorageChanged {
+                node: from,
+                known: own,
+                got: storage,
+            });
+        }
         match self.identities.check(self.now, from, storage) {
             Ok(recorded) => {
                 if recorded {
@@ -592,6 +601,11 @@ impl NodeCore {
     }
 
     fn send(&mut self, to: NodeId, body: FrameBody) {
+        // A peer refused for its storage identity hears only that (see `node::identity`).
+        let notice = matches!(body, FrameBody::Node(NodeMessage::StorageRefused { .. }));
+        if !notice && self.identities.shared().refuses(to) {
+            return;
+        }
         let (cluster, from, storage) = (self.config.cluster, self.config.node, self.identities.own());
         let frame = encode(&Frame { cluster, from, storage, body });
         self.effects.push_back(NodeEffect::Send { to, frame });

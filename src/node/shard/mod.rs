@@ -31,6 +31,7 @@ use senders::SenderChecked;
 use super::config::NodeConfig;
 use super::core::{ApiId, ApiResult, ChannelStatus, NodeEffect};
 use super::error::NodeError;
+use super::identity::KnownStorages;
 use super::message::{NodeMessage, RemoteAppendError};
 use crate::frame::{encode, Frame, FrameBody};
 use rustc_hash::FxHashMap;
@@ -46,7 +47,7 @@ use tidings_slot::model::Uid;
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{MessageLog, Record};
 use tidings_store::StoreError;
-use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, LeaderEpoch, NodeId, Seq, StorageId, Time};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, LeaderEpoch, NodeId, Seq, Time};
 
 /// How long an append waits for its channel's meta before failing with `UnknownChannel`.
 const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -285,8 +286,9 @@ struct KnownMeta {
 pub(crate) struct ChannelShard {
     index: usize,
     config: NodeConfig,
-    /// This node's storage identity, named by every frame the shard sends.
-    storage: StorageId,
+    /// This node's storage identity, named by every frame the shard sends, and the peers it refuses
+    /// (sent nothing).
+    storages: Arc<KnownStorages>,
     /// `config.machine`, shared by every machine of the shard.
     machine_config: Arc<MachineConfig>,
     /// This shard's part of `active_channels_max`.
@@ -361,7 +363,7 @@ impl ChannelShard {
         index: usize,
         shards: usize,
         config: NodeConfig,
-        storage: StorageId,
+        storages: Arc<KnownStorages>,
         log: Arc<dyn MessageLog>,
         reader: SlotReader,
         served: Arc<Served>,
@@ -370,7 +372,7 @@ impl ChannelShard {
         let shards = shards.clamp(1, SHARDS_MAX);
         Self {
             index,
-            storage,
+            storages,
             // Room for a leader and for a follower besides it (see `activation::leaders_max`).
             active_max: config.active_channels_max.div_ceil(shards).max(2),
             now,
@@ -674,7 +676,10 @@ impl ChannelShard {
     }
 
     fn send(&mut self, to: NodeId, body: FrameBody) {
-        let (cluster, from, storage) = (self.config.cluster, self.config.node, self.storage);
+        if self.storages.refuses(to) {
+            return;
+        }
+        let (cluster, from, storage) = (self.config.cluster, self.config.node, self.storages.own());
         let frame = encode(&Frame { cluster, from, storage, body });
         self.outputs.push_back(ShardOutput::Effect(NodeEffect::Send { to, frame }));
     }
@@ -816,7 +821,7 @@ fn channel_status(machine: &ChannelMachine, now: Time) -> Option<ChannelStatus> 
 pub(super) fn test_shard(config: NodeConfig, log: Arc<dyn MessageLog>) -> ChannelShard {
     let reader = SlotReader::new(tidings_store::MetaStore::new(Arc::new(tidings_store::MemoryKv::new())));
     let served = Arc::new(Served::new(Arc::new(config.table()), Vec::new(), Vec::new(), 0));
-    ChannelShard::new(0, 1, config, StorageId::new(1), log, reader, served, Time::ZERO)
+    ChannelShard::new(0, 1, config, KnownStorages::for_tests(), log, reader, served, Time::ZERO)
 }
 
 #[cfg(test)]

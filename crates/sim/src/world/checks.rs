@@ -57,6 +57,7 @@ impl World {
     /// the replacement waiting for it timed out again and again (269000187).
     pub(super) fn check_drains_finished(&mut self) {
         let (draining, left) = self.drains_left();
+
         if !left.is_empty() {
             if std::env::var("SIM_DEBUG").is_ok() {
                 for group in self.genesis().groups() {
@@ -120,6 +121,11 @@ impl World {
         }
         let mut left = Vec::new();
         for (group, core) in &leaders {
+            // A move to a node back on an empty disk waits for good (see `check_moves_settled`).
+            let target = core.reader().group_intent(*group).ok().flatten().and_then(|i| i.target_peers);
+            if target.is_some_and(|to| self.lost_disk.is_some_and(|lost| to.contains(&lost))) {
+                continue;
+            }
             let members = core.slot().status(*group).map(|s| [s.voters, s.learners].concat()).unwrap_or_default();
             left.extend(members.iter().filter(|n| draining.contains(n)).map(|n| format!("{n} in {group}")));
         }
@@ -405,7 +411,8 @@ impl World {
             };
             let (replicas, leader) = (meta.replicas, meta.leader);
             let mut logs: Vec<(NodeId, Seq, Vec<Record>)> = Vec::new();
-            for id in &replicas {
+            // A node back on an empty disk holds nothing its peers counted on (they refuse it).
+            for id in replicas.iter().filter(|id| Some(**id) != self.lost_disk) {
                 let node = &self.nodes[id];
                 // An evicted replica's HW is its log's checkpoint.
                 let active_hw =

@@ -298,6 +298,12 @@ impl World {
             if params.hurried_timings {
                 crate::params::hurry(&mut config, params.seed);
             }
+            if params.disk_loss {
+                // The emptied node never comes back: its ISR places are given to others within the run
+                // (by default a down member is replaced after 30 s, longer than the healed phase).
+                let soon = std::time::Duration::from_secs(3);
+                config.controller.replace_down_after = config.controller.replace_down_after.min(soon);
+            }
             let kv = Arc::new(MemoryKv::new());
             let log = Arc::new(MemoryLog::new(LogLimits::default()));
             let clock_rate_ppm = clock::NodeClock::skewed_rate(
@@ -594,7 +600,8 @@ impl World {
                     let frame = tidings::frame::decode(&bytes, &limits).ok();
                     frame.is_some_and(|f| self.lost_disk_identity == Some(f.storage))
                 };
-                let must_refuse = Some(from) == self.lost_disk && self.must_refuse_lost_disk() && names_new_disk();
+                let must_refuse =
+                    Some(from) == self.lost_disk && from != to && self.must_refuse_lost_disk() && names_new_disk();
                 let Some(core) = self.nodes.get_mut(&to).and_then(|n| n.core.as_mut()) else { return };
                 match core.handle_frame(local, from, &bytes) {
                     Ok(()) if must_refuse => {
