@@ -149,21 +149,35 @@ impl Controller {
         }
         // Fewer live ISR members than MinISR: nothing commits until a replica that has been down for
         // `replace_down_after` is replaced by a live node that keeps no copy yet. First, before a drain:
-        // a drained replica moves only once its channel commits (a leader's move waits for it to drain),
-        // and a member that never comes back (a node its peers refuse for its storage identity) would
-        // hold the channel for good.
+        // a drained replica moves only with MinISR live members left to hold what is committed, and a
+        // member that never comes back (a node its peers refuse for its storage identity) would hold
+        // the channel, or the drain, for good.
         let live = meta.isr.iter().filter(|n| !self.is_down(**n, now)).count();
-        if live < usize::from(meta.min_isr) {
+        // Moving a drained ISR member away needs MinISR live members besides it to hold the records.
+        let live_besides_drained = meta.isr.iter().filter(|n| !self.is_down(**n, now) && Some(**n) != drained).count();
+        if live_besides_drained < usize::from(meta.min_isr) {
             let long_down =
                 |n: &NodeId| self.liveness.silent_for(*n, now).is_some_and(|d| d >= self.config.replace_down_after);
             let down = meta.isr.iter().copied().find(long_down);
-            // A learner on a drained node, when nothing else can take the place: the channel commits
-            // again, and the drain moves that replica on once another node can take it.
+            // A drained node, when nothing else can take the place (a learner there first, it holds a
+            // copy): the channel commits again, and the drain moves that replica on once another node
+            // can take it.
             let learner_up = |from: NodeId| {
                 let mut learners = meta.replicas.iter().copied().filter(|n| *n != from && !meta.in_isr(*n));
                 learners.find(|n| !self.is_down(*n, now))
             };
-            let target = |from: NodeId| self.replacement_for(&meta, from, now).or_else(|| learner_up(from));
+            let drained_up = || {
+                let mut key = Vec::new();
+                meta.channel.encode_key(&mut key);
+                let candidates = self.liveness.peers().chain(std::iter::once(self.me));
+                rendezvous::best(&key, candidates.filter(|n| !meta.is_replica(*n) && !self.is_down(*n, now)))
+            };
+            // Never a member already in the ISR (`replacement_for` may give a drained replica up to one of
+            // the channel's other replicas): the ISR must gain a member.
+            let target = |from: NodeId| {
+                let undrained = self.replacement_for(&meta, from, now).filter(|to| !meta.in_isr(*to));
+                undrained.or_else(|| learner_up(from)).or_else(drained_up)
+            };
             if let Some((from, to)) = down.and_then(|from| Some((from, target(from)?))) {
                 tracing::info!(channel = %meta.channel, %from, %to, "repair: ISR below MinISR, replacing a replica that is down");
                 let _ = self.start_replace(now, None, meta, from, to);
@@ -413,6 +427,36 @@ pub(super) mod tests {
         let full = led_away_from_its_preferred_replica();
         assert_eq!(small.replacement_for(&full, n(2), now), None);
         assert!(matches!(small.start_replace(now, None, full, n(2), n(3)), Err(TaskError::CannotJoin(_))));
+    }
+
+    /// An ISR member down for good (a node its peers refuse for its storage identity, say) is replaced
+    /// before a drained replica moves: the drained one could move only with MinISR live members left to
+    /// hold what is committed. With every other node drained, a drained node takes the down member's
+    /// place rather than leave the channel unable to commit. (The simulator's lost disks found both: a
+    /// drain that timed out again and again, and a channel left below MinISR for good.)
+    #[test]
+    fn a_member_down_for_good_is_replaced_before_a_drained_one_moves_and_on_a_drained_node_if_need_be() {
+        let nodes = [n(1), n(2), n(3), n(4)];
+        let config = ControllerConfig::default();
+        let mut controller = Controller::new(config.clone(), n(1), &nodes, 3, 1, Time::ZERO);
+        // Node 3 silent since the start, the others heard lately.
+        let now = Time::ZERO + config.replace_down_after + Duration::from_millis(1);
+        for node in [n(2), n(4)] {
+            controller.heard(node, now);
+        }
+        controller.scan.draining.insert(n(2));
+        // Node 1 leads, node 2 is drained, node 3 is down: moving node 2 away would leave one live member.
+        let meta = led_away_from_its_preferred_replica(); // replicas and ISR 2, 1, 3
+        controller.consider(now, meta.clone());
+        assert_eq!(controller.tasks[&meta.channel].kind, TaskKind::Replace { from: n(3), to: n(4) });
+        // Node 4 drained as well: nowhere undrained to go, so a drained node takes the place.
+        let mut controller = Controller::new(config, n(1), &nodes, 3, 1, Time::ZERO);
+        for node in [n(2), n(4)] {
+            controller.heard(node, now);
+        }
+        controller.scan.draining.extend([n(2), n(4)]);
+        controller.consider(now, meta.clone());
+        assert_eq!(controller.tasks[&meta.channel].kind, TaskKind::Replace { from: n(3), to: n(4) });
     }
 
     /// A replacement that has fenced nothing yet gives way to a failover at the first repair pass that

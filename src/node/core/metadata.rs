@@ -247,13 +247,21 @@ impl NodeCore {
     /// Where to reach slot group `group`: its known leader, else some node, a different one every
     /// `CONTACT_ROTATION` (replica moves may have taken the group away from its configured members; a
     /// member reached forwards, and the leader's hint in its answer is remembered).
+    /// The turn passes over this node when it keeps no replica of the group (it could only answer
+    /// itself that it knows no leader) and over nodes the failure detector holds down, while any other
+    /// is left.
     pub(super) fn group_contact(&self, group: GroupId) -> Option<NodeId> {
         self.known_group_leader(group).or_else(|| {
             let nodes = &self.config.nodes;
             let rotation = u64::try_from(CONTACT_ROTATION.as_millis()).unwrap_or(u64::MAX);
             let turn = self.now.as_millis() / rotation + u64::from(group.get());
-            let index = usize::try_from(turn % u64::try_from(nodes.len()).unwrap_or(1).max(1)).unwrap_or(0);
-            nodes.get(index).copied()
+            let start = usize::try_from(turn % u64::try_from(nodes.len()).unwrap_or(1).max(1)).unwrap_or(0);
+            let me = self.config.node;
+            let useful = |node: &NodeId| {
+                (*node != me || self.slot.groups().any(|g| g == group)) && !self.controller.is_down(*node, self.now)
+            };
+            let mut ring = (0..nodes.len()).map(|i| nodes[(start + i) % nodes.len()]);
+            ring.find(useful).or_else(|| nodes.get(start).copied())
         })
     }
 
