@@ -119,6 +119,8 @@ fn main() {
         }),
         FrameBody::Slot(SlotMessage { group: GroupId::new(2), body: SlotBody::Raft(vec![8, 3, 16, 2]) }),
         FrameBody::Node(NodeMessage::StorageRefused { known: StorageId::new(77) }),
+        FrameBody::Node(NodeMessage::StorageHello),
+        FrameBody::Node(NodeMessage::StorageAccepted { storage: StorageId::new(0x5eed) }),
     ];
     for (i, body) in bodies.into_iter().enumerate() {
         let frame = Frame { cluster: 1, from: NodeId::new(2), storage: StorageId::new(0x5eed), body };

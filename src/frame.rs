@@ -34,8 +34,9 @@ use tidings_types::{NodeId, StorageId};
 /// version by restarting its nodes together, not one at a time.
 ///
 /// Version 2: pull answers carry how far the leader's fanout finished (`PullBody::Records::fanned_through`).
-/// Version 3: every frame names the sender's storage identity (`Frame::storage`), and a node tells a
-/// peer whose identity it refuses (`NodeMessage::StorageRefused`).
+/// Version 3: every frame names the sender's storage identity (`Frame::storage`), a node tells a peer
+/// whose identity it refuses (`NodeMessage::StorageRefused`), and one held back until a majority took
+/// its identity asks for it (`StorageHello`, `StorageAccepted`).
 pub const FRAME_VERSION: u8 = 3;
 
 const MAGIC: [u8; 2] = *b"TD";

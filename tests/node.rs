@@ -836,9 +836,9 @@ fn a_replica_moved_off_a_real_node_has_its_log_forgotten_there_and_nothing_is_lo
 
 /// A real node (threads, sled, the runtime's frame gate on the receiving thread) started again on an
 /// emptied data directory: its peers refuse every frame it sends, channel messages included, it says
-/// so in its status, and the others go on; once each peer forgot its old identity (the lost-directory
-/// procedure's last step, after a drain — which three nodes have no spare node for), its frames are
-/// taken again.
+/// so in its status, holds itself back, and the others go on; once each peer forgot its old identity
+/// (the lost-directory procedure's last step, after a drain — which three nodes have no spare node
+/// for), its frames are taken again and it is released.
 #[test]
 fn a_real_node_back_on_an_emptied_directory_is_refused_until_its_peers_forget_its_old_identity() {
     let (dir, mesh, ids, mut nodes, ch) = three_nodes_with_channel("wiped");
@@ -855,6 +855,7 @@ fn a_real_node_back_on_an_emptied_directory_is_refused_until_its_peers_forget_it
         _ => Err(NodeError::TimedOut),
     });
     assert!(nodes[2].status().unwrap().storage_refused_by.iter().all(|(_, known)| *known == old));
+    assert!(nodes[2].status().unwrap().storage_quarantined, "held back: no majority took its identity");
     assert!(refused(&nodes[0]) > 0 && refused(&nodes[1]) > 0);
     // The other two commit on their own (MinISR 2), and what was acknowledged before reads back.
     let second = eventually(|| nodes[1].append(ch.clone(), record("after"))?.wait())[0];
@@ -870,4 +871,8 @@ fn a_real_node_back_on_an_emptied_directory_is_refused_until_its_peers_forget_it
         refused(node) == before
     };
     assert!(taken(&nodes[0]) && taken(&nodes[1]), "refused after its old identity was forgotten");
+    eventually(|| match nodes[2].status()?.storage_quarantined {
+        false => Ok(()),
+        true => Err(NodeError::TimedOut),
+    });
 }

@@ -1,7 +1,8 @@
 //! Storage identities on a virtual-time cluster: a node started again on an empty disk without being
 //! drained is refused by every peer that knew it — none of its raft messages, votes included, nor its
-//! channel messages reach them — it says so in its status, and the others go on without losing anything;
-//! a node restarted on its own disk is taken back as before. (The drained case, where the new identity
+//! channel messages reach them — and held back (it takes nothing they send), it says so in its status,
+//! and the others go on without losing anything; a node restarted on its own disk is taken back as
+//! before, and a new cluster's nodes take each other's identities as they start. (The drained case, where the new identity
 //! is taken, is `slot_moves::a_node_whose_disk_is_lost_is_drained_while_down_and_then_starts_on_an_empty_disk`.)
 
 mod support;
@@ -53,10 +54,17 @@ fn a_node_back_on_an_empty_disk_without_a_drain_is_refused_and_nothing_is_lost()
     assert_ne!(new, old, "a new directory draws a new identity");
     cluster.run_for(5_000);
 
-    // Both peers refuse it and tell it so; it reports both.
+    // Both peers refuse it and tell it so; it reports both, and stays held back: no majority took its
+    // identity.
     assert!(refused(&mut cluster, 1) > 0 && refused(&mut cluster, 2) > 0);
-    let refusing = cluster.core(3).status().storage_refused_by;
-    assert_eq!(refusing, vec![(NodeId::new(1), old), (NodeId::new(2), old)]);
+    let status = cluster.core(3).status();
+    assert_eq!(status.storage_refused_by, vec![(NodeId::new(1), old), (NodeId::new(2), old)]);
+    assert!(status.storage_quarantined);
+    // Held back, it took nothing its peers sent: it knows no leader of any group and no channel.
+    for group in config.table().groups() {
+        assert_eq!(cluster.core(3).slot().status(group).and_then(|s| s.leader), None, "{group}");
+    }
+    assert!(cluster.core(3).reader().runtime_meta(&room).unwrap().is_none());
     // Its replicas hear the groups' leaders, but nothing of theirs is heard: no vote of theirs made a
     // leader, and to every leader it is silent (raft-rs's `recent_active`: no message from it lately).
     for group in config.table().groups() {
@@ -74,8 +82,8 @@ fn a_node_back_on_an_empty_disk_without_a_drain_is_refused_and_nothing_is_lost()
     for (seq, text) in &acked {
         assert!(read.iter().any(|r| r.seq == *seq && r.payload.as_ref() == text.as_bytes()), "lost {seq} {text}");
     }
-    // Its empty log took none of them: no pull of its reached the leader.
-    assert!(read_all(cluster.core(3), &room).map_or(true, |records| records.is_empty()));
+    // Its empty log took none of them, and it serves no read of the channel.
+    assert!(read_all(cluster.core(3), &room).is_err());
     // A metadata write through a peer commits without it.
     let answer = cluster.call(1, |core, now, id| {
         core.create_channel(
@@ -96,10 +104,12 @@ fn a_node_restarted_on_its_own_disk_keeps_its_identity_and_is_taken_back() {
     cluster.create_channel(1, &room);
     let before = append_acked(&mut cluster, 1, &room, "before", 3);
     let old = cluster.core(2).storage_id();
+    assert!((1..=3).all(|n| !cluster.core(n).status().storage_quarantined), "a new cluster's nodes took each other");
     cluster.crash(2);
     cluster.run_for(1_000);
     cluster.restart(2);
     assert_eq!(cluster.core(2).storage_id(), old);
+    assert!(!cluster.core(2).status().storage_quarantined, "its directory recorded that a majority took it");
     cluster.run_for(3_000);
     let after = append_acked(&mut cluster, 2, &room, "after", 3);
     assert_eq!(before.len() + after.len(), 6, "appends through the restarted node commit");

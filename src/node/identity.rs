@@ -33,6 +33,7 @@
 use crate::frame::FrameError;
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tidings_store::{IdentityStore, StoreResult};
 use tidings_types::{NodeId, StorageId, Time};
@@ -42,6 +43,8 @@ const TELL_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long a peer's frames are refused, without one of its known identity between, before it is sent
 /// nothing more.
 const CUT_OFF_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often a node held back says hello to its peers.
+const HELLO_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 /// How long a peer's refusal shows in `NodeStatus::storage_refused_by` after it was last heard.
 const REFUSAL_SHOWN_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -55,6 +58,10 @@ const REFUSAL_SHOWN_FOR: std::time::Duration = std::time::Duration::from_secs(10
 pub(crate) struct KnownStorages {
     own: StorageId,
     table: RwLock<PeerTable>,
+    /// This node is held back until a majority of the cluster took its identity (see
+    /// [`Identities::quarantined`]): every inbound frame goes to the core, which takes only identity
+    /// messages meanwhile.
+    quarantined: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -81,10 +88,15 @@ impl KnownStorages {
         self.table.read().refused.contains(&node)
     }
 
+    /// `true` while this node is held back (see [`Identities::quarantined`]).
+    pub(crate) fn quarantined(&self) -> bool {
+        self.quarantined.load(Ordering::Acquire)
+    }
+
     /// A table knowing no peer, for the unit tests of the parts that send frames.
     #[cfg(test)]
     pub(crate) fn for_tests() -> Arc<Self> {
-        Arc::new(Self { own: StorageId::new(1), table: RwLock::default() })
+        Arc::new(Self { own: StorageId::new(1), table: RwLock::default(), quarantined: AtomicBool::new(false) })
     }
 
     fn set(&self, node: NodeId, known: Option<StorageId>, refused: bool) {
@@ -120,16 +132,34 @@ pub(crate) struct Identities {
     refused_since: BTreeMap<NodeId, Time>,
     /// Peers that refuse this node: the identity they know for it, and when they last said so.
     refused_by: BTreeMap<NodeId, (StorageId, Time)>,
+    /// While held back: the peers that took this node's identity so far, and when to ask the others
+    /// again (`None` once released).
+    quarantine: Option<Quarantine>,
+    /// Nodes that make a majority of the cluster, this one included.
+    majority: usize,
+}
+
+/// A node held back until a majority of the cluster took its identity.
+#[derive(Debug)]
+struct Quarantine {
+    accepted_by: Vec<NodeId>,
+    next_hello: Time,
 }
 
 impl Identities {
     /// This directory's identity (drawn with `draw` if it has none yet: a new or emptied directory)
-    /// and the peers' identities it recorded.
-    pub(crate) fn open(store: IdentityStore, draw: impl FnOnce() -> u64) -> StoreResult<Self> {
+    /// and the peers' identities it recorded, for a node of a cluster of `nodes` (this one included).
+    /// Held back until a majority of them took its identity, unless its directory recorded that
+    /// already or it is the cluster's only node.
+    pub(crate) fn open(store: IdentityStore, nodes: usize, now: Time, draw: impl FnOnce() -> u64) -> StoreResult<Self> {
         let own = store.own_or_create(draw)?;
         let known: BTreeMap<NodeId, StorageId> = store.peers()?.into_iter().collect();
+        let majority = nodes / 2 + 1;
+        let quarantine =
+            (majority > 1 && !store.accepted()?).then(|| Quarantine { accepted_by: Vec::new(), next_hello: now });
         let table = PeerTable { known: known.iter().map(|(n, s)| (*n, *s)).collect(), refused: Vec::new() };
-        let shared = Arc::new(KnownStorages { own, table: RwLock::new(table) });
+        let quarantined = AtomicBool::new(quarantine.is_some());
+        let shared = Arc::new(KnownStorages { own, table: RwLock::new(table), quarantined });
         Ok(Self {
             store,
             known,
@@ -137,12 +167,66 @@ impl Identities {
             told: BTreeMap::new(),
             refused_since: BTreeMap::new(),
             refused_by: BTreeMap::new(),
+            quarantine,
+            majority,
         })
+    }
+
+    /// `true` while this node is held back: its directory's identity was not taken by a majority of
+    /// the cluster yet (a new cluster's first start, or a node started on a new or emptied directory).
+    /// It then takes no frame but identity messages and sends none but its hellos, so that a node its
+    /// peers refuse builds nothing from what they sent before they heard from it — no channel it
+    /// would lead with an empty log, no HW it never had — and serves nothing from it.
+    pub(crate) fn quarantined(&self) -> bool {
+        self.quarantine.is_some()
+    }
+
+    /// When to say hello again while held back.
+    pub(crate) fn next_hello(&self) -> Option<Time> {
+        self.quarantine.as_ref().map(|q| q.next_hello)
+    }
+
+    /// `true` if a hello is due (and files the next one).
+    pub(crate) fn hello_due(&mut self, now: Time) -> bool {
+        match self.quarantine.as_mut() {
+            Some(q) if q.next_hello <= now => {
+                q.next_hello = now + HELLO_EVERY;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `peer` took this node's identity `storage` (its answer to a hello). `true` if that releases this
+    /// node: a majority of the cluster, this one included, took it (recorded durably first).
+    pub(crate) fn accepted_by(&mut self, peer: NodeId, storage: StorageId) -> StoreResult<bool> {
+        let own = self.own();
+        let majority = self.majority;
+        let Some(q) = self.quarantine.as_mut() else { return Ok(false) };
+        if storage != own {
+            return Ok(false);
+        }
+        if !q.accepted_by.contains(&peer) {
+            q.accepted_by.push(peer);
+        }
+        if q.accepted_by.len() + 1 < majority {
+            return Ok(false);
+        }
+        self.store.set_accepted()?;
+        self.quarantine = None;
+        self.shared.quarantined.store(false, Ordering::Release);
+        tracing::info!(%own, "a majority of the cluster took this node's storage identity");
+        Ok(true)
     }
 
     /// This node's storage identity.
     pub(crate) fn own(&self) -> StorageId {
         self.shared.own
+    }
+
+    /// The identity recorded for `node`, if any.
+    pub(crate) fn known(&self, node: NodeId) -> Option<StorageId> {
+        self.known.get(&node).copied()
     }
 
     /// The table the runtime's receiving threads check frames against.
@@ -254,7 +338,7 @@ mod tests {
     use tidings_store::{Kv, MemoryKv};
 
     fn identities(kv: &Arc<MemoryKv>, own: u64) -> Identities {
-        Identities::open(IdentityStore::new(kv.clone()), || own).unwrap()
+        Identities::open(IdentityStore::new(kv.clone()), 3, Time::ZERO, || own).unwrap()
     }
 
     const PEER: NodeId = NodeId::new(2);
@@ -307,6 +391,25 @@ mod tests {
         kv.sync().unwrap();
         kv.crash();
         assert!(identities(&kv, 9).check(t0, PEER, StorageId::new(21)).is_ok());
+    }
+
+    #[test]
+    fn a_node_is_held_back_until_a_majority_took_its_identity_and_its_directory_remembers() {
+        let kv = Arc::new(MemoryKv::new());
+        let mut ids = identities(&kv, 1); // one of three nodes: itself and one peer make a majority
+        assert!(ids.quarantined() && ids.shared().quarantined());
+        assert!(ids.hello_due(Time::ZERO));
+        assert!(!ids.hello_due(Time::ZERO + HELLO_EVERY / 2), "one hello per interval");
+        assert_eq!(ids.next_hello(), Some(Time::ZERO + HELLO_EVERY));
+        assert!(!ids.accepted_by(PEER, StorageId::new(9)).unwrap(), "an answer about another identity");
+        assert!(ids.quarantined());
+        assert!(ids.accepted_by(PEER, StorageId::new(1)).unwrap());
+        assert!(!ids.quarantined() && !ids.shared().quarantined() && ids.next_hello().is_none());
+        kv.crash();
+        assert!(!identities(&kv, 1).quarantined(), "released for good: the directory recorded it");
+        // Alone in its cluster, a node is its own majority.
+        let alone = Identities::open(IdentityStore::new(Arc::new(MemoryKv::new())), 1, Time::ZERO, || 5).unwrap();
+        assert!(!alone.quarantined());
     }
 
     #[test]

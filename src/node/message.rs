@@ -63,6 +63,15 @@ pub enum NodeMessage {
         /// The identity the sender knows for the receiver.
         known: tidings_types::StorageId,
     },
+    /// A node held back until a majority of the cluster took its storage identity (a new cluster's
+    /// first start, or a node on a new directory) asks whether the receiver takes the identity its
+    /// frame names: answered `StorageAccepted`, or refused.
+    StorageHello,
+    /// The answer to a `StorageHello`: the sender took this identity for the receiver.
+    StorageAccepted {
+        /// The identity taken.
+        storage: tidings_types::StorageId,
+    },
     /// A controller task asks a replica for its durable evidence under `meta` (a committed, fenced meta:
     /// the replica applies it first, so it froze before it answers).
     EvidenceRequest {

@@ -311,7 +311,10 @@ impl Node {
         let is_member = |node: NodeId| gate.nodes.contains(&node);
         let input = match decode_from(&bytes, from, gate.cluster, is_member, &gate.limits) {
             Err(_) => Input::Frame { from, bytes },
-            Ok(frame) if !gate.storages.matches(frame.from, frame.storage) => Input::Frame { from, bytes },
+            // A sender's other identity, or this node held back: the core decides.
+            Ok(frame) if !gate.storages.matches(frame.from, frame.storage) || gate.storages.quarantined() => {
+                Input::Frame { from, bytes }
+            }
             Ok(Frame { body: FrameBody::Channel(message), .. }) => return self.to_reactors(from, vec![message]),
             Ok(Frame { body: FrameBody::Channels(messages), .. }) => return self.to_reactors(from, messages),
             Ok(Frame { body, .. }) => Input::Decoded { from, body },

@@ -13,6 +13,8 @@ use tidings_types::{NodeId, StorageId};
 
 /// Key of this directory's own identity.
 const OWN_KEY: &[u8] = b"own";
+/// Key of the mark that a majority of the cluster took this directory's identity.
+const ACCEPTED_KEY: &[u8] = b"accepted";
 /// Prefix of the keys of peers' identities (followed by the node id, big-endian).
 const PEER_PREFIX: &[u8] = b"peer/";
 /// Peers read at most: a cluster's nodes are configured, a few hundred at the very most.
@@ -43,6 +45,21 @@ impl IdentityStore {
         // Durable before any frame names it: peers that saw it would refuse a node that drew another.
         self.kv.sync()?;
         Ok(id)
+    }
+
+    /// `true` once [`IdentityStore::set_accepted`] was made durable: a majority of the cluster took this
+    /// directory's identity, so the node is no longer held back as one on a directory its peers may
+    /// refuse.
+    pub fn accepted(&self) -> StoreResult<bool> {
+        Ok(self.kv.get(Keyspace::Identity, ACCEPTED_KEY)?.is_some())
+    }
+
+    /// Marks this directory's identity accepted by a majority of the cluster, durably.
+    pub fn set_accepted(&self) -> StoreResult<()> {
+        let mut batch = KvBatch::new();
+        batch.put(Keyspace::Identity, ACCEPTED_KEY.to_vec(), &[1]);
+        self.kv.apply(batch)?;
+        self.kv.sync()
     }
 
     /// Every peer identity recorded, by node.
@@ -103,6 +120,18 @@ mod tests {
         assert_eq!(id, StorageId::new(42));
         kv.crash();
         assert_eq!(IdentityStore::new(kv).own_or_create(|| 7).unwrap(), id, "drawn once, durable at once");
+    }
+
+    #[test]
+    fn acceptance_is_durable_and_an_emptied_directory_has_none() {
+        let kv = Arc::new(MemoryKv::new());
+        let store = IdentityStore::new(kv.clone());
+        store.own_or_create(|| 3).unwrap();
+        assert!(!store.accepted().unwrap());
+        store.set_accepted().unwrap();
+        kv.crash();
+        assert!(IdentityStore::new(kv).accepted().unwrap());
+        assert!(!IdentityStore::new(Arc::new(MemoryKv::new())).accepted().unwrap());
     }
 
     #[test]

@@ -120,6 +120,16 @@ pub enum NodeEffect {
     },
 }
 
+/// `true` for the messages that settle storage identities: all a node held back takes and sends.
+fn is_identity_message(body: &FrameBody) -> bool {
+    matches!(
+        body,
+        FrameBody::Node(
+            NodeMessage::StorageHello | NodeMessage::StorageAccepted { .. } | NodeMessage::StorageRefused { .. }
+        )
+    )
+}
+
 /// The sans-IO core of one node. Drive it like a channel machine: `handle_*` with the current time, then
 /// drain [`NodeCore::poll_effect`]; call [`NodeCore::handle_tick`] at [`NodeCore::poll_timeout`].
 ///
@@ -197,7 +207,7 @@ impl NodeCore {
         raft_config.seed = config.seed ^ config.node.get().wrapping_mul(0x9e37_79b9_7f4a_7c15);
         raft_config.boot_id = config.boot_id;
         let draw = || draw_storage_id(config.seed, config.node, config.boot_id);
-        let identities = Identities::open(meta.identity(), draw)?;
+        let identities = Identities::open(meta.identity(), config.nodes.len(), now, draw)?;
         let slot = MultiRaft::open(raft_config, logs, meta.clone(), config.table(), &members, now)?;
         // Routes start from what this node learned of slot migrations before it stopped.
         let learned = slot.table();
@@ -290,6 +300,9 @@ impl NodeCore {
 
     /// When to call [`NodeCore::handle_tick`] next.
     pub fn poll_timeout(&self) -> Time {
+        if let Some(hello) = self.identities.next_hello() {
+            return hello;
+        }
         let controller =
             self.controller.poll_timeout().min(self.preferred.poll_timeout()).min(self.migrations.poll_timeout());
         let mut next = self.slot.poll_timeout().min(controller);
@@ -305,6 +318,16 @@ impl NodeCore {
     /// or a forwarded reply.
     pub fn handle_tick(&mut self, now: Time) {
         self.advance(now);
+        if self.identities.quarantined() {
+            // Held back: nothing runs but the hellos that may release it (see `node::identity`).
+            if self.identities.hello_due(self.now) {
+                let peers: Vec<NodeId> = self.config.nodes.iter().copied().filter(|n| *n != self.config.node).collect();
+                for peer in peers {
+                    self.send_node(peer, NodeMessage::StorageHello);
+                }
+            }
+            return;
+        }
         self.slot.handle_tick(self.now);
         self.controller.tick(self.now, &self.slot, &self.reader);
         self.drive_migrations();
@@ -390,6 +413,10 @@ impl NodeCore {
     }
 
     fn handle_frame_body(&mut self, from: NodeId, body: FrameBody) {
+        if self.identities.quarantined() && !is_identity_message(&body) {
+            // Held back until a majority took this node's identity (see `node::identity`).
+            return;
+        }
         self.controller.heard(from, self.now);
         match body {
             FrameBody::Slot(message) => self.slot.handle_message(self.now, from, message),
@@ -536,6 +563,17 @@ impl NodeCore {
             }
             NodeMessage::Ping => {}
             NodeMessage::StorageRefused { known } => self.identities.refused_by(self.now, from, known),
+            NodeMessage::StorageHello => {
+                // The frame passed the identity check: the identity recorded for `from` is the one it names.
+                if let Some(storage) = self.identities.known(from) {
+                    self.send_node(from, NodeMessage::StorageAccepted { storage });
+                }
+            }
+            NodeMessage::StorageAccepted { storage } => match self.identities.accepted_by(from, storage) {
+                Ok(true) => self.tell_shards_what_is_served(),
+                Ok(false) => {}
+                Err(error) => tracing::error!(%error, "could not record that the cluster took this node's identity"),
+            },
             NodeMessage::EvidenceRequest { task, meta } => {
                 self.controller.meta_seen(self.now, &meta);
                 self.feed_shard(&meta.channel.clone(), ShardInput::Evidence { from, task, meta });
@@ -601,9 +639,11 @@ impl NodeCore {
     }
 
     fn send(&mut self, to: NodeId, body: FrameBody) {
-        // A peer refused for its storage identity hears only that (see `node::identity`).
-        let notice = matches!(body, FrameBody::Node(NodeMessage::StorageRefused { .. }));
-        if !notice && self.identities.shared().refuses(to) {
+        // A peer refused for its storage identity hears only that, and a node held back until a majority
+        // took its identity says only hello (see `node::identity`).
+        let identity = is_identity_message(&body);
+        let refused = matches!(body, FrameBody::Node(NodeMessage::StorageRefused { .. }));
+        if (!identity && self.identities.quarantined()) || (!refused && self.identities.shared().refuses(to)) {
             return;
         }
         let (cluster, from, storage) = (self.config.cluster, self.config.node, self.identities.own());

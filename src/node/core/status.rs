@@ -75,6 +75,11 @@ pub struct NodeStatus {
     /// it: this node was started on a new or emptied data directory without being drained first, and
     /// takes part in nothing with them (see "A lost data directory" in `docs/operations.md`).
     pub storage_refused_by: Vec<(NodeId, StorageId)>,
+    /// This node is held back until a majority of the cluster took its storage identity (a new
+    /// cluster's first start, for a round trip; a node on a new or emptied directory its peers refuse,
+    /// for good): it takes no frame but identity messages and sends none but its hellos, so it knows no
+    /// leader and no channel, and its calls fail or time out.
+    pub storage_quarantined: bool,
     /// Channel activations refused because `active_channels_max` replicas were active and none idle.
     pub refused_activations: u64,
     /// Raft messages in accepted frames that the slot layer refused (see `MultiRaft::refused_messages`).
@@ -158,6 +163,7 @@ impl NodeCore {
             refused_frames: self.refused_frames.clone(),
             storage_id: self.identities.own(),
             storage_refused_by: self.identities.refusing(self.now),
+            storage_quarantined: self.identities.quarantined(),
             refused_activations: 0,
             refused_raft_messages: self.slot.refused_messages(),
             stale_messages: self.slot.stale_messages(),
