@@ -5,7 +5,7 @@
 mod support;
 
 use bytes::Bytes;
-use support::{force_meta, read_all, with_fence, Cluster};
+use support::{append_acked, force_meta, read_all, with_fence, Cluster};
 use tidings::channel::machine::AppendRecord;
 use tidings::node::{NodeConfig, NodeError, TaskBlocked, TaskError, TaskKind, TaskReport};
 use tidings::slot::model::SwitchProof;
@@ -42,27 +42,6 @@ fn reports(cluster: &mut Cluster, channel: &ChannelId) -> Vec<TaskReport> {
         found.extend(cluster.core(n).status().finished_tasks.into_iter().filter(|r| &r.channel == channel));
     }
     found
-}
-
-/// Appends `count` messages one by one through `via`, each retried until acknowledged; returns their seqs.
-fn append_acked(cluster: &mut Cluster, via: u64, channel: &ChannelId, tag: &str, count: usize) -> Vec<(Seq, String)> {
-    let mut acked = Vec::new();
-    for i in 0..count {
-        let text = format!("{tag}-{i}");
-        let seq = 'retry: {
-            for _ in 0..50 {
-                let id = cluster.append(via, channel, &[&text]);
-                cluster.run_for(300);
-                if let Some(seqs) = cluster.appended.get(&id) {
-                    break 'retry seqs[0];
-                }
-                cluster.run_for(200);
-            }
-            panic!("{text} never acknowledged: {:?}", cluster.results);
-        };
-        acked.push((seq, text));
-    }
-    acked
 }
 
 /// Every acknowledged message is readable on node `n`, in seq order, once.

@@ -7,8 +7,8 @@
 
 mod support;
 
-use support::{read_all, Cluster};
-use tidings::types::{ChannelId, ChannelType, GroupId, NodeId, Seq};
+use support::{append_acked, read_all, Cluster};
+use tidings::types::{ChannelId, ChannelType, GroupId, NodeId};
 
 fn channel(name: &str) -> ChannelId {
     ChannelId::new(ChannelType::GROUP, name).unwrap()
@@ -16,20 +16,6 @@ fn channel(name: &str) -> ChannelId {
 
 fn refused(cluster: &mut Cluster, node: u64) -> u64 {
     cluster.core(node).status().refused_frames.get("storage_changed").copied().unwrap_or(0)
-}
-
-/// Appends `count` messages through node `via` one at a time; the seqs and texts acknowledged.
-fn append_acked(cluster: &mut Cluster, via: u64, room: &ChannelId, tag: &str, count: usize) -> Vec<(Seq, String)> {
-    let mut acked = Vec::new();
-    for i in 0..count {
-        let text = format!("{tag}-{i}");
-        let id = cluster.append(via, room, &[&text]);
-        cluster.run_for(300);
-        if let Some(seqs) = cluster.appended.get(&id) {
-            acked.push((seqs[0], text));
-        }
-    }
-    acked
 }
 
 #[test]

@@ -297,6 +297,33 @@ impl Cluster {
     }
 }
 
+/// Appends `count` messages one by one through `via`, each retried until acknowledged; returns their seqs.
+pub fn append_acked(
+    cluster: &mut Cluster,
+    via: u64,
+    channel: &ChannelId,
+    tag: &str,
+    count: usize,
+) -> Vec<(Seq, String)> {
+    let mut acked = Vec::new();
+    for i in 0..count {
+        let text = format!("{tag}-{i}");
+        let seq = 'retry: {
+            for _ in 0..50 {
+                let id = cluster.append(via, channel, &[&text]);
+                cluster.run_for(300);
+                if let Some(seqs) = cluster.appended.get(&id) {
+                    break 'retry seqs[0];
+                }
+                cluster.run_for(200);
+            }
+            panic!("{text} never acknowledged: {:?}", cluster.results);
+        };
+        acked.push((seq, text));
+    }
+    acked
+}
+
 /// Every committed message of `channel` on `core`, read page by page (a read returns at most
 /// `read_records_max` records).
 pub fn read_all(core: &mut NodeCore, channel: &ChannelId) -> Result<Vec<Record>, NodeError> {
