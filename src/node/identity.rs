@@ -43,6 +43,8 @@ const TELL_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long a peer's frames are refused, without one of its known identity between, before it is sent
 /// nothing more.
 const CUT_OFF_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often the refusal of a peer is logged while it lasts.
+const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 /// How often a node held back says hello to its peers.
 const HELLO_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 /// How long a peer's refusal shows in `NodeStatus::storage_refused_by` after it was last heard.
@@ -128,6 +130,8 @@ pub(crate) struct Identities {
     shared: Arc<KnownStorages>,
     /// Refused peers: when each was last told.
     told: BTreeMap<NodeId, Time>,
+    /// Refused peers: when the refusal was last logged.
+    logged: BTreeMap<NodeId, Time>,
     /// Peers whose frames are refused: since when, without a frame of their known identity between.
     refused_since: BTreeMap<NodeId, Time>,
     /// Peers that refuse this node: the identity they know for it, and when they last said so.
@@ -165,6 +169,7 @@ impl Identities {
             known,
             shared,
             told: BTreeMap::new(),
+            logged: BTreeMap::new(),
             refused_since: BTreeMap::new(),
             refused_by: BTreeMap::new(),
             quarantine,
@@ -261,7 +266,12 @@ impl Identities {
                 let tell = self.told.get(&node).is_none_or(|at| now >= *at + TELL_EVERY);
                 if tell {
                     self.told.insert(node, now);
-                    tracing::error!(%node, %known, %storage, "refusing a node that came back on another data directory without being drained");
+                    // Logged when it starts and then once a minute (it is told once a second).
+                    let logged = self.logged.get(&node).is_some_and(|at| now < *at + LOG_EVERY);
+                    if !logged {
+                        self.logged.insert(node, now);
+                        tracing::error!(%node, %known, %storage, "refusing a node that came back on another data directory without being drained");
+                    }
                 }
                 Err((FrameError::StorageChanged { node, known, got: storage }, tell))
             }
@@ -275,6 +285,7 @@ impl Identities {
         let Some(known) = self.known.remove(&node) else { return Ok(false) };
         self.shared.set(node, None, false);
         self.told.remove(&node);
+        self.logged.remove(&node);
         self.refused_since.remove(&node);
         tracing::warn!(%node, %known, "forgot a peer's storage identity: the next one it names is taken");
         self.store.forget_peer(node)?;
