@@ -8,7 +8,8 @@
 mod support;
 
 use support::{append_acked, read_all, Cluster};
-use tidings::types::{ChannelId, ChannelType, GroupId, NodeId};
+use tidings::store::message::MessageLog;
+use tidings::types::{ChannelId, ChannelType, GroupId, NodeId, Seq};
 
 fn channel(name: &str) -> ChannelId {
     ChannelId::new(ChannelType::GROUP, name).unwrap()
@@ -101,4 +102,34 @@ fn a_node_restarted_on_its_own_disk_keeps_its_identity_and_is_taken_back() {
     assert_eq!(before.len() + after.len(), 6, "appends through the restarted node commit");
     assert_eq!(refused(&mut cluster, 1) + refused(&mut cluster, 3), 0);
     assert!(cluster.core(2).status().storage_refused_by.is_empty());
+}
+
+/// Two nodes of three back on emptied disks together (more than any majority quorum survives): they
+/// take each other's identities, but the third refuses both, and they stay held back — the cluster
+/// stops rather than start afresh, with nothing, beside the records the third holds.
+#[test]
+fn two_nodes_of_three_back_on_emptied_disks_stay_held_back_beside_the_third() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    let room = channel("two-lost");
+    cluster.create_channel(1, &room);
+    let acked = append_acked(&mut cluster, 1, &room, "before", 3);
+    for n in [2, 3] {
+        cluster.crash(n);
+        cluster.restart_empty(n);
+    }
+    cluster.run_for(5_000);
+    for n in [2, 3] {
+        let status = cluster.core(n).status();
+        assert!(status.storage_quarantined, "n{n} released beside the node that refuses it");
+        assert_eq!(status.storage_refused_by.iter().map(|(peer, _)| peer.get()).collect::<Vec<_>>(), vec![1]);
+        assert!(status.groups.iter().all(|g| g.leader.is_none()), "n{n} elected nothing: {:?}", status.groups);
+    }
+    // The node that kept its disk still holds what was acknowledged (in its log: its HW may lag the
+    // leader's, and nothing commits any more).
+    let limits = tidings::store::message::ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
+    let log = cluster.nodes[&NodeId::new(1)].log.read(&room, Seq::new(1), Seq::new(u64::MAX), limits).unwrap();
+    for (seq, text) in &acked {
+        assert!(log.iter().any(|r| r.seq == *seq && r.payload.as_ref() == text.as_bytes()), "n1 lost {seq}");
+    }
 }

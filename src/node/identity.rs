@@ -45,6 +45,8 @@ const TELL_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 const CUT_OFF_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// How often the refusal of a peer is logged while it lasts.
 const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a node held back waits, once a majority took its identity, for a later refusal.
+const RELEASE_AFTER: std::time::Duration = std::time::Duration::from_millis(300);
 /// How often a node held back says hello to its peers.
 const HELLO_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 /// How long a peer's refusal shows in `NodeStatus::storage_refused_by` after it was last heard.
@@ -148,6 +150,8 @@ pub(crate) struct Identities {
 struct Quarantine {
     accepted_by: Vec<NodeId>,
     next_hello: Time,
+    /// Since when a majority took the identity with no peer refusing it.
+    majority_since: Option<Time>,
 }
 
 impl Identities {
@@ -159,8 +163,11 @@ impl Identities {
         let own = store.own_or_create(draw)?;
         let known: BTreeMap<NodeId, StorageId> = store.peers()?.into_iter().collect();
         let majority = nodes / 2 + 1;
-        let quarantine =
-            (majority > 1 && !store.accepted()?).then(|| Quarantine { accepted_by: Vec::new(), next_hello: now });
+        let quarantine = (majority > 1 && !store.accepted()?).then(|| Quarantine {
+            accepted_by: Vec::new(),
+            next_hello: now,
+            majority_since: None,
+        });
         let table = PeerTable { known: known.iter().map(|(n, s)| (*n, *s)).collect(), refused: Vec::new() };
         let quarantined = AtomicBool::new(quarantine.is_some());
         let shared = Arc::new(KnownStorages { own, table: RwLock::new(table), quarantined });
@@ -203,24 +210,40 @@ impl Identities {
     }
 
     /// `peer` took this node's identity `storage` (its answer to a hello). `true` if that releases this
-    /// node: a majority of the cluster, this one included, took it (recorded durably first).
-    pub(crate) fn accepted_by(&mut self, peer: NodeId, storage: StorageId) -> StoreResult<bool> {
-        let own = self.own();
-        let majority = self.majority;
+    /// node (see [`Identities::try_release`]).
+    pub(crate) fn accepted_by(&mut self, now: Time, peer: NodeId, storage: StorageId) -> StoreResult<bool> {
         let Some(q) = self.quarantine.as_mut() else { return Ok(false) };
-        if storage != own {
+        if storage != self.shared.own {
             return Ok(false);
         }
         if !q.accepted_by.contains(&peer) {
             q.accepted_by.push(peer);
         }
-        if q.accepted_by.len() + 1 < majority {
+        self.try_release(now)
+    }
+
+    /// Releases this node if a majority of the cluster, this one included, took its identity, no peer
+    /// refused it lately, and `RELEASE_AFTER` went by since that was so — time for a refusal from a
+    /// peer that answers later than the majority to arrive: two nodes of three back on emptied
+    /// directories take each other, and the third, refusing both, holds both back (the cluster stops
+    /// rather than start afresh beside the records it holds; were the third down then, nothing could
+    /// tell). The release is recorded durably first. `true` if it released this node now.
+    pub(crate) fn try_release(&mut self, now: Time) -> StoreResult<bool> {
+        let refused = self.refused_by.values().any(|(_, at)| now < *at + REFUSAL_SHOWN_FOR);
+        let majority = self.majority;
+        let Some(q) = self.quarantine.as_mut() else { return Ok(false) };
+        if refused || q.accepted_by.len() + 1 < majority {
+            q.majority_since = None;
+            return Ok(false);
+        }
+        let since = *q.majority_since.get_or_insert(now);
+        if now < since + RELEASE_AFTER {
             return Ok(false);
         }
         self.store.set_accepted()?;
         self.quarantine = None;
         self.shared.quarantined.store(false, Ordering::Release);
-        tracing::info!(%own, "a majority of the cluster took this node's storage identity");
+        tracing::info!(own = %self.shared.own, "a majority of the cluster took this node's storage identity");
         Ok(true)
     }
 
@@ -314,6 +337,9 @@ impl Identities {
         if known == self.own() {
             // A refusal of an earlier identity of this directory's? Cannot be: ignore a confused peer.
             return;
+        }
+        if let Some(q) = self.quarantine.as_mut() {
+            q.majority_since = None;
         }
         if self.refused_by.insert(peer, (known, now)).is_none() {
             tracing::error!(
@@ -412,15 +438,35 @@ mod tests {
         assert!(ids.hello_due(Time::ZERO));
         assert!(!ids.hello_due(Time::ZERO + HELLO_EVERY / 2), "one hello per interval");
         assert_eq!(ids.next_hello(), Some(Time::ZERO + HELLO_EVERY));
-        assert!(!ids.accepted_by(PEER, StorageId::new(9)).unwrap(), "an answer about another identity");
+        let t0 = Time::ZERO;
+        assert!(!ids.accepted_by(t0, PEER, StorageId::new(9)).unwrap(), "an answer about another identity");
         assert!(ids.quarantined());
-        assert!(ids.accepted_by(PEER, StorageId::new(1)).unwrap());
+        assert!(!ids.accepted_by(t0, PEER, StorageId::new(1)).unwrap(), "a majority, waiting for a later refusal");
+        assert!(!ids.try_release(t0 + RELEASE_AFTER / 2).unwrap());
+        assert!(ids.try_release(t0 + RELEASE_AFTER).unwrap());
         assert!(!ids.quarantined() && !ids.shared().quarantined() && ids.next_hello().is_none());
         kv.crash();
         assert!(!identities(&kv, 1).quarantined(), "released for good: the directory recorded it");
         // Alone in its cluster, a node is its own majority.
         let alone = Identities::open(IdentityStore::new(Arc::new(MemoryKv::new())), 1, Time::ZERO, || 5).unwrap();
         assert!(!alone.quarantined());
+    }
+
+    /// Two nodes of three back on emptied directories take each other; the third refuses both, and they
+    /// stay held back: the cluster stops rather than start afresh beside what the third holds.
+    #[test]
+    fn a_majority_that_one_peer_refuses_releases_nobody() {
+        let kv = Arc::new(MemoryKv::new());
+        let mut ids = identities(&kv, 1);
+        let t0 = Time::ZERO;
+        assert!(!ids.accepted_by(t0, PEER, StorageId::new(1)).unwrap());
+        ids.refused_by(t0 + RELEASE_AFTER / 2, NodeId::new(3), StorageId::new(8));
+        assert!(!ids.try_release(t0 + RELEASE_AFTER * 2).unwrap());
+        assert!(ids.quarantined());
+        // Once every peer took it (an operator had them forget the old identity), the refusals age out.
+        let later = t0 + RELEASE_AFTER / 2 + REFUSAL_SHOWN_FOR;
+        assert!(!ids.accepted_by(later, NodeId::new(3), StorageId::new(1)).unwrap());
+        assert!(ids.try_release(later + RELEASE_AFTER).unwrap());
     }
 
     #[test]

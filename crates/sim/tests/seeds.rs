@@ -396,3 +396,16 @@ fn a_seed_whose_moved_replica_trusted_its_own_stale_meta_passes() {
 fn a_seed_whose_new_leader_found_no_room_to_be_retried_passes() {
     assert_passes(&run(SimParams { hurried_timings: true, clock_skew: true, ..pinned(320000242) }));
 }
+
+/// A slot group's leader lost its disk right after leaving a joint configuration whose leaving voter it
+/// had already let go, before the other members learnt that the joint configuration ended: holding it
+/// still, they needed a quorum of the old voters — the lost leader and the voter gone — and never
+/// elected again. A leaving voter now goes only once every member heard from lately knows its removal
+/// committed (351001530, a lost disk with hurried timings and skewed clocks).
+#[test]
+fn a_seed_whose_slot_group_lost_its_old_quorum_mid_move_passes() {
+    let params =
+        SimParams { disk_loss: true, hurried_timings: true, clock_skew: true, ..SimParams::from_seed(351001530) };
+    assert!(params.disk_loss_possible());
+    assert_passes(&run(params));
+}

@@ -320,6 +320,14 @@ impl NodeCore {
         self.advance(now);
         if self.identities.quarantined() {
             // Held back: nothing runs but the hellos that may release it (see `node::identity`).
+            match self.identities.try_release(self.now) {
+                Ok(true) => {
+                    self.tell_shards_what_is_served();
+                    return;
+                }
+                Ok(false) => {}
+                Err(error) => tracing::error!(%error, "could not record that the cluster took this node's identity"),
+            }
             if self.identities.hello_due(self.now) {
                 let peers: Vec<NodeId> = self.config.nodes.iter().copied().filter(|n| *n != self.config.node).collect();
                 for peer in peers {
@@ -569,7 +577,7 @@ impl NodeCore {
                     self.send_node(from, NodeMessage::StorageAccepted { storage });
                 }
             }
-            NodeMessage::StorageAccepted { storage } => match self.identities.accepted_by(from, storage) {
+            NodeMessage::StorageAccepted { storage } => match self.identities.accepted_by(self.now, from, storage) {
                 Ok(true) => self.tell_shards_what_is_served(),
                 Ok(false) => {}
                 Err(error) => tracing::error!(%error, "could not record that the cluster took this node's identity"),

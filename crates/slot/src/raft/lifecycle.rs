@@ -41,8 +41,9 @@ impl MultiRaft {
         }
         if g.raw.raft.state == StateRole::Leader && !g.has_member(from.get()) {
             // A replica this group removed (it may not have learnt it): tell it, so it destroys itself.
-            let removed = removal(g);
-            self.send(from, group, removed);
+            if let Some(removed) = removal(g) {
+                self.send(from, group, removed);
+            }
             return;
         }
         // raft-rs refuses local-only message types from the wire; other errors are stale messages.

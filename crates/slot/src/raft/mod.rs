@@ -144,6 +144,16 @@ impl Group {
         self.raw.raft.prs().get(node).is_some()
     }
 
+    /// On a leader: `true` once every other member heard from lately (raft-rs `recent_active`) reported a
+    /// commit index at or past the membership change in force (`config_epoch`), so each has applied it.
+    /// A member silent meanwhile is not waited for: one down for good (a node refused for its storage
+    /// identity) would keep every removed replica of the group for ever.
+    fn members_committed_conf(&self) -> bool {
+        let (me, epoch) = (self.raw.raft.id, self.config_epoch);
+        let applied = |progress: &raft::Progress| !progress.recent_active || progress.committed_index >= epoch;
+        self.raw.raft.prs().iter().all(|(id, progress)| *id == me || applied(progress))
+    }
+
     /// raft-rs draws a new election timeout from a thread-local RNG whenever it resets its election
     /// clock; each draw is replaced by one from the group's seeded stream, so a run is reproducible and
     /// members that once timed out together (a split vote) draw different timeouts next round.
@@ -234,9 +244,14 @@ const BATCH_PROPOSALS_MAX: usize = 256;
 /// How often a replica outside its own configuration asks its leader whether it is still a member.
 const MEMBER_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// The answer of a leader to a replica its configuration does not include.
-fn removal(g: &Group) -> SlotBody {
-    SlotBody::Removed { config_epoch: g.config_epoch, last_index: g.raw.raft.raft_log.last_index() }
+/// The answer of a leader to a replica its configuration does not include — only once every member
+/// heard from lately knows the change that left it out committed (each applies it then). Until they do, they count the
+/// replica in the configuration they hold, a joint one needs it for a quorum of the old voters, and
+/// were the leader lost meanwhile (its disk with it), the rest could not elect without it (simulator
+/// seed 351001530). The replica asks again (`MEMBER_CHECK_INTERVAL`), or its next message asks.
+fn removal(g: &Group) -> Option<SlotBody> {
+    g.members_committed_conf()
+        .then(|| SlotBody::Removed { config_epoch: g.config_epoch, last_index: g.raw.raft.raft_log.last_index() })
 }
 
 impl MultiRaft {
@@ -663,8 +678,9 @@ impl MultiRaft {
                 if let Some(g) = self.groups.get(&group) {
                     let leader = g.raw.raft.leader_id;
                     if g.raw.raft.state == StateRole::Leader && !g.has_member(from.get()) {
-                        let removed = removal(g);
-                        self.send(from, group, removed);
+                        if let Some(removed) = removal(g) {
+                            self.send(from, group, removed);
+                        }
                     } else if leader != 0 && leader != from.get() && !g.has_member(from.get()) {
                         // The asker's idea of the group may predate this leader: tell it whom to ask.
                         self.send(from, group, SlotBody::MemberCheckHint { leader: NodeId::new(leader) });
