@@ -27,8 +27,9 @@
 //!
 //! What this does not catch: a directory restored from an older copy keeps its identity (and lost what
 //! came after the copy); a node that loses its directory before any peer recorded its identity (a
-//! record is durable with the peer's next slot-store sync); and two nodes of three that lose theirs
-//! together, which then know only each other (beyond what any majority quorum survives).
+//! record is durable with the peer's next slot-store sync at once); and two nodes of three that lose
+//! theirs together while the third is down, which then take each other (beyond what any majority
+//! quorum survives; with the third up, its refusal holds both back: see `Identities::try_release`).
 
 use crate::frame::FrameError;
 use parking_lot::RwLock;
