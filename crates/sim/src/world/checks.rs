@@ -290,22 +290,6 @@ impl World {
         }
     }
 
-    /// A node back on an empty disk was refused by its peers (`storage_changed` frames).
-    fn check_lost_disk_refused(&mut self) {
-        let refusals: u64 = self
-            .nodes
-            .values()
-            .filter_map(|n| n.core.as_ref())
-            .map(|c| c.status().refused_frames.get("storage_changed").copied().unwrap_or(0))
-            .sum();
-        self.faults.storage_refusals += refusals;
-        if let Some(lost) = self.lost_disk {
-            if refusals == 0 && self.must_refuse_lost_disk() {
-                self.oracle.violation(format!("{lost} came back on an empty disk and no peer refused it"));
-            }
-        }
-    }
-
     /// One append, through a random node, to every channel that has not acknowledged a probe yet.
     pub(super) fn probe(&mut self) {
         let waiting: BTreeSet<ChannelId> = self.probes.values().cloned().collect();

@@ -3,6 +3,7 @@
 
 mod checks;
 mod clock;
+mod disk_loss;
 mod senders;
 mod workload;
 
@@ -19,7 +20,7 @@ use tidings::slot::command::RoutingKey;
 use tidings::slot::model::Uid;
 use tidings::slot::model::{ChannelFlags, ChannelInfo};
 use tidings::store::message::{LogBatch, LogFailOp, LogLimits, LogOp, MemoryLog, MessageLog, ReadLimits};
-use tidings::store::{IdentityStore, Kv, MemoryKv, MetaStore, RaftLogStore};
+use tidings::store::{Kv, MemoryKv, MetaStore, RaftLogStore};
 use tidings::types::{ChannelId, ChannelType, DetRng, HashSlot, NodeId, Seq, Time};
 
 /// What a run did, and what it found.
@@ -390,12 +391,7 @@ impl World {
 
         self.faulty = true;
         self.requests_on = true;
-        if self.params.disk_loss {
-            let mut own = DetRng::new(self.params.seed ^ crate::params::DISK_LOSS_STREAM ^ 0x7768_656e);
-            let node = NodeId::new(own.range(1, self.params.nodes));
-            let after = own.range(self.params.safety_ms / 5, self.params.safety_ms * 4 / 5);
-            self.schedule(self.now + Duration::from_millis(after), Event::LoseDisk { node });
-        }
+        self.schedule_disk_loss();
         self.run_for(self.params.safety_ms);
         self.faulty = false;
         // Liveness: everything healed, no new client requests; every request must be answered in time
@@ -593,22 +589,15 @@ impl World {
                     return;
                 }
                 // Every frame a node sends is well formed: a refusal here is a bug, but for the frames of a
-                // node back on an empty disk, which its peers must refuse.
-                // What the lost node sent before it lost its disk names its old identity: taken as ever.
-                let names_new_disk = || {
-                    let limits = tidings::frame::FrameLimits::default();
-                    let frame = tidings::frame::decode(&bytes, &limits).ok();
-                    frame.is_some_and(|f| self.lost_disk_identity == Some(f.storage))
-                };
-                let must_refuse =
-                    Some(from) == self.lost_disk && from != to && self.must_refuse_lost_disk() && names_new_disk();
+                // node back on an empty disk, which its peers must refuse (see `disk_loss`).
+                let must_refuse = self.must_refuse_frame(from, to, &bytes);
                 let Some(core) = self.nodes.get_mut(&to).and_then(|n| n.core.as_mut()) else { return };
                 match core.handle_frame(local, from, &bytes) {
                     Ok(()) if must_refuse => {
                         self.oracle.violation(format!("{to} took a frame of {from}, back on an empty disk"));
                     }
-                    Ok(()) | Err(FrameError::StorageChanged { .. }) if Some(from) == self.lost_disk => {}
                     Ok(()) => {}
+                    Err(FrameError::StorageChanged { .. }) if Some(from) == self.lost_disk => {}
                     Err(error) => self.oracle.violation(format!("{to} refused a frame from {from}: {error}")),
                 }
                 self.mix(&now.as_millis().to_le_bytes());
@@ -665,37 +654,6 @@ impl World {
             }
             Event::LoseDisk { node } => self.lose_disk(node),
         }
-    }
-
-    /// `id` crashes and its stores are replaced by empty ones: it starts again (`restart_ms` later, or
-    /// when healed) as on a new disk, without having been drained.
-    fn lose_disk(&mut self, id: NodeId) {
-        self.crash(id);
-        let node = self.nodes.get_mut(&id).expect("known node");
-        let old: Arc<dyn Kv> = node.kv.clone();
-        node.kv = Arc::new(MemoryKv::new());
-        node.log = Arc::new(MemoryLog::new(LogLimits::default()));
-        if self.params.unsafe_disk_loss_keeps_identity {
-            let own = IdentityStore::new(old).own_or_create(|| 0).expect("memory kv reads");
-            let new: Arc<dyn Kv> = node.kv.clone();
-            IdentityStore::new(new).own_or_create(|| own.get()).expect("memory kv writes");
-        }
-        if std::env::var("SIM_DEBUG").is_ok() {
-            eprintln!("{:?} {id} lost its disk", self.now);
-        }
-        self.lost_disk = Some(id);
-        self.faults.disks_lost += 1;
-    }
-
-    /// Whether every peer must refuse the node back on an empty disk: every peer knew its first identity
-    /// since setup (nothing in the workload forgets one), unless the run is the unsafe one that keeps it.
-    pub(super) fn must_refuse_lost_disk(&self) -> bool {
-        !self.params.unsafe_disk_loss_keeps_identity
-    }
-
-    /// The nodes requests go through (and operator calls name): all but one that lost its disk.
-    pub(super) fn serving_nodes(&self) -> Vec<NodeId> {
-        self.nodes.keys().copied().filter(|id| Some(*id) != self.lost_disk).collect()
     }
 
     /// Runs `io` on node `node`'s core, its message log and its clock's reading of now, if the node
