@@ -7,7 +7,7 @@
 //! static, so nothing else tells such a node from the one it was. Each data directory therefore draws a
 //! [`StorageId`] when it is first initialized (kept in it, durable before any frame names it), every
 //! frame names its sender's, and each node records the first identity it sees of every peer
-//! ([`tidings_store::IdentityStore`], durable with the next sync of the slot stores).
+//! ([`tidings_store::IdentityStore`], synced at once).
 //!
 //! A frame naming another identity than the one recorded is refused before anything reads its body
 //! ([`FrameError::StorageChanged`](crate::frame::FrameError::StorageChanged), counted in
@@ -15,6 +15,12 @@
 //! ([`NodeMessage::StorageRefused`](super::NodeMessage::StorageRefused)), so that it can say why it
 //! hears from nobody (`NodeStatus::storage_refused_by`, and an error in its log). Its raft messages,
 //! votes included, never reach raft-rs; its pulls, acknowledgements and evidence never reach a channel.
+//!
+//! A node holds itself back ([`Identities::quarantined`]) until a majority of the cluster took its
+//! identity and none refused it: it takes no frame but identity messages and sends none but hellos.
+//! A new cluster's nodes release each other within a round trip; a node back on an emptied directory
+//! stays held back, so it builds nothing from what its peers sent before they heard from it, and
+//! serves nothing.
 //!
 //! The one way back is the procedure for a lost directory (`docs/operations.md`): drain the node while
 //! it is down; once nothing is left on it, every node is told to forget the identity it knew
