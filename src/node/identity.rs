@@ -110,6 +110,12 @@ impl KnownStorages {
         Arc::new(Self { own: StorageId::new(1), table: RwLock::default(), quarantined: AtomicBool::new(false) })
     }
 
+    /// Refuses `node` as if it had come back with another identity, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn refuse_for_tests(&self, node: NodeId) {
+        self.set(node, Some(StorageId::new(2)), true);
+    }
+
     fn set(&self, node: NodeId, known: Option<StorageId>, refused: bool) {
         let mut table = self.table.write();
         table.known.retain(|(n, _)| *n != node);

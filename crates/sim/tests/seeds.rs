@@ -409,3 +409,11 @@ fn a_seed_whose_slot_group_lost_its_old_quorum_mid_move_passes() {
     assert!(params.disk_loss_possible());
     assert_passes(&run(params));
 }
+
+/// A hash slot's export whose target, owning the slot, had begun exporting it back before the source
+/// heard that the first export ended: the source started its copy over and over (the target refused
+/// it as `Imported` at the later epoch), and neither migration ever finished (353002875).
+#[test]
+fn a_seed_whose_migrated_slot_moved_on_before_its_source_heard_passes() {
+    assert_passes(&run(pinned(353002875)));
+}

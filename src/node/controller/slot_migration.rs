@@ -352,10 +352,13 @@ impl SlotMigrations {
                 }
             }
             Ok(Outcome::Refused(Refusal::Migration(SlotMigrationError::Imported { epoch })))
-                if epoch == export.epoch && export.phase != MigrationPhase::Fence =>
+                if epoch >= export.epoch && export.phase != MigrationPhase::Fence =>
             {
-                // The target took the slot over already (an earlier attempt committed): only the source's
-                // clean-up is left. The source is fenced then: nothing commits before the fence.
+                // The target took the slot over already (an earlier attempt committed), and may have given
+                // it on since — it owns the slot at a later epoch only through this export's commit:
+                // only the source's clean-up is left. The source is fenced then: nothing commits before
+                // the fence. (Sim seed 353002875: the target, owning the slot, began exporting it back
+                // before the source heard; the source started its copy over and over.)
                 export.phase = MigrationPhase::Finish;
             }
             Ok(Outcome::Refused(Refusal::Migration(SlotMigrationError::OutOfStep { found: Some(record) })))

@@ -100,6 +100,14 @@ impl ChannelShard {
             self.call_locally(CallOrigin::Local(api), &channel, call);
             return;
         }
+        if self.storages.refuses(leader) {
+            // The leader this node knows came back on an emptied directory: it answers nothing, and a
+            // forward would wait out its timeout. The channel fails over; learn the meta in force and
+            // have the caller try again.
+            self.fetch_meta(&channel);
+            self.done(api, call.kind().failed(NodeError::Append(AppendError::NotReady)));
+            return;
+        }
         let forward = self.next_id();
         self.forwarded.insert(forward, Forwarded { api, kind: call.kind(), channel: channel.clone(), leader });
         // A lost forward or reply must not leave the caller waiting forever: after the leader's own

@@ -345,8 +345,8 @@ pub(crate) struct ChannelShard {
     /// Channels whose log may belong to no replica here, waiting for their authoritative meta (at most
     /// `stray::STRAY_CANDIDATES_MAX`).
     stray: BTreeMap<ChannelId, stray::StrayCandidate>,
-    /// Logs being forgotten, by the token of their forget (see `stray`).
-    forgetting: BTreeMap<ChannelId, PersistToken>,
+    /// Logs being forgotten: the token of each forget, and what its replica knew (see `stray`).
+    forgetting: BTreeMap<ChannelId, stray::Forgetting>,
     id_base: u64,
     id_counter: u64,
     next_incarnation: u64,
@@ -839,6 +839,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// An append for a channel whose leader this node refuses for its storage identity (it came back on
+    /// an emptied directory, and answers nothing) is not forwarded to wait out its timeout: it fails at
+    /// once, retryable, and the shard asks for the meta in force (the channel fails over).
+    #[test]
+    fn an_append_to_a_leader_refused_for_its_storage_fails_at_once_and_the_meta_is_fetched() {
+        let config = NodeConfig::new(NodeId::new(1), (1..=3).map(NodeId::new).collect());
+        let mut shard = test_shard(config, Arc::new(tidings_store::message::MemoryLog::new(Default::default())));
+        let channel = ChannelId::new(ChannelType::GROUP, "led-by-a-lost-node").unwrap();
+        let replicas = vec![NodeId::new(2), NodeId::new(3)];
+        let meta = ChannelRuntimeMeta {
+            channel: channel.clone(),
+            version: 1,
+            leader: NodeId::new(2),
+            isr: replicas.clone(),
+            replicas,
+            min_isr: 1,
+            epoch: tidings_types::Epoch::new(1),
+            leader_epoch: LeaderEpoch::new(1),
+            write_fence: None,
+            retention_through: Seq::new(0),
+        };
+        shard.handle(Time::ZERO, ShardInput::Meta { meta, stored_here: false });
+        shard.storages.refuse_for_tests(NodeId::new(2));
+        let append = ShardInput::Append { api: ApiId(7), channel: channel.clone(), sender: None, records: Vec::new() };
+        shard.handle(Time::ZERO, append);
+        let outputs: Vec<ShardOutput> = std::iter::from_fn(|| shard.poll_output()).collect();
+        let done = outputs.iter().any(|o| {
+            matches!(o, ShardOutput::Effect(NodeEffect::Done { id: ApiId(7), result: ApiResult::Appended(Err(error)) })
+                if error.remedy() == crate::node::Remedy::Retry)
+        });
+        assert!(done, "answered at once, retryable: {outputs:?}");
+        assert!(outputs.iter().any(|o| matches!(o, ShardOutput::FetchMeta(c) if *c == channel)));
+        assert!(!outputs.iter().any(|o| matches!(o, ShardOutput::Effect(NodeEffect::Send { .. }))), "no forward");
     }
 
     #[test]

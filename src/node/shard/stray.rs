@@ -21,13 +21,21 @@ use std::time::Duration;
 use tidings_channel::machine::PersistToken;
 use tidings_store::message::{LogBatch, LogOp};
 use tidings_store::StoreError;
-use tidings_types::{ChannelId, ChannelRuntimeMeta, Time};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, Seq, Time};
 
 /// Most candidates a shard has filed at once: more wait for a later pass of the sweep.
 pub(super) const STRAY_CANDIDATES_MAX: usize = 64;
 /// A candidate whose authoritative read did not come back within this is withdrawn (the next pass of
 /// the sweep files it again).
 const CONFIRM_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A log being forgotten: the forget's token, and the HW and fanout progress its replica knew when it
+/// left memory, for its next incarnation should the forget fail.
+#[derive(Debug)]
+pub(super) struct Forgetting {
+    token: PersistToken,
+    floor: Option<(Seq, Seq)>,
+}
 
 /// A channel whose log may belong to no replica here, waiting for its authoritative meta.
 #[derive(Debug)]
@@ -96,16 +104,18 @@ impl ChannelShard {
     /// the store to forget its log, leaving the tombstone `version` (the meta that named no replica
     /// here): activation refuses any meta at or below it (see `activation`).
     fn forget_log(&mut self, channel: &ChannelId, version: u64) {
-        self.deactivate(channel);
+        // HW and fanout progress as the replica knew them: a failed forget leaves the log, and its next
+        // incarnation keeps them, as after any retirement (its checkpointed HW may trail what it knew).
+        let kept = self.carried_over.remove(channel);
+        let floor = self.deactivate(channel).map(|machine| (machine.hw(), machine.fanned_through())).or(kept);
         self.resumable.remove(channel);
-        self.carried_over.remove(channel);
         self.pulls_in_flight.remove(channel);
         self.cannot_lead.remove(channel);
         self.to_activate.remove(channel);
         // An incarnation of its own: no machine's completion can be taken for it.
         let token = PersistToken { incarnation: self.next_incarnation, generation: 0, id: 0 };
         self.next_incarnation += 1;
-        self.forgetting.insert(channel.clone(), token);
+        self.forgetting.insert(channel.clone(), Forgetting { token, floor });
         tracing::info!(%channel, node = %self.config.node, "forgetting the log of a replica moved away");
         let batch = LogBatch::new(channel.clone(), vec![LogOp::Forget { version }]);
         self.outputs.push_back(ShardOutput::Effect(NodeEffect::Persist { token, batch }));
@@ -119,14 +129,21 @@ impl ChannelShard {
         token: PersistToken,
         result: &Result<(), StoreError>,
     ) -> bool {
-        if self.forgetting.get(channel) != Some(&token) {
+        if self.forgetting.get(channel).is_none_or(|forgetting| forgetting.token != token) {
             return false;
         }
-        self.forgetting.remove(channel);
+        let Some(Forgetting { floor, .. }) = self.forgetting.remove(channel) else { return false };
         match result {
             Ok(()) => self.counters.stray_logs_forgotten += 1,
-            // Nothing changed in the store: a later pass of the sweep tries again.
-            Err(error) => tracing::warn!(%channel, node = %self.config.node, %error, "could not forget a log"),
+            // Nothing changed in the store: a later pass of the sweep tries again, and meanwhile the log
+            // is what it was, HW included (sim seed 354000256: added back at once, the replica showed the
+            // HW its store had checkpointed, below the one it had known).
+            Err(error) => {
+                tracing::warn!(%channel, node = %self.config.node, %error, "could not forget a log");
+                if let Some(floor) = floor {
+                    self.carried_over.insert(channel.clone(), floor);
+                }
+            }
         }
         self.log.release_caches(channel);
         let me = self.config.node;
@@ -285,6 +302,29 @@ mod tests {
         let ask = filed(&mut shard);
         shard.handle(now, ShardInput::StrayConfirmed { channel: room(), ask, meta: None });
         assert!(forget_asked(&outputs(&mut shard)).is_none());
+    }
+
+    /// A forget that fails leaves the log as it was, and its next incarnation keeps the HW and fanout
+    /// progress its replica knew (its store's checkpoint may trail them); a forget that lands drops them
+    /// with the log (sim seed 354000256: added back after a failed forget, a replica showed its
+    /// checkpointed HW, below the one it had known).
+    #[test]
+    fn what_a_replica_knew_outlives_a_failed_forget_and_goes_with_a_forgotten_log() {
+        for fails in [true, false] {
+            let (mut shard, log) = new_shard();
+            // Taken out of memory before it was quiescent (a retirement): it knew HW 3, its store none.
+            shard.carried_over.insert(room(), (Seq::new(3), Seq::new(2)));
+            let token = confirmed_removed(&mut shard);
+            assert!(!shard.carried_over.contains_key(&room()), "set aside while the forget runs");
+            let result = if fails {
+                Err(StoreError::io("test", std::io::Error::other("injected")))
+            } else {
+                log.commit(LogBatch::new(room(), vec![LogOp::Forget { version: 5 }]))
+            };
+            shard.handle(Time::ZERO, ShardInput::Persisted { channel: room(), token, result });
+            let kept = shard.carried_over.get(&room()).copied();
+            assert_eq!(kept, fails.then_some((Seq::new(3), Seq::new(2))), "forget failed: {fails}");
+        }
     }
 
     /// A confirmed stray log is forgotten; meanwhile the replica is not activated, even by a meta that
