@@ -15,6 +15,15 @@ fn channel(name: &str) -> ChannelId {
     ChannelId::new(ChannelType::GROUP, name).unwrap()
 }
 
+/// A settled three-node cluster with `room` created through n1 and three appends ("before-N") acknowledged.
+fn cluster_with_acked(room: &ChannelId) -> (Cluster, Vec<(Seq, String)>) {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    cluster.create_channel(1, room);
+    let acked = append_acked(&mut cluster, 1, room, "before", 3);
+    (cluster, acked)
+}
+
 fn refused(cluster: &mut Cluster, node: u64) -> u64 {
     cluster.core(node).status().refused_frames.get("storage_changed").copied().unwrap_or(0)
 }
@@ -85,11 +94,8 @@ fn a_node_back_on_an_empty_disk_without_a_drain_is_refused_and_nothing_is_lost()
 
 #[test]
 fn a_node_restarted_on_its_own_disk_keeps_its_identity_and_is_taken_back() {
-    let mut cluster = Cluster::new(3);
-    cluster.run_for(3_000);
     let room = channel("kept");
-    cluster.create_channel(1, &room);
-    let before = append_acked(&mut cluster, 1, &room, "before", 3);
+    let (mut cluster, before) = cluster_with_acked(&room);
     let old = cluster.core(2).storage_id();
     assert!((1..=3).all(|n| !cluster.core(n).status().storage_quarantined), "a new cluster's nodes took each other");
     cluster.crash(2);
@@ -109,11 +115,8 @@ fn a_node_restarted_on_its_own_disk_keeps_its_identity_and_is_taken_back() {
 /// stops rather than start afresh, with nothing, beside the records the third holds.
 #[test]
 fn two_nodes_of_three_back_on_emptied_disks_stay_held_back_beside_the_third() {
-    let mut cluster = Cluster::new(3);
-    cluster.run_for(3_000);
     let room = channel("two-lost");
-    cluster.create_channel(1, &room);
-    let acked = append_acked(&mut cluster, 1, &room, "before", 3);
+    let (mut cluster, acked) = cluster_with_acked(&room);
     for n in [2, 3] {
         cluster.crash(n);
         cluster.restart_empty(n);
