@@ -4,7 +4,8 @@
 //! acknowledged: a node started again on a new or emptied data directory must not be taken for the
 //! node it was. So a directory draws a [`StorageId`] when it is first initialized and keeps it; every
 //! frame a node sends names it, and each node keeps the first identity it saw of every peer here,
-//! in the same store as its raft state (durable with the next sync of the slot stores).
+//! in the same store as its raft state (durable with the next sync of the slot stores, which the node
+//! asks for as soon as it records a peer's first identity).
 
 use crate::error::{CorruptLocation, StoreError, StoreResult};
 use crate::kv::{Direction, KeyRange, Keyspace, Kv, KvBatch};
@@ -39,9 +40,7 @@ impl IdentityStore {
             return decode(&bytes).ok_or_else(|| corrupt(OWN_KEY.to_vec(), "storage identity is not 8 nonzero bytes"));
         }
         let id = StorageId::new(draw().max(1));
-        let mut batch = KvBatch::new();
-        batch.put(Keyspace::Identity, OWN_KEY.to_vec(), &id.get().to_be_bytes());
-        self.kv.apply(batch)?;
+        self.put(OWN_KEY.to_vec(), &id.get().to_be_bytes())?;
         // Durable before any frame names it: peers that saw it would refuse a node that drew another.
         self.kv.sync()?;
         Ok(id)
@@ -56,9 +55,7 @@ impl IdentityStore {
 
     /// Marks this directory's identity accepted by a majority of the cluster, durably.
     pub fn set_accepted(&self) -> StoreResult<()> {
-        let mut batch = KvBatch::new();
-        batch.put(Keyspace::Identity, ACCEPTED_KEY.to_vec(), &[1]);
-        self.kv.apply(batch)?;
+        self.put(ACCEPTED_KEY.to_vec(), &[1])?;
         self.kv.sync()
     }
 
@@ -79,15 +76,20 @@ impl IdentityStore {
 
     /// Records `id` as `node`'s identity (durable with the store's next sync).
     pub fn record_peer(&self, node: NodeId, id: StorageId) -> StoreResult<()> {
-        let mut batch = KvBatch::new();
-        batch.put(Keyspace::Identity, peer_key(node), &id.get().to_be_bytes());
-        self.kv.apply(batch)
+        self.put(peer_key(node), &id.get().to_be_bytes())
     }
 
     /// Forgets `node`'s identity (durable with the store's next sync).
     pub fn forget_peer(&self, node: NodeId) -> StoreResult<()> {
         let mut batch = KvBatch::new();
         batch.delete(Keyspace::Identity, peer_key(node));
+        self.kv.apply(batch)
+    }
+
+    /// Writes one key of the identity keyspace (durable with the store's next sync).
+    fn put(&self, key: Vec<u8>, value: &[u8]) -> StoreResult<()> {
+        let mut batch = KvBatch::new();
+        batch.put(Keyspace::Identity, key, value);
         self.kv.apply(batch)
     }
 }
