@@ -410,6 +410,20 @@ fn a_seed_whose_slot_group_lost_its_old_quorum_mid_move_passes() {
     assert_passes(&run(params));
 }
 
+/// A channel's new leader lost its log to an IO error and asked for a second failover, whose evidence
+/// needed that very replica (the old leader had lost its disk). Named leader, it could not be
+/// activated to answer: the one leader's place of its shard (tight limits) was held by a busy leader,
+/// and the failover gathered evidence for good. An inactive replica now answers evidence from its
+/// stored state, with no place among the active replicas (351004376, tight limits drawn, a lost disk,
+/// hurried timings and skewed clocks).
+#[test]
+fn a_seed_whose_failover_needed_evidence_of_a_replica_with_no_room_passes() {
+    let params =
+        SimParams { disk_loss: true, hurried_timings: true, clock_skew: true, ..SimParams::from_seed(351004376) };
+    assert!(params.tight_limits && params.disk_loss_possible());
+    assert_passes(&run(params));
+}
+
 /// A hash slot's export whose target, owning the slot, had begun exporting it back before the source
 /// heard that the first export ended: the source started its copy over and over (the target refused
 /// it as `Imported` at the later epoch), and neither migration ever finished (353002875).

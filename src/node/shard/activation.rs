@@ -315,6 +315,7 @@ impl ChannelShard {
             let tries =
                 if leads { super::lifecycle::LEADER_START_TRIES } else { super::lifecycle::REFUSED_ACTIVATION_TRIES };
             self.activate_later(&channel, tries);
+            let parked = self.send_evidence_at_rest(&meta, log.state, parked);
             return self.end_parked(&channel, parked, RemoteAppendError::TooManyChannels);
         }
         self.build_machine(&channel, meta, log.state, log.recent);

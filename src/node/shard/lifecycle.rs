@@ -6,9 +6,29 @@ use super::{ChannelShard, KnownMeta, ShardOutput, FAILOVER_REQUEST_INTERVAL};
 use crate::node::controller::EvidenceReport;
 use crate::node::error::NodeError;
 use crate::node::message::NodeMessage;
+use std::sync::Arc;
 use tidings_channel::machine::{AppendAborted, ChannelMachine, RoleKind};
 use tidings_channel::reactor::shrink_if_sparse;
+use tidings_store::message::ChannelLogState;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Time};
+
+/// `machine`'s evidence for the controller's `task`, under `meta` (the one the machine holds, or the one
+/// it would be built with).
+fn evidence_reply(task: u64, machine: &ChannelMachine, meta: &ChannelRuntimeMeta) -> NodeMessage {
+    let evidence = machine.evidence();
+    let drain = machine.drain_status();
+    let report = EvidenceReport {
+        last_epoch: evidence.last_epoch,
+        last_seq: evidence.last_seq,
+        // The HW in memory: the checkpointed one may trail it, and a replacement counts holders of HW.
+        hw: drain.hw.max(evidence.hw),
+        pending_appends: u32::try_from(drain.pending_appends).unwrap_or(u32::MAX),
+        log_end: drain.log_end,
+        drained: drain.drained,
+        fenced_by: meta.write_fence.map(|f| f.task),
+    };
+    NodeMessage::EvidenceReply { task, channel: meta.channel.clone(), version: meta.version, report }
+}
 
 /// Eviction scans (one a second) at which a replica named leader while inactive is activated again
 /// until it is: its leadership has work no other input may prompt.
@@ -57,21 +77,50 @@ impl ChannelShard {
     /// Sends the active replica's evidence to the controller on `from`.
     pub(super) fn send_evidence(&mut self, from: NodeId, task: u64, channel: &ChannelId) {
         let Some(machine) = self.channels.get(channel) else { return };
-        let Some(version) = machine.meta().map(|m| m.version) else { return };
-        let evidence = machine.evidence();
-        let drain = machine.drain_status();
-        let report = EvidenceReport {
-            last_epoch: evidence.last_epoch,
-            last_seq: evidence.last_seq,
-            // The HW in memory: the checkpointed one may trail it, and a replacement counts holders of HW.
-            hw: drain.hw.max(evidence.hw),
-            pending_appends: u32::try_from(drain.pending_appends).unwrap_or(u32::MAX),
-            log_end: drain.log_end,
-            drained: drain.drained,
-            fenced_by: machine.meta().and_then(|m| m.write_fence).map(|f| f.task),
-        };
-        let channel = channel.clone();
-        self.send_node(from, NodeMessage::EvidenceReply { task, channel, version, report });
+        let Some(meta) = machine.meta() else { return };
+        let reply = evidence_reply(task, machine, meta);
+        self.send_node(from, reply);
+    }
+
+    /// Answers the controllers' evidence requests among `parked` for a replica left inactive for want
+    /// of room, and gives back the other inputs. Evidence needs no place among the active replicas: the
+    /// answer is what a machine built from `state` under `meta` would give before any input, and an
+    /// inactive replica runs nothing, so it is as frozen as the fence asks. Before, such a request waited
+    /// for a place: a failover whose evidence needed the replica its named leader had no place to lead
+    /// (every leader's place on its shard held by a busy leader) never gathered enough (sim seed
+    /// 351004376, tight limits).
+    pub(super) fn send_evidence_at_rest(
+        &mut self,
+        meta: &ChannelRuntimeMeta,
+        state: ChannelLogState,
+        parked: Vec<Deferred>,
+    ) -> Vec<Deferred> {
+        let channel = &meta.channel;
+        let (requests, rest): (Vec<_>, Vec<_>) =
+            parked.into_iter().partition(|input| matches!(input, Deferred::Evidence { .. }));
+        if requests.is_empty() {
+            return rest;
+        }
+        // Built as an activation builds it (see `build_machine`), never inserted: dropped with its effects.
+        let mut machine = ChannelMachine::new(
+            channel.clone(),
+            self.config.node,
+            Arc::clone(&self.machine_config),
+            self.next_incarnation,
+            self.now,
+            state,
+            Vec::new(),
+        );
+        if let Some((floor, _)) = self.carried_over.get(channel) {
+            machine.raise_hw(*floor);
+        }
+        for input in requests {
+            if let Deferred::Evidence { from, task } = input {
+                let reply = evidence_reply(task, &machine, meta);
+                self.send_node(from, reply);
+            }
+        }
+        rest
     }
 
     /// A meta arrived: keep the newest, hand it to the local replica, release appends that waited for it.
@@ -346,11 +395,13 @@ impl ChannelShard {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{ShardInput, ShardOutput};
     use super::*;
     use crate::node::config::NodeConfig;
-    use std::sync::Arc;
-    use tidings_store::message::MemoryLog;
-    use tidings_types::{ChannelType, Epoch, LeaderEpoch, Seq};
+    use crate::node::core::NodeEffect;
+    use tidings_slot::query::SlotReader;
+    use tidings_store::message::{LogBatch, LogOp, MemoryLog, Record, RecordKind};
+    use tidings_types::{ChannelType, Epoch, LeaderEpoch, Seq, Time, WriteFence};
 
     const ME: NodeId = NodeId::new(1);
 
@@ -372,6 +423,79 @@ mod tests {
         };
         shard.metas.insert(channel.clone(), KnownMeta { meta, stored_here: true });
         channel
+    }
+
+    /// Carries out the loads among the shard's outputs (each answer handled at once), and returns the
+    /// other outputs.
+    fn carry_out_loads(shard: &mut ChannelShard, log: &MemoryLog) -> Vec<ShardOutput> {
+        let reader = SlotReader::new(tidings_store::MetaStore::new(Arc::new(tidings_store::MemoryKv::new())));
+        let mut others = Vec::new();
+        while let Some(output) = shard.poll_output() {
+            match output {
+                ShardOutput::Effect(NodeEffect::Lookup(lookup)) => {
+                    shard.handle(Time::ZERO, lookup.carry_out(log, &reader).into_input());
+                }
+                other => others.push(other),
+            }
+        }
+        others
+    }
+
+    /// A replica named leader on a shard whose one leader's place a busy leader holds is not
+    /// activated, yet answers a controller's evidence request: from its stored state, as a machine
+    /// built from it would.
+    #[test]
+    fn a_replica_with_no_room_to_be_activated_answers_evidence_from_its_stored_state() {
+        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        let log = Arc::new(MemoryLog::new(Default::default()));
+        let mut shard =
+            super::super::test_shard(config, Arc::clone(&log) as Arc<dyn tidings_store::message::MessageLog>);
+        // A leader whose barrier's persist is never answered: not quiescent, never evicted.
+        let busy = known(&mut shard, "busy", 1);
+        shard.activate(&busy);
+        carry_out_loads(&mut shard, &log);
+        assert_eq!(shard.leaders_active(), 1);
+
+        let named = known(&mut shard, "named", 1);
+        let records = (1..=5)
+            .map(|seq| Record {
+                seq: Seq::new(seq),
+                kind: if seq == 1 { RecordKind::Barrier } else { RecordKind::Message },
+                leader_epoch: LeaderEpoch::new(2),
+                idempotency_key: None,
+                timestamp_ms: seq,
+                payload: bytes::Bytes::from_static(b"m"),
+            })
+            .collect();
+        let ops = vec![LogOp::Append(records), LogOp::CheckpointHw(Seq::new(4))];
+        tidings_store::message::MessageLog::commit(&*log, LogBatch::new(named.clone(), ops)).unwrap();
+        let mut fenced = shard.metas[&named].meta.clone();
+        fenced.version = 4;
+        fenced.write_fence = Some(WriteFence { task: 77, since_version: 4, freeze_replication: true });
+        shard.handle(Time::ZERO, ShardInput::Evidence { from: ME, task: 77, meta: fenced });
+        let outputs = carry_out_loads(&mut shard, &log);
+
+        assert!(!shard.channels.contains(&named), "no leader's place for it");
+        assert!(shard.counters.refused_activations > 0);
+        let replies: Vec<_> = outputs
+            .iter()
+            .filter_map(|output| match output {
+                ShardOutput::Loopback(NodeMessage::EvidenceReply { task, channel, version, report }) => {
+                    Some((*task, channel.clone(), *version, *report))
+                }
+                _ => None,
+            })
+            .collect();
+        let report = EvidenceReport {
+            last_epoch: LeaderEpoch::new(2),
+            last_seq: Seq::new(5),
+            hw: Seq::new(4),
+            pending_appends: 0,
+            log_end: Seq::new(5),
+            drained: false,
+            fenced_by: Some(77),
+        };
+        assert_eq!(replies, vec![(77, named, 4, report)]);
     }
 
     /// The file of activations to retry holds at most `active_max` channels; a leadership to start
