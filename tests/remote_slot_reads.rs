@@ -305,3 +305,37 @@ fn a_replica_that_lost_its_leader_does_not_vouch_for_a_sender() {
     let refused = append_from(&mut cluster, 3, &channel, "mallory").unwrap_err();
     assert!(refused.contains("SenderBanned"), "{refused}");
 }
+
+/// A proposal from a node outside its slot group, at a turn of the contact rotation that names another
+/// node outside the group: that contact refuses without naming a leader, and the proposal is sent on
+/// to another contact within the same turn, not to the refusing one again (sim seed 358003879: a
+/// channel leader's ISR changes went three times each to a node that had left the group, at the same
+/// turn of the rotation one proposal timeout later, and its HW stayed held under them for good).
+#[test]
+fn a_proposal_refused_by_a_contact_outside_its_group_goes_on_to_another_contact() {
+    let mut cluster = Cluster::with(5, |config| {
+        config.slot_groups = 1;
+        config.slot_replicas = 3;
+    });
+    cluster.run_for(5_000);
+    let config = cluster.nodes[&NodeId::new(1)].config.clone();
+    let (group, members) = config.slot_group_members().remove(0);
+    let outside: Vec<NodeId> = config.nodes.iter().copied().filter(|n| !members.contains(n)).collect();
+    let (refuser, asker) = (outside[0], outside[1]);
+    // The rotation (`CONTACT_ROTATION`, 500 ms) names node `(now / 500 + group) % nodes` at each turn;
+    // wait for the turn that names the refuser, at its start.
+    let position = config.nodes.iter().position(|n| *n == refuser).unwrap() as u64;
+    let nodes = config.nodes.len() as u64;
+    while (cluster.now.as_millis() / 500 + u64::from(group.get())) % nodes != position
+        || cluster.now.as_millis() % 500 != 0
+    {
+        cluster.run_for(1);
+    }
+    let uid = Uid::new("asked-outside").unwrap();
+    let user = User { uid: uid.clone(), name: "A".into(), banned: false };
+    let id = cluster.api();
+    let now = cluster.now;
+    cluster.core(asker.get()).propose(now, id, Command::PutUser(user));
+    assert!(cluster.run_until(200, |c| c.results.contains_key(&id)), "answered within the turn");
+    assert_eq!(cluster.results[&id], "Meta(Ok(()))");
+}

@@ -248,8 +248,13 @@ impl NodeCore {
     /// `CONTACT_ROTATION` (replica moves may have taken the group away from its configured members; a
     /// member reached forwards, and the leader's hint in its answer is remembered).
     /// The turn passes over this node when it keeps no replica of the group (it could only answer
-    /// itself that it knows no leader) and over nodes the failure detector holds down, while any other
-    /// is left.
+    /// itself that it knows no leader), over nodes the failure detector holds down, and over the node
+    /// that last refused a proposal of the group without naming a leader, while any other is left.
+    /// Without that last, a proposal sent on after such a refusal went to the same node again within
+    /// the turn: a node outside the group answers every time that it knows no leader (sim seed
+    /// 358003879: a channel leader's ISR changes, each sent three times to a node that had left the
+    /// group, at the same turn of the rotation a proposal timeout later, so its HW stayed held under the
+    /// unanswered proposals for good).
     pub(super) fn group_contact(&self, group: GroupId) -> Option<NodeId> {
         self.known_group_leader(group).or_else(|| {
             let nodes = &self.config.nodes;
@@ -257,8 +262,11 @@ impl NodeCore {
             let turn = self.now.as_millis() / rotation + u64::from(group.get());
             let start = usize::try_from(turn % u64::try_from(nodes.len()).unwrap_or(1).max(1)).unwrap_or(0);
             let me = self.config.node;
+            let refused = self.not_leaders.get(&group).copied();
             let useful = |node: &NodeId| {
-                (*node != me || self.slot.groups().any(|g| g == group)) && !self.controller.is_down(*node, self.now)
+                (*node != me || self.slot.groups().any(|g| g == group))
+                    && !self.controller.is_down(*node, self.now)
+                    && Some(*node) != refused
             };
             let mut ring = (0..nodes.len()).map(|i| nodes[(start + i) % nodes.len()]);
             ring.find(useful).or_else(|| nodes.get(start).copied())
