@@ -424,6 +424,18 @@ fn a_seed_whose_failover_needed_evidence_of_a_replica_with_no_room_passes() {
     assert_passes(&run(params));
 }
 
+/// A channel leader outside its slot group proposed ISR changes through the group's rotating contact,
+/// which named a node that had left the group; it refused each without naming a leader, and each was
+/// sent on to it again within the same turn of the rotation — one proposal timeout later, the same
+/// turn came round. HW stayed held under the unanswered proposals for good (358003879, tight limits
+/// and a lost disk forced on). The rotation now passes over the node that so refused.
+#[test]
+fn a_seed_whose_proposals_kept_going_to_a_node_outside_their_group_passes() {
+    let params = SimParams { tight_limits: true, disk_loss: true, ..SimParams::from_seed(358003879) };
+    assert!(params.disk_loss_possible());
+    assert_passes(&run(params));
+}
+
 /// A hash slot's export whose target, owning the slot, had begun exporting it back before the source
 /// heard that the first export ended: the source started its copy over and over (the target refused
 /// it as `Imported` at the later epoch), and neither migration ever finished (353002875).
