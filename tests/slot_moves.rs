@@ -444,3 +444,40 @@ fn a_drain_starts_moving_replicas_without_waiting_for_the_idle_pause_between_rep
     });
     assert!(moved, "the channel's replica left the drained node well within the idle pause");
 }
+
+/// A drain's move whose target then falls silent for `replace_down_after` is given up (its learner
+/// removed, the assignment kept), and the drain moves the replica to another node instead: before, it
+/// waited for the lost target until an operator aborted the move.
+#[test]
+fn a_drain_move_towards_a_node_gone_silent_is_given_up_and_goes_elsewhere() {
+    let mut cluster =
+        Cluster::with(5, |config| config.controller.replace_down_after = std::time::Duration::from_secs(5));
+    cluster.run_for(3_000);
+    let before = members(&cluster, GROUP);
+    let leader = NodeId::new(cluster.slot_leader(GROUP).unwrap());
+    let drained = *before.iter().find(|n| **n != leader).unwrap();
+    let answer = call(&mut cluster, |core, now, id| core.drain_node(now, id, drained, true));
+    assert_eq!(answer, "Meta(Ok(()))");
+    // The move the drain starts: cut its target off as soon as it is named.
+    let target_named = |c: &mut Cluster| {
+        let leader = c.slot_leader(GROUP)?;
+        let intent = c.core(leader).reader().group_intent(GROUP).ok()??;
+        intent.target_peers?.into_iter().find(|n| !before.contains(n))
+    };
+    let mut lost = None;
+    assert!(cluster.run_until(10_000, |c| {
+        lost = target_named(c);
+        lost.is_some()
+    }));
+    let lost = lost.unwrap();
+    cluster.cut.insert(lost);
+    let other = (1..=5).map(NodeId::new).find(|n| !before.contains(n) && *n != lost).unwrap();
+    let after = replaced(&before, drained, other);
+    assert!(
+        cluster.run_until(40_000, |c| moved_to(c, GROUP, &after)),
+        "the drain's replica goes to the other node: {}",
+        describe(&mut cluster, GROUP)
+    );
+    cluster.cut.remove(&lost);
+    cluster.create_channel(1, &channel("after-the-lost-target"));
+}

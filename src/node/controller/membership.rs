@@ -18,6 +18,9 @@ pub(crate) struct ClusterView<'a> {
     pub(crate) nodes: &'a [NodeId],
     /// Nodes the failure detector holds down.
     pub(crate) down: &'a BTreeSet<NodeId>,
+    /// Nodes silent for `ControllerConfig::replace_down_after` or more (a subset of `down`): a move
+    /// towards one is given up.
+    pub(crate) gone: &'a BTreeSet<NodeId>,
 }
 
 /// With no move in progress: the first drained voter starts moving to a live, undrained node outside the
@@ -64,6 +67,10 @@ pub enum MembershipStep {
     },
     /// The learner has not answered recently (down or cut off): the move waits (or is aborted).
     LearnerInactive(NodeId),
+    /// A node the move adds has been silent for `replace_down_after`: the move is given up
+    /// (`Command::AbortGroupMove`), its learner removed and the assignment kept. A drain's next step
+    /// then picks another target; an operator asks again.
+    GiveUpMove(NodeId),
     /// This node is the voter to remove: it hands its leadership to a staying voter first.
     HandOffLeadership {
         /// The staying voter.
@@ -137,6 +144,12 @@ pub(crate) fn next_step(
         }
         return MembershipStep::CommitAssignment;
     }
+    // Before its promotion only: a voter added is the joint configuration's to settle. Without this, a
+    // move (a drain's, chosen by this node) towards a node lost for good — one refused for its storage
+    // identity — waited for it until an operator aborted it.
+    if let Some(node) = add.iter().find(|n| cluster.gone.contains(n)) {
+        return MembershipStep::GiveUpMove(*node);
+    }
     if let Some(node) = add.iter().find(|n| !status.learners.contains(n)) {
         return MembershipStep::AddLearner(*node);
     }
@@ -207,7 +220,7 @@ pub(super) mod tests {
     }
 
     fn step(intent: &GroupIntent, status: &GroupStatus, down: &BTreeSet<NodeId>) -> MembershipStep {
-        next_step(intent, status, n(1), &ClusterView { nodes: &NODES, down })
+        next_step(intent, status, n(1), &ClusterView { nodes: &NODES, down, gone: &none() })
     }
 
     fn moving(target: &[u64]) -> GroupIntent {
@@ -274,6 +287,23 @@ pub(super) mod tests {
         assert_eq!(step(&aborted, &status(&[1, 2, 3], &[]), &none()), MembershipStep::CommitAssignment);
         let settled = GroupIntent { target_peers: None, ..aborted };
         assert_eq!(step(&settled, &status(&[1, 2, 3], &[]), &none()), MembershipStep::Settled);
+    }
+
+    /// A move towards a node silent for `replace_down_after` is given up, whether its learner was added
+    /// or not; a node only down (not yet gone) is waited for.
+    #[test]
+    fn a_move_towards_a_node_gone_silent_is_given_up_before_its_promotion() {
+        let intent = moving(&[1, 2, 4]);
+        let down: BTreeSet<NodeId> = [n(4)].into();
+        let gone_step = |status: &GroupStatus| {
+            next_step(&intent, status, n(1), &ClusterView { nodes: &NODES, down: &down, gone: &down })
+        };
+        assert_eq!(gone_step(&status(&[1, 2, 3], &[])), MembershipStep::GiveUpMove(n(4)));
+        assert_eq!(gone_step(&status(&[1, 2, 3], &[4])), MembershipStep::GiveUpMove(n(4)));
+        assert_eq!(step(&intent, &status(&[1, 2, 3], &[4]), &down), MembershipStep::LearnerInactive(n(4)));
+        // Promoted, it is a voter: the joint configuration is left, as raft asks, gone or not.
+        let joint = GroupStatus { joint: true, ..status(&[1, 2, 4], &[]) };
+        assert_eq!(gone_step(&joint), MembershipStep::LeaveJoint);
     }
 
     #[test]

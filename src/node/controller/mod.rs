@@ -335,6 +335,17 @@ impl Controller {
         self.liveness.down(now).collect()
     }
 
+    /// Peers silent for `replace_down_after` or more: their channel replicas are replaced, and a slot
+    /// group's move towards one is given up.
+    pub(crate) fn gone_nodes(&self, now: Time) -> BTreeSet<NodeId> {
+        self.liveness.peers().filter(|n| self.is_gone(*n, now)).collect()
+    }
+
+    /// `true` if `peer` has been silent for `replace_down_after` or more.
+    pub(crate) fn is_gone(&self, peer: NodeId, now: Time) -> bool {
+        self.liveness.silent_for(peer, now).is_some_and(|silent| silent >= self.config.replace_down_after)
+    }
+
     /// Nodes a new channel's replicas should not go to: those the failure detector holds down and those
     /// being drained. A replica placed there would have to be moved or replaced before its channel had
     /// its full ISR — or, placed as leader, before the channel could take an append at all.

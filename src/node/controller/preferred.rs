@@ -206,11 +206,15 @@ fn take_step(now: Time, slot: &mut MultiRaft, group: GroupId, step: &MembershipS
         MembershipStep::HandOffLeadership { to } if slot.transfer_leader(now, group, *to) => {
             tracing::info!(%group, %to, "reconcile: leaving voter hands its leadership over");
         }
-        MembershipStep::CommitAssignment | MembershipStep::StartDrainMove { .. } => {
+        MembershipStep::CommitAssignment | MembershipStep::StartDrainMove { .. } | MembershipStep::GiveUpMove(_) => {
             // The FSM checks each against the intent and the membership in force at the entry; a refusal
             // changes nothing.
             let command = match *step {
                 MembershipStep::StartDrainMove { from, to } => Command::MoveGroupReplica { group, from, to },
+                MembershipStep::GiveUpMove(node) => {
+                    tracing::warn!(%group, %node, "reconcile: giving up a move towards a node silent for too long");
+                    Command::AbortGroupMove { group }
+                }
                 _ => Command::CommitGroupConfig { group },
             };
             if let Err(error) = slot.propose(now, &command) {
@@ -232,7 +236,7 @@ mod tests {
     static NO_DOWN: std::collections::BTreeSet<NodeId> = std::collections::BTreeSet::new();
 
     fn cluster() -> ClusterView<'static> {
-        ClusterView { nodes: &[], down: &NO_DOWN }
+        ClusterView { nodes: &[], down: &NO_DOWN, gone: &NO_DOWN }
     }
 
     fn status() -> GroupStatus {

@@ -156,9 +156,7 @@ impl Controller {
         // Moving a drained ISR member away needs MinISR live members besides it to hold the records.
         let live_besides_drained = meta.isr.iter().filter(|n| !self.is_down(**n, now) && Some(**n) != drained).count();
         if live_besides_drained < usize::from(meta.min_isr) {
-            let long_down =
-                |n: &NodeId| self.liveness.silent_for(*n, now).is_some_and(|d| d >= self.config.replace_down_after);
-            let down = meta.isr.iter().copied().find(long_down);
+            let down = meta.isr.iter().copied().find(|n| self.is_gone(*n, now));
             // A drained node, when nothing else can take the place (a learner there first, it holds a
             // copy): the channel commits again, and the drain moves that replica on once another node
             // can take it.

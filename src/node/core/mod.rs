@@ -340,7 +340,8 @@ impl NodeCore {
         self.controller.tick(self.now, &self.slot, &self.reader);
         self.drive_migrations();
         let down = self.controller.down_nodes(self.now);
-        let cluster = ClusterView { nodes: &self.config.nodes, down: &down };
+        let gone = self.controller.gone_nodes(self.now);
+        let cluster = ClusterView { nodes: &self.config.nodes, down: &down, gone: &gone };
         let view = NodeView { me: self.config.node, reader: &self.reader, cluster };
         self.preferred.tick(self.now, &self.config.controller, &mut self.slot, &view);
         for (ask, again) in self.remote_reads.take_due(self.now) {
