@@ -436,6 +436,18 @@ fn a_seed_whose_proposals_kept_going_to_a_node_outside_their_group_passes() {
     assert_passes(&run(params));
 }
 
+/// A drained channel leader whose one other ISR member had lost its disk (down, not yet for
+/// `replace_down_after`) was moved again and again: each replacement fenced the channel for its drain
+/// timeout and could never switch (the new ISR would hold one live member, MinISR two), and the fences
+/// took the healed phase. The drained member now waits while its move would leave too few live members
+/// (363001271, its own draws).
+#[test]
+fn a_seed_whose_drained_leader_was_moved_while_its_move_could_not_switch_passes() {
+    let params = SimParams::from_seed(363001271);
+    assert!(params.disk_loss);
+    assert_passes(&run(params));
+}
+
 /// A hash slot's export whose target, owning the slot, had begun exporting it back before the source
 /// heard that the first export ended: the source started its copy over and over (the target refused
 /// it as `Imported` at the later epoch), and neither migration ever finished (353002875).

@@ -183,6 +183,14 @@ impl Controller {
             }
         }
         if let Some(from) = drained {
+            // Its replacement takes its ISR place: with fewer than MinISR live members in the new ISR,
+            // the switch could never find every committed record on MinISR of them, and the task would
+            // only fence the channel for its drain timeout, again and again, until the down member is
+            // back, or gone and replaced above (sim seed 363001271: a drained leader whose one other ISR
+            // member had lost its disk).
+            if meta.in_isr(from) && live_besides_drained + 1 < usize::from(meta.min_isr) {
+                return;
+            }
             // A replica on a drained node moves to a live, undrained node (one task per channel at a time).
             if let Some(to) = self.replacement_for(&meta, from, now) {
                 tracing::info!(channel = %meta.channel, %from, %to, "repair: moving a replica off a drained node");
@@ -455,6 +463,43 @@ pub(super) mod tests {
         controller.scan.draining.extend([n(2), n(4)]);
         controller.consider(now, meta.clone());
         assert_eq!(controller.tasks[&meta.channel].kind, TaskKind::Replace { from: n(3), to: n(4) });
+    }
+
+    /// A drained ISR member whose replacement would leave fewer than MinISR live members in the new ISR
+    /// does not move while the other member is down: the move could not switch, and would only fence the
+    /// channel until its drain timeout, again and again. It moves once that member is back; a member gone
+    /// for `replace_down_after` is replaced first.
+    #[test]
+    fn a_drained_member_waits_while_its_move_would_leave_too_few_live_members() {
+        let nodes = [n(1), n(2), n(3), n(4)];
+        let config = ControllerConfig { rebalance_leaders_after: None, ..ControllerConfig::default() };
+        let meta = ChannelRuntimeMeta {
+            replicas: vec![n(1), n(3)],
+            isr: vec![n(1), n(3)],
+            ..led_away_from_its_preferred_replica()
+        };
+        let controller_at = |now: Time, heard: &[NodeId]| {
+            let mut controller = Controller::new(config.clone(), n(1), &nodes, 3, 1, Time::ZERO);
+            for node in heard {
+                controller.heard(*node, now);
+            }
+            controller.scan.draining.insert(n(1));
+            controller
+        };
+        // Node 3 down, not yet for `replace_down_after`: the drained leader stays.
+        let down = Time::ZERO + config.node_down_after + Duration::from_millis(1);
+        let mut controller = controller_at(down, &[n(2), n(4)]);
+        controller.consider(down, meta.clone());
+        assert!(!controller.tasks.contains_key(&meta.channel), "no move that could not switch");
+        // Node 3 back: the drained leader moves.
+        let mut controller = controller_at(down, &[n(2), n(3), n(4)]);
+        controller.consider(down, meta.clone());
+        assert!(matches!(controller.tasks[&meta.channel].kind, TaskKind::Replace { from, .. } if from == n(1)));
+        // Node 3 gone: it is replaced first.
+        let gone = Time::ZERO + config.replace_down_after + Duration::from_millis(1);
+        let mut controller = controller_at(gone, &[n(2), n(4)]);
+        controller.consider(gone, meta.clone());
+        assert!(matches!(controller.tasks[&meta.channel].kind, TaskKind::Replace { from, .. } if from == n(3)));
     }
 
     /// A replacement that has fenced nothing yet gives way to a failover at the first repair pass that
