@@ -448,6 +448,17 @@ fn a_seed_whose_drained_leader_was_moved_while_its_move_could_not_switch_passes(
     assert_passes(&run(params));
 }
 
+/// A replacement of a channel member that had lost its disk (the ISR left with one live member of
+/// MinISR two) waited for its leader's pending appends, which could commit only once the replacement
+/// switched: it timed out its drain twice, fencing the channel, until those appends timed out. Only a
+/// replacement that moves the leader now waits for them (365000175, its own draws).
+#[test]
+fn a_seed_whose_replacement_waited_for_appends_only_it_could_commit_passes() {
+    let params = SimParams::from_seed(365000175);
+    assert!(params.disk_loss);
+    assert_passes(&run(params));
+}
+
 /// A hash slot's export whose target, owning the slot, had begun exporting it back before the source
 /// heard that the first export ended: the source started its copy over and over (the target refused
 /// it as `Imported` at the later epoch), and neither migration ever finished (353002875).

@@ -249,10 +249,18 @@ fn switch_target(
             target
         }
         TaskKind::Replace { from, to } => {
+            // Only a change of leader needs the evidence quorum (the slot FSM checks it as proof), and
+            // only a leader that hands over waits for its appends: one that stays completes them under
+            // the new ISR. Waiting for them there was waiting for the switch itself when the old ISR had
+            // fewer than MinISR live members, which is when the repair loop replaces a member that is
+            // down: the switch waited until the appends timed out, fencing the channel for drain timeout
+            // after drain timeout (sim seed 365000175). Their records are in the log end the bar below
+            // counts (the fence admits no new ones).
+            let leader_moves = from == meta.leader;
             let leader = evidence.get(&meta.leader);
             let caught_up = match (leader, evidence.get(&to)) {
                 (Some(l), Some(t)) => {
-                    l.pending_appends == 0
+                    (!leader_moves || l.pending_appends == 0)
                         && l.log_end == l.last_seq
                         && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
                 }
@@ -267,8 +275,6 @@ fn switch_target(
             let new_isr: BTreeSet<NodeId> =
                 meta.isr.iter().copied().chain(std::iter::once(to)).filter(|n| *n != from).collect();
             let holders = new_isr.iter().filter(|n| evidence.get(n).is_some_and(|e| e.last_seq >= bar)).count();
-            // Only a change of leader needs the evidence quorum (the slot FSM checks it as proof).
-            let leader_moves = from == meta.leader;
             if !caught_up || holders < usize::from(meta.min_isr) || (leader_moves && have < need) {
                 return Some(Err(TaskBlocked::Draining));
             }
@@ -424,6 +430,29 @@ mod tests {
         assert_eq!(switch_target(replace, &meta(), &one_holder), Some(Ok(NodeId::new(4))));
         let target_behind = evidence(&[(1, report(3, 12, 12, false)), (4, report(3, 11, 11, false))]);
         assert_eq!(switch_target(replace, &meta(), &target_behind), Some(Err(TaskBlocked::Draining)));
+    }
+
+    /// A replacement that keeps its leader switches with the leader's appends still pending (they
+    /// commit under the new ISR); one that moves the leader waits for them.
+    #[test]
+    fn only_a_replacement_that_moves_the_leader_waits_for_its_pending_appends() {
+        // Node 3 (down) leaves an ISR of {1, 3} with MinISR 2: nothing commits until node 4 takes its place.
+        let below = ChannelRuntimeMeta { isr: vec![NodeId::new(1), NodeId::new(3)], ..meta() };
+        let pending = EvidenceReport { pending_appends: 1, ..report(3, 12, 12, false) };
+        let caught_up = evidence(&[(1, pending), (4, report(3, 12, 12, false))]);
+        let replace = TaskKind::Replace { from: NodeId::new(3), to: NodeId::new(4) };
+        assert_eq!(switch_target(replace, &below, &caught_up), Some(Ok(NodeId::new(4))));
+        // Not durable yet at the leader: it waits.
+        let unsynced = EvidenceReport { pending_appends: 1, ..report(3, 11, 12, false) };
+        let behind = evidence(&[(1, unsynced), (4, report(3, 12, 12, false))]);
+        assert_eq!(switch_target(replace, &below, &behind), Some(Err(TaskBlocked::Draining)));
+        // The leader itself replaced: its appends must finish first.
+        let full = evidence(&[(1, pending), (2, report(3, 12, 12, false)), (4, report(3, 12, 12, false))]);
+        let moving = TaskKind::Replace { from: NodeId::new(1), to: NodeId::new(4) };
+        assert_eq!(switch_target(moving, &meta(), &full), Some(Err(TaskBlocked::Draining)));
+        let drained =
+            evidence(&[(1, report(3, 12, 12, true)), (2, report(3, 12, 12, false)), (4, report(3, 12, 12, false))]);
+        assert_eq!(switch_target(moving, &meta(), &drained), Some(Ok(NodeId::new(4))));
     }
 
     #[test]
