@@ -369,10 +369,41 @@ impl ChannelShard {
         // sharing one place each came back to a new pull, ignored the answer to the one kept, and were
         // evicted before the next answer came — sim seed 245001988.)
         while self.pulls_in_flight_order.len() > self.active_max {
-            let Some((oldest, number)) = self.pulls_in_flight_order.pop_front() else { break };
-            if self.pulls_in_flight.get(&oldest).is_some_and(|(kept, _)| *kept == number) {
-                self.pulls_in_flight.remove(&oldest);
+            self.forget_oldest_kept_pull();
+        }
+    }
+
+    /// Forgets kept pulls sent a pull timeout ago or more, oldest kept first (at each eviction scan): the
+    /// next incarnation would send such a pull again at once, so keeping it saves nothing. Kept until
+    /// the cap instead, the pulls of followers evicted idle held ~130 B per evicted replica at 100,000
+    /// channels (each entry also keeps its channel's id alive), where evicted replicas are to cost
+    /// under 256 B in all.
+    pub(super) fn expire_kept_pulls(&mut self) {
+        let timeout = self.machine_config.pull_timeout;
+        while let Some((oldest, number)) = self.pulls_in_flight_order.front() {
+            let expired = match self.pulls_in_flight.get(oldest) {
+                Some((kept, pull)) if kept == number => pull.sent_at() + timeout <= self.now,
+                // Taken or replaced since: the entry names nothing.
+                _ => true,
+            };
+            if !expired {
+                break;
             }
+            self.forget_oldest_kept_pull();
+        }
+        if self.pulls_in_flight.is_empty() {
+            // Give the room of a burst back.
+            self.pulls_in_flight.shrink_to_fit();
+            self.pulls_in_flight_order.shrink_to_fit();
+        }
+    }
+
+    /// Forgets the oldest entry of the kept pulls' order, and the pull it names if it is still the one
+    /// kept (a channel's newer pull outlives its older entries).
+    fn forget_oldest_kept_pull(&mut self) {
+        let Some((oldest, number)) = self.pulls_in_flight_order.pop_front() else { return };
+        if self.pulls_in_flight.get(&oldest).is_some_and(|(kept, _)| *kept == number) {
+            self.pulls_in_flight.remove(&oldest);
         }
     }
 
@@ -496,6 +527,32 @@ mod tests {
             fenced_by: Some(77),
         };
         assert_eq!(replies, vec![(77, named, 4, report)]);
+    }
+
+    /// A follower evicted while its pull waits keeps the pull for its next incarnation, until a pull
+    /// timeout after it was sent: then its next incarnation would send it again at once, and the entry
+    /// (with the channel's id it keeps alive) goes.
+    #[test]
+    fn a_kept_pull_goes_a_pull_timeout_after_it_was_sent() {
+        let config = NodeConfig::new(ME, vec![ME, NodeId::new(2)]);
+        let timeout = config.machine.pull_timeout;
+        let log = Arc::new(MemoryLog::new(Default::default()));
+        let mut shard =
+            super::super::test_shard(config, Arc::clone(&log) as Arc<dyn tidings_store::message::MessageLog>);
+        let follower = known(&mut shard, "evicted-while-pulling", 2);
+        shard.activate(&follower);
+        carry_out_loads(&mut shard, &log);
+        assert!(shard.channels.get(&follower).is_some_and(|m| m.pull_in_flight().is_some()), "it pulls");
+        shard.evict(&follower);
+        assert!(shard.pulls_in_flight.contains_key(&follower), "kept for its next incarnation");
+        let scans = |shard: &mut ChannelShard, at: Time| {
+            shard.handle_tick(at);
+            while shard.poll_output().is_some() {}
+        };
+        scans(&mut shard, Time::ZERO + timeout - std::time::Duration::from_millis(1));
+        assert!(shard.pulls_in_flight.contains_key(&follower), "not yet a pull timeout old");
+        scans(&mut shard, Time::ZERO + timeout + std::time::Duration::from_secs(1));
+        assert!(shard.pulls_in_flight.is_empty() && shard.pulls_in_flight_order.is_empty(), "gone");
     }
 
     /// The file of activations to retry holds at most `active_max` channels; a leadership to start

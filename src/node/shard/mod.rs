@@ -520,6 +520,7 @@ impl ChannelShard {
         if self.now >= self.next_evict_scan {
             self.next_evict_scan = self.now + EVICT_SCAN_INTERVAL;
             self.evict_idle();
+            self.expire_kept_pulls();
             self.expire_loads();
             self.expire_stray();
             self.activate_again();

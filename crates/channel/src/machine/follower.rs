@@ -26,6 +26,13 @@ pub struct PullInFlight {
     sent_at: Time,
 }
 
+impl PullInFlight {
+    /// When the pull was sent: its follower sends it again a pull timeout later.
+    pub fn sent_at(&self) -> Time {
+        self.sent_at
+    }
+}
+
 /// Follower-only state.
 #[derive(Debug)]
 pub(super) struct FollowerState {
