@@ -79,8 +79,10 @@ impl NodeCore {
     /// catches up (by snapshot when the log was compacted), a joint configuration promotes it and removes
     /// `from` (the leader hands its leadership over first if it is `from`), the joint state is left
     /// explicitly, and the new assignment is committed with its configuration epoch. `from`'s replica is
-    /// then destroyed. [`NodeEffect::Done`](crate::node::NodeEffect::Done) with [`ApiResult::Meta`] says whether the move was accepted
-    /// (a refusal names why: another move in progress, `from` not a voter, `to` one already).
+    /// then destroyed. A `to` silent for `ControllerConfig::replace_down_after` before its promotion gives
+    /// the move up, as [`NodeCore::abort_slot_move`] would. [`NodeEffect::Done`](crate::node::NodeEffect::Done)
+    /// with [`ApiResult::Meta`] says whether the move was accepted (a refusal names why: another move in
+    /// progress, `from` not a voter, `to` one already).
     pub fn move_slot_replica(&mut self, now: Time, id: ApiId, group: GroupId, from: NodeId, to: NodeId) {
         self.propose(now, id, Command::MoveGroupReplica { group, from, to });
     }
