@@ -22,15 +22,11 @@ use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Seq, Time};
 /// shard may keep replicas active (`active_channels_max`), and past that an input for another inactive
 /// replica is refused as an activation at the cap is (peer messages dropped, appends `TooManyChannels`).
 const LOADS_IN_FLIGHT_MAX: usize = 1024;
-/// Most leaders a full shard keeps active: all but an eighth of its room (at least one place), which
-/// only followers take then. Leaders waiting for their followers are not quiescent and cannot be
-/// evicted; were every place of two nodes taken by such leaders, each waiting for a follower the other
-/// has no room to activate, neither would ever commit. Followers can always make room among themselves
-/// (see `ChannelMachine::can_leave_memory_as_follower`), and while leaders hold the followers' places
-/// followers are let in past the cap (`followers_place_taken_by_leaders`), so the followers those
-/// leaders wait for find it. A shard with a place free lets a leader take it, even past this share:
-/// a channel's named leader waiting for a leader's place while a place stood free kept its channel
-/// down for the whole healed phase (sim seeds 357000298 and 370000852, tight limits).
+/// Most leaders a shard keeps active: all but an eighth of its room (at least one place), which only
+/// followers take. Leaders waiting for their followers are not quiescent and cannot be evicted; were
+/// every place of two nodes taken by such leaders, each waiting for a follower the other has no room
+/// to activate, neither would ever commit. Followers can always make room among themselves (see
+/// `ChannelMachine::can_leave_memory_as_follower`), so the followers those leaders wait for find it.
 pub(super) fn leaders_max(active_max: usize) -> usize {
     active_max.saturating_sub((active_max / 8).max(1)).max(1)
 }
@@ -306,9 +302,7 @@ impl ChannelShard {
         let leaders_max = leaders_max(self.active_max);
         // Counted only when the shard holds that many replicas at all (O(active)).
         let leaders_full = || self.channels.len() >= leaders_max && self.leaders_active() >= leaders_max;
-        // The leaders' share counts only in a full shard (see `leaders_max`).
-        let no_room_to_lead =
-            leads && self.channels.len() >= self.active_max && leaders_full() && !self.evict_one_leader();
+        let no_room_to_lead = leads && leaders_full() && !self.evict_one_leader();
         // (Evicts for room only when a leader's place is not what is missing.)
         let refused = no_room_to_lead || {
             let no_room = self.channels.len() >= self.active_max && !self.evict_one();
