@@ -80,6 +80,10 @@ pub struct NodeStatus {
     /// for good): it takes no frame but identity messages and sends none but its hellos, so it knows no
     /// leader and no channel, and its calls fail or time out.
     pub storage_quarantined: bool,
+    /// Channel replicas activated since start (each a new incarnation built from the store): at a
+    /// steady load it grows with the channels that come back from eviction. Growing much faster than
+    /// the appends, replicas are churning in and out at `active_channels_max`.
+    pub activations: u64,
     /// Channel activations refused because `active_channels_max` replicas were active and none idle.
     pub refused_activations: u64,
     /// Raft messages in accepted frames that the slot layer refused (see `MultiRaft::refused_messages`).
@@ -134,6 +138,7 @@ impl NodeStatus {
     pub(crate) fn add_shard(&mut self, shard: ShardStatus) {
         self.channels.extend(shard.channels);
         self.channels.sort_by(|a, b| a.channel.cmp(&b.channel));
+        self.activations += shard.counters.activations;
         self.refused_activations += shard.counters.refused_activations;
         self.stale_messages += shard.counters.stale_messages;
         self.storage_failures += shard.counters.storage_failures;
@@ -164,6 +169,7 @@ impl NodeCore {
             storage_id: self.identities.own(),
             storage_refused_by: self.identities.refusing(self.now),
             storage_quarantined: self.identities.quarantined(),
+            activations: 0,
             refused_activations: 0,
             refused_raft_messages: self.slot.refused_messages(),
             stale_messages: self.slot.stale_messages(),

@@ -230,6 +230,8 @@ pub(crate) enum ShardOutput {
 /// A shard's counters, for the node's status.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ShardCounters {
+    /// Replicas activated (incarnations built).
+    pub(crate) activations: u64,
     pub(crate) refused_activations: u64,
     pub(crate) stale_messages: u64,
     pub(crate) storage_failures: u64,
