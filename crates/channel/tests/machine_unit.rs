@@ -731,6 +731,24 @@ fn a_follower_whose_log_ends_before_the_retention_boundary_is_told_to_start_afte
     assert_eq!(answer, Some(PullBody::StartAfter { seq: Seq::new(6), epoch: LeaderEpoch::new(2), hw: Seq::new(8) }));
 }
 
+/// A follower whose last epoch the leader's history no longer holds (given up with the records before
+/// the retention boundary), with records of that epoch past the boundary: those diverge, since every
+/// record the leader holds past the boundary is of a later epoch. It is told to truncate at the boundary,
+/// then gets the records after it. Before, the leader answered `Diverging` at seq 0, below the
+/// follower's HW: the follower refused it and pulled the same answer for good (sim seed 376003898).
+#[test]
+fn a_follower_whose_epoch_the_leader_gave_up_truncates_at_the_retention_boundary() {
+    use tidings_channel::machine::PullBody;
+    let (log, mut m) = leader_past_a_retention_boundary(6); // epoch 1 (records 1..=4) gone from the history
+    let answer = answer_to_pull(&mut m, &log, 8, 1);
+    assert_eq!(answer, Some(PullBody::Diverging { epoch: LeaderEpoch::new(1), end_seq: Seq::new(6) }));
+    let answer = answer_to_pull(&mut m, &log, 7, 1);
+    assert!(
+        matches!(&answer, Some(PullBody::Records { records, .. }) if records.first().map(|r| r.seq) == Some(Seq::new(7))),
+        "{answer:?}"
+    );
+}
+
 /// A new leader plans again at most `handoff_slots` of its predecessors' messages past what their
 /// fanout was known to finish, the most recent, and says how many it left.
 #[test]

@@ -466,3 +466,16 @@ fn a_seed_whose_replacement_waited_for_appends_only_it_could_commit_passes() {
 fn a_seed_whose_migrated_slot_moved_on_before_its_source_heard_passes() {
     assert_passes(&run(pinned(353002875)));
 }
+
+/// A follower held records of leader epoch 1 past the retention boundary, while its leader's history
+/// (its log restarted after the boundary) began with epoch 2: the leader answered each pull with
+/// `Diverging` at seq 0, below the follower's HW, which the follower refused — it pulled the same answer
+/// for good, and the channel (MinISR 2, its other follower silent too) took no append after healing.
+/// Such a follower is now told its epoch ended at the boundary (376003898, tight limits and a lost
+/// disk forced on).
+#[test]
+fn a_seed_whose_follower_held_an_epoch_its_leader_had_given_up_passes() {
+    let params = SimParams { tight_limits: true, disk_loss: true, ..SimParams::from_seed(376003898) };
+    assert!(params.retention_moves);
+    assert_passes(&run(params));
+}
