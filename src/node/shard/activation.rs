@@ -305,8 +305,8 @@ impl ChannelShard {
         // A leadership not started yet (its log holds no barrier of the meta's epoch: a controller's
         // failover or transfer chose this replica, or the channel is new) takes a free place past the
         // leaders' share. Nothing else starts it, and while it waits its channel has no leader: a named
-        // leader refused while a place stood free kept its channel down for the whole healed phase (sim
-        // seed 370000852, tight limits). Only a start: a leader coming back for an append keeps to its
+        // leader refused while a place stood free kept its channel down for ~28 s of the healed phase
+        // (sim seed 370000852 as session 31 found it, tight limits). Only a start: a leader coming back for an append keeps to its
         // share, since letting every leader take a free place churned activations at the cap (session
         // 31). It holds the followers' place as a follower named leader in place does, and followers are
         // let in past the cap meanwhile (`followers_place_taken_by_leaders`).

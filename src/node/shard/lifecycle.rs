@@ -534,7 +534,7 @@ mod tests {
         assert_eq!(replies, vec![(77, named, 4, report)]);
     }
 
-    /// Where leaders fill their share of the places (one of two here, held by a busy leader), a leader
+    /// Where leaders fill their share of the places (two of three here, held by busy leaders), a leader
     /// coming back for an append waits for that share, but a leadership not started yet (no barrier of
     /// its epoch in its log: a failover's or transfer's choice) takes a place that stands free. Nothing
     /// else starts it, and its channel has no leader meanwhile.
