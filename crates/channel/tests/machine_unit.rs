@@ -243,36 +243,6 @@ fn a_hint_from_the_leader_replaces_a_pull_that_was_lost() {
     assert!(pulls(&settle(&mut m, &log, t(60))).is_empty());
 }
 
-/// A leadership that has not begun does not begin under a write fence: the controller gathers evidence
-/// of the logs as they stand, and a barrier written after this replica answered would be a record the
-/// evidence does not show. It begins once a meta lifts the fence. (A leader activated late answered a
-/// transfer's evidence with an empty log, then wrote and committed its barrier under the fence while
-/// the transfer switched to a target whose own barrier took the same seq: sim seed 385000231.)
-#[test]
-fn a_leadership_that_has_not_begun_waits_for_its_write_fence_to_lift() {
-    let log = MemoryLog::new(LogLimits::default());
-    let mut m = machine();
-    let mut fenced = meta(1, 1, 1);
-    fenced.write_fence = Some(tidings_types::WriteFence { task: 7, since_version: 1, freeze_replication: false });
-    m.handle_meta(t(1), fenced.clone()).unwrap();
-    assert_eq!(m.role(), RoleKind::Leader);
-    let effects = settle(&mut m, &log, t(1));
-    assert_eq!(m.log_end(), Seq::new(0), "no barrier under the fence: {effects:?}");
-    assert!(!effects.iter().any(|e| matches!(e, Effect::Send { message: ChannelMessage::Hint(_), .. })));
-    // A follower's pull is not answered with records meanwhile, and nothing commits.
-    m.handle_message(t(2), NodeId::new(2), pull(1, 1, 0));
-    settle(&mut m, &log, t(2));
-    assert_eq!((m.log_end(), m.hw()), (Seq::new(0), Seq::new(0)));
-
-    let mut lifted = fenced;
-    lifted.version = 2;
-    lifted.write_fence = None;
-    m.handle_meta(t(3), lifted).unwrap();
-    settle(&mut m, &log, t(3));
-    assert_eq!(m.log_end(), Seq::new(1), "the barrier, once the fence is lifted");
-    assert_eq!(log.state(&channel()).unwrap().epochs, vec![(LeaderEpoch::new(1), Seq::new(1))]);
-}
-
 /// A leader that missed its successor's meta (cut off, or drained out of the channel with no slot
 /// replica of its own to tell it) keeps hinting the ISR members that no longer pull from it. Each answers
 /// with the epoch in force, which sends the stale leader for the meta: without the answer such a leader

@@ -479,16 +479,3 @@ fn a_seed_whose_follower_held_an_epoch_its_leader_had_given_up_passes() {
     assert!(params.retention_moves);
     assert_passes(&run(params));
 }
-
-/// A channel leader whose leadership had not begun answered a transfer's evidence with an empty log,
-/// drained; it began later under the transfer's fence and wrote its barrier, which its follower
-/// acknowledged and committed, while the transfer switched to a target with an empty log:
-/// the new leader's barrier took the same seq, and the follower holding the committed one could never
-/// follow it. A leadership that has not begun now waits for its fence to lift (385000231, tight limits
-/// forced on; the starting code fails it too).
-#[test]
-fn a_seed_whose_leader_began_under_a_fence_after_its_evidence_passes() {
-    let params = SimParams { tight_limits: true, ..SimParams::from_seed(385000231) };
-    assert!(params.disk_loss);
-    assert_passes(&run(params));
-}

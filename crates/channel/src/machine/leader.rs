@@ -61,9 +61,6 @@ pub(super) struct LeaderState {
     /// The barrier is durable locally: only then are records sent to followers, so a leader epoch that
     /// reached any follower is always on the leader's own disk.
     barrier_durable: bool,
-    /// The log holds this leadership's barrier. `false` while a write fence holds back a leadership
-    /// that had not begun (see `leader_start`): it writes, commits and sends nothing until then.
-    started: bool,
     progress: ReplicaMap<Progress>,
     pub(super) pending: VecDeque<PendingAppend>,
     /// Message records this leader assigned, not yet committed: each holds a handoff slot.
@@ -110,7 +107,6 @@ impl LeaderState {
             barrier_seq: Seq::new(0),
             inherited_end: Seq::new(0),
             barrier_durable: false,
-            started: false,
             progress,
             pending: VecDeque::new(),
             reserved: VecDeque::new(),
@@ -226,23 +222,10 @@ impl ChannelMachine {
     /// eviction (`resume_leadership`) keeps the barrier its epoch started with: the log was quiescent, so
     /// that barrier is committed, and a leader epoch keeps exactly one barrier, at its start — which is
     /// how a successor tells barriers from messages it fans out again without reading them.
-    ///
-    /// A leadership that has not begun (no barrier of its epoch in the log) does not begin under a write
-    /// fence: the controller that set it gathers evidence of the logs as they stand, and a barrier
-    /// written after this replica's answer would be a record the evidence does not show — committed,
-    /// it could sit under a successor's own records at the same seqs. It begins when a meta lifts the
-    /// fence (`leader_meta_changed`). Seen with a leader not yet begun when it answered a transfer's
-    /// evidence (an empty log, drained): it began later under the fence, and its barrier committed
-    /// while the transfer switched to a target with an empty log —
-    /// whose own barrier then took the same seq, and the follower holding the first, committed, could
-    /// never follow it (sim seed 385000231).
     pub(super) fn leader_start(&mut self) {
         let meta = self.meta.as_ref().expect("a leader has meta");
         let inherited_end = self.log.end;
         let epoch_start = self.log.epochs.last().filter(|(epoch, _)| *epoch == meta.leader_epoch).map(|(_, s)| *s);
-        if epoch_start.is_none() && meta.write_fence.is_some() {
-            return;
-        }
         let seq = match epoch_start {
             Some(start) => start,
             None => {
@@ -272,7 +255,6 @@ impl ChannelMachine {
         let handed_through = fanned.max(given_up).min(hw);
         let durable_end = self.log.consistent_durable_end();
         if let Some(leader) = self.leader() {
-            leader.started = true;
             leader.barrier_seq = seq;
             leader.inherited_end = inherited_end;
             leader.barrier_durable = durable_end >= seq;
@@ -330,9 +312,6 @@ impl ChannelMachine {
             leader.proposal = None;
         }
         leader.pending_isrs.retain(|(version, _)| meta.version <= *version);
-        if !leader.started && meta.write_fence.is_none() {
-            self.leader_start();
-        }
         self.leader_recompute_hw();
         self.retention_meta_changed();
     }
@@ -689,10 +668,6 @@ impl ChannelMachine {
         // No meta, or frozen: this leader reported evidence for a failover, and what it commits now the
         // evidence cannot show.
         if self.meta.as_ref().is_none_or(ChannelRuntimeMeta::replication_frozen) {
-            return;
-        }
-        // Not begun (a fence held its barrier back): nothing counts as committed before the barrier.
-        if self.leader().is_some_and(|l| !l.started) {
             return;
         }
         // Our own match: the durable log, cut at any truncation not yet durable.
