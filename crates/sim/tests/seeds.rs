@@ -479,3 +479,17 @@ fn a_seed_whose_follower_held_an_epoch_its_leader_had_given_up_passes() {
     assert!(params.retention_moves);
     assert_passes(&run(params));
 }
+
+/// A channel leader whose leadership had not begun answered a transfer's evidence with an empty log,
+/// drained; the transfer switched to a target with an empty log, and the old leader, activated late,
+/// wrote its barrier after it had answered, which its follower acknowledged and committed: the new
+/// leader's own barrier took
+/// the same seq, and the follower holding the committed one could never follow it. A transfer (or a
+/// replacement that moves the leader) now waits for the leader's evidence to show its leadership begun
+/// (385000231, tight limits forced on; the starting code fails it too).
+#[test]
+fn a_seed_whose_transfer_left_a_leader_that_had_not_begun_passes() {
+    let params = SimParams { tight_limits: true, ..SimParams::from_seed(385000231) };
+    assert!(params.disk_loss);
+    assert_passes(&run(params));
+}

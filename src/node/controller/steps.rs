@@ -208,6 +208,18 @@ impl Controller {
 /// Who leads once a task of `kind` on `meta` makes its switch, judged on the `evidence` it gathered:
 /// `Err` says what the task waits for (or why it must stop: evidence nothing explains fails closed);
 /// `None` for a task that switches nothing.
+/// `true` when the leader's evidence shows its leadership begun: the barrier of the meta's leader epoch
+/// is in its log (a leader writes it as it begins, before it answers anything). One not begun yet — not
+/// activated since it was named, or refused a place — still writes that barrier when it is activated,
+/// fence or not: a switch away from it on evidence of its log without the barrier left the barrier to be
+/// written, and committed, after the switch, at the seq the new leader's own barrier took; the follower
+/// holding the first could never follow the new leader (sim seed 385000231). A transfer, or a replacement
+/// of the leader, waits for it to begin; a failover needs no such wait, as its fence freezes replication
+/// (nothing the old leader writes then commits).
+fn began(leader: &EvidenceReport, meta: &ChannelRuntimeMeta) -> bool {
+    leader.last_epoch == meta.leader_epoch
+}
+
 fn switch_target(
     kind: TaskKind,
     meta: &ChannelRuntimeMeta,
@@ -239,7 +251,10 @@ fn switch_target(
             let leader = evidence.get(&meta.leader);
             let caught_up = match (leader, evidence.get(&target)) {
                 (Some(l), Some(t)) => {
-                    l.drained && l.pending_appends == 0 && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
+                    began(l, meta)
+                        && l.drained
+                        && l.pending_appends == 0
+                        && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
                 }
                 _ => false,
             };
@@ -260,7 +275,7 @@ fn switch_target(
             let leader = evidence.get(&meta.leader);
             let caught_up = match (leader, evidence.get(&to)) {
                 (Some(l), Some(t)) => {
-                    (!leader_moves || l.pending_appends == 0)
+                    (!leader_moves || (l.pending_appends == 0 && began(l, meta)))
                         && l.log_end == l.last_seq
                         && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
                 }
@@ -453,6 +468,29 @@ mod tests {
         let drained =
             evidence(&[(1, report(3, 12, 12, true)), (2, report(3, 12, 12, false)), (4, report(3, 12, 12, false))]);
         assert_eq!(switch_target(moving, &meta(), &drained), Some(Ok(NodeId::new(4))));
+    }
+
+    /// A leader named in leader epoch 3 that has not begun (its log ends in epoch 2: no barrier of its own
+    /// yet) writes that barrier when it is activated, fence or not. A transfer, or a replacement that moves
+    /// the leader, switches only once its evidence shows the leadership begun (sim seed 385000231).
+    #[test]
+    fn a_leader_that_has_not_begun_is_not_switched_away_from() {
+        let transfer = TaskKind::Transfer { target: NodeId::new(2) };
+        let moving = TaskKind::Replace { from: NodeId::new(1), to: NodeId::new(4) };
+        let not_begun =
+            evidence(&[(1, report(2, 12, 12, true)), (2, report(2, 12, 12, false)), (4, report(2, 12, 12, false))]);
+        assert_eq!(switch_target(transfer, &meta(), &not_begun), Some(Err(TaskBlocked::Draining)));
+        assert_eq!(switch_target(moving, &meta(), &not_begun), Some(Err(TaskBlocked::Draining)));
+        let begun =
+            evidence(&[(1, report(3, 13, 13, true)), (2, report(3, 13, 13, false)), (4, report(3, 13, 13, false))]);
+        assert_eq!(switch_target(transfer, &meta(), &begun), Some(Ok(NodeId::new(2))));
+        assert_eq!(switch_target(moving, &meta(), &begun), Some(Ok(NodeId::new(4))));
+        // A replacement that keeps its leader does not wait: the leader's barrier, when it comes, is the
+        // same leader's log going on under the new ISR.
+        let keeping = TaskKind::Replace { from: NodeId::new(3), to: NodeId::new(4) };
+        let ready =
+            evidence(&[(1, report(2, 12, 12, false)), (2, report(2, 12, 12, false)), (4, report(2, 12, 12, false))]);
+        assert_eq!(switch_target(keeping, &meta(), &ready), Some(Ok(NodeId::new(4))));
     }
 
     #[test]
