@@ -205,9 +205,6 @@ impl Controller {
     }
 }
 
-/// Who leads once a task of `kind` on `meta` makes its switch, judged on the `evidence` it gathered:
-/// `Err` says what the task waits for (or why it must stop: evidence nothing explains fails closed);
-/// `None` for a task that switches nothing.
 /// `true` when the leader's evidence shows its leadership begun: the barrier of the meta's leader epoch
 /// is in its log (a leader writes it as it begins, before it answers anything). One not begun yet — not
 /// activated since it was named, or refused a place — still writes that barrier when it is activated,
@@ -220,6 +217,9 @@ fn began(leader: &EvidenceReport, meta: &ChannelRuntimeMeta) -> bool {
     leader.last_epoch == meta.leader_epoch
 }
 
+/// Who leads once a task of `kind` on `meta` makes its switch, judged on the `evidence` it gathered:
+/// `Err` says what the task waits for (or why it must stop: evidence nothing explains fails closed);
+/// `None` for a task that switches nothing.
 fn switch_target(
     kind: TaskKind,
     meta: &ChannelRuntimeMeta,
