@@ -472,7 +472,9 @@ fn a_seed_whose_migrated_slot_moved_on_before_its_source_heard_passes() {
 /// `Diverging` at seq 0, below the follower's HW, which the follower refused — it pulled the same answer
 /// for good, and the channel (MinISR 2, its other follower silent too) took no append after healing.
 /// Such a follower is now told its epoch ended at the boundary (376003898, tight limits and a lost
-/// disk forced on).
+/// disk forced on; found on a build with two changes since reverted — the final code's interleaving
+/// passes it without the fix too, so `a_follower_whose_epoch_the_leader_gave_up_truncates_at_the_retention_boundary`
+/// is the check).
 #[test]
 fn a_seed_whose_follower_held_an_epoch_its_leader_had_given_up_passes() {
     let params = SimParams { tight_limits: true, disk_loss: true, ..SimParams::from_seed(376003898) };
