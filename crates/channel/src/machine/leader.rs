@@ -556,17 +556,15 @@ impl ChannelMachine {
         let follower_last = Seq::new(request.next_seq.get().saturating_sub(1));
         let retention = self.log.durable.retention_through;
         if follower_last.get() > 0 && follower_last >= retention {
-            let (epoch, end) = self.log.end_of_epoch(request.last_epoch);
             // A history that knows no epoch at or below the follower's starts after it: every record
             // this leader holds past the retention boundary is of a later epoch, so the follower's past
             // the boundary diverge, and what is at or below it is given up, never read again — as far as
             // the check can tell, the follower's epoch ended at the boundary. Answered `(0, 0)` (no such
             // epoch), the follower was told to truncate below its HW, refused, and pulled the same answer
             // for good: an ISR member that never caught up again (sim seed 376003898, a lost disk).
-            let (epoch, end) = if epoch.get() == 0 && !self.log.epochs.is_empty() {
-                (request.last_epoch, retention)
-            } else {
-                (epoch, end)
+            let (epoch, end) = match self.log.end_of_epoch(request.last_epoch) {
+                (none, _) if none.get() == 0 && !self.log.epochs.is_empty() => (request.last_epoch, retention),
+                found => found,
             };
             if epoch != request.last_epoch || end < follower_last {
                 self.send(from, respond(PullBody::Diverging { epoch, end_seq: end }));
