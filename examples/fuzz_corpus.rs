@@ -169,7 +169,7 @@ fn main() {
         hw: Seq::new(2),
         retention_through: Seq::new(0),
         fanned_through: Seq::new(1),
-        forgotten_at: 0,
+        meta_floor: 0,
     };
     let stored_state = stored::StoredState { state, sled_through: Seq::new(2), frames_before: 1, opening: 1 };
     write("stored_records", "state", &stored::state_to_bytes(&stored_state));

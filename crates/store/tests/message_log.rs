@@ -59,6 +59,8 @@ struct ChannelModel {
     hw: u64,
     retention: u64,
     fanned: u64,
+    /// The oldest channel meta version the replica may act under.
+    meta_floor: u64,
     /// Leader epoch of the last record given up (0: none): the epoch in force while retention leaves no
     /// record, which an append may not go below. Not observable as such, so not compared.
     given_up_epoch: u64,
@@ -66,8 +68,8 @@ struct ChannelModel {
 
 impl PartialEq for ChannelModel {
     fn eq(&self, other: &Self) -> bool {
-        (&self.records, self.hw, self.retention, self.fanned)
-            == (&other.records, other.hw, other.retention, other.fanned)
+        (&self.records, self.hw, self.retention, self.fanned, self.meta_floor)
+            == (&other.records, other.hw, other.retention, other.fanned, other.meta_floor)
     }
 }
 
@@ -97,7 +99,10 @@ impl ChannelModel {
                 self.records.retain(|r| r.seq > *seq);
             }
             LogOp::StartAfter { .. } => unreachable!("not generated"),
-            LogOp::Forget { .. } => *self = ChannelModel::default(),
+            LogOp::Forget { version } => {
+                *self = ChannelModel { meta_floor: self.meta_floor.max(version + 1), ..ChannelModel::default() }
+            }
+            LogOp::RaiseMetaFloor { version } => self.meta_floor = self.meta_floor.max(*version),
         }
     }
 }
@@ -131,6 +136,11 @@ enum Op {
     Forget {
         ch: usize,
     },
+    /// The channel's replica answered a controller under meta `version`.
+    RaiseMetaFloor {
+        ch: usize,
+        version: u64,
+    },
     Sync,
     /// The channel's replica leaves memory (`release_caches`): its caches and staging tail may go, what
     /// it staged must not.
@@ -155,6 +165,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Retention { ch, fraction }),
         1 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Fanned { ch, fraction }),
         1 => (0..CHANNELS).prop_map(|ch| Op::Forget { ch }),
+        1 => (0..CHANNELS, 1u64..30).prop_map(|(ch, version)| Op::RaiseMetaFloor { ch, version }),
         4 => Just(Op::Sync),
         2 => (0..CHANNELS).prop_map(|ch| Op::Release { ch }),
         2 => Just(Op::WriteBehind),
@@ -171,7 +182,8 @@ fn batch_for(op: &Op, tail: &Model) -> Option<LogBatch> {
         | Op::Hw { ch, .. }
         | Op::Retention { ch, .. }
         | Op::Fanned { ch, .. }
-        | Op::Forget { ch } => *ch,
+        | Op::Forget { ch }
+        | Op::RaiseMetaFloor { ch, .. } => *ch,
         _ => return None,
     };
     let m = tail.get(&ch).cloned().unwrap_or_default();
@@ -188,7 +200,8 @@ fn batch_for(op: &Op, tail: &Model) -> Option<LogBatch> {
         Op::Retention { fraction, .. } => {
             LogOp::SetRetention(Seq::new(m.retention + (m.hw - m.retention) * u64::from(fraction) / 100))
         }
-        Op::Forget { .. } => LogOp::Forget { version: 1 },
+        Op::Forget { .. } => LogOp::Forget { version: 1 + m.meta_floor % 7 },
+        Op::RaiseMetaFloor { version, .. } => LogOp::RaiseMetaFloor { version },
         _ => unreachable!(),
     };
     Some(LogBatch::new(channel(ch), vec![log_op]))
@@ -211,6 +224,7 @@ fn check(log: &impl MessageLog, model: &Model) {
         assert_eq!(state.hw.get(), m.hw, "ch{ch} hw");
         assert_eq!(state.retention_through.get(), m.retention, "ch{ch} retention");
         assert_eq!(state.fanned_through.get(), m.fanned, "ch{ch} fanned through");
+        assert_eq!(state.meta_floor, m.meta_floor, "ch{ch} meta floor");
         let records = log.read(&channel(ch), Seq::new(1), Seq::new(u64::MAX), ALL).unwrap();
         assert_eq!(records, m.records, "ch{ch} records");
         if let Some(last) = m.records.last() {
@@ -246,6 +260,7 @@ fn observe(log: &impl MessageLog) -> Model {
             hw: state.hw.get(),
             retention: state.retention_through.get(),
             fanned: state.fanned_through.get(),
+            meta_floor: state.meta_floor,
             ..ChannelModel::default()
         };
         if m != ChannelModel::default() {

@@ -53,7 +53,7 @@ impl NodeCore {
             Err(channel) => match self.reader.runtime_meta(&channel) {
                 Ok(Some(meta)) => meta,
                 _ => {
-                    self.fetch_meta(&channel);
+                    self.fetch_meta(&channel, 0);
                     return self.done(api, ApiResult::Task(Err(NodeError::UnknownChannel(channel))));
                 }
             },
@@ -190,7 +190,7 @@ impl NodeCore {
                     }
                 }
                 Action::Send { to, message } => self.send_node(to, message),
-                Action::FetchMeta(channel) => self.fetch_meta(&channel),
+                Action::FetchMeta(channel) => self.fetch_meta(&channel, 0),
                 Action::Finished { api, report } => {
                     if let Some(api) = api {
                         let result = match &report.outcome {

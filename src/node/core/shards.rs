@@ -146,7 +146,7 @@ impl NodeCore {
                 // A refused proposal is retried by the machine after its proposal timeout.
                 let _ = self.propose_for(&command, ProposalPurpose::Internal);
             }
-            ShardOutput::FetchMeta(channel) => self.fetch_meta(&channel),
+            ShardOutput::FetchMeta { channel, at_least } => self.fetch_meta(&channel, at_least),
             ShardOutput::Loopback(message) => self.loopback.push_back(message),
             ShardOutput::TaskMeta { api, meta, start } => self.start_task_with(api, meta, start),
             ShardOutput::VerifySender { api, channel, sender, records } => {
@@ -157,10 +157,12 @@ impl NodeCore {
     }
 
     /// Asks the channel's slot group for its meta (this node's replica if it serves the group).
-    pub(super) fn fetch_meta(&mut self, channel: &ChannelId) {
+    pub(super) fn fetch_meta(&mut self, channel: &ChannelId, at_least: u64) {
         let group = self.slot.table().group_of_key(channel.route_key());
         if self.slot.groups().any(|g| g == group) {
-            if let Ok(Some(meta)) = self.reader.runtime_meta(channel) {
+            // One older than `at_least` is stale for the channel's replica here: this node's slot replica
+            // lags (it has not applied the meta a controller asked this replica's evidence under).
+            if let Ok(Some(meta)) = self.reader.runtime_meta(channel).map(|m| m.filter(|m| m.version >= at_least)) {
                 self.learn_meta(meta, true);
                 return;
             }

@@ -159,7 +159,9 @@ impl ChannelShard {
         match &meta {
             Some(meta) if !meta.is_replica(self.config.node) => return,
             Some(_) => {}
-            None if self.served.serves(channel) => {}
+            // A floor known without a meta: this node's slot replica held only an older one at the last
+            // load (see `floors`); a newer one is fetched.
+            None if self.served.serves(channel) && self.known_floor(channel) == 0 => {}
             None => return self.fetch_meta(channel),
         }
         if self.loading.len() >= self.active_max {
@@ -288,11 +290,19 @@ impl ChannelShard {
         let Some(meta) = self.metas.get(&channel).map(|known| known.meta.clone()) else {
             return self.end_parked(&channel, parked, RemoteAppendError::NotReplica);
         };
-        // A meta at or below the log's tombstone is stale (one that named this node before its replica
-        // was removed and its log forgotten): under it the empty log would act as the replica it was —
-        // a leader would lead again an epoch it led before.
-        if !meta.is_replica(self.config.node) || meta.version <= log.state.forgotten_at {
+        if !meta.is_replica(self.config.node) {
             return self.end_parked(&channel, parked, RemoteAppendError::NotReplica);
+        }
+        self.floor_known(&channel, log.state.meta_floor);
+        if meta.version < log.state.meta_floor {
+            // Stale for good here (see `floors`): this replica answered a controller under a newer meta,
+            // or its log was forgotten past it (under it the empty log would act as the replica it was,
+            // and a leader would lead again an epoch it led before). Acting under it could take records a
+            // switch of leader left behind; the meta in force is fetched, and the calls wait for it.
+            tracing::info!(%channel, node = %self.config.node, version = meta.version, floor = log.state.meta_floor, "a stale meta names this replica: fetching the one in force");
+            self.metas.remove(&channel);
+            self.fetch_meta(&channel);
+            return self.end_parked(&channel, parked, RemoteAppendError::Refused(AppendError::NotReady));
         }
         let leads = meta.leader == self.config.node;
         if leads && log.recent.is_none() {

@@ -37,10 +37,12 @@ pub(super) const LEADER_START_TRIES: u8 = 60;
 pub(super) const REFUSED_ACTIVATION_TRIES: u8 = 5;
 
 impl ChannelShard {
-    /// Has the node learn `channel`'s meta (from its own slot replica when it keeps one: read on the
-    /// core's thread, not here) and answer with [`ShardInput::Meta`](super::ShardInput::Meta).
+    /// Has the node learn `channel`'s meta (from its own slot replica when it keeps one at the log's
+    /// floor or newer: read on the core's thread, not here) and answer with
+    /// [`ShardInput::Meta`](super::ShardInput::Meta).
     pub(super) fn fetch_meta(&mut self, channel: &ChannelId) {
-        self.outputs.push_back(ShardOutput::FetchMeta(channel.clone()));
+        let at_least = self.known_floor(channel);
+        self.outputs.push_back(ShardOutput::FetchMeta { channel: channel.clone(), at_least });
     }
 
     /// Asks for a failover of every channel whose local replica is named leader but cannot lead, at
@@ -56,21 +58,6 @@ impl ChannelShard {
             for to in self.config.nodes.clone() {
                 self.send_node(to, NodeMessage::RequestFailover { channel: channel.clone(), version });
             }
-        }
-    }
-
-    /// A controller asks this replica for evidence under a fenced meta: answered at once by an active
-    /// replica, else once its activation has loaded it.
-    pub(super) fn answer_evidence(&mut self, from: NodeId, task: u64, meta: ChannelRuntimeMeta) {
-        let channel = meta.channel.clone();
-        self.learn_meta(meta, false);
-        // An evicted replica (or one whose activation failed) answers from a new incarnation.
-        self.activate(&channel);
-        if self.is_loading(&channel) {
-            // Refused when too many wait: the controller asks again.
-            let _ = self.park(&channel, Deferred::Evidence { from, task });
-        } else {
-            self.send_evidence(from, task, &channel);
         }
     }
 
@@ -124,8 +111,12 @@ impl ChannelShard {
     }
 
     /// A meta arrived: keep the newest, hand it to the local replica, release appends that waited for it.
-    /// `stored_here`: this node's slot replica holds it.
+    /// `stored_here`: this node's slot replica holds it. One below the log's floor (a slot replica here
+    /// or elsewhere that lags) is stale for good and changes nothing (see `floors`).
     pub(super) fn learn_meta(&mut self, meta: ChannelRuntimeMeta, stored_here: bool) {
+        if self.below_floor(&meta) {
+            return;
+        }
         let channel = meta.channel.clone();
         if meta.is_replica(self.config.node) {
             self.withdraw_stray(&channel);
@@ -337,6 +328,8 @@ impl ChannelShard {
         }
         self.metas.remove(channel);
         shrink_if_sparse(&mut self.metas);
+        // Read again with the meta at the next activation.
+        self.forget_floor(channel);
     }
 
     /// Takes the channel's machine out of memory (its log stays); the next input activates a new
@@ -426,11 +419,10 @@ impl ChannelShard {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::{carry_out_loads_and_floors, shard_over_memory_log};
     use super::super::{ShardInput, ShardOutput};
     use super::*;
     use crate::node::config::NodeConfig;
-    use crate::node::core::NodeEffect;
-    use tidings_slot::query::SlotReader;
     use tidings_store::message::{LogBatch, LogOp, MemoryLog, Record, RecordKind};
     use tidings_types::{ChannelType, Epoch, LeaderEpoch, Seq, Time, WriteFence};
 
@@ -456,29 +448,6 @@ mod tests {
         channel
     }
 
-    /// The test shard over a memory log the test also writes and reads.
-    fn shard_over_memory_log(config: NodeConfig) -> (ChannelShard, Arc<MemoryLog>) {
-        let log = Arc::new(MemoryLog::new(Default::default()));
-        let shard = super::super::test_shard(config, Arc::clone(&log) as Arc<dyn tidings_store::message::MessageLog>);
-        (shard, log)
-    }
-
-    /// Carries out the loads among the shard's outputs (each answer handled at once), and returns the
-    /// other outputs.
-    fn carry_out_loads(shard: &mut ChannelShard, log: &MemoryLog) -> Vec<ShardOutput> {
-        let reader = SlotReader::new(tidings_store::MetaStore::new(Arc::new(tidings_store::MemoryKv::new())));
-        let mut others = Vec::new();
-        while let Some(output) = shard.poll_output() {
-            match output {
-                ShardOutput::Effect(NodeEffect::Lookup(lookup)) => {
-                    shard.handle(Time::ZERO, lookup.carry_out(log, &reader).into_input());
-                }
-                other => others.push(other),
-            }
-        }
-        others
-    }
-
     /// A replica named leader on a shard whose one leader's place a busy leader holds is not
     /// activated, yet answers a controller's evidence request: from its stored state, as a machine
     /// built from it would.
@@ -489,7 +458,7 @@ mod tests {
         // A leader whose barrier's persist is never answered: not quiescent, never evicted.
         let busy = known(&mut shard, "busy", 1);
         shard.activate(&busy);
-        carry_out_loads(&mut shard, &log);
+        carry_out_loads_and_floors(&mut shard, &log);
         assert_eq!(shard.leaders_active(), 1);
 
         let named = known(&mut shard, "named", 1);
@@ -509,7 +478,7 @@ mod tests {
         fenced.version = 4;
         fenced.write_fence = Some(WriteFence { task: 77, since_version: 4, freeze_replication: true });
         shard.handle(Time::ZERO, ShardInput::Evidence { from: ME, task: 77, meta: fenced });
-        let outputs = carry_out_loads(&mut shard, &log);
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
 
         assert!(!shard.channels.contains(&named), "no leader's place for it");
         assert!(shard.counters.refused_activations > 0);
@@ -544,7 +513,7 @@ mod tests {
         let (mut shard, log) = shard_over_memory_log(config);
         let follower = known(&mut shard, "evicted-while-pulling", 2);
         shard.activate(&follower);
-        carry_out_loads(&mut shard, &log);
+        carry_out_loads_and_floors(&mut shard, &log);
         assert!(shard.channels.get(&follower).is_some_and(|m| m.pull_in_flight().is_some()), "it pulls");
         shard.evict(&follower);
         assert!(shard.pulls_in_flight.contains_key(&follower), "kept for its next incarnation");

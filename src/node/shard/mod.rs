@@ -13,11 +13,14 @@
 
 mod activation;
 mod calls;
+mod floors;
 mod lifecycle;
 mod lookups;
 mod reads;
 mod senders;
 mod stray;
+#[cfg(test)]
+mod testing;
 
 pub use activation::ActivationLoad;
 use activation::Loaded;
@@ -213,8 +216,9 @@ pub(crate) enum ShardOutput {
     Committed { channel: ChannelId, seq: Seq, sender: Option<String>, again: bool },
     /// A metadata proposal (a leader's ISR change); nobody waits for it.
     Propose(Command),
-    /// The shard needs `channel`'s meta: the node fetches it and answers with [`ShardInput::Meta`].
-    FetchMeta(ChannelId),
+    /// The shard needs `channel`'s meta, at version `at_least` or a newer one (its log's floor: an older
+    /// one is stale here): the node fetches it and answers with [`ShardInput::Meta`].
+    FetchMeta { channel: ChannelId, at_least: u64 },
     /// A message for this node's own core (a controller here asked for evidence or a failover).
     Loopback(NodeMessage),
     /// The meta a task starts from (`Err`: the shard knows none for the channel, and fetches it).
@@ -349,6 +353,11 @@ pub(crate) struct ChannelShard {
     stray: BTreeMap<ChannelId, stray::StrayCandidate>,
     /// Logs being forgotten: the token of each forget, and what its replica knew (see `stray`).
     forgetting: BTreeMap<ChannelId, stray::Forgetting>,
+    /// Meta floors known to be in logs (see `floors`): no meta below one is kept in `metas`. Bounded
+    /// (`floors_max`).
+    floors: FxHashMap<ChannelId, u64>,
+    /// Floors being written, one per channel at most, with the evidence requests each holds.
+    floor_writes: FxHashMap<ChannelId, floors::FloorWrite>,
     id_base: u64,
     id_counter: u64,
     next_incarnation: u64,
@@ -403,6 +412,8 @@ impl ChannelShard {
             pulls_kept: 0,
             stray: BTreeMap::new(),
             forgetting: BTreeMap::new(),
+            floors: FxHashMap::default(),
+            floor_writes: FxHashMap::default(),
             id_base: id_base(config.boot_id, index % shards),
             id_counter: 0,
             // Differs across the node's starts (its boot id), so a replica's machines never share an
@@ -561,7 +572,7 @@ impl ChannelShard {
             ShardInput::Evidence { from, task, meta } => self.answer_evidence(from, task, meta),
             ShardInput::Persisted { channel, token, result } => {
                 let now = self.now;
-                if self.forget_persisted(&channel, token, &result) {
+                if self.forget_persisted(&channel, token, &result) || self.floor_persisted(&channel, token, &result) {
                     return;
                 }
                 if let Some(machine) = self.machine_mut(&channel) {
@@ -875,7 +886,7 @@ mod tests {
                 if error.remedy() == crate::node::Remedy::Retry)
         });
         assert!(done, "answered at once, retryable: {outputs:?}");
-        assert!(outputs.iter().any(|o| matches!(o, ShardOutput::FetchMeta(c) if *c == channel)));
+        assert!(outputs.iter().any(|o| matches!(o, ShardOutput::FetchMeta { channel: c, .. } if *c == channel)));
         assert!(!outputs.iter().any(|o| matches!(o, ShardOutput::Effect(NodeEffect::Send { .. }))), "no forward");
     }
 

@@ -371,7 +371,7 @@ mod tests {
         let token = confirmed_removed(&mut shard);
         finish_forget(&mut shard, &log, token);
         outputs(&mut shard);
-        assert_eq!(log.state(&room()).unwrap().forgotten_at, 5);
+        assert_eq!(log.state(&room()).unwrap().meta_floor, 6);
         // A late push of an older meta that named this node leader (the shard let the newer one go).
         shard.handle(now, ShardInput::Meta { meta: meta(4, &[1, 2, 3]), stored_here: false });
         let out = outputs(&mut shard);

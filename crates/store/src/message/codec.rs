@@ -12,6 +12,7 @@ const OP_SET_RETENTION: u8 = 4;
 const OP_START_AFTER: u8 = 5;
 const OP_CHECKPOINT_FANNED: u8 = 6;
 const OP_FORGET: u8 = 7;
+const OP_RAISE_META_FLOOR: u8 = 8;
 
 /// Most bytes [`encode_batch`]'s output takes for `batch` (what the journal reserves for the frame).
 pub(crate) fn encoded_batch_len_max(batch: &LogBatch) -> usize {
@@ -48,6 +49,7 @@ pub(crate) fn encode_batch(batch: &LogBatch, out: &mut Vec<u8>) {
                 out.extend_from_slice(&epoch.get().to_le_bytes());
             }
             LogOp::Forget { version } => put_seq(out, OP_FORGET, Seq::new(*version)),
+            LogOp::RaiseMetaFloor { version } => put_seq(out, OP_RAISE_META_FLOOR, Seq::new(*version)),
         }
     }
 }
@@ -79,6 +81,7 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Option<LogBatch> {
                 LogOp::StartAfter { seq, epoch: LeaderEpoch::new(input.u64()?) }
             }
             OP_FORGET => LogOp::Forget { version: input.u64()? },
+            OP_RAISE_META_FLOOR => LogOp::RaiseMetaFloor { version: input.u64()? },
             _ => return None,
         };
         ops.push(op);
@@ -101,9 +104,10 @@ pub(crate) fn encode_state(stored: &StoredState) -> Vec<u8> {
     out.extend_from_slice(&frames_before.to_le_bytes());
     out.extend_from_slice(&opening.to_le_bytes());
     out.extend_from_slice(&state.fanned_through.get().to_le_bytes());
-    // Only a tombstone writes it: every other state keeps format 4's bytes.
-    if state.forgotten_at > 0 {
-        out.extend_from_slice(&state.forgotten_at.to_le_bytes());
+    // Only a log with a meta floor (a tombstone, or a replica that answered a controller) writes it:
+    // every other state keeps format 4's bytes.
+    if state.meta_floor > 0 {
+        out.extend_from_slice(&state.meta_floor.to_le_bytes());
     }
     out
 }
@@ -130,12 +134,12 @@ pub(crate) fn decode_state(bytes: &[u8]) -> Option<StoredState> {
     let opening = if input.is_empty() { 0 } else { input.u64()? };
     // Written before fanout's progress was kept (format 3): 0, nothing known.
     let fanned_through = Seq::new(if input.is_empty() { 0 } else { input.u64()? });
-    // Written before forgotten logs left a tombstone, or by a log never forgotten: 0.
-    let forgotten_at = if input.is_empty() { 0 } else { input.u64()? };
+    // Written before logs kept a meta floor, or by a log without one: 0.
+    let meta_floor = if input.is_empty() { 0 } else { input.u64()? };
     let ordered = epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1);
     let consistent = retention_through <= hw && fanned_through <= hw && hw <= last_seq && sled_through <= last_seq;
     (input.is_empty() && ordered && consistent).then_some(StoredState {
-        state: ChannelLogState { last_seq, epochs, hw, retention_through, fanned_through, forgotten_at },
+        state: ChannelLogState { last_seq, epochs, hw, retention_through, fanned_through, meta_floor },
         sled_through,
         frames_before,
         opening,
@@ -168,6 +172,7 @@ mod tests {
                 LogOp::CheckpointFanned(Seq::new(3)),
                 LogOp::StartAfter { seq: Seq::new(9), epoch: LeaderEpoch::new(3) },
                 LogOp::Forget { version: 12 },
+                LogOp::RaiseMetaFloor { version: 14 },
             ],
         )
     }
@@ -194,13 +199,13 @@ mod tests {
             hw: Seq::new(8),
             retention_through: Seq::new(2),
             fanned_through: Seq::new(5),
-            forgotten_at: 0,
+            meta_floor: 0,
         };
         let stored = StoredState { state: state.clone(), sled_through: Seq::new(7), frames_before: 12, opening: 4 };
         let bytes = encode_state(&stored);
         assert_eq!(decode_state(&bytes), Some(stored.clone()));
         // A tombstone's version follows (a state never forgotten keeps format 4's bytes).
-        let tombstoned = StoredState { state: ChannelLogState { forgotten_at: 9, ..state.clone() }, ..stored.clone() };
+        let tombstoned = StoredState { state: ChannelLogState { meta_floor: 9, ..state.clone() }, ..stored.clone() };
         let with_tombstone = encode_state(&tombstoned);
         assert_eq!(with_tombstone.len(), bytes.len() + 8);
         assert_eq!(decode_state(&with_tombstone), Some(tombstoned));

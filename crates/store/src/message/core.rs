@@ -439,7 +439,7 @@ impl LogCore {
                     entry.older_dirty_after = Some(Seq::default());
                     entry.generation += 1;
                 }
-                LogOp::CheckpointHw(_) | LogOp::CheckpointFanned(_) => {}
+                LogOp::CheckpointHw(_) | LogOp::CheckpointFanned(_) | LogOp::RaiseMetaFloor { .. } => {}
             }
         }
         Ok(())

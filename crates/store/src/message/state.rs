@@ -31,14 +31,22 @@ pub enum LogOp {
         epoch: LeaderEpoch,
     },
     /// Forgets the log: every record and the state go, and a later batch starts again at seq 1. What
-    /// stays is a tombstone, `version`: the channel meta version that named this node no replica
-    /// (`ChannelLogState::forgotten_at`), so that no meta as old, read from a stale copy, can ever
-    /// make this empty log act as the replica it was (a leader that led an epoch before would lead it
-    /// again). For a replica its channel no longer names: the caller must know it holds nothing the
+    /// stays is a tombstone: the meta floor rises past `version`, the channel meta version that named
+    /// this node no replica (`ChannelLogState::meta_floor`), so that no meta as old, read from a stale
+    /// copy, can ever make this empty log act as the replica it was (a leader that led an epoch before
+    /// would lead it again). For a replica its channel no longer names: the caller must know it holds nothing the
     /// channel still needs (see `tidings::Node`'s stray-log sweep). The only operation that lowers the
     /// HW, which is why nothing else may take its place.
     Forget {
         /// The meta version that removed this node's replica.
+        version: u64,
+    },
+    /// Raises the meta floor (`ChannelLogState::meta_floor`) to `version`, never lowers it: this replica
+    /// answered a controller under that channel meta, which may act on the answer (a switch of leader),
+    /// so no older meta — read after a restart from a slot replica that has not applied the newer one —
+    /// may ever make it act as before.
+    RaiseMetaFloor {
+        /// The meta version the replica answered under.
         version: u64,
     },
 }
@@ -183,16 +191,17 @@ pub struct ChannelLogState {
     /// Every message at or below this seq finished its post-commit fanout, as this replica knew at its
     /// last checkpoint; 0: nothing known.
     pub fanned_through: Seq,
-    /// The channel meta version at which this node's replica was removed and its log forgotten
-    /// ([`LogOp::Forget`]; 0: never): a meta at or below it is stale here and names no replica of
-    /// this log. Kept across later writes (a replica added back by a newer meta).
-    pub forgotten_at: u64,
+    /// The oldest channel meta version this replica may act under (0: any): an older meta is stale
+    /// here for good. Raised past the meta that removed this node's replica when its log was forgotten
+    /// ([`LogOp::Forget`]), and to the meta a controller's evidence request came under
+    /// ([`LogOp::RaiseMetaFloor`]). Kept across every later write (a replica added back by a newer meta).
+    pub meta_floor: u64,
 }
 
 impl ChannelLogState {
     /// `true` if the log holds nothing (never written, or forgotten: a tombstone at most).
     pub fn is_empty(&self) -> bool {
-        *self == ChannelLogState { forgotten_at: self.forgotten_at, ..ChannelLogState::default() }
+        *self == ChannelLogState { meta_floor: self.meta_floor, ..ChannelLogState::default() }
     }
 
     /// Leader epoch of the last record (0 if the log never held one).
@@ -286,8 +295,12 @@ impl ChannelLogState {
                 Ok(())
             }
             LogOp::Forget { version } => {
-                let forgotten_at = self.forgotten_at.max(*version);
-                *self = ChannelLogState { forgotten_at, ..ChannelLogState::default() };
+                let meta_floor = self.meta_floor.max(version.saturating_add(1));
+                *self = ChannelLogState { meta_floor, ..ChannelLogState::default() };
+                Ok(())
+            }
+            LogOp::RaiseMetaFloor { version } => {
+                self.meta_floor = self.meta_floor.max(*version);
                 Ok(())
             }
         }

@@ -887,7 +887,7 @@ mod tests {
         assert_eq!(log.logs_after(None, 10).unwrap().len(), 2);
 
         log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget { version: 7 }])).unwrap();
-        let tombstone = ChannelLogState { forgotten_at: 7, ..ChannelLogState::default() };
+        let tombstone = ChannelLogState { meta_floor: 8, ..ChannelLogState::default() };
         assert_eq!(log.state(&a).unwrap(), tombstone, "forgotten at once");
         assert!(seqs(&log, &a).is_empty());
         assert_eq!(log.logs_after(None, 10).unwrap(), vec![b.clone()], "not listed, though sled still holds it");
@@ -915,9 +915,47 @@ mod tests {
         drop(log);
         let log = reopen(dir.path(), &kv);
         assert_eq!(seqs(&log, &a), vec![1]);
-        assert_eq!(log.state(&a).unwrap().forgotten_at, 7, "the tombstone stays with the new log");
+        assert_eq!(log.state(&a).unwrap().meta_floor, 8, "the tombstone stays with the new log");
         assert_eq!(seqs(&log, &b), vec![1, 2]);
         assert_eq!(log.logs_after(None, 1).unwrap().len(), 1, "the limit holds");
+    }
+
+    /// A meta floor never goes down, outlives a forget (which raises it past the removing meta), a
+    /// write-behind and a restart from the journal alone; a log holding nothing but its floor is
+    /// empty (a sweep does not list it) yet keeps it.
+    #[test]
+    fn a_meta_floor_only_rises_and_survives_forgets_write_behind_and_restarts() {
+        let (dir, kv, a, log) = fresh();
+        let floor = |log: &JournalLog| log.state(&a).unwrap().meta_floor;
+        let raise = |version| LogBatch::new(a.clone(), vec![LogOp::RaiseMetaFloor { version }]);
+
+        log.commit(raise(5)).unwrap();
+        assert_eq!(floor(&log), 5);
+        assert!(log.state(&a).unwrap().is_empty(), "a floor alone holds nothing");
+        assert!(log.logs_after(None, 10).unwrap().is_empty(), "a sweep has nothing to forget");
+        drop(log);
+        let log = reopen(dir.path(), &kv);
+        assert_eq!(floor(&log), 5, "replayed from the journal");
+
+        log.commit(crate::message::test_append(&a, 1, 3)).unwrap();
+        log.commit(raise(3)).unwrap();
+        assert_eq!(floor(&log), 5, "never lowered");
+        log.write_behind().unwrap();
+        log.release_caches(&a);
+        log.write_behind().unwrap();
+        drop(log);
+        let log = reopen(dir.path(), &kv);
+        assert_eq!(floor(&log), 5, "read back from sled");
+        assert_eq!(seqs(&log, &a), vec![1, 2, 3]);
+
+        log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget { version: 2 }])).unwrap();
+        assert_eq!(floor(&log), 5, "a forget under an older meta keeps the higher floor");
+        log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget { version: 9 }])).unwrap();
+        assert_eq!(floor(&log), 10, "past the meta that removed the replica");
+        log.commit(raise(12)).unwrap();
+        log.write_behind().unwrap();
+        drop(log);
+        assert_eq!(floor(&reopen(dir.path(), &kv)), 12);
     }
 
     /// A channel read back in the opening that wrote its state skips the clean-up of stale packs (none
