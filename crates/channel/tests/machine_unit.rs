@@ -243,6 +243,40 @@ fn a_hint_from_the_leader_replaces_a_pull_that_was_lost() {
     assert!(pulls(&settle(&mut m, &log, t(60))).is_empty());
 }
 
+/// The hints a settled machine sent to `to`.
+fn hints_to(effects: &[Effect], to: u64) -> usize {
+    let to = NodeId::new(to);
+    effects
+        .iter()
+        .filter(|e| matches!(e, Effect::Send { to: peer, message: ChannelMessage::Hint(_) } if *peer == to))
+        .count()
+}
+
+/// A leader's start hints its followers, so that idle or evicted ones pull at once. A pull from one that
+/// comes before the hint went out is what the hint asks for: the hint is dropped, since it would only
+/// make the follower give that pull up and send another. (A leadership resumed for its followers' pulls
+/// hinted them all the same; two such leaders sharing one leader's place then evicted each other at
+/// once, for ever, each start's hints bringing the pulls that activated it again.)
+#[test]
+fn a_hint_still_queued_is_dropped_once_its_follower_pulls() {
+    let log = MemoryLog::new(LogLimits::default());
+    let mut started = machine();
+    started.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    assert_eq!(hints_to(&settle(&mut started, &log, t(1)), 2), 1, "a leader's start hints its follower");
+
+    let log = MemoryLog::new(LogLimits::default());
+    let mut pulled = machine();
+    pulled.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    pulled.handle_message(t(1), NodeId::new(2), pull(1, 1, 0));
+    let effects = settle(&mut pulled, &log, t(1));
+    assert_eq!(hints_to(&effects, 2), 0, "the follower's pull came first: no hint");
+    // The pull itself stands: once the barrier is durable it is answered with it.
+    let answered = effects.iter().any(|e| {
+        matches!(e, Effect::Send { to, message: ChannelMessage::PullResponse(response) } if *to == NodeId::new(2) && response.pull_id == 1)
+    });
+    assert!(answered, "the pull is answered: {effects:?}");
+}
+
 /// A leader that missed its successor's meta (cut off, or drained out of the channel with no slot
 /// replica of its own to tell it) keeps hinting the ISR members that no longer pull from it. Each answers
 /// with the epoch in force, which sends the stale leader for the meta: without the answer such a leader

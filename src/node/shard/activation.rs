@@ -312,7 +312,17 @@ impl ChannelShard {
         let leaders_max = leaders_max(self.active_max);
         // Counted only when the shard holds that many replicas at all (O(active)).
         let leaders_full = || self.channels.len() >= leaders_max && self.leaders_active() >= leaders_max;
-        let no_room_to_lead = leads && leaders_full() && !self.evict_one_leader();
+        // A leadership not started yet (its log holds no barrier of the meta's epoch: a controller's
+        // failover or transfer chose this replica, or the channel is new) takes a free place past the
+        // leaders' share. Nothing else starts it, and while it waits its channel has no leader: a named
+        // leader refused while a place stood free kept its channel down for ~28 s of the healed phase
+        // (sim seed 370000852 as session 31 found it, tight limits). Only a start: a leader coming back for an append keeps to its
+        // share, since letting every leader take a free place churned activations at the cap (session
+        // 31). It holds the followers' place as a follower named leader in place does, and followers are
+        // let in past the cap meanwhile (`followers_place_taken_by_leaders`).
+        let starts_in_free_place =
+            leads && log.state.last_epoch() < meta.leader_epoch && self.channels.len() < self.active_max;
+        let no_room_to_lead = leads && !starts_in_free_place && leaders_full() && !self.evict_one_leader();
         // (Evicts for room only when a leader's place is not what is missing.)
         let refused = no_room_to_lead || {
             let no_room = self.channels.len() >= self.active_max && !self.evict_one();

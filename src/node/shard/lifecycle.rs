@@ -503,6 +503,54 @@ mod tests {
         assert_eq!(replies, vec![(77, named, 4, report)]);
     }
 
+    /// Where leaders fill their share of the places (two of three here, held by busy leaders), a leader
+    /// coming back for an append waits for that share, but a leadership not started yet (no barrier of
+    /// its epoch in its log: a failover's or transfer's choice) takes a place that stands free. Nothing
+    /// else starts it, and its channel has no leader meanwhile.
+    #[test]
+    fn a_leadership_to_start_takes_a_free_place_past_the_leaders_share() {
+        let config = NodeConfig { active_channels_max: 3, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        let (mut shard, log) = shard_over_memory_log(config);
+        assert_eq!(super::super::activation::leaders_max(3), 2);
+        // Two leaders whose barriers' persists are never answered: not quiescent, never evicted.
+        for name in ["busy-1", "busy-2"] {
+            let busy = known(&mut shard, name, 1);
+            shard.activate(&busy);
+            carry_out_loads_and_floors(&mut shard, &log);
+        }
+        assert_eq!(shard.leaders_active(), 2);
+
+        let returning = known(&mut shard, "returning", 1);
+        let barrier = Record {
+            seq: Seq::new(1),
+            kind: RecordKind::Barrier,
+            leader_epoch: LeaderEpoch::new(2),
+            idempotency_key: None,
+            timestamp_ms: 1,
+            payload: bytes::Bytes::new(),
+        };
+        let ops = vec![LogOp::Append(vec![barrier]), LogOp::CheckpointHw(Seq::new(1))];
+        tidings_store::message::MessageLog::commit(&*log, LogBatch::new(returning.clone(), ops)).unwrap();
+        shard.activate(&returning);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(!shard.channels.contains(&returning), "its epoch started here: it keeps to the leaders' share");
+        let refused = shard.counters.refused_activations;
+        assert!(refused > 0);
+
+        let starting = known(&mut shard, "starting", 1);
+        shard.activate(&starting);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.channels.contains(&starting), "a leadership to start takes the free place");
+        assert_eq!(shard.counters.refused_activations, refused);
+
+        // With no place free, a leadership to start waits like any other leader.
+        let next = known(&mut shard, "next", 1);
+        shard.activate(&next);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(!shard.channels.contains(&next), "no place free");
+        assert!(shard.to_activate.contains_key(&next), "tried again at the next scans");
+    }
+
     /// A follower evicted while its pull waits keeps the pull for its next incarnation, until a pull
     /// timeout after it was sent: then its next incarnation would send it again at once, and the entry
     /// (with the channel's id it keeps alive) goes.

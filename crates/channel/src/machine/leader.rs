@@ -571,6 +571,7 @@ impl ChannelMachine {
                 return;
             }
         }
+        self.withdraw_queued_hint(from);
         let now = self.now;
         let log_end = self.log.end;
         let max_bytes = usize::try_from(request.max_bytes).unwrap_or(usize::MAX).min(self.config.pull_bytes_max);
@@ -600,6 +601,17 @@ impl ChannelMachine {
                     Some(Parked { pull_id: request.pull_id, next_seq: request.next_seq, deadline, max_bytes });
             }
         }
+    }
+
+    /// Drops a hint to `to` queued and not yet sent: a pull of this leader epoch from `to` came first,
+    /// and it is what the hint asks for. Sent anyway, the hint would only make the follower give this
+    /// pull up and send another. A leadership resumed for its followers' pulls hints them at its start;
+    /// two such leaders sharing one leader's place then evicted each other at once, for ever, each
+    /// start's hints bringing pulls that activated it again after the other took the place.
+    fn withdraw_queued_hint(&mut self, to: NodeId) {
+        self.effects.retain(
+            |effect| !matches!(effect, Effect::Send { to: peer, message: ChannelMessage::Hint(_) } if *peer == to),
+        );
     }
 
     /// Answers a pull with records from `next_seq` (from the cache, or through a store read).
