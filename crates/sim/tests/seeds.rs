@@ -495,3 +495,18 @@ fn a_seed_whose_transfer_left_a_leader_that_had_not_begun_passes() {
     assert!(params.disk_loss);
     assert_passes(&run(params));
 }
+
+/// A slot voter removed while cut off, whose group then moved on to nodes it never knew as voters,
+/// asked only the voters it knew whether it was still wanted — none held the group any more — and kept
+/// its stale copy for good. That copy's meta named its node a replica of a channel moved off it, so the
+/// stray-log sweep never forgot the channel's log there. A replica now asks every node of the cluster
+/// (398003608, tight limits, hurried timings and skewed clocks forced on; a lost disk drawn; found on
+/// meta floors' first build, whose interleaving differs: `a_removed_voter_whose_known_voters_all_left_the_group_learns_its_removal`
+/// is the check).
+#[test]
+fn a_seed_whose_removed_slot_voter_knew_no_voter_left_in_its_group_passes() {
+    let params =
+        SimParams { tight_limits: true, hurried_timings: true, clock_skew: true, ..SimParams::from_seed(398003608) };
+    assert!(params.disk_loss);
+    assert_passes(&run(params));
+}

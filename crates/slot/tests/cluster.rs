@@ -52,6 +52,11 @@ fn config(node: NodeId) -> MultiRaftConfig {
 
 impl Cluster {
     fn new(seed: u64, nodes: u64, groups: u32, replicas: usize) -> Self {
+        Self::with_config(seed, nodes, groups, replicas, config)
+    }
+
+    /// A cluster whose drivers take `config`.
+    fn with_config(seed: u64, nodes: u64, groups: u32, replicas: usize, config: fn(NodeId) -> MultiRaftConfig) -> Self {
         let ids: Vec<NodeId> = (1..=nodes).map(NodeId::new).collect();
         let table = HashToSlot::even_split(groups).unwrap();
         let groups: Vec<(GroupId, Vec<NodeId>)> = table
@@ -551,6 +556,68 @@ fn a_replica_moves_through_a_learner_and_joint_consensus_and_the_old_one_is_dest
     assert!(!cluster.driver(from).groups().any(|g| g == group), "a tombstone keeps the moved replica away");
     assert_eq!(cluster.driver(to).status(group).unwrap().voters, expected);
     assert_eq!(cluster.propose_and_wait(to, put_user("after-restart", "x")), Outcome::Applied);
+}
+
+/// Moves `group`'s voter `from` to `to` under `leader`: a learner that catches up, the joint
+/// configuration, and its end.
+fn replace_voter(cluster: &mut Cluster, group: GroupId, leader: NodeId, from: NodeId, to: NodeId) {
+    use tidings_slot::raft::MembershipChange;
+    let now = cluster.now;
+    cluster.driver(leader).change_membership(now, group, &MembershipChange::AddLearner(to)).unwrap();
+    cluster.drain(leader);
+    run_until(cluster, 10_000, "the learner catches up", |c| {
+        let applied = c.driver(leader).applied_index(group).unwrap();
+        c.driver(to).applied_index(group) == Some(applied)
+    });
+    let now = cluster.now;
+    let enter = MembershipChange::EnterJoint { promote: vec![to], remove: vec![from] };
+    cluster.driver(leader).change_membership(now, group, &enter).unwrap();
+    cluster.drain(leader);
+    run_until(cluster, 5_000, "the joint configuration", |c| c.driver(leader).status(group).unwrap().joint);
+    let now = cluster.now;
+    cluster.driver(leader).change_membership(now, group, &MembershipChange::LeaveJoint).unwrap();
+    cluster.drain(leader);
+    run_until(cluster, 5_000, "leaving the joint configuration", |c| !c.driver(leader).status(group).unwrap().joint);
+}
+
+/// Drivers that know a cluster of six nodes.
+fn config_of_six(node: NodeId) -> MultiRaftConfig {
+    MultiRaftConfig { cluster: (1..=6).map(NodeId::new).collect(), ..config(node) }
+}
+
+/// A voter removed while cut off, whose group then moved on to nodes it never knew as voters (every
+/// voter it knows left the group), learns its removal from the group's new leader once back: it asks
+/// every node of the cluster, not only the voters it knows, none of which would answer (sim seed
+/// 398003608: such a replica kept its stale metadata for good, which named its node a channel's
+/// replica, so the stray-log sweep never forgot that channel's log).
+#[test]
+fn a_removed_voter_whose_known_voters_all_left_the_group_learns_its_removal() {
+    let mut cluster = Cluster::with_config(11, 6, 1, 3, config_of_six);
+    cluster.run_for(3_000);
+    let group = GroupId::new(1);
+    let n = NodeId::new;
+    assert_eq!(cluster.members(group), vec![n(2), n(3), n(4)]);
+    let leader = cluster.leader_of(group).unwrap();
+    let others: Vec<NodeId> = [n(2), n(3), n(4)].into_iter().filter(|m| *m != leader).collect();
+    let (cut_off, moved) = (others[0], others[1]);
+    cluster.blocked.insert(cut_off);
+    replace_voter(&mut cluster, group, leader, cut_off, n(1));
+    replace_voter(&mut cluster, group, leader, moved, n(5));
+    let now = cluster.now;
+    assert!(cluster.driver(leader).transfer_leader(now, group, n(1)));
+    cluster.drain(leader);
+    run_until(&mut cluster, 5_000, "node 1 leads", |c| c.leader_of(group) == Some(n(1)));
+    replace_voter(&mut cluster, group, n(1), leader, n(6));
+    run_until(&mut cluster, 15_000, "the replicas moved while connected are destroyed", |c| {
+        [moved, leader].iter().all(|m| !c.driver(*m).groups().any(|g| g == group))
+    });
+    assert_eq!(cluster.driver(n(1)).status(group).unwrap().voters, vec![n(1), n(5), n(6)]);
+    assert!(cluster.driver(cut_off).groups().any(|g| g == group), "the cut-off replica still thinks it is a member");
+
+    cluster.blocked.remove(&cut_off);
+    run_until(&mut cluster, 15_000, "the cut-off replica learns its removal", |c| {
+        !c.driver(cut_off).groups().any(|g| g == group)
+    });
 }
 
 /// A voter the joint configuration's end leaves out is let go only once every other member heard from

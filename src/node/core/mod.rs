@@ -206,6 +206,7 @@ impl NodeCore {
         // election timeout and split their votes forever when their clocks tick in step.
         raft_config.seed = config.seed ^ config.node.get().wrapping_mul(0x9e37_79b9_7f4a_7c15);
         raft_config.boot_id = config.boot_id;
+        raft_config.cluster = config.nodes.clone();
         let draw = || draw_storage_id(config.seed, config.node, config.boot_id);
         let identities = Identities::open(meta.identity(), config.nodes.len(), now, draw)?;
         let slot = MultiRaft::open(raft_config, logs, meta.clone(), config.table(), &members, now)?;

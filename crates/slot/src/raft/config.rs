@@ -54,6 +54,11 @@ pub struct MultiRaftConfig {
     pub request_timeout: Duration,
     /// FSM limits.
     pub fsm: FsmLimits,
+    /// Every node of the cluster. A replica that asks whether it is still wanted asks them too, not only
+    /// the voters its own configuration names: those may all have left the group since (or lost their
+    /// disks), and then only a node it does not know of leads the group that removed it. Default:
+    /// none (the voters it knows only).
+    pub cluster: Vec<NodeId>,
 }
 
 impl MultiRaftConfig {
@@ -81,6 +86,7 @@ impl MultiRaftConfig {
             snapshot_ack_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(5),
             fsm: FsmLimits::default(),
+            cluster: Vec::new(),
         }
     }
 }
