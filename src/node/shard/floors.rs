@@ -68,8 +68,8 @@ impl ChannelShard {
         self.active_max.saturating_mul(2).max(64)
     }
 
-    /// A meta at or above the floor is kept for `channel`, or its replica left memory with its meta:
-    /// the floor need not be remembered for it any more.
+    /// `channel`'s replica left memory with its meta: its next load reads the floor again with the
+    /// log's state, so it need not be remembered meanwhile.
     pub(super) fn forget_floor(&mut self, channel: &ChannelId) {
         self.floors.remove(channel);
     }
@@ -84,6 +84,7 @@ impl ChannelShard {
         if self.known_floor(&channel) >= version {
             return self.answer_at_floor(from, task, &channel);
         }
+        let room = self.floor_writes.len() < self.floors_max();
         match self.floor_writes.get_mut(&channel) {
             // Held for the write under way, when it covers this version; else dropped: the controller
             // asks again once that one is durable, and the next write raises the floor further.
@@ -95,7 +96,9 @@ impl ChannelShard {
                     write.held.push((from, task));
                 }
             }
-            None => self.write_floor(&channel, version, vec![(from, task)]),
+            // At most as many writes at once as floors kept: more wait for the controller's next ask.
+            None if room => self.write_floor(&channel, version, vec![(from, task)]),
+            None => {}
         }
     }
 

@@ -356,7 +356,8 @@ pub(crate) struct ChannelShard {
     /// Meta floors known to be in logs (see `floors`): no meta below one is kept in `metas`. Bounded
     /// (`floors_max`).
     floors: FxHashMap<ChannelId, u64>,
-    /// Floors being written, one per channel at most, with the evidence requests each holds.
+    /// Floors being written, one per channel at most, with the evidence requests each holds (at most
+    /// `floors_max`).
     floor_writes: FxHashMap<ChannelId, floors::FloorWrite>,
     id_base: u64,
     id_counter: u64,
