@@ -88,14 +88,14 @@ impl ChannelShard {
         match self.floor_writes.get_mut(&channel) {
             // Held for the write under way, when it covers this version; else dropped: the controller
             // asks again once that one is durable, and the next write raises the floor further.
-            Some(write) => {
+            Some(write)
                 if write.version >= version
                     && write.held.len() < ANSWERS_HELD_MAX
-                    && !write.held.contains(&(from, task))
-                {
-                    write.held.push((from, task));
-                }
+                    && !write.held.contains(&(from, task)) =>
+            {
+                write.held.push((from, task))
             }
+            Some(_) => {}
             // At most as many writes at once as floors kept: more wait for the controller's next ask.
             None if room => self.write_floor(&channel, version, vec![(from, task)]),
             None => {}
