@@ -9,7 +9,7 @@ use support::{append_acked, force_meta, read_all, with_fence, Cluster};
 use tidings::channel::machine::AppendRecord;
 use tidings::node::{NodeConfig, NodeError, TaskBlocked, TaskError, TaskKind, TaskReport};
 use tidings::slot::model::SwitchProof;
-use tidings::store::message::IdempotencyKey;
+use tidings::store::message::{IdempotencyKey, MessageLog};
 use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, NodeId, Seq};
 
 fn channel(name: &str) -> ChannelId {
@@ -844,4 +844,72 @@ fn a_leader_that_asks_for_a_failover_while_a_transfer_waits_for_its_drain_gets_i
     acked.extend(append_acked(&mut cluster, follower.get(), &room, "b", 5));
     let meta = stored_meta(&mut cluster, follower.get(), &room);
     assert_all_readable(&mut cluster, meta.leader.get(), &room, &acked);
+}
+
+/// The zombie leader of session 32 (sim seed 383000412), end to end: a leader answers a transfer's
+/// evidence request under the fenced meta while its own slot replica has not applied the fence, then
+/// restarts on that replica. Its log holds the fence's version as its floor, so the meta before the
+/// fence — which names it leader of an epoch it never began — neither activates it nor admits the
+/// append it is given; once it hears from the cluster again the channel takes appends. (Without the
+/// floor check it wrote its barrier and committed the append alone, MinISR 1, under a meta the
+/// transfer had moved past.)
+#[test]
+fn a_leader_restarted_on_a_slot_replica_without_the_fence_it_answered_under_does_not_lead() {
+    // Channels of two replicas (MinISR 1) on three nodes: the slot groups keep a quorum without the
+    // leader. Nodes are taken for down only after a minute: no failover while the leader is cut off.
+    let mut cluster = Cluster::with(3, |config| {
+        config.channel_replicas = 2;
+        config.channel_min_isr = 1;
+        config.controller.node_down_after = std::time::Duration::from_secs(60);
+    });
+    cluster.run_for(3_000);
+    let room = channel("zombie");
+    cluster.create_channel(1, &room);
+    let before = stored_meta(&mut cluster, 1, &room);
+    let leader = before.leader.get();
+    let other = (1..=3).find(|n| *n != leader).unwrap();
+    assert_eq!(cluster.nodes[&before.leader].log.state(&room).unwrap().last_seq, Seq::new(0), "never begun");
+
+    // The leader is cut off; a transfer's fence (no replication freeze) commits without it.
+    cluster.cut.insert(before.leader);
+    cluster.run_for(3_000);
+    let fenced = with_fence(&before, 77, false);
+    force_meta(&mut cluster, other, &before, fenced.clone(), None);
+    assert_eq!(stored_meta(&mut cluster, leader, &room).version, before.version, "its slot replica lags");
+
+    // The controller's request reaches it (its answer is lost): its floor is written first, then its
+    // activation's load is asked for — held here, so that the replica never writes its barrier (as
+    // when it crashes before that write is durable).
+    cluster.hold_reads = true;
+    let request = tidings::node::NodeMessage::EvidenceRequest { task: 77, meta: fenced.clone() };
+    let frame = tidings::frame::encode(&tidings::frame::Frame {
+        cluster: 1,
+        from: NodeId::new(other),
+        storage: cluster.core(other).storage_id(),
+        body: tidings::frame::FrameBody::Node(request),
+    });
+    let now = cluster.now;
+    cluster.core(leader).handle_frame(now, NodeId::new(other), &frame).unwrap();
+    cluster.run_for(100);
+    assert_eq!(cluster.nodes[&before.leader].log.state(&room).unwrap().meta_floor, fenced.version);
+
+    assert!(!cluster.held_reads.is_empty(), "the activation waits for its load");
+
+    // Restarted, still cut off: its slot replica names it leader under the meta before the fence.
+    cluster.crash(leader);
+    cluster.held_reads.clear();
+    cluster.hold_reads = false;
+    cluster.restart(leader);
+    assert_eq!(stored_meta(&mut cluster, leader, &room).version, before.version);
+    let append = cluster.append(leader, &room, &["zombie"]);
+    cluster.run_for(1_000);
+    let log = cluster.nodes[&before.leader].log.state(&room).unwrap();
+    assert_eq!(log.last_seq, Seq::new(0), "no barrier, no record under the stale meta: {log:?}");
+    assert!(cluster.core(leader).status().channels.iter().all(|c| c.channel != room), "not activated");
+    assert!(!cluster.appended.contains_key(&append));
+
+    // Back in touch: the fence is taken over and the channel takes appends again.
+    cluster.cut.clear();
+    let acked = append_acked(&mut cluster, leader, &room, "after", 1);
+    assert_eq!(acked.len(), 1);
 }
