@@ -299,7 +299,8 @@ impl ChannelShard {
             // or its log was forgotten past it (under it the empty log would act as the replica it was,
             // and a leader would lead again an epoch it led before). Acting under it could take records a
             // switch of leader left behind; the meta in force is fetched, and the calls wait for it.
-            tracing::info!(%channel, node = %self.config.node, version = meta.version, floor = log.state.meta_floor, "a stale meta names this replica: fetching the one in force");
+            let (version, floor) = (meta.version, log.state.meta_floor);
+            tracing::info!(%channel, node = %self.config.node, version, floor, "stale meta: fetching the one in force");
             self.metas.remove(&channel);
             self.fetch_meta(&channel);
             return self.end_parked(&channel, parked, RemoteAppendError::Refused(AppendError::NotReady));
@@ -316,10 +317,11 @@ impl ChannelShard {
         // failover or transfer chose this replica, or the channel is new) takes a free place past the
         // leaders' share. Nothing else starts it, and while it waits its channel has no leader: a named
         // leader refused while a place stood free kept its channel down for ~28 s of the healed phase
-        // (sim seed 370000852 as session 31 found it, tight limits). Only a start: a leader coming back for an append keeps to its
-        // share, since letting every leader take a free place churned activations at the cap (session
-        // 31). It holds the followers' place as a follower named leader in place does, and followers are
-        // let in past the cap meanwhile (`followers_place_taken_by_leaders`).
+        // (sim seed 370000852 as session 31 found it, tight limits). Only a start: a leader coming back
+        // for an append keeps to its share, since letting every leader take a free place churned
+        // activations at the cap (session 31). It holds the followers' place as a follower named leader
+        // in place does, and followers are let in past the cap meanwhile
+        // (`followers_place_taken_by_leaders`).
         let starts_in_free_place =
             leads && log.state.last_epoch() < meta.leader_epoch && self.channels.len() < self.active_max;
         let no_room_to_lead = leads && !starts_in_free_place && leaders_full() && !self.evict_one_leader();
