@@ -16,10 +16,9 @@
 //! forgets costs a load or a write again, never safety: the durable floor is what a load checks.
 
 use super::activation::Deferred;
-use super::{ChannelShard, ShardOutput};
-use crate::node::core::NodeEffect;
+use super::ChannelShard;
 use tidings_channel::machine::PersistToken;
-use tidings_store::message::{LogBatch, LogOp};
+use tidings_store::message::LogOp;
 use tidings_store::StoreError;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId};
 
@@ -104,12 +103,8 @@ impl ChannelShard {
 
     /// Asks the store to raise `channel`'s floor to `version`; `held` are answered once it is durable.
     fn write_floor(&mut self, channel: &ChannelId, version: u64, held: Vec<(NodeId, u64)>) {
-        // An incarnation of its own: no machine's completion can be taken for it.
-        let token = PersistToken { incarnation: self.next_incarnation, generation: 0, id: 0 };
-        self.next_incarnation += 1;
+        let token = self.persist_own(channel, LogOp::RaiseMetaFloor { version });
         self.floor_writes.insert(channel.clone(), FloorWrite { token, version, held });
-        let batch = LogBatch::new(channel.clone(), vec![LogOp::RaiseMetaFloor { version }]);
-        self.outputs.push_back(ShardOutput::Effect(NodeEffect::Persist { token, batch }));
     }
 
     /// `true` if `token` is the floor write of `channel`, which this finishes: durable, the requests it
@@ -156,10 +151,11 @@ mod tests {
     use super::super::{ApiId, ShardInput, ShardOutput};
     use super::*;
     use crate::node::config::NodeConfig;
+    use crate::node::core::NodeEffect;
     use crate::node::message::NodeMessage;
     use std::sync::Arc;
     use tidings_channel::machine::{AppendRecord, RoleKind};
-    use tidings_store::message::{MemoryLog, MessageLog};
+    use tidings_store::message::{LogBatch, MemoryLog, MessageLog};
     use tidings_types::{ChannelType, Epoch, LeaderEpoch, Seq, Time, WriteFence};
 
     const ME: NodeId = NodeId::new(1);

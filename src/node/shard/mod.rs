@@ -48,7 +48,7 @@ use tidings_router::HashToSlot;
 use tidings_slot::command::Command;
 use tidings_slot::model::Uid;
 use tidings_slot::query::SlotReader;
-use tidings_store::message::{MessageLog, Record};
+use tidings_store::message::{LogBatch, LogOp, MessageLog, Record};
 use tidings_store::StoreError;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, LeaderEpoch, NodeId, Seq, Time};
 
@@ -674,6 +674,17 @@ impl ChannelShard {
     }
 
     /// Sends a node message: to a peer as a frame, to this node's core through the loopback.
+    /// Writes `op` to `channel`'s log through the durable path, under an incarnation of its own (no
+    /// machine's completion can be taken for it), and returns the write's token: the shard's own writes
+    /// (a forget, a meta floor), finished by `ShardInput::Persisted` with that token.
+    fn persist_own(&mut self, channel: &ChannelId, op: LogOp) -> PersistToken {
+        let token = PersistToken { incarnation: self.next_incarnation, generation: 0, id: 0 };
+        self.next_incarnation += 1;
+        let batch = LogBatch::new(channel.clone(), vec![op]);
+        self.outputs.push_back(ShardOutput::Effect(NodeEffect::Persist { token, batch }));
+        token
+    }
+
     fn send_node(&mut self, to: NodeId, message: NodeMessage) {
         if to == self.config.node {
             self.outputs.push_back(ShardOutput::Loopback(message));

@@ -16,10 +16,9 @@
 //! back then activates a new replica, on the empty log, once the forget is durable.
 
 use super::{ChannelShard, ShardOutput};
-use crate::node::core::NodeEffect;
 use std::time::Duration;
 use tidings_channel::machine::PersistToken;
-use tidings_store::message::{LogBatch, LogOp};
+use tidings_store::message::LogOp;
 use tidings_store::StoreError;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, Seq, Time};
 
@@ -112,13 +111,9 @@ impl ChannelShard {
         self.pulls_in_flight.remove(channel);
         self.cannot_lead.remove(channel);
         self.to_activate.remove(channel);
-        // An incarnation of its own: no machine's completion can be taken for it.
-        let token = PersistToken { incarnation: self.next_incarnation, generation: 0, id: 0 };
-        self.next_incarnation += 1;
-        self.forgetting.insert(channel.clone(), Forgetting { token, floor });
         tracing::info!(%channel, node = %self.config.node, "forgetting the log of a replica moved away");
-        let batch = LogBatch::new(channel.clone(), vec![LogOp::Forget { version }]);
-        self.outputs.push_back(ShardOutput::Effect(NodeEffect::Persist { token, batch }));
+        let token = self.persist_own(channel, LogOp::Forget { version });
+        self.forgetting.insert(channel.clone(), Forgetting { token, floor });
     }
 
     /// `true` if `token` is the forget of `channel`'s log, which this finishes: the channel may be
@@ -177,7 +172,7 @@ mod tests {
     use crate::node::core::NodeEffect;
     use crate::node::shard::Lookup;
     use std::sync::Arc;
-    use tidings_store::message::{MemoryLog, MessageLog, Record, RecordKind};
+    use tidings_store::message::{LogBatch, MemoryLog, MessageLog, Record, RecordKind};
     use tidings_types::{ChannelType, Epoch, LeaderEpoch, NodeId, Seq};
 
     const ME: NodeId = NodeId::new(1);
