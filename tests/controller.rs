@@ -5,7 +5,7 @@
 mod support;
 
 use bytes::Bytes;
-use support::{append_acked, force_meta, read_all, with_fence, Cluster};
+use support::{append_acked, deliver, force_meta, read_all, with_fence, Cluster};
 use tidings::channel::machine::AppendRecord;
 use tidings::node::{NodeConfig, NodeError, TaskBlocked, TaskError, TaskKind, TaskReport};
 use tidings::slot::model::SwitchProof;
@@ -310,14 +310,7 @@ fn conflicting_evidence_keeps_the_channel_fenced() {
     };
     let body =
         tidings::node::NodeMessage::EvidenceReply { task: task.task, channel: room.clone(), version, report: forged };
-    let frame = tidings::frame::encode(&tidings::frame::Frame {
-        cluster: 1,
-        from: NodeId::new(b),
-        storage: cluster.core(b).storage_id(),
-        body: tidings::frame::FrameBody::Node(body),
-    });
-    let now = cluster.now;
-    cluster.core(controller).handle_frame(now, NodeId::new(b), &frame).unwrap();
+    deliver(&mut cluster, b, controller, body);
     cluster.run_for(100);
     let (_, task) = running_task(&mut cluster, &room).expect("still running");
     assert!(matches!(task.blocked, Some(TaskBlocked::ConflictingEvidence { node, .. }) if node == NodeId::new(b)));
@@ -882,14 +875,7 @@ fn a_leader_restarted_on_a_slot_replica_without_the_fence_it_answered_under_does
     // when it crashes before that write is durable).
     cluster.hold_reads = true;
     let request = tidings::node::NodeMessage::EvidenceRequest { task: 77, meta: fenced.clone() };
-    let frame = tidings::frame::encode(&tidings::frame::Frame {
-        cluster: 1,
-        from: NodeId::new(other),
-        storage: cluster.core(other).storage_id(),
-        body: tidings::frame::FrameBody::Node(request),
-    });
-    let now = cluster.now;
-    cluster.core(leader).handle_frame(now, NodeId::new(other), &frame).unwrap();
+    deliver(&mut cluster, other, leader, request);
     cluster.run_for(100);
     assert_eq!(cluster.nodes[&before.leader].log.state(&room).unwrap().meta_floor, fenced.version);
 

@@ -340,6 +340,19 @@ pub fn records(payloads: &[&str]) -> Vec<AppendRecord> {
     payloads.iter().map(|p| AppendRecord { idempotency_key: None, payload: Bytes::from(p.to_string()) }).collect()
 }
 
+/// Hands node `to` a `message` from node `from` as the transport would, whatever the network's cuts
+/// (for tests that forge a message or deliver one to a node cut off from the rest).
+pub fn deliver(cluster: &mut Cluster, from: u64, to: u64, message: tidings::node::NodeMessage) {
+    let frame = tidings::frame::encode(&tidings::frame::Frame {
+        cluster: 1,
+        from: NodeId::new(from),
+        storage: cluster.core(from).storage_id(),
+        body: tidings::frame::FrameBody::Node(message),
+    });
+    let now = cluster.now;
+    cluster.core(to).handle_frame(now, NodeId::new(from), &frame).unwrap();
+}
+
 /// Writes `next` over `current` through node `via` (a compare-and-set of the runtime meta), as a
 /// controller would: for tests that leave the state a vanished controller leaves.
 pub fn force_meta(

@@ -472,6 +472,18 @@ fn run_until(cluster: &mut Cluster, ms: u64, what: &str, mut check: impl FnMut(&
 /// Moves group 1's replica off one of its followers (nodes 2, 3 and 4 hold it, node 1 none) to node 1,
 /// through a learner caught up by snapshot, into the joint configuration: the leader, the voter
 /// leaving and the one joining.
+/// Adds `to` to `group` as a learner under `leader`, and runs until it applied all the leader has.
+fn add_caught_up_learner(cluster: &mut Cluster, group: GroupId, leader: NodeId, to: NodeId) {
+    use tidings_slot::raft::MembershipChange;
+    let now = cluster.now;
+    cluster.driver(leader).change_membership(now, group, &MembershipChange::AddLearner(to)).unwrap();
+    cluster.drain(leader);
+    run_until(cluster, 10_000, "the learner catches up", |c| {
+        let applied = c.driver(leader).applied_index(group).unwrap();
+        c.driver(to).applied_index(group) == Some(applied)
+    });
+}
+
 fn move_into_joint_configuration(cluster: &mut Cluster) -> (NodeId, NodeId, NodeId) {
     use tidings_slot::raft::MembershipChange;
     let group = GroupId::new(1);
@@ -486,13 +498,7 @@ fn move_into_joint_configuration(cluster: &mut Cluster) -> (NodeId, NodeId, Node
     let to = n(1);
     let epoch_before = cluster.driver(leader).status(group).unwrap().config_epoch;
 
-    let now = cluster.now;
-    cluster.driver(leader).change_membership(now, group, &MembershipChange::AddLearner(to)).unwrap();
-    cluster.drain(leader);
-    run_until(cluster, 10_000, "the learner catches up", |c| {
-        let applied = c.driver(leader).applied_index(group).unwrap();
-        c.driver(to).applied_index(group) == Some(applied)
-    });
+    add_caught_up_learner(cluster, group, leader, to);
     let status = cluster.driver(leader).status(group).unwrap();
     assert_eq!(status.learners, vec![to]);
     assert!(status.config_epoch > epoch_before, "a membership change moves the configuration epoch");
@@ -562,13 +568,7 @@ fn a_replica_moves_through_a_learner_and_joint_consensus_and_the_old_one_is_dest
 /// configuration, and its end.
 fn replace_voter(cluster: &mut Cluster, group: GroupId, leader: NodeId, from: NodeId, to: NodeId) {
     use tidings_slot::raft::MembershipChange;
-    let now = cluster.now;
-    cluster.driver(leader).change_membership(now, group, &MembershipChange::AddLearner(to)).unwrap();
-    cluster.drain(leader);
-    run_until(cluster, 10_000, "the learner catches up", |c| {
-        let applied = c.driver(leader).applied_index(group).unwrap();
-        c.driver(to).applied_index(group) == Some(applied)
-    });
+    add_caught_up_learner(cluster, group, leader, to);
     let now = cluster.now;
     let enter = MembershipChange::EnterJoint { promote: vec![to], remove: vec![from] };
     cluster.driver(leader).change_membership(now, group, &enter).unwrap();
