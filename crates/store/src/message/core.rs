@@ -266,13 +266,26 @@ impl LogCore {
         (entry.state.clone(), id)
     }
 
-    /// Every channel changed since its last write-behind: its memory table moves to `flushing` (an `Arc`
-    /// shared with the caller: no record is copied), and `make` builds the caller's item from the entry.
-    /// A backed log only (others list no changes).
-    pub(crate) fn take_changed<T>(&mut self, mut make: impl FnMut(&ChannelEntry, Arc<MemTable>) -> T) -> Vec<T> {
+    /// How many entries are listed as changed: a write-behind round takes these (see
+    /// [`LogCore::take_changed`]), and entries listed after its start wait for the next round.
+    pub(crate) fn changed_listed(&self) -> usize {
+        self.changed.len()
+    }
+
+    /// The first `count` entries listed as changed since their last write-behind (all of them, if fewer
+    /// are listed): each one's memory table moves to `flushing` (an `Arc` shared with the caller: no
+    /// record is copied), and `make` builds the caller's item from the entry. An entry listed again
+    /// after it was taken goes to the back of the list, so a round that takes the entries listed at its
+    /// start, in several calls, takes each entry once. A backed log only (others list no changes).
+    pub(crate) fn take_changed<T>(
+        &mut self,
+        count: usize,
+        mut make: impl FnMut(&ChannelEntry, Arc<MemTable>) -> T,
+    ) -> Vec<T> {
         debug_assert!(self.backed, "only a backed log writes behind");
-        let mut taken = Vec::new();
-        for id in std::mem::take(&mut self.changed) {
+        let count = count.min(self.changed.len());
+        let mut taken = Vec::with_capacity(count);
+        for &id in &self.changed[..count] {
             let entry = &mut self.entries[id];
             entry.listed = false;
             if entry.changes == entry.persisted_changes {
@@ -285,6 +298,11 @@ impl LogCore {
             let records = Arc::new(std::mem::take(&mut entry.mem));
             entry.flushing = Some(Arc::clone(&records));
             taken.push(make(entry, records));
+        }
+        self.changed.drain(..count);
+        if self.changed.is_empty() && self.changed.capacity() > 1024 {
+            // A burst of changed channels listed hundreds of thousands: kept for good otherwise.
+            self.changed = Vec::new();
         }
         taken
     }
@@ -568,7 +586,7 @@ mod tests {
 
     /// Marks everything written behind, as a finished round does.
     fn write_behind(core: &mut LogCore) {
-        let taken = core.take_changed(|e, _| (e.channel.clone(), e.changes));
+        let taken = core.take_changed(usize::MAX, |e, _| (e.channel.clone(), e.changes));
         for (channel, changes) in taken {
             let entry = core.get_mut(&channel).unwrap();
             entry.persisted_changes = changes;
@@ -643,7 +661,7 @@ mod tests {
         let mut core = LogCore::backed(LogLimits::default());
         core.apply_durable(append(1, 5)).unwrap();
         let per_record = core.mem_bytes / 5;
-        let taken = core.take_changed(|_, records| records);
+        let taken = core.take_changed(usize::MAX, |_, records| records);
         assert_eq!((taken.len(), taken[0].len()), (1, 5));
         assert!(core.get(&channel()).unwrap().mem.last().is_none(), "taken, not copied");
         core.apply_durable(append(6, 3)).unwrap();

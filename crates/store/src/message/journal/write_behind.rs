@@ -11,11 +11,16 @@ use crate::message::codec::encode_state;
 use crate::message::record::{encode_records, Record};
 use crate::message::state::{ChannelLogState, MemTable};
 use crate::message::stored::StoredState;
+use parking_lot::MutexGuard;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 use tidings_types::{ChannelId, Seq};
+
+/// Channels a write-behind round takes from memory, or marks written, per hold of the lock every sync's
+/// apply needs (see [`JournalLog::take_round`]).
+const CHANNELS_PER_HOLD: usize = 256;
 
 impl JournalLog {
     /// Runs write-behind in a background thread until the returned handle is dropped. Without it,
@@ -59,23 +64,14 @@ impl JournalLog {
     /// include — and some with packs past their stored state, which reads never look at and the
     /// channel's next write-behind clears first.
     pub fn write_behind(&self) -> StoreResult<()> {
+        self.write_behind_round(CHANNELS_PER_HOLD, || {})
+    }
+
+    /// [`JournalLog::write_behind`], taking `per_hold` channels per hold of the lock every sync's apply
+    /// needs and calling `between_holds` while it is let go (tests commit batches there).
+    pub(super) fn write_behind_round(&self, per_hold: usize, between_holds: impl FnMut()) -> StoreResult<()> {
         let mut persisted = self.write_behind.lock();
-        let (items, checkpoint) = {
-            // O(1) per changed channel under the lock: the memory tables are taken, not copied (copying
-            // them here held up every sync's apply for 100-190 ms at times — longer still because this
-            // thread runs at a lower priority and lost the CPU while holding the lock).
-            let mut visible = self.visible.lock();
-            let items = visible.core.take_changed(|e, records| WriteBehindItem {
-                channel: e.channel.clone(),
-                records,
-                state: e.state.clone(),
-                older_through: e.older_through,
-                dirty_after: e.older_dirty_after,
-                generation: e.generation,
-                changes: e.changes,
-            });
-            (items, visible.applied)
-        };
+        let (items, checkpoint) = self.take_round(per_hold, between_holds);
         if items.is_empty() && checkpoint == *persisted {
             drop(persisted);
             self.drop_released_entries();
@@ -91,7 +87,7 @@ impl JournalLog {
         let mut writer = RoundWriter::new(self.kv.as_ref(), &self.config, &self.mem_bytes);
         let written = items
             .iter()
-            .try_for_each(|item| self.persist_item(item, &mut writer, checkpoint.next_frame))
+            .try_for_each(|item| self.persist_item(item, &mut writer))
             .and_then(|()| writer.finish(&checkpoint))
             .and_then(|()| self.kv.sync());
         if let Err(error) = written {
@@ -102,7 +98,7 @@ impl JournalLog {
         }
         *persisted = checkpoint;
         let records: usize = items.iter().map(|i| i.records.len()).sum();
-        self.finish_write_behind(items);
+        self.finish_write_behind(items, per_hold);
         self.write_behinds.fetch_add(1, Ordering::Relaxed);
         self.records_written_behind.fetch_add(records as u64, Ordering::Relaxed);
         let deleted = self.journal.lock().delete_before(checkpoint)?;
@@ -110,6 +106,41 @@ impl JournalLog {
         drop(persisted);
         self.drop_released_entries();
         Ok(())
+    }
+
+    /// Takes every channel listed as changed at the start of the round, with the round's checkpoint: the
+    /// journal position applied at that start. O(1) per channel under the lock every sync's apply needs
+    /// (the memory tables are taken, not copied: copying them held up every apply for 100-190 ms at
+    /// times), and the lock goes to any thread waiting for it after each `per_hold` channels.
+    /// Taken whole, 10,000 channels held it for 2-14 ms, a stall of every commit on the node (longer when
+    /// this lower-priority thread lost the CPU while holding it). A channel taken later in the round
+    /// holds the frames applied until then: its state names the frame it includes everything before
+    /// (`frames_before`), past the checkpoint, and recovery skips those frames for it.
+    fn take_round(&self, per_hold: usize, mut between_holds: impl FnMut()) -> (Vec<WriteBehindItem>, Position) {
+        let mut visible = self.visible.lock();
+        let checkpoint = visible.applied;
+        let mut left = visible.core.changed_listed();
+        let mut items = Vec::with_capacity(left);
+        loop {
+            let count = left.min(per_hold.max(1));
+            let frames_before = visible.applied.next_frame;
+            items.extend(visible.core.take_changed(count, |e, records| WriteBehindItem {
+                channel: e.channel.clone(),
+                records,
+                state: e.state.clone(),
+                older_through: e.older_through,
+                dirty_after: e.older_dirty_after,
+                generation: e.generation,
+                changes: e.changes,
+                frames_before,
+            }));
+            left -= count;
+            if left == 0 {
+                return (items, checkpoint);
+            }
+            // Fair: a thread waiting for the lock gets it before this one takes it again.
+            MutexGuard::unlocked_fair(&mut visible, &mut between_holds);
+        }
     }
 
     /// After a failed round: packs of `items` may be in sled past what memory says sled holds; the next
@@ -126,34 +157,38 @@ impl JournalLog {
         }
     }
 
-    pub(super) fn finish_write_behind(&self, items: Vec<WriteBehindItem>) {
-        let mut visible = self.visible.lock();
-        let core = &mut visible.core;
+    /// Marks the round's channels written, `per_hold` per hold of the lock every sync's apply needs (see
+    /// [`JournalLog::take_round`]).
+    pub(super) fn finish_write_behind(&self, items: Vec<WriteBehindItem>, per_hold: usize) {
         let mut written = Vec::with_capacity(items.len());
-        for item in &items {
-            let Some(entry) = core.get_mut(&item.channel) else { continue };
-            if entry.generation == item.generation {
-                let through = item.records.last().map_or(item.older_through, |r| r.seq);
-                entry.older_through = through;
-                entry.older_dirty_after = None;
-                entry.persisted_changes = item.changes;
-                // The records taken are in sled now; what came since stays in `mem`.
-                if let Some(flushing) = entry.flushing.take() {
-                    core.mem_bytes -= flushing.bytes();
-                    written.push(flushing);
+        for chunk in items.chunks(per_hold.max(1)) {
+            let mut visible = self.visible.lock();
+            let core = &mut visible.core;
+            for item in chunk {
+                let Some(entry) = core.get_mut(&item.channel) else { continue };
+                if entry.generation == item.generation {
+                    let through = item.records.last().map_or(item.older_through, |r| r.seq);
+                    entry.older_through = through;
+                    entry.older_dirty_after = None;
+                    entry.persisted_changes = item.changes;
+                    // The records taken are in sled now; what came since stays in `mem`.
+                    if let Some(flushing) = entry.flushing.take() {
+                        core.mem_bytes -= flushing.bytes();
+                        written.push(flushing);
+                    }
+                } else {
+                    // Truncated meanwhile (which put the taken records back into `mem`): what was just written
+                    // past the valid prefix is stale; clean it next time.
+                    let valid = entry.older_through;
+                    entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
                 }
-            } else {
-                // Truncated meanwhile (which put the taken records back into `mem`): what was just written
-                // past the valid prefix is stale; clean it next time.
-                let valid = entry.older_through;
-                entry.older_dirty_after = Some(entry.older_dirty_after.map_or(valid, |d| d.min(valid)));
+                // Changed since it was taken, or its round was overtaken: the next round takes it.
+                core.relist(&item.channel);
             }
-            // Changed since it was taken, or its round was overtaken: the next round takes it.
-            core.relist(&item.channel);
+            self.mem_bytes.store(visible.core.mem_bytes, Ordering::Relaxed);
+            drop(visible);
+            self.mem_freed.notify_all();
         }
-        self.mem_bytes.store(visible.core.mem_bytes, Ordering::Relaxed);
-        drop(visible);
-        self.mem_freed.notify_all();
         // Freeing hundreds of thousands of records takes milliseconds: not under the lock every sync's
         // apply needs (this thread runs at a lower priority and may lose the CPU meanwhile).
         drop(written);
@@ -164,12 +199,8 @@ impl JournalLog {
     /// Adds one channel's clean-ups, packs and state to the round; a sled batch may be cut between two
     /// packs (the state goes after the last one: until it lands, sled's packs past the stored state are
     /// ignored, and cleaned before the channel is written again — see [`LogCore::insert_loaded`](crate::message::core::LogCore::insert_loaded)).
-    pub(super) fn persist_item(
-        &self,
-        item: &WriteBehindItem,
-        writer: &mut RoundWriter<'_>,
-        frames_before: u64,
-    ) -> StoreResult<()> {
+    pub(super) fn persist_item(&self, item: &WriteBehindItem, writer: &mut RoundWriter<'_>) -> StoreResult<()> {
+        let frames_before = item.frames_before;
         let mut prefix = Vec::new();
         item.channel.encode_key(&mut prefix);
         if let Some(valid_through) = item.dirty_after {
@@ -262,6 +293,9 @@ pub(super) struct WriteBehindItem {
     dirty_after: Option<Seq>,
     generation: u64,
     changes: u64,
+    /// The journal frame this item includes everything of its channel before: the position applied when
+    /// it was taken.
+    frames_before: u64,
 }
 
 /// Stops the background write-behind when dropped (after one last round).
