@@ -140,8 +140,10 @@ impl Cluster {
             let active = node.status().map_or(0, |s| s.channels.len());
             log.mem_bytes > 0 || log.channels_in_memory > active
         };
+        // Every 100 ms: each poll builds every node's status, a sorted entry per active replica (under
+        // callgrind, polls every 20 ms were 7% of the reactors' instructions in `--channels 400` runs).
         while from.elapsed() < Duration::from_secs(30) && self.nodes.iter().any(waiting) {
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(100));
         }
         from.elapsed()
     }
