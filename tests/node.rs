@@ -381,8 +381,15 @@ fn channels_on_several_reactors_take_forwarded_appends_and_show_in_one_status_an
     let dir = tempfile::tempdir().unwrap();
     let mesh = InProcessMesh::new();
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
-    let nodes: Vec<Arc<Node>> =
-        ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |config| config.reactors = 3)).collect();
+    let nodes: Vec<Arc<Node>> = ids
+        .iter()
+        .map(|id| {
+            start(*id, &ids, dir.path(), &mesh, |config| {
+                config.reactors = 3;
+                config.status_channels_max = 5;
+            })
+        })
+        .collect();
     assert!(nodes.iter().all(|node| node.reactors() == 3));
     let channels: Vec<ChannelId> = (0..12).map(|i| channel(&format!("reactor-{i}"))).collect();
     for ch in &channels {
@@ -405,11 +412,24 @@ fn channels_on_several_reactors_take_forwarded_appends_and_show_in_one_status_an
         assert_eq!(texts, expected, "{ch}");
         assert!(node.latest(ch).unwrap() >= Seq::new(3));
     }
-    // One status for the node, every reactor's replicas in it.
+    // One status for the node: every reactor's replicas counted, the first five in channel order
+    // listed; pages of at most five list them all.
+    let mut sorted = channels.clone();
+    sorted.sort();
     let status = nodes[0].status().unwrap();
-    for ch in &channels {
-        assert!(status.channels.iter().any(|c| &c.channel == ch), "{ch} missing from the status");
+    assert_eq!(status.channels_active, channels.len());
+    let listed: Vec<&ChannelId> = status.channels.iter().map(|c| &c.channel).collect();
+    assert_eq!(listed, sorted.iter().take(5).collect::<Vec<_>>());
+    let mut paged: Vec<ChannelId> = Vec::new();
+    for _ in 0..=channels.len() {
+        let page = nodes[0].channel_statuses(paged.last(), 100).unwrap();
+        assert!(page.len() <= 5);
+        if page.is_empty() {
+            break;
+        }
+        paged.extend(page.into_iter().map(|c| c.channel));
     }
+    assert_eq!(paged, sorted, "every replica once, in channel order");
     // One channel's status from its reactor alone: the leader hears both followers catch up (their
     // acknowledging pulls follow their durable writes); a follower reports no one's progress.
     for ch in &channels {

@@ -428,16 +428,19 @@ fn messages_of_an_older_leadership_are_counted_answers_refused_and_hints_answere
     assert_eq!(before, after, "a stale message changes no replica");
 }
 
-#[test]
-fn channels_spread_over_several_shards_commit_forward_and_report_as_one_node_and_each_alone() {
-    let mut cluster = Cluster::with(3, |config| config.reactors = 4);
+/// Three nodes of four shards each, and 16 channels that took an append through every node (forwarded
+/// appends are answered to the shard that sent them); `tweak` adjusts every node's configuration.
+fn sixteen_channels_over_four_shards(tweak: impl Fn(&mut NodeConfig)) -> (Cluster, Vec<ChannelId>) {
+    let mut cluster = Cluster::with(3, |config| {
+        config.reactors = 4;
+        tweak(config);
+    });
     cluster.run_for(5_000);
     let channels: Vec<ChannelId> =
         (0..16).map(|i| ChannelId::new(ChannelType::GROUP, &format!("spread-{i}")).unwrap()).collect();
     for channel in &channels {
         cluster.create_channel(1, channel);
     }
-    // Every channel through every node: forwarded appends are answered to the shard that sent them.
     let mut appends = Vec::new();
     for channel in &channels {
         for n in 1..=3 {
@@ -451,8 +454,15 @@ fn channels_spread_over_several_shards_commit_forward_and_report_as_one_node_and
     for (id, channel) in &appends {
         assert!(cluster.appended.contains_key(id), "{channel}: {:?}", cluster.results.get(id));
     }
+    (cluster, channels)
+}
+
+#[test]
+fn channels_spread_over_several_shards_commit_forward_and_report_as_one_node_and_each_alone() {
+    let (mut cluster, channels) = sixteen_channels_over_four_shards(|_| {});
     for n in 1..=3 {
         let status = cluster.core(n).status();
+        assert_eq!(status.channels_active, channels.len());
         for channel in &channels {
             let replica = status.channels.iter().find(|c| &c.channel == channel);
             // Committed everywhere (the log also holds the leadership's barrier records).
@@ -466,6 +476,34 @@ fn channels_spread_over_several_shards_commit_forward_and_report_as_one_node_and
         }
         assert_eq!(cluster.core(n).active_channels(), channels.len());
     }
+}
+
+/// A status lists at most `status_channels_max` replicas, the first in channel order across the
+/// shards, and counts them all; pages of at most that many list every replica once, in order.
+#[test]
+fn a_status_lists_a_bounded_page_of_replicas_and_pages_list_them_all_in_order() {
+    let (mut cluster, channels) = sixteen_channels_over_four_shards(|config| config.status_channels_max = 5);
+    let mut sorted = channels.clone();
+    sorted.sort();
+    let core = cluster.core(2);
+    let status = core.status();
+    assert_eq!(status.channels_active, 16);
+    let listed: Vec<&ChannelId> = status.channels.iter().map(|c| &c.channel).collect();
+    assert_eq!(listed, sorted.iter().take(5).collect::<Vec<_>>(), "the first five in channel order");
+    let mut paged: Vec<ChannelId> = Vec::new();
+    // Bounded: a page that did not move past `after` would come back for ever.
+    for _ in 0..=16 {
+        // A page asked larger than the limit holds at most the limit.
+        let page = core.channel_statuses(paged.last(), 100);
+        assert!(page.len() <= 5, "a page of {}", page.len());
+        if page.is_empty() {
+            break;
+        }
+        paged.extend(page.into_iter().map(|c| c.channel));
+    }
+    assert_eq!(paged, sorted, "every replica once, in channel order");
+    assert_eq!(core.channel_statuses(Some(&sorted[13]), 2).len(), 2);
+    assert!(core.channel_statuses(sorted.last(), 5).is_empty());
 }
 
 #[test]
@@ -572,7 +610,7 @@ fn more_busy_channels_than_room_for_active_replicas_all_commit() {
     assert!(activations.iter().all(|a| *a < 1_000), "activations churned at the cap: {activations:?}");
     for n in 1..=3 {
         // Its room, and past it at most the followers' reserve (an eighth, at least one place).
-        let active = cluster.core(n).status().channels.len();
+        let active = cluster.core(n).status().channels_active;
         assert!(active <= 2 + 1, "node {n} holds {active} active replicas, more than its room allows");
     }
 }

@@ -85,6 +85,11 @@ pub struct NodeConfig {
     /// threaded runtime choose: one reactor per two cores the process may use, between 1 and 16 (the
     /// node's IO workers and the host need the rest); a `NodeCore` driven directly then runs 1.
     pub reactors: usize,
+    /// Most channel replicas a status lists (`NodeStatus::channels`, in channel order; the rest page
+    /// through `Node::channel_statuses`), and most a page of `channel_statuses` holds. Each listed
+    /// replica is built on its reactor while its channels wait: listing 100,000 at once would stall
+    /// them for tens of milliseconds. Default 1,000.
+    pub status_channels_max: usize,
 }
 
 impl NodeConfig {
@@ -114,6 +119,7 @@ impl NodeConfig {
             controller: ControllerConfig::default(),
             stray_logs: StrayLogConfig::default(),
             reactors: 0,
+            status_channels_max: 1000,
             nodes,
         }
     }

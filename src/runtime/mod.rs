@@ -29,7 +29,7 @@ mod workers;
 
 use crate::frame::{decode_from, Frame, FrameBody, FrameLimits};
 use crate::node::identity::KnownStorages;
-use crate::node::shard::shard_of;
+use crate::node::shard::{shard_of, ShardStatus};
 use crate::node::FanoutWork;
 use crate::node::{
     ApiResult, ChannelStatus, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeError, NodeStatus, TaskReport,
@@ -161,6 +161,8 @@ pub struct Node {
     kv: Arc<dyn Kv>,
     router: Arc<Router>,
     dropped_frames: Arc<AtomicU64>,
+    /// `NodeConfig::status_channels_max`.
+    status_channels_max: usize,
 }
 
 impl Node {
@@ -208,6 +210,7 @@ impl Node {
         let id = config.node;
         let (cluster, nodes) = (config.cluster, config.nodes.clone());
         let limits = FrameLimits { frame_bytes_max: config.frame_bytes_max };
+        let status_channels_max = config.status_channels_max;
         let mut core =
             NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), Arc::clone(&router), clock.now())?;
         let gate = FrameGate { cluster, nodes, limits, storages: core.known_storages() };
@@ -280,6 +283,7 @@ impl Node {
             kv,
             router,
             dropped_frames,
+            status_channels_max,
         })
     }
 
@@ -659,18 +663,58 @@ impl Node {
         offer(self.reactor_of(channel), |reply| ReactorInput::Read { channel: channel.clone(), from, limit, reply })
     }
 
-    /// Operator status: slot groups (leader, term, commit, applied, members, peer progress) and channel
-    /// replicas (role, epochs, ISR, HW, log end).
+    /// Operator status: slot groups (leader, term, commit, applied, members, peer progress), the node's
+    /// counters, and its first `NodeConfig::status_channels_max` active channel replicas in channel order
+    /// (role, epochs, ISR, HW, log end; [`Node::channel_statuses`] pages through the rest).
     pub fn status(&self) -> Result<NodeStatus, NodeError> {
         let (reply, receiver) = bounded(1);
         self.send_input(Input::Status { reply })?;
         let mut status = receiver.recv_timeout(CALL_TIMEOUT).map_err(waited)?;
-        for reactor in &self.reactors {
-            let (reply, receiver) = bounded(1);
-            send_to(reactor, ReactorInput::Status { reply })?;
-            status.add_shard(receiver.recv_timeout(CALL_TIMEOUT).map_err(waited)?);
+        for shard in self.shard_statuses(None, self.status_channels_max)? {
+            status.add_shard(shard, self.status_channels_max);
         }
         Ok(status)
+    }
+
+    /// A page of this node's active channel replicas: the first `limit` (at most
+    /// `NodeConfig::status_channels_max`) in channel order past `after`. The next page starts after the
+    /// last channel of this one; a short page is the last. Each page costs each reactor one pass over
+    /// its active replicas' ids, and builds only the listed ones.
+    ///
+    /// ```no_run
+    /// # fn demo(node: &tidings::Node) -> Result<(), tidings::node::NodeError> {
+    /// let mut after = None;
+    /// loop {
+    ///     let page = node.channel_statuses(after.as_ref(), 500)?;
+    ///     for channel in &page {
+    ///         println!("{} {:?} hw {} log end {}", channel.channel, channel.role, channel.hw, channel.log_end);
+    ///     }
+    ///     match page.last() {
+    ///         Some(last) if page.len() == 500 => after = Some(last.channel.clone()),
+    ///         _ => break,
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn channel_statuses(&self, after: Option<&ChannelId>, limit: usize) -> Result<Vec<ChannelStatus>, NodeError> {
+        let limit = limit.min(self.status_channels_max);
+        let mut page = Vec::new();
+        for shard in self.shard_statuses(after, limit)? {
+            crate::node::merge_page(&mut page, shard.channels, limit);
+        }
+        Ok(page)
+    }
+
+    /// Every reactor's status, with its page of replicas past `after` (asked of all of them first, then
+    /// waited for: the reactors build their pages at once).
+    fn shard_statuses(&self, after: Option<&ChannelId>, limit: usize) -> Result<Vec<ShardStatus>, NodeError> {
+        let mut receivers = Vec::with_capacity(self.reactors.len());
+        for reactor in &self.reactors {
+            let (reply, receiver) = bounded(1);
+            send_to(reactor, ReactorInput::Status { after: after.cloned(), limit, reply })?;
+            receivers.push(receiver);
+        }
+        receivers.into_iter().map(|receiver| receiver.recv_timeout(CALL_TIMEOUT).map_err(waited)).collect()
     }
 
     /// Status of this node's replica of `channel` (role, epochs, HW, log end and, on the leader, each

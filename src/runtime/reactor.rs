@@ -46,7 +46,7 @@ pub(super) enum ReactorInput {
     /// An API latest-seq query.
     Latest { channel: ChannelId, reply: Completer<Seq> },
     /// The shard's part of the node's status.
-    Status { reply: Sender<ShardStatus> },
+    Status { after: Option<ChannelId>, limit: usize, reply: Sender<ShardStatus> },
     /// One channel replica's status.
     ChannelStatus { channel: ChannelId, reply: Sender<Option<ChannelStatus>> },
     /// The node stops.
@@ -162,8 +162,8 @@ impl Reactor {
                 },
                 Err(error) => reply.complete(Err(error)),
             },
-            ReactorInput::Status { reply } => {
-                let _ = reply.send(self.shard.status());
+            ReactorInput::Status { after, limit, reply } => {
+                let _ = reply.send(self.shard.status(after.as_ref(), limit));
             }
             ReactorInput::ChannelStatus { channel, reply } => {
                 let _ = reply.send(self.shard.channel_status(&channel));

@@ -326,6 +326,9 @@ pub fn tighten(config: &mut NodeConfig, seed: u64) {
     // for 2 (the least a shard keeps), a busy channel whose follower was evicted waits a pull timeout
     // to wake it again, and channels then commit by turns, too slowly for the healed phase.
     config.active_channels_max = draw(3, 8);
+    // The checks page through every node's active replicas (`NodeCore::channel_statuses`) a few at a
+    // time, and compare what the pages listed with the count the status gives.
+    config.status_channels_max = draw(1, 3);
 }
 
 /// The stream `hurried_timings` and the timings themselves are drawn from.

@@ -47,8 +47,11 @@ pub struct NodeStatus {
     pub node: NodeId,
     /// Raft status of the slot groups it serves.
     pub groups: Vec<tidings_slot::raft::GroupStatus>,
-    /// Its active channel replicas.
+    /// Its first active channel replicas in channel order, at most `NodeConfig::status_channels_max`
+    /// (`channels_active` counts them all; `Node::channel_statuses` pages through the rest).
     pub channels: Vec<ChannelStatus>,
+    /// Its active channel replicas, listed in `channels` or not.
+    pub channels_active: usize,
     /// Channel tasks (failovers, transfers) this node's controller runs.
     pub tasks: Vec<TaskStatus>,
     /// The last tasks it finished, oldest first.
@@ -134,10 +137,10 @@ pub struct NodeStatus {
 }
 
 impl NodeStatus {
-    /// Adds a channel shard's replicas and counters.
-    pub(crate) fn add_shard(&mut self, shard: ShardStatus) {
-        self.channels.extend(shard.channels);
-        self.channels.sort_by(|a, b| a.channel.cmp(&b.channel));
+    /// Adds a channel shard's counters and its page of replicas, keeping the first `limit` replicas.
+    pub(crate) fn add_shard(&mut self, shard: ShardStatus, limit: usize) {
+        merge_page(&mut self.channels, shard.channels, limit);
+        self.channels_active += shard.active;
         self.activations += shard.counters.activations;
         self.refused_activations += shard.counters.refused_activations;
         self.stale_messages += shard.counters.stale_messages;
@@ -159,6 +162,7 @@ impl NodeCore {
             node: self.config.node,
             groups,
             channels: Vec::new(),
+            channels_active: 0,
             tasks: self.controller.status(),
             finished_tasks: self.controller.reports(),
             leadership: self.preferred.decisions(),
@@ -187,7 +191,7 @@ impl NodeCore {
         };
         if let Shards::Inline(shards) = &self.shards {
             for shard in shards {
-                status.add_shard(shard.status());
+                status.add_shard(shard.status(None, self.config.status_channels_max), self.config.status_channels_max);
             }
         }
         status
@@ -202,4 +206,26 @@ impl NodeCore {
             Shards::Detached { .. } => None,
         }
     }
+
+    /// A page of this node's active channel replicas when the core drives its shards: the first `limit`
+    /// (at most `NodeConfig::status_channels_max`) in channel order past `after` (empty when the shards
+    /// run elsewhere — the runtime answers [`Node::channel_statuses`](crate::Node::channel_statuses)
+    /// from its reactors). The next page starts after the last channel of this one.
+    pub fn channel_statuses(&self, after: Option<&ChannelId>, limit: usize) -> Vec<ChannelStatus> {
+        let limit = limit.min(self.config.status_channels_max);
+        let mut page = Vec::new();
+        if let Shards::Inline(shards) = &self.shards {
+            for shard in shards {
+                merge_page(&mut page, shard.status(after, limit).channels, limit);
+            }
+        }
+        page
+    }
+}
+
+/// Adds `more` to `page` (both in channel order), keeping the first `limit` in channel order.
+pub(crate) fn merge_page(page: &mut Vec<ChannelStatus>, more: Vec<ChannelStatus>, limit: usize) {
+    page.extend(more);
+    page.sort_by(|a, b| a.channel.cmp(&b.channel));
+    page.truncate(limit);
 }

@@ -248,7 +248,10 @@ pub(crate) struct ShardCounters {
 /// What a shard shows of itself: its replicas and counters.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ShardStatus {
+    /// A page of its active replicas, in channel order (see [`ChannelShard::status`]).
     pub(crate) channels: Vec<ChannelStatus>,
+    /// Its active replicas that a status lists (those with a meta), on the page or not.
+    pub(crate) active: usize,
     pub(crate) counters: ShardCounters,
     /// Channel metas held in memory.
     pub(crate) metas_held: usize,
@@ -465,11 +468,27 @@ impl ChannelShard {
     }
 
     /// The shard's replicas (sorted by channel) and counters.
-    pub(crate) fn status(&self) -> ShardStatus {
-        let mut channels: Vec<ChannelStatus> =
-            self.channels.iter().filter_map(|(_, machine)| channel_status(machine, self.now)).collect();
-        channels.sort_by(|a, b| a.channel.cmp(&b.channel));
-        ShardStatus { channels, counters: self.counters, metas_held: self.metas.len(), loading: self.loading.len() }
+    /// The shard's counters, and a page of its active replicas: the first `limit` in channel order past
+    /// `after`. Only the page's replicas are built (each clones its ISR and its followers' progress),
+    /// after a pass over the ids that picks them: O(active replicas) without a sort of them all.
+    pub(crate) fn status(&self, after: Option<&ChannelId>, limit: usize) -> ShardStatus {
+        let listed = || self.channels.iter().filter(|(_, machine)| machine.meta().is_some());
+        let active = listed().count();
+        let mut page: Vec<(&ChannelId, &ChannelMachine)> =
+            listed().filter(|(channel, _)| after.is_none_or(|after| *channel > after)).collect();
+        if page.len() > limit {
+            page.select_nth_unstable_by(limit, |a, b| a.0.cmp(b.0));
+            page.truncate(limit);
+        }
+        page.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let channels = page.into_iter().filter_map(|(_, machine)| channel_status(machine, self.now)).collect();
+        ShardStatus {
+            channels,
+            active,
+            counters: self.counters,
+            metas_held: self.metas.len(),
+            loading: self.loading.len(),
+        }
     }
 
     /// One active replica's status (`None`: the channel has no active replica on this shard).

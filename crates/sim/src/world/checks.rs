@@ -7,6 +7,7 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tidings::channel::machine::AppendRecord;
+use tidings::node::{ChannelStatus, NodeCore};
 use tidings::slot::model::SlotState;
 use tidings::store::message::{MessageLog, ReadLimits, Record};
 use tidings::store::{Kv, MetaStore};
@@ -358,6 +359,15 @@ impl World {
         for (id, node) in &self.nodes {
             let Some(core) = node.core.as_ref() else { continue };
             let status = core.status();
+            let channels = every_channel_status(core);
+            if channels.len() != status.channels_active
+                || !status.channels.iter().eq(&channels[..status.channels.len()])
+            {
+                self.oracle.violation(format!(
+                    "{id}: its status counts {} active replicas and lists {:?}; its pages list {:?}",
+                    status.channels_active, status.channels, channels
+                ));
+            }
             // A replica rebuilt after a storage failure lost what the failed write held, like a crash of
             // that replica: its HW may go back to what its log holds durably (the rest is on the others).
             if self
@@ -367,7 +377,7 @@ impl World {
             {
                 self.hw_seen.retain(|(n, _), _| n != id);
             }
-            for channel in status.channels {
+            for channel in channels {
                 let key = (*id, channel.channel.clone());
                 if let Some(seen) = self.hw_seen.get(&key) {
                     if channel.hw < *seen {
@@ -458,13 +468,13 @@ impl World {
                     .nodes
                     .values()
                     .filter_map(|n| n.core.as_ref())
-                    .flat_map(|c| c.status().channels.into_iter().filter(|s| &s.channel == channel))
+                    .filter_map(|c| c.channel_status(channel))
                     .map(|s| format!("{:?}", s))
                     .collect();
                 if std::env::var("SIM_DEBUG").is_ok() {
                     for (id, node) in &self.nodes {
                         let Some(core) = node.core.as_ref() else { continue };
-                        for replica in core.status().channels {
+                        for replica in every_channel_status(core) {
                             eprintln!("{id} replica: {replica:?}");
                         }
                         for group in core.slot().groups().collect::<Vec<_>>() {
@@ -511,4 +521,19 @@ impl World {
             self.oracle.violation(format!("{channel}: retention boundary {boundary} in force past HW {hw}"));
         }
     }
+}
+
+/// Every active channel replica of `core`, paged through `NodeCore::channel_statuses` as an operator
+/// would (the simulator's tight limits list a few per page). At most a page per active replica and one
+/// more: pages that did not move on would show as replicas listed twice.
+pub(super) fn every_channel_status(core: &NodeCore) -> Vec<ChannelStatus> {
+    let mut all: Vec<ChannelStatus> = Vec::new();
+    for _ in 0..=core.active_channels() {
+        let page = core.channel_statuses(all.last().map(|s| &s.channel), usize::MAX);
+        if page.is_empty() {
+            break;
+        }
+        all.extend(page);
+    }
+    all
 }

@@ -189,8 +189,7 @@ impl World {
             for (id, node) in &self.nodes {
                 let Some(core) = node.core.as_ref() else { continue };
                 let status = core.status();
-                let replica = status.channels.iter().find(|c| &c.channel == channel);
-                let role = replica.map(|c| (c.role, c.hw));
+                let role = core.channel_status(channel).map(|c| (c.role, c.hw));
                 eprintln!("  {id}: fanout backlog {}, replica {role:?}", status.fanout_backlog);
             }
         }
