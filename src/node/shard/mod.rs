@@ -467,7 +467,6 @@ impl ChannelShard {
         );
     }
 
-    /// The shard's replicas (sorted by channel) and counters.
     /// The shard's counters, and a page of its active replicas: the first `limit` in channel order past
     /// `after`. Only the page's replicas are built (each clones its ISR and its followers' progress),
     /// after a pass over the ids that picks them: O(active replicas) without a sort of them all.
