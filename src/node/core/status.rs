@@ -154,8 +154,9 @@ impl NodeStatus {
 }
 
 impl NodeCore {
-    /// Status of the node, its slot groups and its active channel replicas (role, epochs, HW, log end, ISR).
-    /// With the shards detached, their part is added by whoever runs them.
+    /// Status of the node, its slot groups and its first `NodeConfig::status_channels_max` active channel
+    /// replicas in channel order (role, epochs, HW, log end, ISR; [`NodeCore::channel_statuses`] pages
+    /// through the rest). With the shards detached, their part is added by whoever runs them.
     pub fn status(&self) -> NodeStatus {
         let groups = self.slot.groups().filter_map(|g| self.slot.status(g)).collect();
         let mut status = NodeStatus {
