@@ -80,6 +80,55 @@ impl Transport for MeshTransport {
         let target = self.mesh.nodes.read().get(&to).and_then(Weak::upgrade);
         if let Some(node) = target {
             node.handle_frame(self.from, frame);
+            let_go(node);
         }
+    }
+}
+
+/// Lets go of a node a sender held while it handed a frame over. Should the host have let go of the
+/// node meanwhile, this was its last reference, and dropping it stops the node: joins its threads and
+/// writes its last write-behind round, for as long as that takes. The sender is another node's thread
+/// (a reactor, say) that must not wait for that, so the drop goes to a thread of its own.
+fn let_go<T: Send + 'static>(node: Arc<T>) {
+    if let Some(last) = Arc::into_inner(node) {
+        let dropper = std::thread::Builder::new().name("tidings-mesh-drop".into());
+        // Should no thread start (the process is out of threads), the drop runs here after all.
+        let _ = dropper.spawn(move || drop(last));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::let_go;
+    use std::sync::{Arc, Mutex};
+    use std::thread::ThreadId;
+    use std::time::Duration;
+
+    /// Records the thread that dropped it.
+    struct Noted(Arc<Mutex<Option<ThreadId>>>);
+
+    impl Drop for Noted {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() = Some(std::thread::current().id());
+        }
+    }
+
+    #[test]
+    fn a_node_let_go_by_its_last_holder_is_dropped_off_the_senders_thread_and_one_still_held_is_kept() {
+        let dropped_by = Arc::new(Mutex::new(None));
+        let held = Arc::new(Noted(Arc::clone(&dropped_by)));
+        let_go(Arc::clone(&held));
+        assert_eq!(*dropped_by.lock().unwrap(), None, "another holder keeps it");
+        let_go(held);
+        // Within 10 s (a thousand waits of 10 ms).
+        let by = (0..1_000).find_map(|_| {
+            let by = *dropped_by.lock().unwrap();
+            if by.is_none() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            by
+        });
+        assert!(by.is_some(), "never dropped");
+        assert_ne!(by, Some(std::thread::current().id()), "dropped on a thread of its own");
     }
 }
