@@ -266,26 +266,25 @@ impl LogCore {
         (entry.state.clone(), id)
     }
 
-    /// How many entries are listed as changed: a write-behind round takes these (see
-    /// [`LogCore::take_changed`]), and entries listed after its start wait for the next round.
-    pub(crate) fn changed_listed(&self) -> usize {
-        self.changed.len()
+    /// The entries listed as changed since their last write-behind, for a write-behind round to take (see
+    /// [`LogCore::take_changed`]). They stay marked listed until taken, so none is listed twice; entries
+    /// changed from now on go on a new list, for the next round. O(1): the list moves out.
+    pub(crate) fn changed_list(&mut self) -> Vec<EntryId> {
+        std::mem::take(&mut self.changed)
     }
 
-    /// The first `count` entries listed as changed since their last write-behind (all of them, if fewer
-    /// are listed): each one's memory table moves to `flushing` (an `Arc` shared with the caller: no
-    /// record is copied), and `make` builds the caller's item from the entry. An entry listed again
-    /// after it was taken goes to the back of the list, so a round that takes the entries listed at its
-    /// start, in several calls, takes each entry once. A backed log only (others list no changes).
+    /// Takes the entries `ids` of a [`LogCore::changed_list`]: each one's memory table moves to
+    /// `flushing` (an `Arc` shared with the caller: no record is copied), and `make` builds the caller's
+    /// item from the entry. The ids stay valid while the caller lets go of the log's lock between calls:
+    /// an entry listed as changed never leaves memory. A backed log only (others list no changes).
     pub(crate) fn take_changed<T>(
         &mut self,
-        count: usize,
+        ids: &[EntryId],
         mut make: impl FnMut(&ChannelEntry, Arc<MemTable>) -> T,
     ) -> Vec<T> {
         debug_assert!(self.backed, "only a backed log writes behind");
-        let count = count.min(self.changed.len());
-        let mut taken = Vec::with_capacity(count);
-        for &id in &self.changed[..count] {
+        let mut taken = Vec::with_capacity(ids.len());
+        for &id in ids {
             let entry = &mut self.entries[id];
             entry.listed = false;
             if entry.changes == entry.persisted_changes {
@@ -298,11 +297,6 @@ impl LogCore {
             let records = Arc::new(std::mem::take(&mut entry.mem));
             entry.flushing = Some(Arc::clone(&records));
             taken.push(make(entry, records));
-        }
-        self.changed.drain(..count);
-        if self.changed.is_empty() && self.changed.capacity() > 1024 {
-            // A burst of changed channels listed hundreds of thousands: kept for good otherwise.
-            self.changed = Vec::new();
         }
         taken
     }
@@ -586,7 +580,8 @@ mod tests {
 
     /// Marks everything written behind, as a finished round does.
     fn write_behind(core: &mut LogCore) {
-        let taken = core.take_changed(usize::MAX, |e, _| (e.channel.clone(), e.changes));
+        let ids = core.changed_list();
+        let taken = core.take_changed(&ids, |e, _| (e.channel.clone(), e.changes));
         for (channel, changes) in taken {
             let entry = core.get_mut(&channel).unwrap();
             entry.persisted_changes = changes;
@@ -661,7 +656,8 @@ mod tests {
         let mut core = LogCore::backed(LogLimits::default());
         core.apply_durable(append(1, 5)).unwrap();
         let per_record = core.mem_bytes / 5;
-        let taken = core.take_changed(usize::MAX, |_, records| records);
+        let ids = core.changed_list();
+        let taken = core.take_changed(&ids, |_, records| records);
         assert_eq!((taken.len(), taken[0].len()), (1, 5));
         assert!(core.get(&channel()).unwrap().mem.last().is_none(), "taken, not copied");
         core.apply_durable(append(6, 3)).unwrap();

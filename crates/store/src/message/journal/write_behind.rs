@@ -111,7 +111,7 @@ impl JournalLog {
     /// Takes every channel listed as changed at the start of the round, with the round's checkpoint: the
     /// journal position applied at that start. O(1) per channel under the lock every sync's apply needs
     /// (the memory tables are taken, not copied: copying them held up every apply for 100-190 ms at
-    /// times), and the lock goes to any thread waiting for it after each `per_hold` channels.
+    /// times), and the lock goes fairly to any thread waiting for it after each `per_hold` channels.
     /// Taken whole, 10,000 channels held it for 2-14 ms, a stall of every commit on the node (longer when
     /// this lower-priority thread lost the CPU while holding it). A channel taken later in the round
     /// holds the frames applied until then: its state names the frame it includes everything before
@@ -119,12 +119,12 @@ impl JournalLog {
     fn take_round(&self, per_hold: usize, mut between_holds: impl FnMut()) -> (Vec<WriteBehindItem>, Position) {
         let mut visible = self.visible.lock();
         let checkpoint = visible.applied;
-        let mut left = visible.core.changed_listed();
-        let mut items = Vec::with_capacity(left);
-        loop {
-            let count = left.min(per_hold.max(1));
+        let listed = visible.core.changed_list();
+        let mut items = Vec::with_capacity(listed.len());
+        let mut holds = listed.chunks(per_hold.max(1)).peekable();
+        while let Some(ids) = holds.next() {
             let frames_before = visible.applied.next_frame;
-            items.extend(visible.core.take_changed(count, |e, records| WriteBehindItem {
+            items.extend(visible.core.take_changed(ids, |e, records| WriteBehindItem {
                 channel: e.channel.clone(),
                 records,
                 state: e.state.clone(),
@@ -134,13 +134,11 @@ impl JournalLog {
                 changes: e.changes,
                 frames_before,
             }));
-            left -= count;
-            if left == 0 {
-                return (items, checkpoint);
+            if holds.peek().is_some() {
+                MutexGuard::unlocked_fair(&mut visible, &mut between_holds);
             }
-            // Fair: a thread waiting for the lock gets it before this one takes it again.
-            MutexGuard::unlocked_fair(&mut visible, &mut between_holds);
         }
+        (items, checkpoint)
     }
 
     /// After a failed round: packs of `items` may be in sled past what memory says sled holds; the next
@@ -157,12 +155,13 @@ impl JournalLog {
         }
     }
 
-    /// Marks the round's channels written, `per_hold` per hold of the lock every sync's apply needs (see
-    /// [`JournalLog::take_round`]).
+    /// Marks the round's channels written, `per_hold` per hold of the lock every sync's apply needs, which
+    /// goes fairly to any thread waiting for it between holds (see [`JournalLog::take_round`]).
     pub(super) fn finish_write_behind(&self, items: Vec<WriteBehindItem>, per_hold: usize) {
         let mut written = Vec::with_capacity(items.len());
-        for chunk in items.chunks(per_hold.max(1)) {
-            let mut visible = self.visible.lock();
+        let mut visible = self.visible.lock();
+        let mut holds = items.chunks(per_hold.max(1)).peekable();
+        while let Some(chunk) = holds.next() {
             let core = &mut visible.core;
             for item in chunk {
                 let Some(entry) = core.get_mut(&item.channel) else { continue };
@@ -186,16 +185,18 @@ impl JournalLog {
                 core.relist(&item.channel);
             }
             self.mem_bytes.store(visible.core.mem_bytes, Ordering::Relaxed);
-            drop(visible);
             self.mem_freed.notify_all();
+            if holds.peek().is_some() {
+                MutexGuard::unlocked_fair(&mut visible, || {});
+            }
         }
+        drop(visible);
         // Freeing hundreds of thousands of records takes milliseconds: not under the lock every sync's
         // apply needs (this thread runs at a lower priority and may lose the CPU meanwhile).
         drop(written);
         drop(items);
     }
 
-    /// Adds one channel's packs, cleanups and state to `batch`.
     /// Adds one channel's clean-ups, packs and state to the round; a sled batch may be cut between two
     /// packs (the state goes after the last one: until it lands, sled's packs past the stored state are
     /// ignored, and cleaned before the channel is written again — see [`LogCore::insert_loaded`](crate::message::core::LogCore::insert_loaded)).
