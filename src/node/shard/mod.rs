@@ -471,10 +471,14 @@ impl ChannelShard {
     /// `after`. Only the page's replicas are built (each clones its ISR and its followers' progress),
     /// after a pass over the ids that picks them: O(active replicas) without a sort of them all.
     pub(crate) fn status(&self, after: Option<&ChannelId>, limit: usize) -> ShardStatus {
-        let listed = || self.channels.iter().filter(|(_, machine)| machine.meta().is_some());
-        let active = listed().count();
-        let mut page: Vec<(&ChannelId, &ChannelMachine)> =
-            listed().filter(|(channel, _)| after.is_none_or(|after| *channel > after)).collect();
+        let mut active = 0;
+        let mut page: Vec<(&ChannelId, &ChannelMachine)> = Vec::new();
+        for (channel, machine) in self.channels.iter().filter(|(_, machine)| machine.meta().is_some()) {
+            active += 1;
+            if after.is_none_or(|after| channel > after) {
+                page.push((channel, machine));
+            }
+        }
         if page.len() > limit {
             page.select_nth_unstable_by(limit, |a, b| a.0.cmp(b.0));
             page.truncate(limit);
