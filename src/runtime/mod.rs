@@ -698,11 +698,8 @@ impl Node {
     /// ```
     pub fn channel_statuses(&self, after: Option<&ChannelId>, limit: usize) -> Result<Vec<ChannelStatus>, NodeError> {
         let limit = limit.min(self.status_channels_max);
-        let mut page = Vec::new();
-        for shard in self.shard_statuses(after, limit)? {
-            crate::node::merge_page(&mut page, shard.channels, limit);
-        }
-        Ok(page)
+        let shards = self.shard_statuses(after, limit)?;
+        Ok(crate::node::first_in_order(shards.into_iter().map(|s| s.channels), limit))
     }
 
     /// Every reactor's status, with its page of replicas past `after` (asked of all of them first, then

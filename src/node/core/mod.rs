@@ -40,7 +40,7 @@ use metadata::{ProposalPurpose, Sent};
 use remote_reads::RemoteReads;
 use sender_checks::SenderChecks;
 use shards::Shards;
-pub(crate) use status::merge_page;
+pub(crate) use status::first_in_order;
 pub use status::{ChannelStatus, NodeStatus};
 pub use stray_logs::{LogPage, LogsListed, StrayLogConfig};
 

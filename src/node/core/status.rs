@@ -139,7 +139,7 @@ pub struct NodeStatus {
 impl NodeStatus {
     /// Adds a channel shard's counters and its page of replicas, keeping the first `limit` replicas.
     pub(crate) fn add_shard(&mut self, shard: ShardStatus, limit: usize) {
-        merge_page(&mut self.channels, shard.channels, limit);
+        self.channels = first_in_order([std::mem::take(&mut self.channels), shard.channels], limit);
         self.channels_active += shard.active;
         self.activations += shard.counters.activations;
         self.refused_activations += shard.counters.refused_activations;
@@ -214,19 +214,17 @@ impl NodeCore {
     /// from its reactors). The next page starts after the last channel of this one.
     pub fn channel_statuses(&self, after: Option<&ChannelId>, limit: usize) -> Vec<ChannelStatus> {
         let limit = limit.min(self.config.status_channels_max);
-        let mut page = Vec::new();
-        if let Shards::Inline(shards) = &self.shards {
-            for shard in shards {
-                merge_page(&mut page, shard.status(after, limit).channels, limit);
-            }
+        match &self.shards {
+            Shards::Inline(shards) => first_in_order(shards.iter().map(|s| s.status(after, limit).channels), limit),
+            Shards::Detached { .. } => Vec::new(),
         }
-        page
     }
 }
 
-/// Adds `more` to `page` (both in channel order), keeping the first `limit` in channel order.
-pub(crate) fn merge_page(page: &mut Vec<ChannelStatus>, more: Vec<ChannelStatus>, limit: usize) {
-    page.extend(more);
+/// The first `limit` replicas in channel order of the shards' `pages`.
+pub(crate) fn first_in_order(pages: impl IntoIterator<Item = Vec<ChannelStatus>>, limit: usize) -> Vec<ChannelStatus> {
+    let mut page: Vec<ChannelStatus> = pages.into_iter().flatten().collect();
     page.sort_by(|a, b| a.channel.cmp(&b.channel));
     page.truncate(limit);
+    page
 }
