@@ -5,6 +5,7 @@
 
 mod support;
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -209,6 +210,37 @@ fn a_message_whose_fanout_its_crashed_leader_had_not_finished_reaches_every_subs
     let ids: Vec<u64> = cluster.nodes.keys().map(|n| n.get()).filter(|n| *n != leader).collect();
     let planned_again: u64 = ids.into_iter().map(|n| cluster.core(n).status().fanout_planned_again).sum();
     assert_eq!(planned_again, 1, "one message planned again, by the new leader");
+}
+
+/// A leader asking other nodes for its fanout's pages, none of which answers, becomes a replica of the
+/// subscribers' slot group meanwhile (a drain moves the group's replica to it): its next attempt reads
+/// the page itself, and the message reaches every subscriber long before the page would be given up
+/// (sim seed 429006070: a leader went on asking nodes that did not serve the page for 30 s, though it
+/// had become a replica of the group, and its idle leadership held its shard's one leader's place).
+#[test]
+fn a_page_asked_elsewhere_is_read_here_once_this_node_becomes_a_replica_of_the_group() {
+    let (mut cluster, recorder, channel, leader) = led_outside_its_slot_group(4, false, &["a", "b", "c", "d"], &[]);
+    let serving = serving_nodes(&cluster, leader, &channel);
+    let group = cluster.nodes[&NodeId::new(leader)].config.table().group_of_key(channel.route_key());
+    // Every page ask is lost: no other node serves a page.
+    let asks_lost = |_: NodeId, _: NodeId, frame: &Bytes| {
+        let frame = decode(frame, &FrameLimits::default()).unwrap();
+        matches!(frame.body, FrameBody::Node(NodeMessage::SlotReadRequest { .. }))
+    };
+    cluster.lose_if = Some(Box::new(asks_lost));
+    let seq = append_all(&mut cluster, leader, &channel, &["its pages are out of reach"])[0];
+    cluster.run_for(3_000);
+    assert!(recorder.taken.lock().is_empty(), "no page was served: nothing delivered");
+
+    // Draining a member of the group moves its replica to the one node outside it: the leader.
+    let drained = serving[0];
+    let answer = cluster.call(leader, |core, now, id| core.drain_node(now, id, drained, true));
+    assert_eq!(answer, "Meta(Ok(()))");
+    let joined = |c: &mut Cluster| c.core(leader).slot().applied_index(group).is_some_and(|a| a > 0);
+    assert!(cluster.run_until(15_000, joined), "the leader becomes a replica of the group");
+    let all_four = |_: &mut Cluster| recorder.taken.lock().iter().filter(|(s, _)| *s == seq).count() == 4;
+    assert!(cluster.run_until(5_000, all_four), "the leader reads the page itself: {:?}", recorder.taken.lock());
+    assert_eq!(abandoned(&mut cluster), 0);
 }
 
 /// `append_from` through node `via`: the seqs, or the error's debug text.

@@ -29,6 +29,9 @@ pub struct SimNode {
     boots: u64,
 }
 
+/// Which frames (sender, receiver, bytes) a [`Cluster`] loses.
+pub type LoseIf = dyn FnMut(NodeId, NodeId, &Bytes) -> bool;
+
 pub struct Cluster {
     pub now: Time,
     pub nodes: BTreeMap<NodeId, SimNode>,
@@ -48,6 +51,8 @@ pub struct Cluster {
     /// `held_reads` instead of carried out (see `release_reads`).
     pub hold_reads: bool,
     pub held_reads: Vec<(NodeId, Lookup)>,
+    /// Frames (sender, receiver, bytes) for which it answers `true` are lost, as a lossy network would.
+    pub lose_if: Option<Box<LoseIf>>,
     next_api: u64,
 }
 
@@ -71,6 +76,7 @@ impl Cluster {
             fanout_host: Arc::new(NoFanout),
             hold_reads: false,
             held_reads: Vec::new(),
+            lose_if: None,
             next_api: 1,
         };
         for id in &ids {
@@ -207,6 +213,9 @@ impl Cluster {
             while let Some((from, to, frame)) = self.queue.pop_front() {
                 progressed = true;
                 if self.cut.contains(&from) || self.cut.contains(&to) {
+                    continue;
+                }
+                if self.lose_if.as_mut().is_some_and(|lose| lose(from, to, &frame)) {
                     continue;
                 }
                 let now = self.now;

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use tidings_channel::fanout::{FanoutEffect, FanoutPlanner, MessageRef, Target};
 use tidings_channel::machine::{AppendRecord, ChannelMachine, PersistToken, ReadToken};
 use tidings_router::Router;
-use tidings_slot::command::RoutingKey;
 use tidings_slot::model::{SlotState, Uid};
 use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, ProposalId, ReadId};
@@ -346,9 +345,7 @@ impl NodeCore {
         let cluster = ClusterView { nodes: &self.config.nodes, down: &down, gone: &gone };
         let view = NodeView { me: self.config.node, reader: &self.reader, cluster };
         self.preferred.tick(self.now, &self.config.controller, &mut self.slot, &view);
-        for (ask, again) in self.remote_reads.take_due(self.now) {
-            self.retry_read(ask, again);
-        }
+        self.retry_due_reads();
         self.sweep_stray_logs();
         if let Shards::Inline(shards) = &mut self.shards {
             for shard in shards {
@@ -683,14 +680,7 @@ impl NodeCore {
     fn fanout_effect(&mut self, effect: FanoutEffect) {
         match effect {
             FanoutEffect::FetchPage { job, channel, cursor, limit } => {
-                if self.holds_serving_copy(RoutingKey::Channel(&channel)) {
-                    let fetch = FanoutEffect::FetchPage { job, channel, cursor, limit };
-                    self.effects.push_back(NodeEffect::Fanout(FanoutWork::Planner(fetch)));
-                } else {
-                    // No replica here holds the serving copy of the subscribers (their slot group lives
-                    // elsewhere, or their slot's migration has not reached this node): ask one that does.
-                    self.ask_fanout_page(job, channel, cursor, limit);
-                }
+                self.fetch_fanout_page(job, channel, cursor, limit)
             }
             host_work @ (FanoutEffect::Locate { .. } | FanoutEffect::Deliver(_) | FanoutEffect::Failed(_)) => {
                 self.effects.push_back(NodeEffect::Fanout(FanoutWork::Planner(host_work)));

@@ -4,9 +4,11 @@
 //! channel's deny list?), by asking a node that serves the group. It serves its peers the same way.
 //!
 //! Asking: the node that last answered for the group, else the group's known leader, first; then the
-//! other nodes in turn (a node that timed out or said it serves no longer is not asked first again); each attempt has a request id
-//! of its own, so a late answer to an abandoned attempt is ignored. A node that keeps no applied
-//! replica of the group says so and the next node is asked at once; a busy one is asked again after
+//! other nodes in turn (a node that timed out or said it serves no longer is not asked first again);
+//! each attempt has a request id of its own, so a late answer to an abandoned attempt is ignored; after
+//! a whole round of refusals the next round starts after a pause, and every round asks every other
+//! node once. A node that keeps no applied replica of the group says so and the next node is asked at
+//! once; a busy one is asked again after
 //! [`READ_BUSY_PAUSE`]; a silent one is passed over after [`READ_REPLY_TIMEOUT`]. A read nobody served
 //! within its ask's `give_up_after` is given up: a fanout page ends that message's fanout where it
 //! stands (the message stays committed; the channel's handoff is not held forever by a slot group that
@@ -55,6 +57,21 @@ pub(super) struct ReadAsk {
     pub give_up_after: Duration,
 }
 
+/// `others` (the cluster's nodes but this one) in the order an attempt of a read of `group` takes them
+/// (before [`RemoteReads::pick`] passes over silent ones): each attempt starts one place further, so
+/// consecutive attempts go round them all, and reads of different groups start at different places.
+pub(super) fn in_turn(group: GroupId, attempts: u32, others: &[NodeId]) -> impl Iterator<Item = NodeId> + '_ {
+    let turn = usize::try_from(u64::from(group.get()) + u64::from(attempts)).unwrap_or(0);
+    (0..others.len()).map(move |i| others[(turn + i) % others.len()])
+}
+
+impl ReadAsk {
+    /// `true` once nobody served it within `give_up_after`.
+    pub(super) fn expired(&self, now: Time) -> bool {
+        now >= self.since + self.give_up_after
+    }
+}
+
 /// The node asked, and when to act if it does not answer.
 #[derive(Debug)]
 struct Outstanding {
@@ -101,10 +118,12 @@ impl RemoteReads {
         self.next_request
     }
 
-    /// Holds `ask` back until `until`, then [`RemoteReads::take_due`] gives it back to be asked of the
-    /// next node: after a whole round of nodes refused it, asking again at once would only make the
-    /// same answers go round the cluster as fast as they come back.
-    pub(super) fn defer(&mut self, ask: ReadAsk, until: Time) {
+    /// Holds `ask`, whose attempt is counted but not yet sent, back until `until`; then
+    /// [`RemoteReads::take_due`] gives it back to be sent as it stands: after a whole round of nodes
+    /// refused it, asking again at once would only make the same answers go round the cluster as fast
+    /// as they come back. (Counting its attempt again on its return would skip a node's turn in every
+    /// round, so one node would never be asked: sim seed 429006070.)
+    fn defer(&mut self, ask: ReadAsk, until: Time) {
         self.next_request += 1;
         self.outstanding.insert(self.next_request, Outstanding { ask, to: None, due: until, busy: false });
     }
@@ -125,10 +144,25 @@ impl RemoteReads {
         }
     }
 
+    /// What follows an attempt of `ask` that was refused or timed out, with `others` other nodes in the
+    /// cluster: an ask of the next node (`again: None`; the caller picks it, [`in_turn`]) or of the same
+    /// busy one, or, once its `give_up_after` has passed, giving up. `None`: every other node was asked
+    /// once more and none served it, so the next attempt is held back for [`READ_BUSY_PAUSE`] and comes
+    /// from [`RemoteReads::take_due`].
+    pub(super) fn retry(&mut self, ask: ReadAsk, again: Option<NodeId>, now: Time, others: usize) -> Option<ReadNext> {
+        match Self::next_attempt(ask, again, now) {
+            ReadNext::Ask(ask, None) if usize::try_from(ask.attempts).unwrap_or(0) % others.max(1) == 0 => {
+                self.defer(ask, now + READ_BUSY_PAUSE);
+                None
+            }
+            next => Some(next),
+        }
+    }
+
     /// The ask following one that was refused or timed out: to the next node (`again: None`; the caller
     /// picks it) or the same busy one, or given up once its `give_up_after` has passed.
-    pub(super) fn next_attempt(mut ask: ReadAsk, again: Option<NodeId>, now: Time) -> ReadNext {
-        if now >= ask.since + ask.give_up_after {
+    fn next_attempt(mut ask: ReadAsk, again: Option<NodeId>, now: Time) -> ReadNext {
+        if ask.expired(now) {
             return ReadNext::GiveUp(ask);
         }
         if again.is_none() {
@@ -137,20 +171,24 @@ impl RemoteReads {
         ReadNext::Ask(ask, again)
     }
 
-    /// Requests past their due time, taken out: each to be asked again (the same node if it was busy). A
-    /// node that stayed silent is no longer the first asked for any group.
-    pub(super) fn take_due(&mut self, now: Time) -> Vec<(ReadAsk, Option<NodeId>)> {
+    /// Requests past their due time, taken out, and what follows each ([`RemoteReads::retry`]; `others`
+    /// as there): a deferred one is asked as it stands, a busy node is asked again, a silent one's
+    /// attempt is followed by the next. A node that stayed silent is no longer the first asked for any
+    /// group.
+    pub(super) fn take_due(&mut self, now: Time, others: usize) -> Vec<ReadNext> {
         let due: Vec<u64> = self.outstanding.iter().filter(|(_, o)| o.due <= now).map(|(id, _)| *id).collect();
         let taken: Vec<Outstanding> = due.into_iter().filter_map(|id| self.outstanding.remove(&id)).collect();
         taken
             .into_iter()
-            .map(|o| {
-                if let (false, Some(silent)) = (o.busy, o.to) {
+            .filter_map(|o| match (o.to, o.busy) {
+                (None, _) if o.ask.expired(now) => Some(ReadNext::GiveUp(o.ask)),
+                (None, _) => Some(ReadNext::Ask(o.ask, None)),
+                (Some(busy), true) => self.retry(o.ask, Some(busy), now, others),
+                (Some(silent), false) => {
                     self.contacts.retain(|_, node| *node != silent);
                     self.silent.insert(silent, now);
+                    self.retry(o.ask, None, now, others)
                 }
-                let again = if o.busy { o.to } else { None };
-                (o.ask, again)
             })
             .collect()
     }
@@ -224,9 +262,11 @@ mod tests {
         let first = reads.asked(ask(0), a, Time::ZERO);
         assert_eq!(reads.answered(first, b), None, "an answer from a node not asked");
         // Timed out: taken out, then asked of b under a new id; a's late answer is ignored.
-        let due = reads.take_due(Time::ZERO + READ_REPLY_TIMEOUT);
+        let mut due = reads.take_due(Time::ZERO + READ_REPLY_TIMEOUT, 3);
         assert_eq!(due.len(), 1);
-        let second = reads.asked(due[0].0.clone(), b, Time::ZERO + READ_REPLY_TIMEOUT);
+        let Some(ReadNext::Ask(again, None)) = due.pop() else { panic!("a silent node's read goes to the next") };
+        assert_eq!(again.attempts, 1);
+        let second = reads.asked(again, b, Time::ZERO + READ_REPLY_TIMEOUT);
         assert_ne!(first, second);
         assert_eq!(reads.answered(first, a), None, "a late answer to an abandoned attempt");
         assert_eq!(reads.answered(second, b).map(|a| a.purpose), Some(ReadPurpose::FanoutPage(JobId(1))));
@@ -241,19 +281,15 @@ mod tests {
         let id = reads.asked(ask(0), a, Time::ZERO);
         reads.busy(id, a, Time::from_millis(10));
         assert_eq!(reads.poll_timeout(), Some(Time::from_millis(10) + READ_BUSY_PAUSE));
-        assert!(reads.take_due(Time::from_millis(100)).is_empty());
-        let due = reads.take_due(Time::from_millis(10) + READ_BUSY_PAUSE);
+        assert!(reads.take_due(Time::from_millis(100), 3).is_empty());
+        let mut due = reads.take_due(Time::from_millis(10) + READ_BUSY_PAUSE, 3);
         assert_eq!(due.len(), 1);
-        assert_eq!(due[0].1, Some(a), "the busy node, again");
-        let (again, to) = due.into_iter().next().unwrap();
+        let Some(ReadNext::Ask(again, to)) = due.pop() else { panic!("a busy node's read is retried") };
+        assert_eq!((again.attempts, to), (0, Some(a)), "the busy node, again, as the same attempt");
         let now = Time::from_millis(300);
-        assert!(
-            matches!(RemoteReads::next_attempt(again.clone(), to, now), ReadNext::Ask(r, Some(n)) if r.attempts == 0 && n == a)
-        );
-        assert!(
-            matches!(RemoteReads::next_attempt(again.clone(), None, now), ReadNext::Ask(r, None) if r.attempts == 1)
-        );
-        assert!(matches!(RemoteReads::next_attempt(again, None, Time::ZERO + PAGE_GIVE_UP), ReadNext::GiveUp(_)));
+        assert!(matches!(reads.retry(again.clone(), None, now, 3), Some(ReadNext::Ask(r, None)) if r.attempts == 1));
+        let late = reads.retry(again, None, Time::ZERO + PAGE_GIVE_UP, 3);
+        assert!(matches!(late, Some(ReadNext::GiveUp(_))));
     }
 
     #[test]
@@ -266,7 +302,7 @@ mod tests {
         reads.answered_for(group, b, false);
         assert_eq!(reads.contact(group), Some(a), "another node's refusal changes nothing");
         reads.asked(ask(0), a, Time::ZERO);
-        assert_eq!(reads.take_due(Time::ZERO + READ_REPLY_TIMEOUT).len(), 1);
+        assert_eq!(reads.take_due(Time::ZERO + READ_REPLY_TIMEOUT, 3).len(), 1);
         assert_eq!(reads.contact(group), None, "silent: no longer asked first");
         reads.answered_for(group, b, true);
         reads.answered_for(group, b, false);
@@ -279,16 +315,56 @@ mod tests {
     }
 
     #[test]
-    fn a_deferred_read_comes_back_when_due_and_takes_no_answer_meanwhile() {
+    fn a_deferred_read_comes_back_when_due_as_it_stands_and_takes_no_answer_meanwhile() {
         let mut reads = RemoteReads::default();
         reads.defer(ask(0), Time::from_millis(200));
         assert_eq!(reads.poll_timeout(), Some(Time::from_millis(200)));
         assert_eq!(reads.answered(1, NodeId::new(2)), None, "nobody was asked");
-        assert!(reads.take_due(Time::from_millis(199)).is_empty());
-        let due = reads.take_due(Time::from_millis(200));
-        assert_eq!(due.len(), 1);
-        assert_eq!(due[0].1, None, "to the next node");
+        assert!(reads.take_due(Time::from_millis(199), 3).is_empty());
+        let due = reads.take_due(Time::from_millis(200), 3);
+        assert_eq!(due, vec![ReadNext::Ask(ask(0), None)], "its attempt is already counted");
         assert_eq!(reads.pick([NodeId::new(2)], Time::from_millis(200)), Some(NodeId::new(2)), "not taken for silent");
+        // Held back past its deadline: given up when it comes back.
+        reads.defer(ask(0), Time::ZERO + PAGE_GIVE_UP);
+        assert_eq!(reads.take_due(Time::ZERO + PAGE_GIVE_UP, 3), vec![ReadNext::GiveUp(ask(0))]);
+    }
+
+    /// Sim seed 429006070: a deferred read's attempt was counted again when it came back, so one place
+    /// in every round was skipped, and for a read of group 2 among three other nodes that place was
+    /// always the one node serving the page: the channel's fanout waited 30 s.
+    #[test]
+    fn a_read_refused_everywhere_asks_every_other_node_once_in_each_round() {
+        let others = [NodeId::new(2), NodeId::new(3), NodeId::new(4)];
+        let group = GroupId::new(2);
+        let mut reads = RemoteReads::default();
+        let mut now = Time::ZERO;
+        let (mut asked, mut pauses) = (Vec::new(), 0);
+        let mut next = Some(ReadNext::Ask(ask(0), None));
+        while asked.len() < 3 * others.len() {
+            match next.take() {
+                Some(ReadNext::Ask(ask, None)) => {
+                    let to = reads.pick(in_turn(group, ask.attempts, &others), now).expect("a node to ask");
+                    asked.push(to);
+                    let request = reads.asked(ask, to, now);
+                    let refused = reads.answered(request, to).expect("the current attempt's answer");
+                    next = reads.retry(refused, None, now, others.len());
+                }
+                None => {
+                    // Held back after a round: it comes back after the pause.
+                    now = now + READ_BUSY_PAUSE;
+                    pauses += 1;
+                    assert_eq!(reads.poll_timeout(), Some(now));
+                    next = reads.take_due(now, others.len()).pop();
+                }
+                other => panic!("neither an ask of the next node nor a pause: {other:?}"),
+            }
+        }
+        for round in asked.chunks(others.len()) {
+            let mut round = round.to_vec();
+            round.sort();
+            assert_eq!(round, others, "every other node once per round: {asked:?}");
+        }
+        assert_eq!(pauses, 2, "a pause between rounds");
     }
 
     #[test]

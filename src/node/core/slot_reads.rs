@@ -1,14 +1,14 @@
 //! The core's side of reads across nodes (see [`super::remote_reads`]): asking for fanout pages and
 //! sender checks, answering peers, and `append_from`'s checks that a shard could not make here.
 
-use super::remote_reads::{ReadAsk, ReadNext, ReadPurpose, RemoteReads, PAGE_GIVE_UP, READ_BUSY_PAUSE};
+use super::remote_reads::{in_turn, ReadAsk, ReadNext, ReadPurpose, PAGE_GIVE_UP};
 use super::sender_checks::{Question, Verdict};
 use super::{ApiId, NodeCore, NodeEffect};
 use crate::node::error::NodeError;
 use crate::node::fanout::FanoutWork;
 use crate::node::message::{FlagQuery, NodeMessage, SlotQuery, SlotReadAnswer};
 use crate::node::shard::ShardInput;
-use tidings_channel::fanout::JobId;
+use tidings_channel::fanout::{FanoutEffect, JobId};
 use tidings_channel::machine::AppendRecord;
 use tidings_slot::command::RoutingKey;
 use tidings_slot::model::Uid;
@@ -47,8 +47,10 @@ impl NodeCore {
         self.serving_copy(key).filter(|group| self.slot.reads_fresh(*group))
     }
 
-    /// Asks another node for a page of `channel`'s subscribers, for fanout job `job`.
-    pub(super) fn ask_fanout_page(&mut self, job: JobId, channel: ChannelId, cursor: Option<Vec<u8>>, limit: usize) {
+    /// A page of `channel`'s subscribers for fanout job `job`: read here if a replica here holds their
+    /// serving copy, else asked of a node that does (their slot group lives elsewhere, or their slot's
+    /// migration has not reached this node).
+    pub(super) fn fetch_fanout_page(&mut self, job: JobId, channel: ChannelId, cursor: Option<Vec<u8>>, limit: usize) {
         let limit = u32::try_from(limit).unwrap_or(u32::MAX);
         let query = SlotQuery::SubscriberPage { channel, cursor, limit };
         let ask = ReadAsk {
@@ -58,7 +60,7 @@ impl NodeCore {
             since: self.now,
             give_up_after: PAGE_GIVE_UP,
         };
-        self.ask_read(ask, None);
+        self.read_here_or_ask(ask, None);
     }
 
     /// Sends `ask` to `to`, or by default on a first attempt to the node that last answered for the group
@@ -72,8 +74,7 @@ impl NodeCore {
             .flatten()
             .filter(|n| *n != me);
         // The others in turn from this attempt's place, passing over nodes that let a read time out lately.
-        let turn = usize::try_from(u64::from(group.get()) + u64::from(ask.attempts)).unwrap_or(0);
-        let in_turn = (0..others.len()).map(|i| others[(turn + i) % others.len()]);
+        let in_turn = in_turn(group, ask.attempts, &others);
         let Some(to) = to.or(first).or_else(|| self.remote_reads.pick(in_turn, self.now)) else {
             // Nobody else to ask (a single node serves every group: not reached in practice).
             self.read_given_up(ask);
@@ -84,17 +85,45 @@ impl NodeCore {
         self.send_node(to, NodeMessage::SlotReadRequest { request, query });
     }
 
-    /// A read that was refused or went unanswered: asked again (`again`: that busy node), or given up.
+    /// A read that was refused or went unanswered: asked again (`again`: that busy node), later, or given
+    /// up.
     pub(super) fn retry_read(&mut self, ask: ReadAsk, again: Option<NodeId>) {
-        let others = self.config.nodes.len().saturating_sub(1).max(1);
-        match RemoteReads::next_attempt(ask, again, self.now) {
-            // Every other node was asked once more and none served it: pause before the next round.
-            ReadNext::Ask(ask, None) if usize::try_from(ask.attempts).unwrap_or(0) % others == 0 => {
-                self.remote_reads.defer(ask, self.now + READ_BUSY_PAUSE);
-            }
-            ReadNext::Ask(ask, to) => self.ask_read(ask, to),
+        let others = self.config.nodes.len().saturating_sub(1);
+        if let Some(next) = self.remote_reads.retry(ask, again, self.now, others) {
+            self.follow_read(next);
+        }
+    }
+
+    /// Reads whose time came (no answer, a busy node's pause, a round's pause): asked again or given up.
+    pub(super) fn retry_due_reads(&mut self) {
+        let others = self.config.nodes.len().saturating_sub(1);
+        for next in self.remote_reads.take_due(self.now, others) {
+            self.follow_read(next);
+        }
+    }
+
+    fn follow_read(&mut self, next: ReadNext) {
+        match next {
+            ReadNext::Ask(ask, to) => self.read_here_or_ask(ask, to),
             ReadNext::GiveUp(ask) => self.read_given_up(ask),
         }
+    }
+
+    /// Asks `ask` of another node, unless it is a fanout page this node can read itself. Checked on every
+    /// attempt: this node may become a replica of the subscribers' group, or their slot's migration may
+    /// reach it, while the page is asked elsewhere.
+    fn read_here_or_ask(&mut self, ask: ReadAsk, to: Option<NodeId>) {
+        if let (ReadPurpose::FanoutPage(job), SlotQuery::SubscriberPage { channel, cursor, limit }) =
+            (ask.purpose, &ask.query)
+        {
+            if self.holds_serving_copy(RoutingKey::Channel(channel)) {
+                let limit = usize::try_from(*limit).unwrap_or(usize::MAX);
+                let fetch = FanoutEffect::FetchPage { job, channel: channel.clone(), cursor: cursor.clone(), limit };
+                self.effects.push_back(NodeEffect::Fanout(FanoutWork::Planner(fetch)));
+                return;
+            }
+        }
+        self.ask_read(ask, to);
     }
 
     fn read_given_up(&mut self, ask: ReadAsk) {
