@@ -243,6 +243,53 @@ fn a_page_asked_elsewhere_is_read_here_once_this_node_becomes_a_replica_of_the_g
     assert_eq!(abandoned(&mut cluster), 0);
 }
 
+/// A node checking a sender by asking other nodes, none of which answers, becomes a replica of the
+/// user's and the channel's slot group meanwhile (a drain moves the group's replica to it): its next
+/// attempt reads the answers itself, and the append commits within its timeout.
+#[test]
+fn a_sender_check_asked_elsewhere_is_read_here_once_this_node_becomes_a_replica_of_the_group() {
+    let recorder = Arc::new(Recorder::default());
+    let mut cluster = cluster_of(4, &recorder);
+    let config = cluster.nodes[&NodeId::new(1)].config.clone();
+    let members = config.slot_group_members();
+    // With four nodes and groups of three, each group lacks one node: `via`, for the group of both the
+    // channel and the user.
+    let (group, keepers) = members[0].clone();
+    let via = *config.nodes.iter().find(|n| !keepers.contains(n)).unwrap();
+    let channel = (0..)
+        .map(|i| ChannelId::new(ChannelType::GROUP, &format!("room-{i}")).unwrap())
+        .find(|c| config.table().group_of_key(c.route_key()) == group)
+        .unwrap();
+    let user = (0..)
+        .map(|i| format!("user-{i}"))
+        .find(|u| config.table().group_of_key(RoutingKey::Uid(&Uid::new(u.as_str()).unwrap()).bytes()) == group)
+        .unwrap();
+    cluster.create_channel(1, &channel);
+    subscribe(&mut cluster, &channel, MemberList::Subscribers, &[&user]);
+    cluster.run_for(1_000);
+
+    // Every read asked of another node is lost.
+    let asks_lost = |_: NodeId, _: NodeId, frame: &Bytes| {
+        let frame = decode(frame, &FrameLimits::default()).unwrap();
+        matches!(frame.body, FrameBody::Node(NodeMessage::SlotReadRequest { .. }))
+    };
+    cluster.lose_if = Some(Box::new(asks_lost));
+    let id = cluster.api();
+    let now = cluster.now;
+    let records = support::records(&["checked here at last"]);
+    cluster.core(via.get()).append_from(now, id, channel.clone(), Uid::new(user.as_str()).unwrap(), records);
+    cluster.run_for(2_000);
+    assert!(!cluster.appended.contains_key(&id) && !cluster.results.contains_key(&id), "nobody answered yet");
+
+    let drained = keepers[0];
+    let answer = cluster.call(via.get(), |core, now, api| core.drain_node(now, api, drained, true));
+    assert_eq!(answer, "Meta(Ok(()))");
+    let decided = |c: &mut Cluster| c.appended.contains_key(&id) || c.results.contains_key(&id);
+    assert!(cluster.run_until(15_000, decided));
+    assert!(cluster.appended.contains_key(&id), "the check is read here: {:?}", cluster.results.get(&id));
+    assert!(cluster.core(via.get()).slot().applied_index(group).is_some_and(|a| a > 0));
+}
+
 /// `append_from` through node `via`: the seqs, or the error's debug text.
 fn append_from(cluster: &mut Cluster, via: u64, channel: &ChannelId, sender: &str) -> Result<Vec<Seq>, String> {
     let id = cluster.api();

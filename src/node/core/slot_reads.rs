@@ -109,19 +109,33 @@ impl NodeCore {
         }
     }
 
-    /// Asks `ask` of another node, unless it is a fanout page this node can read itself. Checked on every
-    /// attempt: this node may become a replica of the subscribers' group, or their slot's migration may
-    /// reach it, while the page is asked elsewhere.
+    /// Reads `ask` here if a replica here can answer it (the serving copy for a fanout page; for a sender
+    /// check, that copy in a replica that knows its leader), else asks it of another node. Checked on
+    /// every attempt: this node may become a replica of the group, or a slot's migration may reach it,
+    /// while the read is asked elsewhere (sim seed 429006070).
     fn read_here_or_ask(&mut self, ask: ReadAsk, to: Option<NodeId>) {
-        if let (ReadPurpose::FanoutPage(job), SlotQuery::SubscriberPage { channel, cursor, limit }) =
-            (ask.purpose, &ask.query)
-        {
-            if self.holds_serving_copy(RoutingKey::Channel(channel)) {
+        match (ask.purpose, &ask.query) {
+            (ReadPurpose::FanoutPage(job), SlotQuery::SubscriberPage { channel, cursor, limit })
+                if self.holds_serving_copy(RoutingKey::Channel(channel)) =>
+            {
                 let limit = usize::try_from(*limit).unwrap_or(usize::MAX);
-                let fetch = FanoutEffect::FetchPage { job, channel: channel.clone(), cursor: cursor.clone(), limit };
+                let (channel, cursor) = (channel.clone(), cursor.clone());
+                let fetch = FanoutEffect::FetchPage { job, channel, cursor, limit };
                 self.effects.push_back(NodeEffect::Fanout(FanoutWork::Planner(fetch)));
                 return;
             }
+            (ReadPurpose::SenderCheck(check), SlotQuery::Flag(flag)) => {
+                if let Some(copy) = self.vouching_copy(flag.routing_key()) {
+                    let verdict = match flag.read(&self.reader, copy) {
+                        Ok(yes) => self.sender_checks.answer(check, question_of(flag), yes),
+                        Err(error) => self.sender_checks.fail(check, error.into()),
+                    };
+                    self.carry_out_verdict(verdict);
+                    return;
+                }
+            }
+            // Not answerable here (or a purpose and a query that do not go together, which are not built).
+            _ => {}
         }
         self.ask_read(ask, to);
     }
@@ -212,18 +226,9 @@ impl NodeCore {
             if !self.sender_checks.is_waiting(check) {
                 break; // decided by the first answer (a ban), or failed
             }
-            if let Some(copy) = self.vouching_copy(flag.routing_key()) {
-                let verdict = match flag.read(&self.reader, copy) {
-                    Ok(yes) => self.sender_checks.answer(check, question_of(&flag), yes),
-                    Err(error) => self.sender_checks.fail(check, error.into()),
-                };
-                self.carry_out_verdict(verdict);
-            } else {
-                let purpose = ReadPurpose::SenderCheck(check);
-                let ask =
-                    ReadAsk { purpose, query: SlotQuery::Flag(flag), attempts: 0, since: self.now, give_up_after };
-                self.ask_read(ask, None);
-            }
+            let purpose = ReadPurpose::SenderCheck(check);
+            let ask = ReadAsk { purpose, query: SlotQuery::Flag(flag), attempts: 0, since: self.now, give_up_after };
+            self.read_here_or_ask(ask, None);
         }
     }
 
