@@ -7,7 +7,7 @@ mod support;
 use bytes::Bytes;
 use support::{append_acked, deliver, force_meta, read_all, with_fence, Cluster};
 use tidings::channel::machine::AppendRecord;
-use tidings::node::{NodeConfig, NodeError, TaskBlocked, TaskError, TaskKind, TaskReport};
+use tidings::node::{NodeConfig, NodeError, NodeMessage, TaskBlocked, TaskError, TaskKind, TaskReport};
 use tidings::slot::model::SwitchProof;
 use tidings::store::message::{IdempotencyKey, MessageLog};
 use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, NodeId, Seq};
@@ -487,6 +487,20 @@ fn a_replica_moved_away_forgets_its_log_and_starts_from_nothing_when_added_back(
         assert!(!log_forgotten(&cluster, replica, &room), "{replica} is a replica");
         assert_all_readable(&mut cluster, replica.get(), &room, &acked);
     }
+    // The node it left still takes appends for the channel (it forwards them to the leader). Also once
+    // restarted, when the first meta it hears of is a late push from before the move (a lagging slot
+    // replica's): its log's tombstone makes that one stale, and the meta in force, the one that moved
+    // the replica away, routes the appends (sim seed 438001303: refused as older than the tombstone,
+    // it left the node's appends for the channel waiting for a newer meta, and failing, for good).
+    acked.extend(append_acked(&mut cluster, from.get(), &room, "through-the-node-it-left", 3));
+    cluster.crash(from.get());
+    cluster.restart(from.get());
+    cluster.run_for(3_000);
+    // (A version the move went through, which still named this node; not the one as created, which
+    // activates nothing until used.)
+    let stale = ChannelRuntimeMeta { version: old.version + 1, ..old.clone() };
+    deliver(&mut cluster, old.leader.get(), from.get(), NodeMessage::MetaPush(stale));
+    acked.extend(append_acked(&mut cluster, from.get(), &room, "through-it-restarted", 3));
     // Added back in place of another follower: it catches up from an empty log, and holds everything.
     let other = any_stored_meta(&mut cluster, &room).isr.into_iter().find(|n| *n != old.leader && *n != spare);
     let (_, again) = replace_under_load(&mut cluster, old.leader.get(), &room, other.unwrap(), from);

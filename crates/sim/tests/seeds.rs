@@ -260,6 +260,11 @@ fn tight_and_hurried_seeds_that_once_failed_pass() {
     for seed in [186000976, 186002227, 186003070, 186003892, 186000627, 186001397, 188001762] {
         assert_passes(&run(SimParams { tight_limits: true, hurried_timings: true, ..as_found(seed) }));
     }
+    // With its own other draws: a node whose replica of a channel had been moved away and its log
+    // forgotten heard a stale meta naming it; its log's tombstone made that one stale, and the meta in
+    // force, the one that removed the replica, was refused too (the floor stood one past it), so the
+    // node's appends for the channel waited for a newer meta and failed with `UnknownChannel` for good.
+    assert_passes(&run(SimParams { tight_limits: true, hurried_timings: true, ..SimParams::from_seed(438001303) }));
 }
 
 /// Seeds that found bugs with the parameters they draw (tight limits and hurried timings included):

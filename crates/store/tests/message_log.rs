@@ -100,7 +100,7 @@ impl ChannelModel {
             }
             LogOp::StartAfter { .. } => unreachable!("not generated"),
             LogOp::Forget { version } => {
-                *self = ChannelModel { meta_floor: self.meta_floor.max(version + 1), ..ChannelModel::default() }
+                *self = ChannelModel { meta_floor: self.meta_floor.max(*version), ..ChannelModel::default() }
             }
             LogOp::RaiseMetaFloor { version } => self.meta_floor = self.meta_floor.max(*version),
         }

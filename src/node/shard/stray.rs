@@ -101,7 +101,8 @@ impl ChannelShard {
 
     /// Takes `channel`'s replica out of memory with everything kept for its next incarnation, and asks
     /// the store to forget its log, leaving the tombstone `version` (the meta that named no replica
-    /// here): activation refuses any meta at or below it (see `activation`).
+    /// here): activation refuses any older meta (see `activation`), and that one names no replica here
+    /// but routes the channel's calls to its leader.
     fn forget_log(&mut self, channel: &ChannelId, version: u64) {
         // HW and fanout progress as the replica knew them: a failed forget leaves the log, and its next
         // incarnation keeps them, as after any retirement (its checkpointed HW may trail what it knew).
@@ -356,7 +357,7 @@ mod tests {
         }
     }
 
-    /// The tombstone a forget leaves keeps a stale meta (one at or below the version that removed this
+    /// The tombstone a forget leaves keeps a stale meta (one older than the version that removed this
     /// node) from activating the empty log as the replica it was: named leader of an epoch it led
     /// before, it would lead it again with nothing. A newer meta adding the node back activates it.
     #[test]
@@ -366,7 +367,7 @@ mod tests {
         let token = confirmed_removed(&mut shard);
         finish_forget(&mut shard, &log, token);
         outputs(&mut shard);
-        assert_eq!(log.state(&room()).unwrap().meta_floor, 6);
+        assert_eq!(log.state(&room()).unwrap().meta_floor, 5);
         // A late push of an older meta that named this node leader (the shard let the newer one go).
         shard.handle(now, ShardInput::Meta { meta: meta(4, &[1, 2, 3]), stored_here: false });
         let out = outputs(&mut shard);

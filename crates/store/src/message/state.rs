@@ -31,10 +31,11 @@ pub enum LogOp {
         epoch: LeaderEpoch,
     },
     /// Forgets the log: every record and the state go, and a later batch starts again at seq 1. What
-    /// stays is a tombstone: the meta floor rises past `version`, the channel meta version that named
-    /// this node no replica (`ChannelLogState::meta_floor`), so that no meta as old, read from a stale
+    /// stays is a tombstone: the meta floor rises to `version`, the channel meta version that named
+    /// this node no replica (`ChannelLogState::meta_floor`), so that no older meta, read from a stale
     /// copy, can ever make this empty log act as the replica it was (a leader that led an epoch before
-    /// would lead it again). For a replica its channel no longer names: the caller must know it holds nothing the
+    /// would lead it again). The meta at `version` itself names no replica here, so it cannot; and it
+    /// must stay usable, as the meta in force, for this node to route the channel's calls to its leader. For a replica its channel no longer names: the caller must know it holds nothing the
     /// channel still needs (see `tidings::Node`'s stray-log sweep). The only operation that lowers the
     /// HW, which is why nothing else may take its place.
     Forget {
@@ -192,7 +193,7 @@ pub struct ChannelLogState {
     /// last checkpoint; 0: nothing known.
     pub fanned_through: Seq,
     /// The oldest channel meta version this replica may act under (0: any): an older meta is stale
-    /// here for good. Raised past the meta that removed this node's replica when its log was forgotten
+    /// here for good. Raised to the meta that removed this node's replica when its log was forgotten
     /// ([`LogOp::Forget`]), and to the meta a controller's evidence request came under
     /// ([`LogOp::RaiseMetaFloor`]). Kept across every later write (a replica added back by a newer meta).
     pub meta_floor: u64,
@@ -295,7 +296,7 @@ impl ChannelLogState {
                 Ok(())
             }
             LogOp::Forget { version } => {
-                let meta_floor = self.meta_floor.max(version.saturating_add(1));
+                let meta_floor = self.meta_floor.max(*version);
                 *self = ChannelLogState { meta_floor, ..ChannelLogState::default() };
                 Ok(())
             }

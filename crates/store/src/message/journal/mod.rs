@@ -887,7 +887,7 @@ mod tests {
         assert_eq!(log.logs_after(None, 10).unwrap().len(), 2);
 
         log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget { version: 7 }])).unwrap();
-        let tombstone = ChannelLogState { meta_floor: 8, ..ChannelLogState::default() };
+        let tombstone = ChannelLogState { meta_floor: 7, ..ChannelLogState::default() };
         assert_eq!(log.state(&a).unwrap(), tombstone, "forgotten at once");
         assert!(seqs(&log, &a).is_empty());
         assert_eq!(log.logs_after(None, 10).unwrap(), vec![b.clone()], "not listed, though sled still holds it");
@@ -915,12 +915,12 @@ mod tests {
         drop(log);
         let log = reopen(dir.path(), &kv);
         assert_eq!(seqs(&log, &a), vec![1]);
-        assert_eq!(log.state(&a).unwrap().meta_floor, 8, "the tombstone stays with the new log");
+        assert_eq!(log.state(&a).unwrap().meta_floor, 7, "the tombstone stays with the new log");
         assert_eq!(seqs(&log, &b), vec![1, 2]);
         assert_eq!(log.logs_after(None, 1).unwrap().len(), 1, "the limit holds");
     }
 
-    /// A meta floor never goes down, outlives a forget (which raises it past the removing meta), a
+    /// A meta floor never goes down, outlives a forget (which raises it to the removing meta), a
     /// write-behind and a restart from the journal alone; a log holding nothing but its floor is
     /// empty (a sweep does not list it) yet keeps it.
     #[test]
@@ -951,7 +951,7 @@ mod tests {
         log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget { version: 2 }])).unwrap();
         assert_eq!(floor(&log), 5, "a forget under an older meta keeps the higher floor");
         log.commit(LogBatch::new(a.clone(), vec![LogOp::Forget { version: 9 }])).unwrap();
-        assert_eq!(floor(&log), 10, "past the meta that removed the replica");
+        assert_eq!(floor(&log), 9, "up to the meta that removed the replica");
         log.commit(raise(12)).unwrap();
         log.write_behind().unwrap();
         drop(log);
