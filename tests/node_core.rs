@@ -9,7 +9,7 @@ use std::time::Duration;
 use support::{read_all, records, Cluster};
 use tidings::channel::machine::AppendRecord;
 use tidings::frame::FrameError;
-use tidings::node::{ApiId, Lookup, NodeConfig, NodeError};
+use tidings::node::{ApiId, Lookup, NodeConfig, NodeError, Remedy};
 use tidings::slot::command::Command;
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid, User};
 use tidings::store::message::{IdempotencyKey, LogFailOp, MessageLog};
@@ -57,6 +57,40 @@ fn three_nodes_create_append_forward_and_read() {
     }
 }
 
+/// A node that cannot get a channel's meta (every member of its slot group is cut off from it) cannot
+/// tell whether the channel exists: its append and read fail with `MetaUnavailable` (retry), not
+/// `UnknownChannel` (give up), and the append goes through once the group is back.
+#[test]
+fn a_node_that_cannot_get_a_channel_s_meta_refuses_its_calls_for_a_retry() {
+    let mut cluster = Cluster::with(4, |config| config.slot_replicas = 3);
+    cluster.run_for(5_000);
+    let config = cluster.nodes[&NodeId::new(1)].config.clone();
+    let members = config.slot_group_members();
+    // A channel neither placed on node `via` nor in a slot group it keeps.
+    let (channel, via, keepers) = (0..)
+        .map(|i| ChannelId::new(ChannelType::GROUP, &format!("far-{i}")).unwrap())
+        .find_map(|channel| {
+            let group = config.table().group_of_key(channel.route_key());
+            let (_, keepers) = members.iter().find(|(g, _)| *g == group)?;
+            let placement = config.channel_placement(&channel);
+            let via = config.nodes.iter().copied().find(|n| !keepers.contains(n) && !placement.contains(n))?;
+            Some((channel, via, keepers.clone()))
+        })
+        .unwrap();
+    cluster.create_channel(keepers[0].get(), &channel);
+    cluster.cut.extend(keepers.iter().copied());
+    let id = cluster.append(via.get(), &channel, &["while its group is out of reach"]);
+    cluster.run_for(6_000);
+    let refused = cluster.results.get(&id).cloned().unwrap_or_default();
+    assert!(refused.contains("MetaUnavailable"), "{refused}");
+    let read = cluster.core(via.get()).read(&channel, Seq::new(1), 10);
+    assert!(matches!(&read, Err(error @ NodeError::MetaUnavailable(_)) if error.remedy() == Remedy::Retry), "{read:?}");
+
+    cluster.cut.clear();
+    let id = cluster.append(via.get(), &channel, &["once it is back"]);
+    assert!(cluster.run_until(10_000, |c| c.appended.contains_key(&id)), "{:?}", cluster.results.get(&id));
+}
+
 #[test]
 fn appends_to_unknown_channels_and_bad_frames_are_refused() {
     let mut cluster = Cluster::new(3);
@@ -68,7 +102,8 @@ fn appends_to_unknown_channels_and_bad_frames_are_refused() {
     cluster.run_for(6_000);
     assert!(!cluster.appended.contains_key(&id), "no append to a channel that does not exist");
     assert!(cluster.results[&id].contains("UnknownChannel"), "{:?}", cluster.results.get(&id));
-    assert!(matches!(cluster.core(1).read(&ghost, Seq::new(1), 10), Err(NodeError::UnknownChannel(_))));
+    let read = cluster.core(1).read(&ghost, Seq::new(1), 10);
+    assert!(matches!(&read, Err(error @ NodeError::UnknownChannel(_)) if error.remedy() == Remedy::GiveUp), "{read:?}");
     assert!(matches!(
         cluster.core(1).handle_frame(now, NodeId::new(2), b"garbage"),
         Err(FrameError::Truncated { .. } | FrameError::BadMagic)

@@ -29,9 +29,15 @@ pub enum NodeError {
     /// The leader that was forwarded the append could not take it.
     #[error(transparent)]
     Remote(#[from] RemoteAppendError),
-    /// No runtime meta is known for the channel yet (it does not exist, or its meta is still travelling).
+    /// The channel does not exist: its slot group holds no runtime meta for it (as a member of the
+    /// group that answered, or this node's own replica of it, knows).
     #[error("no meta known for {0}")]
     UnknownChannel(ChannelId),
+    /// This node holds no usable runtime meta for the channel and could not get one in time: no member
+    /// of the channel's slot group answered, or the meta is still on its way. The channel may exist;
+    /// the node keeps fetching it: retry.
+    #[error("the meta of {0} is not available on this node yet")]
+    MetaUnavailable(ChannelId),
     /// Too many calls (appends, retention moves) wait for the channel's meta or replica: retry later.
     #[error("too many appends wait for the meta of {0}")]
     Busy(ChannelId),
@@ -116,7 +122,7 @@ impl NodeError {
                 // The forwarding node's meta was behind, or the leader's memory full: both pass.
                 _ => Remedy::Retry,
             },
-            // The node waited for the channel's meta already: it does not exist (or is not reachable).
+            // The channel's slot group says it does not exist.
             NodeError::UnknownChannel(_) => Remedy::GiveUp,
             NodeError::NotReplica(_) | NodeError::NotServed(_) | NodeError::Stopped => Remedy::Redirect(None),
             NodeError::Storage(StoreError::Busy { .. } | StoreError::Dropped) => Remedy::Retry,
@@ -124,6 +130,7 @@ impl NodeError {
             NodeError::SenderBanned(_) | NodeError::SenderDenied(_) => Remedy::GiveUp,
             NodeError::Task(error) => task_remedy(error),
             NodeError::Busy(_)
+            | NodeError::MetaUnavailable(_)
             | NodeError::SlotNotServed(_)
             | NodeError::SenderUnverified(_)
             | NodeError::Overloaded => Remedy::Retry,
@@ -212,7 +219,8 @@ mod tests {
                 })),
                 Remedy::Retry,
             ),
-            (NodeError::UnknownChannel(channel), Remedy::GiveUp),
+            (NodeError::UnknownChannel(channel.clone()), Remedy::GiveUp),
+            (NodeError::MetaUnavailable(channel), Remedy::Retry),
             (NodeError::Task(TaskError::NotInIsr(leader)), Remedy::GiveUp),
             (NodeError::Task(TaskError::MetaChanged), Remedy::Retry),
             (NodeError::Propose(ProposeError::TooLarge { bytes: 2 << 20, max: 1 << 20 }), Remedy::GiveUp),

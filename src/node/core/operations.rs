@@ -52,9 +52,14 @@ impl NodeCore {
             Ok(meta) => meta,
             Err(channel) => match self.reader.runtime_meta(&channel) {
                 Ok(Some(meta)) => meta,
+                // This node's replica of the channel's slot group holds none: the channel does not
+                // exist. Without a replica here, it cannot tell: the meta is fetched for a retry.
+                Ok(None) if self.serves_group_of(&channel) => {
+                    return self.done(api, ApiResult::Task(Err(NodeError::UnknownChannel(channel))));
+                }
                 _ => {
                     self.fetch_meta(&channel, 0);
-                    return self.done(api, ApiResult::Task(Err(NodeError::UnknownChannel(channel))));
+                    return self.done(api, ApiResult::Task(Err(NodeError::MetaUnavailable(channel))));
                 }
             },
         };

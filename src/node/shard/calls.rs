@@ -139,15 +139,21 @@ impl ChannelShard {
         }
     }
 
-    /// Fails the calls waiting for `channel`'s meta that `expired` selects.
-    pub(super) fn fail_waiting(&mut self, channel: &ChannelId, expired: impl Fn(&Waiting) -> bool) {
+    /// Fails the calls waiting for `channel`'s meta that `expired` selects, with `error` (the channel
+    /// does not exist, or its meta did not come in time).
+    pub(super) fn fail_waiting(
+        &mut self,
+        channel: &ChannelId,
+        expired: impl Fn(&Waiting) -> bool,
+        error: impl Fn(ChannelId) -> NodeError,
+    ) {
         let Some(queue) = self.waiting.remove(channel) else { return };
         let (failed, kept): (Vec<Waiting>, Vec<Waiting>) = queue.into_iter().partition(|w| expired(w));
         if !kept.is_empty() {
             self.waiting.insert(channel.clone(), kept);
         }
         for waiting in failed {
-            self.done(waiting.api, waiting.call.kind().failed(NodeError::UnknownChannel(channel.clone())));
+            self.done(waiting.api, waiting.call.kind().failed(error(channel.clone())));
         }
     }
 

@@ -52,7 +52,7 @@ use tidings_store::message::{LogBatch, LogOp, MessageLog, Record};
 use tidings_store::StoreError;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, LeaderEpoch, NodeId, Seq, Time};
 
-/// How long an append waits for its channel's meta before failing with `UnknownChannel`.
+/// How long an append waits for its channel's meta before failing with `MetaUnavailable`.
 const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Extra wait for a forwarded append's reply beyond the leader's append timeout.
 const FORWARD_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
@@ -532,7 +532,7 @@ impl ChannelShard {
             .collect();
         expired.sort();
         for channel in expired {
-            self.fail_waiting(&channel, |w| w.deadline <= now);
+            self.fail_waiting(&channel, |w| w.deadline <= now, NodeError::MetaUnavailable);
         }
         self.channels.reschedule_dirty();
         while let Some(channel) = self.channels.pop_due(self.now) {
@@ -591,7 +591,7 @@ impl ChannelShard {
                 }
             }
             ShardInput::Meta { meta, stored_here } => self.learn_meta(meta, stored_here),
-            ShardInput::MetaMissing(channel) => self.fail_waiting(&channel, |_| true),
+            ShardInput::MetaMissing(channel) => self.fail_waiting(&channel, |_| true, NodeError::UnknownChannel),
             ShardInput::Evidence { from, task, meta } => self.answer_evidence(from, task, meta),
             ShardInput::Persisted { channel, token, result } => {
                 let now = self.now;

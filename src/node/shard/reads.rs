@@ -148,7 +148,7 @@ impl ChannelShard {
             Some(known) if known.meta.is_replica(self.config.node) => Ok(Through::Stored { check_meta: false }),
             Some(_) => Err(NodeError::NotReplica(channel.clone())),
             None if self.served.serves(channel) => Ok(Through::Stored { check_meta: true }),
-            None => Err(NodeError::UnknownChannel(channel.clone())),
+            None => Err(NodeError::MetaUnavailable(channel.clone())),
         }
     }
 }
