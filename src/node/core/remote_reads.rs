@@ -8,11 +8,10 @@
 //! each attempt has a request id of its own, so a late answer to an abandoned attempt is ignored; after
 //! a whole round of refusals the next round starts after a pause, and every round asks every other
 //! node once. A node that keeps no applied replica of the group says so and the next node is asked at
-//! once; a busy one is asked again after
-//! [`READ_BUSY_PAUSE`]; a silent one is passed over after [`READ_REPLY_TIMEOUT`]. A read nobody served
-//! within its ask's `give_up_after` is given up: a fanout page ends that message's fanout where it
-//! stands (the message stays committed; the channel's handoff is not held forever by a slot group that
-//! is gone), a sender check fails closed (`SenderUnverified`).
+//! once; a busy one is asked again after [`READ_BUSY_PAUSE`]; a silent one is passed over after
+//! [`READ_REPLY_TIMEOUT`]. A read nobody served within its ask's `give_up_after` is given up: a fanout
+//! page ends that message's fanout where it stands (the message stays committed; the channel's handoff
+//! is not held forever by a slot group that is gone), a sender check fails closed (`SenderUnverified`).
 //!
 //! Serving: yes-or-no reads are one key each and answered at once; pages are read off the core thread
 //! (on the fanout worker), at most [`PEER_PAGES_SERVING_MAX`] at a time, and beyond that the answer is
