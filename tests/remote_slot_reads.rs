@@ -12,7 +12,7 @@ use std::sync::Arc;
 use support::Cluster;
 use tidings::channel::fanout::DeliveryPlan;
 use tidings::frame::{decode, FrameBody, FrameLimits};
-use tidings::node::{FanoutHost, NodeMessage};
+use tidings::node::{ApiId, FanoutHost, NodeMessage};
 use tidings::slot::command::{Command, MemberList, RoutingKey};
 use tidings::slot::model::{Uid, User};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
@@ -223,11 +223,7 @@ fn a_page_asked_elsewhere_is_read_here_once_this_node_becomes_a_replica_of_the_g
     let serving = serving_nodes(&cluster, leader, &channel);
     let group = cluster.nodes[&NodeId::new(leader)].config.table().group_of_key(channel.route_key());
     // Every page ask is lost: no other node serves a page.
-    let asks_lost = |_: NodeId, _: NodeId, frame: &Bytes| {
-        let frame = decode(frame, &FrameLimits::default()).unwrap();
-        matches!(frame.body, FrameBody::Node(NodeMessage::SlotReadRequest { .. }))
-    };
-    cluster.lose_if = Some(Box::new(asks_lost));
+    cluster.lose_if = Some(Box::new(is_slot_read_request));
     let seq = append_all(&mut cluster, leader, &channel, &["its pages are out of reach"])[0];
     cluster.run_for(3_000);
     assert!(recorder.taken.lock().is_empty(), "no page was served: nothing delivered");
@@ -269,34 +265,43 @@ fn a_sender_check_asked_elsewhere_is_read_here_once_this_node_becomes_a_replica_
     cluster.run_for(1_000);
 
     // Every read asked of another node is lost.
-    let asks_lost = |_: NodeId, _: NodeId, frame: &Bytes| {
-        let frame = decode(frame, &FrameLimits::default()).unwrap();
-        matches!(frame.body, FrameBody::Node(NodeMessage::SlotReadRequest { .. }))
-    };
-    cluster.lose_if = Some(Box::new(asks_lost));
-    let id = cluster.api();
-    let now = cluster.now;
-    let records = support::records(&["checked here at last"]);
-    cluster.core(via.get()).append_from(now, id, channel.clone(), Uid::new(user.as_str()).unwrap(), records);
+    cluster.lose_if = Some(Box::new(is_slot_read_request));
+    let id = start_append_from(&mut cluster, via.get(), &channel, &user);
     cluster.run_for(2_000);
-    assert!(!cluster.appended.contains_key(&id) && !cluster.results.contains_key(&id), "nobody answered yet");
+    assert!(!decided(&cluster, id), "nobody answered yet");
 
     let drained = keepers[0];
     let answer = cluster.call(via.get(), |core, now, api| core.drain_node(now, api, drained, true));
     assert_eq!(answer, "Meta(Ok(()))");
-    let decided = |c: &mut Cluster| c.appended.contains_key(&id) || c.results.contains_key(&id);
-    assert!(cluster.run_until(15_000, decided));
+    assert!(cluster.run_until(15_000, |c| decided(c, id)));
     assert!(cluster.appended.contains_key(&id), "the check is read here: {:?}", cluster.results.get(&id));
     assert!(cluster.core(via.get()).slot().applied_index(group).is_some_and(|a| a > 0));
 }
 
-/// `append_from` through node `via`: the seqs, or the error's debug text.
-fn append_from(cluster: &mut Cluster, via: u64, channel: &ChannelId, sender: &str) -> Result<Vec<Seq>, String> {
+/// `true` for a frame asking a node for a slot read (a fanout page or a sender check).
+fn is_slot_read_request(_: NodeId, _: NodeId, frame: &Bytes) -> bool {
+    let frame = decode(frame, &FrameLimits::default()).unwrap();
+    matches!(frame.body, FrameBody::Node(NodeMessage::SlotReadRequest { .. }))
+}
+
+/// Starts an `append_from` of one message by `sender` through node `via`.
+fn start_append_from(cluster: &mut Cluster, via: u64, channel: &ChannelId, sender: &str) -> ApiId {
     let id = cluster.api();
     let now = cluster.now;
     let records = support::records(&["from a user"]);
     cluster.core(via).append_from(now, id, channel.clone(), Uid::new(sender).unwrap(), records);
-    assert!(cluster.run_until(15_000, |c| c.appended.contains_key(&id) || c.results.contains_key(&id)));
+    id
+}
+
+/// `true` once the call `id` has its outcome.
+fn decided(cluster: &Cluster, id: ApiId) -> bool {
+    cluster.appended.contains_key(&id) || cluster.results.contains_key(&id)
+}
+
+/// `append_from` through node `via`: the seqs, or the error's debug text.
+fn append_from(cluster: &mut Cluster, via: u64, channel: &ChannelId, sender: &str) -> Result<Vec<Seq>, String> {
+    let id = start_append_from(cluster, via, channel, sender);
+    assert!(cluster.run_until(15_000, |c| decided(c, id)));
     cluster.appended.get(&id).cloned().ok_or_else(|| cluster.results[&id].clone())
 }
 

@@ -88,7 +88,7 @@ impl NodeCore {
     /// A read that was refused or went unanswered: asked again (`again`: that busy node), later, or given
     /// up.
     pub(super) fn retry_read(&mut self, ask: ReadAsk, again: Option<NodeId>) {
-        let others = self.config.nodes.len().saturating_sub(1);
+        let others = self.other_nodes();
         if let Some(next) = self.remote_reads.retry(ask, again, self.now, others) {
             self.follow_read(next);
         }
@@ -96,10 +96,15 @@ impl NodeCore {
 
     /// Reads whose time came (no answer, a busy node's pause, a round's pause): asked again or given up.
     pub(super) fn retry_due_reads(&mut self) {
-        let others = self.config.nodes.len().saturating_sub(1);
+        let others = self.other_nodes();
         for next in self.remote_reads.take_due(self.now, others) {
             self.follow_read(next);
         }
+    }
+
+    /// How many nodes a read may be asked of: the cluster's but this one.
+    fn other_nodes(&self) -> usize {
+        self.config.nodes.len().saturating_sub(1)
     }
 
     fn follow_read(&mut self, next: ReadNext) {
