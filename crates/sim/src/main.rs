@@ -5,8 +5,11 @@
 //! `--no-tight-limits` none; `--hurried-timings` / `--no-hurried-timings` the same for its timeouts and
 //! intervals (`SimParams::hurried_timings`), `--clock-skew` / `--no-clock-skew` for its nodes' own
 //! clocks (`SimParams::clock_skew`), `--disk-loss` / `--no-disk-loss` for a node that loses its disk
-//! (`SimParams::disk_loss`, only in the seeds where it may). A failed seed prints the command that
-//! replays it, with these flags. `--unsafe-disk-loss-keeps-identity` lets the node that loses its disk
+//! (`SimParams::disk_loss`, only in the seeds where it may). `--safety-ms N` runs every seed's faults
+//! for N virtual milliseconds instead of the 3–8 s it draws (a soak: faults that pile up, such as epoch
+//! histories, compacted raft logs and many failovers of one channel), `--channels N` gives every seed N
+//! channels instead of the 1–6 it draws (more replicas than tight limits leave room for). A failed
+//! seed prints the command that replays it, with these flags. `--unsafe-disk-loss-keeps-identity` lets the node that loses its disk
 //! keep its storage identity (the simulator's own check: its peers then cannot refuse it, and the
 //! seeds fail).
 //! `TIDINGS_SIM_LOG=info` (or `debug`, `trace`) prints the nodes' logs while one seed replays.
@@ -29,7 +32,10 @@ fn params(seed: u64) -> SimParams {
     let clock_skew = (seeded.clock_skew || flag("--clock-skew")) && !flag("--no-clock-skew");
     let disk_loss = (seeded.disk_loss || flag("--disk-loss") && seeded.disk_loss_possible()) && !flag("--no-disk-loss");
     let unsafe_disk_loss_keeps_identity = flag("--unsafe-disk-loss-keeps-identity");
+    let channels = arg("--channels").and_then(|n| usize::try_from(n).ok()).filter(|n| *n > 0);
     SimParams {
+        safety_ms: arg("--safety-ms").unwrap_or(seeded.safety_ms),
+        channels: channels.unwrap_or(seeded.channels),
         metadata_workload: !appends_only,
         idle_evict_ms,
         tight_limits,

@@ -155,6 +155,40 @@ fn the_same_seed_gives_the_same_trace() {
     assert_ne!(first.trace_hash, run_seed(seed + 1).trace_hash);
 }
 
+/// A failed seed's replay command names every setting the batch changed from the seed's own draws, and
+/// nothing it left as drawn: the command must replay the run that failed.
+#[test]
+fn a_replay_command_names_each_setting_changed_from_the_draws() {
+    let drawn = SimParams::from_seed(17);
+    let report = |params: SimParams| SimReport {
+        params,
+        steps: 0,
+        faults: Default::default(),
+        acked: 0,
+        delivered: 0,
+        unanswered: 0,
+        trace_hash: 0,
+        violations: Vec::new(),
+    };
+    let plain = report(drawn.clone()).replay_command();
+    assert_eq!(plain, "cargo run --release -p tidings-sim -- --seed 17");
+    let soak = SimParams {
+        safety_ms: 30_000,
+        channels: drawn.channels + 10,
+        tight_limits: !drawn.tight_limits,
+        metadata_workload: false,
+        ..drawn.clone()
+    };
+    let command = report(soak).replay_command();
+    assert!(command.starts_with(&plain), "{command}");
+    assert!(command.contains(" --safety-ms 30000"), "{command}");
+    assert!(command.contains(&format!(" --channels {}", drawn.channels + 10)), "{command}");
+    assert!(command.contains(" --no-metadata"), "{command}");
+    let tight = if drawn.tight_limits { " --no-tight-limits" } else { " --tight-limits" };
+    assert!(command.contains(tight), "{command}");
+    assert!(!command.contains("--idle-evict-ms") && !command.contains("clock-skew"), "{command}");
+}
+
 /// The cost run (`tidings-sim --cost`) measures builds against each other only if it is the same run
 /// every time and a fault-free one: it must pass, take appends on every channel's behalf, inject
 /// nothing, and repeat itself exactly.

@@ -57,6 +57,12 @@ impl SimReport {
         if !params.metadata_workload {
             command.push_str(" --no-metadata");
         }
+        if params.safety_ms != drawn.safety_ms {
+            command.push_str(&format!(" --safety-ms {}", params.safety_ms));
+        }
+        if params.channels != drawn.channels {
+            command.push_str(&format!(" --channels {}", params.channels));
+        }
         if params.idle_evict_ms != drawn.idle_evict_ms {
             command.push_str(&format!(" --idle-evict-ms {}", params.idle_evict_ms));
         }
