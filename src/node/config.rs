@@ -12,7 +12,8 @@ use tidings_slot::raft::MultiRaftConfig;
 use tidings_types::{ChannelId, GroupId, NodeId};
 
 /// Everything a node needs to join a cluster. Every node of a cluster must be given the same cluster
-/// description (`cluster`, `nodes`, `slot_groups`, `slot_replicas`), and should be given the same
+/// description (`cluster`, `founders`, `slot_groups`, `slot_replicas`, and `nodes` but while a node is
+/// being added or removed), and should be given the same
 /// `channel_replicas`: a slot group's leader brings the channels of its slots back to its own value
 /// (a node configured with more would create channels the others shrink again).
 #[derive(Clone, Debug)]
@@ -21,8 +22,16 @@ pub struct NodeConfig {
     pub node: NodeId,
     /// Identifies the cluster; frames of other clusters are refused.
     pub cluster: u64,
-    /// Every node of the cluster, this one included.
+    /// Every node of the cluster, this one included: frames from any other node are refused, and new
+    /// channels, drains and repairs place replicas on these. May change from one start of the nodes to
+    /// the next, to add or remove nodes (`docs/operations.md`, "Adding and removing nodes").
     pub nodes: Vec<NodeId>,
+    /// The nodes the cluster was first started with: each slot group's first members are drawn from
+    /// them ([`NodeConfig::slot_group_members`]). Never changes once the cluster has started, whatever
+    /// nodes are added or removed later: a node added later is no founder, so it creates no slot-group
+    /// replica of its own (it gets replicas moved to it), and a founder removed stays one. Defaults to
+    /// `nodes` in [`NodeConfig::new`].
+    pub founders: Vec<NodeId>,
     /// Number of slot groups the 256 hash slots are split into (contiguously).
     pub slot_groups: u32,
     /// Replicas (raft voters) per slot group.
@@ -120,6 +129,7 @@ impl NodeConfig {
             stray_logs: StrayLogConfig::default(),
             reactors: 0,
             status_channels_max: 1000,
+            founders: nodes.clone(),
             nodes,
         }
     }
@@ -132,8 +142,11 @@ impl NodeConfig {
         if self.nodes.iter().any(|n| n.get() == 0) {
             return Err("node id 0 is reserved");
         }
-        if self.slot_replicas == 0 || self.slot_replicas > self.nodes.len() {
-            return Err("slot_replicas must be between 1 and the number of nodes");
+        if self.founders.iter().any(|n| n.get() == 0) {
+            return Err("node id 0 is reserved");
+        }
+        if self.slot_replicas == 0 || self.slot_replicas > self.founders.iter().collect::<BTreeSet<_>>().len() {
+            return Err("slot_replicas must be between 1 and the number of founders");
         }
         if self.channel_replicas == 0 || self.channel_replicas > self.nodes.len() {
             return Err("channel_replicas must be between 1 and the number of nodes");
@@ -169,11 +182,14 @@ impl NodeConfig {
         HashToSlot::even_split(self.slot_groups).expect("slot_groups validated")
     }
 
-    /// Members of every slot group: `slot_replicas` consecutive nodes (sorted by id), starting at a rotating
-    /// offset so leaders spread.
+    /// First members of every slot group, when the cluster starts: `slot_replicas` consecutive founders
+    /// (sorted by id, duplicates ignored), starting at a rotating offset so leaders spread. Members
+    /// change afterwards only through raft (slot-replica moves, drains); a node creates at start the
+    /// replicas this names it in that it never held nor left.
     pub fn slot_group_members(&self) -> Vec<(GroupId, Vec<NodeId>)> {
-        let mut nodes = self.nodes.clone();
+        let mut nodes = self.founders.clone();
         nodes.sort_unstable();
+        nodes.dedup();
         self.table()
             .groups()
             .map(|group| {
@@ -229,6 +245,30 @@ mod tests {
             assert!(placed[..2].iter().all(|n| !avoided.contains(n)), "{channel}: the live nodes lead and follow");
             assert!(avoided.contains(&placed[2]));
         }
+    }
+
+    #[test]
+    fn slot_groups_start_on_the_founders_whatever_nodes_come_and_go() {
+        let founders: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+        let founded = NodeConfig { slot_groups: 4, ..NodeConfig::new(founders[0], founders.clone()) };
+        assert_eq!(founded.founders, founders, "`new` takes the nodes as the founders");
+        // Two nodes added, one founder gone: the first members stay what they were.
+        let grown = NodeConfig {
+            founders: founders.clone(),
+            slot_groups: 4,
+            ..NodeConfig::new(NodeId::new(2), (2..=5).map(NodeId::new).collect())
+        };
+        assert_eq!(grown.slot_group_members(), founded.slot_group_members());
+        assert!(grown.validate().is_ok());
+        // Duplicates count once: three distinct founders cannot start groups of four.
+        let doubled = NodeConfig {
+            founders: [1, 2, 3, 3].map(NodeId::new).to_vec(),
+            slot_replicas: 4,
+            ..NodeConfig::new(NodeId::new(1), (1..=4).map(NodeId::new).collect())
+        };
+        assert!(doubled.validate().is_err());
+        let none = NodeConfig { founders: Vec::new(), ..founded.clone() };
+        assert!(none.validate().is_err());
     }
 
     #[test]

@@ -107,6 +107,28 @@ impl Cluster {
         node.core = Some(NodeCore::new(node.config.clone(), logs, MetaStore::new(kv), log, router, now).unwrap());
     }
 
+    /// Adds a node to the running cluster, on empty stores, and starts it with `config` (its own id).
+    pub fn add_node(&mut self, config: NodeConfig) {
+        let id = config.node;
+        let node = SimNode {
+            core: None,
+            kv: Arc::new(MemoryKv::new()),
+            log: Arc::new(MemoryLog::new(LogLimits::default())),
+            config,
+            boots: 0,
+        };
+        assert!(self.nodes.insert(id, node).is_none(), "{id} is in the cluster already");
+        self.boot(id);
+    }
+
+    /// Stops `id` and starts it again from its stores with its configuration changed by `change`, as an
+    /// operator's rolling restart does.
+    pub fn restart_with(&mut self, id: u64, change: impl FnOnce(&mut NodeConfig)) {
+        self.crash(id);
+        change(&mut self.nodes.get_mut(&NodeId::new(id)).unwrap().config);
+        self.restart(id);
+    }
+
     /// Stops `id` as a crash: what it had not made durable is lost; frames to it are dropped.
     pub fn crash(&mut self, id: u64) {
         let node = self.nodes.get_mut(&NodeId::new(id)).unwrap();
