@@ -5,6 +5,10 @@
 //!                  --client 127.0.0.1:7201 --data /tmp/node-1
 //! ```
 //!
+//! `--founders 1,2,3` names the nodes the cluster was first started with (`NodeConfig::founders`;
+//! default: every node of `--peers`): give it to every node once nodes have been added or removed (see
+//! `docs/operations.md`, "Adding and removing nodes").
+//!
 //! Peers talk length-prefixed frames (`u32` length, then the frame) after a handshake of the sender's
 //! node id (`u64`). The client port speaks a line protocol for tests and demos:
 //! `CREATE <channel>` → `OK`, `APPEND <channel> <payload>` → `OK <seq>`, `READ <channel>` → `REC <seq>
@@ -186,7 +190,11 @@ fn main() {
             }
         });
     }
-    let config = NodeConfig::new(me, peers.keys().copied().collect());
+    let mut config = NodeConfig::new(me, peers.keys().copied().collect());
+    if let Some(at) = args.iter().position(|a| a == "--founders") {
+        let list = args.get(at + 1).expect("missing value of --founders");
+        config.founders = list.split(',').map(|id| NodeId::new(id.parse().expect("founder id"))).collect();
+    }
     let started =
         Node::start(config, StorageOptions::new(data), Arc::new(TcpTransport { queues })).expect("node starts");
     let _ = node.set(started);
