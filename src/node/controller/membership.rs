@@ -166,6 +166,15 @@ pub(crate) fn next_step(
     if remove.contains(&me) {
         // raft-rs does not step a removed leader down cleanly: leadership moves first.
         let staying: Vec<NodeId> = status.voters.iter().copied().filter(|n| wanted.contains(n)).collect();
+        if staying.is_empty() {
+            // A group of one voter, this leader, moving to another node: no voter stays to take over
+            // before the change. The joint configuration comes first (it needs this leader and the
+            // caught-up learners), and there this leader, in its outgoing half only, hands over to an
+            // incoming voter before the joint configuration is left (above). Waiting for a successor
+            // among the staying voters, the move waited for ever (sim seed 9 with a node joining a
+            // one-node cluster).
+            return MembershipStep::EnterJoint { promote: add, remove };
+        }
         let preferred = intent.preferred_leader.filter(|p| staying.contains(p));
         let ordered: Vec<NodeId> = preferred.into_iter().chain(staying).collect();
         return hand_off(status, me, cluster, &ordered);
@@ -281,6 +290,15 @@ pub(super) mod tests {
         alone.commit = 100;
         alone.peers = vec![(n(1), 100, true), (n(2), 3, true), (n(3), 100, true), (n(4), 100, true)];
         assert_eq!(step(&intent, &alone, &[n(3)].into()), MembershipStep::NoSuccessor);
+        // A group of one voter moving off its leader: nobody stays to take over first, so the joint
+        // configuration comes first, and there the leader hands over to the incoming voter.
+        let single = moving(&[2]);
+        assert_eq!(
+            step(&single, &status(&[1], &[2]), &none()),
+            MembershipStep::EnterJoint { promote: vec![n(2)], remove: vec![n(1)] }
+        );
+        let joint = GroupStatus { joint: true, ..status(&[2], &[]) };
+        assert_eq!(step(&single, &joint, &none()), MembershipStep::HandOffLeadership { to: n(2) });
         // An abort retargets the move to the assignment: the learner goes, then the assignment is committed.
         let aborted = GroupIntent { target_peers: Some(vec![n(1), n(2), n(3)]), ..intent };
         assert_eq!(step(&aborted, &ready, &none()), MembershipStep::RemoveLearner(n(4)));

@@ -30,7 +30,11 @@ impl MembershipChange {
     /// `true` if applying this change to `conf` leaves `node`, a voter now, without a vote.
     pub(crate) fn removes_voter(&self, node: NodeId, conf: &crate::fsm::GroupConf) -> bool {
         match self {
-            MembershipChange::EnterJoint { remove, .. } => remove.contains(&node),
+            // A voter removed by the joint configuration still votes in its outgoing half, and a leader
+            // there still leads: it hands over to an incoming voter before the group leaves the joint
+            // configuration (the controller's next step). The controller hands over before entering
+            // when a voter stays to take over; a group of one voter has none.
+            MembershipChange::EnterJoint { .. } => false,
             // `conf.voters` are the incoming voters: leaving the joint state keeps only them.
             MembershipChange::LeaveJoint => conf.joint && !conf.voters.contains(&node),
             MembershipChange::AddLearner(_) | MembershipChange::RemoveLearner(_) => false,
@@ -82,5 +86,22 @@ mod tests {
         assert!(MembershipChange::LeaveJoint.to_conf_change().leave_joint());
         let learner = MembershipChange::AddLearner(n(4)).to_conf_change();
         assert!(!learner.leave_joint() && learner.enter_joint().is_none());
+    }
+
+    /// Only leaving the joint configuration takes a removed voter's vote: a leader may enter one that
+    /// removes it (a group of one voter has nobody to hand over to first), never leave it.
+    #[test]
+    fn a_voter_loses_its_vote_only_when_the_joint_configuration_is_left() {
+        let n = NodeId::new;
+        let conf = |voters: &[u64], joint: bool| crate::fsm::GroupConf {
+            voters: voters.iter().copied().map(n).collect(),
+            learners: Vec::new(),
+            joint,
+            config_epoch: tidings_types::ConfigEpoch::new(1),
+        };
+        let enter = MembershipChange::EnterJoint { promote: vec![n(2)], remove: vec![n(1)] };
+        assert!(!enter.removes_voter(n(1), &conf(&[1], false)));
+        assert!(MembershipChange::LeaveJoint.removes_voter(n(1), &conf(&[2], true)));
+        assert!(!MembershipChange::LeaveJoint.removes_voter(n(2), &conf(&[2], true)));
     }
 }
