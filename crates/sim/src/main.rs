@@ -5,7 +5,8 @@
 //! `--no-tight-limits` none; `--hurried-timings` / `--no-hurried-timings` the same for its timeouts and
 //! intervals (`SimParams::hurried_timings`), `--clock-skew` / `--no-clock-skew` for its nodes' own
 //! clocks (`SimParams::clock_skew`), `--disk-loss` / `--no-disk-loss` for a node that loses its disk
-//! (`SimParams::disk_loss`, only in the seeds where it may). `--safety-ms N` runs every seed's faults
+//! (`SimParams::disk_loss`, only in the seeds where it may), `--grow` / `--no-grow` for a node that
+//! joins mid-run (`SimParams::grow`, only where it may). `--safety-ms N` runs every seed's faults
 //! for N virtual milliseconds instead of the 3–8 s it draws (a soak: faults that pile up, such as epoch
 //! histories, compacted raft logs and many failovers of one channel), `--channels N` gives every seed N
 //! channels instead of the 1–6 it draws (more replicas than tight limits leave room for). A failed
@@ -32,6 +33,8 @@ fn params(seed: u64) -> SimParams {
     let clock_skew = (seeded.clock_skew || flag("--clock-skew")) && !flag("--no-clock-skew");
     let disk_loss = (seeded.disk_loss || flag("--disk-loss") && seeded.disk_loss_possible()) && !flag("--no-disk-loss");
     let unsafe_disk_loss_keeps_identity = flag("--unsafe-disk-loss-keeps-identity");
+    let with_disk_loss = SimParams { disk_loss, ..seeded.clone() };
+    let grow = (seeded.grow || flag("--grow")) && with_disk_loss.grow_possible() && !flag("--no-grow");
     let channels = arg("--channels").and_then(|n| usize::try_from(n).ok()).filter(|n| *n > 0);
     SimParams {
         safety_ms: arg("--safety-ms").unwrap_or(seeded.safety_ms),
@@ -42,6 +45,7 @@ fn params(seed: u64) -> SimParams {
         hurried_timings,
         clock_skew,
         disk_loss,
+        grow,
         unsafe_disk_loss_keeps_identity,
         ..seeded
     }

@@ -101,6 +101,12 @@ pub struct SimParams {
     /// node alone is gone, and its channel rightly stays fenced). In a quarter of those seeds; its own
     /// stream.
     pub disk_loss: bool,
+    /// A node joins the cluster in the safety phase, as `docs/operations.md` tells an operator to add
+    /// one: every node restarts in turn (a crash and an immediate start) with the new node in its list,
+    /// the founders kept; then the new node starts on empty stores. It holds nothing until the
+    /// workload's transfers, replacements, slot-replica moves and drains give it replicas. Only where
+    /// [`SimParams::grow_possible`]; in a quarter of those seeds; its own stream.
+    pub grow: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
     /// Unsafe, for the simulator's own test: a node that loses its disk (`disk_loss`) keeps its storage
@@ -118,7 +124,7 @@ impl SimParams {
         let nodes = rng.range(1, 5);
         let channel_replicas = usize::try_from(nodes.min(3)).unwrap_or(3);
         let min_isr = u8::try_from(rng.range(1, channel_replicas as u64)).unwrap_or(1);
-        SimParams {
+        let drawn = SimParams {
             seed,
             nodes,
             slot_groups: u32::try_from(rng.range(1, 4)).unwrap_or(1),
@@ -173,10 +179,13 @@ impl SimParams {
                 && channel_replicas == 3
                 && min_isr == 2
                 && DetRng::new(seed ^ DISK_LOSS_STREAM).range(0, 3) == 0,
+            grow: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
-        }
+        };
+        let grow = drawn.grow_possible() && DetRng::new(seed ^ GROW_STREAM).range(0, 3) == 0;
+        SimParams { grow, ..drawn }
     }
 }
 
@@ -185,6 +194,13 @@ impl SimParams {
     /// channels of three replicas with MinISR 2, which commit and fail over without the lost one.
     pub fn disk_loss_possible(&self) -> bool {
         self.nodes >= 3 && self.channel_replicas == 3 && self.min_isr == 2
+    }
+
+    /// Whether a node may join in this run (`grow`): fewer than five nodes, and no lost disk (a node
+    /// that joins after a disk was lost never saw the lost node's first identity, so it could not
+    /// refuse the new one as the checks require of every peer).
+    pub fn grow_possible(&self) -> bool {
+        self.nodes < 5 && !self.disk_loss
     }
 
     /// A run that measures cost, not faults: three nodes, `channels` channels of three replicas with
@@ -225,6 +241,7 @@ impl SimParams {
             hurried_timings: false,
             clock_skew: false,
             disk_loss: false,
+            grow: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
@@ -238,7 +255,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -275,6 +292,7 @@ impl fmt::Display for SimParams {
             if self.hurried_timings { " hurried-timings" } else { "" },
             if self.clock_skew { " clock-skew" } else { "" },
             if self.disk_loss { " disk-loss" } else { "" },
+            if self.grow { " grow" } else { "" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
             if self.unsafe_disk_loss_keeps_identity { " UNSAFE-disk-loss-keeps-identity" } else { "" },
             if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }
@@ -284,6 +302,9 @@ impl fmt::Display for SimParams {
 
 /// The stream `disk_loss`, the node that loses its disk and when, are drawn from.
 pub(crate) const DISK_LOSS_STREAM: u64 = 0x6469_736b_5f6c_6f73;
+
+/// The stream `grow`, and when the node joins, are drawn from.
+pub(crate) const GROW_STREAM: u64 = 0x6772_6f77_5f6e_6f64;
 
 /// The stream `clock_skew` and each node's clock rate are drawn from.
 pub(crate) const CLOCK_SKEW_STREAM: u64 = 0x636c_6f63_6b5f_736b;

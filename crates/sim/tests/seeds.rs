@@ -9,10 +9,15 @@ fn as_found(seed: u64) -> SimParams {
     SimParams { clock_skew: false, ..pinned(seed) }
 }
 
-/// `seed` as drawn, but for the disk loss that came after it was found (`disk_loss` would change its
-/// run).
+/// `seed` as drawn, but for the disk loss and the node joining that came after it was found (either
+/// would change its run).
 fn pinned(seed: u64) -> SimParams {
-    SimParams { disk_loss: false, ..SimParams::from_seed(seed) }
+    SimParams { disk_loss: false, ..drawn(seed) }
+}
+
+/// `seed` as drawn, but for the node joining that came after it was found (it would change its run).
+fn drawn(seed: u64) -> SimParams {
+    SimParams { grow: false, ..SimParams::from_seed(seed) }
 }
 
 fn assert_passes(report: &SimReport) {
@@ -222,11 +227,11 @@ fn a_disk_that_lies_about_persisting_is_caught() {
 
 /// The first `count` seeds that may lose a disk, with the loss forced on.
 fn losing_a_disk(count: usize) -> impl Iterator<Item = SimParams> {
-    (0..)
-        .map(SimParams::from_seed)
-        .filter(SimParams::disk_loss_possible)
-        .take(count)
-        .map(|params| SimParams { disk_loss: true, ..params })
+    (0..).map(SimParams::from_seed).filter(SimParams::disk_loss_possible).take(count).map(|params| SimParams {
+        disk_loss: true,
+        grow: false,
+        ..params
+    })
 }
 
 /// A node that loses its disk and starts again on empty stores, undrained: every peer refuses it (its
@@ -239,6 +244,25 @@ fn seeds_where_a_node_loses_its_disk_pass() {
         assert_eq!(report.faults.disks_lost, 1, "{}", report.params);
         assert!(report.faults.storage_refusals > 0, "{}: nobody refused the emptied node", report.params);
     }
+}
+
+/// A node joins mid-run, as an operator adds one (a rolling restart with it in every list, the founders
+/// kept): the first seeds where one may, with the join forced on, pass, and the workload's moves give
+/// the new node replicas in some of them. Seed 9 found that a group of one voter could not move off
+/// its leader (a one-node cluster grown to two): it is among them.
+#[test]
+fn seeds_where_a_node_joins_pass() {
+    let growing: Vec<SimParams> =
+        (0..).map(drawn).filter(SimParams::grow_possible).take(10).map(|p| SimParams { grow: true, ..p }).collect();
+    assert!(growing.iter().any(|p| p.seed == 9 && p.nodes == 1));
+    let mut joined_replicas = 0;
+    for params in growing {
+        let report = run(params);
+        assert_passes(&report);
+        assert_eq!(report.faults.nodes_joined, 1, "{}", report.params);
+        joined_replicas += report.faults.joined_replicas;
+    }
+    assert!(joined_replicas > 0, "no joined node was given a replica: the runs checked nothing it held");
 }
 
 /// The same node, had it kept its storage identity, is taken for the node it was — its empty log as
@@ -298,7 +322,7 @@ fn tight_and_hurried_seeds_that_once_failed_pass() {
     // forgotten heard a stale meta naming it; its log's tombstone made that one stale, and the meta in
     // force, the one that removed the replica, was refused too (the floor stood one past it), so the
     // node's appends for the channel waited for a newer meta and failed with `UnknownChannel` for good.
-    assert_passes(&run(SimParams { tight_limits: true, hurried_timings: true, ..SimParams::from_seed(438001303) }));
+    assert_passes(&run(SimParams { tight_limits: true, hurried_timings: true, ..drawn(438001303) }));
 }
 
 /// Seeds that found bugs with the parameters they draw (tight limits and hurried timings included):
@@ -347,7 +371,7 @@ fn seeds_with_their_own_draws_that_once_failed_pass() {
     // node never started. Two faults kept the page unserved: a round's pause counted its attempt twice,
     // so the one node serving the page was skipped in every round, and the leader, which had become a
     // replica of the group meanwhile, looked for the page here only on the first attempt.
-    assert_passes(&run(SimParams::from_seed(429006070)));
+    assert_passes(&run(drawn(429006070)));
 }
 
 /// Seeds that found bugs once each node's clock ran at its own rate and started over at every boot
@@ -449,8 +473,7 @@ fn a_seed_whose_new_leader_found_no_room_to_be_retried_passes() {
 /// committed (351001530, a lost disk with hurried timings and skewed clocks).
 #[test]
 fn a_seed_whose_slot_group_lost_its_old_quorum_mid_move_passes() {
-    let params =
-        SimParams { disk_loss: true, hurried_timings: true, clock_skew: true, ..SimParams::from_seed(351001530) };
+    let params = SimParams { disk_loss: true, hurried_timings: true, clock_skew: true, ..drawn(351001530) };
     assert!(params.disk_loss_possible());
     assert_passes(&run(params));
 }
@@ -463,8 +486,7 @@ fn a_seed_whose_slot_group_lost_its_old_quorum_mid_move_passes() {
 /// hurried timings and skewed clocks).
 #[test]
 fn a_seed_whose_failover_needed_evidence_of_a_replica_with_no_room_passes() {
-    let params =
-        SimParams { disk_loss: true, hurried_timings: true, clock_skew: true, ..SimParams::from_seed(351004376) };
+    let params = SimParams { disk_loss: true, hurried_timings: true, clock_skew: true, ..drawn(351004376) };
     assert!(params.tight_limits && params.disk_loss_possible());
     assert_passes(&run(params));
 }
@@ -476,7 +498,7 @@ fn a_seed_whose_failover_needed_evidence_of_a_replica_with_no_room_passes() {
 /// and a lost disk forced on). The rotation now passes over the node that so refused.
 #[test]
 fn a_seed_whose_proposals_kept_going_to_a_node_outside_their_group_passes() {
-    let params = SimParams { tight_limits: true, disk_loss: true, ..SimParams::from_seed(358003879) };
+    let params = SimParams { tight_limits: true, disk_loss: true, ..drawn(358003879) };
     assert!(params.disk_loss_possible());
     assert_passes(&run(params));
 }
@@ -488,7 +510,7 @@ fn a_seed_whose_proposals_kept_going_to_a_node_outside_their_group_passes() {
 /// (363001271, its own draws).
 #[test]
 fn a_seed_whose_drained_leader_was_moved_while_its_move_could_not_switch_passes() {
-    let params = SimParams::from_seed(363001271);
+    let params = drawn(363001271);
     assert!(params.disk_loss);
     assert_passes(&run(params));
 }
@@ -499,7 +521,7 @@ fn a_seed_whose_drained_leader_was_moved_while_its_move_could_not_switch_passes(
 /// replacement that moves the leader now waits for them (365000175, its own draws).
 #[test]
 fn a_seed_whose_replacement_waited_for_appends_only_it_could_commit_passes() {
-    let params = SimParams::from_seed(365000175);
+    let params = drawn(365000175);
     assert!(params.disk_loss);
     assert_passes(&run(params));
 }
@@ -522,7 +544,7 @@ fn a_seed_whose_migrated_slot_moved_on_before_its_source_heard_passes() {
 /// is the check).
 #[test]
 fn a_seed_whose_follower_held_an_epoch_its_leader_had_given_up_passes() {
-    let params = SimParams { tight_limits: true, disk_loss: true, ..SimParams::from_seed(376003898) };
+    let params = SimParams { tight_limits: true, disk_loss: true, ..drawn(376003898) };
     assert!(params.retention_moves);
     assert_passes(&run(params));
 }
@@ -536,7 +558,7 @@ fn a_seed_whose_follower_held_an_epoch_its_leader_had_given_up_passes() {
 /// (385000231, tight limits forced on; the starting code fails it too).
 #[test]
 fn a_seed_whose_transfer_left_a_leader_that_had_not_begun_passes() {
-    let params = SimParams { tight_limits: true, ..SimParams::from_seed(385000231) };
+    let params = SimParams { tight_limits: true, ..drawn(385000231) };
     assert!(params.disk_loss);
     assert_passes(&run(params));
 }
@@ -550,8 +572,7 @@ fn a_seed_whose_transfer_left_a_leader_that_had_not_begun_passes() {
 /// is the check).
 #[test]
 fn a_seed_whose_removed_slot_voter_knew_no_voter_left_in_its_group_passes() {
-    let params =
-        SimParams { tight_limits: true, hurried_timings: true, clock_skew: true, ..SimParams::from_seed(398003608) };
+    let params = SimParams { tight_limits: true, hurried_timings: true, clock_skew: true, ..drawn(398003608) };
     assert!(params.disk_loss);
     assert_passes(&run(params));
 }

@@ -43,7 +43,7 @@ impl World {
     }
 
     /// The newest runtime meta of `channel` any running node stores.
-    fn newest_meta(&self, channel: &ChannelId) -> Option<tidings::types::ChannelRuntimeMeta> {
+    pub(super) fn newest_meta(&self, channel: &ChannelId) -> Option<tidings::types::ChannelRuntimeMeta> {
         self.nodes
             .values()
             .filter_map(|n| n.core.as_ref()?.reader().runtime_meta(channel).ok().flatten())
@@ -455,6 +455,7 @@ impl World {
         self.faults.fanout_planned_again +=
             self.nodes.values().filter_map(|n| n.core.as_ref()).map(|c| c.status().fanout_planned_again).sum::<u64>();
         self.check_lost_disk_refused();
+        self.check_joined();
         self.check_slot_replicas();
         self.check_moves_settled();
         self.check_drains_finished();

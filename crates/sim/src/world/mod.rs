@@ -4,6 +4,7 @@
 mod checks;
 mod clock;
 mod disk_loss;
+mod grow;
 mod senders;
 mod workload;
 
@@ -78,6 +79,9 @@ impl SimReport {
         if params.disk_loss != drawn.disk_loss {
             command.push_str(if params.disk_loss { " --disk-loss" } else { " --no-disk-loss" });
         }
+        if params.grow != drawn.grow {
+            command.push_str(if params.grow { " --grow" } else { " --no-grow" });
+        }
         command
     }
 }
@@ -137,6 +141,11 @@ pub struct Faults {
     pub disks_lost: u64,
     /// Frames the peers of a node back on an empty disk refused (`storage_changed`), at the end.
     pub storage_refusals: u64,
+    /// Nodes that joined mid-run (`SimParams::grow`).
+    pub nodes_joined: u64,
+    /// Replicas the joined nodes held at the end: slot-group replicas, and channel replicas the
+    /// newest metas name.
+    pub joined_replicas: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -163,6 +172,8 @@ impl std::ops::AddAssign for Faults {
         self.fanout_planned_again += other.fanout_planned_again;
         self.disks_lost += other.disks_lost;
         self.storage_refusals += other.storage_refusals;
+        self.nodes_joined += other.nodes_joined;
+        self.joined_replicas += other.joined_replicas;
     }
 }
 
@@ -209,6 +220,12 @@ enum Event {
     LoseDisk {
         node: NodeId,
     },
+    /// `node` restarts with the joining node in its list (`SimParams::grow`).
+    RestartWithJoiner {
+        node: NodeId,
+    },
+    /// The joining node starts (`SimParams::grow`).
+    Join,
 }
 
 struct SimNode {
@@ -270,15 +287,22 @@ pub struct World {
     lost_disk: Option<NodeId>,
     /// The storage identity it started with on its new disk (once it has).
     lost_disk_identity: Option<tidings::types::StorageId>,
+    /// The node that joins mid-run, until it does (`SimParams::grow`).
+    joiner: Option<(NodeId, SimNode)>,
 }
 
 impl World {
     /// A cluster for `params`, not started.
     pub fn new(params: SimParams) -> World {
-        let ids: Vec<NodeId> = (1..=params.nodes).map(NodeId::new).collect();
+        let founders: Vec<NodeId> = (1..=params.nodes).map(NodeId::new).collect();
+        // A joiner is built as the others are, one id past them, and set aside until it joins.
+        let ids: Vec<NodeId> = (1..=params.nodes + u64::from(params.grow)).map(NodeId::new).collect();
         let mut nodes = BTreeMap::new();
         for id in &ids {
-            let mut config = NodeConfig::new(*id, ids.clone());
+            let mut config = NodeConfig::new(*id, founders.clone());
+            if !founders.contains(id) {
+                config.nodes.push(*id);
+            }
             config.slot_groups = params.slot_groups;
             config.channel_replicas = params.channel_replicas;
             config.channel_min_isr = params.min_isr;
@@ -319,6 +343,7 @@ impl World {
             let clock = clock::NodeClock::exact();
             nodes.insert(*id, SimNode { config, kv, log, core: None, incarnation: 0, clock, clock_rate_ppm });
         }
+        let joiner = World::set_joiner_aside(&mut nodes, params.grow);
         let channels = (0..params.channels)
             .map(|i| ChannelId::new(ChannelType::GROUP, &format!("sim-{i}")).expect("valid channel id"))
             .collect();
@@ -350,6 +375,7 @@ impl World {
             fanout_host: Arc::new(senders::RecordingHost::default()),
             lost_disk: None,
             lost_disk_identity: None,
+            joiner,
         }
     }
 
@@ -398,6 +424,7 @@ impl World {
         self.faulty = true;
         self.requests_on = true;
         self.schedule_disk_loss();
+        self.schedule_growth();
         self.run_for(self.params.safety_ms);
         self.faulty = false;
         // Liveness: everything healed, no new client requests; every request must be answered in time
@@ -659,6 +686,8 @@ impl World {
                 }
             }
             Event::LoseDisk { node } => self.lose_disk(node),
+            Event::RestartWithJoiner { node } => self.restart_with_joiner(node),
+            Event::Join => self.join(),
         }
     }
 
