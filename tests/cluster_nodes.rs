@@ -165,3 +165,61 @@ fn a_founder_drained_and_left_out_of_the_list_takes_nothing_with_it() {
         assert!(!voters.contains(&gone), "{group}: {voters:?}");
     }
 }
+
+/// Two founders drained, stopped, and started again on empty directories as the operator's guide says
+/// (every other node forgot their storage identities; `join_existing` set): they make no slot replica
+/// of their own — on empty directories, as founders, they would make the first replicas again, and the
+/// two of them would be a quorum of that made-up first configuration — and take work again.
+#[test]
+fn drained_founders_back_on_empty_directories_make_no_replica_of_their_own() {
+    let (mut cluster, room, mut acked) = grown_cluster();
+    let back = [NodeId::new(1), NodeId::new(2)];
+    for node in back {
+        let answer = cluster.call(3, |core, now, id| core.drain_node(now, id, node, true));
+        assert_eq!(answer, "Meta(Ok(()))");
+    }
+    let table = cluster.nodes[&NodeId::new(3)].config.table();
+    let drained = |c: &mut Cluster| {
+        let groups_clear =
+            table.groups().all(|g| settled_voters(c, g).is_some_and(|voters| voters.iter().all(|v| !back.contains(v))));
+        let reports_clear = (3..=5)
+            .all(|n| c.core(n).status().drains.iter().all(|r| r.slot_groups.is_empty() && r.channel_replicas == 0));
+        groups_clear && reports_clear
+    };
+    assert!(cluster.run_until(120_000, drained), "the drains of nodes 1 and 2 complete");
+    acked.extend(append_acked(&mut cluster, 3, &room, "drained", 3));
+    for node in back {
+        cluster.crash(node.get());
+        for other in 3..=5 {
+            let answer = cluster.call(other, |core, now, id| core.forget_storage_identity(now, id, node));
+            assert_eq!(answer, "Meta(Ok(()))");
+        }
+    }
+    for node in back {
+        cluster.nodes.get_mut(&node).unwrap().config.join_existing = true;
+        cluster.restart_empty(node.get());
+    }
+    for _ in 0..500 {
+        for node in back {
+            let groups: Vec<GroupId> = cluster.core(node.get()).slot().groups().collect();
+            assert!(groups.is_empty(), "{node}, back on an empty directory, made slot replicas: {groups:?}");
+        }
+        cluster.run_for(10);
+    }
+    // Undrained, they take work again: a slot replica moves to node 1.
+    for node in back {
+        let answer = cluster.call(3, |core, now, id| core.drain_node(now, id, node, false));
+        assert_eq!(answer, "Meta(Ok(()))");
+    }
+    let before = settled_voters(&mut cluster, GROUP).expect("group 1 is settled");
+    let from = before[0];
+    let answer = cluster.call(3, |core, now, id| core.move_slot_replica(now, id, GROUP, from, NodeId::new(1)));
+    assert_eq!(answer, "Meta(Ok(()))");
+    assert!(
+        cluster.run_until(30_000, |c| settled_voters(c, GROUP).is_some_and(|v| v.contains(&NodeId::new(1)))),
+        "group 1 moved to node 1: {:?}",
+        settled_voters(&mut cluster, GROUP)
+    );
+    acked.extend(append_acked(&mut cluster, 1, &room, "back", 3));
+    assert_all_readable(&mut cluster, &room, &acked);
+}

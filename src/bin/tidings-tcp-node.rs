@@ -6,8 +6,9 @@
 //! ```
 //!
 //! `--founders 1,2,3` names the nodes the cluster was first started with (`NodeConfig::founders`;
-//! default: every node of `--peers`): give it to every node once nodes have been added or removed (see
-//! `docs/operations.md`, "Adding and removing nodes").
+//! default: every node of `--peers`): give it to every node once nodes have been added or removed, and
+//! `--join` to a node that starts into the running cluster on an empty directory
+//! (`NodeConfig::join_existing`; see `docs/operations.md`, "Adding and removing nodes").
 //!
 //! Peers talk length-prefixed frames (`u32` length, then the frame) after a handshake of the sender's
 //! node id (`u64`). The client port speaks a line protocol for tests and demos:
@@ -195,6 +196,7 @@ fn main() {
         let list = args.get(at + 1).expect("missing value of --founders");
         config.founders = list.split(',').map(|id| NodeId::new(id.parse().expect("founder id"))).collect();
     }
+    config.join_existing = args.iter().any(|a| a == "--join");
     let started =
         Node::start(config, StorageOptions::new(data), Arc::new(TcpTransport { queues })).expect("node starts");
     let _ = node.set(started);

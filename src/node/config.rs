@@ -32,6 +32,15 @@ pub struct NodeConfig {
     /// replica of its own (it gets replicas moved to it), and a founder removed stays one. Defaults to
     /// `nodes` in [`NodeConfig::new`].
     pub founders: Vec<NodeId>,
+    /// This node starts into a cluster that is already running: it creates no slot-group replica of its
+    /// own, founder or not, and holds only what is on its disk and what moves to it. Set it for a node
+    /// added to the cluster, and for a node started again on an empty directory after its drain (see
+    /// `docs/operations.md`): on an empty directory a founder would otherwise make the first replicas
+    /// again, and two such founders would be a quorum of a made-up first configuration. Harmless on a
+    /// node's own directory (what it holds opens from disk), so it may stay set once the cluster has
+    /// first started. Default `false`: the first start of a new cluster needs its founders to make the
+    /// first replicas.
+    pub join_existing: bool,
     /// Number of slot groups the 256 hash slots are split into (contiguously).
     pub slot_groups: u32,
     /// Replicas (raft voters) per slot group.
@@ -130,6 +139,7 @@ impl NodeConfig {
             reactors: 0,
             status_channels_max: 1000,
             founders: nodes.clone(),
+            join_existing: false,
             nodes,
         }
     }
@@ -185,7 +195,8 @@ impl NodeConfig {
     /// First members of every slot group, when the cluster starts: `slot_replicas` consecutive founders
     /// (sorted by id, duplicates ignored), starting at a rotating offset so leaders spread. Members
     /// change afterwards only through raft (slot-replica moves, drains); a node creates at start the
-    /// replicas this names it in that it never held nor left.
+    /// replicas this names it in that it never held nor left, unless it joins a running cluster
+    /// ([`NodeConfig::join_existing`]).
     pub fn slot_group_members(&self) -> Vec<(GroupId, Vec<NodeId>)> {
         let mut nodes = self.founders.clone();
         nodes.sort_unstable();

@@ -198,8 +198,13 @@ impl NodeCore {
         router: Arc<Router>,
         now: Time,
     ) -> Result<Self, StoreError> {
-        let members: Vec<_> =
-            config.slot_group_members().into_iter().filter(|(_, m)| m.contains(&config.node)).collect();
+        // The first replicas, made only where the node holds none and never left one: none at all when it
+        // joins a running cluster.
+        let members: Vec<_> = config
+            .slot_group_members()
+            .into_iter()
+            .filter(|(_, m)| !config.join_existing && m.contains(&config.node))
+            .collect();
         let mut raft_config = config.raft.clone();
         raft_config.node = config.node;
         // Mixed with the node id: members of a group sharing a seed would otherwise draw the same pinned

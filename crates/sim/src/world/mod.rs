@@ -301,7 +301,9 @@ impl World {
         for id in &ids {
             let mut config = NodeConfig::new(*id, founders.clone());
             if !founders.contains(id) {
+                // The joiner, configured as the operator's guide says.
                 config.nodes.push(*id);
+                config.join_existing = true;
             }
             config.slot_groups = params.slot_groups;
             config.channel_replicas = params.channel_replicas;
