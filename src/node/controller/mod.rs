@@ -234,7 +234,8 @@ struct RepairScan {
 pub struct DrainReport {
     /// The drained node.
     pub node: NodeId,
-    /// Led slot groups that still have a replica (voter or learner) on it.
+    /// Led slot groups that still have a replica (voter or learner) on it, or whose assignment or a move
+    /// under way still names it (an aborted move goes back to the assignment, which may).
     pub slot_groups: Vec<GroupId>,
     /// Channel replicas still on it, among the channels of the led groups' slots.
     pub channel_replicas: usize,

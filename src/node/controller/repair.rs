@@ -31,10 +31,19 @@ impl Controller {
             // Every local group's intent, read once: drains are recorded in all of them, so any local copy
             // tells placement; the led groups' also drive this pass's replacements and drain reports.
             let mut draining_by_group: BTreeMap<GroupId, Vec<NodeId>> = BTreeMap::new();
+            // The nodes each group's assignment, and any move under way, name: a drained node is still in
+            // a group a move is taking back to it (an abort retargets a move to the assignment, which may
+            // name it), so its drain is not done even while it holds no replica there.
+            let mut named_by_group: BTreeMap<GroupId, Vec<NodeId>> = BTreeMap::new();
             for group in slot.groups() {
                 match reader.group_intent(group) {
-                    Ok(intent) => {
-                        draining_by_group.insert(group, intent.map(|i| i.draining).unwrap_or_default());
+                    Ok(None) => {
+                        draining_by_group.insert(group, Vec::new());
+                    }
+                    Ok(Some(intent)) => {
+                        let named = intent.desired_peers.iter().chain(intent.target_peers.iter().flatten()).copied();
+                        named_by_group.insert(group, named.collect());
+                        draining_by_group.insert(group, intent.draining);
                     }
                     Err(error) => tracing::warn!(%error, %group, "repair: cannot read the group's intent"),
                 }
@@ -42,7 +51,8 @@ impl Controller {
             self.drains_known = draining_by_group.values().flatten().copied().collect();
             for group in led {
                 let draining = draining_by_group.remove(&group).unwrap_or_default();
-                let members = slot.status(group).map(|s| [s.voters, s.learners].concat()).unwrap_or_default();
+                let mut members = slot.status(group).map(|s| [s.voters, s.learners].concat()).unwrap_or_default();
+                members.extend(named_by_group.remove(&group).unwrap_or_default());
                 for node in draining {
                     self.scan.drain_left.entry(node).or_default();
                     if members.contains(&node) {
