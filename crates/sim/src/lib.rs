@@ -7,7 +7,8 @@
 //! safety phase with faults — frame loss, duplication, reordering and delay, one-way partitions, node
 //! crashes that lose every unsynced write, slow disk, storage IO errors (failed syncs and reads), a node
 //! started again on empty stores without a drain (a lost disk: its peers must refuse it), a node that
-//! joins (every node restarted in turn with it in its list, then it starts on empty stores) — under
+//! joins (every node restarted in turn with it in its list, then it starts on empty stores), a node
+//! that leaves (drained, then stopped and left out of every list by a second rolling restart) — under
 //! a client workload: appends with and without idempotency keys (some from allowed, banned and denied
 //! senders), retries of keyed appends, reads, retention moves, user and subscriber writes,
 //! authoritative metadata reads, and operator requests (leader transfers, replica replacements,

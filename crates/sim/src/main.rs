@@ -6,7 +6,8 @@
 //! intervals (`SimParams::hurried_timings`), `--clock-skew` / `--no-clock-skew` for its nodes' own
 //! clocks (`SimParams::clock_skew`), `--disk-loss` / `--no-disk-loss` for a node that loses its disk
 //! (`SimParams::disk_loss`, only in the seeds where it may), `--grow` / `--no-grow` for a node that
-//! joins mid-run (`SimParams::grow`, only where it may). `--safety-ms N` runs every seed's faults
+//! joins mid-run (`SimParams::grow`, only where it may), `--shrink` / `--no-shrink` for a node that is
+//! drained and leaves (`SimParams::shrink`, only where it may). `--safety-ms N` runs every seed's faults
 //! for N virtual milliseconds instead of the 3–8 s it draws (a soak: faults that pile up, such as epoch
 //! histories, compacted raft logs and many failovers of one channel), `--channels N` gives every seed N
 //! channels instead of the 1–6 it draws (more replicas than tight limits leave room for). A failed
@@ -35,6 +36,8 @@ fn params(seed: u64) -> SimParams {
     let unsafe_disk_loss_keeps_identity = flag("--unsafe-disk-loss-keeps-identity");
     let with_disk_loss = SimParams { disk_loss, ..seeded.clone() };
     let grow = (seeded.grow || flag("--grow")) && with_disk_loss.grow_possible() && !flag("--no-grow");
+    let with_grow = SimParams { grow, ..with_disk_loss };
+    let shrink = (seeded.shrink || flag("--shrink")) && with_grow.shrink_possible() && !flag("--no-shrink");
     let channels = arg("--channels").and_then(|n| usize::try_from(n).ok()).filter(|n| *n > 0);
     SimParams {
         safety_ms: arg("--safety-ms").unwrap_or(seeded.safety_ms),
@@ -46,6 +49,7 @@ fn params(seed: u64) -> SimParams {
         clock_skew,
         disk_loss,
         grow,
+        shrink,
         unsafe_disk_loss_keeps_identity,
         ..seeded
     }

@@ -107,6 +107,12 @@ pub struct SimParams {
     /// workload's transfers, replacements, slot-replica moves and drains give it replicas. Only where
     /// [`SimParams::grow_possible`]; in a quarter of those seeds; its own stream.
     pub grow: bool,
+    /// A node leaves the cluster, as `docs/operations.md` tells an operator to remove one: it is
+    /// drained (asked in the safety phase until a node takes the call), and once the drain is done
+    /// (looked at every 300 ms of the safety phase; a drain not done by its end removes nothing) it
+    /// stops for good and every other node restarts in turn without it in its list. No operator request targets it once it leaves. Only where
+    /// [`SimParams::shrink_possible`]; in a quarter of those seeds; its own stream.
+    pub shrink: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
     /// Unsafe, for the simulator's own test: a node that loses its disk (`disk_loss`) keeps its storage
@@ -180,12 +186,15 @@ impl SimParams {
                 && min_isr == 2
                 && DetRng::new(seed ^ DISK_LOSS_STREAM).range(0, 3) == 0,
             grow: false,
+            shrink: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
         };
         let grow = drawn.grow_possible() && DetRng::new(seed ^ GROW_STREAM).range(0, 3) == 0;
-        SimParams { grow, ..drawn }
+        let drawn = SimParams { grow, ..drawn };
+        let shrink = drawn.shrink_possible() && DetRng::new(seed ^ SHRINK_STREAM).range(0, 3) == 0;
+        SimParams { shrink, ..drawn }
     }
 }
 
@@ -201,6 +210,13 @@ impl SimParams {
     /// refuse the new one as the checks require of every peer).
     pub fn grow_possible(&self) -> bool {
         self.nodes < 5 && !self.disk_loss
+    }
+
+    /// Whether a node may leave in this run (`shrink`): at least four nodes, so the others can hold
+    /// every slot and channel replica (three each) once it is drained; no lost disk and no node joining
+    /// (one change of the node list per run).
+    pub fn shrink_possible(&self) -> bool {
+        self.nodes >= 4 && !self.disk_loss && !self.grow
     }
 
     /// A run that measures cost, not faults: three nodes, `channels` channels of three replicas with
@@ -242,6 +258,7 @@ impl SimParams {
             clock_skew: false,
             disk_loss: false,
             grow: false,
+            shrink: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
@@ -255,7 +272,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -293,6 +310,7 @@ impl fmt::Display for SimParams {
             if self.clock_skew { " clock-skew" } else { "" },
             if self.disk_loss { " disk-loss" } else { "" },
             if self.grow { " grow" } else { "" },
+            if self.shrink { " shrink" } else { "" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
             if self.unsafe_disk_loss_keeps_identity { " UNSAFE-disk-loss-keeps-identity" } else { "" },
             if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }
@@ -302,6 +320,9 @@ impl fmt::Display for SimParams {
 
 /// The stream `disk_loss`, the node that loses its disk and when, are drawn from.
 pub(crate) const DISK_LOSS_STREAM: u64 = 0x6469_736b_5f6c_6f73;
+
+/// The stream `shrink`, which node leaves and when its drain is asked, are drawn from.
+pub(crate) const SHRINK_STREAM: u64 = 0x7368_7269_6e6b_5f6e;
 
 /// The stream `grow`, and when the node joins, are drawn from.
 pub(crate) const GROW_STREAM: u64 = 0x6772_6f77_5f6e_6f64;

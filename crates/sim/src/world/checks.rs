@@ -38,7 +38,7 @@ impl World {
     }
 
     /// The running core that leads `group`, if any.
-    fn group_leader(&self, group: GroupId) -> Option<&tidings::node::NodeCore> {
+    pub(super) fn group_leader(&self, group: GroupId) -> Option<&tidings::node::NodeCore> {
         self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group))
     }
 
@@ -293,7 +293,7 @@ impl World {
 
     /// One append, through a random node, to every channel that has not acknowledged a probe yet.
     pub(super) fn probe(&mut self) {
-        let waiting: BTreeSet<ChannelId> = self.probes.values().cloned().collect();
+        let waiting: BTreeSet<ChannelId> = self.probes.values().map(|(channel, _)| channel.clone()).collect();
         let ids = self.serving_nodes();
         for channel in self.channels.clone() {
             if self.probed.contains(&channel) || waiting.contains(&channel) {
@@ -307,7 +307,7 @@ impl World {
             if let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) {
                 core.append(now, api, channel.clone(), vec![record]);
                 self.oracle.expect_append(api, node, channel.clone(), payload, None);
-                self.probes.insert(api, channel);
+                self.probes.insert(api, (channel, node));
             }
         }
     }

@@ -60,7 +60,7 @@ impl World {
 
     /// The nodes requests go through (and operator calls name): all but one that lost its disk.
     pub(super) fn serving_nodes(&self) -> Vec<NodeId> {
-        self.nodes.keys().copied().filter(|id| Some(*id) != self.lost_disk).collect()
+        self.nodes.keys().copied().filter(|id| Some(*id) != self.lost_disk && Some(*id) != self.removed).collect()
     }
 
     /// A node back on an empty disk was refused by its peers (`storage_changed` frames).

@@ -6,6 +6,7 @@ mod clock;
 mod disk_loss;
 mod grow;
 mod senders;
+mod shrink;
 mod workload;
 
 use crate::oracle::Oracle;
@@ -82,6 +83,9 @@ impl SimReport {
         if params.grow != drawn.grow {
             command.push_str(if params.grow { " --grow" } else { " --no-grow" });
         }
+        if params.shrink != drawn.shrink {
+            command.push_str(if params.shrink { " --shrink" } else { " --no-shrink" });
+        }
         command
     }
 }
@@ -146,6 +150,8 @@ pub struct Faults {
     /// Replicas the joined nodes held at the end: slot-group replicas, and channel replicas the
     /// newest metas name.
     pub joined_replicas: u64,
+    /// Nodes that left mid-run, drained first (`SimParams::shrink`).
+    pub nodes_removed: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -174,6 +180,7 @@ impl std::ops::AddAssign for Faults {
         self.storage_refusals += other.storage_refusals;
         self.nodes_joined += other.nodes_joined;
         self.joined_replicas += other.joined_replicas;
+        self.nodes_removed += other.nodes_removed;
     }
 }
 
@@ -226,6 +233,14 @@ enum Event {
     },
     /// The joining node starts (`SimParams::grow`).
     Join,
+    /// The leaving node's drain is asked (again) (`SimParams::shrink`).
+    AskDrain,
+    /// The leaving node leaves if its drain is done (`SimParams::shrink`).
+    RemoveOnceDrained,
+    /// `node` restarts without the removed node in its list (`SimParams::shrink`).
+    RestartWithout {
+        node: NodeId,
+    },
 }
 
 struct SimNode {
@@ -265,8 +280,9 @@ pub struct World {
     committed_seen: BTreeMap<ChannelId, Seq>,
     /// Storage failures each node reported when its HWs were last seen.
     storage_failures_seen: BTreeMap<NodeId, u64>,
-    /// Liveness probes in flight: request → channel.
-    probes: BTreeMap<ApiId, ChannelId>,
+    /// Liveness probes in flight: request → channel, and the node it went through (a crash of that node
+    /// ends it unanswered, and the channel is probed again).
+    probes: BTreeMap<ApiId, (ChannelId, NodeId)>,
     /// Retention moves asked for and not answered yet: their channel.
     retentions: BTreeMap<ApiId, ChannelId>,
     /// Channels that acknowledged a probe after healing.
@@ -289,6 +305,12 @@ pub struct World {
     lost_disk_identity: Option<tidings::types::StorageId>,
     /// The node that joins mid-run, until it does (`SimParams::grow`).
     joiner: Option<(NodeId, SimNode)>,
+    /// The node that leaves (`SimParams::shrink`), the last ask of its drain, whether a node took it,
+    /// and the node once it left.
+    leaving: Option<NodeId>,
+    drain_asked: Option<ApiId>,
+    drain_taken: bool,
+    removed: Option<NodeId>,
 }
 
 impl World {
@@ -378,6 +400,10 @@ impl World {
             lost_disk: None,
             lost_disk_identity: None,
             joiner,
+            leaving: None,
+            drain_asked: None,
+            drain_taken: false,
+            removed: None,
         }
     }
 
@@ -427,6 +453,7 @@ impl World {
         self.requests_on = true;
         self.schedule_disk_loss();
         self.schedule_growth();
+        self.schedule_shrink();
         self.run_for(self.params.safety_ms);
         self.faulty = false;
         // Liveness: everything healed, no new client requests; every request must be answered in time
@@ -513,6 +540,7 @@ impl World {
         node.kv.crash();
         node.log.crash();
         self.hw_seen.retain(|(n, _), _| *n != id);
+        self.probes.retain(|_, (_, via)| *via != id);
         self.faults.crashes += 1;
         self.oracle.node_crashed(id);
         let at = self.now + Duration::from_millis(self.params.restart_ms);
@@ -524,7 +552,8 @@ impl World {
         for node in self.nodes.values() {
             node.log.clear_failpoints();
         }
-        let down: Vec<NodeId> = self.nodes.iter().filter(|(_, n)| n.core.is_none()).map(|(id, _)| *id).collect();
+        let down: Vec<NodeId> =
+            self.nodes.iter().filter(|(id, n)| n.core.is_none() && self.may_start(**id)).map(|(id, _)| *id).collect();
         for id in down {
             self.boot(id);
         }
@@ -683,13 +712,16 @@ impl World {
                 core.handle_logs_listed(at, listed);
             }),
             Event::Restart { node } => {
-                if self.nodes[&node].core.is_none() {
+                if self.nodes[&node].core.is_none() && self.may_start(node) {
                     self.boot(node);
                 }
             }
             Event::LoseDisk { node } => self.lose_disk(node),
             Event::RestartWithJoiner { node } => self.restart_with_joiner(node),
             Event::Join => self.join(),
+            Event::AskDrain => self.ask_drain(),
+            Event::RemoveOnceDrained => self.remove_once_drained(),
+            Event::RestartWithout { node } => self.restart_without(node),
         }
     }
 
@@ -782,10 +814,11 @@ impl World {
                             self.check_retention_within_hw(&channel, *boundary);
                         }
                     }
+                    self.drain_answered(api, &result);
                     if self.slot_moves.remove(&api) && matches!(result, ApiResult::Meta(Ok(()))) {
                         self.faults.slot_moves_accepted += 1;
                     }
-                    if let Some(channel) = self.probes.remove(&api) {
+                    if let Some((channel, _)) = self.probes.remove(&api) {
                         if std::env::var("SIM_DEBUG").is_ok() {
                             eprintln!("{now:?} probe of {channel} via {id}: {result:?}");
                         }

@@ -148,6 +148,8 @@ impl World {
         }
         let now = self.node_now(node);
         let groups: Vec<GroupId> = self.nodes[&node].config.table().groups().collect();
+        let targets = self.operator_targets(ids);
+        let ids = &targets[..];
         match roll {
             89 => {
                 // The group's leader hands over when it fits.
