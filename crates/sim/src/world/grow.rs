@@ -3,13 +3,9 @@
 //! empty stores. Until then it is no node of the world: no request goes through it and no fault picks
 //! it.
 
-use super::{Event, SimNode, World};
+use super::{Event, SimNode, World, ROLLING_STEP_MS};
 use std::time::Duration;
 use tidings::types::{DetRng, NodeId};
-
-/// Time between two nodes' restarts in the rolling restart, and between the last one and the new
-/// node's start.
-const ROLLING_STEP_MS: u64 = 300;
 
 impl World {
     /// Files the rolling restart and the join, when the seed draws one: when in the safety phase (its
@@ -29,17 +25,11 @@ impl World {
         self.schedule(at, Event::Join);
     }
 
-    /// `id` restarts with the joining node in its list: at once if it runs (a crash, so whatever it had
-    /// not synced is lost, as in any crash), or at its scheduled start if it is down.
+    /// `id` restarts with the joining node in its list (`World::restart_with`).
     pub(super) fn restart_with_joiner(&mut self, id: NodeId) {
         let Some((joiner, _)) = &self.joiner else { return };
         let joiner = *joiner;
-        let node = self.nodes.get_mut(&id).expect("known node");
-        node.config.nodes.push(joiner);
-        if node.core.is_some() {
-            self.crash(id);
-            self.boot(id);
-        }
+        self.restart_with(id, |config| config.nodes.push(joiner));
     }
 
     /// The joining node becomes one of the world's and starts.

@@ -90,6 +90,9 @@ impl SimReport {
     }
 }
 
+/// Time between two nodes' restarts in a rolling restart (`SimParams::grow`, `SimParams::shrink`).
+const ROLLING_STEP_MS: u64 = 300;
+
 /// Most virtual time the cluster gets, after the liveness phase, to finish its fanout and bring every
 /// slot replica to its group's applied index; and the step it is looked at with.
 const SETTLE_MAX_MS: u64 = 120_000;
@@ -526,6 +529,18 @@ impl World {
             self.lost_disk_identity = Some(core.storage_id());
         }
         node.core = Some(core);
+    }
+
+    /// A step of a rolling restart: `id`'s configuration changes, and it restarts at once if it runs (a
+    /// crash, so whatever it had not synced is lost, as in any crash), or at its scheduled start if it
+    /// is down.
+    fn restart_with(&mut self, id: NodeId, change: impl FnOnce(&mut NodeConfig)) {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        change(&mut node.config);
+        if node.core.is_some() {
+            self.crash(id);
+            self.boot(id);
+        }
     }
 
     fn crash(&mut self, id: NodeId) {

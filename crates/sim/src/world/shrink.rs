@@ -3,13 +3,12 @@
 //! its list. From the drain on, no operator request targets it; once removed, no request goes through
 //! it and nothing starts it again.
 
-use super::{Event, World};
+use super::{Event, World, ROLLING_STEP_MS};
 use std::time::Duration;
 use tidings::node::ApiResult;
 use tidings::types::{DetRng, NodeId};
 
-/// How often the drain is asked again until a node takes the call, and the time between two nodes'
-/// restarts once the node is gone.
+/// How often the drain is asked again until a node takes the call, and whether it is done looked at.
 const STEP_MS: u64 = 300;
 
 impl World {
@@ -90,21 +89,15 @@ impl World {
         self.faults.nodes_removed += 1;
         let mut at = self.now;
         for node in self.nodes.keys().copied().filter(|n| *n != leaving).collect::<Vec<_>>() {
-            at = at + Duration::from_millis(STEP_MS);
+            at = at + Duration::from_millis(ROLLING_STEP_MS);
             self.schedule(at, Event::RestartWithout { node });
         }
     }
 
-    /// `node` restarts without the removed node in its list: at once if it runs (a crash, as in any
-    /// crash), or at its scheduled start if it is down.
+    /// `id` restarts without the removed node in its list (`World::restart_with`).
     pub(super) fn restart_without(&mut self, id: NodeId) {
         let Some(removed) = self.removed else { return };
-        let node = self.nodes.get_mut(&id).expect("known node");
-        node.config.nodes.retain(|n| *n != removed);
-        if node.core.is_some() {
-            self.crash(id);
-            self.boot(id);
-        }
+        self.restart_with(id, |config| config.nodes.retain(|n| *n != removed));
     }
 
     /// Whether `id` may be started: not once it left the cluster.
