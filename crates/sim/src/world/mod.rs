@@ -308,6 +308,8 @@ pub struct World {
     lost_disk_identity: Option<tidings::types::StorageId>,
     /// The node that joins mid-run, until it does (`SimParams::grow`).
     joiner: Option<(NodeId, SimNode)>,
+    /// When the safety phase ends (once it started).
+    safety_ends: Time,
     /// The node that leaves (`SimParams::shrink`), the last ask of its drain, whether a node took it,
     /// and the node once it left.
     leaving: Option<NodeId>,
@@ -403,6 +405,7 @@ impl World {
             lost_disk: None,
             lost_disk_identity: None,
             joiner,
+            safety_ends: Time::ZERO,
             leaving: None,
             drain_asked: None,
             drain_taken: false,
@@ -453,6 +456,7 @@ impl World {
         self.run_for(1_000);
 
         self.faulty = true;
+        self.safety_ends = self.now + Duration::from_millis(self.params.safety_ms);
         self.requests_on = true;
         self.schedule_disk_loss();
         self.schedule_growth();

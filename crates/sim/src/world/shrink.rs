@@ -53,26 +53,36 @@ impl World {
     }
 
     /// In the safety phase, every `STEP_MS` once the drain was taken: once the leaving node's drain is
-    /// done — no slot group holds a replica of it, no channel's newest meta names it, and no node
-    /// reports anything left of its drain — it stops for good and the others restart in turn without
-    /// it. A drain that does not finish in the safety phase (other drains the workload asked may leave
-    /// too few nodes to take its replicas) removes nothing. Not in the healed phase: there a restart
+    /// done — no slot group holds a replica of it or names it in its assignment or a move under way, no
+    /// channel's newest meta names it, and no node reports anything left of its drain — it stops for good and the others restart in turn without
+    /// it. A drain that does not finish in time for that rolling restart to end within the safety phase
+    /// (other drains the workload asked may leave too few nodes to take its replicas) removes nothing. Not in the healed phase: there a restart
     /// after a channel's last probe leaves that channel inactive, and a message committed just before
     /// it is fanned out only with the channel's next one (by design; see `ARCHITECTURE.md`, the fanout
     /// row), which the checks would count as missed.
     pub(super) fn remove_once_drained(&mut self) {
         let Some(leaving) = self.leaving else { return };
-        if self.removed.is_some() || !self.faulty {
+        // The rolling restart that follows must end within the safety phase too.
+        let restarts = Duration::from_millis(ROLLING_STEP_MS * self.params.nodes);
+        if self.removed.is_some() || !self.faulty || self.now + restarts >= self.safety_ends {
             return;
         }
         self.schedule(self.now + Duration::from_millis(STEP_MS), Event::RemoveOnceDrained);
         if !self.drain_taken {
             return;
         }
+        // Each group as its leader has it: the members, and the assignment and any move under way (each
+        // node's drain report covers its last repair pass over the groups it led then: a group whose
+        // leadership just moved may be in no report yet).
         let groups_clear = self.genesis().groups().all(|group| {
-            self.group_leader(group)
-                .and_then(|c| c.slot().status(group))
-                .is_some_and(|s| !s.joint && !s.voters.contains(&leaving) && !s.learners.contains(&leaving))
+            let Some(leader) = self.group_leader(group) else { return false };
+            let members_clear = leader
+                .slot()
+                .status(group)
+                .is_some_and(|s| !s.joint && !s.voters.contains(&leaving) && !s.learners.contains(&leaving));
+            let intent = leader.reader().group_intent(group).ok().flatten();
+            let intent_clear = intent.is_some_and(|i| i.target_peers.is_none() && !i.desired_peers.contains(&leaving));
+            members_clear && intent_clear
         });
         let channels_clear = self.channels.iter().all(|c| self.newest_meta(c).is_some_and(|m| !m.is_replica(leaving)));
         let reports_clear = self.nodes.values().filter_map(|n| n.core.as_ref()).all(|c| {
