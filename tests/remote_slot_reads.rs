@@ -36,9 +36,15 @@ impl FanoutHost for Recorder {
 
 /// `n` nodes, slot groups of three, fanout pages of three subscribers (so a message takes several).
 fn cluster_of(n: u64, recorder: &Arc<Recorder>) -> Cluster {
+    cluster_tweaked(n, recorder, |_| {})
+}
+
+/// [`cluster_of`], each node's configuration changed by `tweak` too.
+fn cluster_tweaked(n: u64, recorder: &Arc<Recorder>, tweak: impl Fn(&mut tidings::node::NodeConfig)) -> Cluster {
     let mut cluster = Cluster::with(n, |config| {
         config.slot_replicas = 3;
         config.fanout.page_size = 3;
+        tweak(config);
     });
     cluster.fanout_host = recorder.clone();
     cluster.run_for(5_000);
@@ -90,7 +96,18 @@ fn led_outside_its_slot_group(
     denied: &[&str],
 ) -> (Cluster, Arc<Recorder>, ChannelId, u64) {
     let recorder = Arc::new(Recorder::default());
-    let mut cluster = cluster_of(n, &recorder);
+    let cluster = cluster_of(n, &recorder);
+    with_channel_led_outside(cluster, recorder, all_outside, subscribers, denied)
+}
+
+/// [`led_outside_its_slot_group`] on `cluster`.
+fn with_channel_led_outside(
+    mut cluster: Cluster,
+    recorder: Arc<Recorder>,
+    all_outside: bool,
+    subscribers: &[&str],
+    denied: &[&str],
+) -> (Cluster, Arc<Recorder>, ChannelId, u64) {
     let (channel, leader) = channel_led_outside_its_slot_group(&mut cluster, all_outside);
     cluster.create_channel(1, &channel);
     subscribe(&mut cluster, &channel, MemberList::Subscribers, subscribers);
@@ -210,6 +227,45 @@ fn a_message_whose_fanout_its_crashed_leader_had_not_finished_reaches_every_subs
     let ids: Vec<u64> = cluster.nodes.keys().map(|n| n.get()).filter(|n| *n != leader).collect();
     let planned_again: u64 = ids.into_iter().map(|n| cluster.core(n).status().fanout_planned_again).sum();
     assert_eq!(planned_again, 1, "one message planned again, by the new leader");
+}
+
+/// A leader restarted in place (no failover: it was down for a moment) with a message whose fanout had
+/// not finished, on a channel that then stays quiet and whose followers' pulls do not reach it: the
+/// sweep over its logs finds the log's fanout behind its HW and activates the replica, and the message
+/// reaches every subscriber. Before, nothing activated the replica until the channel's next input (the
+/// simulator met it once nodes were restarted in turn to leave the cluster, session 36).
+#[test]
+fn a_leader_restarted_in_place_resumes_its_unfinished_fanout_without_a_next_message() {
+    let recorder = Arc::new(Recorder::default());
+    let sweep = tidings::node::StrayLogConfig {
+        page: 64,
+        page_interval: std::time::Duration::from_millis(100),
+        pass_interval: std::time::Duration::from_secs(2),
+    };
+    let cluster = cluster_tweaked(6, &recorder, |config| config.stray_logs = sweep.clone());
+    let (mut cluster, recorder, channel, leader) =
+        with_channel_led_outside(cluster, recorder, true, &["a", "b", "c", "d"], &[]);
+    let serving = serving_nodes(&cluster, leader, &channel);
+    for node in &serving {
+        cluster.cut.insert(*node);
+    }
+    let stuck = append_all(&mut cluster, leader, &channel, &["its pages are out of reach"])[0];
+    cluster.run_for(3_000);
+    assert!(recorder.taken.lock().is_empty(), "no page was served: nothing delivered");
+    // Down for a moment, too short for a failover; the channel's frames to it are lost from now on, so
+    // no follower's pull wakes its replica.
+    cluster.crash(leader);
+    cluster.restart(leader);
+    for node in &serving {
+        cluster.cut.remove(node);
+    }
+    let to_leader = NodeId::new(leader);
+    cluster.lose_if = Some(Box::new(move |_, to, frame| {
+        let body = decode(frame, &FrameLimits::default()).unwrap().body;
+        to == to_leader && matches!(body, FrameBody::Channel(_) | FrameBody::Channels(_))
+    }));
+    let all_four = |_: &mut Cluster| recorder.taken.lock().iter().filter(|(seq, _)| *seq == stuck).count() >= 4;
+    assert!(cluster.run_until(20_000, all_four), "the message reaches every subscriber: {:?}", recorder.taken.lock());
 }
 
 /// A leader asking other nodes for its fanout's pages, none of which answers, becomes a replica of the

@@ -10,6 +10,13 @@
 //! ReadIndex), else through a node that keeps one ([`NodeMessage::MetaConfirm`]). Only a meta read
 //! that way, after the candidate was filed, lets the shard forget the log (see `shard::stray` for why
 //! that is safe for an ISR member added back).
+//!
+//! The same pass resumes fanout a restart left unfinished: a log whose stored state has fanned out less
+//! than its HW, of a channel this node leads (as its slot replica says, or, when it keeps none of the
+//! channel's group, as the candidate's authoritative read says), has its replica activated
+//! (`ShardInput::ResumeFanout`, or from the read's answer), and the resumed leadership plans again what
+//! was not known to finish.
+//! Without it, a leader restarted in place resumed only with the channel's next message, call or pull.
 
 use super::metadata::MetaRead;
 use super::{NodeCore, NodeEffect};
@@ -71,26 +78,43 @@ pub struct LogPage {
     after: Option<ChannelId>,
     limit: usize,
     me: NodeId,
+    /// Whether the node fans out (and so whether a log's fanout may be behind).
+    fanout: bool,
 }
 
 /// What a [`LogPage`] found.
 #[derive(Debug)]
 pub struct LogsListed {
     page: LogPage,
-    /// Each channel listed, and whether this node's slot replica holds a meta naming this node.
-    found: Result<Vec<(ChannelId, bool)>, StoreError>,
+    found: Result<Vec<ListedLog>, StoreError>,
+}
+
+/// One log a [`LogPage`] listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ListedLog {
+    channel: ChannelId,
+    /// This node's slot replica holds a meta naming this node a replica.
+    named: bool,
+    /// The log's stored state fanned out less than its HW, and this node leads the channel as far as
+    /// its slot replica knows (or knows no meta of it).
+    fanout_behind: bool,
 }
 
 impl LogPage {
-    /// Lists the page's logs in `log`, and reads each channel's meta from this node's slot replicas
-    /// (`reader`), if they hold it.
+    /// Lists the page's logs in `log`, reads each channel's meta from this node's slot replicas
+    /// (`reader`), if they hold it, and, for a channel that meta says this node leads, the log's state.
     pub fn carry_out(self, log: &dyn MessageLog, reader: &SlotReader) -> LogsListed {
         let found = log.logs_after(self.after.as_ref(), self.limit).map(|channels| {
             channels
                 .into_iter()
                 .map(|channel| {
-                    let named = matches!(reader.runtime_meta(&channel), Ok(Some(meta)) if meta.is_replica(self.me));
-                    (channel, named)
+                    let meta = reader.runtime_meta(&channel).ok().flatten();
+                    let named = meta.as_ref().is_some_and(|meta| meta.is_replica(self.me));
+                    // Unknown here (no replica of its slot group): the authoritative read the sweep
+                    // asks for a log it cannot place tells whether this node leads it.
+                    let may_lead = self.fanout && meta.is_none_or(|meta| meta.leader == self.me);
+                    let fanout_behind = may_lead && log.state(&channel).is_ok_and(|s| s.fanned_through < s.hw);
+                    ListedLog { channel, named, fanout_behind }
                 })
                 .collect()
         });
@@ -164,7 +188,7 @@ impl StrayLogSweep {
     }
 
     /// The page to ask for now, if one is due.
-    fn page_due(&mut self, now: Time, me: NodeId) -> Option<LogPage> {
+    fn page_due(&mut self, now: Time, me: NodeId, fanout: bool) -> Option<LogPage> {
         if self.page_asked_at.is_some_and(|asked| asked + PAGE_PATIENCE <= now) {
             self.page_asked_at = None; // lost: asked again from the same place
         }
@@ -172,15 +196,15 @@ impl StrayLogSweep {
             return None;
         }
         self.page_asked_at = Some(now);
-        Some(LogPage { after: self.cursor.clone(), limit: self.config.page, me })
+        Some(LogPage { after: self.cursor.clone(), limit: self.config.page, me, fanout })
     }
 
     /// The page came back: where the next one starts, and when.
-    fn listed(&mut self, now: Time, page: &LogPage, found: Option<&[(ChannelId, bool)]>) {
+    fn listed(&mut self, now: Time, page: &LogPage, found: Option<&[ListedLog]>) {
         self.page_asked_at = None;
         match found {
             Some(found) if found.len() >= page.limit => {
-                self.cursor = found.last().map(|(channel, _)| channel.clone());
+                self.cursor = found.last().map(|listed| listed.channel.clone());
                 self.next_page_at = now + self.config.page_interval;
             }
             Some(_) => {
@@ -222,7 +246,7 @@ impl NodeCore {
                 self.feed_shard(&channel.clone(), ShardInput::StrayConfirmed { channel, ask, meta: None });
             }
         }
-        if let Some(page) = self.stray_logs.page_due(now, self.config.node) {
+        if let Some(page) = self.stray_logs.page_due(now, self.config.node, self.config.fanout_enabled) {
             self.effects.push_back(NodeEffect::ListLogs(page));
         }
     }
@@ -243,9 +267,11 @@ impl NodeCore {
             }
         };
         self.stray_logs.listed(self.now, &page, found.as_deref());
-        for (channel, named) in found.into_iter().flatten() {
+        for ListedLog { channel, named, fanout_behind } in found.into_iter().flatten() {
             if !named {
-                self.feed_shard(&channel.clone(), ShardInput::MaybeStray(channel));
+                self.feed_shard(&channel.clone(), ShardInput::MaybeStray { channel, fanout_behind });
+            } else if fanout_behind {
+                self.feed_shard(&channel.clone(), ShardInput::ResumeFanout(channel));
             }
         }
     }
@@ -382,25 +408,26 @@ mod tests {
         let start = Time::ZERO;
         let me = NodeId::new(1);
         let mut sweep = StrayLogSweep::new(config, 7, start);
-        assert!(sweep.page_due(start, me).is_none(), "the first pass waits a pass interval after the start");
+        assert!(sweep.page_due(start, me, true).is_none(), "the first pass waits a pass interval after the start");
         let at = start + Duration::from_secs(60);
-        let first = sweep.page_due(at, me).expect("due");
+        let first = sweep.page_due(at, me, true).expect("due");
         assert_eq!((first.after.clone(), first.limit), (None, 2));
-        assert!(sweep.page_due(at, me).is_none(), "one page at a time");
-        sweep.listed(at, &first, Some(&[(channel("a"), false), (channel("b"), true)]));
-        assert!(sweep.page_due(at, me).is_none());
+        assert!(sweep.page_due(at, me, true).is_none(), "one page at a time");
+        let listed = |name: &str, named: bool| ListedLog { channel: channel(name), named, fanout_behind: false };
+        sweep.listed(at, &first, Some(&[listed("a", false), listed("b", true)]));
+        assert!(sweep.page_due(at, me, true).is_none());
         let at = at + Duration::from_secs(1);
-        let second = sweep.page_due(at, me).expect("due after the page interval");
+        let second = sweep.page_due(at, me, true).expect("due after the page interval");
         assert_eq!(second.after, Some(channel("b")));
         // Lost: asked again from the same place once its patience ran out.
-        assert!(sweep.page_due(at + Duration::from_secs(29), me).is_none());
-        let again = sweep.page_due(at + PAGE_PATIENCE, me).expect("asked again");
+        assert!(sweep.page_due(at + Duration::from_secs(29), me, true).is_none());
+        let again = sweep.page_due(at + PAGE_PATIENCE, me, true).expect("asked again");
         assert_eq!(again.after, Some(channel("b")));
         let at = at + PAGE_PATIENCE;
-        sweep.listed(at, &again, Some(&[(channel("c"), false)]));
+        sweep.listed(at, &again, Some(&[listed("c", false)]));
         assert_eq!((sweep.passes, sweep.cursor.clone()), (1, None), "a short page ends the pass");
-        assert!(sweep.page_due(at + Duration::from_secs(59), me).is_none());
-        assert_eq!(sweep.page_due(at + Duration::from_secs(60), me).expect("next pass").after, None);
+        assert!(sweep.page_due(at + Duration::from_secs(59), me, true).is_none());
+        assert_eq!(sweep.page_due(at + Duration::from_secs(60), me, true).expect("next pass").after, None);
     }
 
     /// Request ids carry the node's boot id: two starts never share one.

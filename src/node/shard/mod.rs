@@ -195,8 +195,14 @@ pub(crate) enum ShardInput {
     /// An API call starts a controller task on the channel: the node needs the meta the shard knows.
     TaskMeta { api: ApiId, channel: ChannelId, start: TaskStart },
     /// The node's sweep of its logs found one of `channel`, and no local meta naming this node: it may
-    /// belong to a replica moved away (see `stray`).
-    MaybeStray(ChannelId),
+    /// belong to a replica moved away (see `stray`). `fanout_behind`: the log's stored state fanned
+    /// out less than its HW (should the channel's meta name this node the leader, it resumes).
+    MaybeStray { channel: ChannelId, fanout_behind: bool },
+    /// The node's sweep of its logs found one of `channel` that this node leads, whose stored state
+    /// fanned out less than its HW: the replica is activated, and its resumed leadership plans again
+    /// what was not known to finish (a leader restarted in place would otherwise wait for the
+    /// channel's next input).
+    ResumeFanout(ChannelId),
     /// The authoritative meta a [`ShardOutput::ConfirmStray`] asked for (`None`: the read failed or
     /// found none).
     StrayConfirmed { channel: ChannelId, ask: u64, meta: Option<ChannelRuntimeMeta> },
@@ -621,7 +627,8 @@ impl ChannelShard {
                 let meta = self.metas.get(&channel).map(|known| known.meta.clone()).ok_or_else(|| channel.clone());
                 self.outputs.push_back(ShardOutput::TaskMeta { api, meta, start });
             }
-            ShardInput::MaybeStray(channel) => self.consider_stray(channel),
+            ShardInput::MaybeStray { channel, fanout_behind } => self.consider_stray(channel, fanout_behind),
+            ShardInput::ResumeFanout(channel) => self.activate(&channel),
             ShardInput::StrayConfirmed { channel, ask, meta } => self.stray_confirmed(channel, ask, meta),
         }
     }

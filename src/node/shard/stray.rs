@@ -42,6 +42,9 @@ pub(super) struct StrayCandidate {
     /// Names the read asked for it: only that read's answer counts.
     ask: u64,
     since: Time,
+    /// Its log's stored state fanned out less than its HW: should the meta name this node the leader,
+    /// the replica is activated, and its resumed leadership plans again what was not known to finish.
+    fanout_behind: bool,
 }
 
 impl ChannelShard {
@@ -51,7 +54,7 @@ impl ChannelShard {
     /// shard holds nor an active replica's own is trusted: nothing tells a replica moved away that it
     /// was, so the meta it holds may be stale for good (sim seed 316007578: an active follower kept
     /// a meta naming it that its own slot replica, which held none, never corrected).
-    pub(super) fn consider_stray(&mut self, channel: ChannelId) {
+    pub(super) fn consider_stray(&mut self, channel: ChannelId, fanout_behind: bool) {
         let busy = self.stray.contains_key(&channel)
             || self.forgetting.contains_key(&channel)
             || self.is_loading(&channel)
@@ -60,7 +63,7 @@ impl ChannelShard {
             return;
         }
         let ask = self.next_id();
-        self.stray.insert(channel.clone(), StrayCandidate { ask, since: self.now });
+        self.stray.insert(channel.clone(), StrayCandidate { ask, since: self.now, fanout_behind });
         self.outputs.push_back(ShardOutput::ConfirmStray { channel, ask });
     }
 
@@ -77,8 +80,15 @@ impl ChannelShard {
         if self.stray.get(&channel).is_none_or(|candidate| candidate.ask != ask) {
             return;
         }
-        self.stray.remove(&channel);
+        let fanout_behind = self.stray.remove(&channel).is_some_and(|candidate| candidate.fanout_behind);
         let me = self.config.node;
+        if let Some(meta) = meta.as_ref().filter(|meta| meta.leader == me && fanout_behind) {
+            // This node leads it, and its fanout is behind: the replica resumes (a leader restarted in
+            // place would otherwise wait for the channel's next input).
+            self.learn_meta(meta.clone(), false);
+            self.activate(&channel);
+            return;
+        }
         // A meta naming this node is not learned here: after a restart the shard knows no meta, and a
         // sweep that learned every one it read would activate every replica whose log it lists.
         let Some(meta) = meta.filter(|meta| !meta.is_replica(me)) else { return };
@@ -224,7 +234,7 @@ mod tests {
 
     /// The candidate's ask, from the shard's outputs.
     fn filed(shard: &mut ChannelShard) -> u64 {
-        shard.handle(Time::ZERO, ShardInput::MaybeStray(room()));
+        shard.handle(Time::ZERO, ShardInput::MaybeStray { channel: room(), fanout_behind: false });
         let asks: Vec<u64> = outputs(shard)
             .into_iter()
             .filter_map(|o| match o {
@@ -331,7 +341,7 @@ mod tests {
         let now = Time::ZERO;
         let token = confirmed_removed(&mut shard);
         assert!(shard.is_forgetting(&room()));
-        shard.handle(now, ShardInput::MaybeStray(room()));
+        shard.handle(now, ShardInput::MaybeStray { channel: room(), fanout_behind: false });
         assert!(outputs(&mut shard).is_empty(), "busy with it: no second read");
         shard.handle(now, ShardInput::Meta { meta: meta(6, &[2, 3, 1]), stored_here: false });
         assert!(!activates(&outputs(&mut shard)), "not activated on a log being forgotten");
