@@ -247,6 +247,15 @@ fn seeds_where_a_node_loses_its_disk_pass() {
     }
 }
 
+/// A fence taken over and refused stayed for good: a transfer's fence outlived its task, the takeover's
+/// `ClearFence` was refused while a hash-slot migration fenced the channel's slot, and nothing looked at
+/// the fence again (473005304, its own draws; the session's starting code fails it too). A fence is
+/// now looked at again every `fence_takeover_after` while it stands.
+#[test]
+fn a_fence_whose_takeover_was_refused_is_taken_over_again() {
+    assert_passes(&run(drawn(473005304)));
+}
+
 /// A node joins mid-run, as an operator adds one (a rolling restart with it in every list, the founders
 /// kept): the first seeds where one may, with the join forced on, pass, and the workload's moves give
 /// the new node replicas in some of them. Seed 9 found that a group of one voter could not move off

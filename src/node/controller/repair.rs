@@ -355,13 +355,19 @@ impl Controller {
             .map(|(c, _)| c.clone())
             .collect();
         for channel in due {
-            self.fences_seen.remove(&channel);
-            let Ok(Some(meta)) = reader.runtime_meta(&channel) else { continue };
-            let Some(fence) = meta.write_fence else { continue };
-            if self.tasks.contains_key(&channel) {
-                // A local task on the channel (not the fence's owner) must end first: look again later.
-                self.fences_seen.insert(channel, (fence.task, now));
+            let fence =
+                reader.runtime_meta(&channel).ok().flatten().and_then(|meta| meta.write_fence.map(|f| (meta, f)));
+            let Some((meta, fence)) = fence else {
+                self.fences_seen.remove(&channel);
                 continue;
+            };
+            // Looked at again after another `fence_takeover_after` for as long as the fence stands: a
+            // takeover that fails (refused while a migration fences the channel's hash slot, say) is
+            // tried again, not forgotten — nothing else would bring the fence back here, and the channel
+            // stayed fenced for good (sim seed 473005304).
+            self.fences_seen.insert(channel.clone(), (fence.task, now));
+            if self.tasks.contains_key(&channel) {
+                continue; // A local task on the channel (not the fence's owner) must end first.
             }
             if fence.freeze_replication || self.is_down(meta.leader, now) {
                 self.start_failover(now, meta);
