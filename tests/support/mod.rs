@@ -82,15 +82,7 @@ impl Cluster {
         for id in &ids {
             let mut config = NodeConfig { slot_groups: 4, ..NodeConfig::new(*id, ids.clone()) };
             tweak(&mut config);
-            let node = SimNode {
-                core: None,
-                kv: Arc::new(MemoryKv::new()),
-                log: Arc::new(MemoryLog::new(LogLimits::default())),
-                config,
-                boots: 0,
-            };
-            cluster.nodes.insert(*id, node);
-            cluster.boot(*id);
+            cluster.add_node(config);
         }
         cluster
     }
@@ -107,7 +99,8 @@ impl Cluster {
         node.core = Some(NodeCore::new(node.config.clone(), logs, MetaStore::new(kv), log, router, now).unwrap());
     }
 
-    /// Adds a node to the running cluster, on empty stores, and starts it with `config` (its own id).
+    /// Adds a node to the cluster, on empty stores, and starts it with `config` (its own id): at the
+    /// cluster's creation, or later as a node joining it.
     pub fn add_node(&mut self, config: NodeConfig) {
         let id = config.node;
         let node = SimNode {

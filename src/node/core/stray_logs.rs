@@ -102,7 +102,8 @@ struct ListedLog {
 
 impl LogPage {
     /// Lists the page's logs in `log`, reads each channel's meta from this node's slot replicas
-    /// (`reader`), if they hold it, and, for a channel that meta says this node leads, the log's state.
+    /// (`reader`), if they hold it, and, for a channel that meta says this node leads or that they hold
+    /// no meta of, the log's state (how far its fanout got).
     pub fn carry_out(self, log: &dyn MessageLog, reader: &SlotReader) -> LogsListed {
         let found = log.logs_after(self.after.as_ref(), self.limit).map(|channels| {
             channels

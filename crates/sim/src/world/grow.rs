@@ -27,8 +27,7 @@ impl World {
 
     /// `id` restarts with the joining node in its list (`World::restart_with`).
     pub(super) fn restart_with_joiner(&mut self, id: NodeId) {
-        let Some((joiner, _)) = &self.joiner else { return };
-        let joiner = *joiner;
+        let Some(joiner) = self.joiner.as_ref().map(|(id, _)| *id) else { return };
         self.restart_with(id, |config| config.nodes.push(joiner));
     }
 
