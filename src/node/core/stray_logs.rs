@@ -17,6 +17,9 @@
 //! (`ShardInput::ResumeFanout`, or from the read's answer), and the resumed leadership plans again what
 //! was not known to finish.
 //! Without it, a leader restarted in place resumed only with the channel's next message, call or pull.
+//! So that this does not wait a whole pass interval (and a pass, which pages slowly), a node's start is
+//! followed by a resume pass ([`StrayLogConfig::resume_after`]): pages of [`RESUME_PAGE`] logs back to
+//! back that only resume fanout, filing no candidate whose fanout is not behind.
 
 use super::metadata::MetaRead;
 use super::{NodeCore, NodeEffect};
@@ -40,11 +43,20 @@ pub struct StrayLogConfig {
     /// Pause between the end of one pass and the start of the next, and from the node's start to its
     /// first pass. Default 10 minutes.
     pub pass_interval: Duration,
+    /// Pause from the node's start to its resume pass, which activates the channels it leads whose
+    /// stored fanout is behind their HW (a restart left it unfinished). Default 2 s: the node's own
+    /// slot replicas are open by then and its peers have had a moment to see it back.
+    pub resume_after: Duration,
 }
 
 impl Default for StrayLogConfig {
     fn default() -> Self {
-        Self { page: 64, page_interval: Duration::from_secs(1), pass_interval: Duration::from_secs(600) }
+        Self {
+            page: 64,
+            page_interval: Duration::from_secs(1),
+            pass_interval: Duration::from_secs(600),
+            resume_after: Duration::from_secs(2),
+        }
     }
 }
 
@@ -63,6 +75,11 @@ impl StrayLogConfig {
 
 /// Largest page a configuration may ask for.
 const MAX_PAGE: usize = 4096;
+/// Logs listed per page of the resume pass: it reads the state of each this node may lead, so a pass
+/// over 100,000 logs costs about 100 pages.
+const RESUME_PAGE: usize = 1024;
+/// Pause between two pages of the resume pass: short, since it runs once per start.
+const RESUME_PAGE_INTERVAL: Duration = Duration::from_millis(10);
 /// A page not answered within this is given up (the next one is asked from the same place).
 const PAGE_PATIENCE: Duration = Duration::from_secs(30);
 /// Most authoritative reads asked of other nodes at once; a candidate past it is answered `None`
@@ -80,6 +97,8 @@ pub struct LogPage {
     me: NodeId,
     /// Whether the node fans out (and so whether a log's fanout may be behind).
     fanout: bool,
+    /// A page of the resume pass: only logs whose fanout is behind are acted on.
+    resume: bool,
 }
 
 /// What a [`LogPage`] found.
@@ -152,6 +171,10 @@ pub(super) struct StrayLogSweep {
     /// Where the next page starts (`None`: at the first log).
     cursor: Option<ChannelId>,
     next_page_at: Time,
+    /// The resume pass after the node's start has not finished.
+    resuming: bool,
+    /// When the first regular pass is due (a pass interval after the start).
+    first_pass_at: Time,
     /// When the page in flight was asked, if one is.
     page_asked_at: Option<Time>,
     /// Reads asked of other nodes, by request id.
@@ -167,7 +190,9 @@ pub(super) struct StrayLogSweep {
 impl StrayLogSweep {
     pub(super) fn new(config: StrayLogConfig, boot_id: u64, now: Time) -> Self {
         Self {
-            next_page_at: now + config.pass_interval,
+            next_page_at: now + config.resume_after,
+            resuming: true,
+            first_pass_at: now + config.pass_interval,
             config,
             cursor: None,
             page_asked_at: None,
@@ -193,20 +218,32 @@ impl StrayLogSweep {
         if self.page_asked_at.is_some_and(|asked| asked + PAGE_PATIENCE <= now) {
             self.page_asked_at = None; // lost: asked again from the same place
         }
+        if self.resuming && !fanout {
+            // Nothing to resume: the regular passes keep their schedule.
+            self.resuming = false;
+            self.next_page_at = self.first_pass_at;
+        }
         if self.page_asked_at.is_some() || now < self.next_page_at {
             return None;
         }
         self.page_asked_at = Some(now);
-        Some(LogPage { after: self.cursor.clone(), limit: self.config.page, me, fanout })
+        let limit = if self.resuming { RESUME_PAGE } else { self.config.page };
+        Some(LogPage { after: self.cursor.clone(), limit, me, fanout, resume: self.resuming })
     }
 
     /// The page came back: where the next one starts, and when.
     fn listed(&mut self, now: Time, page: &LogPage, found: Option<&[ListedLog]>) {
         self.page_asked_at = None;
+        let page_interval = if self.resuming { RESUME_PAGE_INTERVAL } else { self.config.page_interval };
         match found {
             Some(found) if found.len() >= page.limit => {
                 self.cursor = found.last().map(|listed| listed.channel.clone());
-                self.next_page_at = now + self.config.page_interval;
+                self.next_page_at = now + page_interval;
+            }
+            Some(_) if self.resuming => {
+                self.cursor = None;
+                self.resuming = false;
+                self.next_page_at = self.first_pass_at.max(now + page_interval);
             }
             Some(_) => {
                 self.cursor = None;
@@ -214,7 +251,7 @@ impl StrayLogSweep {
                 self.next_page_at = now + self.config.pass_interval;
             }
             // The store could not list: the same page again after a pause.
-            None => self.next_page_at = now + self.config.page_interval,
+            None => self.next_page_at = now + page_interval,
         }
     }
 
@@ -269,6 +306,9 @@ impl NodeCore {
         };
         self.stray_logs.listed(self.now, &page, found.as_deref());
         for ListedLog { channel, named, fanout_behind } in found.into_iter().flatten() {
+            if page.resume && !fanout_behind {
+                continue; // the resume pass files no stray candidate: the regular passes do
+            }
             if !named {
                 self.feed_shard(&channel.clone(), ShardInput::MaybeStray { channel, fanout_behind });
             } else if fanout_behind {
@@ -404,11 +444,16 @@ mod tests {
     /// pass waits for its interval; a page lost on its way is asked again from the same place.
     #[test]
     fn a_pass_pages_from_the_last_channel_listed_and_the_next_waits_its_interval() {
-        let config =
-            StrayLogConfig { page: 2, page_interval: Duration::from_secs(1), pass_interval: Duration::from_secs(60) };
+        let config = StrayLogConfig {
+            page: 2,
+            page_interval: Duration::from_secs(1),
+            pass_interval: Duration::from_secs(60),
+            resume_after: Duration::from_secs(2),
+        };
         let start = Time::ZERO;
         let me = NodeId::new(1);
         let mut sweep = StrayLogSweep::new(config, 7, start);
+        assert!(sweep.page_due(start, me, false).is_none(), "no fanout, no resume pass");
         assert!(sweep.page_due(start, me, true).is_none(), "the first pass waits a pass interval after the start");
         let at = start + Duration::from_secs(60);
         let first = sweep.page_due(at, me, true).expect("due");
@@ -429,6 +474,39 @@ mod tests {
         assert_eq!((sweep.passes, sweep.cursor.clone()), (1, None), "a short page ends the pass");
         assert!(sweep.page_due(at + Duration::from_secs(59), me, true).is_none());
         assert_eq!(sweep.page_due(at + Duration::from_secs(60), me, true).expect("next pass").after, None);
+    }
+
+    /// A start is followed by the resume pass: `resume_after` later, in pages of `RESUME_PAGE` a short
+    /// pause apart; it is no regular pass (none is counted), and the first regular pass keeps its time.
+    #[test]
+    fn a_start_is_followed_by_a_quick_resume_pass_and_the_regular_passes_keep_their_time() {
+        let config = StrayLogConfig {
+            page: 2,
+            page_interval: Duration::from_secs(1),
+            pass_interval: Duration::from_secs(60),
+            resume_after: Duration::from_secs(2),
+        };
+        let me = NodeId::new(1);
+        let mut sweep = StrayLogSweep::new(config, 7, Time::ZERO);
+        assert!(sweep.page_due(Time::ZERO, me, true).is_none(), "the resume pass waits resume_after");
+        let at = Time::ZERO + Duration::from_secs(2);
+        let first = sweep.page_due(at, me, true).expect("the resume pass starts");
+        assert!(first.resume);
+        assert_eq!((first.after.clone(), first.limit), (None, RESUME_PAGE));
+        let full: Vec<ListedLog> = (0..RESUME_PAGE)
+            .map(|i| ListedLog { channel: channel(&format!("c{i:05}")), named: true, fanout_behind: false })
+            .collect();
+        sweep.listed(at, &first, Some(&full));
+        let at = at + RESUME_PAGE_INTERVAL;
+        let second = sweep.page_due(at, me, true).expect("the next page after a short pause");
+        assert!(second.resume);
+        assert_eq!(second.after, Some(full[RESUME_PAGE - 1].channel.clone()));
+        sweep.listed(at, &second, Some(&[]));
+        assert_eq!((sweep.passes, sweep.cursor.clone()), (0, None), "the resume pass is over, and no regular pass");
+        assert!(sweep.page_due(Time::ZERO + Duration::from_secs(59), me, true).is_none());
+        let regular = sweep.page_due(Time::ZERO + Duration::from_secs(60), me, true).expect("the first regular pass");
+        assert!(!regular.resume);
+        assert_eq!((regular.after, regular.limit), (None, 2));
     }
 
     /// Request ids carry the node's boot id: two starts never share one.

@@ -344,6 +344,7 @@ impl World {
                 page: 4,
                 page_interval: std::time::Duration::from_millis(100),
                 pass_interval: std::time::Duration::from_secs(1),
+                resume_after: std::time::Duration::from_millis(500),
             };
             if params.idle_evict_ms > 0 {
                 config.channel_idle_evict = std::time::Duration::from_millis(params.idle_evict_ms);

@@ -56,10 +56,9 @@ impl World {
     /// done — no slot group holds a replica of it or names it in its assignment or a move under way, no
     /// channel's newest meta names it, and no node reports anything left of its drain — it stops for good and the others restart in turn without
     /// it. A drain that does not finish in time for that rolling restart to end within the safety phase
-    /// (other drains the workload asked may leave too few nodes to take its replicas) removes nothing. Not in the healed phase: there a restart
-    /// after a channel's last probe leaves that channel inactive, and a message committed just before
-    /// it is fanned out only with the channel's next one (by design; see `ARCHITECTURE.md`, the fanout
-    /// row), which the checks would count as missed.
+    /// (other drains the workload asked may leave too few nodes to take its replicas) removes nothing. Not in the healed phase: its
+    /// probes and checks ask for a cluster left alone, and a rolling restart is a disturbance of its own
+    /// (each node crashes and starts again).
     pub(super) fn remove_once_drained(&mut self) {
         let Some(leaving) = self.leaving else { return };
         // The rolling restart that follows must end within the safety phase too.
