@@ -34,10 +34,6 @@ use tidings::store::message::{JournalConfig, JournalLog};
 use tidings::store::{Kv, SledKv};
 use tidings::types::{ChannelId, ChannelType};
 
-// jemalloc, for its live-heap statistics (the memory figures).
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 /// Live heap bytes (jemalloc's `stats.allocated`, refreshed).
 fn live() -> usize {
     let _ = tikv_jemalloc_ctl::epoch::advance();

@@ -27,9 +27,6 @@ use tidings::slot::command::{Command, MemberList};
 use tidings::slot::model::{ChannelFlags, ChannelInfo, Uid};
 use tidings::types::{ChannelId, ChannelType};
 
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 /// Callers per phase.
 const CALLERS: [usize; 4] = [1, 8, 32, 128];
 

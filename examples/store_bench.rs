@@ -26,13 +26,6 @@ use tidings::store::message::{JournalConfig, JournalLog};
 use tidings::store::{Kv, SledKv};
 use tidings::types::ChannelId;
 
-// jemalloc, as a host running a busy node would: under glibc's allocator, large buffers freed and
-// mapped again each group commit cost a fifth of the time in page faults (perf: clear_page), which says
-// more about glibc than about the log (`GLIBC_TUNABLES=glibc.malloc.mmap_threshold=268435456:
-// glibc.malloc.trim_threshold=268435456` gives glibc the same figures).
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let quick = std::env::args().any(|a| a == "--quick");
     let scale = if quick { 1 } else { 4 };

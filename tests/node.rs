@@ -67,6 +67,21 @@ fn eventually<T>(mut f: impl FnMut() -> Result<T, NodeError>) -> T {
     }
 }
 
+/// Reads `ch` from its first seq on `reader` until it holds as many records as `acked` (within the
+/// `eventually` deadline), then checks each acknowledged message is there, at its seq and as sent.
+fn reads_back_every_acked(reader: &Node, ch: &ChannelId, acked: &[(Seq, String)]) {
+    let read = eventually(|| {
+        let read = reader.read(ch, Seq::new(1), 100)?;
+        if read.len() < acked.len() {
+            return Err(NodeError::Stopped);
+        }
+        Ok(read)
+    });
+    for (seq, text) in acked {
+        assert!(read.iter().any(|r| r.seq == *seq && r.payload.as_ref() == text.as_bytes()), "lost {seq} {text}");
+    }
+}
+
 fn record(text: &str) -> Vec<AppendRecord> {
     vec![AppendRecord { idempotency_key: None, payload: Bytes::from(text.to_owned()) }]
 }
@@ -364,16 +379,7 @@ fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
     let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
     let leader = NodeConfig::new(ids[0], ids.clone()).channel_placement(&ch);
     let reader = &nodes[usize::try_from(leader[1].get() - 1).unwrap()];
-    let read = eventually(|| {
-        let read = reader.read(&ch, Seq::new(1), 100)?;
-        if read.len() < acked.len() {
-            return Err(NodeError::Stopped);
-        }
-        Ok(read)
-    });
-    for (seq, text) in &acked {
-        assert!(read.iter().any(|r| r.seq == *seq && r.payload.as_ref() == text.as_bytes()), "lost {seq} {text}");
-    }
+    reads_back_every_acked(reader, &ch, &acked);
 }
 
 #[test]
@@ -842,16 +848,7 @@ fn a_replica_moved_off_a_real_node_has_its_log_forgotten_there_and_nothing_is_lo
     for replica in [leading.leader, spare] {
         assert_eq!(node(replica).status().unwrap().stray_logs_forgotten, 0, "{replica} keeps its log");
     }
-    let read = eventually(|| {
-        let read = node(leading.leader).read(&ch, Seq::new(1), 100)?;
-        if read.len() < acked.len() {
-            return Err(NodeError::Stopped);
-        }
-        Ok(read)
-    });
-    for (seq, text) in &acked {
-        assert!(read.iter().any(|r| r.seq == *seq && r.payload.as_ref() == text.as_bytes()), "lost {seq} {text}");
-    }
+    reads_back_every_acked(node(leading.leader), &ch, &acked);
 }
 
 /// A real node (threads, sled, the runtime's frame gate on the receiving thread) started again on an

@@ -10,6 +10,14 @@ use std::io::Write;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+// Every benchmark example allocates with jemalloc, as a host running a busy node would: under glibc's
+// allocator, large buffers freed and mapped again each group commit cost a fifth of the time in page
+// faults (perf: clear_page), which says more about glibc than about the log
+// (`GLIBC_TUNABLES=glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=268435456` gives
+// glibc the same figures). `bench_report` also reads its live-heap statistics for the memory figures.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// The value after `flag` on the command line, if there is one and it parses.
 pub fn flag_value<T: FromStr>(flag: &str) -> Option<T> {
     std::env::args().skip_while(|a| a != flag).nth(1).and_then(|v| v.parse().ok())
