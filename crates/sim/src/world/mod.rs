@@ -308,7 +308,8 @@ pub struct World {
     lost_disk_identity: Option<tidings::types::StorageId>,
     /// The node that joins mid-run, until it does (`SimParams::grow`).
     joiner: Option<(NodeId, SimNode)>,
-    /// When the safety phase ends (once it started).
+    /// When the safety phase ends at the latest (once it started): its drawn length, and for a seed whose
+    /// node leaves, a grace for the drain to finish and the rolling restart to end (`shrink_pending`).
     safety_ends: Time,
     /// The node that leaves (`SimParams::shrink`), the last ask of its drain, whether a node took it,
     /// and the node once it left.
@@ -316,6 +317,8 @@ pub struct World {
     drain_asked: Option<ApiId>,
     drain_taken: bool,
     removed: Option<NodeId>,
+    /// When the rolling restart after the removal ends (its last node's restart).
+    removal_restarts_end: Time,
 }
 
 impl World {
@@ -411,6 +414,7 @@ impl World {
             drain_asked: None,
             drain_taken: false,
             removed: None,
+            removal_restarts_end: Time::ZERO,
         }
     }
 
@@ -457,12 +461,15 @@ impl World {
         self.run_for(1_000);
 
         self.faulty = true;
-        self.safety_ends = self.now + Duration::from_millis(self.params.safety_ms);
+        self.safety_ends = self.now + Duration::from_millis(self.params.safety_ms + self.shrink_grace_ms());
         self.requests_on = true;
         self.schedule_disk_loss();
         self.schedule_growth();
         self.schedule_shrink();
         self.run_for(self.params.safety_ms);
+        while self.shrink_pending() && self.now < self.safety_ends {
+            self.run_for(100);
+        }
         self.faulty = false;
         // Liveness: everything healed, no new client requests; every request must be answered in time
         // (an append commits or times out within the leader's append timeout plus the forward slack),

@@ -10,6 +10,10 @@ use tidings::types::{DetRng, NodeId};
 
 /// How often the drain is asked again until a node takes the call, and whether it is done looked at.
 const STEP_MS: u64 = 300;
+/// How much longer the safety phase may last for the leaving node's drain to finish and the rolling
+/// restart that removes it to end: drains under faults take seconds, and with the drawn phase alone
+/// (3–8 s) three quarters of them removed nothing.
+const GRACE_MS: u64 = 20_000;
 
 impl World {
     /// Picks the node that leaves and files the first ask of its drain, when the seed draws one (its own
@@ -23,6 +27,21 @@ impl World {
         let after = own.range(self.params.safety_ms / 5, self.params.safety_ms * 2 / 5);
         self.schedule(self.now + Duration::from_millis(after), Event::AskDrain);
         self.schedule(self.now + Duration::from_millis(after + STEP_MS), Event::RemoveOnceDrained);
+    }
+
+    /// How much longer than drawn the safety phase may last for this seed's removal.
+    pub(super) fn shrink_grace_ms(&self) -> u64 {
+        if self.params.shrink {
+            GRACE_MS
+        } else {
+            0
+        }
+    }
+
+    /// Whether the safety phase goes on past its drawn length for the removal: a node is to leave and
+    /// has not, or the rolling restart that removes it has not ended.
+    pub(super) fn shrink_pending(&self) -> bool {
+        self.leaving.is_some() && (self.removed.is_none() || self.now < self.removal_restarts_end)
     }
 
     /// Asks a running node other than the leaving one to drain it, again every `STEP_MS` until one takes
@@ -54,9 +73,11 @@ impl World {
 
     /// In the safety phase, every `STEP_MS` once the drain was taken: once the leaving node's drain is
     /// done — no slot group holds a replica of it or names it in its assignment or a move under way, no
-    /// channel's newest meta names it, and no node reports anything left of its drain — it stops for good and the others restart in turn without
-    /// it. A drain that does not finish in time for that rolling restart to end within the safety phase
-    /// (other drains the workload asked may leave too few nodes to take its replicas) removes nothing. Not in the healed phase: its
+    /// channel's newest meta names it, and no node reports anything left of its drain — it stops for good
+    /// and the others restart in turn without it. The phase goes on past its drawn length, by up to
+    /// `GRACE_MS`, until that rolling restart has ended; a drain that does not finish in time for it to
+    /// end by then (other drains the workload asked may leave too few nodes to take its replicas)
+    /// removes nothing. Not in the healed phase: its
     /// probes and checks ask for a cluster left alone, and a rolling restart is a disturbance of its own
     /// (each node crashes and starts again).
     pub(super) fn remove_once_drained(&mut self) {
@@ -101,6 +122,7 @@ impl World {
             at = at + Duration::from_millis(ROLLING_STEP_MS);
             self.schedule(at, Event::RestartWithout { node });
         }
+        self.removal_restarts_end = at;
     }
 
     /// `id` restarts without the removed node in its list (`World::restart_with`).
