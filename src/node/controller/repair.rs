@@ -11,6 +11,22 @@ use tidings_slot::query::SlotReader;
 use tidings_slot::raft::MultiRaft;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, NodeId, Time};
 
+impl super::RepairScan {
+    /// Files, for each node `group`'s intent says is `draining`, that its drain is under way and, if it
+    /// is still one of the group's `members` (voter or learner) or `named` by its assignment or a move
+    /// under way, that the group is left to it: an aborted move goes back to the assignment, so a group
+    /// naming the node may take a replica back to it though it holds none now.
+    fn note_drains(&mut self, group: GroupId, draining: &[NodeId], members: &[NodeId], named: &[NodeId]) {
+        for node in draining {
+            self.drain_left.entry(*node).or_default();
+            if members.contains(node) || named.contains(node) {
+                self.drain_groups.entry(*node).or_default().push(group);
+            }
+            self.draining.insert(*node);
+        }
+    }
+}
+
 impl Controller {
     /// One page of the repair walk over the slots of the groups this node leads.
     pub(super) fn repair_step(&mut self, now: Time, slot: &MultiRaft, reader: &SlotReader) {
@@ -51,15 +67,9 @@ impl Controller {
             self.drains_known = draining_by_group.values().flatten().copied().collect();
             for group in led {
                 let draining = draining_by_group.remove(&group).unwrap_or_default();
-                let mut members = slot.status(group).map(|s| [s.voters, s.learners].concat()).unwrap_or_default();
-                members.extend(named_by_group.remove(&group).unwrap_or_default());
-                for node in draining {
-                    self.scan.drain_left.entry(node).or_default();
-                    if members.contains(&node) {
-                        self.scan.drain_groups.entry(node).or_default().push(group);
-                    }
-                    self.scan.draining.insert(node);
-                }
+                let members = slot.status(group).map(|s| [s.voters, s.learners].concat()).unwrap_or_default();
+                let named = named_by_group.remove(&group).unwrap_or_default();
+                self.scan.note_drains(group, &draining, &members, &named);
             }
         }
         let mut budget = self.config.repair_page;
@@ -412,6 +422,22 @@ pub(super) mod tests {
             write_fence: None,
             retention_through: Seq::new(0),
         }
+    }
+
+    /// A drained node is left in a group while it is a member, and while the group's assignment or a move
+    /// under way names it though it holds no replica there (session 36's sim seed 39: an aborted move
+    /// took a group back to a node whose drain had been reported done); a group that does neither is
+    /// not left to it, and its drain is reported under way either way.
+    #[test]
+    fn a_group_whose_intent_names_a_drained_node_is_left_to_it_though_it_holds_no_replica() {
+        let mut scan = super::super::RepairScan::default();
+        let (g1, g2, g3) = (GroupId::new(1), GroupId::new(2), GroupId::new(3));
+        scan.note_drains(g1, &[n(4)], &[n(1), n(2), n(4)], &[n(1), n(2), n(4)]);
+        scan.note_drains(g2, &[n(4)], &[n(1), n(2), n(3)], &[n(1), n(2), n(4)]);
+        scan.note_drains(g3, &[n(4)], &[n(1), n(2), n(3)], &[n(1), n(2), n(3)]);
+        assert_eq!(scan.drain_groups.get(&n(4)), Some(&vec![g1, g2]), "a member, and a group naming it");
+        assert!(scan.draining.contains(&n(4)));
+        assert_eq!(scan.drain_left.get(&n(4)), Some(&0));
     }
 
     /// A replica on a drained node goes to the channel's learner (left by an interrupted replacement)
