@@ -488,10 +488,14 @@ impl World {
         // the last commit with the leader's next heartbeat: the checks compare replicas once they
         // agree. A drain asked late in the faulty phase may still be moving replicas (a repair pass
         // may come only an idle interval later, and a replacement waits for its replica to catch up).
+        // A probe sent late in the healed phase may still wait for its answer (an append commits or
+        // times out within its leader's append timeout): it is let finish, so that a request counts as
+        // never answered only once it has waited far longer than any timeout.
         // Whatever does not settle in time is reported by those checks.
         let mut settle_left = SETTLE_MAX_MS;
         while settle_left > 0
             && (self.fanout_backlog() > 0
+                || self.oracle.unanswered() > 0
                 || !self.slot_replicas_agree()
                 || !self.drains_left().1.is_empty()
                 || !self.surplus_left().is_empty()
