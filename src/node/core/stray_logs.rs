@@ -250,8 +250,9 @@ impl StrayLogSweep {
                 self.passes += 1;
                 self.next_page_at = now + self.config.pass_interval;
             }
-            // The store could not list: the same page again after a pause.
-            None => self.next_page_at = now + page_interval,
+            // The store could not list: the same page again after a pause (a regular one: a failing
+            // store is not to be asked a hundred times a second).
+            None => self.next_page_at = now + self.config.page_interval,
         }
     }
 
