@@ -312,7 +312,7 @@ impl ChannelShard {
         }
         let leaders_max = leaders_max(self.active_max);
         // Counted only when the shard holds that many replicas at all (O(active)).
-        let leaders_full = || self.channels.len() >= leaders_max && self.leaders_active() >= leaders_max;
+        let leaders_full = || self.channels.len() >= leaders_max && self.leaders_holding_share() >= leaders_max;
         // A leadership not started yet (its log holds no barrier of the meta's epoch: a controller's
         // failover or transfer chose this replica, or the channel is new) takes a free place past the
         // leaders' share. Nothing else starts it, and while it waits its channel has no leader: a named

@@ -278,6 +278,17 @@ impl ChannelShard {
         self.channels.iter().filter(|(_, m)| m.role() == RoleKind::Leader).count()
     }
 
+    /// Active leaders that hold a place of the leaders' share ([`leaders_max`]): all but those whose
+    /// only work left is their fanout (`ChannelMachine::leads_only_fanning_out`). The share is there so
+    /// that leaders waiting for followers elsewhere cannot fill the room those followers need, and such
+    /// a leader waits for none; counted, it kept its shard's other leaders out for as long as its
+    /// fanout ran (sim seed 459001175, tight limits: 15 s of a fanout paging one member per round
+    /// trip). It still holds a place of the shard's room: only a quiescent replica is evicted for
+    /// another. O(active), at the cap only.
+    pub(super) fn leaders_holding_share(&self) -> usize {
+        self.channels.iter().filter(|(_, m)| m.role() == RoleKind::Leader && !m.leads_only_fanning_out()).count()
+    }
+
     /// `true` when a follower may be activated past the cap (up to [`followers_reserve`] more): leaders
     /// hold places the followers' reserve was to keep. The leaders' share is checked when a replica is
     /// activated as leader, but an active follower named leader in place (a failover or transfer to
@@ -423,6 +434,7 @@ mod tests {
     use super::super::{ShardInput, ShardOutput};
     use super::*;
     use crate::node::config::NodeConfig;
+    use crate::node::core::NodeEffect;
     use tidings_store::message::{LogBatch, LogOp, MemoryLog, Record, RecordKind};
     use tidings_types::{ChannelType, Epoch, LeaderEpoch, Seq, Time, WriteFence};
 
@@ -549,6 +561,61 @@ mod tests {
         carry_out_loads_and_floors(&mut shard, &log);
         assert!(!shard.channels.contains(&next), "no place free");
         assert!(shard.to_activate.contains_key(&next), "tried again at the next scans");
+    }
+
+    /// A leader whose only work left is its fanout (committed messages a restart left unfanned, here)
+    /// holds no place of its shard's leaders' share: another leader of the shard is activated, a
+    /// quiescent follower evicted for it, and the fanout goes on. Counted, it refused every other leader
+    /// of its shard until the fanout ended (sim seed 459001175).
+    #[test]
+    fn a_leader_only_fanning_out_leaves_the_leaders_share_to_another() {
+        let mut config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        config.fanout_enabled = true;
+        let (mut shard, log) = shard_over_memory_log(config);
+        assert_eq!(super::super::activation::leaders_max(2), 1);
+        let fanning = known(&mut shard, "fanning", 1);
+        // Its earlier leadership's barrier and three messages, committed; fanout known finished through
+        // the barrier only.
+        let records = (1..=4)
+            .map(|seq| Record {
+                seq: Seq::new(seq),
+                kind: if seq == 1 { RecordKind::Barrier } else { RecordKind::Message },
+                leader_epoch: LeaderEpoch::new(1),
+                idempotency_key: None,
+                timestamp_ms: seq,
+                payload: bytes::Bytes::from_static(b"m"),
+            })
+            .collect();
+        let ops = vec![LogOp::Append(records), LogOp::CheckpointHw(Seq::new(4)), LogOp::CheckpointFanned(Seq::new(1))];
+        tidings_store::message::MessageLog::commit(&*log, LogBatch::new(fanning.clone(), ops)).unwrap();
+        shard.activate(&fanning);
+        // Its barrier is made durable (and commits: MinISR 1); the fanout of its messages is never
+        // answered.
+        let mut outputs = carry_out_loads_and_floors(&mut shard, &log);
+        while let Some(at) = outputs.iter().position(|o| matches!(o, ShardOutput::Effect(NodeEffect::Persist { .. }))) {
+            let ShardOutput::Effect(NodeEffect::Persist { token, batch }) = outputs.swap_remove(at) else { continue };
+            let channel = batch.channel.clone();
+            let result = tidings_store::message::MessageLog::commit(&*log, batch);
+            shard.handle(Time::ZERO, ShardInput::Persisted { channel, token, result });
+            outputs = carry_out_loads_and_floors(&mut shard, &log);
+        }
+        let machine = shard.channels.get(&fanning).expect("active");
+        assert_eq!((machine.hw(), machine.fanned_through()), (Seq::new(5), Seq::new(1)), "its barrier committed");
+        assert!(machine.leads_only_fanning_out());
+        assert!(!machine.is_quiescent());
+        assert_eq!((shard.leaders_active(), shard.leaders_holding_share()), (1, 0));
+
+        let following = known(&mut shard, "following", 2);
+        shard.activate(&following);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.channels.get(&following).is_some_and(|m| m.is_quiescent()));
+
+        let next = known(&mut shard, "next", 1);
+        shard.activate(&next);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.channels.contains(&next), "the leaders' share is free");
+        assert!(shard.channels.contains(&fanning), "the fanout goes on");
+        assert!(!shard.channels.contains(&following), "the quiescent follower made room");
     }
 
     /// A follower evicted while its pull waits keeps the pull for its next incarnation, until a pull

@@ -465,6 +465,21 @@ impl ChannelMachine {
             && self.leader_fanned_unwritten(&self.log.durable).is_none()
     }
 
+    /// `true` for a leader whose only unfinished work is its fanout: no append, reservation or
+    /// retention move waits, every record it holds is committed, and nothing is on its way to the
+    /// store. It waits for no follower, so a node need not count it among the leaders whose share of
+    /// the room for active replicas keeps followers' room free (a shard's one leader's place held
+    /// through a long fanout refused every other leader of that shard meanwhile).
+    pub fn leads_only_fanning_out(&self) -> bool {
+        let Role::Leader(leader) = &self.role else { return false };
+        leader.pending.is_empty()
+            && leader.reserved.is_empty()
+            && leader.retention_waits.is_empty()
+            && self.log.settled()
+            && self.log.hw == self.log.end
+            && !(self.handoff.held == 0 && self.handoff.is_idle())
+    }
+
     /// `true` if a follower (or learner) can leave memory now, caught up or not: nothing of it is on its
     /// way to the store and its HW is checkpointed, so the next incarnation resumes from its log where
     /// this one stands and pulls the rest. A node out of room for active replicas evicts such a follower
