@@ -460,6 +460,23 @@ mod tests {
         channel
     }
 
+    /// Stores in `channel`'s log one leader epoch's records, seqs 1 to `last` (its barrier, then
+    /// messages), made durable with `checkpoints`.
+    fn store_epoch(log: &MemoryLog, channel: &ChannelId, epoch: u64, last: u64, checkpoints: Vec<LogOp>) {
+        let records = (1..=last)
+            .map(|seq| Record {
+                seq: Seq::new(seq),
+                kind: if seq == 1 { RecordKind::Barrier } else { RecordKind::Message },
+                leader_epoch: LeaderEpoch::new(epoch),
+                idempotency_key: None,
+                timestamp_ms: seq,
+                payload: bytes::Bytes::from_static(b"m"),
+            })
+            .collect();
+        let ops = [vec![LogOp::Append(records)], checkpoints].concat();
+        tidings_store::message::MessageLog::commit(log, LogBatch::new(channel.clone(), ops)).unwrap();
+    }
+
     /// A replica named leader on a shard whose one leader's place a busy leader holds is not
     /// activated, yet answers a controller's evidence request: from its stored state, as a machine
     /// built from it would.
@@ -474,18 +491,7 @@ mod tests {
         assert_eq!(shard.leaders_active(), 1);
 
         let named = known(&mut shard, "named", 1);
-        let records = (1..=5)
-            .map(|seq| Record {
-                seq: Seq::new(seq),
-                kind: if seq == 1 { RecordKind::Barrier } else { RecordKind::Message },
-                leader_epoch: LeaderEpoch::new(2),
-                idempotency_key: None,
-                timestamp_ms: seq,
-                payload: bytes::Bytes::from_static(b"m"),
-            })
-            .collect();
-        let ops = vec![LogOp::Append(records), LogOp::CheckpointHw(Seq::new(4))];
-        tidings_store::message::MessageLog::commit(&*log, LogBatch::new(named.clone(), ops)).unwrap();
+        store_epoch(&log, &named, 2, 5, vec![LogOp::CheckpointHw(Seq::new(4))]);
         let mut fenced = shard.metas[&named].meta.clone();
         fenced.version = 4;
         fenced.write_fence = Some(WriteFence { task: 77, since_version: 4, freeze_replication: true });
@@ -576,18 +582,8 @@ mod tests {
         let fanning = known(&mut shard, "fanning", 1);
         // Its earlier leadership's barrier and three messages, committed; fanout known finished through
         // the barrier only.
-        let records = (1..=4)
-            .map(|seq| Record {
-                seq: Seq::new(seq),
-                kind: if seq == 1 { RecordKind::Barrier } else { RecordKind::Message },
-                leader_epoch: LeaderEpoch::new(1),
-                idempotency_key: None,
-                timestamp_ms: seq,
-                payload: bytes::Bytes::from_static(b"m"),
-            })
-            .collect();
-        let ops = vec![LogOp::Append(records), LogOp::CheckpointHw(Seq::new(4)), LogOp::CheckpointFanned(Seq::new(1))];
-        tidings_store::message::MessageLog::commit(&*log, LogBatch::new(fanning.clone(), ops)).unwrap();
+        let checkpoints = vec![LogOp::CheckpointHw(Seq::new(4)), LogOp::CheckpointFanned(Seq::new(1))];
+        store_epoch(&log, &fanning, 1, 4, checkpoints);
         shard.activate(&fanning);
         // Its barrier is made durable (and commits: MinISR 1); the fanout of its messages is never
         // answered.
