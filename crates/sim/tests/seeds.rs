@@ -602,3 +602,14 @@ fn a_seed_whose_removed_slot_voter_knew_no_voter_left_in_its_group_passes() {
     assert!(params.disk_loss);
     assert_passes(&run(params));
 }
+
+/// A 30 s soak of 12 channels on tight limits: a shard's one leader's place was held through the whole
+/// healed phase by a leader whose only work was its fanout (paging one member per round trip), and the
+/// shard's other leader was refused `TooManyChannels` to the end. Such a leader now holds no place of
+/// the leaders' share (459001175, tight limits drawn).
+#[test]
+fn a_seed_whose_fanning_out_leader_held_its_shards_leader_place_passes() {
+    let params = SimParams { channels: 12, safety_ms: 30_000, ..SimParams::from_seed(459001175) };
+    assert!(params.tight_limits);
+    assert_passes(&run(params));
+}
