@@ -78,7 +78,8 @@ pub struct NodeConfig {
     /// evicted (else the least recently used follower whose state is all on disk), and with none the
     /// activation is refused (`TooManyChannels`). Leaders take at most seven eighths of each shard's
     /// part: the rest is kept for followers, so leaders that wait for their followers (and cannot be
-    /// evicted) never fill every node's room while those followers have none. A follower named leader
+    /// evicted) never fill every node's room while those followers have none; a leader whose only work
+    /// left is its fanout waits for no follower and is not counted in that share. A follower named leader
     /// while active (a failover or transfer to this node) keeps its place, so leaders may hold more than
     /// their share; while they hold the followers' places, followers are let in past the cap, by at
     /// most that eighth (at least one place): a shard holds at most its part plus an eighth of it.
