@@ -450,16 +450,9 @@ impl ChannelMachine {
     /// incarnation starts from the checkpoint: an HW ahead of it would go back — seen in the simulator
     /// once replicas were evicted mid-run; an idle replica checkpoints within 1.1 s, see `checkpoint_due_at`).
     pub fn is_quiescent(&self) -> bool {
-        let leader_idle = match &self.role {
-            Role::Leader(leader) => {
-                leader.pending.is_empty() && leader.reserved.is_empty() && leader.retention_waits.is_empty()
-            }
-            _ => true,
-        };
-        leader_idle
+        self.leader_waits_for_nothing()
             && self.log.settled()
-            && self.handoff.held == 0
-            && self.handoff.is_idle()
+            && self.handoff_quiet()
             && self.log.hw == self.log.end
             && self.log.durable.hw >= self.log.hw
             && self.leader_fanned_unwritten(&self.log.durable).is_none()
@@ -471,13 +464,26 @@ impl ChannelMachine {
     /// the room for active replicas keeps followers' room free (a shard's one leader's place held
     /// through a long fanout refused every other leader of that shard meanwhile).
     pub fn leads_only_fanning_out(&self) -> bool {
-        let Role::Leader(leader) = &self.role else { return false };
-        leader.pending.is_empty()
-            && leader.reserved.is_empty()
-            && leader.retention_waits.is_empty()
+        matches!(self.role, Role::Leader(_))
+            && self.leader_waits_for_nothing()
             && self.log.settled()
             && self.log.hw == self.log.end
-            && !(self.handoff.held == 0 && self.handoff.is_idle())
+            && !self.handoff_quiet()
+    }
+
+    /// No handoff slot held and nothing handed to fanout unfinished.
+    fn handoff_quiet(&self) -> bool {
+        self.handoff.held == 0 && self.handoff.is_idle()
+    }
+
+    /// A leader with no append, reservation or retention move waiting (`true` off the leader).
+    fn leader_waits_for_nothing(&self) -> bool {
+        match &self.role {
+            Role::Leader(leader) => {
+                leader.pending.is_empty() && leader.reserved.is_empty() && leader.retention_waits.is_empty()
+            }
+            _ => true,
+        }
     }
 
     /// `true` if a follower (or learner) can leave memory now, caught up or not: nothing of it is on its
@@ -488,8 +494,7 @@ impl ChannelMachine {
     pub fn can_leave_memory_as_follower(&self) -> bool {
         !matches!(self.role, Role::Leader(_))
             && self.log.settled()
-            && self.handoff.held == 0
-            && self.handoff.is_idle()
+            && self.handoff_quiet()
             && self.log.durable.hw >= self.log.hw
     }
 
