@@ -160,6 +160,11 @@ pub enum NodeMessage {
         /// The meta.
         meta: Option<ChannelRuntimeMeta>,
     },
+    /// Liveness, from a node that is leaving (`NodeCore::set_leaving`): sent instead of `Ping` while it
+    /// hands off its leaderships before it stops. The mark lapses when the pings stop saying so. Last
+    /// of the variants, so a node of an earlier build refuses only this message (as garbage) and reads
+    /// every other.
+    Leaving,
 }
 
 /// A read one node asks of another that keeps a replica of the slot group it concerns.

@@ -17,8 +17,8 @@ pub use self::core::{
 };
 pub use config::NodeConfig;
 pub use controller::{
-    ControllerConfig, DrainReport, EvidenceEntry, EvidenceReport, MembershipStep, MigrationPhase, Reconcile,
-    SlotMigrationReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus,
+    ControllerConfig, DrainReport, EvidenceEntry, EvidenceReport, HandOffReport, MembershipStep, MigrationPhase,
+    Reconcile, SlotMigrationReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus,
 };
 pub use error::{NodeError, Remedy};
 pub use fanout::{carry_out_fanout, subscriber_page, FanoutAnswer, FanoutHost, FanoutWork, NoFanout};

@@ -62,6 +62,7 @@ pub(super) enum Call {
     AbortSlotMigration(HashSlot),
     SetPreferredLeader { group: GroupId, preferred: Option<NodeId> },
     DrainNode { node: NodeId, drain: bool },
+    SetLeaving(bool),
     ForgetStorageIdentity(NodeId),
 }
 
@@ -146,6 +147,7 @@ impl Shell {
                     Call::MigrateSlot { slot, to } => core.migrate_slot(now, id, slot, to),
                     Call::AbortSlotMigration(slot) => core.abort_slot_migration(now, id, slot),
                     Call::DrainNode { node, drain } => core.drain_node(now, id, node, drain),
+                    Call::SetLeaving(leaving) => core.set_leaving(now, id, leaving),
                     Call::ForgetStorageIdentity(node) => core.forget_storage_identity(now, id, node),
                     Call::SetPreferredLeader { group, preferred } => {
                         core.set_preferred_leader(now, id, group, preferred)

@@ -118,6 +118,9 @@ const GROUP_COMMIT_MAX: usize = 4096;
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often [`Node::wait_ready`] looks at the slot groups.
 const READY_POLL: Duration = Duration::from_millis(10);
+/// How often `Node::hand_off_leaderships` looks at the status (each look builds a page of channel
+/// statuses).
+const HAND_OFF_POLL: Duration = Duration::from_millis(50);
 /// How long a replica replacement call waits (the controller's catch-up timeout is 120 s by default).
 const REPLACE_TIMEOUT: Duration = Duration::from_secs(180);
 /// A core or reactor step taking this long is logged.
@@ -535,6 +538,45 @@ impl Node {
     /// every slot group recorded it; [`NodeStatus::drains`] shows the progress.
     pub fn drain_node(&self, node: NodeId, drain: bool) -> Result<(), NodeError> {
         self.call(Call::DrainNode { node, drain })
+    }
+
+    /// This node starts (`true`) or stops leaving (see [`NodeCore::set_leaving`]): it hands off its
+    /// leaderships and takes no new ones. [`Node::hand_off_leaderships`] also waits for the hand-off.
+    pub fn set_leaving(&self, leaving: bool) -> Result<(), NodeError> {
+        self.call(Call::SetLeaving(leaving))
+    }
+
+    /// Before a planned stop (a restart, an upgrade): marks this node leaving and waits until it leads
+    /// no active channel replica and no slot group, so that its channels keep taking appends through
+    /// the stop instead of waiting for a failover. The other nodes do the moves (see
+    /// [`NodeCore::set_leaving`]); idle channels it leads are handed off by the same repair passes,
+    /// or fail over after the stop if it comes first. [`NodeError::TimedOut`] if something is still led
+    /// after `timeout` (no live member to take over, say — a one-node cluster never hands anything
+    /// off): the node stays leaving, and may be dropped anyway. A restarted node is no longer leaving.
+    ///
+    /// ```no_run
+    /// # fn demo(node: tidings::Node) -> Result<(), tidings::node::NodeError> {
+    /// use std::time::Duration;
+    /// if let Err(error) = node.hand_off_leaderships(Duration::from_secs(10)) {
+    ///     eprintln!("stopping with leaderships left: {error}");
+    /// }
+    /// drop(node); // threads joined, stores synced
+    /// # Ok(()) }
+    /// ```
+    pub fn hand_off_leaderships(&self, timeout: Duration) -> Result<(), NodeError> {
+        let deadline = Instant::now() + timeout;
+        self.set_leaving(true)?;
+        loop {
+            let status = self.status()?;
+            let leads_a_group = status.groups.iter().any(|g| g.leader == Some(status.node));
+            if !leads_a_group && status.channels_leading == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(NodeError::TimedOut);
+            }
+            std::thread::sleep(HAND_OFF_POLL);
+        }
     }
 
     /// Forgets the storage identity this node knew for `node` (see

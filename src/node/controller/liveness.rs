@@ -1,4 +1,5 @@
-//! Which peers this node has heard from recently. Every valid frame counts; idle peers ping.
+//! Which peers this node has heard from recently, and which said they are about to stop. Every valid
+//! frame counts; idle peers ping, and a node handing off its leaderships pings `Leaving` instead.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -10,6 +11,8 @@ pub(crate) struct Liveness {
     last_heard: BTreeMap<NodeId, Time>,
     /// When each peer was last heard after a silence of `down_after` or more (or when this node started).
     up_since: BTreeMap<NodeId, Time>,
+    /// When each peer last said it is leaving (see `NodeCore::set_leaving`).
+    leaving_said: BTreeMap<NodeId, Time>,
     down_after: Duration,
 }
 
@@ -18,7 +21,30 @@ impl Liveness {
     /// `down_after` has passed.
     pub(crate) fn new(peers: impl IntoIterator<Item = NodeId>, down_after: Duration, now: Time) -> Self {
         let last_heard: BTreeMap<NodeId, Time> = peers.into_iter().map(|n| (n, now)).collect();
-        Self { up_since: last_heard.clone(), last_heard, down_after }
+        Self { up_since: last_heard.clone(), last_heard, leaving_said: BTreeMap::new(), down_after }
+    }
+
+    /// `peer` said it is leaving: it hands off its leaderships before it stops.
+    /// `true` if it was not known to be leaving before.
+    pub(crate) fn heard_leaving(&mut self, peer: NodeId, now: Time) -> bool {
+        if !self.last_heard.contains_key(&peer) {
+            return false;
+        }
+        let new = !self.is_leaving(peer, now);
+        self.leaving_said.insert(peer, now);
+        new
+    }
+
+    /// `true` while `peer` keeps saying it is leaving: the mark lapses `down_after` after the last time
+    /// it said so. Soft state on purpose: a node that restarts (or changes its mind) clears it by
+    /// saying nothing, and one that stops is down by then anyway.
+    pub(crate) fn is_leaving(&self, peer: NodeId, now: Time) -> bool {
+        self.leaving_said.get(&peer).is_some_and(|said| now.since(*said) < self.down_after)
+    }
+
+    /// The peers currently leaving.
+    pub(crate) fn leaving(&self, now: Time) -> impl Iterator<Item = NodeId> + '_ {
+        self.leaving_said.keys().copied().filter(move |peer| self.is_leaving(*peer, now))
     }
 
     /// A frame arrived from `peer`.
@@ -94,5 +120,21 @@ mod tests {
         assert!(!liveness.is_down(a, Time::from_millis(3_499)));
         assert!(liveness.is_down(a, Time::from_millis(3_500)));
         assert!(!liveness.is_down(NodeId::new(9), Time::from_millis(60_000)), "unknown nodes are never down");
+    }
+
+    #[test]
+    fn a_leaving_mark_lasts_while_it_is_repeated_and_lapses_after_the_silence_limit() {
+        let (a, b) = (NodeId::new(2), NodeId::new(3));
+        let mut liveness = Liveness::new([a, b], Duration::from_secs(2), Time::ZERO);
+        assert!(liveness.heard_leaving(a, Time::from_millis(1_000)), "newly leaving");
+        assert!(!liveness.heard_leaving(a, Time::from_millis(2_500)), "said again");
+        assert!(liveness.is_leaving(a, Time::from_millis(4_499)));
+        assert_eq!(liveness.leaving(Time::from_millis(4_000)).collect::<Vec<_>>(), vec![a]);
+        // Not said again (restarted, or changed its mind): the mark lapses.
+        assert!(!liveness.is_leaving(a, Time::from_millis(4_500)));
+        assert!(liveness.heard_leaving(a, Time::from_millis(9_000)), "leaving again is news");
+        assert!(!liveness.is_leaving(b, Time::from_millis(9_000)));
+        assert!(!liveness.heard_leaving(NodeId::new(9), Time::from_millis(9_000)), "not a peer");
+        assert!(!liveness.is_leaving(NodeId::new(9), Time::from_millis(9_000)));
     }
 }

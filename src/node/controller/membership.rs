@@ -21,6 +21,8 @@ pub(crate) struct ClusterView<'a> {
     /// Nodes silent for `ControllerConfig::replace_down_after` or more (a subset of `down`): a move
     /// towards one is given up.
     pub(crate) gone: &'a BTreeSet<NodeId>,
+    /// Nodes leaving (this one included, if it is): they should lead no group.
+    pub(crate) leaving: &'a BTreeSet<NodeId>,
 }
 
 /// With no move in progress: the first drained voter starts moving to a live, undrained node outside the
@@ -229,7 +231,7 @@ pub(super) mod tests {
     }
 
     fn step(intent: &GroupIntent, status: &GroupStatus, down: &BTreeSet<NodeId>) -> MembershipStep {
-        next_step(intent, status, n(1), &ClusterView { nodes: &NODES, down, gone: &none() })
+        next_step(intent, status, n(1), &ClusterView { nodes: &NODES, down, gone: &none(), leaving: &none() })
     }
 
     fn moving(target: &[u64]) -> GroupIntent {
@@ -314,7 +316,7 @@ pub(super) mod tests {
         let intent = moving(&[1, 2, 4]);
         let down: BTreeSet<NodeId> = [n(4)].into();
         let gone_step = |status: &GroupStatus| {
-            next_step(&intent, status, n(1), &ClusterView { nodes: &NODES, down: &down, gone: &down })
+            next_step(&intent, status, n(1), &ClusterView { nodes: &NODES, down: &down, gone: &down, leaving: &none() })
         };
         assert_eq!(gone_step(&status(&[1, 2, 3], &[])), MembershipStep::GiveUpMove(n(4)));
         assert_eq!(gone_step(&status(&[1, 2, 3], &[4])), MembershipStep::GiveUpMove(n(4)));

@@ -220,6 +220,8 @@ struct RepairScan {
     drain_left: BTreeMap<NodeId, usize>,
     /// Slot groups walked by this pass that still hold a replica on a drained node.
     drain_groups: BTreeMap<NodeId, Vec<GroupId>>,
+    /// Channels this pass found led by a leaving node (up), per node.
+    hand_offs_left: BTreeMap<NodeId, usize>,
     /// Transfers back to preferred leaders this pass started.
     rebalances: usize,
     /// When a transfer back this pass could not start yet (its preferred replica not up long enough, or
@@ -241,6 +243,16 @@ pub struct DrainReport {
     pub channel_replicas: usize,
 }
 
+/// How far the hand-off of a leaving node's channel leaderships has come, in the slot groups one node
+/// leads (every node reports its own, from its last complete repair pass; see `NodeCore::set_leaving`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandOffReport {
+    /// The leaving node.
+    pub node: NodeId,
+    /// Channels of the led groups' slots that it still leads, active or idle.
+    pub channels_led: usize,
+}
+
 /// The channel controller of one node. See the [module docs](self).
 #[derive(Debug)]
 pub(crate) struct Controller {
@@ -260,6 +272,8 @@ pub(crate) struct Controller {
     scan: RepairScan,
     /// Drain progress seen by the last complete repair pass.
     drain_reports: Vec<DrainReport>,
+    /// Hand-offs of leaving nodes' leaderships seen by the last complete repair pass.
+    hand_off_reports: Vec<HandOffReport>,
     /// Nodes being drained per the intents of every slot group this node holds, as of the last repair
     /// pass's start: new channels are not placed on them.
     drains_known: BTreeSet<NodeId>,
@@ -272,6 +286,9 @@ pub(crate) struct Controller {
     /// them: one replica is given up once they kept the same replicas for `catch_up_timeout` (see
     /// `surplus`). At most `FENCES_SEEN_MAX`.
     surplus_seen: BTreeMap<ChannelId, surplus::SurplusSeen>,
+    /// This node is leaving (`NodeCore::set_leaving`): its pings say so, and the controllers of the
+    /// other nodes hand its leaderships off.
+    leaving: bool,
     /// Slot groups this node led at the last tick.
     led: BTreeSet<GroupId>,
     /// The hash slots of the groups in `led`, as of the last ping round.
@@ -309,10 +326,12 @@ impl Controller {
             actions: VecDeque::new(),
             scan: RepairScan { next_pass: now, ..RepairScan::default() },
             drain_reports: Vec::new(),
+            hand_off_reports: Vec::new(),
             drains_known: BTreeSet::new(),
             rebalance_backoff: BTreeMap::new(),
             fences_seen: BTreeMap::new(),
             surplus_seen: BTreeMap::new(),
+            leaving: false,
             led: BTreeSet::new(),
             led_slots: Vec::new(),
             next_task: first_task,
@@ -325,10 +344,59 @@ impl Controller {
         self.liveness.heard(peer, now);
     }
 
+    /// `peer` said it is leaving. News to this node: a repair pass starts at once, so the channels of the
+    /// groups it leads that `peer` leads are handed off without waiting for the idle interval.
+    pub(crate) fn heard_leaving(&mut self, peer: NodeId, now: Time) {
+        if self.liveness.heard_leaving(peer, now) && !self.led.is_empty() {
+            self.scan.active = false;
+            self.scan.next_pass = self.scan.next_pass.min(now);
+        }
+    }
+
+    /// This node starts (`true`) or stops leaving: its pings say so from now on (the first at once).
+    pub(crate) fn set_leaving(&mut self, now: Time, leaving: bool) {
+        if leaving != self.leaving {
+            self.leaving = leaving;
+            self.next_ping = now;
+            // Its own led groups' channels too: their repair passes run here.
+            self.scan.active = false;
+            self.scan.next_pass = self.scan.next_pass.min(now);
+        }
+    }
+
+    /// `true` if this node is leaving.
+    pub(crate) fn leaving(&self) -> bool {
+        self.leaving
+    }
+
+    /// `true` if `node` (this node or a peer) is leaving: it should lead nothing.
+    pub(crate) fn is_leaving(&self, node: NodeId, now: Time) -> bool {
+        if node == self.me {
+            self.leaving
+        } else {
+            self.liveness.is_leaving(node, now)
+        }
+    }
+
+    /// Every node leaving, this one included.
+    pub(crate) fn leaving_nodes(&self, now: Time) -> BTreeSet<NodeId> {
+        let mut leaving: BTreeSet<NodeId> = self.liveness.leaving(now).collect();
+        if self.leaving {
+            leaving.insert(self.me);
+        }
+        leaving
+    }
+
     /// `true` if `peer` has been silent for `node_down_after`.
     /// Drain progress in the groups this node leads, as of the last complete repair pass.
     pub(crate) fn drain_reports(&self) -> Vec<DrainReport> {
         self.drain_reports.clone()
+    }
+
+    /// Hand-offs of leaving nodes' leaderships in the groups this node leads, as of the last complete
+    /// repair pass.
+    pub(crate) fn hand_off_reports(&self) -> Vec<HandOffReport> {
+        self.hand_off_reports.clone()
     }
 
     /// The nodes the failure detector holds down now.
@@ -347,12 +415,14 @@ impl Controller {
         self.liveness.silent_for(peer, now).is_some_and(|silent| silent >= self.config.replace_down_after)
     }
 
-    /// Nodes a new channel's replicas should not go to: those the failure detector holds down and those
-    /// being drained. A replica placed there would have to be moved or replaced before its channel had
-    /// its full ISR — or, placed as leader, before the channel could take an append at all.
+    /// Nodes a new channel's replicas should not go to: those the failure detector holds down, those
+    /// being drained, and those leaving (about to stop). A replica placed there would have to be moved or
+    /// replaced before its channel had its full ISR — or, placed as leader, before the channel could
+    /// take an append at all (placement puts them last).
     pub(crate) fn placement_avoided(&self, now: Time) -> BTreeSet<NodeId> {
         let mut avoided = self.down_nodes(now);
         avoided.extend(self.drains_known.iter().copied());
+        avoided.extend(self.leaving_nodes(now));
         avoided
     }
 
@@ -407,8 +477,9 @@ impl Controller {
             // per-tick path, which runs for every channel timer).
             self.next_ping = now + self.config.ping_interval;
             let peers: Vec<NodeId> = self.liveness.peers().collect();
+            let ping = if self.leaving { NodeMessage::Leaving } else { NodeMessage::Ping };
             for to in peers {
-                self.actions.push_back(Action::Send { to, message: NodeMessage::Ping });
+                self.actions.push_back(Action::Send { to, message: ping.clone() });
             }
             let down: BTreeSet<NodeId> = self.liveness.down(now).collect();
             let led: BTreeSet<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
@@ -455,6 +526,18 @@ impl Controller {
         meta: ChannelRuntimeMeta,
         target: NodeId,
     ) -> Result<(), TaskError> {
+        self.start_leadership_move(now, api, meta, TaskKind::Transfer { target })
+    }
+
+    /// Starts a planned move of leadership, `kind` a transfer or a hand-off.
+    fn start_leadership_move(
+        &mut self,
+        now: Time,
+        api: Option<ApiId>,
+        meta: ChannelRuntimeMeta,
+        kind: TaskKind,
+    ) -> Result<(), TaskError> {
+        let target = kind.leadership_target().expect("a transfer or a hand-off");
         if meta.leader == target {
             return Err(TaskError::AlreadyLeader(target));
         }
@@ -466,7 +549,7 @@ impl Controller {
         }
         self.admit(&meta.channel)?;
         let id = self.task_id();
-        let task = self.new_task(id, TaskKind::Transfer { target }, api, meta, now);
+        let task = self.new_task(id, kind, api, meta, now);
         self.start(now, task);
         Ok(())
     }
@@ -566,9 +649,10 @@ impl Controller {
         // A leader that cannot lead cannot drain either: a transfer or replacement fenced and waiting
         // for its drain would only time out, and the repair loop could start the next such task before
         // the leader asked again. The failover fences over it.
-        let draining = self.tasks.get(&meta.channel).is_some_and(|t| {
-            matches!(t.step, Step::Gathering) && matches!(t.kind, TaskKind::Transfer { .. } | TaskKind::Replace { .. })
-        });
+        let draining = self
+            .tasks
+            .get(&meta.channel)
+            .is_some_and(|t| matches!(t.step, Step::Gathering) && t.kind.waits_for_drain());
         if draining {
             let task = self.tasks.remove(&meta.channel).expect("present");
             self.finish(now, task, Err(TaskError::Preempted));

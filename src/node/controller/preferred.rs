@@ -60,6 +60,17 @@ pub enum Reconcile {
         /// The commit index.
         commit: u64,
     },
+    /// This node is leaving: leadership is being handed to `to`, a caught-up, active voter that is not
+    /// leaving.
+    HandOff {
+        /// The voter taking over.
+        to: NodeId,
+    },
+    /// This node is leaving, and no voter can take over yet (none other is active, caught up and
+    /// staying).
+    NoHandOffTarget,
+    /// The preferred node is leaving: leadership stays here until it is back.
+    TargetLeaving(NodeId),
     /// A transfer was made recently; the next may not come before this time (no flapping).
     Cooldown {
         /// End of the cooldown.
@@ -76,6 +87,9 @@ pub(crate) fn decide(
     cooldown_until: Option<Time>,
     cluster: &ClusterView<'_>,
 ) -> Reconcile {
+    if cluster.leaving.contains(&me) {
+        return hand_off(status, me, cluster);
+    }
     let Some(intent) = intent else { return Reconcile::NoIntent };
     match next_step(intent, status, me, cluster) {
         MembershipStep::Settled => {}
@@ -100,6 +114,9 @@ pub(crate) fn decide(
     if !voters.contains(&target) {
         return Reconcile::TargetNotVoter(target);
     }
+    if cluster.leaving.contains(&target) {
+        return Reconcile::TargetLeaving(target);
+    }
     if let Some(to) = status.transferring {
         return Reconcile::TransferInFlight(to);
     }
@@ -116,6 +133,27 @@ pub(crate) fn decide(
         return Reconcile::Cooldown { until };
     }
     Reconcile::Transfer { to: target }
+}
+
+/// Where a leaving node (`me`) hands the leadership of a group it leads: the active voter, not down and
+/// not leaving, with the most of the log (then the lowest id). No intent needs to agree: a leader that
+/// is about to stop helps nobody by staying, and raft-rs catches the target up before it hands over.
+fn hand_off(status: &GroupStatus, me: NodeId, cluster: &ClusterView<'_>) -> Reconcile {
+    if status.joint {
+        return Reconcile::JointConfig;
+    }
+    if let Some(to) = status.transferring {
+        return Reconcile::TransferInFlight(to);
+    }
+    let staying = |node: &NodeId| {
+        *node != me && status.voters.contains(node) && !cluster.leaving.contains(node) && !cluster.down.contains(node)
+    };
+    let best = status
+        .peers
+        .iter()
+        .filter(|(node, _, active)| *active && staying(node))
+        .max_by_key(|(node, matched, _)| (*matched, std::cmp::Reverse(*node)));
+    best.map_or(Reconcile::NoHandOffTarget, |(to, _, _)| Reconcile::HandOff { to: *to })
 }
 
 /// What a reconcile pass reads of its node.
@@ -150,6 +188,11 @@ impl PreferredLeaders {
         self.decisions.iter().map(|(g, d)| (*g, d.clone())).collect()
     }
 
+    /// The next pass comes at once (this node just started or stopped leaving).
+    pub(crate) fn wake(&mut self, now: Time) {
+        self.next_at = self.next_at.min(now);
+    }
+
     /// One pass, if due.
     pub(crate) fn tick(&mut self, now: Time, config: &ControllerConfig, slot: &mut MultiRaft, view: &NodeView<'_>) {
         let NodeView { me, reader, cluster } = *view;
@@ -176,6 +219,14 @@ impl PreferredLeaders {
                 Reconcile::Transfer { to } if slot.transfer_leader(now, group, *to) => {
                     tracing::info!(%group, %to, "reconcile: handing leadership to the preferred node");
                     self.cooldown_until.insert(group, now + config.transfer_cooldown);
+                }
+                Reconcile::HandOff { to } if slot.transfer_leader(now, group, *to) => {
+                    tracing::info!(%group, %to, "reconcile: a leaving node hands its leadership over");
+                    // Raft-rs gives a transfer an election timeout: look again soon.
+                    self.next_at = self.next_at.min(now + MEMBERSHIP_RECHECK);
+                }
+                Reconcile::NoHandOffTarget | Reconcile::TransferInFlight(_) if cluster.leaving.contains(&me) => {
+                    self.next_at = self.next_at.min(now + MEMBERSHIP_RECHECK);
                 }
                 Reconcile::Membership(step) => {
                     take_step(now, slot, group, step);
@@ -236,7 +287,7 @@ mod tests {
     static NO_DOWN: std::collections::BTreeSet<NodeId> = std::collections::BTreeSet::new();
 
     fn cluster() -> ClusterView<'static> {
-        ClusterView { nodes: &[], down: &NO_DOWN, gone: &NO_DOWN }
+        ClusterView { nodes: &[], down: &NO_DOWN, gone: &NO_DOWN, leaving: &NO_DOWN }
     }
 
     fn status() -> GroupStatus {

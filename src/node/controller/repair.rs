@@ -3,7 +3,7 @@
 //! left behind.
 
 use super::report::TaskKind;
-use super::{Controller, DrainReport, FENCES_SEEN_MAX};
+use super::{Controller, DrainReport, HandOffReport, FENCES_SEEN_MAX};
 use crate::node::rendezvous;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -42,6 +42,7 @@ impl Controller {
             self.scan.draining.clear();
             self.scan.drain_left.clear();
             self.scan.drain_groups.clear();
+            self.scan.hand_offs_left.clear();
             self.scan.rebalances = 0;
             self.scan.rebalance_due = None;
             // Every local group's intent, read once: drains are recorded in all of them, so any local copy
@@ -117,7 +118,12 @@ impl Controller {
                     channel_replicas: *left,
                 })
                 .collect();
-            let busy = !self.down.is_empty() || !self.scan.draining.is_empty();
+            self.hand_off_reports = std::mem::take(&mut self.scan.hand_offs_left)
+                .into_iter()
+                .map(|(node, channels_led)| HandOffReport { node, channels_led })
+                .collect();
+            let leaving = self.leaving || self.liveness.leaving(now).next().is_some();
+            let busy = !self.down.is_empty() || !self.scan.draining.is_empty() || leaving;
             let pause = if busy { self.config.repair_interval } else { self.config.repair_idle_interval };
             let rebalance = self.scan.rebalance_due.map(|due| due.max(now + self.config.repair_interval));
             self.scan.next_pass = rebalance.map_or(now + pause, |due| due.min(now + pause));
@@ -145,6 +151,9 @@ impl Controller {
     }
 
     pub(super) fn consider(&mut self, now: Time, meta: ChannelRuntimeMeta) {
+        if self.is_leaving(meta.leader, now) && !self.is_down(meta.leader, now) {
+            *self.scan.hand_offs_left.entry(meta.leader).or_default() += 1;
+        }
         self.track_fence(now, &meta);
         if meta.write_fence.is_some() {
             return;
@@ -161,6 +170,9 @@ impl Controller {
         }
         if leader_down {
             self.start_failover(now, meta);
+            return;
+        }
+        if self.is_leaving(meta.leader, now) && self.hand_off(now, &meta) {
             return;
         }
         let drained = meta.replicas.iter().copied().find(|n| self.scan.draining.contains(n));
@@ -225,18 +237,53 @@ impl Controller {
         }
     }
 
+    /// Hands the leadership of a channel whose leader is leaving to another live ISR member that is not
+    /// leaving or drained: the preferred replica if it is one, else one chosen by rendezvous hash. Only
+    /// with MinISR live members besides the leader (the switch needs their evidence, and a fence that
+    /// cannot finish would hold the channel for `drain_timeout`), and not again within the backoff of
+    /// a hand-off that failed. `true` if one started.
+    fn hand_off(&mut self, now: Time, meta: &ChannelRuntimeMeta) -> bool {
+        if self.rebalance_backoff.get(&meta.channel).is_some_and(|retry_at| *retry_at > now) {
+            return false;
+        }
+        let live_besides_leader = meta.isr.iter().filter(|n| **n != meta.leader && !self.is_down(**n, now)).count();
+        if live_besides_leader < usize::from(meta.min_isr) {
+            return false;
+        }
+        let eligible = |n: &NodeId| *n != meta.leader && self.may_receive(*n, now) && !self.is_leaving(*n, now);
+        let preferred = meta.replicas.first().copied().filter(|n| meta.in_isr(*n) && eligible(n));
+        let target = preferred.or_else(|| {
+            let mut key = Vec::new();
+            meta.channel.encode_key(&mut key);
+            rendezvous::best(&key, meta.isr.iter().copied().filter(eligible))
+        });
+        let Some(target) = target else { return false };
+        let (channel, from) = (meta.channel.clone(), meta.leader);
+        match self.start_leadership_move(now, None, meta.clone(), TaskKind::HandOff { target }) {
+            Ok(()) => {
+                tracing::info!(%channel, %from, to = %target, "repair: handing off the leadership of a leaving node");
+                true
+            }
+            Err(error) => {
+                tracing::debug!(%channel, %error, "repair: no hand-off");
+                false
+            }
+        }
+    }
+
     /// Hands a healthy channel's leadership back to its preferred replica, the first of its replicas
     /// (placement's choice, or an explicit transfer's target): a failover moves leadership off a node
     /// that went down, and without this the node that came back would lead nothing while the others
     /// carry its share — the busiest node sets the cluster's tail latency. Only when that replica is in
-    /// the ISR, has been up for `rebalance_leaders_after`, is not being drained, and the current leader
-    /// is up (a transfer needs it to drain); at most `rebalance_transfers_per_pass` per repair pass.
+    /// the ISR, has been up for `rebalance_leaders_after`, is not being drained or leaving, and the
+    /// current leader is up (a transfer needs it to drain); at most `rebalance_transfers_per_pass` per repair pass.
     fn return_to_preferred_leader(&mut self, now: Time, meta: ChannelRuntimeMeta) {
         let Some(after) = self.config.rebalance_leaders_after else { return };
         let Some(preferred) = meta.replicas.first().copied() else { return };
         if meta.leader == preferred
             || !meta.in_isr(preferred)
             || self.scan.draining.contains(&preferred)
+            || self.is_leaving(preferred, now)
             || self.is_down(meta.leader, now)
         {
             return;
@@ -266,16 +313,16 @@ impl Controller {
         }
     }
 
-    /// An automatic transfer back ended: a failed one (its target did not catch up with the drained
-    /// leader in `drain_timeout`, with the channel fenced meanwhile) is not tried again on that channel
-    /// for `rebalance_leaders_after`, so a slow preferred replica does not get its channel fenced over
-    /// and over.
+    /// An automatic transfer (back to the preferred replica, or a hand-off) ended: a failed one (its
+    /// target did not catch up with the drained leader in `drain_timeout`, with the channel fenced
+    /// meanwhile) is not tried again on that channel for `rebalance_leaders_after` (`drain_timeout`
+    /// without it), so a slow target does not get its channel fenced over and over.
     pub(super) fn rebalance_finished(&mut self, now: Time, channel: &ChannelId, switched: bool) {
         if switched {
             self.rebalance_backoff.remove(channel);
             return;
         }
-        let wait = self.config.rebalance_leaders_after.unwrap_or(Duration::ZERO);
+        let wait = self.config.rebalance_leaders_after.unwrap_or(self.config.drain_timeout);
         if self.rebalance_backoff.len() >= FENCES_SEEN_MAX {
             self.rebalance_backoff.retain(|_, retry_at| *retry_at > now);
         }

@@ -17,6 +17,13 @@ pub enum TaskKind {
         /// The new leader.
         target: NodeId,
     },
+    /// A leadership handed off by a node that is leaving (`NodeCore::set_leaving`): a transfer to
+    /// `target` that keeps the replicas' order, so the leaving node, still the channel's preferred
+    /// replica, takes its leadership back once it is up again (`ControllerConfig::rebalance_leaders_after`).
+    HandOff {
+        /// The new leader.
+        target: NodeId,
+    },
     /// Replace replica `from` by `to`: add `to` as a learner, let it catch up, fence, put `to` in the
     /// ISR and take `from` out of the replicas (and of the leadership, if it led) in one change, unfence.
     Replace {
@@ -36,6 +43,22 @@ pub enum TaskKind {
         /// The learner that leaves.
         node: NodeId,
     },
+}
+
+impl TaskKind {
+    /// The new leader of a planned move of leadership (a transfer or a hand-off).
+    pub fn leadership_target(self) -> Option<NodeId> {
+        match self {
+            TaskKind::Transfer { target } | TaskKind::HandOff { target } => Some(target),
+            _ => None,
+        }
+    }
+
+    /// `true` for the tasks that wait, fenced, for the leader to drain its appends (transfers,
+    /// hand-offs, replacements); a failover's fence freezes replication and waits for nobody.
+    pub fn waits_for_drain(self) -> bool {
+        matches!(self, TaskKind::Transfer { .. } | TaskKind::HandOff { .. } | TaskKind::Replace { .. })
+    }
 }
 
 /// One replica's durable state, as evidence for a leader switch.

@@ -18,7 +18,7 @@ impl Controller {
         let (change, next) = match task.kind {
             TaskKind::ClearFence => (Change::Unfence { switched: false }, unfenced(&task.meta)),
             TaskKind::Failover => (Change::Fence, fenced(&task.meta, task.id, true)),
-            TaskKind::Transfer { .. } => (Change::Fence, fenced(&task.meta, task.id, false)),
+            TaskKind::Transfer { .. } | TaskKind::HandOff { .. } => (Change::Fence, fenced(&task.meta, task.id, false)),
             TaskKind::Replace { to, .. } if task.meta.is_replica(to) => {
                 // Already a learner (a replacement that was interrupted): straight to catching up.
                 task.step = Step::CatchingUp;
@@ -71,7 +71,7 @@ impl Controller {
             }
             Change::Fence => {
                 task.step = Step::Gathering;
-                if matches!(task.kind, TaskKind::Transfer { .. } | TaskKind::Replace { .. }) {
+                if task.kind.waits_for_drain() {
                     task.deadline = Some(now + self.config.drain_timeout);
                 }
                 self.ask(now, channel);
@@ -102,7 +102,7 @@ impl Controller {
     pub(super) fn ask(&mut self, now: Time, channel: &ChannelId) {
         let Some(task) = self.tasks.get_mut(channel) else { return };
         task.next_ask = now + self.config.ask_interval;
-        let repeat = matches!(task.kind, TaskKind::Transfer { .. } | TaskKind::Replace { .. });
+        let repeat = task.kind.waits_for_drain();
         let mut targets: Vec<NodeId> =
             task.meta.isr.iter().copied().filter(|n| repeat || !task.evidence.contains_key(n)).collect();
         if let TaskKind::Replace { to, .. } = task.kind {
@@ -182,7 +182,7 @@ impl Controller {
     }
 
     pub(super) fn finish(&mut self, now: Time, task: Task, outcome: Result<(), TaskError>) {
-        if task.api.is_none() && matches!(task.kind, TaskKind::Transfer { .. }) {
+        if task.api.is_none() && task.kind.leadership_target().is_some() {
             self.rebalance_finished(now, &task.meta.channel, outcome.is_ok());
         }
         let report = TaskReport {
@@ -247,7 +247,7 @@ fn switch_target(
                 .map(|(node, _)| *node)
                 .expect("need >= 1 answers")
         }
-        TaskKind::Transfer { target } => {
+        TaskKind::Transfer { target } | TaskKind::HandOff { target } => {
             let leader = evidence.get(&meta.leader);
             let caught_up = match (leader, evidence.get(&target)) {
                 (Some(l), Some(t)) => {
@@ -315,8 +315,8 @@ fn with_replicas(base: &ChannelRuntimeMeta, change: impl FnOnce(&mut Vec<NodeId>
 /// in the next leader epoch (a replacement also swaps the replica and moves to the next membership
 /// epoch), the fence kept but no longer freezing replication. The first replica is the channel's
 /// preferred leader (see `ControllerConfig::rebalance_leaders_after`): a transfer's target becomes it,
-/// a replacement takes the place of the replica it replaces, and a failover leaves the order alone, so
-/// leadership returns to the preferred replica once it is back.
+/// a replacement takes the place of the replica it replaces, and a failover or a hand-off leaves the
+/// order alone, so leadership returns to the preferred replica once it is back.
 fn switched_meta(kind: TaskKind, meta: &ChannelRuntimeMeta, chosen: NodeId) -> ChannelRuntimeMeta {
     let mut next = meta.clone();
     next.version += 1;

@@ -117,7 +117,8 @@ impl NodeCore {
 
     /// Creates a channel: its definition, then its runtime meta (replicas placed by
     /// [`NodeConfig::channel_placement`](crate::node::NodeConfig::channel_placement), except that nodes this
-    /// node holds down or knows are being drained go last; all in the ISR, the first leading).
+    /// node holds down, knows are being drained or hears are leaving go last; all in the ISR, the first
+    /// leading).
     pub fn create_channel(&mut self, now: Time, id: ApiId, info: ChannelInfo) {
         self.advance(now);
         let avoided = self.controller.placement_avoided(self.now);

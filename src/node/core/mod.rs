@@ -347,7 +347,8 @@ impl NodeCore {
         self.drive_migrations();
         let down = self.controller.down_nodes(self.now);
         let gone = self.controller.gone_nodes(self.now);
-        let cluster = ClusterView { nodes: &self.config.nodes, down: &down, gone: &gone };
+        let leaving = self.controller.leaving_nodes(self.now);
+        let cluster = ClusterView { nodes: &self.config.nodes, down: &down, gone: &gone, leaving: &leaving };
         let view = NodeView { me: self.config.node, reader: &self.reader, cluster };
         self.preferred.tick(self.now, &self.config.controller, &mut self.slot, &view);
         self.retry_due_reads();
@@ -575,6 +576,7 @@ impl NodeCore {
                 self.feed_shard(&channel.clone(), ShardInput::Forwarded { from, id, channel, call });
             }
             NodeMessage::Ping => {}
+            NodeMessage::Leaving => self.controller.heard_leaving(from, self.now),
             NodeMessage::StorageRefused { known } => self.identities.refused_by(self.now, from, known),
             NodeMessage::StorageHello => {
                 // The frame passed the identity check: the identity recorded for `from` is the one it names.

@@ -116,6 +116,31 @@ impl NodeCore {
         self.done(id, ApiResult::Meta(result));
     }
 
+    /// This node starts (`true`) or stops leaving: what a host calls before it stops the node for a
+    /// restart or an upgrade (Kafka's controlled shutdown). While leaving, the node's pings tell its
+    /// peers, and then
+    /// - the leaders of the slot groups hand off the channels it leads, active or idle: transfers to
+    ///   another live ISR member that keep the replicas' order (`TaskKind::HandOff`; each fences its
+    ///   channel for a few milliseconds, where a failover after a stop would leave it without a leader
+    ///   for `ControllerConfig::node_down_after` and more);
+    /// - it hands the leadership of each slot group it leads to a caught-up voter;
+    /// - no leadership is moved back to it, and new channels are placed elsewhere first.
+    ///
+    /// [`NodeStatus::channels_leading`](crate::node::NodeStatus::channels_leading) and the groups'
+    /// leaders in [`NodeStatus::groups`](crate::node::NodeStatus::groups) show what it still leads
+    /// (`Node::hand_off_leaderships` waits for both to reach none); [`NodeStatus::hand_offs`](crate::node::NodeStatus::hand_offs)
+    /// on the groups' leaders counts its idle channels too. The mark is soft: it lapses
+    /// `node_down_after` after the node stops saying so, so a restarted node leads again (its
+    /// channels come back to it as their preferred replica, after `rebalance_leaders_after`) without
+    /// anyone clearing it. [`NodeEffect::Done`](crate::node::NodeEffect::Done) with [`ApiResult::Meta`]
+    /// follows at once.
+    pub fn set_leaving(&mut self, now: Time, id: ApiId, leaving: bool) {
+        self.advance(now);
+        self.controller.set_leaving(self.now, leaving);
+        self.preferred.wake(self.now);
+        self.done(id, ApiResult::Meta(Ok(())));
+    }
+
     /// Drains `node` (`drain: true`) or stops draining it: recorded in the intent of every slot group, whose
     /// leaders then move the group's replica off the node (one replica move at a time per group, to a
     /// live node outside the group, never to a drained one) and replace the node's channel replicas in the

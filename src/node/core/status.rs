@@ -2,7 +2,7 @@
 
 use super::shards::Shards;
 use super::NodeCore;
-use crate::node::controller::{DrainReport, Reconcile, SlotMigrationReport, TaskReport, TaskStatus};
+use crate::node::controller::{DrainReport, HandOffReport, Reconcile, SlotMigrationReport, TaskReport, TaskStatus};
 use crate::node::shard::{shard_of, ShardStatus};
 use std::collections::BTreeMap;
 use tidings_channel::machine::ReplicaProgress;
@@ -52,6 +52,12 @@ pub struct NodeStatus {
     pub channels: Vec<ChannelStatus>,
     /// Its active channel replicas, listed in `channels` or not.
     pub channels_active: usize,
+    /// Its active channel replicas that lead their channel (idle ones it leads are not counted: see
+    /// [`NodeStatus::hand_offs`]).
+    pub channels_leading: usize,
+    /// This node is leaving ([`NodeCore::set_leaving`]): it hands off its leaderships and takes no new
+    /// ones.
+    pub leaving: bool,
     /// Channel tasks (failovers, transfers) this node's controller runs.
     pub tasks: Vec<TaskStatus>,
     /// The last tasks it finished, oldest first.
@@ -61,6 +67,9 @@ pub struct NodeStatus {
     pub leadership: Vec<(GroupId, Reconcile)>,
     /// Drains in progress, as far as the slot groups this node leads show them (see [`DrainReport`]).
     pub drains: Vec<DrainReport>,
+    /// Leaving nodes' channel leaderships still to hand off, as far as the slot groups this node leads
+    /// show them (see [`HandOffReport`]).
+    pub hand_offs: Vec<HandOffReport>,
     /// Healthy channels holding more replicas than `NodeConfig::channel_replicas` (left by replacements
     /// that did not finish) that the last repair passes over the slot groups this node leads found, and
     /// that wait to give one up (see `ControllerConfig::catch_up_timeout`).
@@ -141,6 +150,7 @@ impl NodeStatus {
     pub(crate) fn add_shard(&mut self, shard: ShardStatus, limit: usize) {
         self.channels = first_in_order([std::mem::take(&mut self.channels), shard.channels], limit);
         self.channels_active += shard.active;
+        self.channels_leading += shard.leading;
         self.activations += shard.counters.activations;
         self.refused_activations += shard.counters.refused_activations;
         self.stale_messages += shard.counters.stale_messages;
@@ -164,10 +174,13 @@ impl NodeCore {
             groups,
             channels: Vec::new(),
             channels_active: 0,
+            channels_leading: 0,
+            leaving: self.controller.leaving(),
             tasks: self.controller.status(),
             finished_tasks: self.controller.reports(),
             leadership: self.preferred.decisions(),
             drains: self.controller.drain_reports(),
+            hand_offs: self.controller.hand_off_reports(),
             channels_over_factor: self.controller.channels_over_factor(),
             slot_migrations: self.migrations.reports(),
             refused_frames: self.refused_frames.clone(),

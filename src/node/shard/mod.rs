@@ -42,6 +42,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use tidings_channel::machine::{
     AppendAborted, AppendRecord, ChannelMachine, ChannelMessage, Effect, MachineConfig, PersistToken, ReadToken,
+    RoleKind,
 };
 use tidings_channel::reactor::{feed_in_warm_runs, ActiveChannels, ChannelOutbox};
 use tidings_router::HashToSlot;
@@ -258,6 +259,8 @@ pub(crate) struct ShardStatus {
     pub(crate) channels: Vec<ChannelStatus>,
     /// Its active replicas that a status lists (those with a meta), on the page or not.
     pub(crate) active: usize,
+    /// Its active replicas that lead their channel.
+    pub(crate) leading: usize,
     pub(crate) counters: ShardCounters,
     /// Channel metas held in memory.
     pub(crate) metas_held: usize,
@@ -477,10 +480,11 @@ impl ChannelShard {
     /// `after`. Only the page's replicas are built (each clones its ISR and its followers' progress),
     /// after a pass over the ids that picks them: O(active replicas) without a sort of them all.
     pub(crate) fn status(&self, after: Option<&ChannelId>, limit: usize) -> ShardStatus {
-        let mut active = 0;
+        let (mut active, mut leading) = (0, 0);
         let mut page: Vec<(&ChannelId, &ChannelMachine)> = Vec::new();
         for (channel, machine) in self.channels.iter().filter(|(_, machine)| machine.meta().is_some()) {
             active += 1;
+            leading += usize::from(machine.role() == RoleKind::Leader);
             if after.is_none_or(|after| channel > after) {
                 page.push((channel, machine));
             }
@@ -494,6 +498,7 @@ impl ChannelShard {
         ShardStatus {
             channels,
             active,
+            leading,
             counters: self.counters,
             metas_held: self.metas.len(),
             loading: self.loading.len(),
