@@ -352,4 +352,46 @@ mod tests {
             Reconcile::Transfer { to: n(2) }
         );
     }
+
+    #[test]
+    fn a_leaving_leader_hands_off_to_the_most_caught_up_staying_voter_and_none_is_handed_to_a_leaving_one() {
+        let now = Time::from_millis(50_000);
+        let me = n(1);
+        let set = |ids: &[u64]| ids.iter().map(|i| n(*i)).collect::<std::collections::BTreeSet<_>>();
+        let (me_leaving, three_leaving, two_down) = (set(&[1]), set(&[1, 3]), set(&[2]));
+        let view = |leaving| ClusterView { leaving, ..cluster() };
+        let peers = GroupStatus { peers: vec![(n(1), 10, true), (n(2), 9, true), (n(3), 10, true)], ..status() };
+        // The most of the log first, whatever the intent says (none here, or another preferred node).
+        assert_eq!(decide(None, &peers, me, now, None, &view(&me_leaving)), Reconcile::HandOff { to: n(3) });
+        assert_eq!(
+            decide(Some(&intent(1)), &peers, me, now, None, &view(&me_leaving)),
+            Reconcile::HandOff { to: n(3) }
+        );
+        // Never to another leaving node, a down one, an inactive one, or a learner.
+        assert_eq!(decide(None, &peers, me, now, None, &view(&three_leaving)), Reconcile::HandOff { to: n(2) });
+        let down = ClusterView { down: &two_down, ..view(&three_leaving) };
+        assert_eq!(decide(None, &peers, me, now, None, &down), Reconcile::NoHandOffTarget);
+        let quiet = GroupStatus { peers: vec![(n(1), 10, true), (n(2), 9, false), (n(3), 10, false)], ..status() };
+        assert_eq!(decide(None, &quiet, me, now, None, &view(&me_leaving)), Reconcile::NoHandOffTarget);
+        let learner = GroupStatus {
+            voters: vec![n(1), n(2)],
+            learners: vec![n(3)],
+            peers: vec![(n(1), 10, true), (n(2), 9, true), (n(3), 10, true)],
+            ..status()
+        };
+        assert_eq!(decide(None, &learner, me, now, None, &view(&me_leaving)), Reconcile::HandOff { to: n(2) });
+        let busy = GroupStatus { transferring: Some(n(2)), ..peers.clone() };
+        assert_eq!(decide(None, &busy, me, now, None, &view(&me_leaving)), Reconcile::TransferInFlight(n(2)));
+        // A leader that stays keeps the group from a preferred node that is leaving.
+        assert_eq!(
+            decide(Some(&intent(3)), &peers, me, now, None, &view(&three_leaving)),
+            Reconcile::HandOff { to: n(2) },
+            "this node leaves too"
+        );
+        let others_leaving = set(&[3]);
+        assert_eq!(
+            decide(Some(&intent(3)), &peers, me, now, None, &view(&others_leaving)),
+            Reconcile::TargetLeaving(n(3))
+        );
+    }
 }

@@ -662,4 +662,75 @@ pub(super) mod tests {
         controller.finish(later, task, Ok(()));
         assert!(controller.rebalance_backoff.is_empty(), "a success forgets the channel");
     }
+
+    /// The repair pass hands a leaving leader's channel to its preferred replica when that one may
+    /// lead, else to another staying ISR member; never with too few live members besides the leader,
+    /// never within the backoff of a failed hand-off, and never back to a preferred replica that leaves.
+    #[test]
+    fn a_leaving_leaders_channel_is_handed_off_to_a_staying_isr_member_that_keeps_the_replicas_order() {
+        let config = ControllerConfig { rebalance_leaders_after: Some(Duration::from_secs(3)), ..Default::default() };
+        let new_controller = || Controller::new(config.clone(), n(3), &[n(1), n(2), n(3)], 3, 1, Time::ZERO);
+        let now = Time::from_millis(1_000);
+        let meta = led_away_from_its_preferred_replica(); // leader 1; replicas and ISR 2, 1, 3
+        let started = |controller: &Controller| controller.tasks.get(&meta.channel).map(|t| t.kind);
+        // As a frame does: heard, then what it says.
+        let leaving = |controller: &mut Controller, node: NodeId, at: Time| {
+            controller.heard(node, at);
+            controller.heard_leaving(node, at);
+        };
+
+        let mut controller = new_controller();
+        controller.heard(n(2), now);
+        leaving(&mut controller, n(1), now);
+        controller.consider(now, meta.clone());
+        assert_eq!(started(&controller), Some(TaskKind::HandOff { target: n(2) }), "the preferred replica");
+        assert_eq!(controller.scan.hand_offs_left.get(&n(1)), Some(&1));
+
+        // The preferred replica leaves too: another staying member (this node).
+        let mut controller = new_controller();
+        leaving(&mut controller, n(1), now);
+        leaving(&mut controller, n(2), now);
+        controller.consider(now, meta.clone());
+        assert_eq!(started(&controller), Some(TaskKind::HandOff { target: n(3) }));
+
+        // Only the leader and one staying member live, with MinISR 2: the switch could not gather
+        // its evidence, so nothing is fenced.
+        let mut controller = new_controller();
+        let down = now + config.node_down_after + Duration::from_millis(1);
+        leaving(&mut controller, n(1), down);
+        controller.consider(down, meta.clone());
+        assert_eq!(started(&controller), None, "node 2 is down: no hand-off");
+
+        // A failed hand-off waits before the next.
+        let mut controller = new_controller();
+        leaving(&mut controller, n(1), now);
+        controller.consider(now, meta.clone());
+        let task = controller.tasks.remove(&meta.channel).expect("the hand-off");
+        controller.finish(now, task, Err(TaskError::DrainTimedOut));
+        leaving(&mut controller, n(1), now + Duration::from_secs(1));
+        controller.consider(now + Duration::from_secs(1), meta.clone());
+        assert_eq!(started(&controller), None, "within the backoff");
+
+        // A channel led by a staying node is not moved back to a preferred replica that leaves,
+        // however long it has been up.
+        let mut controller = new_controller();
+        let staying_leader = ChannelRuntimeMeta { leader: n(3), ..meta.clone() };
+        let later = Time::from_millis(5_000);
+        for at in (500..=5_000).step_by(500).map(Time::from_millis) {
+            controller.heard(n(1), at);
+            controller.heard(n(2), at);
+        }
+        leaving(&mut controller, n(2), later);
+        controller.consider(later, staying_leader.clone());
+        assert_eq!(started(&controller), None, "the preferred replica is leaving");
+        // Its mark lapses once it stops saying so: the transfer back goes ahead.
+        let lapsed = later + config.node_down_after;
+        for at in (5_500..=6_500).step_by(500).map(Time::from_millis) {
+            controller.heard(n(1), at);
+            controller.heard(n(2), at);
+        }
+        assert_eq!(lapsed, Time::from_millis(6_500));
+        controller.consider(lapsed, staying_leader);
+        assert_eq!(started(&controller), Some(TaskKind::Transfer { target: n(2) }));
+    }
 }

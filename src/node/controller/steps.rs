@@ -512,6 +512,11 @@ mod tests {
         let transferred = switched_meta(TaskKind::Transfer { target: NodeId::new(3) }, &base, NodeId::new(3));
         assert_eq!(transferred.replicas, vec![NodeId::new(3), NodeId::new(1), NodeId::new(2)]);
         assert_eq!((transferred.leader, transferred.isr.clone()), (NodeId::new(3), base.isr.clone()));
+        // A hand-off leaves the order alone: the leaving node, still first, takes its leadership back
+        // once it is up again.
+        let handed = switched_meta(TaskKind::HandOff { target: NodeId::new(3) }, &base, NodeId::new(3));
+        assert_eq!((handed.leader, handed.leader_epoch), (NodeId::new(3), LeaderEpoch::new(4)));
+        assert_eq!((handed.replicas.clone(), handed.isr.clone()), (base.replicas.clone(), base.isr.clone()));
         let fence = failover.write_fence.expect("the fence stays until the new leader is in place");
         assert!(!fence.freeze_replication && fence.task == 7);
         // Replacing the leader's own replica (node 4 joined the replicas as a learner while it caught
