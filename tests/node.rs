@@ -383,6 +383,37 @@ fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
 }
 
 #[test]
+fn a_node_that_hands_off_its_leaderships_stops_without_its_channel_missing_an_append() {
+    let (_dir, mesh, ids, mut nodes, ch) = three_nodes_with_channel("planned");
+    let leader = NodeConfig::new(ids[0], ids.clone()).channel_placement(&ch)[0];
+    let index = |id: NodeId| usize::try_from(id.get() - 1).unwrap();
+    let mut acked = Vec::new();
+    for i in 0..10 {
+        let text = format!("before-{i}");
+        acked.push((eventually(|| nodes[index(leader)].append(ch.clone(), record(&text))?.wait())[0], text));
+    }
+
+    nodes[index(leader)].hand_off_leaderships(Duration::from_secs(20)).expect("handed off");
+    let status = nodes[index(leader)].status().unwrap();
+    assert!(status.leaving && status.channels_leading == 0, "{status:?}");
+    assert!(status.groups.iter().all(|g| g.leader != Some(leader)), "{:?}", status.groups);
+    mesh.detach(leader);
+    drop(nodes.remove(index(leader)));
+
+    // The channel's new leader took over before the stop: the first try commits.
+    for (i, node) in nodes.iter().cycle().take(10).enumerate() {
+        let text = format!("after-{i}");
+        let seqs = node.append(ch.clone(), record(&text)).and_then(|handle| handle.wait());
+        acked.push((seqs.unwrap_or_else(|error| panic!("{text}: {error}"))[0], text));
+    }
+    reads_back_every_acked(&nodes[0], &ch, &acked);
+
+    // Nothing can take over from a node alone: the wait runs out, and says so.
+    let (_dir, _mesh, single, _) = one_node_with_channel("alone", |_| {});
+    assert!(matches!(single.hand_off_leaderships(Duration::from_millis(300)), Err(NodeError::TimedOut)));
+}
+
+#[test]
 fn channels_on_several_reactors_take_forwarded_appends_and_show_in_one_status_and_each_alone() {
     let dir = tempfile::tempdir().unwrap();
     let mesh = InProcessMesh::new();
