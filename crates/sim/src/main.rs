@@ -38,6 +38,8 @@ fn params(seed: u64) -> SimParams {
     let grow = (seeded.grow || flag("--grow")) && with_disk_loss.grow_possible() && !flag("--no-grow");
     let with_grow = SimParams { grow, ..with_disk_loss };
     let shrink = (seeded.shrink || flag("--shrink")) && with_grow.shrink_possible() && !flag("--no-shrink");
+    let planned_stops =
+        (seeded.planned_stops || flag("--planned-stops") && seeded.nodes >= 2) && !flag("--no-planned-stops");
     let channels = arg("--channels").and_then(|n| usize::try_from(n).ok()).filter(|n| *n > 0);
     SimParams {
         safety_ms: arg("--safety-ms").unwrap_or(seeded.safety_ms),
@@ -50,6 +52,7 @@ fn params(seed: u64) -> SimParams {
         disk_loss,
         grow,
         shrink,
+        planned_stops,
         unsafe_disk_loss_keeps_identity,
         ..seeded
     }

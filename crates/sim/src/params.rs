@@ -113,6 +113,13 @@ pub struct SimParams {
     /// stops for good and every other node restarts in turn without it in its list. No operator request targets it once it leaves. Only where
     /// [`SimParams::shrink_possible`]; in a quarter of those seeds; its own stream.
     pub shrink: bool,
+    /// Half of the crashes are planned stops instead, as a host stops a node for a restart or an
+    /// upgrade: the node is set leaving (`NodeCore::set_leaving`), its peers hand off its channel
+    /// leaderships and it hands off its slot groups, and it stops 0 to 3 s later (a crash, as every
+    /// stop here: sometimes in the middle of the hand-offs). A stop still pending when the faults heal
+    /// is called off (the node stops leaving). Only with two nodes or more; in a third of those seeds;
+    /// its own stream.
+    pub planned_stops: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
     /// Unsafe, for the simulator's own test: a node that loses its disk (`disk_loss`) keeps its storage
@@ -187,6 +194,7 @@ impl SimParams {
                 && DetRng::new(seed ^ DISK_LOSS_STREAM).range(0, 3) == 0,
             grow: false,
             shrink: false,
+            planned_stops: nodes >= 2 && DetRng::new(seed ^ PLANNED_STOPS_STREAM).range(0, 2) == 0,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
@@ -259,6 +267,7 @@ impl SimParams {
             disk_loss: false,
             grow: false,
             shrink: false,
+            planned_stops: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
@@ -272,7 +281,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -311,6 +320,7 @@ impl fmt::Display for SimParams {
             if self.disk_loss { " disk-loss" } else { "" },
             if self.grow { " grow" } else { "" },
             if self.shrink { " shrink" } else { "" },
+            if self.planned_stops { " planned-stops" } else { "" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
             if self.unsafe_disk_loss_keeps_identity { " UNSAFE-disk-loss-keeps-identity" } else { "" },
             if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }
@@ -323,6 +333,9 @@ pub(crate) const DISK_LOSS_STREAM: u64 = 0x6469_736b_5f6c_6f73;
 
 /// The stream `shrink`, which node leaves and when its drain is asked, are drawn from.
 pub(crate) const SHRINK_STREAM: u64 = 0x7368_7269_6e6b_5f6e;
+
+/// The stream `planned_stops`, which crashes are planned stops and when they stop, are drawn from.
+pub(crate) const PLANNED_STOPS_STREAM: u64 = 0x706c_616e_6e65_645f;
 
 /// The stream `grow`, and when the node joins, are drawn from.
 pub(crate) const GROW_STREAM: u64 = 0x6772_6f77_5f6e_6f64;

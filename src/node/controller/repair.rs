@@ -238,19 +238,15 @@ impl Controller {
     }
 
     /// Hands the leadership of a channel whose leader is leaving to another live ISR member that is not
-    /// leaving or drained: the preferred replica if it is one, else one chosen by rendezvous hash. Only
-    /// with MinISR live members besides the leader (the switch needs their evidence, and a fence that
-    /// cannot finish would hold the channel for `drain_timeout`), and not again within the backoff of
-    /// a hand-off that failed. `true` if one started.
+    /// leaving or drained: the preferred replica if it is one, else one chosen by rendezvous hash; not
+    /// again within the backoff of a hand-off that failed. With fewer than MinISR live members left
+    /// once the leader stops, the channel will not commit until it is back, hand-off or not; handed
+    /// off, it needs no failover then, and it commits meanwhile. `true` if one started.
     fn hand_off(&mut self, now: Time, meta: &ChannelRuntimeMeta) -> bool {
         if self.rebalance_backoff.get(&meta.channel).is_some_and(|retry_at| *retry_at > now) {
             return false;
         }
-        let live_besides_leader = meta.isr.iter().filter(|n| **n != meta.leader && !self.is_down(**n, now)).count();
-        if live_besides_leader < usize::from(meta.min_isr) {
-            return false;
-        }
-        let eligible = |n: &NodeId| *n != meta.leader && self.may_receive(*n, now) && !self.is_leaving(*n, now);
+        let eligible = |n: &NodeId| *n != meta.leader && self.may_receive(*n, now);
         let preferred = meta.replicas.first().copied().filter(|n| meta.in_isr(*n) && eligible(n));
         let target = preferred.or_else(|| {
             let mut key = Vec::new();
@@ -376,9 +372,10 @@ impl Controller {
         rendezvous::best(&key, candidates)
     }
 
-    /// `true` if a replica may move to `node`: up, and not being drained.
+    /// `true` if a replica may move to `node`: up, not being drained, and not leaving (about to stop;
+    /// a replacement of the leader's replica would make it the leader).
     fn may_receive(&self, node: NodeId, now: Time) -> bool {
-        !self.is_down(node, now) && !self.scan.draining.contains(&node)
+        !self.is_down(node, now) && !self.scan.draining.contains(&node) && !self.is_leaving(node, now)
     }
 
     /// Notes when a fence no local task owns was first seen (or forgets a cleared one).
@@ -664,8 +661,8 @@ pub(super) mod tests {
     }
 
     /// The repair pass hands a leaving leader's channel to its preferred replica when that one may
-    /// lead, else to another staying ISR member; never with too few live members besides the leader,
-    /// never within the backoff of a failed hand-off, and never back to a preferred replica that leaves.
+    /// lead, else to another staying ISR member; never to a member down or outside the ISR, never
+    /// within the backoff of a failed hand-off, and never back to a preferred replica that leaves.
     #[test]
     fn a_leaving_leaders_channel_is_handed_off_to_a_staying_isr_member_that_keeps_the_replicas_order() {
         let config = ControllerConfig { rebalance_leaders_after: Some(Duration::from_secs(3)), ..Default::default() };
@@ -693,13 +690,13 @@ pub(super) mod tests {
         controller.consider(now, meta.clone());
         assert_eq!(started(&controller), Some(TaskKind::HandOff { target: n(3) }));
 
-        // Only the leader and one staying member live, with MinISR 2: the switch could not gather
-        // its evidence, so nothing is fenced.
+        // No other live ISR member: nothing to hand off to.
         let mut controller = new_controller();
         let down = now + config.node_down_after + Duration::from_millis(1);
         leaving(&mut controller, n(1), down);
-        controller.consider(down, meta.clone());
-        assert_eq!(started(&controller), None, "node 2 is down: no hand-off");
+        let two_in_isr = ChannelRuntimeMeta { isr: vec![n(2), n(1)], ..meta.clone() };
+        controller.consider(down, two_in_isr);
+        assert_eq!(started(&controller), None, "node 2 is down, node 3 outside the ISR: no hand-off");
 
         // A failed hand-off waits before the next.
         let mut controller = new_controller();

@@ -122,6 +122,18 @@ impl Controller {
     }
 
     pub(super) fn task_timer(&mut self, now: Time, channel: &ChannelId) {
+        if self.leader_gone_from_move(now, channel) {
+            // A transfer or hand-off waits for its leader to drain, and a leader that went down never
+            // will: a failover takes over now instead of after the drain timeout (a planned stop that
+            // came before its hand-offs finished would otherwise hold their channels fenced longer
+            // than a crash).
+            let task = self.tasks.remove(channel).expect("present");
+            let meta = task.meta.clone();
+            tracing::info!(%channel, leader = %meta.leader, "the leader of a leadership move went down: failover");
+            self.finish(now, task, Err(TaskError::Preempted));
+            self.start_failover(now, meta);
+            return;
+        }
         let Some(task) = self.tasks.get_mut(channel) else { return };
         if task.deadline.is_some_and(|d| d <= now) {
             match task.step {
@@ -158,6 +170,24 @@ impl Controller {
                 self.actions.push_back(Action::FetchMeta(channel.clone()));
             }
         }
+    }
+
+    /// `true` if the task for `channel` is a transfer or hand-off waiting, fenced, for a leader the
+    /// failure detector now holds down, and enough of the other ISR members are up for a failover to
+    /// gather its evidence (a controller cut off from them holds everyone down: it leaves the task to
+    /// its deadline).
+    fn leader_gone_from_move(&self, now: Time, channel: &ChannelId) -> bool {
+        let Some(task) = self.tasks.get(channel) else { return false };
+        let meta = &task.meta;
+        if !matches!(task.step, Step::Gathering) || task.kind.leadership_target().is_none() {
+            return false;
+        }
+        if meta.leader == self.me || !self.is_down(meta.leader, now) {
+            return false;
+        }
+        let need = meta.isr.len().saturating_sub(usize::from(meta.min_isr)) + 1;
+        let up = meta.isr.iter().filter(|n| **n == self.me || !self.is_down(**n, now)).count();
+        up >= need
     }
 
     /// Decides whether the evidence gathered allows the switch, and proposes it.

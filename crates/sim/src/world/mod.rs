@@ -5,6 +5,7 @@ mod checks;
 mod clock;
 mod disk_loss;
 mod grow;
+mod planned_stops;
 mod senders;
 mod shrink;
 mod workload;
@@ -162,6 +163,10 @@ pub struct Faults {
     pub joined_replicas: u64,
     /// Nodes that left mid-run, drained first (`SimParams::shrink`).
     pub nodes_removed: u64,
+    /// Planned stops (`SimParams::planned_stops`): nodes set leaving, then stopped.
+    pub planned_stops: u64,
+    /// Planned stops at which the node led no active channel replica and no slot group any more.
+    pub stops_handed_off: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -191,6 +196,8 @@ impl std::ops::AddAssign for Faults {
         self.nodes_joined += other.nodes_joined;
         self.joined_replicas += other.joined_replicas;
         self.nodes_removed += other.nodes_removed;
+        self.planned_stops += other.planned_stops;
+        self.stops_handed_off += other.stops_handed_off;
     }
 }
 
@@ -241,6 +248,11 @@ enum Event {
     RestartWithJoiner {
         node: NodeId,
     },
+    /// `node`, set leaving in its incarnation `incarnation`, stops (`SimParams::planned_stops`).
+    PlannedStop {
+        node: NodeId,
+        incarnation: u64,
+    },
     /// The joining node starts (`SimParams::grow`).
     Join,
     /// The leaving node's drain is asked (again) (`SimParams::shrink`).
@@ -270,6 +282,8 @@ struct SimNode {
 pub struct World {
     params: SimParams,
     rng: DetRng,
+    /// Planned stops under way (`SimParams::planned_stops`).
+    stops: planned_stops::PlannedStops,
     now: Time,
     nodes: BTreeMap<NodeId, SimNode>,
     events: BTreeMap<(Time, u64), Event>,
@@ -389,6 +403,7 @@ impl World {
             .collect();
         World {
             rng: DetRng::new(params.seed),
+            stops: planned_stops::PlannedStops::new(params.seed),
             params,
             now: Time::ZERO,
             nodes,
@@ -595,6 +610,7 @@ impl World {
     }
 
     fn heal(&mut self) {
+        self.call_off_planned_stops();
         self.cut.clear();
         for node in self.nodes.values() {
             node.log.clear_failpoints();
@@ -669,7 +685,11 @@ impl World {
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         if self.rng.chance(self.params.crash_ppm) {
             let id = *self.rng.pick(&ids).expect("nodes");
-            self.crash(id);
+            if self.params.planned_stops && self.stops.rng.chance(500_000) {
+                self.plan_stop(id);
+            } else {
+                self.crash(id);
+            }
         }
         if self.rng.chance(self.params.io_error_ppm) {
             let id = *self.rng.pick(&ids).expect("nodes");
@@ -769,6 +789,7 @@ impl World {
             Event::AskDrain => self.ask_drain(),
             Event::RemoveOnceDrained => self.remove_once_drained(),
             Event::RestartWithout { node } => self.restart_without(node),
+            Event::PlannedStop { node, incarnation } => self.planned_stop(node, incarnation),
         }
     }
 

@@ -1,0 +1,95 @@
+//! Planned stops (`SimParams::planned_stops`): half of a seed's crashes become a host's planned stop.
+//! The node is set leaving, so its peers hand off its channel leaderships and it hands off its slot
+//! groups, and it stops (a crash, as every stop here) 0 to 3 s later — before, during or after the
+//! hand-offs finish. The hand-offs then run beside every other fault, and the checks hold them to the
+//! same safety and liveness as everything else.
+
+use super::{Event, World};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tidings::types::{DetRng, NodeId};
+
+/// Longest wait between a node set leaving and its stop, ms.
+const STOP_AFTER_MAX_MS: u64 = 3_000;
+
+/// The planned stops of one run.
+pub(super) struct PlannedStops {
+    /// Which crashes are planned stops, and when they stop: a stream of its own, so a seed's other
+    /// draws stay what they were.
+    pub(super) rng: DetRng,
+    /// Nodes set leaving and not stopped yet, with the incarnation that was set.
+    pending: BTreeMap<NodeId, u64>,
+}
+
+impl PlannedStops {
+    pub(super) fn new(seed: u64) -> Self {
+        Self { rng: DetRng::new(seed ^ crate::params::PLANNED_STOPS_STREAM ^ 0x7374_6f70), pending: BTreeMap::new() }
+    }
+}
+
+impl World {
+    /// Sets `id` leaving and schedules its stop; nothing if it is down or already stopping.
+    pub(super) fn plan_stop(&mut self, id: NodeId) {
+        if self.stops.pending.contains_key(&id) {
+            return;
+        }
+        let api = self.api();
+        let now = self.node_now(id);
+        let Some(node) = self.nodes.get_mut(&id) else { return };
+        let incarnation = node.incarnation;
+        let Some(core) = node.core.as_mut() else { return };
+        core.set_leaving(now, api, true);
+        if std::env::var("SIM_DEBUG").is_ok() {
+            eprintln!("{:?} {id} leaving", self.now);
+        }
+        self.stops.pending.insert(id, incarnation);
+        let at = self.now + Duration::from_millis(self.stops.rng.range(0, STOP_AFTER_MAX_MS));
+        self.schedule(at, Event::PlannedStop { node: id, incarnation });
+    }
+
+    /// The stop planned for `id` in its incarnation `incarnation`, unless it crashed meanwhile or the
+    /// stop was called off.
+    pub(super) fn planned_stop(&mut self, id: NodeId, incarnation: u64) {
+        if self.stops.pending.get(&id) != Some(&incarnation) {
+            return;
+        }
+        self.stops.pending.remove(&id);
+        let Some(core) = self.nodes.get(&id).filter(|n| n.incarnation == incarnation).and_then(|n| n.core.as_ref())
+        else {
+            return;
+        };
+        let status = core.status();
+        let leads_a_group = status.groups.iter().any(|g| g.leader == Some(id));
+        self.faults.planned_stops += 1;
+        if !leads_a_group && status.channels_leading == 0 {
+            self.faults.stops_handed_off += 1;
+        }
+        if std::env::var("SIM_DEBUG").is_ok() {
+            let groups: Vec<_> = status.groups.iter().filter(|g| g.leader == Some(id)).map(|g| g.group).collect();
+            let decisions: Vec<_> = status.leadership.iter().filter(|(g, _)| groups.contains(g)).collect();
+            let channels: Vec<_> = status
+                .channels
+                .iter()
+                .filter(|c| c.role == tidings::channel::machine::RoleKind::Leader)
+                .map(|c| &c.channel)
+                .collect();
+            eprintln!(
+                "{:?} {id} stops leading groups {groups:?} ({decisions:?}) and {} channels {channels:?}",
+                self.now, status.channels_leading
+            );
+        }
+        self.crash(id);
+    }
+
+    /// At the heal: the stops not made yet are called off, their nodes no longer leaving.
+    pub(super) fn call_off_planned_stops(&mut self) {
+        for (id, incarnation) in std::mem::take(&mut self.stops.pending) {
+            let api = self.api();
+            let now = self.node_now(id);
+            let node = self.nodes.get_mut(&id).filter(|n| n.incarnation == incarnation);
+            if let Some(core) = node.and_then(|n| n.core.as_mut()) {
+                core.set_leaving(now, api, false);
+            }
+        }
+    }
+}
