@@ -347,7 +347,11 @@ impl Controller {
     /// `peer` said it is leaving. News to this node: a repair pass starts at once, so the channels of the
     /// groups it leads that `peer` leads are handed off without waiting for the idle interval.
     pub(crate) fn heard_leaving(&mut self, peer: NodeId, now: Time) {
-        if self.liveness.heard_leaving(peer, now) && !self.led.is_empty() {
+        if !self.liveness.heard_leaving(peer, now) {
+            return;
+        }
+        tracing::info!(node = %self.me, %peer, "a peer is leaving: its leaderships are handed off");
+        if !self.led.is_empty() {
             self.scan.active = false;
             self.scan.next_pass = self.scan.next_pass.min(now);
         }

@@ -253,7 +253,10 @@ impl Controller {
             meta.channel.encode_key(&mut key);
             rendezvous::best(&key, meta.isr.iter().copied().filter(eligible))
         });
-        let Some(target) = target else { return false };
+        let Some(target) = target else {
+            tracing::debug!(channel = %meta.channel, isr = ?meta.isr, "repair: no ISR member can take over from a leaving leader");
+            return false;
+        };
         let (channel, from) = (meta.channel.clone(), meta.leader);
         match self.start_leadership_move(now, None, meta.clone(), TaskKind::HandOff { target }) {
             Ok(()) => {

@@ -192,8 +192,9 @@ impl Controller {
 
     /// Decides whether the evidence gathered allows the switch, and proposes it.
     pub(super) fn evaluate(&mut self, now: Time, channel: &ChannelId) {
+        let leaving = self.leaving_nodes(now);
         let Some(task) = self.tasks.get_mut(channel) else { return };
-        let chosen = match switch_target(task.kind, &task.meta, &task.evidence) {
+        let chosen = match switch_target(task.kind, &task.meta, &task.evidence, &leaving) {
             None => return,
             Some(Err(blocked)) => {
                 task.blocked = Some(blocked);
@@ -249,11 +250,13 @@ fn began(leader: &EvidenceReport, meta: &ChannelRuntimeMeta) -> bool {
 
 /// Who leads once a task of `kind` on `meta` makes its switch, judged on the `evidence` it gathered:
 /// `Err` says what the task waits for (or why it must stop: evidence nothing explains fails closed);
-/// `None` for a task that switches nothing.
+/// `None` for a task that switches nothing. A failover prefers a node that is not `leaving` among
+/// equally advanced logs (never over a more advanced one).
 fn switch_target(
     kind: TaskKind,
     meta: &ChannelRuntimeMeta,
     evidence: &BTreeMap<NodeId, EvidenceReport>,
+    leaving: &BTreeSet<NodeId>,
 ) -> Option<Result<NodeId, TaskBlocked>> {
     if let Some((node, report)) = evidence.iter().find(|(_, r)| r.last_epoch > meta.leader_epoch) {
         // Fail closed: nothing explains such a record; an operator must look.
@@ -270,10 +273,14 @@ fn switch_target(
             if have < need {
                 return Some(Err(TaskBlocked::NotEnoughEvidence { have, need }));
             }
-            // The most advanced log; on a tie the current leader (least churn), then the lowest id.
+            // The most advanced log; on a tie one that is not leaving (it would hand the leadership
+            // off again), then the current leader (least churn), then the lowest id.
             evidence
                 .iter()
-                .max_by_key(|(node, r)| (r.last_epoch, r.last_seq, **node == meta.leader, std::cmp::Reverse(**node)))
+                .max_by_key(|(node, r)| {
+                    let staying = !leaving.contains(*node);
+                    (r.last_epoch, r.last_seq, staying, **node == meta.leader, std::cmp::Reverse(**node))
+                })
                 .map(|(node, _)| *node)
                 .expect("need >= 1 answers")
         }
@@ -420,14 +427,19 @@ mod tests {
     }
 
     #[test]
-    fn a_failover_switches_to_the_most_advanced_log_and_on_a_tie_keeps_the_current_leader() {
+    fn a_failover_switches_to_the_most_advanced_log_and_on_a_tie_keeps_a_staying_current_leader() {
         let ahead = evidence(&[(2, report(3, 10, 10, false)), (3, report(3, 12, 12, false))]);
-        assert_eq!(switch_target(TaskKind::Failover, &meta(), &ahead), Some(Ok(NodeId::new(3))));
+        assert_eq!(switch_target(TaskKind::Failover, &meta(), &ahead, &BTreeSet::new()), Some(Ok(NodeId::new(3))));
         let tie = evidence(&[(1, report(3, 10, 10, false)), (2, report(3, 10, 10, false))]);
-        assert_eq!(switch_target(TaskKind::Failover, &meta(), &tie), Some(Ok(NodeId::new(1))));
+        assert_eq!(switch_target(TaskKind::Failover, &meta(), &tie, &BTreeSet::new()), Some(Ok(NodeId::new(1))));
+        // A node leaving loses a tie, even as the current leader, and never a lead.
+        let one_leaving: BTreeSet<NodeId> = [NodeId::new(1)].into();
+        assert_eq!(switch_target(TaskKind::Failover, &meta(), &tie, &one_leaving), Some(Ok(NodeId::new(2))));
+        let behind = evidence(&[(1, report(3, 11, 11, false)), (2, report(3, 10, 10, false))]);
+        assert_eq!(switch_target(TaskKind::Failover, &meta(), &behind, &one_leaving), Some(Ok(NodeId::new(1))));
         // A later leader epoch beats a longer log of an earlier one.
         let epochs = evidence(&[(2, report(2, 20, 20, false)), (3, report(3, 11, 11, false))]);
-        assert_eq!(switch_target(TaskKind::Failover, &meta(), &epochs), Some(Ok(NodeId::new(3))));
+        assert_eq!(switch_target(TaskKind::Failover, &meta(), &epochs, &BTreeSet::new()), Some(Ok(NodeId::new(3))));
     }
 
     #[test]
@@ -438,10 +450,10 @@ mod tests {
         outside.min_isr = 1;
         let one = evidence(&[(2, report(3, 10, 10, false))]);
         let blocked = Some(Err(TaskBlocked::NotEnoughEvidence { have: 1, need: 2 }));
-        assert_eq!(switch_target(TaskKind::Failover, &meta(), &one), blocked);
+        assert_eq!(switch_target(TaskKind::Failover, &meta(), &one, &BTreeSet::new()), blocked);
         let from_outside = evidence(&[(3, report(3, 10, 10, false))]);
         let blocked = Some(Err(TaskBlocked::NotEnoughEvidence { have: 0, need: 2 }));
-        assert_eq!(switch_target(TaskKind::Failover, &outside, &from_outside), blocked);
+        assert_eq!(switch_target(TaskKind::Failover, &outside, &from_outside, &BTreeSet::new()), blocked);
     }
 
     #[test]
@@ -452,18 +464,18 @@ mod tests {
             last_epoch: LeaderEpoch::new(4),
             meta_leader_epoch: LeaderEpoch::new(3),
         }));
-        assert_eq!(switch_target(TaskKind::Failover, &meta(), &newer), blocked);
+        assert_eq!(switch_target(TaskKind::Failover, &meta(), &newer, &BTreeSet::new()), blocked);
     }
 
     #[test]
     fn a_transfer_waits_for_a_drained_leader_and_a_target_that_holds_its_whole_log() {
         let transfer = TaskKind::Transfer { target: NodeId::new(2) };
         let behind = evidence(&[(1, report(3, 12, 12, true)), (2, report(3, 11, 11, false))]);
-        assert_eq!(switch_target(transfer, &meta(), &behind), Some(Err(TaskBlocked::Draining)));
+        assert_eq!(switch_target(transfer, &meta(), &behind, &BTreeSet::new()), Some(Err(TaskBlocked::Draining)));
         let not_drained = evidence(&[(1, report(3, 12, 12, false)), (2, report(3, 12, 12, false))]);
-        assert_eq!(switch_target(transfer, &meta(), &not_drained), Some(Err(TaskBlocked::Draining)));
+        assert_eq!(switch_target(transfer, &meta(), &not_drained, &BTreeSet::new()), Some(Err(TaskBlocked::Draining)));
         let ready = evidence(&[(1, report(3, 12, 12, true)), (2, report(3, 12, 12, false))]);
-        assert_eq!(switch_target(transfer, &meta(), &ready), Some(Ok(NodeId::new(2))));
+        assert_eq!(switch_target(transfer, &meta(), &ready, &BTreeSet::new()), Some(Ok(NodeId::new(2))));
     }
 
     #[test]
@@ -472,9 +484,9 @@ mod tests {
         let replace = TaskKind::Replace { from: NodeId::new(3), to: NodeId::new(4) };
         let one_holder = evidence(&[(1, report(3, 12, 12, false)), (4, report(3, 12, 12, false))]);
         // New ISR {1, 2, 4}: holders 1 and 4 = MinISR 2, and the leader does not move, so no quorum needed.
-        assert_eq!(switch_target(replace, &meta(), &one_holder), Some(Ok(NodeId::new(4))));
+        assert_eq!(switch_target(replace, &meta(), &one_holder, &BTreeSet::new()), Some(Ok(NodeId::new(4))));
         let target_behind = evidence(&[(1, report(3, 12, 12, false)), (4, report(3, 11, 11, false))]);
-        assert_eq!(switch_target(replace, &meta(), &target_behind), Some(Err(TaskBlocked::Draining)));
+        assert_eq!(switch_target(replace, &meta(), &target_behind, &BTreeSet::new()), Some(Err(TaskBlocked::Draining)));
     }
 
     /// A replacement that keeps its leader switches with the leader's appends still pending (they
@@ -486,18 +498,18 @@ mod tests {
         let pending = EvidenceReport { pending_appends: 1, ..report(3, 12, 12, false) };
         let caught_up = evidence(&[(1, pending), (4, report(3, 12, 12, false))]);
         let replace = TaskKind::Replace { from: NodeId::new(3), to: NodeId::new(4) };
-        assert_eq!(switch_target(replace, &below, &caught_up), Some(Ok(NodeId::new(4))));
+        assert_eq!(switch_target(replace, &below, &caught_up, &BTreeSet::new()), Some(Ok(NodeId::new(4))));
         // Not durable yet at the leader: it waits.
         let unsynced = EvidenceReport { pending_appends: 1, ..report(3, 11, 12, false) };
         let behind = evidence(&[(1, unsynced), (4, report(3, 12, 12, false))]);
-        assert_eq!(switch_target(replace, &below, &behind), Some(Err(TaskBlocked::Draining)));
+        assert_eq!(switch_target(replace, &below, &behind, &BTreeSet::new()), Some(Err(TaskBlocked::Draining)));
         // The leader itself replaced: its appends must finish first.
         let full = evidence(&[(1, pending), (2, report(3, 12, 12, false)), (4, report(3, 12, 12, false))]);
         let moving = TaskKind::Replace { from: NodeId::new(1), to: NodeId::new(4) };
-        assert_eq!(switch_target(moving, &meta(), &full), Some(Err(TaskBlocked::Draining)));
+        assert_eq!(switch_target(moving, &meta(), &full, &BTreeSet::new()), Some(Err(TaskBlocked::Draining)));
         let drained =
             evidence(&[(1, report(3, 12, 12, true)), (2, report(3, 12, 12, false)), (4, report(3, 12, 12, false))]);
-        assert_eq!(switch_target(moving, &meta(), &drained), Some(Ok(NodeId::new(4))));
+        assert_eq!(switch_target(moving, &meta(), &drained, &BTreeSet::new()), Some(Ok(NodeId::new(4))));
     }
 
     /// A leader named in leader epoch 3 that has not begun (its log ends in epoch 2: no barrier of its own
@@ -509,23 +521,23 @@ mod tests {
         let moving = TaskKind::Replace { from: NodeId::new(1), to: NodeId::new(4) };
         let not_begun =
             evidence(&[(1, report(2, 12, 12, true)), (2, report(2, 12, 12, false)), (4, report(2, 12, 12, false))]);
-        assert_eq!(switch_target(transfer, &meta(), &not_begun), Some(Err(TaskBlocked::Draining)));
-        assert_eq!(switch_target(moving, &meta(), &not_begun), Some(Err(TaskBlocked::Draining)));
+        assert_eq!(switch_target(transfer, &meta(), &not_begun, &BTreeSet::new()), Some(Err(TaskBlocked::Draining)));
+        assert_eq!(switch_target(moving, &meta(), &not_begun, &BTreeSet::new()), Some(Err(TaskBlocked::Draining)));
         let begun =
             evidence(&[(1, report(3, 13, 13, true)), (2, report(3, 13, 13, false)), (4, report(3, 13, 13, false))]);
-        assert_eq!(switch_target(transfer, &meta(), &begun), Some(Ok(NodeId::new(2))));
-        assert_eq!(switch_target(moving, &meta(), &begun), Some(Ok(NodeId::new(4))));
+        assert_eq!(switch_target(transfer, &meta(), &begun, &BTreeSet::new()), Some(Ok(NodeId::new(2))));
+        assert_eq!(switch_target(moving, &meta(), &begun, &BTreeSet::new()), Some(Ok(NodeId::new(4))));
         // A replacement that keeps its leader does not wait: the leader's barrier, when it comes, is the
         // same leader's log going on under the new ISR.
         let keeping = TaskKind::Replace { from: NodeId::new(3), to: NodeId::new(4) };
         let ready =
             evidence(&[(1, report(2, 12, 12, false)), (2, report(2, 12, 12, false)), (4, report(2, 12, 12, false))]);
-        assert_eq!(switch_target(keeping, &meta(), &ready), Some(Ok(NodeId::new(4))));
+        assert_eq!(switch_target(keeping, &meta(), &ready, &BTreeSet::new()), Some(Ok(NodeId::new(4))));
     }
 
     #[test]
     fn a_fence_clearing_task_switches_nothing() {
-        assert_eq!(switch_target(TaskKind::ClearFence, &meta(), &BTreeMap::new()), None);
+        assert_eq!(switch_target(TaskKind::ClearFence, &meta(), &BTreeMap::new(), &BTreeSet::new()), None);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use super::{Event, World};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tidings::types::{DetRng, NodeId};
+use tidings::types::{DetRng, NodeId, Time};
 
 /// Longest wait between a node set leaving and its stop, ms.
 const STOP_AFTER_MAX_MS: u64 = 3_000;
@@ -17,8 +17,8 @@ pub(super) struct PlannedStops {
     /// Which crashes are planned stops, and when they stop: a stream of its own, so a seed's other
     /// draws stay what they were.
     pub(super) rng: DetRng,
-    /// Nodes set leaving and not stopped yet, with the incarnation that was set.
-    pending: BTreeMap<NodeId, u64>,
+    /// Nodes set leaving and not stopped yet, with the incarnation that was set and when.
+    pending: BTreeMap<NodeId, (u64, Time)>,
 }
 
 impl PlannedStops {
@@ -42,7 +42,7 @@ impl World {
         if std::env::var("SIM_DEBUG").is_ok() {
             eprintln!("{:?} {id} leaving", self.now);
         }
-        self.stops.pending.insert(id, incarnation);
+        self.stops.pending.insert(id, (incarnation, self.now));
         let at = self.now + Duration::from_millis(self.stops.rng.range(0, STOP_AFTER_MAX_MS));
         self.schedule(at, Event::PlannedStop { node: id, incarnation });
     }
@@ -50,9 +50,9 @@ impl World {
     /// The stop planned for `id` in its incarnation `incarnation`, unless it crashed meanwhile or the
     /// stop was called off.
     pub(super) fn planned_stop(&mut self, id: NodeId, incarnation: u64) {
-        if self.stops.pending.get(&id) != Some(&incarnation) {
+        let Some((_, since)) = self.stops.pending.get(&id).copied().filter(|(set, _)| *set == incarnation) else {
             return;
-        }
+        };
         self.stops.pending.remove(&id);
         let Some(core) = self.nodes.get(&id).filter(|n| n.incarnation == incarnation).and_then(|n| n.core.as_ref())
         else {
@@ -74,8 +74,10 @@ impl World {
                 .map(|c| &c.channel)
                 .collect();
             eprintln!(
-                "{:?} {id} stops leading groups {groups:?} ({decisions:?}) and {} channels {channels:?}",
-                self.now, status.channels_leading
+                "{:?} {id} stops {} ms after it was set leaving, leading groups {groups:?} ({decisions:?}) and {} channels {channels:?}",
+                self.now,
+                self.now.since(since).as_millis(),
+                status.channels_leading
             );
         }
         self.crash(id);
@@ -83,7 +85,7 @@ impl World {
 
     /// At the heal: the stops not made yet are called off, their nodes no longer leaving.
     pub(super) fn call_off_planned_stops(&mut self) {
-        for (id, incarnation) in std::mem::take(&mut self.stops.pending) {
+        for (id, (incarnation, _)) in std::mem::take(&mut self.stops.pending) {
             let api = self.api();
             let now = self.node_now(id);
             let node = self.nodes.get_mut(&id).filter(|n| n.incarnation == incarnation);
