@@ -7,7 +7,9 @@
 //! clocks (`SimParams::clock_skew`), `--disk-loss` / `--no-disk-loss` for a node that loses its disk
 //! (`SimParams::disk_loss`, only in the seeds where it may), `--grow` / `--no-grow` for a node that
 //! joins mid-run (`SimParams::grow`, only where it may), `--shrink` / `--no-shrink` for a node that is
-//! drained and leaves (`SimParams::shrink`, only where it may). `--safety-ms N` runs every seed's faults
+//! drained and leaves (`SimParams::shrink`, only where it may), `--planned-stops` /
+//! `--no-planned-stops` for crashes that are planned stops after a hand-off (`SimParams::planned_stops`,
+//! only with two nodes or more). `--safety-ms N` runs every seed's faults
 //! for N virtual milliseconds instead of the 3–8 s it draws (a soak: faults that pile up, such as epoch
 //! histories, compacted raft logs and many failovers of one channel), `--channels N` gives every seed N
 //! channels instead of the 1–6 it draws (more replicas than tight limits leave room for). A failed

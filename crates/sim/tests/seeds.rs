@@ -182,6 +182,7 @@ fn a_replay_command_names_each_setting_changed_from_the_draws() {
         safety_ms: 30_000,
         channels: drawn.channels + 10,
         tight_limits: !drawn.tight_limits,
+        planned_stops: !drawn.planned_stops,
         metadata_workload: false,
         ..drawn.clone()
     };
@@ -192,6 +193,8 @@ fn a_replay_command_names_each_setting_changed_from_the_draws() {
     assert!(command.contains(" --no-metadata"), "{command}");
     let tight = if drawn.tight_limits { " --no-tight-limits" } else { " --tight-limits" };
     assert!(command.contains(tight), "{command}");
+    let stops = if drawn.planned_stops { " --no-planned-stops" } else { " --planned-stops" };
+    assert!(command.contains(stops), "{command}");
     assert!(!command.contains("--idle-evict-ms") && !command.contains("clock-skew"), "{command}");
 }
 

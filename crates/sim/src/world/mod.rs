@@ -87,6 +87,9 @@ impl SimReport {
         if params.shrink != drawn.shrink {
             command.push_str(if params.shrink { " --shrink" } else { " --no-shrink" });
         }
+        if params.planned_stops != drawn.planned_stops {
+            command.push_str(if params.planned_stops { " --planned-stops" } else { " --no-planned-stops" });
+        }
         command
     }
 }
