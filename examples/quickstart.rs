@@ -9,7 +9,9 @@
 //! resume, restarts the node from its directory, shows it caught up, and reads every acknowledged
 //! message back in order. A toy gateway (half the users online, on node 1 or 2) counts the post-commit
 //! fanout deliveries, and checks that every message acknowledged around the stop reached its online
-//! subscribers at least once (the new leaders plan again what the stopped one had not). It gives up the older half of one channel's history (`Node::set_retention`). Last, a
+//! subscribers at least once (the new leaders plan again what the stopped one had not). Then it
+//! restarts another node as planned, under load: `Node::hand_off_leaderships` moves its leaderships to
+//! the others first, so none of its channels needs a failover. It gives up the older half of one channel's history (`Node::set_retention`). Last, a
 //! hash slot of users migrates to another slot group while they are written.
 #![allow(clippy::disallowed_methods)] // An example is a runtime shell: it reads the clock to report figures.
 
@@ -356,6 +358,40 @@ fn main() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+
+    // A planned restart of node 2 (an upgrade, say), under load: it hands its channel and slot-group
+    // leaderships off to the other nodes first, so its channels keep taking appends through the stop
+    // instead of waiting for failure detection and a failover.
+    let planned = ids[1];
+    let led_by_planned =
+        channels.iter().filter(|c| NodeConfig::new(planned, ids.clone()).channel_placement(c)[0] == planned).count();
+    let loader = {
+        let (first, channels) = (Arc::clone(&first), channels.clone());
+        std::thread::spawn(move || load(&first, &channels, MESSAGES / 2, "c"))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let handed_off = nodes[&planned].hand_off_leaderships(Duration::from_secs(20));
+    let hand_off_took = t.elapsed();
+    mesh.detach(planned);
+    drop(nodes.remove(&planned));
+    let (during, latencies) = loader.join().expect("load thread");
+    let failovers = nodes
+        .values()
+        .flat_map(|n| n.status().map(|s| s.finished_tasks).unwrap_or_default())
+        .filter(|r| r.kind == TaskKind::Failover && r.old_leader == planned)
+        .count();
+    println!(
+        "planned restart of {planned}: handed off the leadership of its {led_by_planned} channels and its slot groups in {hand_off_took:.2?} ({}), then stopped; {failovers} failovers; {} messages acknowledged meanwhile, commit latency p99 {:.2?} max {:.2?}",
+        if handed_off.is_ok() { "all" } else { "not all" },
+        during.len(),
+        percentile(&latencies, 990),
+        latencies.last().copied().unwrap_or_default(),
+    );
+    handed_off.expect("a node with live peers hands off everything it leads");
+    assert_eq!(failovers, 0, "a channel handed off before the stop needed a failover");
+    acked.extend(during);
+    nodes.insert(planned, start(planned, &ids, root.path(), &mesh, &gateway));
 
     // Read every acknowledged message back, in order, from a replica of its channel (reads stop at the
     // HW a replica knows, so each channel is read from the first replica that shows everything).
