@@ -74,6 +74,12 @@ fn a_leaving_node_hands_off_its_leaderships_stops_without_a_failover_and_leads_a
         assert_eq!(meta.replicas[0], NodeId::new(LEAVING), "{room}: a hand-off keeps the preferred replica");
         assert!(meta.in_isr(NodeId::new(LEAVING)), "{room}: the leaving node stays in the ISR");
     }
+    // The groups' leaders report what the leaving node still leads: nothing, once their passes see it.
+    let reported = cluster.run_until(2_000, |c| {
+        let reports: Vec<_> = (1..=3).flat_map(|n| c.core(n).status().hand_offs).collect();
+        !reports.is_empty() && reports.iter().all(|r| r.node == NodeId::new(LEAVING) && r.channels_led == 0)
+    });
+    assert!(reported, "no repair pass reported the hand-off done");
     let hand_offs: Vec<_> = (2..=3)
         .flat_map(|n| cluster.core(n).status().finished_tasks)
         .filter(|r| led.contains(&r.channel) && matches!(r.kind, TaskKind::HandOff { .. }) && r.outcome.is_ok())

@@ -245,6 +245,8 @@ pub struct DrainReport {
 
 /// How far the hand-off of a leaving node's channel leaderships has come, in the slot groups one node
 /// leads (every node reports its own, from its last complete repair pass; see `NodeCore::set_leaving`).
+/// Every node leaving when the pass began is listed; `channels_led == 0` on every slot-group leader
+/// means its channels are all handed off.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HandOffReport {
     /// The leaving node.
@@ -391,7 +393,6 @@ impl Controller {
         leaving
     }
 
-    /// `true` if `peer` has been silent for `node_down_after`.
     /// Drain progress in the groups this node leads, as of the last complete repair pass.
     pub(crate) fn drain_reports(&self) -> Vec<DrainReport> {
         self.drain_reports.clone()
@@ -430,6 +431,7 @@ impl Controller {
         avoided
     }
 
+    /// `true` if `peer` has been silent for `node_down_after`.
     pub(crate) fn is_down(&self, peer: NodeId, now: Time) -> bool {
         self.liveness.is_down(peer, now)
     }

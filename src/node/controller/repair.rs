@@ -42,7 +42,8 @@ impl Controller {
             self.scan.draining.clear();
             self.scan.drain_left.clear();
             self.scan.drain_groups.clear();
-            self.scan.hand_offs_left.clear();
+            // Every node leaving shows, with nothing left once none of the pass's channels names it.
+            self.scan.hand_offs_left = self.leaving_nodes(now).into_iter().map(|node| (node, 0)).collect();
             self.scan.rebalances = 0;
             self.scan.rebalance_due = None;
             // Every local group's intent, read once: drains are recorded in all of them, so any local copy
