@@ -13,7 +13,8 @@
 //! Peers talk length-prefixed frames (`u32` length, then the frame) after a handshake of the sender's
 //! node id (`u64`). The client port speaks a line protocol for tests and demos:
 //! `CREATE <channel>` → `OK`, `APPEND <channel> <payload>` → `OK <seq>`, `READ <channel>` → `REC <seq>
-//! <payload>`… then `END`; errors are `ERR <reason>`.
+//! <payload>`… then `END`, and `HANDOFF` → `OK` once the node leads nothing (`Node::hand_off_leaderships`:
+//! what to send before stopping the process for a restart); errors are `ERR <reason>`.
 #![allow(clippy::disallowed_methods)] // A runtime shell.
 
 use bytes::Bytes;
@@ -114,7 +115,16 @@ fn client(stream: TcpStream, node: Arc<OnceLock<Node>>) {
     }
 }
 
+/// How long `HANDOFF` waits for the node to lead nothing.
+const HAND_OFF_TIMEOUT: Duration = Duration::from_secs(20);
+
 fn answer(node: &Node, line: &str) -> String {
+    if line == "HANDOFF" {
+        return match node.hand_off_leaderships(HAND_OFF_TIMEOUT) {
+            Ok(()) => "OK\n".into(),
+            Err(e) => format!("ERR {e}\n"),
+        };
+    }
     let mut parts = line.splitn(3, ' ');
     let (verb, name, rest) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let Ok(channel) = ChannelId::new(ChannelType::GROUP, name) else { return "ERR bad channel\n".into() };

@@ -150,7 +150,9 @@ impl Clock {
     }
 }
 
-/// A running node. Dropping it stops its threads (after a last write-behind).
+/// A running node. Dropping it stops its threads (after a last write-behind). Before a planned stop (a
+/// restart, an upgrade), [`Node::hand_off_leaderships`] moves what it leads to the other nodes, so its
+/// channels need no failover.
 pub struct Node {
     id: NodeId,
     /// What an inbound frame is checked against.
