@@ -196,6 +196,9 @@ struct Task {
     blocked: Option<TaskBlocked>,
     started: Time,
     next_ask: Time,
+    /// How soon a task waiting, fenced, for its leader to drain asks again: from
+    /// `DRAIN_RECHECK_FIRST`, doubling up to `ask_interval`.
+    drain_recheck: Duration,
     /// A transfer's drain deadline.
     deadline: Option<Time>,
     new_leader: Option<(NodeId, tidings_types::LeaderEpoch)>,
@@ -299,6 +302,11 @@ pub(crate) struct Controller {
     /// Tags proposals (see [`Action::Propose`]).
     next_tag: u64,
 }
+
+/// The first repeat of a drain-waiting task's evidence request. A leader with appends in flight when
+/// the fence lands drains within a commit round or two; asking again only after `ask_interval` (200 ms)
+/// held every transfer, hand-off and replacement of a busy channel fenced that long.
+const DRAIN_RECHECK_FIRST: Duration = Duration::from_millis(10);
 
 /// How many abandoned fences the repair loop tracks at once.
 const FENCES_SEEN_MAX: usize = 4_096;
@@ -807,6 +815,7 @@ impl Controller {
             blocked: None,
             started: now,
             next_ask: now,
+            drain_recheck: DRAIN_RECHECK_FIRST,
             deadline: None,
             new_leader: None,
             proof: Vec::new(),

@@ -734,43 +734,4 @@ pub(super) mod tests {
         controller.consider(lapsed, staying_leader);
         assert_eq!(started(&controller), Some(TaskKind::Transfer { target: n(2) }));
     }
-
-    /// A transfer fenced and waiting for its leader to drain gives way to a failover once the leader is
-    /// held down, when enough ISR members are up to give the failover its evidence; a controller that
-    /// hears none of them (it may be the one cut off) leaves the task to its drain deadline.
-    #[test]
-    fn a_leadership_move_whose_leader_goes_down_while_it_drains_yields_to_a_failover() {
-        let config = ControllerConfig { rebalance_leaders_after: None, ..ControllerConfig::default() };
-        let meta = led_away_from_its_preferred_replica(); // leader 1; ISR 2, 1, 3; MinISR 2
-        let gathering = || {
-            let mut controller = Controller::new(config.clone(), n(3), &[n(1), n(2), n(3)], 3, 1, Time::ZERO);
-            controller
-                .start_leadership_move(Time::ZERO, None, meta.clone(), TaskKind::HandOff { target: n(2) })
-                .unwrap();
-            let fence = super::super::fenced(&meta, controller.tasks[&meta.channel].id, false);
-            controller.applied(Time::ZERO, &meta.channel, super::super::Change::Fence, fence);
-            assert!(matches!(controller.tasks[&meta.channel].step, super::super::Step::Gathering));
-            controller
-        };
-        let kind = |controller: &Controller| controller.tasks.get(&meta.channel).map(|t| t.kind);
-
-        let mut controller = gathering();
-        let soon = Time::from_millis(500);
-        controller.heard(n(1), soon);
-        controller.heard(n(2), soon);
-        controller.task_timer(soon, &meta.channel);
-        assert_eq!(kind(&controller), Some(TaskKind::HandOff { target: n(2) }), "the leader is up: it drains");
-        let down = soon + config.node_down_after;
-        controller.heard(n(2), down);
-        controller.task_timer(down, &meta.channel);
-        assert_eq!(kind(&controller), Some(TaskKind::Failover), "the leader is down");
-        let report = controller.reports().pop().expect("the hand-off's report");
-        assert_eq!((report.kind, report.outcome), (TaskKind::HandOff { target: n(2) }, Err(TaskError::Preempted)));
-
-        // Nobody heard: node 3 alone cannot tell the leader from the rest of the cluster.
-        let mut controller = gathering();
-        let silent = Time::ZERO + config.node_down_after;
-        controller.task_timer(silent, &meta.channel);
-        assert_eq!(kind(&controller), Some(TaskKind::HandOff { target: n(2) }));
-    }
 }

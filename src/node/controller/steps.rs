@@ -71,6 +71,7 @@ impl Controller {
             }
             Change::Fence => {
                 task.step = Step::Gathering;
+                task.drain_recheck = super::DRAIN_RECHECK_FIRST;
                 if task.kind.waits_for_drain() {
                     task.deadline = Some(now + self.config.drain_timeout);
                 }
@@ -101,8 +102,16 @@ impl Controller {
     /// that has not seen it yet applies it before it answers.
     pub(super) fn ask(&mut self, now: Time, channel: &ChannelId) {
         let Some(task) = self.tasks.get_mut(channel) else { return };
-        task.next_ask = now + self.config.ask_interval;
         let repeat = task.kind.waits_for_drain();
+        let interval = if repeat && matches!(task.step, Step::Gathering) {
+            // Soon at first, then less often: the drain usually takes a commit round or two.
+            let next = task.drain_recheck.min(self.config.ask_interval);
+            task.drain_recheck = next * 2;
+            next
+        } else {
+            self.config.ask_interval
+        };
+        task.next_ask = now + interval;
         let mut targets: Vec<NodeId> =
             task.meta.isr.iter().copied().filter(|n| repeat || !task.evidence.contains_key(n)).collect();
         if let TaskKind::Replace { to, .. } = task.kind {
@@ -389,6 +398,8 @@ fn switched_meta(kind: TaskKind, meta: &ChannelRuntimeMeta, chosen: NodeId) -> C
 
 #[cfg(test)]
 mod tests {
+    use super::super::repair::tests::led_away_from_its_preferred_replica;
+    use super::super::ControllerConfig;
     use super::*;
     use tidings_types::{ChannelType, Epoch, LeaderEpoch, Seq};
 
@@ -578,5 +589,70 @@ mod tests {
             switched_meta(TaskKind::Replace { from: NodeId::new(3), to: NodeId::new(4) }, &base, NodeId::new(4));
         assert_eq!((follower.leader, follower.leader_epoch), (NodeId::new(1), LeaderEpoch::new(3)));
         assert_eq!(follower.replicas, vec![NodeId::new(1), NodeId::new(2), NodeId::new(4)]);
+    }
+
+    fn n(id: u64) -> NodeId {
+        NodeId::new(id)
+    }
+
+    /// Node 3's controller with a hand-off of `meta`'s channel to node 2 fenced at `Time::ZERO` and
+    /// gathering evidence.
+    fn hand_off_gathering(config: &ControllerConfig, meta: &ChannelRuntimeMeta) -> Controller {
+        let mut controller = Controller::new(config.clone(), n(3), &[n(1), n(2), n(3)], 3, 1, Time::ZERO);
+        controller.start_leadership_move(Time::ZERO, None, meta.clone(), TaskKind::HandOff { target: n(2) }).unwrap();
+        let fence = super::super::fenced(meta, controller.tasks[&meta.channel].id, false);
+        controller.applied(Time::ZERO, &meta.channel, Change::Fence, fence);
+        assert!(matches!(controller.tasks[&meta.channel].step, Step::Gathering));
+        controller
+    }
+
+    /// A leader not drained yet when the fence lands is asked again soon, then less and less often, up
+    /// to `ask_interval`: the fence lasts about as long as the drain, not an ask interval.
+    #[test]
+    fn a_move_waiting_for_its_leader_to_drain_asks_again_soon_then_less_often() {
+        let config = ControllerConfig::default();
+        let meta = led_away_from_its_preferred_replica();
+        let mut controller = hand_off_gathering(&config, &meta);
+        let mut asked_at = Vec::new();
+        let mut now = Time::ZERO;
+        while asked_at.len() < 7 {
+            now = controller.tasks[&meta.channel].next_ask;
+            asked_at.push(now.as_millis());
+            controller.heard(n(1), now);
+            controller.heard(n(2), now);
+            controller.task_timer(now, &meta.channel);
+        }
+        assert_eq!(asked_at, vec![10, 30, 70, 150, 310, 510, 710]);
+        assert_eq!(controller.tasks[&meta.channel].next_ask, now + config.ask_interval);
+    }
+
+    /// A transfer fenced and waiting for its leader to drain gives way to a failover once the leader is
+    /// held down, when enough ISR members are up to give the failover its evidence; a controller that
+    /// hears none of them (it may be the one cut off) leaves the task to its drain deadline.
+    #[test]
+    fn a_leadership_move_whose_leader_goes_down_while_it_drains_yields_to_a_failover() {
+        let config = ControllerConfig { rebalance_leaders_after: None, ..ControllerConfig::default() };
+        let meta = led_away_from_its_preferred_replica(); // leader 1; ISR 2, 1, 3; MinISR 2
+        let gathering = || hand_off_gathering(&config, &meta);
+        let kind = |controller: &Controller| controller.tasks.get(&meta.channel).map(|t| t.kind);
+
+        let mut controller = gathering();
+        let soon = Time::from_millis(500);
+        controller.heard(n(1), soon);
+        controller.heard(n(2), soon);
+        controller.task_timer(soon, &meta.channel);
+        assert_eq!(kind(&controller), Some(TaskKind::HandOff { target: n(2) }), "the leader is up: it drains");
+        let down = soon + config.node_down_after;
+        controller.heard(n(2), down);
+        controller.task_timer(down, &meta.channel);
+        assert_eq!(kind(&controller), Some(TaskKind::Failover), "the leader is down");
+        let report = controller.reports().pop().expect("the hand-off's report");
+        assert_eq!((report.kind, report.outcome), (TaskKind::HandOff { target: n(2) }, Err(TaskError::Preempted)));
+
+        // Nobody heard: node 3 alone cannot tell the leader from the rest of the cluster.
+        let mut controller = gathering();
+        let silent = Time::ZERO + config.node_down_after;
+        controller.task_timer(silent, &meta.channel);
+        assert_eq!(kind(&controller), Some(TaskKind::HandOff { target: n(2) }));
     }
 }
