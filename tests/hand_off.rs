@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 use support::{append_acked, Cluster};
-use tidings::node::{Reconcile, TaskKind};
+use tidings::node::{NodeError, Reconcile, TaskError, TaskKind};
 use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, GroupId, NodeId};
 
 const LEAVING: u64 = 1;
@@ -85,6 +85,18 @@ fn a_leaving_node_hands_off_its_leaderships_stops_without_a_failover_and_leads_a
         .filter(|r| led.contains(&r.channel) && matches!(r.kind, TaskKind::HandOff { .. }) && r.outcome.is_ok())
         .collect();
     assert_eq!(hand_offs.len(), led.len(), "one hand-off per channel: {hand_offs:?}");
+
+    // An operator's transfer to it is refused as well, with a typed error.
+    let id = cluster.api();
+    let now = cluster.now;
+    cluster.core(2).transfer_leader(now, id, led[0].clone(), NodeId::new(LEAVING));
+    assert!(cluster.run_until(1_000, |c| c.tasks.contains_key(&id)));
+    let refused = cluster.tasks[&id].as_ref().err();
+    assert!(
+        matches!(refused, Some(NodeError::Task(TaskError::TargetLeaving(n))) if *n == NodeId::new(LEAVING)),
+        "{:?}",
+        cluster.tasks[&id]
+    );
 
     // Past `rebalance_leaders_after` and the groups' transfer cooldown, nothing is moved back to a
     // node that is leaving.

@@ -552,6 +552,9 @@ impl Controller {
         kind: TaskKind,
     ) -> Result<(), TaskError> {
         let target = kind.leadership_target().expect("a transfer or a hand-off");
+        if self.is_leaving(target, now) {
+            return Err(TaskError::TargetLeaving(target));
+        }
         if meta.leader == target {
             return Err(TaskError::AlreadyLeader(target));
         }
@@ -591,6 +594,9 @@ impl Controller {
         let over_replicated = meta.replicas.len() > self.replication_factor;
         if to == from || (meta.isr.contains(&to) && !over_replicated) || !known {
             return Err(TaskError::CannotJoin(to));
+        }
+        if self.is_leaving(to, now) {
+            return Err(TaskError::TargetLeaving(to));
         }
         let isr_after = meta.isr.iter().filter(|n| **n != from && **n != to).count() + 1;
         if isr_after < usize::from(meta.min_isr) {

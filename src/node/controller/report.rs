@@ -203,4 +203,8 @@ pub enum TaskError {
     /// Taking the replica out would leave fewer ISR members than MinISR.
     #[error("replacing would leave the ISR below MinISR")]
     BelowMinIsr,
+    /// The target is leaving (`NodeCore::set_leaving`: about to stop): it takes no new leadership or
+    /// replica until it is back.
+    #[error("{0} is leaving")]
+    TargetLeaving(NodeId),
 }
