@@ -260,7 +260,8 @@ fn began(leader: &EvidenceReport, meta: &ChannelRuntimeMeta) -> bool {
 /// Who leads once a task of `kind` on `meta` makes its switch, judged on the `evidence` it gathered:
 /// `Err` says what the task waits for (or why it must stop: evidence nothing explains fails closed);
 /// `None` for a task that switches nothing. A failover prefers a node that is not `leaving` among
-/// equally advanced logs (never over a more advanced one).
+/// equally advanced logs (never over a more advanced one); a hand-off whose target lags goes to another
+/// ISR member that is not `leaving` and holds the drained leader's whole log.
 fn switch_target(
     kind: TaskKind,
     meta: &ChannelRuntimeMeta,
@@ -294,20 +295,28 @@ fn switch_target(
                 .expect("need >= 1 answers")
         }
         TaskKind::Transfer { target } | TaskKind::HandOff { target } => {
-            let leader = evidence.get(&meta.leader);
-            let caught_up = match (leader, evidence.get(&target)) {
-                (Some(l), Some(t)) => {
-                    began(l, meta)
-                        && l.drained
-                        && l.pending_appends == 0
-                        && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
-                }
-                _ => false,
-            };
-            if !caught_up || have < need {
+            let Some(l) = evidence.get(&meta.leader).filter(|l| began(l, meta) && l.drained && l.pending_appends == 0)
+            else {
                 return Some(Err(TaskBlocked::Draining));
+            };
+            let holds_the_log = |node: &NodeId| {
+                evidence.get(node).is_some_and(|t| (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end))
+            };
+            // A hand-off only needs some staying member to take over: one that holds the whole log
+            // will do when its target lags (an idle follower that missed a hint waits a pull interval).
+            let stand_in = || {
+                let others = meta.isr.iter().filter(|n| **n != meta.leader && !leaving.contains(*n));
+                others.copied().find(holds_the_log)
+            };
+            let chosen = match kind {
+                _ if holds_the_log(&target) => Some(target),
+                TaskKind::HandOff { .. } => stand_in(),
+                _ => None,
+            };
+            match chosen {
+                Some(chosen) if have >= need => chosen,
+                _ => return Some(Err(TaskBlocked::Draining)),
             }
-            target
         }
         TaskKind::Replace { from, to } => {
             // Only a change of leader needs the evidence quorum (the slot FSM checks it as proof), and
@@ -479,7 +488,7 @@ mod tests {
     }
 
     #[test]
-    fn a_transfer_waits_for_a_drained_leader_and_a_target_that_holds_its_whole_log() {
+    fn a_transfer_waits_for_a_drained_leader_and_a_target_that_holds_its_whole_log_and_a_hand_off_takes_a_stand_in() {
         let transfer = TaskKind::Transfer { target: NodeId::new(2) };
         let behind = evidence(&[(1, report(3, 12, 12, true)), (2, report(3, 11, 11, false))]);
         assert_eq!(switch_target(transfer, &meta(), &behind, &BTreeSet::new()), Some(Err(TaskBlocked::Draining)));
@@ -487,6 +496,20 @@ mod tests {
         assert_eq!(switch_target(transfer, &meta(), &not_drained, &BTreeSet::new()), Some(Err(TaskBlocked::Draining)));
         let ready = evidence(&[(1, report(3, 12, 12, true)), (2, report(3, 12, 12, false))]);
         assert_eq!(switch_target(transfer, &meta(), &ready, &BTreeSet::new()), Some(Ok(NodeId::new(2))));
+        // Node 2 lags and node 3 holds the whole log: a transfer waits for its target, a hand-off takes
+        // node 3 unless it is leaving too.
+        let stand_in =
+            evidence(&[(1, report(3, 12, 12, true)), (2, report(3, 11, 11, false)), (3, report(3, 12, 12, false))]);
+        assert_eq!(switch_target(transfer, &meta(), &stand_in, &BTreeSet::new()), Some(Err(TaskBlocked::Draining)));
+        let hand_off = TaskKind::HandOff { target: NodeId::new(2) };
+        assert_eq!(switch_target(hand_off, &meta(), &stand_in, &BTreeSet::new()), Some(Ok(NodeId::new(3))));
+        let three_leaving: BTreeSet<NodeId> = [NodeId::new(3)].into();
+        assert_eq!(switch_target(hand_off, &meta(), &stand_in, &three_leaving), Some(Err(TaskBlocked::Draining)));
+        assert_eq!(
+            switch_target(hand_off, &meta(), &ready, &BTreeSet::new()),
+            Some(Ok(NodeId::new(2))),
+            "its target first"
+        );
     }
 
     #[test]

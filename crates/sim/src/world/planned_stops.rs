@@ -80,6 +80,14 @@ impl World {
                 status.channels_leading
             );
         }
+        if std::env::var("SIM_DEBUG").is_ok() {
+            for (peer, node) in &self.nodes {
+                let Some(core) = node.core.as_ref() else { continue };
+                for task in core.status().tasks {
+                    eprintln!("  {peer} runs {:?} on {}: {} ({:?})", task.kind, task.channel, task.step, task.blocked);
+                }
+            }
+        }
         self.crash(id);
     }
 
