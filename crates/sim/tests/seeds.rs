@@ -294,6 +294,29 @@ fn seeds_where_a_node_leaves_pass() {
     assert!(removed > 0, "no node left in any run: the runs checked nothing of a removal");
 }
 
+/// Half of the crashes are planned stops (a node set leaving, its leaderships handed off, stopped
+/// 0–3 s later): seeds of two nodes or more that make some, with them forced on, pass, and in some of
+/// them a node led nothing any more when it stopped. (Chosen among the first 80 for their stops: a
+/// seed makes one crash in its safety phase on average, and most make no planned stop.)
+#[test]
+fn seeds_with_planned_stops_pass() {
+    let stopping: Vec<SimParams> = [7, 18, 28, 33, 36, 57, 60, 68]
+        .into_iter()
+        .map(|seed| SimParams { planned_stops: true, ..drawn(seed) })
+        .collect();
+    let (mut stops, mut handed_off) = (0, 0);
+    for params in stopping {
+        let report = run(params);
+        assert_passes(&report);
+        stops += report.faults.planned_stops;
+        handed_off += report.faults.stops_handed_off;
+    }
+    assert!(
+        handed_off > 0,
+        "of {stops} planned stops none came after its node's hand-offs: they checked nothing of them"
+    );
+}
+
 /// The same node, had it kept its storage identity, is taken for the node it was — its empty log as
 /// the one the ISR counted on, its empty raft state as the one that voted — and acknowledged messages
 /// are lost or their seqs given twice: what storage identities are there to prevent.
