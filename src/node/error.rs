@@ -223,6 +223,7 @@ mod tests {
             (NodeError::MetaUnavailable(channel), Remedy::Retry),
             (NodeError::Task(TaskError::NotInIsr(leader)), Remedy::GiveUp),
             (NodeError::Task(TaskError::MetaChanged), Remedy::Retry),
+            (NodeError::Task(TaskError::TargetLeaving(leader)), Remedy::GiveUp),
             (NodeError::Propose(ProposeError::TooLarge { bytes: 2 << 20, max: 1 << 20 }), Remedy::GiveUp),
         ];
         for (error, remedy) in cases {
