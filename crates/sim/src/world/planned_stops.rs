@@ -65,30 +65,30 @@ impl World {
             self.faults.stops_handed_off += 1;
         }
         if std::env::var("SIM_DEBUG").is_ok() {
-            let groups: Vec<_> = status.groups.iter().filter(|g| g.leader == Some(id)).map(|g| g.group).collect();
-            let decisions: Vec<_> = status.leadership.iter().filter(|(g, _)| groups.contains(g)).collect();
-            let channels: Vec<_> = status
-                .channels
-                .iter()
-                .filter(|c| c.role == tidings::channel::machine::RoleKind::Leader)
-                .map(|c| &c.channel)
-                .collect();
-            eprintln!(
-                "{:?} {id} stops {} ms after it was set leaving, leading groups {groups:?} ({decisions:?}) and {} channels {channels:?}",
-                self.now,
-                self.now.since(since).as_millis(),
-                status.channels_leading
-            );
-        }
-        if std::env::var("SIM_DEBUG").is_ok() {
-            for (peer, node) in &self.nodes {
-                let Some(core) = node.core.as_ref() else { continue };
-                for task in core.status().tasks {
-                    eprintln!("  {peer} runs {:?} on {}: {} ({:?})", task.kind, task.channel, task.step, task.blocked);
-                }
-            }
+            self.print_stop(id, since, &status);
         }
         self.crash(id);
+    }
+
+    /// What a node still led when it stopped, how long after it was set leaving, and the tasks running
+    /// on every node then (`SIM_DEBUG`).
+    fn print_stop(&self, id: NodeId, since: Time, status: &tidings::node::NodeStatus) {
+        let groups: Vec<_> = status.groups.iter().filter(|g| g.leader == Some(id)).map(|g| g.group).collect();
+        let decisions: Vec<_> = status.leadership.iter().filter(|(g, _)| groups.contains(g)).collect();
+        let leader = tidings::channel::machine::RoleKind::Leader;
+        let channels: Vec<_> = status.channels.iter().filter(|c| c.role == leader).map(|c| &c.channel).collect();
+        eprintln!(
+            "{:?} {id} stops {} ms after it was set leaving, leading groups {groups:?} ({decisions:?}) and {} channels {channels:?}",
+            self.now,
+            self.now.since(since).as_millis(),
+            status.channels_leading
+        );
+        for (peer, node) in &self.nodes {
+            let Some(core) = node.core.as_ref() else { continue };
+            for task in core.status().tasks {
+                eprintln!("  {peer} runs {:?} on {}: {} ({:?})", task.kind, task.channel, task.step, task.blocked);
+            }
+        }
     }
 
     /// At the heal: the stops not made yet are called off, their nodes no longer leaving.
