@@ -121,6 +121,10 @@ const READY_POLL: Duration = Duration::from_millis(10);
 /// How often `Node::hand_off_leaderships` looks at the status (each look builds a page of channel
 /// statuses).
 const HAND_OFF_POLL: Duration = Duration::from_millis(50);
+/// How long `Node::hand_off_leaderships` waits, once the node leads nothing, before it returns: the
+/// other nodes learn the new leaders in the same raft rounds, or a heartbeat later, and a call they
+/// still forward here meanwhile is answered with a redirect rather than lost with the stopped node.
+const HAND_OFF_SETTLE: Duration = Duration::from_millis(250);
 /// How long a replica replacement call waits (the controller's catch-up timeout is 120 s by default).
 const REPLACE_TIMEOUT: Duration = Duration::from_secs(180);
 /// A core or reactor step taking this long is logged.
@@ -548,9 +552,10 @@ impl Node {
         self.call(Call::SetLeaving(leaving))
     }
 
-    /// Before a planned stop (a restart, an upgrade): marks this node leaving and waits until it leads
-    /// no active channel replica and no slot group, so that its channels keep taking appends through
-    /// the stop instead of waiting for a failover. The other nodes do the moves (see
+    /// Before a planned stop (a restart, an upgrade): marks this node leaving and waits until it has led
+    /// no active channel replica and no slot group for a quarter of a second (the other nodes learn the
+    /// new leaders meanwhile), so that its channels keep taking appends through the stop instead of
+    /// waiting for a failover. The other nodes do the moves (see
     /// [`NodeCore::set_leaving`]); idle channels it leads are handed off by the same repair passes,
     /// or fail over after the stop if it comes first. [`NodeError::TimedOut`] if something is still led
     /// after `timeout` (no live member to take over, say — a one-node cluster never hands anything
@@ -568,10 +573,13 @@ impl Node {
     pub fn hand_off_leaderships(&self, timeout: Duration) -> Result<(), NodeError> {
         let deadline = Instant::now() + timeout;
         self.set_leaving(true)?;
+        let mut led_nothing_since = None;
         loop {
             let status = self.status()?;
             let leads_a_group = status.groups.iter().any(|g| g.leader == Some(status.node));
-            if !leads_a_group && status.channels_leading == 0 {
+            if leads_a_group || status.channels_leading > 0 {
+                led_nothing_since = None;
+            } else if led_nothing_since.get_or_insert_with(Instant::now).elapsed() >= HAND_OFF_SETTLE {
                 return Ok(());
             }
             if Instant::now() >= deadline {
