@@ -121,6 +121,7 @@ fn main() {
         FrameBody::Node(NodeMessage::StorageRefused { known: StorageId::new(77) }),
         FrameBody::Node(NodeMessage::StorageHello),
         FrameBody::Node(NodeMessage::StorageAccepted { storage: StorageId::new(0x5eed) }),
+        FrameBody::Node(NodeMessage::Leaving),
     ];
     for (i, body) in bodies.into_iter().enumerate() {
         let frame = Frame { cluster: 1, from: NodeId::new(2), storage: StorageId::new(0x5eed), body };
