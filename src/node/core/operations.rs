@@ -121,8 +121,8 @@ impl NodeCore {
     /// peers, and then
     /// - the leaders of the slot groups hand off the channels it leads, active or idle: transfers to
     ///   another live ISR member that keep the replicas' order (`TaskKind::HandOff`; each fences its
-    ///   channel for a few milliseconds, where a failover after a stop would leave it without a leader
-    ///   for `ControllerConfig::node_down_after` and more);
+    ///   channel for tens of milliseconds, where a failover after a stop would leave it without a
+    ///   leader for `ControllerConfig::node_down_after` and more);
     /// - it hands the leadership of each slot group it leads to a caught-up voter;
     /// - no leadership is moved back to it, and new channels are placed elsewhere first.
     ///
