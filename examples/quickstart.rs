@@ -11,7 +11,7 @@
 //! fanout deliveries, and checks that every message acknowledged around the stop reached its online
 //! subscribers at least once (the new leaders plan again what the stopped one had not). Then it
 //! restarts another node as planned, under load: `Node::hand_off_leaderships` moves its leaderships to
-//! the others first, so none of its channels needs a failover. It gives up the older half of one channel's history (`Node::set_retention`). Last, a
+//! the others first, so none of its channels needs a failover, and it leads them again once it is back. It gives up the older half of one channel's history (`Node::set_retention`). Last, a
 //! hash slot of users migrates to another slot group while they are written.
 #![allow(clippy::disallowed_methods)] // An example is a runtime shell: it reads the clock to report figures.
 
@@ -342,29 +342,17 @@ fn main() {
     }
     // Its channels come back to it: each one's controller (its slot group's leader) transfers the
     // leadership back once the node has been up for `REBALANCE_AFTER`, on its next repair pass.
-    let leads_again = || {
-        let status = restarted.status().map(|s| s.channels).unwrap_or_default();
-        status.iter().filter(|c| c.leader == stopped && led_by_stopped.contains(&c.channel)).count()
-    };
-    loop {
-        let back = leads_again();
-        if back == led_by_stopped.len() || t.elapsed() > Duration::from_secs(30) {
-            println!(
-                "{stopped} leads {back} of its {} channels again {:.2?} after its restart (each transfer back starts once the preferred replica has been up {REBALANCE_AFTER:?})",
-                led_by_stopped.len(),
-                t.elapsed()
-            );
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    lead_again(&restarted, &led_by_stopped, t);
 
     // A planned restart of node 2 (an upgrade, say), under load: it hands its channel and slot-group
     // leaderships off to the other nodes first, so its channels keep taking appends through the stop
     // instead of waiting for failure detection and a failover.
     let planned = ids[1];
-    let led_by_planned =
-        channels.iter().filter(|c| NodeConfig::new(planned, ids.clone()).channel_placement(c)[0] == planned).count();
+    let led_by_planned: Vec<ChannelId> = channels
+        .iter()
+        .filter(|c| NodeConfig::new(planned, ids.clone()).channel_placement(c)[0] == planned)
+        .cloned()
+        .collect();
     let loader = {
         let (first, channels) = (Arc::clone(&first), channels.clone());
         std::thread::spawn(move || load(&first, &channels, MESSAGES / 2, "c"))
@@ -382,7 +370,8 @@ fn main() {
         .filter(|r| r.kind == TaskKind::Failover && r.old_leader == planned)
         .count();
     println!(
-        "planned restart of {planned}: handed off the leadership of its {led_by_planned} channels and its slot groups in {hand_off_took:.2?} ({}), then stopped; {failovers} failovers; {} messages acknowledged meanwhile, commit latency p99 {:.2?} max {:.2?}",
+        "planned restart of {planned}: handed off the leadership of its {} channels and its slot groups in {hand_off_took:.2?} ({}), then stopped; {failovers} failovers; {} messages acknowledged meanwhile, commit latency p99 {:.2?} max {:.2?}",
+        led_by_planned.len(),
         if handed_off.is_ok() { "all" } else { "not all" },
         during.len(),
         percentile(&latencies, 990),
@@ -391,7 +380,10 @@ fn main() {
     handed_off.expect("a node with live peers hands off everything it leads");
     assert_eq!(failovers, 0, "a channel handed off before the stop needed a failover");
     acked.extend(during);
-    nodes.insert(planned, start(planned, &ids, root.path(), &mesh, &gateway));
+    let restarted = start(planned, &ids, root.path(), &mesh, &gateway);
+    nodes.insert(planned, Arc::clone(&restarted));
+    // A hand-off keeps the node its channels' preferred replica: they come back as after the crash.
+    lead_again(&restarted, &led_by_planned, Instant::now());
 
     // Read every acknowledged message back, in order, from a replica of its channel (reads stop at the
     // HW a replica knows, so each channel is read from the first replica that shows everything).
@@ -459,6 +451,25 @@ fn main() {
 /// Moves the hash slot of `user-0`'s records to another slot group while users of that slot are being
 /// written: writes meet a short fence (and are written again), and every acknowledged one is read back
 /// from the new group.
+/// Waits (at most 30 s) until `node`, restarted at `restarted_at`, leads `channels` again, and says how
+/// long that took.
+fn lead_again(node: &Node, channels: &[ChannelId], restarted_at: Instant) {
+    let id = node.id();
+    loop {
+        let status = node.status().map(|s| s.channels).unwrap_or_default();
+        let back = status.iter().filter(|c| c.leader == id && channels.contains(&c.channel)).count();
+        if back == channels.len() || restarted_at.elapsed() > Duration::from_secs(30) {
+            println!(
+                "{id} leads {back} of its {} channels again {:.2?} after its restart (a transfer back waits until the failure detector has held the preferred replica up {REBALANCE_AFTER:?}; a restart quicker than its silence limit does not restart that count)",
+                channels.len(),
+                restarted_at.elapsed()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn migrate_a_slot(node: &Arc<Node>) {
     let slot = hash_slot(b"user-0");
     let table = node.routes().hash_to_slot().clone();
