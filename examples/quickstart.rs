@@ -241,15 +241,8 @@ fn main() {
     // Stop node 3 under load. The load keeps going through node 1 over every channel; those node 3 led
     // stall until the controller notices it is gone and fails them over.
     let stopped = ids[2];
-    let led_by_stopped: Vec<ChannelId> = channels
-        .iter()
-        .filter(|c| NodeConfig::new(stopped, ids.clone()).channel_placement(c)[0] == stopped)
-        .cloned()
-        .collect();
-    let loader = {
-        let (first, channels) = (Arc::clone(&first), channels.clone());
-        std::thread::spawn(move || load(&first, &channels, MESSAGES, "b"))
-    };
+    let led_by_stopped = placed_leader(stopped, &ids, &channels);
+    let loader = load_in_background(&first, &channels, MESSAGES, "b");
     std::thread::sleep(Duration::from_millis(200));
     mesh.detach(stopped);
     drop(nodes.remove(&stopped));
@@ -348,15 +341,8 @@ fn main() {
     // leaderships off to the other nodes first, so its channels keep taking appends through the stop
     // instead of waiting for failure detection and a failover.
     let planned = ids[1];
-    let led_by_planned: Vec<ChannelId> = channels
-        .iter()
-        .filter(|c| NodeConfig::new(planned, ids.clone()).channel_placement(c)[0] == planned)
-        .cloned()
-        .collect();
-    let loader = {
-        let (first, channels) = (Arc::clone(&first), channels.clone());
-        std::thread::spawn(move || load(&first, &channels, MESSAGES / 2, "c"))
-    };
+    let led_by_planned = placed_leader(planned, &ids, &channels);
+    let loader = load_in_background(&first, &channels, MESSAGES / 2, "c");
     std::thread::sleep(Duration::from_millis(200));
     let t = Instant::now();
     let handed_off = nodes[&planned].hand_off_leaderships(Duration::from_secs(20));
@@ -451,6 +437,23 @@ fn main() {
 /// Moves the hash slot of `user-0`'s records to another slot group while users of that slot are being
 /// written: writes meet a short fence (and are written again), and every acknowledged one is read back
 /// from the new group.
+/// The channels placement makes `node` the leader of.
+fn placed_leader(node: NodeId, ids: &[NodeId], channels: &[ChannelId]) -> Vec<ChannelId> {
+    let placement = NodeConfig::new(node, ids.to_vec());
+    channels.iter().filter(|c| placement.channel_placement(c)[0] == node).cloned().collect()
+}
+
+/// Runs [`load`] through `node` on a thread of its own.
+fn load_in_background(
+    node: &Arc<Node>,
+    channels: &[ChannelId],
+    count: usize,
+    tag: &'static str,
+) -> std::thread::JoinHandle<(Vec<Acked>, Vec<Duration>)> {
+    let (node, channels) = (Arc::clone(node), channels.to_vec());
+    std::thread::spawn(move || load(&node, &channels, count, tag))
+}
+
 /// Waits (at most 30 s) until `node`, restarted at `restarted_at`, leads `channels` again, and says how
 /// long that took.
 fn lead_again(node: &Node, channels: &[ChannelId], restarted_at: Instant) {

@@ -123,8 +123,7 @@ impl Controller {
                 .into_iter()
                 .map(|(node, channels_led)| HandOffReport { node, channels_led })
                 .collect();
-            let leaving = self.leaving || self.liveness.leaving(now).next().is_some();
-            let busy = !self.down.is_empty() || !self.scan.draining.is_empty() || leaving;
+            let busy = !self.down.is_empty() || !self.scan.draining.is_empty() || !self.hand_off_reports.is_empty();
             let pause = if busy { self.config.repair_interval } else { self.config.repair_idle_interval };
             let rebalance = self.scan.rebalance_due.map(|due| due.max(now + self.config.repair_interval));
             self.scan.next_pass = rebalance.map_or(now + pause, |due| due.min(now + pause));
