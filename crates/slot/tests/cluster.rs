@@ -37,6 +37,8 @@ struct Cluster {
     bodies: BTreeMap<u64, Event>,
     next_event: u64,
     blocked: BTreeSet<NodeId>,
+    /// Nodes whose syncs never complete (a stalled disk): their writes since stay volatile.
+    stalled: BTreeSet<NodeId>,
     loss_per_million: u32,
     outcomes: BTreeMap<(NodeId, ProposalId), Result<Outcome, ProposeError>>,
     reads: BTreeMap<(NodeId, ReadId), bool>,
@@ -78,6 +80,7 @@ impl Cluster {
             bodies: BTreeMap::new(),
             next_event: 0,
             blocked: BTreeSet::new(),
+            stalled: BTreeSet::new(),
             loss_per_million: 0,
             outcomes: BTreeMap::new(),
             reads: BTreeMap::new(),
@@ -206,7 +209,7 @@ impl Cluster {
                     }
                     Event::Synced { node, incarnation, token } => {
                         let n = self.nodes.get_mut(&node).unwrap();
-                        if n.incarnation != incarnation || n.driver.is_none() {
+                        if n.incarnation != incarnation || n.driver.is_none() || self.stalled.contains(&node) {
                             continue;
                         }
                         n.kv.sync().unwrap();
@@ -790,4 +793,131 @@ fn membership_changes_complete_while_writes_flow_every_few_milliseconds() {
     let status = cluster.driver(cluster.leader_of(group).unwrap()).status(group).unwrap();
     assert!(status.voters.contains(&n(1)) && !status.voters.contains(&from) && !status.joint, "{status:?}");
     assert_eq!(cluster.propose_and_wait(n(1), put_user("after", "x")), Outcome::Applied);
+}
+
+/// Moves group 1, whose only voter is node 2 of two, into the joint configuration that promotes node 1
+/// and removes node 2, and hands node 1 the leadership (the controller's steps before leaving it).
+fn move_lone_voter_into_joint_configuration(cluster: &mut Cluster) -> (NodeId, NodeId) {
+    use tidings_slot::raft::MembershipChange;
+    let group = GroupId::new(1);
+    let (old, new) = (NodeId::new(2), NodeId::new(1));
+    assert_eq!(cluster.members(group), vec![old]);
+    assert_eq!(cluster.propose_and_wait(old, put_user("before", "x")), Outcome::Applied);
+    add_caught_up_learner(cluster, group, old, new);
+    let now = cluster.now;
+    let enter = MembershipChange::EnterJoint { promote: vec![new], remove: vec![old] };
+    cluster.driver(old).change_membership(now, group, &enter).unwrap();
+    cluster.drain(old);
+    run_until(cluster, 5_000, "the joint configuration", |c| c.driver(old).status(group).unwrap().joint);
+    let now = cluster.now;
+    assert!(cluster.driver(old).transfer_leader(now, group, new));
+    cluster.drain(old);
+    run_until(cluster, 5_000, "the incoming voter leads", |c| c.leader_of(group) == Some(new));
+    (old, new)
+}
+
+/// Runs a millisecond at a time until `check` holds, at most `ms`.
+fn step_until(cluster: &mut Cluster, ms: u64, what: &str, mut check: impl FnMut(&mut Cluster) -> bool) {
+    for _ in 0..ms {
+        if check(cluster) {
+            return;
+        }
+        cluster.run_for(1);
+    }
+    panic!("never reached: {what}");
+}
+
+/// Once the group is back to one leader of the new configuration alone, the removed replica gone and
+/// writes applying with what was written before.
+fn assert_moved_to(cluster: &mut Cluster, old: NodeId, new: NodeId) {
+    let group = GroupId::new(1);
+    run_until(cluster, 15_000, "the new voter leads, the old replica goes", |c| {
+        c.leader_of(group) == Some(new)
+            && !c.driver(new).status(group).unwrap().joint
+            && !c.driver(old).groups().any(|g| g == group)
+    });
+    assert_eq!(cluster.driver(new).status(group).unwrap().voters, vec![new]);
+    assert_eq!(cluster.propose_and_wait(new, put_user("after", "x")), Outcome::Applied);
+    assert!(cluster.reader(new).user(&Uid::new("before").unwrap()).unwrap().is_some());
+}
+
+/// A voter removed by the end of a joint configuration keeps its replica, which still votes, until the
+/// leader's own store holds that end as committed. raft-rs leaders send the commit index before their
+/// hard state is synced: a leader that crashed then came back joint, and needed the voter it had told
+/// to go.
+#[test]
+fn a_removed_voter_stays_until_the_leader_holds_the_end_of_the_joint_configuration_durably() {
+    use tidings_slot::raft::MembershipChange;
+    let mut cluster = Cluster::new(7, 2, 1, 1);
+    cluster.run_for(3_000);
+    let group = GroupId::new(1);
+    let (old, new) = move_lone_voter_into_joint_configuration(&mut cluster);
+    let now = cluster.now;
+    cluster.driver(new).change_membership(now, group, &MembershipChange::LeaveJoint).unwrap();
+    cluster.drain(new);
+    // The leader applies the end (it holds the entry durably, and the outgoing voter acknowledged it);
+    // its disk stalls before the hard state committing it is synced.
+    step_until(&mut cluster, 5_000, "the leader leaves the joint configuration", |c| {
+        !c.driver(new).status(group).unwrap().joint
+    });
+    cluster.stalled.insert(new);
+    cluster.run_for(3_000);
+    assert!(
+        cluster.driver(old).groups().any(|g| g == group),
+        "the removed voter went before the leader synced the end"
+    );
+    let held = cluster.driver(old).status(group).unwrap();
+    assert!(held.joint && held.held_back_from.is_some(), "the removed voter holds the end back: {held:?}");
+
+    // The leader crashes: it comes back joint, and the voter that stayed lets it lead again.
+    cluster.crash(new);
+    cluster.stalled.remove(&new);
+    cluster.start(new);
+    assert!(cluster.driver(new).status(group).unwrap().joint, "the unsynced commit survived the crash");
+    assert_moved_to(&mut cluster, old, new);
+}
+
+/// A leader that inherits the end of a joint configuration removing it (it won an election with that
+/// end in its log) applies neither the end nor what follows: it hands its leadership to the incoming
+/// voter first. It once applied the end and destroyed its replica at once; the incoming voter, whose
+/// disk had not synced the commit, came back joint and needed that replica's vote for good (sim seed
+/// 518000858).
+#[test]
+fn a_leader_the_joint_configuration_s_end_removes_hands_over_before_applying_it() {
+    use tidings_slot::raft::MembershipChange;
+    let mut cluster = Cluster::new(7, 2, 1, 1);
+    cluster.run_for(3_000);
+    let group = GroupId::new(1);
+    let (old, new) = move_lone_voter_into_joint_configuration(&mut cluster);
+    // The new voter proposes the end with a stalled disk: it cannot count its own copy, so the end does
+    // not commit, and the crash loses it from its log. The outgoing voter holds it.
+    let matched = |c: &mut Cluster| c.driver(new).status(group).unwrap().peers.iter().find(|p| p.0 == old).unwrap().1;
+    cluster.run_for(500);
+    let before = cluster.driver(new).status(group).unwrap().commit;
+    assert_eq!(matched(&mut cluster), before, "the outgoing voter holds the log");
+    cluster.stalled.insert(new);
+    let now = cluster.now;
+    cluster.driver(new).change_membership(now, group, &MembershipChange::LeaveJoint).unwrap();
+    cluster.drain(new);
+    step_until(&mut cluster, 5_000, "the outgoing voter holds the end", |c| matched(c) > before);
+    cluster.crash(new);
+    cluster.stalled.remove(&new);
+    cluster.start(new);
+
+    // The outgoing voter, whose log is longer, wins the election and commits the end. The new voter's
+    // disk stalls before it syncs that commit.
+    step_until(&mut cluster, 10_000, "the outgoing voter commits the end", |c| {
+        c.driver(old).status(group).is_none_or(|s| s.leader == Some(old) && s.commit > before)
+    });
+    cluster.stalled.insert(new);
+    cluster.run_for(2_000);
+    assert!(cluster.driver(old).groups().any(|g| g == group), "the leader destroyed its replica on its removal");
+    let held = cluster.driver(old).status(group).unwrap();
+    assert!(held.joint && held.held_back_from.is_some(), "the old leader holds the end back: {held:?}");
+
+    cluster.crash(new);
+    cluster.stalled.remove(&new);
+    cluster.start(new);
+    assert!(cluster.driver(new).status(group).unwrap().joint, "the unsynced commit survived the crash");
+    assert_moved_to(&mut cluster, old, new);
 }

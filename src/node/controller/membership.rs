@@ -221,6 +221,7 @@ pub(super) mod tests {
             joint: false,
             transferring: None,
             config_epoch: ConfigEpoch::new(6),
+            held_back_from: None,
         }
     }
 

@@ -350,6 +350,14 @@ impl World {
                 }
             }
         }
+        if !unsettled.is_empty() && std::env::var("SIM_DEBUG").is_ok() {
+            for (id, node) in &self.nodes {
+                let Some(core) = node.core.as_ref() else { continue };
+                for group in core.slot().groups() {
+                    eprintln!("{id} {group}: {:?}", core.slot().status(group));
+                }
+            }
+        }
         for violation in unsettled {
             self.oracle.violation(violation);
         }

@@ -38,8 +38,17 @@ impl MultiRaft {
         for (group, queued) in std::mem::take(&mut self.queued) {
             let (leading, hint) = match self.groups.get(&group) {
                 Some(g) => {
-                    let leader = g.raw.raft.leader_id;
-                    (g.raw.raft.state == StateRole::Leader, (leader != 0).then(|| NodeId::new(leader)))
+                    let raft = &g.raw.raft;
+                    let leader = (raft.leader_id != 0).then(|| NodeId::new(raft.leader_id));
+                    if raft.state != StateRole::Leader {
+                        (false, leader)
+                    } else if !g.held_back.is_empty() {
+                        // A leader holding back its removal hands over and takes nothing meanwhile
+                        // (module `retiring`): the node it hands over to is the one to ask.
+                        (false, raft.lead_transferee.map(NodeId::new))
+                    } else {
+                        (true, leader)
+                    }
                 }
                 None => (false, None),
             };

@@ -101,10 +101,12 @@ impl MultiRaft {
             let leader = raft.leader_id;
             // A learner the group moved away from hears from nobody, and never campaigns to find out.
             let silent = raft.state != StateRole::Leader && raft.election_elapsed >= 2 * g.election_tick;
-            if leader == me || (g.has_member(me) && leader != 0 && !silent) {
+            let outside = !g.has_member(me) || !g.held_back.is_empty();
+            if leader == me || (!outside && leader != 0 && !silent) {
                 continue;
             }
-            // Outside its own configuration, leaderless or silent: ask the leader it knows, every voter it
+            // Outside its own configuration (or holding back its removal: module `retiring`), leaderless or
+            // silent: ask the leader it knows, every voter it
             // knows and every node of the cluster (only the leader answers). The voters it knows may all
             // have left the group or lost their disks: a voter removed while cut off, whose group then
             // moved on to other nodes, asked only those and kept its stale copy for good — its metadata

@@ -4,7 +4,10 @@
 //! applied: add the target as a learner, let it catch up, enter a joint configuration that promotes it and
 //! removes the old voter, leave the joint configuration explicitly.
 
-use raft::prelude::{ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2};
+use protobuf::Message as _;
+use raft::prelude::{
+    ConfChange, ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, Entry, EntryType,
+};
 use tidings_types::NodeId;
 
 /// One membership change of a slot group.
@@ -29,16 +32,7 @@ pub enum MembershipChange {
 impl MembershipChange {
     /// `true` if applying this change to `conf` leaves `node`, a voter now, without a vote.
     pub(crate) fn removes_voter(&self, node: NodeId, conf: &crate::fsm::GroupConf) -> bool {
-        match self {
-            // A voter removed by the joint configuration still votes in its outgoing half, and a leader
-            // there still leads: it hands over to an incoming voter before the group leaves the joint
-            // configuration (the controller's next step). The controller hands over before entering
-            // when a voter stays to take over; a group of one voter has none.
-            MembershipChange::EnterJoint { .. } => false,
-            // `conf.voters` are the incoming voters: leaving the joint state keeps only them.
-            MembershipChange::LeaveJoint => conf.joint && !conf.voters.contains(&node),
-            MembershipChange::AddLearner(_) | MembershipChange::RemoveLearner(_) => false,
-        }
+        takes_vote(&self.to_conf_change(), node, conf)
     }
 
     /// The raft-rs change. Joint changes use the explicit transition, so leaving is a step of its own
@@ -69,6 +63,52 @@ impl MembershipChange {
             MembershipChange::LeaveJoint => {} // An empty ConfChangeV2 leaves the joint state.
         }
         change
+    }
+}
+
+/// `true` if applying `change` to `conf` leaves `node`, a voter now, without a vote.
+pub(crate) fn takes_vote(change: &ConfChangeV2, node: NodeId, conf: &crate::fsm::GroupConf) -> bool {
+    if change.leave_joint() {
+        // `conf.voters` are the incoming voters: leaving the joint state keeps only them.
+        return conf.joint && !conf.voters.contains(&node);
+    }
+    if change.enter_joint().is_some() {
+        // A voter removed by the joint configuration still votes in its outgoing half, and a leader
+        // there still leads: it hands over to an incoming voter before the group leaves the joint
+        // configuration (the controller's next step). The controller hands over before entering when a
+        // voter stays to take over; a group of one voter has none.
+        return false;
+    }
+    // A simple change: the voter removed, or made a learner.
+    conf.voters.contains(&node)
+        && change.get_changes().iter().any(|single| {
+            single.node_id == node.get()
+                && matches!(single.get_change_type(), ConfChangeType::RemoveNode | ConfChangeType::AddLearnerNode)
+        })
+}
+
+/// `true` if `change` adds `node` to the group, as a learner or a voter.
+pub(crate) fn adds(change: &ConfChangeV2, node: NodeId) -> bool {
+    change.get_changes().iter().any(|single| {
+        single.node_id == node.get()
+            && matches!(single.get_change_type(), ConfChangeType::AddNode | ConfChangeType::AddLearnerNode)
+    })
+}
+
+/// The membership change a log entry carries, in the V2 form (raft-rs applies a V1 change as the V2
+/// change of one step); `None` for an entry of another type or one that does not decode.
+pub(crate) fn entry_conf_change(entry: &Entry) -> Option<ConfChangeV2> {
+    match entry.get_entry_type() {
+        EntryType::EntryConfChangeV2 => ConfChangeV2::parse_from_bytes(&entry.data).ok(),
+        EntryType::EntryConfChange => ConfChange::parse_from_bytes(&entry.data).ok().map(|v1| {
+            let mut single = ConfChangeSingle { node_id: v1.node_id, ..Default::default() };
+            single.set_change_type(v1.get_change_type());
+            let mut change = ConfChangeV2::default();
+            change.mut_changes().push(single);
+            change.context = v1.context;
+            change
+        }),
+        EntryType::EntryNormal => None,
     }
 }
 
@@ -103,5 +143,23 @@ mod tests {
         assert!(!enter.removes_voter(n(1), &conf(&[1], false)));
         assert!(MembershipChange::LeaveJoint.removes_voter(n(1), &conf(&[2], true)));
         assert!(!MembershipChange::LeaveJoint.removes_voter(n(2), &conf(&[2], true)));
+        // Simple changes: a voter removed loses its vote, a learner removed had none.
+        assert!(MembershipChange::RemoveLearner(n(1)).removes_voter(n(1), &conf(&[1, 2], false)));
+        assert!(!MembershipChange::RemoveLearner(n(3)).removes_voter(n(3), &conf(&[1, 2], false)));
+        assert!(!MembershipChange::AddLearner(n(3)).removes_voter(n(1), &conf(&[1, 2], false)));
+    }
+
+    #[test]
+    fn a_v1_entry_reads_as_the_v2_change_of_one_step() {
+        let mut v1 = ConfChange { node_id: 3, ..Default::default() };
+        v1.set_change_type(ConfChangeType::RemoveNode);
+        let mut entry = Entry { data: v1.write_to_bytes().unwrap().into(), ..Default::default() };
+        entry.set_entry_type(EntryType::EntryConfChange);
+        let change = entry_conf_change(&entry).expect("decodes");
+        assert!(change.enter_joint().is_none() && !change.leave_joint());
+        let kinds: Vec<_> = change.get_changes().iter().map(|c| (c.node_id, c.get_change_type())).collect();
+        assert_eq!(kinds, vec![(3, ConfChangeType::RemoveNode)]);
+        entry.set_entry_type(EntryType::EntryNormal);
+        assert!(entry_conf_change(&entry).is_none());
     }
 }

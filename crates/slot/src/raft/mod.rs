@@ -36,6 +36,7 @@ mod lifecycle;
 mod membership;
 mod message;
 mod ready;
+mod retiring;
 mod snapshot;
 
 pub use config::MultiRaftConfig;
@@ -81,6 +82,10 @@ pub struct GroupStatus {
     /// The group's configuration epoch: the raft index of the membership change that made the
     /// configuration in force (0 for the bootstrap membership).
     pub config_epoch: ConfigEpoch,
+    /// The raft index of a committed membership change that takes this replica's vote, which it holds
+    /// unapplied (with everything after it) until the group releases the replica: its vote may still
+    /// be needed by a member that comes back from a crash without that commit.
+    pub held_back_from: Option<u64>,
 }
 
 /// A proposal of this node waiting for its outcome.
@@ -107,6 +112,8 @@ struct AwaitingSync {
     messages: Vec<Message>,
     /// Index of a snapshot installed by this ready: the group counts as applied through it once durable.
     snapshot_index: Option<u64>,
+    /// The commit index of the hard state this ready wrote, if it wrote one.
+    commit: Option<u64>,
 }
 
 struct Group {
@@ -120,6 +127,12 @@ struct Group {
     election_tick: usize,
     /// Raft index of the membership change in force (0: the bootstrap membership).
     config_epoch: u64,
+    /// The commit index this replica's store holds durably: what a restart comes back with. A leader
+    /// sends followers a commit index before its own hard state holding it is synced.
+    durable_commit: u64,
+    /// Committed entries not applied, from a membership change that takes this replica's vote on
+    /// (module `retiring`); empty otherwise.
+    held_back: Vec<raft::prelude::Entry>,
 }
 
 impl Group {
@@ -152,6 +165,19 @@ impl Group {
         let (me, epoch) = (self.raw.raft.id, self.config_epoch);
         let applied = |progress: &raft::Progress| !progress.recent_active || progress.committed_index >= epoch;
         self.raw.raft.prs().iter().all(|(id, progress)| *id == me || applied(progress))
+    }
+
+    /// One logical tick. raft-rs does not campaign while a committed membership change is unapplied; a
+    /// replica holding back its removal campaigns all the same (module `retiring`).
+    fn tick(&mut self) {
+        let raft = &self.raw.raft;
+        let timing_out = raft.election_elapsed + 1 >= raft.randomized_election_timeout();
+        self.raw.tick();
+        let raft = &mut self.raw.raft;
+        if timing_out && !self.held_back.is_empty() && raft.state != StateRole::Leader && raft.promotable() {
+            raft.campaign(raft::CAMPAIGN_PRE_ELECTION);
+        }
+        self.seed_election_timeout();
     }
 
     /// raft-rs draws a new election timeout from a thread-local RNG whenever it resets its election
@@ -249,8 +275,13 @@ const MEMBER_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_sec
 /// replica in the configuration they hold, a joint one needs it for a quorum of the old voters, and
 /// were the leader lost meanwhile (its disk with it), the rest could not elect without it (simulator
 /// seed 351001530). The replica asks again (`MEMBER_CHECK_INTERVAL`), or its next message asks.
+///
+/// Only once this leader's own store holds the change in force as committed: a voter the end of a joint
+/// configuration removed still votes in it, and a leader that crashed before syncing that commit comes
+/// back joint and needs the outgoing voters for an election (sim seed 518000858: a group of one voter
+/// moved to another node, whose crash left it joint with its only outgoing voter destroyed).
 fn removal(g: &Group) -> Option<SlotBody> {
-    g.members_committed_conf()
+    (g.members_committed_conf() && g.durable_commit >= g.config_epoch)
         .then(|| SlotBody::Removed { config_epoch: g.config_epoch, last_index: g.raw.raft.raft_log.last_index() })
 }
 
@@ -345,8 +376,19 @@ impl MultiRaft {
         let storage = self.logs.group(group)?;
         let raw = RawNode::new(&raft_config, storage, &self.logger).map_err(raft_error)?;
         let fsm = SlotFsm::new(group, self.meta.clone(), self.config.fsm);
-        let mut g =
-            Group { raw, fsm, reads: VecDeque::new(), observed: None, election_rng, election_tick, config_epoch };
+        // raft-rs starts from the stored hard state's commit index.
+        let durable_commit = raw.raft.raft_log.committed;
+        let mut g = Group {
+            raw,
+            fsm,
+            reads: VecDeque::new(),
+            observed: None,
+            election_rng,
+            election_tick,
+            config_epoch,
+            durable_commit,
+            held_back: Vec::new(),
+        };
         g.seed_election_timeout();
         self.groups.insert(group, g);
         Ok(())
@@ -450,6 +492,7 @@ impl MultiRaft {
             joint: conf.joint,
             transferring: raw.raft.lead_transferee.map(NodeId::new),
             config_epoch: conf.config_epoch,
+            held_back_from: g.held_back.first().map(|entry| entry.index),
         })
     }
 
@@ -551,8 +594,7 @@ impl MultiRaft {
         while self.last_tick + self.config.tick_interval <= self.now && ticks < 8 {
             self.last_tick = self.last_tick + self.config.tick_interval;
             for group in self.groups.values_mut() {
-                group.raw.tick();
-                group.seed_election_timeout();
+                group.tick();
             }
             ticks += 1;
         }
@@ -706,6 +748,7 @@ impl MultiRaft {
             let awaiting = self.awaiting.pop_front().expect("checked non-empty");
             if let Some(group) = self.groups.get_mut(&awaiting.group) {
                 group.raw.on_persist_ready(awaiting.number);
+                group.durable_commit = group.durable_commit.max(awaiting.commit.unwrap_or(0));
                 if let Some(index) = awaiting.snapshot_index {
                     group.raw.advance_apply_to(index);
                 }

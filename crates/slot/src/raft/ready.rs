@@ -3,9 +3,8 @@
 
 use super::effect::SlotEffect;
 use super::message::SlotBody;
-use super::{batch, snapshot, AwaitingSync, MultiRaft};
-use protobuf::Message as _;
-use raft::prelude::{ConfChangeV2, Entry, EntryType, Snapshot};
+use super::{batch, membership, snapshot, AwaitingSync, MultiRaft};
+use raft::prelude::{Entry, EntryType, Snapshot};
 use raft::{StateRole, Storage};
 use std::sync::Arc;
 use tidings_router::{GroupObservation, HashToSlot};
@@ -32,6 +31,7 @@ impl MultiRaft {
                 }
             }
             if self.groups.contains_key(&id) {
+                self.hand_over(id);
                 self.observe(id);
             }
         }
@@ -89,8 +89,10 @@ impl MultiRaft {
             self.write_round()?;
             let installed = snapshot::install(&self.meta, id, index, &snapshot.data);
             let group = self.groups.get_mut(&id).expect("group exists");
-            // Whatever happened to the store, the FSM reads its records afresh.
+            // Whatever happened to the store, the FSM reads its records afresh. raft-rs installs only
+            // snapshots past its commit index: they cover every entry held back (module `retiring`).
             group.fsm.forget_records();
+            group.held_back.clear();
             match installed {
                 Ok(installed) => {
                     group.config_epoch = installed.config_epoch;
@@ -101,7 +103,8 @@ impl MultiRaft {
             batch.apply_snapshot(id, snapshot.get_metadata().clone());
         }
         let entries = ready.take_entries();
-        let wrote = !snapshot.is_empty() || !entries.is_empty() || ready.hs().is_some();
+        let commit = ready.hs().map(|hs| hs.commit);
+        let wrote = !snapshot.is_empty() || !entries.is_empty() || commit.is_some();
         batch.append(id, entries);
         if let Some(hs) = ready.hs() {
             batch.set_hard_state(id, hs.clone());
@@ -138,7 +141,8 @@ impl MultiRaft {
         // simulator: a follower acknowledged entries before they were durable.)
         let behind_unsynced = self.awaiting.iter().any(|a| a.group == id);
         if wrote || behind_unsynced {
-            let awaiting = AwaitingSync { token: 0, group: id, number, messages: persisted_messages, snapshot_index };
+            let awaiting =
+                AwaitingSync { token: 0, group: id, number, messages: persisted_messages, snapshot_index, commit };
             self.awaiting.push_back(awaiting);
             self.sync_requested = true;
         } else {
@@ -158,6 +162,16 @@ impl MultiRaft {
         table: &HashToSlot,
         entries: Vec<Entry>,
     ) -> Result<(), StoreError> {
+        let group = self.groups.get_mut(&id).expect("group exists");
+        // Entries held back come first (module `retiring`).
+        let mut entries = if group.held_back.is_empty() {
+            entries
+        } else {
+            let mut all = std::mem::take(&mut group.held_back);
+            all.extend(entries);
+            all
+        };
+        let added_back = self.last_added_back(&entries);
         let mut start = 0;
         while start < entries.len() {
             let mut end = start;
@@ -169,7 +183,12 @@ impl MultiRaft {
                 }
                 end += 1;
             }
-            self.apply_batch(id, table, &entries[start..end])?;
+            let applied = self.apply_batch(id, table, &entries[start..end], added_back)?;
+            if start + applied < end {
+                let rest = entries.split_off(start + applied);
+                self.hold_back(id, rest);
+                return Ok(());
+            }
             start = end;
         }
         Ok(())
@@ -177,32 +196,37 @@ impl MultiRaft {
 
     /// Applies `entries`: commands under the membership in force at their index, so a membership change
     /// ends a run; the change itself is recorded (configuration and epoch) with its applied index.
-    pub(super) fn apply_batch(&mut self, id: GroupId, table: &HashToSlot, entries: &[Entry]) -> Result<(), StoreError> {
+    /// Returns how many entries it applied: all but those from a change that takes this replica's vote,
+    /// which wait (module `retiring`) unless a change committed after it, at `added_back`, adds this
+    /// node again.
+    pub(super) fn apply_batch(
+        &mut self,
+        id: GroupId,
+        table: &HashToSlot,
+        entries: &[Entry],
+        added_back: Option<u64>,
+    ) -> Result<usize, StoreError> {
         let mut start = 0;
         for (at, entry) in entries.iter().enumerate() {
             if entry.get_entry_type() != EntryType::EntryNormal {
+                if added_back.is_none_or(|index| index < entry.index) && self.takes_own_vote(id, entry) {
+                    self.apply_run(id, table, &entries[start..at], false)?;
+                    self.maybe_compact(id)?;
+                    return Ok(at);
+                }
                 self.apply_run(id, table, &entries[start..at], false)?;
                 self.apply_conf_change(id, entry)?;
                 self.apply_run(id, table, &entries[at..=at], true)?;
                 start = at + 1;
-                // A configuration without this node does not destroy a follower here: later entries (which
-                // it may have acknowledged already) can add it back, and a leader counting on those
-                // acknowledgements must never face an emptied replica. The leader says when it may go
-                // (`SlotBody::Removed`), asked by `check_membership` if need be. A leader that removed
-                // itself (it inherited the change) cannot go on: raft-rs does not step such a leader down
-                // and fails on its next persist. Its log holds no later change (one at a time), so it goes
-                // now, and the remaining members elect a leader.
-                let g = self.groups.get(&id).expect("group exists");
-                if g.raw.raft.state == StateRole::Leader && !g.raw.raft.prs().conf().voters().contains(g.raw.raft.id) {
-                    if !self.leaving.contains(&id) {
-                        self.leaving.push(id);
-                    }
-                    return Ok(());
-                }
+                // A configuration without this node (a learner removed) does not destroy the replica
+                // here: later entries (which it may have acknowledged already) can add it back, and a
+                // leader counting on those acknowledgements must never face an emptied replica. The
+                // leader says when it may go (`SlotBody::Removed`), asked by `check_membership` if need be.
             }
         }
         self.apply_run(id, table, &entries[start..], false)?;
-        self.maybe_compact(id)
+        self.maybe_compact(id)?;
+        Ok(entries.len())
     }
 
     /// Applies a run of entries through the FSM in one atomic write (membership-change entries carry no
@@ -319,14 +343,7 @@ impl MultiRaft {
         self.write_round()?;
         let group = self.groups.get_mut(&id).expect("group exists");
         group.config_epoch = entry.index;
-        let conf = match entry.get_entry_type() {
-            EntryType::EntryConfChangeV2 => ConfChangeV2::parse_from_bytes(&entry.data)
-                .ok()
-                .and_then(|change| group.raw.apply_conf_change(&change).ok()),
-            _ => raft::prelude::ConfChange::parse_from_bytes(&entry.data)
-                .ok()
-                .and_then(|change| group.raw.apply_conf_change(&change).ok()),
-        };
+        let conf = membership::entry_conf_change(entry).and_then(|change| group.raw.apply_conf_change(&change).ok());
         if let Some(conf) = conf {
             // Written now, with the round so far: the configuration the FSM records with this entry is
             // read back from the store (`Group::conf`). Membership changes are rare.
