@@ -650,3 +650,18 @@ fn a_seed_whose_fanout_outlasted_the_settling_passes() {
     assert!(params.shrink && params.tight_limits);
     assert_passes(&run(params));
 }
+
+/// A 30 s soak of 12 channels: slot group g1, of one voter, moved to a joining node and back. The
+/// outgoing voter won an election with the end of the joint configuration in its log, committed it,
+/// applied it and destroyed its replica at once; the incoming voter crashed before syncing that commit,
+/// came back joint, and its election needed the destroyed voter for good. A voter that a committed
+/// change takes the vote of now holds the change back until the group releases it, and a leader in
+/// that position hands over first (518000858, tight limits given, a node joining drawn).
+#[test]
+fn a_seed_whose_slot_group_needed_the_vote_of_a_removed_voter_passes() {
+    let params = SimParams { channels: 12, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(518000858) };
+    assert!(params.grow);
+    let report = run(params);
+    assert_passes(&report);
+    assert!(report.faults.slot_groups_reconfigured > 0, "no slot group moved: the run checked nothing of a removal");
+}

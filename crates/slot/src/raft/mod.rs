@@ -25,7 +25,8 @@
 //! (module `batch`) when the round is processed. Membership changes ([`MultiRaft::change_membership`]) are
 //! ConfChangeV2 entries; a node a leader reaches for a group it does not hold gets an empty replica that a
 //! snapshot initializes, and a replica outside its leader's configuration is destroyed only on that
-//! leader's `SlotBody::Removed` (see `removed_by_peer`), leaving a tombstone.
+//! leader's `SlotBody::Removed` (see `removed_by_peer`), leaving a tombstone. A voter whose vote a
+//! committed change takes holds that change back until then (module `retiring`).
 
 mod batch;
 mod config;
