@@ -122,6 +122,9 @@ fn main() {
         FrameBody::Node(NodeMessage::StorageHello),
         FrameBody::Node(NodeMessage::StorageAccepted { storage: StorageId::new(0x5eed) }),
         FrameBody::Node(NodeMessage::Leaving),
+        FrameBody::Node(NodeMessage::HandOffProgress {
+            channels_led: vec![(GroupId::new(1), 3), (GroupId::new(2), 0)],
+        }),
     ];
     for (i, body) in bodies.into_iter().enumerate() {
         let frame = Frame { cluster: 1, from: NodeId::new(2), storage: StorageId::new(0x5eed), body };

@@ -146,3 +146,31 @@ fn a_node_that_stops_leaving_is_given_leaderships_again() {
         cluster.run_until(20_000, |c| led.iter().all(|room| stored_meta(c, 2, room).leader == NodeId::new(LEAVING)));
     assert!(back, "leaderships did not come back to a node no longer leaving");
 }
+
+/// Idle channels a leaving node leads (no replica active anywhere) are handed off as well, and the
+/// node learns it: the leader of each slot group reports what is left in its slots after each repair
+/// pass, and `channels_left_to_hand_off` says `Some(0)` only once no channel names it leader.
+#[test]
+fn a_leaving_node_learns_when_its_idle_channels_are_handed_off_too() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    let idle = channels_led_by(&mut cluster, LEAVING, 3);
+    let status = cluster.core(LEAVING).status();
+    assert_eq!(status.channels_leading, 0, "the channels are idle: no active replica leads");
+    assert_eq!(status.channels_left_to_hand_off, None, "not leaving");
+
+    let answer = cluster.call(LEAVING, |core, now, id| core.set_leaving(now, id, true));
+    assert_eq!(answer, "Meta(Ok(()))");
+    let mut most_left = 0;
+    let done = cluster.run_until(20_000, |c| {
+        let left = c.core(LEAVING).status().channels_left_to_hand_off;
+        most_left = most_left.max(left.unwrap_or(0));
+        left == Some(0)
+    });
+    assert!(done, "the leaving node never learnt its idle channels were handed off");
+    assert!(most_left > 0, "no report counted the idle channels it led");
+    cluster.run_for(500);
+    for room in &idle {
+        assert_ne!(stored_meta(&mut cluster, 2, room).leader, NodeId::new(LEAVING), "{room} is still led by it");
+    }
+}

@@ -165,6 +165,14 @@ pub enum NodeMessage {
     /// of the variants, so a node of an earlier build refuses only this message (as garbage) and reads
     /// every other.
     Leaving,
+    /// To a leaving node, from the leader of slot groups, after each repair pass over their slots: how
+    /// many channels of each of those groups it still leads, active or idle. The leaving node waits for
+    /// every group to say none (`Node::hand_off_leaderships`). After `Leaving`, so a node of an earlier
+    /// build refuses only these two.
+    HandOffProgress {
+        /// Per slot group the sender leads: the channels of its slots the leaving node still leads.
+        channels_led: Vec<(GroupId, u32)>,
+    },
 }
 
 /// A read one node asks of another that keeps a replica of the slot group it concerns.

@@ -553,13 +553,14 @@ impl Node {
     }
 
     /// Before a planned stop (a restart, an upgrade): marks this node leaving and waits until it has led
-    /// no active channel replica and no slot group for a quarter of a second (the other nodes learn the
-    /// new leaders meanwhile), so that its channels keep taking appends through the stop instead of
-    /// waiting for a failover. The other nodes do the moves (see
-    /// [`NodeCore::set_leaving`]); idle channels it leads are handed off by the same repair passes,
-    /// or fail over after the stop if it comes first. [`NodeError::TimedOut`] if something is still led
+    /// no channel, active or idle, and no slot group for a quarter of a second (the other nodes learn
+    /// the new leaders meanwhile), so that its channels keep taking appends through the stop instead of
+    /// waiting for a failover. The other nodes do the moves (see [`NodeCore::set_leaving`]), and the
+    /// leader of each slot group tells it what is left in its slots after each repair pass
+    /// ([`NodeStatus::channels_left_to_hand_off`]). [`NodeError::TimedOut`] if something is still led
     /// after `timeout` (no live member to take over, say — a one-node cluster never hands anything
-    /// off): the node stays leaving, and may be dropped anyway. A restarted node is no longer leaving.
+    /// off): the node stays leaving, and may be dropped anyway; a channel still led then fails over
+    /// after the stop. A restarted node is no longer leaving.
     ///
     /// ```no_run
     /// # fn demo(node: tidings::Node) -> Result<(), tidings::node::NodeError> {
@@ -577,7 +578,8 @@ impl Node {
         loop {
             let status = self.status()?;
             let leads_a_group = status.groups.iter().any(|g| g.leader == Some(status.node));
-            if leads_a_group || status.channels_leading > 0 {
+            let all_handed_off = status.channels_left_to_hand_off == Some(0);
+            if leads_a_group || status.channels_leading > 0 || !all_handed_off {
                 led_nothing_since = None;
             } else if led_nothing_since.get_or_insert_with(Instant::now).elapsed() >= HAND_OFF_SETTLE {
                 return Ok(());

@@ -223,8 +223,9 @@ struct RepairScan {
     drain_left: BTreeMap<NodeId, usize>,
     /// Slot groups walked by this pass that still hold a replica on a drained node.
     drain_groups: BTreeMap<NodeId, Vec<GroupId>>,
-    /// Channels this pass found led by a leaving node (up), per node.
-    hand_offs_left: BTreeMap<NodeId, usize>,
+    /// Channels this pass found led by a leaving node (up), per node and slot group (every group the
+    /// pass walks, with 0 where it found none).
+    hand_offs_left: BTreeMap<NodeId, BTreeMap<GroupId, usize>>,
     /// Transfers back to preferred leaders this pass started.
     rebalances: usize,
     /// When a transfer back this pass could not start yet (its preferred replica not up long enough, or
@@ -294,6 +295,9 @@ pub(crate) struct Controller {
     /// This node is leaving (`NodeCore::set_leaving`): its pings say so, and the controllers of the
     /// other nodes hand its leaderships off.
     leaving: bool,
+    /// While leaving: per slot group, the channels this node still leads there, as the group's leader
+    /// last reported ([`NodeMessage::HandOffProgress`]) since the leave began.
+    hand_off_progress: BTreeMap<GroupId, usize>,
     /// Slot groups this node led at the last tick.
     led: BTreeSet<GroupId>,
     /// The hash slots of the groups in `led`, as of the last ping round.
@@ -342,6 +346,7 @@ impl Controller {
             fences_seen: BTreeMap::new(),
             surplus_seen: BTreeMap::new(),
             leaving: false,
+            hand_off_progress: BTreeMap::new(),
             led: BTreeSet::new(),
             led_slots: Vec::new(),
             next_task: first_task,
@@ -371,6 +376,7 @@ impl Controller {
     pub(crate) fn set_leaving(&mut self, now: Time, leaving: bool) {
         if leaving != self.leaving {
             self.leaving = leaving;
+            self.hand_off_progress.clear();
             self.next_ping = now;
             // Its own led groups' channels too: their repair passes run here.
             self.scan.active = false;
@@ -381,6 +387,21 @@ impl Controller {
     /// `true` if this node is leaving.
     pub(crate) fn leaving(&self) -> bool {
         self.leaving
+    }
+
+    /// A slot groups' leader reports, for each group it leads, how many channels there this node
+    /// still leads (kept only while this node is leaving).
+    pub(crate) fn hand_off_progress(&mut self, channels_led: impl IntoIterator<Item = (GroupId, usize)>) {
+        if self.leaving {
+            self.hand_off_progress.extend(channels_led);
+        }
+    }
+
+    /// While leaving: the channels this node still leads, active or idle, once the leader of each of
+    /// `groups` reported since the leave began (`None` before, or when not leaving).
+    pub(crate) fn channels_left_to_hand_off(&self, mut groups: impl Iterator<Item = GroupId>) -> Option<usize> {
+        let reported = groups.all(|group| self.hand_off_progress.contains_key(&group));
+        (self.leaving && reported).then(|| self.hand_off_progress.values().sum())
     }
 
     /// `true` if `node` (this node or a peer) is leaving: it should lead nothing.

@@ -3,7 +3,8 @@
 //! left behind.
 
 use super::report::TaskKind;
-use super::{Controller, DrainReport, HandOffReport, FENCES_SEEN_MAX};
+use super::{Action, Controller, DrainReport, HandOffReport, FENCES_SEEN_MAX};
+use crate::node::message::NodeMessage;
 use crate::node::rendezvous;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -42,8 +43,10 @@ impl Controller {
             self.scan.draining.clear();
             self.scan.drain_left.clear();
             self.scan.drain_groups.clear();
-            // Every node leaving shows, with nothing left once none of the pass's channels names it.
-            self.scan.hand_offs_left = self.leaving_nodes(now).into_iter().map(|node| (node, 0)).collect();
+            // Every node leaving shows, in every group walked, with nothing left once none of the
+            // pass's channels names it.
+            let walked: BTreeMap<GroupId, usize> = led.iter().map(|group| (*group, 0)).collect();
+            self.scan.hand_offs_left = self.leaving_nodes(now).into_iter().map(|node| (node, walked.clone())).collect();
             self.scan.rebalances = 0;
             self.scan.rebalance_due = None;
             // Every local group's intent, read once: drains are recorded in all of them, so any local copy
@@ -95,6 +98,10 @@ impl Controller {
             };
             budget = budget.saturating_sub(page.items.len().max(1));
             for meta in page.items {
+                if self.is_leaving(meta.leader, now) && !self.is_down(meta.leader, now) {
+                    let led = self.scan.hand_offs_left.entry(meta.leader).or_default();
+                    *led.entry(group).or_default() += 1;
+                }
                 self.consider(now, meta);
             }
             match page.cursor {
@@ -119,10 +126,17 @@ impl Controller {
                     channel_replicas: *left,
                 })
                 .collect();
-            self.hand_off_reports = std::mem::take(&mut self.scan.hand_offs_left)
-                .into_iter()
-                .map(|(node, channels_led)| HandOffReport { node, channels_led })
+            let hand_offs = std::mem::take(&mut self.scan.hand_offs_left);
+            self.hand_off_reports = hand_offs
+                .iter()
+                .map(|(node, groups)| HandOffReport { node: *node, channels_led: groups.values().sum() })
                 .collect();
+            // Each leaving node learns what is left of its own, group by group: it waits for none.
+            for (node, groups) in hand_offs {
+                let channels_led = groups.into_iter().map(|(g, led)| (g, u32::try_from(led).unwrap_or(u32::MAX)));
+                let message = NodeMessage::HandOffProgress { channels_led: channels_led.collect() };
+                self.actions.push_back(Action::Send { to: node, message });
+            }
             let busy = !self.down.is_empty() || !self.scan.draining.is_empty() || !self.hand_off_reports.is_empty();
             let pause = if busy { self.config.repair_interval } else { self.config.repair_idle_interval };
             let rebalance = self.scan.rebalance_due.map(|due| due.max(now + self.config.repair_interval));
@@ -151,9 +165,6 @@ impl Controller {
     }
 
     pub(super) fn consider(&mut self, now: Time, meta: ChannelRuntimeMeta) {
-        if self.is_leaving(meta.leader, now) && !self.is_down(meta.leader, now) {
-            *self.scan.hand_offs_left.entry(meta.leader).or_default() += 1;
-        }
         self.track_fence(now, &meta);
         if meta.write_fence.is_some() {
             return;
@@ -684,7 +695,6 @@ pub(super) mod tests {
         leaving(&mut controller, n(1), now);
         controller.consider(now, meta.clone());
         assert_eq!(started(&controller), Some(TaskKind::HandOff { target: n(2) }), "the preferred replica");
-        assert_eq!(controller.scan.hand_offs_left.get(&n(1)), Some(&1));
 
         // The preferred replica leaves too: another staying member (this node).
         let mut controller = new_controller();

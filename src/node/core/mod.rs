@@ -577,6 +577,12 @@ impl NodeCore {
             }
             NodeMessage::Ping => {}
             NodeMessage::Leaving => self.controller.heard_leaving(from, self.now),
+            NodeMessage::HandOffProgress { channels_led } => {
+                // Only the cluster's slot groups: what a peer sends cannot grow the map past them.
+                let genesis = self.slot.genesis();
+                let known = channels_led.into_iter().filter(|(group, _)| genesis.groups().any(|g| g == *group));
+                self.controller.hand_off_progress(known.map(|(group, led)| (group, led as usize)));
+            }
             NodeMessage::StorageRefused { known } => self.identities.refused_by(self.now, from, known),
             NodeMessage::StorageHello => {
                 // The frame passed the identity check: the identity recorded for `from` is the one it names.

@@ -53,7 +53,7 @@ pub struct NodeStatus {
     /// Its active channel replicas, listed in `channels` or not.
     pub channels_active: usize,
     /// Its active channel replicas that lead their channel (idle ones it leads are not counted: see
-    /// [`NodeStatus::hand_offs`]).
+    /// [`NodeStatus::channels_left_to_hand_off`] and [`NodeStatus::hand_offs`]).
     pub channels_leading: usize,
     /// This node is leaving ([`NodeCore::set_leaving`]): it hands off its leaderships and takes no new
     /// ones.
@@ -70,6 +70,11 @@ pub struct NodeStatus {
     /// Leaving nodes' channel leaderships still to hand off, as far as the slot groups this node leads
     /// show them (see [`HandOffReport`]).
     pub hand_offs: Vec<HandOffReport>,
+    /// While this node is leaving: the channels it still leads, active or idle, once the leader of
+    /// every slot group has reported on its slots since the leave began (each does after its repair
+    /// passes, every `ControllerConfig::repair_interval` while a node leaves); `None` before that,
+    /// and when not leaving. `Some(0)`: every leadership is handed off.
+    pub channels_left_to_hand_off: Option<usize>,
     /// Healthy channels holding more replicas than `NodeConfig::channel_replicas` (left by replacements
     /// that did not finish) that the last repair passes over the slot groups this node leads found, and
     /// that wait to give one up (see `ControllerConfig::catch_up_timeout`).
@@ -181,6 +186,7 @@ impl NodeCore {
             leadership: self.preferred.decisions(),
             drains: self.controller.drain_reports(),
             hand_offs: self.controller.hand_off_reports(),
+            channels_left_to_hand_off: self.controller.channels_left_to_hand_off(self.slot.genesis().groups()),
             channels_over_factor: self.controller.channels_over_factor(),
             slot_migrations: self.migrations.reports(),
             refused_frames: self.refused_frames.clone(),
