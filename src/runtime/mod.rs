@@ -577,9 +577,7 @@ impl Node {
         let mut led_nothing_since = None;
         loop {
             let status = self.status()?;
-            let leads_a_group = status.groups.iter().any(|g| g.leader == Some(status.node));
-            let all_handed_off = status.channels_left_to_hand_off == Some(0);
-            if leads_a_group || status.channels_leading > 0 || !all_handed_off {
+            if !status.handed_off() {
                 led_nothing_since = None;
             } else if led_nothing_since.get_or_insert_with(Instant::now).elapsed() >= HAND_OFF_SETTLE {
                 return Ok(());

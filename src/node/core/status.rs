@@ -151,6 +151,15 @@ pub struct NodeStatus {
 }
 
 impl NodeStatus {
+    /// `true` once this node, leaving, leads nothing: no slot group, no active channel replica, and
+    /// every slot group's leader reported none of its channels left, idle ones included
+    /// (`channels_left_to_hand_off == Some(0)`). What [`Node::hand_off_leaderships`](crate::Node::hand_off_leaderships)
+    /// waits for.
+    pub fn handed_off(&self) -> bool {
+        let leads_a_group = self.groups.iter().any(|g| g.leader == Some(self.node));
+        !leads_a_group && self.channels_leading == 0 && self.channels_left_to_hand_off == Some(0)
+    }
+
     /// Adds a channel shard's counters and its page of replicas, keeping the first `limit` replicas.
     pub(crate) fn add_shard(&mut self, shard: ShardStatus, limit: usize) {
         self.channels = first_in_order([std::mem::take(&mut self.channels), shard.channels], limit);

@@ -168,7 +168,7 @@ pub struct Faults {
     pub nodes_removed: u64,
     /// Planned stops (`SimParams::planned_stops`): nodes set leaving, then stopped.
     pub planned_stops: u64,
-    /// Planned stops at which the node led no active channel replica and no slot group any more.
+    /// Planned stops at which the node led nothing any more, idle channels included (`NodeStatus::handed_off`).
     pub stops_handed_off: u64,
 }
 

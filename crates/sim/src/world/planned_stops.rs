@@ -59,9 +59,8 @@ impl World {
             return;
         };
         let status = core.status();
-        let leads_a_group = status.groups.iter().any(|g| g.leader == Some(id));
         self.faults.planned_stops += 1;
-        if !leads_a_group && status.channels_leading == 0 {
+        if status.handed_off() {
             self.faults.stops_handed_off += 1;
         }
         if std::env::var("SIM_DEBUG").is_ok() {
