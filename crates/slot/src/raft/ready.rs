@@ -209,12 +209,12 @@ impl MultiRaft {
         let mut start = 0;
         for (at, entry) in entries.iter().enumerate() {
             if entry.get_entry_type() != EntryType::EntryNormal {
-                if added_back.is_none_or(|index| index < entry.index) && self.takes_own_vote(id, entry) {
-                    self.apply_run(id, table, &entries[start..at], false)?;
+                let hold = added_back.is_none_or(|index| index < entry.index) && self.takes_own_vote(id, entry);
+                self.apply_run(id, table, &entries[start..at], false)?;
+                if hold {
                     self.maybe_compact(id)?;
                     return Ok(at);
                 }
-                self.apply_run(id, table, &entries[start..at], false)?;
                 self.apply_conf_change(id, entry)?;
                 self.apply_run(id, table, &entries[at..=at], true)?;
                 start = at + 1;
