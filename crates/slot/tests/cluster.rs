@@ -567,9 +567,9 @@ fn a_replica_moves_through_a_learner_and_joint_consensus_and_the_old_one_is_dest
     assert_eq!(cluster.propose_and_wait(to, put_user("after-restart", "x")), Outcome::Applied);
 }
 
-/// Moves `group`'s voter `from` to `to` under `leader`: a learner that catches up, the joint
-/// configuration, and its end.
-fn replace_voter(cluster: &mut Cluster, group: GroupId, leader: NodeId, from: NodeId, to: NodeId) {
+/// Adds `to` to `group` as a learner under `leader`, lets it catch up, and enters the joint
+/// configuration that promotes it and removes `from`.
+fn enter_joint_replacing(cluster: &mut Cluster, group: GroupId, leader: NodeId, from: NodeId, to: NodeId) {
     use tidings_slot::raft::MembershipChange;
     add_caught_up_learner(cluster, group, leader, to);
     let now = cluster.now;
@@ -577,6 +577,13 @@ fn replace_voter(cluster: &mut Cluster, group: GroupId, leader: NodeId, from: No
     cluster.driver(leader).change_membership(now, group, &enter).unwrap();
     cluster.drain(leader);
     run_until(cluster, 5_000, "the joint configuration", |c| c.driver(leader).status(group).unwrap().joint);
+}
+
+/// Moves `group`'s voter `from` to `to` under `leader`: a learner that catches up, the joint
+/// configuration, and its end.
+fn replace_voter(cluster: &mut Cluster, group: GroupId, leader: NodeId, from: NodeId, to: NodeId) {
+    use tidings_slot::raft::MembershipChange;
+    enter_joint_replacing(cluster, group, leader, from, to);
     let now = cluster.now;
     cluster.driver(leader).change_membership(now, group, &MembershipChange::LeaveJoint).unwrap();
     cluster.drain(leader);
@@ -795,25 +802,22 @@ fn membership_changes_complete_while_writes_flow_every_few_milliseconds() {
     assert_eq!(cluster.propose_and_wait(n(1), put_user("after", "x")), Outcome::Applied);
 }
 
-/// Moves group 1, whose only voter is node 2 of two, into the joint configuration that promotes node 1
-/// and removes node 2, and hands node 1 the leadership (the controller's steps before leaving it).
-fn move_lone_voter_into_joint_configuration(cluster: &mut Cluster) -> (NodeId, NodeId) {
-    use tidings_slot::raft::MembershipChange;
+/// Two nodes and group 1, whose only voter is node 2, moved into the joint configuration that promotes
+/// node 1 and removes node 2, node 1 leading (the controller's steps before leaving it): the cluster,
+/// the outgoing voter and the incoming one.
+fn lone_voter_in_joint_configuration() -> (Cluster, NodeId, NodeId) {
+    let mut cluster = Cluster::new(7, 2, 1, 1);
+    cluster.run_for(3_000);
     let group = GroupId::new(1);
     let (old, new) = (NodeId::new(2), NodeId::new(1));
     assert_eq!(cluster.members(group), vec![old]);
     assert_eq!(cluster.propose_and_wait(old, put_user("before", "x")), Outcome::Applied);
-    add_caught_up_learner(cluster, group, old, new);
-    let now = cluster.now;
-    let enter = MembershipChange::EnterJoint { promote: vec![new], remove: vec![old] };
-    cluster.driver(old).change_membership(now, group, &enter).unwrap();
-    cluster.drain(old);
-    run_until(cluster, 5_000, "the joint configuration", |c| c.driver(old).status(group).unwrap().joint);
+    enter_joint_replacing(&mut cluster, group, old, old, new);
     let now = cluster.now;
     assert!(cluster.driver(old).transfer_leader(now, group, new));
     cluster.drain(old);
-    run_until(cluster, 5_000, "the incoming voter leads", |c| c.leader_of(group) == Some(new));
-    (old, new)
+    run_until(&mut cluster, 5_000, "the incoming voter leads", |c| c.leader_of(group) == Some(new));
+    (cluster, old, new)
 }
 
 /// Runs a millisecond at a time until `check` holds, at most `ms`.
@@ -841,6 +845,24 @@ fn assert_moved_to(cluster: &mut Cluster, old: NodeId, new: NodeId) {
     assert!(cluster.reader(new).user(&Uid::new("before").unwrap()).unwrap().is_some());
 }
 
+/// The outgoing voter `old` still holds its replica, holding the end of the joint configuration back;
+/// the new voter, whose disk stalled before it synced that end's commit, crashes and comes back joint,
+/// and the group then ends the move all the same.
+fn crash_the_stalled_new_voter_and_finish(cluster: &mut Cluster, old: NodeId, new: NodeId) {
+    let group = GroupId::new(1);
+    assert!(
+        cluster.driver(old).groups().any(|g| g == group),
+        "the outgoing voter's replica went before the commit was synced"
+    );
+    let held = cluster.driver(old).status(group).unwrap();
+    assert!(held.joint && held.held_back_from.is_some(), "the outgoing voter holds the end back: {held:?}");
+    cluster.crash(new);
+    cluster.stalled.remove(&new);
+    cluster.start(new);
+    assert!(cluster.driver(new).status(group).unwrap().joint, "the unsynced commit survived the crash");
+    assert_moved_to(cluster, old, new);
+}
+
 /// A voter removed by the end of a joint configuration keeps its replica, which still votes, until the
 /// leader's own store holds that end as committed. raft-rs leaders send the commit index before their
 /// hard state is synced: a leader that crashed then came back joint, and needed the voter it had told
@@ -848,10 +870,8 @@ fn assert_moved_to(cluster: &mut Cluster, old: NodeId, new: NodeId) {
 #[test]
 fn a_removed_voter_stays_until_the_leader_holds_the_end_of_the_joint_configuration_durably() {
     use tidings_slot::raft::MembershipChange;
-    let mut cluster = Cluster::new(7, 2, 1, 1);
-    cluster.run_for(3_000);
+    let (mut cluster, old, new) = lone_voter_in_joint_configuration();
     let group = GroupId::new(1);
-    let (old, new) = move_lone_voter_into_joint_configuration(&mut cluster);
     let now = cluster.now;
     cluster.driver(new).change_membership(now, group, &MembershipChange::LeaveJoint).unwrap();
     cluster.drain(new);
@@ -862,19 +882,8 @@ fn a_removed_voter_stays_until_the_leader_holds_the_end_of_the_joint_configurati
     });
     cluster.stalled.insert(new);
     cluster.run_for(3_000);
-    assert!(
-        cluster.driver(old).groups().any(|g| g == group),
-        "the removed voter went before the leader synced the end"
-    );
-    let held = cluster.driver(old).status(group).unwrap();
-    assert!(held.joint && held.held_back_from.is_some(), "the removed voter holds the end back: {held:?}");
-
     // The leader crashes: it comes back joint, and the voter that stayed lets it lead again.
-    cluster.crash(new);
-    cluster.stalled.remove(&new);
-    cluster.start(new);
-    assert!(cluster.driver(new).status(group).unwrap().joint, "the unsynced commit survived the crash");
-    assert_moved_to(&mut cluster, old, new);
+    crash_the_stalled_new_voter_and_finish(&mut cluster, old, new);
 }
 
 /// A leader that inherits the end of a joint configuration removing it (it won an election with that
@@ -885,10 +894,8 @@ fn a_removed_voter_stays_until_the_leader_holds_the_end_of_the_joint_configurati
 #[test]
 fn a_leader_the_joint_configuration_s_end_removes_hands_over_before_applying_it() {
     use tidings_slot::raft::MembershipChange;
-    let mut cluster = Cluster::new(7, 2, 1, 1);
-    cluster.run_for(3_000);
+    let (mut cluster, old, new) = lone_voter_in_joint_configuration();
     let group = GroupId::new(1);
-    let (old, new) = move_lone_voter_into_joint_configuration(&mut cluster);
     // The new voter proposes the end with a stalled disk: it cannot count its own copy, so the end does
     // not commit, and the crash loses it from its log. The outgoing voter holds it.
     let matched = |c: &mut Cluster| c.driver(new).status(group).unwrap().peers.iter().find(|p| p.0 == old).unwrap().1;
@@ -911,13 +918,5 @@ fn a_leader_the_joint_configuration_s_end_removes_hands_over_before_applying_it(
     });
     cluster.stalled.insert(new);
     cluster.run_for(2_000);
-    assert!(cluster.driver(old).groups().any(|g| g == group), "the leader destroyed its replica on its removal");
-    let held = cluster.driver(old).status(group).unwrap();
-    assert!(held.joint && held.held_back_from.is_some(), "the old leader holds the end back: {held:?}");
-
-    cluster.crash(new);
-    cluster.stalled.remove(&new);
-    cluster.start(new);
-    assert!(cluster.driver(new).status(group).unwrap().joint, "the unsynced commit survived the crash");
-    assert_moved_to(&mut cluster, old, new);
+    crash_the_stalled_new_voter_and_finish(&mut cluster, old, new);
 }
