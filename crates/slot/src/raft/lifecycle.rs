@@ -105,13 +105,12 @@ impl MultiRaft {
             if leader == me || (!outside && leader != 0 && !silent) {
                 continue;
             }
-            // Outside its own configuration (or holding back its removal: module `retiring`), leaderless or
-            // silent: ask the leader it knows, every voter it
-            // knows and every node of the cluster (only the leader answers). The voters it knows may all
-            // have left the group or lost their disks: a voter removed while cut off, whose group then
-            // moved on to other nodes, asked only those and kept its stale copy for good — its metadata
-            // named this node a channel's replica, so the stray-log sweep never forgot that log (sim seed
-            // 398003608).
+            // Outside its own configuration (or holding back its removal: module `retiring`), leaderless
+            // or silent: ask the leader it knows, every voter it knows and every node of the cluster (only
+            // the leader answers). The voters it knows may all have left the group or lost their disks: a
+            // voter removed while cut off, whose group then moved on to other nodes, asked only those and
+            // kept its stale copy for good — its metadata named this node a channel's replica, so the
+            // stray-log sweep never forgot that log (sim seed 398003608).
             let conf = g.conf();
             let mut ask: Vec<u64> = conf.voters.iter().chain(&self.config.cluster).map(|n| n.get()).collect();
             ask.push(leader);
