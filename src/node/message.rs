@@ -161,9 +161,9 @@ pub enum NodeMessage {
         meta: Option<ChannelRuntimeMeta>,
     },
     /// Liveness, from a node that is leaving (`NodeCore::set_leaving`): sent instead of `Ping` while it
-    /// hands off its leaderships before it stops. The mark lapses when the pings stop saying so. Last
-    /// of the variants, so a node of an earlier build refuses only this message (as garbage) and reads
-    /// every other.
+    /// hands off its leaderships before it stops. The mark lapses when the pings stop saying so. Among
+    /// the last variants, so a node of an earlier build refuses only these (as garbage) and reads every
+    /// other.
     Leaving,
     /// To a leaving node, from the leader of slot groups, after each repair pass over their slots: how
     /// many channels of each of those groups it still leads, active or idle. The leaving node waits for
