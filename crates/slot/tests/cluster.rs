@@ -477,9 +477,6 @@ fn run_until(cluster: &mut Cluster, ms: u64, what: &str, mut check: impl FnMut(&
     panic!("never reached: {what}\n{}", cluster.trace.join("\n"));
 }
 
-/// Moves group 1's replica off one of its followers (nodes 2, 3 and 4 hold it, node 1 none) to node 1,
-/// through a learner caught up by snapshot, into the joint configuration: the leader, the voter
-/// leaving and the one joining.
 /// Adds `to` to `group` as a learner under `leader`, and runs until it applied all the leader has.
 fn add_caught_up_learner(cluster: &mut Cluster, group: GroupId, leader: NodeId, to: NodeId) {
     use tidings_slot::raft::MembershipChange;
@@ -492,8 +489,13 @@ fn add_caught_up_learner(cluster: &mut Cluster, group: GroupId, leader: NodeId, 
     });
 }
 
-fn move_into_joint_configuration(cluster: &mut Cluster) -> (NodeId, NodeId, NodeId) {
+/// Four nodes, group 1 on nodes 2, 3 and 4; its replica moved off one of its followers to node 1,
+/// through a learner caught up by snapshot, into the joint configuration: the cluster, the leader, the
+/// voter leaving and the one joining.
+fn four_nodes_in_joint_configuration() -> (Cluster, NodeId, NodeId, NodeId) {
     use tidings_slot::raft::MembershipChange;
+    let mut cluster = Cluster::new(7, 4, 1, 3);
+    cluster.run_for(3_000);
     let group = GroupId::new(1);
     let n = NodeId::new;
     assert_eq!(cluster.members(group), vec![n(2), n(3), n(4)]);
@@ -506,7 +508,7 @@ fn move_into_joint_configuration(cluster: &mut Cluster) -> (NodeId, NodeId, Node
     let to = n(1);
     let epoch_before = cluster.driver(leader).status(group).unwrap().config_epoch;
 
-    add_caught_up_learner(cluster, group, leader, to);
+    add_caught_up_learner(&mut cluster, group, leader, to);
     let status = cluster.driver(leader).status(group).unwrap();
     assert_eq!(status.learners, vec![to]);
     assert!(status.config_epoch > epoch_before, "a membership change moves the configuration epoch");
@@ -521,19 +523,17 @@ fn move_into_joint_configuration(cluster: &mut Cluster) -> (NodeId, NodeId, Node
     let enter = MembershipChange::EnterJoint { promote: vec![to], remove: vec![from] };
     cluster.driver(leader).change_membership(now, group, &enter).unwrap();
     cluster.drain(leader);
-    run_until(cluster, 5_000, "the joint configuration", |c| c.driver(leader).status(group).unwrap().joint);
-    (leader, from, to)
+    run_until(&mut cluster, 5_000, "the joint configuration", |c| c.driver(leader).status(group).unwrap().joint);
+    (cluster, leader, from, to)
 }
 
 #[test]
 fn a_replica_moves_through_a_learner_and_joint_consensus_and_the_old_one_is_destroyed() {
     use tidings_slot::raft::MembershipChange;
     // 4 nodes, one group of 3 on nodes 2, 3 and 4: node 1 is outside it.
-    let mut cluster = Cluster::new(7, 4, 1, 3);
-    cluster.run_for(3_000);
+    let (mut cluster, leader, from, to) = four_nodes_in_joint_configuration();
     let group = GroupId::new(1);
     let n = NodeId::new;
-    let (leader, from, to) = move_into_joint_configuration(&mut cluster);
     // The outgoing voter misses the end of the joint configuration: the leader must tell it later.
     cluster.blocked.insert(from);
     let now = cluster.now;
@@ -644,10 +644,8 @@ fn a_removed_voter_whose_known_voters_all_left_the_group_learns_its_removal() {
 #[test]
 fn a_leaving_voter_goes_even_while_another_member_is_down() {
     use tidings_slot::raft::MembershipChange;
-    let mut cluster = Cluster::new(7, 4, 1, 3);
-    cluster.run_for(3_000);
+    let (mut cluster, leader, from, to) = four_nodes_in_joint_configuration();
     let group = GroupId::new(1);
-    let (leader, from, to) = move_into_joint_configuration(&mut cluster);
     // The voter staying besides the leader and the new one goes down before the joint configuration
     // ends, and stays down.
     let staying = [2, 3, 4].into_iter().map(NodeId::new).find(|m| *m != leader && *m != from).unwrap();
@@ -933,10 +931,8 @@ fn a_leader_the_joint_configuration_s_end_removes_hands_over_before_applying_it(
 #[test]
 fn a_voter_holding_back_its_removal_applies_it_once_the_group_adds_it_back() {
     use tidings_slot::raft::MembershipChange;
-    let mut cluster = Cluster::new(7, 4, 1, 3);
-    cluster.run_for(3_000);
+    let (mut cluster, leader, from, to) = four_nodes_in_joint_configuration();
     let group = GroupId::new(1);
-    let (leader, from, to) = move_into_joint_configuration(&mut cluster);
     // Its release never reaches the outgoing voter: it holds the end of the joint configuration back.
     cluster.lose_removals = true;
     let now = cluster.now;
