@@ -11,7 +11,8 @@
 //! fanout deliveries, and checks that every message acknowledged around the stop reached its online
 //! subscribers at least once (the new leaders plan again what the stopped one had not). Then it
 //! restarts another node as planned, under load: `Node::hand_off_leaderships` moves its leaderships to
-//! the others first, so none of its channels needs a failover, and it leads them again once it is back. It gives up the older half of one channel's history (`Node::set_retention`). Last, a
+//! the others first, so none of its channels needs a failover, and it leads them again once it is
+//! back. It gives up the older half of one channel's history (`Node::set_retention`). Last, a
 //! hash slot of users migrates to another slot group while they are written.
 #![allow(clippy::disallowed_methods)] // An example is a runtime shell: it reads the clock to report figures.
 
@@ -434,9 +435,6 @@ fn main() {
     drop(nodes);
 }
 
-/// Moves the hash slot of `user-0`'s records to another slot group while users of that slot are being
-/// written: writes meet a short fence (and are written again), and every acknowledged one is read back
-/// from the new group.
 /// The channels placement makes `node` the leader of.
 fn placed_leader(node: NodeId, ids: &[NodeId], channels: &[ChannelId]) -> Vec<ChannelId> {
     let placement = NodeConfig::new(node, ids.to_vec());
@@ -473,6 +471,9 @@ fn lead_again(node: &Node, channels: &[ChannelId], restarted_at: Instant) {
     }
 }
 
+/// Moves the hash slot of `user-0`'s records to another slot group while users of that slot are being
+/// written: writes meet a short fence (and are written again), and every acknowledged one is read back
+/// from the new group.
 fn migrate_a_slot(node: &Arc<Node>) {
     let slot = hash_slot(b"user-0");
     let table = node.routes().hash_to_slot().clone();

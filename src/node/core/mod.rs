@@ -579,8 +579,8 @@ impl NodeCore {
             NodeMessage::Leaving => self.controller.heard_leaving(from, self.now),
             NodeMessage::HandOffProgress { channels_led } => {
                 // Only the cluster's slot groups: what a peer sends cannot grow the map past them.
-                let genesis = self.slot.genesis();
-                let known = channels_led.into_iter().filter(|(group, _)| genesis.groups().any(|g| g == *group));
+                let groups: std::collections::BTreeSet<GroupId> = self.slot.genesis().groups().collect();
+                let known = channels_led.into_iter().filter(|(group, _)| groups.contains(group));
                 self.controller.hand_off_progress(known.map(|(group, led)| (group, led as usize)));
             }
             NodeMessage::StorageRefused { known } => self.identities.refused_by(self.now, from, known),

@@ -126,10 +126,11 @@ impl NodeCore {
     /// - it hands the leadership of each slot group it leads to a caught-up voter;
     /// - no leadership is moved back to it, and new channels are placed elsewhere first.
     ///
-    /// [`NodeStatus::channels_leading`](crate::node::NodeStatus::channels_leading) and the groups'
-    /// leaders in [`NodeStatus::groups`](crate::node::NodeStatus::groups) show what it still leads
-    /// (`Node::hand_off_leaderships` waits for both to reach none); [`NodeStatus::hand_offs`](crate::node::NodeStatus::hand_offs)
-    /// on the groups' leaders counts its idle channels too. The mark is soft: it lapses
+    /// [`NodeStatus::handed_off`](crate::node::NodeStatus::handed_off) says when it leads nothing any
+    /// more, idle channels included (what `Node::hand_off_leaderships` waits for): the slot groups'
+    /// leaders report what it still leads in their slots after each repair pass
+    /// ([`NodeStatus::channels_left_to_hand_off`](crate::node::NodeStatus::channels_left_to_hand_off)
+    /// here, [`NodeStatus::hand_offs`](crate::node::NodeStatus::hand_offs) on them). The mark is soft: it lapses
     /// `node_down_after` after the node stops saying so, so a restarted node leads again (its
     /// channels come back to it as their preferred replica, after `rebalance_leaders_after`) without
     /// anyone clearing it. [`NodeEffect::Done`](crate::node::NodeEffect::Done) with [`ApiResult::Meta`]
