@@ -572,6 +572,37 @@ fn a_raised_hw_keeps_the_replica_from_eviction_until_it_is_checkpointed() {
 }
 
 #[test]
+fn a_replica_kept_only_by_its_checkpoint_writes_it_at_once_when_asked() {
+    let (log, mut m) = replica_with_hw_ahead_of_its_checkpoint(2, 0, 3);
+    m.handle_meta(t(10), meta(1, 1, 1)).unwrap();
+    settle(&mut m, &log, t(10));
+    assert!(!m.can_leave_memory_as_follower(), "its HW is ahead of the store's");
+    assert!(m.kept_only_by_its_checkpoint());
+    // Asked at 20 ms, it writes the checkpoint then, not when it falls due (1.1 s).
+    assert!(m.checkpoint_to_leave(t(20)));
+    assert!(!m.kept_only_by_its_checkpoint(), "the checkpoint is on its way");
+    assert!(!m.checkpoint_to_leave(t(20)), "one write for one ask");
+    settle(&mut m, &log, t(20));
+    assert_eq!(log.state(&channel()).unwrap().hw, Seq::new(3));
+    assert!(m.can_leave_memory_as_follower() && m.is_quiescent());
+    assert!(!m.kept_only_by_its_checkpoint() && !m.checkpoint_to_leave(t(30)), "nothing keeps it now");
+}
+
+#[test]
+fn a_leader_waiting_for_a_commit_is_not_kept_only_by_its_checkpoint() {
+    let log = MemoryLog::new(LogLimits::default());
+    let mut m = empty_replica(1);
+    m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    settle(&mut m, &log, t(1));
+    m.handle_append(t(2), request(9, &["a"])).unwrap();
+    settle(&mut m, &log, t(2));
+    // Its record is durable but waits for the follower: only a commit lets it leave.
+    assert!(!m.is_quiescent());
+    assert!(!m.kept_only_by_its_checkpoint());
+    assert!(!m.checkpoint_to_leave(t(3)));
+}
+
+#[test]
 fn standalone_hw_checkpoints_of_replicas_whose_hw_moved_apart_fall_due_together() {
     // Two replicas (of quiet channels) whose HW moved past its checkpoint 44 ms apart, with no records
     // to carry a checkpoint: both write theirs at the same instant, a second after their last one

@@ -143,6 +143,9 @@ pub(super) struct Loading {
     given_up_at: Time,
     /// Handed off (counted in `loads_in_flight`), not waiting in `load_queue`.
     in_flight: bool,
+    /// What the load read, kept while the activation waits for the room a replica's hurried
+    /// checkpoint makes (`ChannelShard::hurry_one_checkpoint`).
+    waiting_for_room: Option<Loaded>,
 }
 
 impl ChannelShard {
@@ -185,7 +188,7 @@ impl ChannelShard {
         };
         let in_flight = self.loads_in_flight < LOADS_IN_FLIGHT_MAX;
         let given_up_at = self.now + LOAD_PATIENCE;
-        self.loading.insert(channel.clone(), Loading { id, parked, given_up_at, in_flight });
+        self.loading.insert(channel.clone(), Loading { id, parked, given_up_at, in_flight, waiting_for_room: None });
         if in_flight {
             self.hand_off(job);
         } else {
@@ -241,6 +244,28 @@ impl ChannelShard {
         }
     }
 
+    /// The room `channel`'s activation waited for was made (the checkpoint hurried for it landed, or the
+    /// replica hurried left): it is placed now with what its load read.
+    pub(super) fn room_made(&mut self, channel: &ChannelId) {
+        if let Some(loaded) = self.loading.get_mut(channel).and_then(|loading| loading.waiting_for_room.take()) {
+            self.finish_activation(loaded);
+        }
+    }
+
+    /// Activations waiting for room whose hurried replica left before its checkpoint landed (a storage
+    /// failure, a new incarnation): placed now. Called with idle eviction's scan (once a second).
+    pub(super) fn place_orphaned_waits(&mut self) {
+        let orphaned: Vec<ChannelId> = self
+            .loading
+            .iter()
+            .filter(|(c, loading)| loading.waiting_for_room.is_some() && !self.hurried_for.values().any(|w| w == *c))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for channel in orphaned {
+            self.room_made(&channel);
+        }
+    }
+
     /// `true` while `channel`'s replica waits for its load.
     pub(super) fn is_loading(&self, channel: &ChannelId) -> bool {
         self.loading.contains_key(channel)
@@ -267,8 +292,10 @@ impl ChannelShard {
         if self.loading.get(&channel).is_none_or(|loading| loading.id != loaded.id) {
             return;
         }
-        let Some(Loading { parked, .. }) = self.loading.remove(&channel) else { return };
-        self.load_ended();
+        let Some(Loading { id, parked, given_up_at, in_flight, .. }) = self.loading.remove(&channel) else { return };
+        if in_flight {
+            self.load_ended();
+        }
         if let Some(meta) = loaded.meta_read {
             // Asked for because the shard held none; one pushed meanwhile is at least as new.
             self.metas.entry(channel.clone()).or_insert(KnownMeta { meta, stored_here: true });
@@ -331,6 +358,16 @@ impl ChannelShard {
             no_room && (leads || !self.followers_place_taken_by_leaders())
         };
         if refused {
+            if let Some(hurried) = self.hurry_one_checkpoint(no_room_to_lead) {
+                // The room is a durable write away: the activation waits for it, its inputs parked
+                // (bounded: one waits per replica hurried, each an active one), rather than refusing
+                // them and leaving a retry to the next eviction scan or its sender.
+                self.hurried_for.insert(hurried, channel.clone());
+                let waiting_for_room = Some(Loaded { channel: channel.clone(), id, meta_read: None, outcome: Ok(log) });
+                let loading = Loading { id, parked, given_up_at, in_flight: false, waiting_for_room };
+                self.loading.insert(channel, loading);
+                return;
+            }
             self.counters.refused_activations += 1;
             // A leader refused (its share of the places held by busy leaders) is tried as long as a
             // leader's start: nothing else starts it.

@@ -273,6 +273,25 @@ impl ChannelShard {
         self.evict_least_recent(|m| m.role() == RoleKind::Leader && m.is_quiescent()).is_some()
     }
 
+    /// When an activation finds no room: has the least recently used replica that only a checkpoint not
+    /// written yet keeps in memory write it now (`ChannelMachine::checkpoint_to_leave`), a leader only
+    /// when a leader's place is what is missing; which one, if any. The activation then waits for it to
+    /// land (`hurried_for`, `ChannelShard::room_made`). Left to fall due, the checkpoint came up to
+    /// ~1.1 s later, and the activation, refused meanwhile, was tried again only at the next eviction
+    /// scan or its sender's retry: at the cap each place changed hands about once a second (sim seeds
+    /// 487000472 and 487000441, 24 busy channels on four or five places a node). One per activation
+    /// short of room, each a durable write. O(active), at the cap only.
+    pub(super) fn hurry_one_checkpoint(&mut self, leaders_only: bool) -> Option<ChannelId> {
+        let hurried = self
+            .channels
+            .iter()
+            .filter(|(_, m)| (!leaders_only || m.role() == RoleKind::Leader) && m.kept_only_by_its_checkpoint())
+            .min_by_key(|(c, _)| (self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
+            .map(|(c, _)| c.clone())?;
+        let now = self.now;
+        self.machine_mut(&hurried).is_some_and(|machine| machine.checkpoint_to_leave(now)).then_some(hurried)
+    }
+
     /// Active leaders (counted at the cap only: O(active)).
     pub(super) fn leaders_active(&self) -> usize {
         self.channels.iter().filter(|(_, m)| m.role() == RoleKind::Leader).count()
@@ -347,6 +366,7 @@ impl ChannelShard {
     /// incarnation from the store.
     pub(super) fn deactivate(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
         let mut machine = self.channels.remove(channel)?;
+        self.hurried_for.remove(channel);
         // What it asked for and was not drained yet goes out first: a replica is quiescent by its state,
         // and one taken out between an input and the next drain dropped that input's effects — a
         // retention move ended by the leadership's end was never answered (sim seed 222001593).
@@ -434,7 +454,9 @@ mod tests {
     use super::super::{ShardInput, ShardOutput};
     use super::*;
     use crate::node::config::NodeConfig;
-    use crate::node::core::NodeEffect;
+    use crate::node::core::{ApiId, ApiResult, NodeEffect};
+    use std::sync::Arc;
+    use tidings_channel::machine::AppendRecord;
     use tidings_store::message::{LogBatch, LogOp, MemoryLog, Record, RecordKind};
     use tidings_types::{ChannelType, Epoch, LeaderEpoch, Seq, Time, WriteFence};
 
@@ -475,6 +497,23 @@ mod tests {
             .collect();
         let ops = [vec![LogOp::Append(records)], checkpoints].concat();
         tidings_store::message::MessageLog::commit(log, LogBatch::new(channel.clone(), ops)).unwrap();
+    }
+
+    /// Answers every durable write among `outputs` and those the answers bring, until none is left;
+    /// returns the other outputs.
+    fn answer_persists(shard: &mut ChannelShard, log: &MemoryLog, mut outputs: Vec<ShardOutput>) -> Vec<ShardOutput> {
+        let mut others = Vec::new();
+        while let Some(output) = outputs.pop() {
+            let ShardOutput::Effect(NodeEffect::Persist { token, batch }) = output else {
+                others.push(output);
+                continue;
+            };
+            let channel = batch.channel.clone();
+            let result = tidings_store::message::MessageLog::commit(log, batch);
+            shard.handle(Time::ZERO, ShardInput::Persisted { channel, token, result });
+            outputs.extend(carry_out_loads_and_floors(shard, log));
+        }
+        others
     }
 
     /// A replica named leader on a shard whose one leader's place a busy leader holds is not
@@ -587,14 +626,8 @@ mod tests {
         shard.activate(&fanning);
         // Its barrier is made durable (and commits: MinISR 1); the fanout of its messages is never
         // answered.
-        let mut outputs = carry_out_loads_and_floors(&mut shard, &log);
-        while let Some(at) = outputs.iter().position(|o| matches!(o, ShardOutput::Effect(NodeEffect::Persist { .. }))) {
-            let ShardOutput::Effect(NodeEffect::Persist { token, batch }) = outputs.swap_remove(at) else { continue };
-            let channel = batch.channel.clone();
-            let result = tidings_store::message::MessageLog::commit(&*log, batch);
-            shard.handle(Time::ZERO, ShardInput::Persisted { channel, token, result });
-            outputs = carry_out_loads_and_floors(&mut shard, &log);
-        }
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        answer_persists(&mut shard, &log, outputs);
         let machine = shard.channels.get(&fanning).expect("active");
         assert_eq!((machine.hw(), machine.fanned_through()), (Seq::new(5), Seq::new(1)), "its barrier committed");
         assert!(machine.leads_only_fanning_out());
@@ -612,6 +645,125 @@ mod tests {
         assert!(shard.channels.contains(&next), "the leaders' share is free");
         assert!(shard.channels.contains(&fanning), "the fanout goes on");
         assert!(!shard.channels.contains(&following), "the quiescent follower made room");
+    }
+
+    /// A shard with room for two replicas, holding two followers that know their records committed
+    /// through 3, their store through 1 only: neither may leave memory before a checkpoint.
+    fn a_shard_full_of_followers_kept_by_their_checkpoints() -> (ChannelShard, Arc<MemoryLog>, Vec<ChannelId>) {
+        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        let (mut shard, log) = shard_over_memory_log(config);
+        let followers: Vec<ChannelId> = ["f0", "f1"]
+            .into_iter()
+            .map(|name| {
+                let follower = known(&mut shard, name, 2);
+                store_epoch(&log, &follower, 2, 3, vec![LogOp::CheckpointHw(Seq::new(1))]);
+                shard.carried_over.insert(follower.clone(), (Seq::new(3), Seq::new(1)));
+                shard.activate(&follower);
+                carry_out_loads_and_floors(&mut shard, &log);
+                follower
+            })
+            .collect();
+        for follower in &followers {
+            let machine = shard.channels.get(follower).expect("active");
+            assert!(!machine.can_leave_memory_as_follower() && machine.kept_only_by_its_checkpoint());
+        }
+        (shard, log, followers)
+    }
+
+    /// An activation waiting for a hurried checkpoint whose replica leaves before it lands (here a new
+    /// incarnation is asked for) is placed at the next eviction scan, not left to its load's patience.
+    #[test]
+    fn an_activation_whose_hurried_replica_left_is_placed_at_the_next_scan() {
+        let (mut shard, log, followers) = a_shard_full_of_followers_kept_by_their_checkpoints();
+        let third = known(&mut shard, "f2", 2);
+        shard.activate(&third);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.is_loading(&third) && shard.hurried_for.contains_key(&followers[0]));
+        shard.retire(&followers[0]);
+        assert!(shard.hurried_for.is_empty() && shard.is_loading(&third), "waits until the scan");
+        shard.handle_tick(Time::ZERO + std::time::Duration::from_secs(1));
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.channels.contains(&third) && !shard.is_loading(&third));
+    }
+
+    /// At the cap, an activation short of room has the least recently used replica that only its HW
+    /// checkpoint keeps in memory write it at once (one per activation), waits for it with its inputs
+    /// parked, and takes its place once it lands. Left to fall due about a second later, with the
+    /// activation refused meanwhile, each place changed hands about once a second (sim seed 487000472).
+    #[test]
+    fn an_activation_short_of_room_hurries_the_checkpoint_that_keeps_a_replica_in_memory() {
+        let (mut shard, log, followers) = a_shard_full_of_followers_kept_by_their_checkpoints();
+
+        let third = known(&mut shard, "f2", 2);
+        shard.activate(&third);
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        assert!(!shard.channels.contains(&third) && shard.is_loading(&third), "waits for room");
+        assert_eq!(shard.counters.refused_activations, 0, "not refused");
+        let persists: Vec<_> = outputs
+            .into_iter()
+            .filter_map(|output| match output {
+                ShardOutput::Effect(NodeEffect::Persist { token, batch }) => Some((token, batch)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(persists.len(), 1, "one checkpoint for one activation: {persists:?}");
+        let (token, batch) = persists.into_iter().next().expect("one");
+        assert_eq!(batch.channel, followers[0], "the least recently used");
+        assert!(batch.ops.contains(&LogOp::CheckpointHw(Seq::new(3))), "{:?}", batch.ops);
+        let result = tidings_store::message::MessageLog::commit(&*log, batch);
+        shard.handle(Time::ZERO, ShardInput::Persisted { channel: followers[0].clone(), token, result });
+
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.channels.contains(&third), "the checkpointed follower made room");
+        assert!(!shard.channels.contains(&followers[0]) && shard.channels.contains(&followers[1]));
+        assert!(shard.hurried_for.is_empty() && !shard.is_loading(&third));
+        assert_eq!(shard.counters.refused_activations, 0);
+    }
+
+    /// An append for a leader whose shard has no leader's place free waits while the least recently
+    /// used leader that only its checkpoint keeps in memory writes it, then is taken: not refused
+    /// `TooManyChannels`, as it was while that checkpoint waited to fall due.
+    #[test]
+    fn an_append_for_a_leader_short_of_room_waits_for_a_hurried_checkpoint() {
+        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        let (mut shard, log) = shard_over_memory_log(config);
+        assert_eq!(super::super::activation::leaders_max(2), 1);
+        // The one leader's place: a leader whose records committed through 3, its store through 1.
+        let held = known(&mut shard, "held", 1);
+        store_epoch(&log, &held, 2, 3, vec![LogOp::CheckpointHw(Seq::new(1))]);
+        shard.carried_over.insert(held.clone(), (Seq::new(3), Seq::new(3)));
+        shard.resumable.insert(held.clone(), LeaderEpoch::new(2));
+        shard.activate(&held);
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        answer_persists(&mut shard, &log, outputs);
+        let machine = shard.channels.get(&held).expect("active");
+        assert_eq!(machine.role(), RoleKind::Leader);
+        assert!(machine.kept_only_by_its_checkpoint() && !machine.is_quiescent());
+
+        // A leader evicted earlier (its epoch's barrier in its log) coming back for an append.
+        let returning = known(&mut shard, "returning", 1);
+        store_epoch(&log, &returning, 2, 1, vec![LogOp::CheckpointHw(Seq::new(1))]);
+        shard.resumable.insert(returning.clone(), LeaderEpoch::new(2));
+        let records = vec![AppendRecord { idempotency_key: None, payload: bytes::Bytes::from_static(b"m") }];
+        shard.handle(
+            Time::ZERO,
+            ShardInput::Append { api: ApiId(7), channel: returning.clone(), sender: None, records },
+        );
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        assert!(!outputs.iter().any(|o| matches!(o, ShardOutput::Effect(NodeEffect::Done { .. }))), "{outputs:?}");
+        assert!(shard.is_loading(&returning), "waits for the room");
+        let others = answer_persists(&mut shard, &log, outputs);
+
+        assert!(shard.channels.contains(&returning) && !shard.channels.contains(&held));
+        let done: Vec<_> = others
+            .iter()
+            .filter_map(|o| match o {
+                ShardOutput::Effect(NodeEffect::Done { id, result }) => Some((*id, result)),
+                _ => None,
+            })
+            .collect();
+        assert!(matches!(&done[..], [(ApiId(7), ApiResult::Appended(Ok(_)))]), "{done:?}");
+        assert_eq!(shard.counters.refused_activations, 0);
     }
 
     /// A follower evicted while its pull waits keeps the pull for its next incarnation, until a pull

@@ -350,6 +350,10 @@ pub(crate) struct ChannelShard {
     /// again what its predecessor handed over — that no other input may come to prompt). At most
     /// `active_max` entries.
     to_activate: BTreeMap<ChannelId, u8>,
+    /// Replicas asked to write the checkpoint that alone kept them in memory, each with the activation
+    /// that waits for the room it makes, placed once it lands (`ChannelShard::hurry_one_checkpoint`).
+    /// Keys are active replicas (an entry goes with its replica), so at most `active_max` entries.
+    hurried_for: BTreeMap<ChannelId, ChannelId>,
     /// HW and fanout progress of replicas taken out of memory before they were quiescent (a storage
     /// failure, a follower rebuilt to lead): their next incarnation keeps both.
     carried_over: BTreeMap<ChannelId, (Seq, Seq)>,
@@ -419,6 +423,7 @@ impl ChannelShard {
             forward_deadlines: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
             to_activate: BTreeMap::new(),
+            hurried_for: BTreeMap::new(),
             carried_over: BTreeMap::new(),
             pulls_in_flight: FxHashMap::default(),
             pulls_in_flight_order: VecDeque::new(),
@@ -569,6 +574,7 @@ impl ChannelShard {
             self.evict_idle();
             self.expire_kept_pulls();
             self.expire_loads();
+            self.place_orphaned_waits();
             self.expire_stray();
             self.activate_again();
         }
@@ -611,6 +617,10 @@ impl ChannelShard {
                 }
                 if let Some(machine) = self.machine_mut(&channel) {
                     machine.handle_persisted(now, token, result);
+                }
+                // A hurried checkpoint landed: the activation waiting for its room is placed.
+                if let Some(waiting) = self.hurried_for.remove(&channel) {
+                    self.room_made(&waiting);
                 }
             }
             ShardInput::ReadDone { channel, token, result } => {
