@@ -665,3 +665,15 @@ fn a_seed_whose_slot_group_needed_the_vote_of_a_removed_voter_passes() {
     assert_passes(&report);
     assert!(report.faults.slot_groups_reconfigured > 0, "no slot group moved: the run checked nothing of a removal");
 }
+
+/// Twenty-four busy channels on two nodes with room for five active replicas each (tight limits,
+/// MinISR both replicas): a place at the cap changed hands about once a second — when the HW
+/// checkpoint that alone kept a replica in memory fell due — and the activations refused meanwhile
+/// were tried again only at the next eviction scan or their senders' retries; eight channels took no
+/// append through the healed phase. An activation short of room now has that checkpoint written at
+/// once and waits for it (487000472, tight limits forced on).
+#[test]
+fn a_seed_whose_places_at_the_cap_changed_hands_once_a_second_passes() {
+    let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(487000472) };
+    assert_passes(&run(params));
+}
