@@ -766,6 +766,28 @@ mod tests {
         assert_eq!(shard.counters.refused_activations, 0);
     }
 
+    /// A shard of two places still loads more activations than that at once (up to `LOADING_MIN`):
+    /// bounded by its room, it refused the third input for a replica not in memory while two loads were
+    /// out, and a follower's hint so refused came again only a pull timeout later (sim seed 536000970).
+    #[test]
+    fn a_shard_of_few_places_loads_more_activations_than_its_room() {
+        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        let (mut shard, _log) = shard_over_memory_log(config);
+        assert_eq!(shard.active_max, 2);
+        let channels: Vec<ChannelId> = (0..10).map(|i| known(&mut shard, &format!("f{i}"), 2)).collect();
+        for channel in &channels {
+            shard.activate(channel);
+        }
+        assert!(channels.iter().all(|c| shard.is_loading(c)), "every load asked for");
+        assert_eq!(shard.counters.refused_activations, 0);
+        let more: Vec<ChannelId> = (10..80).map(|i| known(&mut shard, &format!("f{i}"), 2)).collect();
+        for channel in &more {
+            shard.activate(channel);
+        }
+        assert_eq!(shard.loading.len(), shard.loading_max(), "bounded all the same");
+        assert_eq!(shard.counters.refused_activations, 80 - shard.loading_max() as u64);
+    }
+
     /// A follower evicted while its pull waits keeps the pull for its next incarnation, until a pull
     /// timeout after it was sent: then its next incarnation would send it again at once, and the entry
     /// (with the channel's id it keeps alive) goes.
