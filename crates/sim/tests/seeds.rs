@@ -677,3 +677,15 @@ fn a_seed_whose_places_at_the_cap_changed_hands_once_a_second_passes() {
     let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(487000472) };
     assert_passes(&run(params));
 }
+
+/// Twenty-four busy channels on three nodes with room for three active replicas each, MinISR all
+/// three: a follower's activation refused while as many loads as places were out was not filed to be
+/// tried again (the file, bounded by the room, held three leaders' retries), so its leader's hint came
+/// again only a pull timeout later and the leader's records waited 5 s at a time. The file now holds
+/// at least 16 (536000970, tight limits drawn).
+#[test]
+fn a_seed_whose_refused_follower_found_the_file_of_retries_full_passes() {
+    let params = SimParams { channels: 24, safety_ms: 30_000, ..SimParams::from_seed(536000970) };
+    assert!(params.tight_limits);
+    assert_passes(&run(params));
+}

@@ -18,9 +18,9 @@ use tidings_store::StoreError;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Seq, Time};
 
 /// Most loads a shard has handed off at once (the reader thread's queue of 4,096 jobs also takes pull and
-/// API reads, which must find room); more activations wait in the shard's own queue, up to
-/// [`ChannelShard::loading_max`] loading in all, and past that an input for another inactive replica is
-/// refused as an activation at the cap is (peer messages dropped, appends `TooManyChannels`).
+/// API reads, which must find room); more activations wait in the shard's own queue, as many as the
+/// shard may keep replicas active (`active_channels_max`), and past that an input for another inactive
+/// replica is refused as an activation at the cap is (peer messages dropped, appends `TooManyChannels`).
 const LOADS_IN_FLIGHT_MAX: usize = 1024;
 /// Most leaders a shard keeps active: all but an eighth of its room (at least one place), which only
 /// followers take. Leaders waiting for their followers are not quiescent and cannot be evicted; were
@@ -36,13 +36,6 @@ pub(super) fn leaders_max(active_max: usize) -> usize {
 pub(super) fn followers_reserve(active_max: usize) -> usize {
     active_max - leaders_max(active_max)
 }
-
-/// Activations a shard may have loading whatever its room ([`ChannelShard::loading_max`]). Bounded by
-/// the room alone, a shard of a few places refused an input whenever that few loads were out, and a
-/// follower's hint so refused came again only a pull timeout later, when its leader woke its silent
-/// followers (sim seed 536000970: three places a node, MinISR all three replicas, a leader's records
-/// waiting 5 s for a follower whose hint was refused that way).
-const LOADING_MIN: usize = 64;
 
 /// A load not answered within this is given up (its parked inputs end; the next input tries again):
 /// one lost on its way must not hold a channel's inputs for good.
@@ -174,7 +167,7 @@ impl ChannelShard {
             None if self.served.serves(channel) && self.known_floor(channel) == 0 => {}
             None => return self.fetch_meta(channel),
         }
-        if self.loading.len() >= self.loading_max() {
+        if self.loading.len() >= self.active_max {
             self.counters.refused_activations += 1;
             self.activate_later(channel, super::lifecycle::REFUSED_ACTIVATION_TRIES);
             return;
@@ -271,12 +264,6 @@ impl ChannelShard {
         for channel in orphaned {
             self.room_made(&channel);
         }
-    }
-
-    /// Most activations a shard has loading (handed off, queued, or waiting for room) at once: as many
-    /// as it may keep replicas active, and at least [`LOADING_MIN`].
-    pub(super) fn loading_max(&self) -> usize {
-        self.active_max.max(LOADING_MIN)
     }
 
     /// `true` while `channel`'s replica waits for its load.

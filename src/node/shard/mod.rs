@@ -348,7 +348,7 @@ pub(crate) struct ChannelShard {
     /// again only after a pull timeout), and a replica a new meta named leader while it was inactive
     /// (a new leader has work of its own to start — its barrier, waking its followers, fanning out
     /// again what its predecessor handed over — that no other input may come to prompt). At most
-    /// `active_max` entries.
+    /// `retries_max` entries.
     to_activate: BTreeMap<ChannelId, u8>,
     /// Replicas asked to write the checkpoint that alone kept them in memory, each with the activation
     /// that waits for the room it makes, placed once it lands (`ChannelShard::hurry_one_checkpoint`).
