@@ -255,10 +255,11 @@ impl ChannelShard {
     /// Activations waiting for room whose hurried replica left before its checkpoint landed (a storage
     /// failure, a new incarnation): placed now. Called with idle eviction's scan (once a second).
     pub(super) fn place_orphaned_waits(&mut self) {
+        let awaited: std::collections::BTreeSet<&ChannelId> = self.hurried_for.values().collect();
         let orphaned: Vec<ChannelId> = self
             .loading
             .iter()
-            .filter(|(c, loading)| loading.waiting_for_room.is_some() && !self.hurried_for.values().any(|w| w == *c))
+            .filter(|(c, loading)| loading.waiting_for_room.is_some() && !awaited.contains(c))
             .map(|(c, _)| c.clone())
             .collect();
         for channel in orphaned {

@@ -489,9 +489,9 @@ impl ChannelMachine {
     /// Writes now the checkpoint that alone keeps this replica in memory
     /// ([`ChannelMachine::kept_only_by_its_checkpoint`]) instead of at its due time, up to ~1.1 s away
     /// (see `checkpoint_due_at`); `false` when that is not what keeps it. A node out of room for active
-    /// replicas asks this of one, so that a refused activation finds room at its next try: at the cap,
-    /// waiting for the due time let each place change hands about once a second (sim seed 487000472:
-    /// 24 busy channels on five places a node, some refused for the whole healed phase).
+    /// replicas asks this of one, and the activation short of room takes its place once the write
+    /// lands: at the cap, waiting for the due time let each place change hands about once a second (sim
+    /// seed 487000472: 24 busy channels on five places a node, some refused for the whole healed phase).
     pub fn checkpoint_to_leave(&mut self, now: Time) -> bool {
         self.advance(now);
         if !self.kept_only_by_its_checkpoint() {
