@@ -689,14 +689,3 @@ fn a_seed_whose_refused_follower_found_the_file_of_retries_full_passes() {
     assert!(params.tight_limits);
     assert_passes(&run(params));
 }
-
-/// Twenty-four busy channels on two nodes of two shards with two places each (tight limits, MinISR
-/// both replicas): the activations filed to be tried again were taken in name order at every scan,
-/// the first two took the shard's two loads, and a follower late in that order, whose leader waited on
-/// it, spent its tries refused for want of a load. A scan now starts past the entry tried last and
-/// stops when no load is to be had (487000990, tight limits forced on).
-#[test]
-fn a_seed_whose_filed_follower_never_got_a_load_passes() {
-    let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(487000990) };
-    assert_passes(&run(params));
-}

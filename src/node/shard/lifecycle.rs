@@ -219,26 +219,15 @@ impl ChannelShard {
         self.metas.get(channel).is_some_and(|known| known.meta.leader == self.config.node)
     }
 
-    /// Tries the activations filed by `activate_later` again, one try each, while loads may be asked
-    /// for; forgets those active now and those out of tries (one loading waits for its outcome). The
-    /// file is taken in turn from past the last one tried, and an entry not reached keeps its tries:
-    /// taken in name order every scan, with fewer loads to be had than entries filed, the first few
-    /// took every load and one late in that order spent its tries refused for want of a load (sim
-    /// seed 487000990: a follower whose leader waited on it, two places a shard).
+    /// Tries the activations filed by `activate_later` again, one try each; forgets those active now and
+    /// those out of tries (one loading waits for its outcome).
     pub(super) fn activate_again(&mut self) {
-        let mut in_turn: Vec<(ChannelId, u8)> = self.to_activate.iter().map(|(c, left)| (c.clone(), *left)).collect();
-        if let Some(after) = &self.retries_from {
-            let past = in_turn.partition_point(|(c, _)| c <= after);
-            in_turn.rotate_left(past);
-        }
-        for (channel, left) in in_turn {
+        let filed: Vec<(ChannelId, u8)> = self.to_activate.iter().map(|(c, left)| (c.clone(), *left)).collect();
+        for (channel, left) in filed {
             if left == 0 || self.channels.contains(&channel) {
                 self.to_activate.remove(&channel);
-            } else if self.loading_full() {
-                break;
             } else if !self.is_loading(&channel) {
                 self.to_activate.insert(channel.clone(), left - 1);
-                self.retries_from = Some(channel.clone());
                 self.activate(&channel);
             }
         }
@@ -788,49 +777,6 @@ mod tests {
             .collect();
         assert!(matches!(&done[..], [(ApiId(7), ApiResult::Appended(Ok(_)))]), "{done:?}");
         assert_eq!(shard.counters.refused_activations, 0);
-    }
-
-    /// Activations filed to be tried again take the loads in turn: a scan starts past the entry tried
-    /// last, and stops when no load is to be had, the entries not reached keeping their tries. Taken
-    /// in name order every scan, the first few took every load while one late in that order spent its
-    /// tries refused (sim seed 487000990).
-    #[test]
-    fn activations_filed_to_retry_take_the_loads_in_turn() {
-        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
-        let (mut shard, log) = shard_over_memory_log(config);
-        // Both places held by leaders whose barriers' persists are never answered: never evicted.
-        for name in ["busy-1", "busy-2"] {
-            let busy = known(&mut shard, name, 1);
-            shard.activate(&busy);
-            carry_out_loads_and_floors(&mut shard, &log);
-        }
-        assert_eq!(shard.leaders_active(), 2);
-        let followers: Vec<ChannelId> = (0..6).map(|i| known(&mut shard, &format!("f{i}"), 2)).collect();
-        for follower in &followers {
-            shard.activate_later(follower, REFUSED_ACTIVATION_TRIES);
-        }
-        let tries = |shard: &ChannelShard| followers.iter().map(|f| shard.to_activate[f]).collect::<Vec<u8>>();
-        let loading = |shard: &ChannelShard| followers.iter().filter(|f| shard.is_loading(f)).count();
-
-        shard.activate_again();
-        assert!(shard.is_loading(&followers[0]) && shard.is_loading(&followers[1]));
-        assert_eq!(loading(&shard), 2);
-        let left = REFUSED_ACTIVATION_TRIES;
-        assert_eq!(tries(&shard), vec![left - 1, left - 1, left, left, left, left], "the rest not reached");
-        shard.activate_again();
-        assert_eq!(tries(&shard), vec![left - 1, left - 1, left, left, left, left], "no load to be had");
-
-        // Loaded, the two find no room and stay filed; the next scan starts past them.
-        carry_out_loads_and_floors(&mut shard, &log);
-        assert_eq!(loading(&shard), 0);
-        shard.activate_again();
-        assert!(shard.is_loading(&followers[2]) && shard.is_loading(&followers[3]), "{:?}", tries(&shard));
-        carry_out_loads_and_floors(&mut shard, &log);
-        shard.activate_again();
-        assert!(shard.is_loading(&followers[4]) && shard.is_loading(&followers[5]), "{:?}", tries(&shard));
-        carry_out_loads_and_floors(&mut shard, &log);
-        shard.activate_again();
-        assert!(shard.is_loading(&followers[0]) && shard.is_loading(&followers[1]), "round again");
     }
 
     /// A follower evicted while its pull waits keeps the pull for its next incarnation, until a pull
