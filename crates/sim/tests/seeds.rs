@@ -689,3 +689,17 @@ fn a_seed_whose_refused_follower_found_the_file_of_retries_full_passes() {
     assert!(params.tight_limits);
     assert_passes(&run(params));
 }
+
+/// Twenty-four busy channels on two nodes of two shards with two places each (tight limits, MinISR
+/// both replicas): every eviction scan tried each activation filed to be tried again, in name order,
+/// the first two took the shard's two loads, and a follower late in the file, whose leader waited on
+/// it, spent its tries refused for want of a load. A scan now stops when no load is to be had, and
+/// the entries it did not reach keep their tries (487000990 and, with planned stops, 487000435: six
+/// channels took no append after healing; tight limits forced on).
+#[test]
+fn seeds_whose_filed_followers_never_got_a_load_pass() {
+    for seed in [487000990, 487000435] {
+        let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(seed) };
+        assert_passes(&run(params));
+    }
+}

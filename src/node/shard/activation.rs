@@ -167,7 +167,7 @@ impl ChannelShard {
             None if self.served.serves(channel) && self.known_floor(channel) == 0 => {}
             None => return self.fetch_meta(channel),
         }
-        if self.loading.len() >= self.active_max {
+        if self.loading_full() {
             self.counters.refused_activations += 1;
             self.activate_later(channel, super::lifecycle::REFUSED_ACTIVATION_TRIES);
             return;
@@ -265,6 +265,12 @@ impl ChannelShard {
         for channel in orphaned {
             self.room_made(&channel);
         }
+    }
+
+    /// `true` when as many activations are loading (handed off, queued, or waiting for room) as the
+    /// shard may keep replicas active: another is refused for now.
+    pub(super) fn loading_full(&self) -> bool {
+        self.loading.len() >= self.active_max
     }
 
     /// `true` while `channel`'s replica waits for its load.

@@ -172,7 +172,7 @@ impl ChannelShard {
         }
         let request = self.next_id();
         let Some(machine) = self.channels.get_used(channel, now) else {
-            let full = self.loading.len() >= self.active_max;
+            let full = self.loading_full();
             let error = if full { RemoteAppendError::TooManyChannels } else { RemoteAppendError::NotReplica };
             self.fail_call(origin, kind, error);
             return;

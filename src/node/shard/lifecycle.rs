@@ -7,6 +7,7 @@ use crate::node::controller::EvidenceReport;
 use crate::node::error::NodeError;
 use crate::node::message::NodeMessage;
 use std::sync::Arc;
+use std::time::Duration;
 use tidings_channel::machine::{AppendAborted, ChannelMachine, RoleKind};
 use tidings_channel::reactor::shrink_if_sparse;
 use tidings_store::message::ChannelLogState;
@@ -42,6 +43,14 @@ pub(super) const REFUSED_ACTIVATION_TRIES: u8 = 5;
 /// records waited those 5 s (sim seed 536000970, MinISR all three replicas). Retries are one a scan
 /// each, so this bounds the churn they may cause too.
 const RETRIES_MIN: usize = 16;
+/// How long a replica stays in memory before it may be evicted for another's room: past the instant it
+/// came. Evicted as soon as it came, a replica did no work in memory: once the file of retries was
+/// taken in turn, two followers whose leaders' hints came at once took one place in turn 15,000 times
+/// within one millisecond (each activation evicting the other, each eviction answered by a hint;
+/// `more_busy_channels_than_room_for_active_replicas_all_commit`). Longer (50 ms, tried) refused too
+/// many activations at tight limits: channels took no append after healing in 4 of the first 150 sim
+/// soaks of 24 busy channels. Idle eviction keeps to `channel_idle_evict`.
+const RESIDENCE_MIN: Duration = Duration::from_millis(1);
 
 impl ChannelShard {
     /// Has the node learn `channel`'s meta (from its own slot replica when it keeps one at the log's
@@ -219,15 +228,26 @@ impl ChannelShard {
         self.metas.get(channel).is_some_and(|known| known.meta.leader == self.config.node)
     }
 
-    /// Tries the activations filed by `activate_later` again, one try each; forgets those active now and
-    /// those out of tries (one loading waits for its outcome).
+    /// Tries the activations filed by `activate_later` again, one try each, while loads may be asked
+    /// for; forgets those active now and those out of tries (one loading waits for its outcome). The
+    /// file is taken in turn from past the entry tried last, and an entry not reached for want of a
+    /// load keeps its tries: taken in name order every scan, with fewer loads to be had than entries
+    /// filed, the first few took every load and one late in the file spent its tries refused (sim
+    /// seeds 487000990 and 487000435: followers whose leaders waited on them, two places a shard).
     pub(super) fn activate_again(&mut self) {
-        let filed: Vec<(ChannelId, u8)> = self.to_activate.iter().map(|(c, left)| (c.clone(), *left)).collect();
-        for (channel, left) in filed {
+        let mut in_turn: Vec<(ChannelId, u8)> = self.to_activate.iter().map(|(c, left)| (c.clone(), *left)).collect();
+        if let Some(after) = &self.retries_from {
+            let past = in_turn.partition_point(|(c, _)| c <= after);
+            in_turn.rotate_left(past);
+        }
+        for (channel, left) in in_turn {
             if left == 0 || self.channels.contains(&channel) {
                 self.to_activate.remove(&channel);
+            } else if self.loading_full() {
+                continue;
             } else if !self.is_loading(&channel) {
                 self.to_activate.insert(channel.clone(), left - 1);
+                self.retries_from = Some(channel.clone());
                 self.activate(&channel);
             }
         }
@@ -298,7 +318,9 @@ impl ChannelShard {
         let hurried = self
             .channels
             .iter()
-            .filter(|(_, m)| (!leaders_only || m.role() == RoleKind::Leader) && m.kept_only_by_its_checkpoint())
+            .filter(|(c, m)| {
+                (!leaders_only || m.role() == RoleKind::Leader) && m.kept_only_by_its_checkpoint() && self.resided(c)
+            })
             .min_by_key(|(c, _)| (self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
             .map(|(c, _)| c.clone())?;
         let now = self.now;
@@ -333,12 +355,19 @@ impl ChannelShard {
         followers < reserve && self.channels.len() < self.active_max + reserve
     }
 
-    /// Evicts the least recently used replica `evictable` accepts; which one, if any.
+    /// `true` once `channel`'s replica has been in memory for [`RESIDENCE_MIN`]: it may leave for
+    /// another's room.
+    fn resided(&self, channel: &ChannelId) -> bool {
+        self.channels.active_since(channel).is_some_and(|since| since + RESIDENCE_MIN <= self.now)
+    }
+
+    /// Evicts the least recently used replica `evictable` accepts among those that have been in memory
+    /// for [`RESIDENCE_MIN`]; which one, if any.
     fn evict_least_recent(&mut self, evictable: impl Fn(&ChannelMachine) -> bool) -> Option<ChannelId> {
         let victim = self
             .channels
             .iter()
-            .filter(|(_, m)| evictable(m))
+            .filter(|(c, m)| evictable(m) && self.resided(c))
             .min_by_key(|(c, _)| (self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
             .map(|(c, _)| c.clone())?;
         self.evict(&victim);
@@ -468,6 +497,7 @@ mod tests {
     use super::*;
     use crate::node::config::NodeConfig;
     use crate::node::core::{ApiId, ApiResult, NodeEffect};
+    use std::collections::BTreeSet;
     use std::sync::Arc;
     use tidings_channel::machine::AppendRecord;
     use tidings_store::message::{LogBatch, LogOp, MemoryLog, Record, RecordKind};
@@ -510,6 +540,13 @@ mod tests {
             .collect();
         let ops = [vec![LogOp::Append(records)], checkpoints].concat();
         tidings_store::message::MessageLog::commit(log, LogBatch::new(channel.clone(), ops)).unwrap();
+    }
+
+    /// Moves the shard's time on by [`RESIDENCE_MIN`]: every replica active now may leave for another's
+    /// room.
+    fn let_residence_pass(shard: &mut ChannelShard) {
+        let now = shard.now + RESIDENCE_MIN;
+        shard.advance(now);
     }
 
     /// Answers every durable write among `outputs` and those the answers bring, until none is left;
@@ -652,12 +689,39 @@ mod tests {
         carry_out_loads_and_floors(&mut shard, &log);
         assert!(shard.channels.get(&following).is_some_and(|m| m.is_quiescent()));
 
+        let_residence_pass(&mut shard);
         let next = known(&mut shard, "next", 1);
         shard.activate(&next);
         carry_out_loads_and_floors(&mut shard, &log);
         assert!(shard.channels.contains(&next), "the leaders' share is free");
         assert!(shard.channels.contains(&fanning), "the fanout goes on");
         assert!(!shard.channels.contains(&following), "the quiescent follower made room");
+    }
+
+    /// A replica is not evicted for another's room in the instant it came (`RESIDENCE_MIN`): the
+    /// activation short of room is filed to be tried again, and takes the least recently used place
+    /// once that time has passed. Evicted as soon as they came, two followers whose leaders' hints came
+    /// at once took one place in turn thousands of times within one millisecond.
+    #[test]
+    fn a_replica_just_activated_is_not_evicted_for_anothers_room() {
+        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        let (mut shard, log) = shard_over_memory_log(config);
+        let followers: Vec<ChannelId> = (0..3).map(|i| known(&mut shard, &format!("f{i}"), 2)).collect();
+        for follower in &followers[..2] {
+            shard.activate(follower);
+            carry_out_loads_and_floors(&mut shard, &log);
+            assert!(shard.channels.get(follower).is_some_and(|m| m.is_quiescent()), "evictable but for its residence");
+        }
+        shard.activate(&followers[2]);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(!shard.channels.contains(&followers[2]) && shard.to_activate.contains_key(&followers[2]));
+        assert_eq!(shard.counters.refused_activations, 1);
+
+        let_residence_pass(&mut shard);
+        shard.activate_again();
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.channels.contains(&followers[2]), "placed once the residence passed");
+        assert!(!shard.channels.contains(&followers[0]) && shard.channels.contains(&followers[1]), "the LRU left");
     }
 
     /// A shard with room for two replicas, holding two followers that know their records committed
@@ -680,6 +744,7 @@ mod tests {
             let machine = shard.channels.get(follower).expect("active");
             assert!(!machine.can_leave_memory_as_follower() && machine.kept_only_by_its_checkpoint());
         }
+        let_residence_pass(&mut shard);
         (shard, log, followers)
     }
 
@@ -752,6 +817,7 @@ mod tests {
         let machine = shard.channels.get(&held).expect("active");
         assert_eq!(machine.role(), RoleKind::Leader);
         assert!(machine.kept_only_by_its_checkpoint() && !machine.is_quiescent());
+        let_residence_pass(&mut shard);
 
         // A leader evicted earlier (its epoch's barrier in its log) coming back for an append.
         let returning = known(&mut shard, "returning", 1);
@@ -777,6 +843,53 @@ mod tests {
             .collect();
         assert!(matches!(&done[..], [(ApiId(7), ApiResult::Appended(Ok(_)))]), "{done:?}");
         assert_eq!(shard.counters.refused_activations, 0);
+    }
+
+    /// The activations filed to be tried again take the loads in turn: a scan starts past the entry
+    /// tried last, and an entry not reached for want of a load keeps its tries. Taken in name order,
+    /// each tried every scan, the first few took every load and one late in the file spent its tries
+    /// refused for want of a load (sim seed 487000990).
+    #[test]
+    fn activations_filed_to_retry_take_the_loads_in_turn() {
+        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        let (mut shard, log) = shard_over_memory_log(config);
+        // Both places held by leaders whose barriers' persists are never answered: never evicted.
+        for name in ["busy-1", "busy-2"] {
+            let busy = known(&mut shard, name, 1);
+            shard.activate(&busy);
+            carry_out_loads_and_floors(&mut shard, &log);
+        }
+        assert_eq!(shard.leaders_active(), 2);
+        let followers: Vec<ChannelId> = (0..6).map(|i| known(&mut shard, &format!("f{i}"), 2)).collect();
+        for follower in &followers {
+            shard.activate_later(follower, REFUSED_ACTIVATION_TRIES);
+        }
+        let tries =
+            |shard: &ChannelShard| followers.iter().map(|f| shard.to_activate.get(f).copied()).collect::<Vec<_>>();
+        let five = Some(REFUSED_ACTIVATION_TRIES);
+        let four = Some(REFUSED_ACTIVATION_TRIES - 1);
+
+        shard.activate_again();
+        assert!(shard.is_loading(&followers[0]) && shard.is_loading(&followers[1]));
+        assert_eq!(tries(&shard), vec![four, four, five, five, five, five], "the rest not reached");
+        shard.activate_again();
+        assert_eq!(tries(&shard), vec![four, four, five, five, five, five], "no load to be had meanwhile");
+        // Loaded, the first is let in past the cap (the leaders hold the followers' place), the second
+        // finds no room; the next scan starts past it.
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.channels.contains(&followers[0]) && !shard.channels.contains(&followers[1]));
+        shard.activate_again();
+        assert!(shard.is_loading(&followers[2]) && shard.is_loading(&followers[3]), "the next two in turn");
+        assert_eq!(tries(&shard), vec![None, four, four, four, five, five]);
+
+        let mut loaded: BTreeSet<ChannelId> = followers[..4].iter().cloned().collect();
+        for _ in 0..(followers.len() as u32 * u32::from(REFUSED_ACTIVATION_TRIES)) {
+            loaded.extend(followers.iter().filter(|f| shard.is_loading(f)).cloned());
+            carry_out_loads_and_floors(&mut shard, &log);
+            shard.activate_again();
+        }
+        assert_eq!(loaded.len(), followers.len(), "every filed activation got a load: {loaded:?}");
+        assert!(followers.iter().all(|f| !shard.to_activate.contains_key(f) || shard.channels.contains(f)));
     }
 
     /// A follower evicted while its pull waits keeps the pull for its next incarnation, until a pull

@@ -350,6 +350,8 @@ pub(crate) struct ChannelShard {
     /// again what its predecessor handed over — that no other input may come to prompt). At most
     /// `retries_max` entries.
     to_activate: BTreeMap<ChannelId, u8>,
+    /// The entry of `to_activate` tried last: the next scan starts past it.
+    retries_from: Option<ChannelId>,
     /// Replicas asked to write the checkpoint that alone kept them in memory, each with the activation
     /// that waits for the room it makes, placed once it lands (`ChannelShard::hurry_one_checkpoint`).
     /// Keys are active replicas (an entry goes with its replica), so at most `active_max` entries.
@@ -423,6 +425,7 @@ impl ChannelShard {
             forward_deadlines: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
             to_activate: BTreeMap::new(),
+            retries_from: None,
             hurried_for: BTreeMap::new(),
             carried_over: BTreeMap::new(),
             pulls_in_flight: FxHashMap::default(),

@@ -36,6 +36,8 @@ struct Active {
     timer: Option<(Time, u64)>,
     /// When the replica last had an input (eviction picks idle ones).
     last_used: Time,
+    /// When the replica came into memory (a replica is not evicted for another's room right after).
+    active_since: Time,
     /// On the drain list.
     dirty: bool,
 }
@@ -178,7 +180,8 @@ impl ActiveChannels {
 
     /// Adds a new replica, used now and on the drain list (replacing one of the same channel in place).
     pub fn insert(&mut self, channel: ChannelId, machine: ChannelMachine, now: Time) {
-        let active = Active { channel, machine: Box::new(machine), timer: None, last_used: now, dirty: true };
+        let active =
+            Active { channel, machine: Box::new(machine), timer: None, last_used: now, active_since: now, dirty: true };
         let slot = match self.index.get(&active.channel) {
             // Replaced in place: its filed timers name another number now, so they are outdated.
             Some(&slot) => slot,
@@ -217,6 +220,11 @@ impl ActiveChannels {
     /// When the replica was last used.
     pub fn last_used(&self, channel: &ChannelId) -> Option<Time> {
         self.slot(channel).map(|a| a.last_used)
+    }
+
+    /// When the replica came into memory (its last [`ActiveChannels::insert`]).
+    pub fn active_since(&self, channel: &ChannelId) -> Option<Time> {
+        self.slot(channel).map(|a| a.active_since)
     }
 
     /// The replica's machine, to drain its effects (not put on the drain list again).
@@ -645,6 +653,7 @@ mod tests {
         let machine = active.get_used(&channel, Time::from_millis(90)).expect("active");
         machine.handle_message(Time::from_millis(90), NodeId::new(1), answer);
         assert_eq!(active.last_used(&channel), Some(Time::from_millis(90)));
+        assert_eq!(active.active_since(&channel), Some(Time::ZERO), "in memory since its insert");
         let (drained, pulls) = drain(&mut active);
         assert_eq!(drained, vec![channel.clone()], "on the drain list once however often it was fed");
         assert_eq!(pulls.len(), 1, "the drain moved the machine's pull");
