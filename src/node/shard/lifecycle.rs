@@ -883,7 +883,7 @@ mod tests {
         assert_eq!(tries(&shard), vec![None, four, four, four, five, five]);
 
         let mut loaded: BTreeSet<ChannelId> = followers[..4].iter().cloned().collect();
-        for _ in 0..(followers.len() as u32 * u32::from(REFUSED_ACTIVATION_TRIES)) {
+        for _ in 0..followers.len() * usize::from(REFUSED_ACTIVATION_TRIES) {
             loaded.extend(followers.iter().filter(|f| shard.is_loading(f)).cloned());
             carry_out_loads_and_floors(&mut shard, &log);
             shard.activate_again();
