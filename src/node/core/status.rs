@@ -103,6 +103,9 @@ pub struct NodeStatus {
     pub activations: u64,
     /// Channel activations refused because `active_channels_max` replicas were active and none idle.
     pub refused_activations: u64,
+    /// Busy leaders asked to take no new append for a few seconds and leave their place for a leader
+    /// refused room (one a shard at a time, each after holding its place for a second or more).
+    pub leaders_asked_to_leave: u64,
     /// Raft messages in accepted frames that the slot layer refused (see `MultiRaft::refused_messages`).
     pub refused_raft_messages: u64,
     /// Channel answers and hints of an older leader epoch than the meta in force (answers refused;
@@ -167,6 +170,7 @@ impl NodeStatus {
         self.channels_leading += shard.leading;
         self.activations += shard.counters.activations;
         self.refused_activations += shard.counters.refused_activations;
+        self.leaders_asked_to_leave += shard.counters.leaders_asked_to_leave;
         self.stale_messages += shard.counters.stale_messages;
         self.storage_failures += shard.counters.storage_failures;
         self.channel_metas_held += shard.metas_held;
@@ -204,6 +208,7 @@ impl NodeCore {
             storage_quarantined: self.identities.quarantined(),
             activations: 0,
             refused_activations: 0,
+            leaders_asked_to_leave: 0,
             refused_raft_messages: self.slot.refused_messages(),
             stale_messages: self.slot.stale_messages(),
             storage_failures: 0,

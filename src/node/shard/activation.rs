@@ -376,6 +376,9 @@ impl ChannelShard {
                 return;
             }
             self.counters.refused_activations += 1;
+            if no_room_to_lead {
+                self.ask_a_leader_to_leave();
+            }
             // A leader refused (its share of the places held by busy leaders) is tried as long as a
             // leader's start: nothing else starts it.
             let tries =

@@ -170,6 +170,10 @@ impl ChannelShard {
                 return;
             }
         }
+        if matches!(call, LeaderCall::Append { .. }) && self.is_leaving_for_room(channel) {
+            self.fail_call(origin, kind, RemoteAppendError::TooManyChannels);
+            return;
+        }
         let request = self.next_id();
         let Some(machine) = self.channels.get_used(channel, now) else {
             let full = self.loading_full();

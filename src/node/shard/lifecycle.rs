@@ -43,6 +43,14 @@ pub(super) const REFUSED_ACTIVATION_TRIES: u8 = 5;
 /// records waited those 5 s (sim seed 536000970, MinISR all three replicas). Retries are one a scan
 /// each, so this bounds the churn they may cause too.
 const RETRIES_MIN: usize = 16;
+/// How long a leader holds its place of the leaders' share before it may be asked to leave for a leader
+/// refused room (`ChannelShard::ask_a_leader_to_leave`): busy leaders take the places in turns of at
+/// least this.
+const LEADER_TURN: Duration = Duration::from_secs(1);
+/// How long a leader asked to leave refuses new appends: long enough for its followers to acknowledge
+/// what it has (a pull timeout or two when one was silent); should it still not settle, it takes
+/// appends again and another may be asked.
+const LEAVING_PATIENCE: Duration = Duration::from_secs(3);
 /// How long a replica stays in memory before it may be evicted for another's room: past the instant it
 /// came. Evicted as soon as it came, a replica did no work in memory: once the file of retries was
 /// taken in turn, two followers whose leaders' hints came at once took one place in turn 15,000 times
@@ -327,6 +335,44 @@ impl ChannelShard {
         self.machine_mut(&hurried).is_some_and(|machine| machine.checkpoint_to_leave(now)).then_some(hurried)
     }
 
+    /// When a leader is refused room because busy leaders hold every place of the leaders' share and
+    /// none may leave: asks the one that has held its place longest — for [`LEADER_TURN`] at least —
+    /// to take no new append for up to [`LEAVING_PATIENCE`], so that it commits what it has, settles
+    /// and is evicted at the refused leader's next try. Busy leaders kept their places for as long as
+    /// appends came, and a leader of the same shard was refused `TooManyChannels` all that time (sim
+    /// seed 545000024: three places, two held by leaders under steady load; another channel led there
+    /// took no append through the healed phase). One leader a shard at a time; its appends are refused
+    /// `TooManyChannels` meanwhile, as the waiting leader's were. O(active), at the cap only.
+    pub(super) fn ask_a_leader_to_leave(&mut self) {
+        let now = self.now;
+        if self
+            .leaving_for_room
+            .as_ref()
+            .is_some_and(|(leaving, until)| now < *until && self.channels.contains(leaving))
+        {
+            return;
+        }
+        let longest = self
+            .channels
+            .iter()
+            .filter(|(c, m)| {
+                m.role() == RoleKind::Leader
+                    && !m.leads_only_fanning_out()
+                    && self.channels.active_since(c).is_some_and(|since| since + LEADER_TURN <= now)
+            })
+            .min_by_key(|(c, _)| (self.channels.active_since(c), (*c).clone()))
+            .map(|(c, _)| c.clone());
+        self.leaving_for_room = longest.map(|leader| {
+            self.counters.leaders_asked_to_leave += 1;
+            (leader, now + LEAVING_PATIENCE)
+        });
+    }
+
+    /// `true` while `channel`'s leader is asked to leave for another's room: it takes no new append.
+    pub(super) fn is_leaving_for_room(&self, channel: &ChannelId) -> bool {
+        self.leaving_for_room.as_ref().is_some_and(|(leaving, until)| leaving == channel && self.now < *until)
+    }
+
     /// Active leaders (counted at the cap only: O(active)).
     pub(super) fn leaders_active(&self) -> usize {
         self.channels.iter().filter(|(_, m)| m.role() == RoleKind::Leader).count()
@@ -409,6 +455,9 @@ impl ChannelShard {
     pub(super) fn deactivate(&mut self, channel: &ChannelId) -> Option<ChannelMachine> {
         let mut machine = self.channels.remove(channel)?;
         self.hurried_for.remove(channel);
+        if self.leaving_for_room.as_ref().is_some_and(|(leaving, _)| leaving == channel) {
+            self.leaving_for_room = None;
+        }
         // What it asked for and was not drained yet goes out first: a replica is quiescent by its state,
         // and one taken out between an input and the next drain dropped that input's effects — a
         // retention move ended by the leadership's end was never answered (sim seed 222001593).
@@ -722,6 +771,54 @@ mod tests {
         carry_out_loads_and_floors(&mut shard, &log);
         assert!(shard.channels.contains(&followers[2]), "placed once the residence passed");
         assert!(!shard.channels.contains(&followers[0]) && shard.channels.contains(&followers[1]), "the LRU left");
+    }
+
+    /// A leader refused room because a busy leader holds the one leader's place has that leader asked
+    /// to leave once it held the place for `LEADER_TURN`: it takes no new append meanwhile, settles, and
+    /// is evicted at the refused leader's next try. Before, a busy leader kept its place for as long as
+    /// appends came (sim seed 545000024).
+    #[test]
+    fn a_busy_leader_is_asked_to_leave_its_place_for_a_leader_refused_room() {
+        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        let (mut shard, log) = shard_over_memory_log(config);
+        assert_eq!(super::super::activation::leaders_max(2), 1);
+        // Busy: its barrier's durable write is not answered yet.
+        let busy = known(&mut shard, "busy", 1);
+        shard.activate(&busy);
+        let unanswered = carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.channels.get(&busy).is_some_and(|m| m.role() == RoleKind::Leader && !m.is_quiescent()));
+
+        // A leader evicted earlier (its epoch's barrier in its log), coming back: no free place for it.
+        let waiting = known(&mut shard, "waiting", 1);
+        store_epoch(&log, &waiting, 2, 1, vec![LogOp::CheckpointHw(Seq::new(1))]);
+        shard.resumable.insert(waiting.clone(), LeaderEpoch::new(2));
+        shard.activate(&waiting);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(!shard.channels.contains(&waiting), "no leader's place");
+        assert!(!shard.is_leaving_for_room(&busy), "not asked before its turn is over");
+
+        let turn_over = shard.now + LEADER_TURN;
+        shard.advance(turn_over);
+        shard.activate(&waiting);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(!shard.channels.contains(&waiting) && shard.is_leaving_for_room(&busy));
+        assert_eq!(shard.counters.leaders_asked_to_leave, 1);
+        let records = vec![AppendRecord { idempotency_key: None, payload: bytes::Bytes::from_static(b"m") }];
+        shard.handle(turn_over, ShardInput::Append { api: ApiId(9), channel: busy.clone(), sender: None, records });
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        let refused = outputs.iter().any(|o| {
+            matches!(o, ShardOutput::Effect(NodeEffect::Done { id: ApiId(9), result: ApiResult::Appended(Err(e)) })
+                if format!("{e:?}").contains("TooManyChannels"))
+        });
+        assert!(refused, "a leader asked to leave takes no new append: {outputs:?}");
+
+        // It settles; the refused leader's next try takes its place.
+        answer_persists(&mut shard, &log, unanswered);
+        shard.activate(&waiting);
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        answer_persists(&mut shard, &log, outputs);
+        assert!(shard.channels.contains(&waiting) && !shard.channels.contains(&busy));
+        assert!(shard.leaving_for_room.is_none(), "the ask goes with its replica");
     }
 
     /// A shard with room for two replicas, holding two followers that know their records committed

@@ -244,6 +244,8 @@ pub(crate) struct ShardCounters {
     /// Replicas activated (incarnations built).
     pub(crate) activations: u64,
     pub(crate) refused_activations: u64,
+    /// Busy leaders asked to take no new append and leave for a leader refused room.
+    pub(crate) leaders_asked_to_leave: u64,
     pub(crate) stale_messages: u64,
     pub(crate) storage_failures: u64,
     pub(crate) loads_given_up: u64,
@@ -356,6 +358,10 @@ pub(crate) struct ChannelShard {
     /// that waits for the room it makes, placed once it lands (`ChannelShard::hurry_one_checkpoint`).
     /// Keys are active replicas (an entry goes with its replica), so at most `active_max` entries.
     hurried_for: BTreeMap<ChannelId, ChannelId>,
+    /// The leader asked to leave its place of the leaders' share for a leader refused room, and until
+    /// when: it takes no new append meanwhile, so that it settles and may be evicted
+    /// (`ChannelShard::ask_a_leader_to_leave`). One a shard; it goes with its replica.
+    leaving_for_room: Option<(ChannelId, Time)>,
     /// HW and fanout progress of replicas taken out of memory before they were quiescent (a storage
     /// failure, a follower rebuilt to lead): their next incarnation keeps both.
     carried_over: BTreeMap<ChannelId, (Seq, Seq)>,
@@ -427,6 +433,7 @@ impl ChannelShard {
             to_activate: BTreeMap::new(),
             retries_from: None,
             hurried_for: BTreeMap::new(),
+            leaving_for_room: None,
             carried_over: BTreeMap::new(),
             pulls_in_flight: FxHashMap::default(),
             pulls_in_flight_order: VecDeque::new(),
