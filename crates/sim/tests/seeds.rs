@@ -703,3 +703,14 @@ fn seeds_whose_filed_followers_never_got_a_load_pass() {
         assert_passes(&run(params));
     }
 }
+
+/// Twenty-four busy channels on four nodes with three places each (tight limits, MinISR all three
+/// replicas): two leaders under steady load held the node's two places of the leaders' share, and
+/// another channel led there was refused `TooManyChannels` through the healed phase. A leader that held
+/// its place for a second is now asked to leave for a leader refused room: it takes no new append for
+/// a few seconds, settles and is evicted (545000024, tight limits forced on).
+#[test]
+fn a_seed_whose_busy_leaders_held_the_leaders_share_passes() {
+    let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(545000024) };
+    assert_passes(&run(params));
+}
