@@ -352,6 +352,9 @@ impl ChannelShard {
         {
             return;
         }
+        // One asked before that did not settle within its patience takes appends again: another is
+        // asked first, if there is one.
+        let asked_before = self.leaving_for_room.take().map(|(leaving, _)| leaving);
         let longest = self
             .channels
             .iter()
@@ -360,7 +363,7 @@ impl ChannelShard {
                     && !m.leads_only_fanning_out()
                     && self.channels.active_since(c).is_some_and(|since| since + LEADER_TURN <= now)
             })
-            .min_by_key(|(c, _)| (self.channels.active_since(c), (*c).clone()))
+            .min_by_key(|(c, _)| (asked_before.as_ref() == Some(*c), self.channels.active_since(c), (*c).clone()))
             .map(|(c, _)| c.clone());
         self.leaving_for_room = longest.map(|leader| {
             self.counters.leaders_asked_to_leave += 1;
@@ -819,6 +822,45 @@ mod tests {
         answer_persists(&mut shard, &log, outputs);
         assert!(shard.channels.contains(&waiting) && !shard.channels.contains(&busy));
         assert!(shard.leaving_for_room.is_none(), "the ask goes with its replica");
+    }
+
+    /// A leader asked to leave that does not settle within `LEAVING_PATIENCE` (here its barrier's
+    /// durable write never lands) takes appends again, and the next refusal asks another busy leader.
+    #[test]
+    fn a_leader_that_did_not_settle_in_its_patience_hands_the_ask_to_another() {
+        let config = NodeConfig { active_channels_max: 3, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        let (mut shard, log) = shard_over_memory_log(config);
+        assert_eq!(super::super::activation::leaders_max(3), 2);
+        let busy: Vec<ChannelId> = ["busy-a", "busy-b"]
+            .into_iter()
+            .map(|name| {
+                let leader = known(&mut shard, name, 1);
+                shard.activate(&leader);
+                carry_out_loads_and_floors(&mut shard, &log);
+                let_residence_pass(&mut shard);
+                leader
+            })
+            .collect();
+        let waiting = known(&mut shard, "waiting", 1);
+        store_epoch(&log, &waiting, 2, 1, vec![LogOp::CheckpointHw(Seq::new(1))]);
+        shard.resumable.insert(waiting.clone(), LeaderEpoch::new(2));
+        let try_waiting = |shard: &mut ChannelShard| {
+            shard.activate(&waiting);
+            carry_out_loads_and_floors(shard, &log);
+            assert!(!shard.channels.contains(&waiting), "no leader's place");
+        };
+
+        shard.advance(shard.now + LEADER_TURN);
+        try_waiting(&mut shard);
+        assert!(shard.is_leaving_for_room(&busy[0]) && !shard.is_leaving_for_room(&busy[1]), "the longest first");
+        try_waiting(&mut shard);
+        assert_eq!(shard.counters.leaders_asked_to_leave, 1, "one at a time");
+
+        shard.advance(shard.now + LEAVING_PATIENCE);
+        assert!(!shard.is_leaving_for_room(&busy[0]), "out of patience, it takes appends again");
+        try_waiting(&mut shard);
+        assert!(shard.is_leaving_for_room(&busy[1]) && !shard.is_leaving_for_room(&busy[0]), "another is asked");
+        assert_eq!(shard.counters.leaders_asked_to_leave, 2);
     }
 
     /// A shard with room for two replicas, holding two followers that know their records committed
