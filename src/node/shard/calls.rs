@@ -170,6 +170,8 @@ impl ChannelShard {
                 return;
             }
         }
+        // A busy leader asked to leave for a leader refused room settles only once appends stop
+        // coming; the caller retries, as the refused leader's callers do (`ask_a_leader_to_leave`).
         if matches!(call, LeaderCall::Append { .. }) && self.is_leaving_for_room(channel) {
             self.fail_call(origin, kind, RemoteAppendError::TooManyChannels);
             return;
