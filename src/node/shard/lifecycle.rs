@@ -594,6 +594,15 @@ mod tests {
         tidings_store::message::MessageLog::commit(log, LogBatch::new(channel.clone(), ops)).unwrap();
     }
 
+    /// A channel this node leads whose replica was evicted earlier (its epoch's barrier in its log): it
+    /// comes back as a returning leader, which takes no place free past the leaders' share.
+    fn returning_leader(shard: &mut ChannelShard, log: &MemoryLog, name: &str) -> ChannelId {
+        let leader = known(shard, name, 1);
+        store_epoch(log, &leader, 2, 1, vec![LogOp::CheckpointHw(Seq::new(1))]);
+        shard.resumable.insert(leader.clone(), LeaderEpoch::new(2));
+        leader
+    }
+
     /// Moves the shard's time on by [`RESIDENCE_MIN`]: every replica active now may leave for another's
     /// room.
     fn let_residence_pass(shard: &mut ChannelShard) {
@@ -791,10 +800,7 @@ mod tests {
         let unanswered = carry_out_loads_and_floors(&mut shard, &log);
         assert!(shard.channels.get(&busy).is_some_and(|m| m.role() == RoleKind::Leader && !m.is_quiescent()));
 
-        // A leader evicted earlier (its epoch's barrier in its log), coming back: no free place for it.
-        let waiting = known(&mut shard, "waiting", 1);
-        store_epoch(&log, &waiting, 2, 1, vec![LogOp::CheckpointHw(Seq::new(1))]);
-        shard.resumable.insert(waiting.clone(), LeaderEpoch::new(2));
+        let waiting = returning_leader(&mut shard, &log, "waiting");
         shard.activate(&waiting);
         carry_out_loads_and_floors(&mut shard, &log);
         assert!(!shard.channels.contains(&waiting), "no leader's place");
@@ -841,9 +847,7 @@ mod tests {
                 leader
             })
             .collect();
-        let waiting = known(&mut shard, "waiting", 1);
-        store_epoch(&log, &waiting, 2, 1, vec![LogOp::CheckpointHw(Seq::new(1))]);
-        shard.resumable.insert(waiting.clone(), LeaderEpoch::new(2));
+        let waiting = returning_leader(&mut shard, &log, "waiting");
         let try_waiting = |shard: &mut ChannelShard| {
             shard.activate(&waiting);
             carry_out_loads_and_floors(shard, &log);
@@ -959,9 +963,7 @@ mod tests {
         let_residence_pass(&mut shard);
 
         // A leader evicted earlier (its epoch's barrier in its log) coming back for an append.
-        let returning = known(&mut shard, "returning", 1);
-        store_epoch(&log, &returning, 2, 1, vec![LogOp::CheckpointHw(Seq::new(1))]);
-        shard.resumable.insert(returning.clone(), LeaderEpoch::new(2));
+        let returning = returning_leader(&mut shard, &log, "returning");
         let records = vec![AppendRecord { idempotency_key: None, payload: bytes::Bytes::from_static(b"m") }];
         shard.handle(
             Time::ZERO,
