@@ -345,11 +345,8 @@ impl ChannelShard {
     /// `TooManyChannels` meanwhile, as the waiting leader's were. O(active), at the cap only.
     pub(super) fn ask_a_leader_to_leave(&mut self) {
         let now = self.now;
-        if self
-            .leaving_for_room
-            .as_ref()
-            .is_some_and(|(leaving, until)| now < *until && self.channels.contains(leaving))
-        {
+        // (An ask goes with its replica: `deactivate` drops it.)
+        if self.leaving_for_room.as_ref().is_some_and(|(_, until)| now < *until) {
             return;
         }
         // One asked before that did not settle within its patience takes appends again: another is
@@ -359,9 +356,7 @@ impl ChannelShard {
             .channels
             .iter()
             .filter(|(c, m)| {
-                m.role() == RoleKind::Leader
-                    && !m.leads_only_fanning_out()
-                    && self.channels.active_since(c).is_some_and(|since| since + LEADER_TURN <= now)
+                m.role() == RoleKind::Leader && !m.leads_only_fanning_out() && self.in_memory_for(c, LEADER_TURN)
             })
             .min_by_key(|(c, _)| (asked_before.as_ref() == Some(*c), self.channels.active_since(c), (*c).clone()))
             .map(|(c, _)| c.clone());
@@ -407,7 +402,12 @@ impl ChannelShard {
     /// `true` once `channel`'s replica has been in memory for [`RESIDENCE_MIN`]: it may leave for
     /// another's room.
     fn resided(&self, channel: &ChannelId) -> bool {
-        self.channels.active_since(channel).is_some_and(|since| since + RESIDENCE_MIN <= self.now)
+        self.in_memory_for(channel, RESIDENCE_MIN)
+    }
+
+    /// `true` once `channel`'s replica has been in memory for `held` (false when it is not active).
+    fn in_memory_for(&self, channel: &ChannelId, held: Duration) -> bool {
+        self.channels.active_since(channel).is_some_and(|since| since + held <= self.now)
     }
 
     /// Evicts the least recently used replica `evictable` accepts among those that have been in memory
