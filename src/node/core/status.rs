@@ -103,6 +103,10 @@ pub struct NodeStatus {
     pub activations: u64,
     /// Channel activations refused because `active_channels_max` replicas were active and none idle.
     pub refused_activations: u64,
+    /// Channel activations that found `active_channels_max` replicas active and none able to leave at
+    /// once, and waited (up to a second or two, their inputs parked) for the next place a replica freed;
+    /// those still without one after that are counted in `refused_activations` too.
+    pub activations_queued_for_room: u64,
     /// Busy leaders asked to take no new append for a few seconds and leave their place for a leader
     /// refused room (one a shard at a time, each after holding its place for a second or more).
     pub leaders_asked_to_leave: u64,
@@ -170,6 +174,7 @@ impl NodeStatus {
         self.channels_leading += shard.leading;
         self.activations += shard.counters.activations;
         self.refused_activations += shard.counters.refused_activations;
+        self.activations_queued_for_room += shard.counters.activations_queued_for_room;
         self.leaders_asked_to_leave += shard.counters.leaders_asked_to_leave;
         self.stale_messages += shard.counters.stale_messages;
         self.storage_failures += shard.counters.storage_failures;
@@ -208,6 +213,7 @@ impl NodeCore {
             storage_quarantined: self.identities.quarantined(),
             activations: 0,
             refused_activations: 0,
+            activations_queued_for_room: 0,
             leaders_asked_to_leave: 0,
             refused_raft_messages: self.slot.refused_messages(),
             stale_messages: self.slot.stale_messages(),

@@ -11,7 +11,7 @@ use crate::node::core::{ApiId, NodeEffect};
 use crate::node::error::NodeError;
 use crate::node::message::RemoteAppendError;
 use std::sync::Arc;
-use tidings_channel::machine::{AppendError, ChannelMachine, ChannelMessage};
+use tidings_channel::machine::{AppendError, ChannelMachine, ChannelMessage, RoleKind};
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{ChannelLogState, MessageLog, ReadLimits, Record};
 use tidings_store::StoreError;
@@ -143,10 +143,29 @@ pub(super) struct Loading {
     given_up_at: Time,
     /// Handed off (counted in `loads_in_flight`), not waiting in `load_queue`.
     in_flight: bool,
-    /// What the load read, kept while the activation waits for the room a replica's hurried
-    /// checkpoint makes (`ChannelShard::hurry_one_checkpoint`).
-    waiting_for_room: Option<Loaded>,
+    /// What the load read, kept while the activation waits for room, and how it waits.
+    waiting_for_room: Option<(Loaded, RoomWait)>,
+    /// Until when the activation may wait in `room_queue` (set when it first finds no room and nothing
+    /// to hurry; kept across its tries, so a wait is bounded however often it is tried again).
+    room_patience: Option<Time>,
 }
+
+/// How an activation whose load is done waits for a place among the active replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RoomWait {
+    /// For the checkpoint hurried for it to land (`ChannelShard::hurry_one_checkpoint`, `hurried_for`).
+    Hurried,
+    /// In `room_queue`, for the next place a replica frees (`ChannelShard::give_freed_places`).
+    Queued,
+}
+
+/// Longest an activation waits in the room queue for a freed place before it is refused
+/// `TooManyChannels` as it was before it waited (checked at the eviction scans: up to a scan later).
+/// Refused at once, an activation at the cap was tried again only at the next scan or its sender's
+/// retry, and places changed hands with the probes' rounds: 48 busy channels on a few places, one
+/// placed a round of probes each half second, and nine channels took no append in a healed phase of
+/// 15 s (sim seed 556000608).
+pub(super) const ROOM_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl ChannelShard {
     /// Starts activating the local replica of `channel` on first use: a load is asked for when the
@@ -188,7 +207,10 @@ impl ChannelShard {
         };
         let in_flight = self.loads_in_flight < LOADS_IN_FLIGHT_MAX;
         let given_up_at = self.now + LOAD_PATIENCE;
-        self.loading.insert(channel.clone(), Loading { id, parked, given_up_at, in_flight, waiting_for_room: None });
+        self.loading.insert(
+            channel.clone(),
+            Loading { id, parked, given_up_at, in_flight, waiting_for_room: None, room_patience: None },
+        );
         if in_flight {
             self.hand_off(job);
         } else {
@@ -245,9 +267,9 @@ impl ChannelShard {
     }
 
     /// The room `channel`'s activation waited for was made (the checkpoint hurried for it landed, or the
-    /// replica hurried left): it is placed now with what its load read.
+    /// replica hurried left, or a replica freed a place): it is placed now with what its load read.
     pub(super) fn room_made(&mut self, channel: &ChannelId) {
-        if let Some(loaded) = self.loading.get_mut(channel).and_then(|loading| loading.waiting_for_room.take()) {
+        if let Some((loaded, _)) = self.loading.get_mut(channel).and_then(|loading| loading.waiting_for_room.take()) {
             self.finish_activation(loaded);
         }
     }
@@ -259,7 +281,7 @@ impl ChannelShard {
         let orphaned: Vec<ChannelId> = self
             .loading
             .iter()
-            .filter(|(c, loading)| loading.waiting_for_room.is_some() && !awaited.contains(c))
+            .filter(|(c, loading)| self.waits_for_room(loading, RoomWait::Hurried) && !awaited.contains(c))
             .map(|(c, _)| c.clone())
             .collect();
         for channel in orphaned {
@@ -267,10 +289,113 @@ impl ChannelShard {
         }
     }
 
-    /// `true` when as many activations are loading (handed off, queued, or waiting for room) as the
-    /// shard may keep replicas active: another is refused for now.
+    fn waits_for_room(&self, loading: &Loading, how: RoomWait) -> bool {
+        loading.waiting_for_room.as_ref().is_some_and(|(_, wait)| *wait == how)
+    }
+
+    /// `true` while `channel`'s activation waits in the room queue.
+    pub(super) fn is_queued_for_room(&self, channel: &ChannelId) -> bool {
+        self.loading.get(channel).is_some_and(|loading| self.waits_for_room(loading, RoomWait::Queued))
+    }
+
+    /// Files `channel` in the room queue, unless as many activations wait there as the shard has room
+    /// for active replicas: `false` then (the activation is refused). The queue may name channels that
+    /// wait no longer (given up, placed another way): those are skipped where it is read, and dropped
+    /// when it grows to the shard's room.
+    fn queue_for_room(&mut self, channel: &ChannelId) -> bool {
+        if self.room_queue.len() >= self.active_max {
+            self.drop_stale_queued();
+        }
+        if self.room_queue.contains(channel) {
+            return true;
+        }
+        if self.room_queue.len() >= self.active_max {
+            return false;
+        }
+        self.room_queue.push_back(channel.clone());
+        true
+    }
+
+    /// Hands the places of `touched` replicas (those a drain just went through) that can leave memory now
+    /// to the activations in the room queue, oldest first: a quiescent one makes room at once (the
+    /// activation placed evicts it, or whichever quiescent replica is least recently used), one that
+    /// only its checkpoint keeps has the checkpoint hurried for the activation. A follower's place goes
+    /// to a leader only while leaders do not fill their share. `true` if anything was placed or
+    /// hurried (the shard has machines to drain again). O(1) a touched replica while activations wait,
+    /// and nothing otherwise.
+    pub(super) fn give_freed_places(&mut self, touched: Vec<ChannelId>) -> bool {
+        let mut gave = false;
+        for channel in touched {
+            if self.room_queue.is_empty() {
+                break;
+            }
+            let Some(machine) = self.channels.get(&channel) else { continue };
+            if self.hurried_for.contains_key(&channel) || !self.resided(&channel) {
+                continue;
+            }
+            let (quiescent, kept_by_checkpoint) = (machine.is_quiescent(), machine.kept_only_by_its_checkpoint());
+            if !quiescent && !kept_by_checkpoint {
+                continue;
+            }
+            let Some(waiting) = self.next_queued_for(machine.role() == RoleKind::Leader) else { continue };
+            if quiescent {
+                self.room_made(&waiting);
+                gave = true;
+                continue;
+            }
+            let now = self.now;
+            if self.machine_mut(&channel).is_some_and(|machine| machine.checkpoint_to_leave(now)) {
+                self.hurried_for.insert(channel, waiting.clone());
+                if let Some((_, wait)) = self.loading.get_mut(&waiting).and_then(|l| l.waiting_for_room.as_mut()) {
+                    *wait = RoomWait::Hurried;
+                }
+                gave = true;
+            } else {
+                self.room_queue.push_front(waiting);
+            }
+        }
+        gave
+    }
+
+    /// Drops the room queue's entries that wait there no longer.
+    fn drop_stale_queued(&mut self) {
+        let queue = std::mem::take(&mut self.room_queue);
+        self.room_queue = queue.into_iter().filter(|c| self.is_queued_for_room(c)).collect();
+    }
+
+    /// Takes out of the room queue the oldest activation a place freed by a leader (`leader_place`) or
+    /// by a follower can take, dropping the entries that wait no longer on the way.
+    fn next_queued_for(&mut self, leader_place: bool) -> Option<ChannelId> {
+        self.drop_stale_queued();
+        let leaders_max = leaders_max(self.active_max);
+        let mut leaders_full = None;
+        let position = self.room_queue.iter().position(|c| {
+            leader_place
+                || !self.named_leader(c)
+                || !*leaders_full.get_or_insert_with(|| self.leaders_holding_share() >= leaders_max)
+        })?;
+        self.room_queue.remove(position)
+    }
+
+    /// Tries the activations of the room queue again, in order (called with idle eviction's scan, which
+    /// may have freed places without a drain seeing them): each is placed if there is room now, or
+    /// waits again, or is refused once its patience is over.
+    pub(super) fn retry_queued_for_room(&mut self) {
+        let queued: Vec<ChannelId> = std::mem::take(&mut self.room_queue).into_iter().collect();
+        for channel in queued {
+            if self.is_queued_for_room(&channel) {
+                self.room_made(&channel);
+            }
+        }
+    }
+
+    /// `true` when as many activations are loading (handed off, queued, or waiting for a hurried
+    /// checkpoint) as the shard may keep replicas active: another is refused for now. Those waiting in
+    /// the room queue have a bound of their own (`queue_for_room`): counted here, they kept every other
+    /// activation from even loading, and followers the shard would have let in past the cap for leaders
+    /// elsewhere were refused (sim seed 556000003).
     pub(super) fn loading_full(&self) -> bool {
-        self.loading.len() >= self.active_max
+        self.loading.len() >= self.active_max + self.room_queue.len()
     }
 
     /// `true` while `channel`'s replica waits for its load.
@@ -280,7 +405,18 @@ impl ChannelShard {
 
     /// Parks `input` until `channel`'s replica is loaded; gives it back when no load is waiting or the
     /// channel has as many inputs parked as appends may wait for a meta (`waiting_appends_max`).
+    /// A controller's evidence request for a replica whose load is done and waits for room is answered at
+    /// once from the log it read (see `send_evidence_at_rest`), not after the wait.
     pub(super) fn park(&mut self, channel: &ChannelId, input: Deferred) -> Result<(), Deferred> {
+        if matches!(input, Deferred::Evidence { .. }) {
+            let waiting = self.loading.get(channel).and_then(|loading| loading.waiting_for_room.as_ref());
+            let state = waiting.and_then(|(loaded, _)| loaded.outcome.as_ref().ok()).map(|log| log.state.clone());
+            let meta = self.metas.get(channel).map(|known| known.meta.clone());
+            if let (Some(state), Some(meta)) = (state, meta) {
+                self.send_evidence_at_rest(&meta, state, vec![input]);
+                return Ok(());
+            }
+        }
         match self.loading.get_mut(channel) {
             Some(loading) if loading.parked.len() < self.config.waiting_appends_max => {
                 loading.parked.push(input);
@@ -299,7 +435,10 @@ impl ChannelShard {
         if self.loading.get(&channel).is_none_or(|loading| loading.id != loaded.id) {
             return;
         }
-        let Some(Loading { id, parked, given_up_at, in_flight, .. }) = self.loading.remove(&channel) else { return };
+        let Some(Loading { id, parked, given_up_at, in_flight, room_patience, .. }) = self.loading.remove(&channel)
+        else {
+            return;
+        };
         if in_flight {
             self.load_ended();
         }
@@ -365,20 +504,44 @@ impl ChannelShard {
             no_room && (leads || !self.followers_place_taken_by_leaders())
         };
         if refused {
-            if let Some(hurried) = self.hurry_one_checkpoint(no_room_to_lead) {
+            let now = self.now;
+            let wait = if let Some(hurried) = self.hurry_one_checkpoint(no_room_to_lead) {
                 // The room is a durable write away: the activation waits for it, its inputs parked
                 // (bounded: one waits per replica hurried, each an active one), rather than refusing
                 // them and leaving a retry to the next eviction scan or its sender.
                 self.hurried_for.insert(hurried, channel.clone());
-                let waiting_for_room = Some(Loaded { channel: channel.clone(), id, meta_read: None, outcome: Ok(log) });
-                let loading = Loading { id, parked, given_up_at, in_flight: false, waiting_for_room };
+                Some(RoomWait::Hurried)
+            } else {
+                if no_room_to_lead {
+                    self.ask_a_leader_to_leave();
+                }
+                // Nothing to hurry: it waits, bounded and in order, for the next place a replica frees.
+                (room_patience.is_none_or(|until| now < until) && self.queue_for_room(&channel))
+                    .then_some(RoomWait::Queued)
+            };
+            if let Some(wait) = wait {
+                let mut parked = parked;
+                if wait == RoomWait::Queued {
+                    if room_patience.is_none() {
+                        self.counters.activations_queued_for_room += 1;
+                    }
+                    // A controller's request is answered from the log at rest now rather than after the
+                    // wait (see `send_evidence_at_rest`).
+                    parked = self.send_evidence_at_rest(&meta, log.state.clone(), parked);
+                }
+                let loaded = Loaded { channel: channel.clone(), id, meta_read: None, outcome: Ok(log) };
+                let loading = Loading {
+                    id,
+                    parked,
+                    given_up_at,
+                    in_flight: false,
+                    waiting_for_room: Some((loaded, wait)),
+                    room_patience: Some(room_patience.unwrap_or(now + ROOM_PATIENCE)),
+                };
                 self.loading.insert(channel, loading);
                 return;
             }
             self.counters.refused_activations += 1;
-            if no_room_to_lead {
-                self.ask_a_leader_to_leave();
-            }
             // A leader refused (its share of the places held by busy leaders) is tried as long as a
             // leader's start: nothing else starts it.
             let tries =

@@ -232,7 +232,7 @@ impl ChannelShard {
     }
 
     /// `true` if the meta this shard knows for `channel` names this node its leader.
-    fn named_leader(&self, channel: &ChannelId) -> bool {
+    pub(super) fn named_leader(&self, channel: &ChannelId) -> bool {
         self.metas.get(channel).is_some_and(|known| known.meta.leader == self.config.node)
     }
 
@@ -401,7 +401,7 @@ impl ChannelShard {
 
     /// `true` once `channel`'s replica has been in memory for [`RESIDENCE_MIN`]: it may leave for
     /// another's room.
-    fn resided(&self, channel: &ChannelId) -> bool {
+    pub(super) fn resided(&self, channel: &ChannelId) -> bool {
         self.in_memory_for(channel, RESIDENCE_MIN)
     }
 
@@ -544,6 +544,7 @@ impl ChannelShard {
 
 #[cfg(test)]
 mod tests {
+    use super::super::activation::ROOM_PATIENCE;
     use super::super::testing::{carry_out_loads_and_floors, shard_over_memory_log};
     use super::super::{ShardInput, ShardOutput};
     use super::*;
@@ -610,6 +611,20 @@ mod tests {
         shard.advance(now);
     }
 
+    /// Tries `channel`'s activation and, when it waits in the room queue, lets its patience pass and tries
+    /// it once more: a try that finds no room ends refused (filed to be tried again), as it did before
+    /// activations waited for room.
+    fn try_activation(shard: &mut ChannelShard, log: &MemoryLog, channel: &ChannelId) {
+        shard.activate(channel);
+        carry_out_loads_and_floors(shard, log);
+        if shard.is_queued_for_room(channel) {
+            let patience_over = shard.now + ROOM_PATIENCE;
+            shard.advance(patience_over);
+            shard.retry_queued_for_room();
+            carry_out_loads_and_floors(shard, log);
+        }
+    }
+
     /// Answers every durable write among `outputs` and those the answers bring, until none is left;
     /// returns the other outputs.
     fn answer_persists(shard: &mut ChannelShard, log: &MemoryLog, mut outputs: Vec<ShardOutput>) -> Vec<ShardOutput> {
@@ -649,7 +664,7 @@ mod tests {
         let outputs = carry_out_loads_and_floors(&mut shard, &log);
 
         assert!(!shard.channels.contains(&named), "no leader's place for it");
-        assert!(shard.counters.refused_activations > 0);
+        assert!(shard.is_queued_for_room(&named), "it waits for a place, its evidence answered meanwhile");
         let replies: Vec<_> = outputs
             .iter()
             .filter_map(|output| match output {
@@ -699,8 +714,7 @@ mod tests {
         };
         let ops = vec![LogOp::Append(vec![barrier]), LogOp::CheckpointHw(Seq::new(1))];
         tidings_store::message::MessageLog::commit(&*log, LogBatch::new(returning.clone(), ops)).unwrap();
-        shard.activate(&returning);
-        carry_out_loads_and_floors(&mut shard, &log);
+        try_activation(&mut shard, &log, &returning);
         assert!(!shard.channels.contains(&returning), "its epoch started here: it keeps to the leaders' share");
         let refused = shard.counters.refused_activations;
         assert!(refused > 0);
@@ -713,8 +727,7 @@ mod tests {
 
         // With no place free, a leadership to start waits like any other leader.
         let next = known(&mut shard, "next", 1);
-        shard.activate(&next);
-        carry_out_loads_and_floors(&mut shard, &log);
+        try_activation(&mut shard, &log, &next);
         assert!(!shard.channels.contains(&next), "no place free");
         assert!(shard.to_activate.contains_key(&next), "tried again at the next scans");
     }
@@ -775,11 +788,10 @@ mod tests {
         }
         shard.activate(&followers[2]);
         carry_out_loads_and_floors(&mut shard, &log);
-        assert!(!shard.channels.contains(&followers[2]) && shard.to_activate.contains_key(&followers[2]));
-        assert_eq!(shard.counters.refused_activations, 1);
+        assert!(!shard.channels.contains(&followers[2]) && shard.is_queued_for_room(&followers[2]));
 
         let_residence_pass(&mut shard);
-        shard.activate_again();
+        shard.retry_queued_for_room();
         carry_out_loads_and_floors(&mut shard, &log);
         assert!(shard.channels.contains(&followers[2]), "placed once the residence passed");
         assert!(!shard.channels.contains(&followers[0]) && shard.channels.contains(&followers[1]), "the LRU left");
@@ -808,7 +820,7 @@ mod tests {
 
         let turn_over = shard.now + LEADER_TURN;
         shard.advance(turn_over);
-        shard.activate(&waiting);
+        shard.retry_queued_for_room();
         carry_out_loads_and_floors(&mut shard, &log);
         assert!(!shard.channels.contains(&waiting) && shard.is_leaving_for_room(&busy));
         assert_eq!(shard.counters.leaders_asked_to_leave, 1);
@@ -821,10 +833,11 @@ mod tests {
         });
         assert!(refused, "a leader asked to leave takes no new append: {outputs:?}");
 
-        // It settles; the refused leader's next try takes its place.
-        answer_persists(&mut shard, &log, unanswered);
+        // The refused leader comes again and waits; the busy one settles, and its place goes to it.
         shard.activate(&waiting);
-        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.is_queued_for_room(&waiting));
+        let outputs = answer_persists(&mut shard, &log, unanswered);
         answer_persists(&mut shard, &log, outputs);
         assert!(shard.channels.contains(&waiting) && !shard.channels.contains(&busy));
         assert!(shard.leaving_for_room.is_none(), "the ask goes with its replica");
@@ -849,8 +862,7 @@ mod tests {
             .collect();
         let waiting = returning_leader(&mut shard, &log, "waiting");
         let try_waiting = |shard: &mut ChannelShard| {
-            shard.activate(&waiting);
-            carry_out_loads_and_floors(shard, &log);
+            try_activation(shard, &log, &waiting);
             assert!(!shard.channels.contains(&waiting), "no leader's place");
         };
 
@@ -986,6 +998,124 @@ mod tests {
         assert_eq!(shard.counters.refused_activations, 0);
     }
 
+    /// A shard with room for three replicas whose leaders' share (two places) is held by busy leaders,
+    /// each with its barrier's durable write not answered yet (returned): not quiescent, and no
+    /// checkpoint of theirs to hurry.
+    fn a_shard_whose_leaders_share_busy_leaders_hold(
+    ) -> (ChannelShard, Arc<MemoryLog>, Vec<ChannelId>, Vec<ShardOutput>) {
+        let config = NodeConfig { active_channels_max: 3, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        let (mut shard, log) = shard_over_memory_log(config);
+        assert_eq!(super::super::activation::leaders_max(3), 2);
+        let mut unanswered = Vec::new();
+        let busy = ["busy-1", "busy-2"]
+            .into_iter()
+            .map(|name| {
+                let busy = known(&mut shard, name, 1);
+                shard.activate(&busy);
+                unanswered.extend(carry_out_loads_and_floors(&mut shard, &log));
+                busy
+            })
+            .collect();
+        let_residence_pass(&mut shard);
+        (shard, log, busy, unanswered)
+    }
+
+    /// The appends `outputs` answer, by call.
+    fn appends_done(outputs: &[ShardOutput]) -> Vec<(ApiId, bool)> {
+        outputs
+            .iter()
+            .filter_map(|o| match o {
+                ShardOutput::Effect(NodeEffect::Done { id, result: ApiResult::Appended(result) }) => {
+                    Some((*id, result.is_ok()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// An append for a leader that finds no room, and no replica whose checkpoint alone keeps it, waits
+    /// in the room queue with its activation; the first busy leader to settle hands its place over
+    /// (its checkpoint hurried for the waiting one) and the append is taken, with no retry from anyone.
+    /// Refused at once, such an activation was tried again only at the next eviction scan or its
+    /// sender's retry, and at the cap a place changed hands about once a round of retries (sim seed
+    /// 556000608: 48 busy channels on a few places, nine took no append through the healed phase).
+    #[test]
+    fn an_append_for_a_leader_with_no_room_waits_for_the_next_place_freed() {
+        let (mut shard, log, busy, unanswered) = a_shard_whose_leaders_share_busy_leaders_hold();
+        let returning = returning_leader(&mut shard, &log, "returning");
+        let records = vec![AppendRecord { idempotency_key: None, payload: bytes::Bytes::from_static(b"m") }];
+        shard
+            .handle(shard.now, ShardInput::Append { api: ApiId(5), channel: returning.clone(), sender: None, records });
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        assert_eq!(appends_done(&outputs), vec![], "neither taken nor refused");
+        assert!(shard.is_queued_for_room(&returning) && !shard.channels.contains(&returning));
+        assert_eq!((shard.counters.activations_queued_for_room, shard.counters.refused_activations), (1, 0));
+
+        // The first busy leader's barrier lands: it commits, its checkpoint is hurried for the waiting
+        // leader, and that one takes its place.
+        let first: Vec<ShardOutput> = unanswered.into_iter().take(1).collect();
+        let outputs = answer_persists(&mut shard, &log, first);
+        assert!(shard.channels.contains(&returning) && !shard.channels.contains(&busy[0]));
+        assert!(shard.channels.contains(&busy[1]));
+        assert_eq!(appends_done(&outputs), vec![(ApiId(5), true)]);
+        assert!(shard.room_queue.is_empty() && !shard.is_loading(&returning));
+        assert_eq!(shard.counters.refused_activations, 0);
+    }
+
+    /// An activation waits in the room queue for `ROOM_PATIENCE` at most (to the eviction scan after
+    /// it): then it is refused as an activation with no room was, its append `TooManyChannels` (the
+    /// caller's retry), and it is filed to be tried again.
+    #[test]
+    fn an_activation_waiting_for_room_past_its_patience_is_refused() {
+        let (mut shard, log, _busy, _unanswered) = a_shard_whose_leaders_share_busy_leaders_hold();
+        let returning = returning_leader(&mut shard, &log, "returning");
+        let records = vec![AppendRecord { idempotency_key: None, payload: bytes::Bytes::from_static(b"m") }];
+        shard
+            .handle(shard.now, ShardInput::Append { api: ApiId(6), channel: returning.clone(), sender: None, records });
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.is_queued_for_room(&returning));
+
+        // A scan before the patience is over leaves it waiting.
+        shard.next_evict_scan = shard.now;
+        shard.handle_tick(shard.now + ROOM_PATIENCE / 2);
+        assert_eq!(appends_done(&carry_out_loads_and_floors(&mut shard, &log)), vec![]);
+        assert!(shard.is_queued_for_room(&returning));
+
+        shard.next_evict_scan = shard.now;
+        shard.handle_tick(shard.now + ROOM_PATIENCE);
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        let refused = outputs.iter().any(|o| {
+            matches!(o, ShardOutput::Effect(NodeEffect::Done { id: ApiId(6), result: ApiResult::Appended(Err(e)) })
+                if format!("{e:?}").contains("TooManyChannels"))
+        });
+        assert!(refused, "{outputs:?}");
+        // Filed, it is tried again by the same scan: it waits anew, with nothing of the caller's.
+        assert!(shard.to_activate.contains_key(&returning));
+        assert_eq!(shard.counters.refused_activations, 1);
+    }
+
+    /// The room queue holds as many activations as the shard has room for replicas; one more finding no
+    /// room is refused at once. Waiting there, they do not count against the loads: the activation of
+    /// another replica still loads (and may find a place a follower can take past the cap).
+    #[test]
+    fn the_room_queue_is_bounded_by_the_room() {
+        let (mut shard, log, _busy, _unanswered) = a_shard_whose_leaders_share_busy_leaders_hold();
+        let leaders: Vec<ChannelId> = (0..4).map(|i| returning_leader(&mut shard, &log, &format!("l{i}"))).collect();
+        for leader in &leaders {
+            shard.activate(leader);
+            carry_out_loads_and_floors(&mut shard, &log);
+        }
+        let queued: Vec<bool> = leaders.iter().map(|l| shard.is_queued_for_room(l)).collect();
+        assert_eq!(queued, vec![true, true, true, false]);
+        assert_eq!((shard.counters.activations_queued_for_room, shard.counters.refused_activations), (3, 1));
+        assert!(shard.to_activate.contains_key(&leaders[3]));
+
+        let follower = known(&mut shard, "follower", 2);
+        shard.activate(&follower);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.channels.contains(&follower), "the followers' place is free");
+    }
+
     /// The activations filed to be tried again take the loads in turn: a scan starts past the entry
     /// tried last, and an entry not reached for want of a load keeps its tries. Taken in name order,
     /// each tried every scan, the first few took every load and one late in the file spent its tries
@@ -1030,7 +1160,9 @@ mod tests {
             shard.activate_again();
         }
         assert_eq!(loaded.len(), followers.len(), "every filed activation got a load: {loaded:?}");
-        assert!(followers.iter().all(|f| !shard.to_activate.contains_key(f) || shard.channels.contains(f)));
+        assert!(followers
+            .iter()
+            .all(|f| !shard.to_activate.contains_key(f) || shard.channels.contains(f) || shard.is_queued_for_room(f)));
     }
 
     /// A follower evicted while its pull waits keeps the pull for its next incarnation, until a pull

@@ -244,6 +244,8 @@ pub(crate) struct ShardCounters {
     /// Replicas activated (incarnations built).
     pub(crate) activations: u64,
     pub(crate) refused_activations: u64,
+    /// Activations that found no room and waited in the room queue for a freed place.
+    pub(crate) activations_queued_for_room: u64,
     /// Busy leaders asked to take no new append and leave for a leader refused room.
     pub(crate) leaders_asked_to_leave: u64,
     pub(crate) stale_messages: u64,
@@ -358,6 +360,10 @@ pub(crate) struct ChannelShard {
     /// that waits for the room it makes, placed once it lands (`ChannelShard::hurry_one_checkpoint`).
     /// Keys are active replicas (an entry goes with its replica), so at most `active_max` entries.
     hurried_for: BTreeMap<ChannelId, ChannelId>,
+    /// Activations that found no room and nothing to hurry, oldest first: each waits (up to
+    /// `activation::ROOM_PATIENCE`) for the next place a replica frees (`ChannelShard::give_freed_places`).
+    /// May name channels that wait no longer; at most about `active_max` entries.
+    room_queue: VecDeque<ChannelId>,
     /// The leader asked to leave its place of the leaders' share for a leader refused room, and until
     /// when: it takes no new append meanwhile, so that it settles and may be evicted
     /// (`ChannelShard::ask_a_leader_to_leave`). One a shard; it goes with its replica.
@@ -433,6 +439,7 @@ impl ChannelShard {
             to_activate: BTreeMap::new(),
             retries_from: None,
             hurried_for: BTreeMap::new(),
+            room_queue: VecDeque::new(),
             leaving_for_room: None,
             carried_over: BTreeMap::new(),
             pulls_in_flight: FxHashMap::default(),
@@ -585,6 +592,7 @@ impl ChannelShard {
             self.expire_kept_pulls();
             self.expire_loads();
             self.place_orphaned_waits();
+            self.retry_queued_for_room();
             self.expire_stray();
             self.activate_again();
         }
@@ -767,11 +775,22 @@ impl ChannelShard {
     /// Drains the effects of every machine touched since the last drain, then sends what the outbox
     /// packed.
     fn drain_machines(&mut self) {
-        // Effects may touch further channels (or this one again): drain until nothing is dirty.
+        // Effects may touch further channels (or this one again): drain until nothing is dirty. While
+        // activations wait for room, the replicas drained are the ones whose places may have come free.
         let mut effects = Vec::new();
-        while let Some(channel) = self.channels.drain_next(&mut effects) {
-            for effect in effects.drain(..) {
-                self.channel_effect(&channel, effect);
+        loop {
+            let mut touched = Vec::new();
+            let room_wanted = !self.room_queue.is_empty();
+            while let Some(channel) = self.channels.drain_next(&mut effects) {
+                for effect in effects.drain(..) {
+                    self.channel_effect(&channel, effect);
+                }
+                if room_wanted {
+                    touched.push(channel);
+                }
+            }
+            if touched.is_empty() || !self.give_freed_places(touched) {
+                break;
             }
         }
         let batches: Vec<_> = self.outbox.drain().collect();
