@@ -724,6 +724,35 @@ fn answer_to_pull(
     })
 }
 
+/// A leader reading records from its store to answer a follower's pull is not quiescent until the read
+/// is done. Evicted meanwhile, the read's answer found no machine and the follower waited a pull timeout
+/// for nothing (seen tracing sim seed 560000612: at the cap, a draining node's leaders were evicted for
+/// room within a millisecond of their activation).
+#[test]
+fn a_leader_reading_for_a_followers_pull_is_not_quiescent_until_the_read_is_done() {
+    let (log, mut m) = leader_past_a_retention_boundary(0);
+    assert!(m.checkpoint_to_leave(t(1)), "only the new barrier's checkpoint keeps it");
+    settle(&mut m, &log, t(1));
+    assert!(m.is_quiescent());
+
+    m.handle_message(t(2), NodeId::new(2), pull(3, 6, 2));
+    let effects = settle(&mut m, &log, t(2));
+    let (token, from, through, max_bytes) = effects
+        .iter()
+        .find_map(|e| match e {
+            Effect::Read { token, from, through, max_bytes } => Some((*token, *from, *through, *max_bytes)),
+            _ => None,
+        })
+        .expect("records older than the cache are read");
+    assert!(!m.is_quiescent(), "its read's answer waits for it");
+
+    let limits = tidings_store::message::ReadLimits { records_max: usize::MAX, bytes_max: max_bytes };
+    m.handle_read(t(3), token, log.read(&channel(), from, through, limits));
+    let answered = settle(&mut m, &log, t(3));
+    assert!(answered.iter().any(|e| matches!(e, Effect::Send { message: ChannelMessage::PullResponse(_), .. })));
+    assert!(m.is_quiescent());
+}
+
 /// A replica that must start its log after the retention boundary takes as its last epoch the one in
 /// force at the first record it will receive. When a leader epoch begins right after the boundary (its
 /// barrier the first readable record), the leader answered with its own, newer epoch: the replica then

@@ -714,3 +714,29 @@ fn a_seed_whose_busy_leaders_held_the_leaders_share_passes() {
     let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(545000024) };
     assert_passes(&run(params));
 }
+
+/// Forty-eight busy channels on one node with a few places (tight limits): the healed phase's probes
+/// came to every channel at one instant each half second; a few were placed, each with a checkpoint
+/// hurried for it, and the rest, finding nothing to hurry, were refused `TooManyChannels` until the
+/// next round — about one channel a round went through, and nine took no append in the healed phase.
+/// An activation with no room now waits for the next place a replica frees (556000608, tight limits
+/// forced on). Seed 556000003 (three nodes, MinISR all three) is what the waiters' bound came from:
+/// counted against the loads, they kept followers that leaders elsewhere waited for from loading.
+#[test]
+fn a_seed_whose_refused_activations_waited_a_round_of_probes_each_passes() {
+    for seed in [556000608, 556000003] {
+        let params = SimParams { channels: 48, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(seed) };
+        assert_passes(&run(params));
+    }
+}
+
+/// Twenty-four busy channels, one node grown to two and drained (tight limits, two places a node): with
+/// activations waiting for room, a place changed hands within milliseconds, and seven learners on the
+/// new node took its two places in turn, each evicted while its pull waited. The shard kept evicted
+/// followers' pulls only up to its room, so each answer came to an incarnation that had sent a new pull
+/// and was ignored; no learner caught up in two minutes (560000612, tight limits forced on).
+#[test]
+fn a_seed_whose_learners_lost_their_kept_pulls_to_a_small_room_passes() {
+    let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(560000612) };
+    assert_passes(&run(params));
+}

@@ -51,6 +51,14 @@ const LEADER_TURN: Duration = Duration::from_secs(1);
 /// what it has (a pull timeout or two when one was silent); should it still not settle, it takes
 /// appends again and another may be asked.
 const LEAVING_PATIENCE: Duration = Duration::from_secs(3);
+/// Fewest kept pulls of evicted followers a shard holds (`ChannelShard::keep_pull_in_flight`; the bound
+/// is its room, at least this). Bounded by the room alone, a shard of a few places forgot a follower's
+/// kept pull after a few more evictions: with more followers than places, each evicted while its pull
+/// waited, every answer came to an incarnation that had sent a new pull, and was ignored — learners
+/// of a draining node never caught up (sim seed 560000612: two places, seven learners). Each kept pull
+/// goes a pull timeout after it was sent anyway (`expire_kept_pulls`), so this costs memory only while
+/// followers churn: ~130 B an entry.
+const KEPT_PULLS_MIN: usize = 1024;
 /// How long a replica stays in memory before it may be evicted for another's room: past the instant it
 /// came. Evicted as soon as it came, a replica did no work in memory: once the file of retries was
 /// taken in turn, two followers whose leaders' hints came at once took one place in turn 15,000 times
@@ -486,7 +494,7 @@ impl ChannelShard {
         // by name alone dropped the pull of a follower evicted again and again for room: two followers
         // sharing one place each came back to a new pull, ignored the answer to the one kept, and were
         // evicted before the next answer came — sim seed 245001988.)
-        while self.pulls_in_flight_order.len() > self.active_max {
+        while self.pulls_in_flight_order.len() > self.active_max.max(KEPT_PULLS_MIN) {
             self.forget_oldest_kept_pull();
         }
     }
@@ -1187,6 +1195,31 @@ mod tests {
         assert!(shard.pulls_in_flight.contains_key(&follower), "not yet a pull timeout old");
         scans(&mut shard, Time::ZERO + timeout + std::time::Duration::from_secs(1));
         assert!(shard.pulls_in_flight.is_empty() && shard.pulls_in_flight_order.is_empty(), "gone");
+    }
+
+    /// A shard keeps the pulls of more evicted followers than it has places (up to `KEPT_PULLS_MIN`): kept
+    /// to its room alone, a shard of two places forgot a follower's pull after two more evictions, and
+    /// with seven learners taking two places in turn each answer came to an incarnation that had sent a
+    /// new pull (sim seed 560000612).
+    #[test]
+    fn a_shard_keeps_the_pulls_of_more_evicted_followers_than_its_places() {
+        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        let (mut shard, log) = shard_over_memory_log(config);
+        let followers: Vec<ChannelId> = (0..7).map(|i| known(&mut shard, &format!("f{i}"), 2)).collect();
+        for follower in &followers {
+            shard.activate(follower);
+            carry_out_loads_and_floors(&mut shard, &log);
+            assert!(shard.channels.get(follower).is_some_and(|m| m.pull_in_flight().is_some()), "it pulls");
+            shard.evict(follower);
+        }
+        assert!(followers.iter().all(|f| shard.pulls_in_flight.contains_key(f)), "every pull kept");
+
+        // Its next incarnation takes the pull kept, to take its answer.
+        let kept = shard.pulls_in_flight[&followers[0]].1;
+        shard.activate(&followers[0]);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert_eq!(shard.channels.get(&followers[0]).and_then(|m| m.pull_in_flight()), Some(kept));
+        assert!(!shard.pulls_in_flight.contains_key(&followers[0]));
     }
 
     /// The file of activations to retry holds at most `retries_max` channels (the room, at least

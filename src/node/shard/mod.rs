@@ -372,7 +372,8 @@ pub(crate) struct ChannelShard {
     /// failure, a follower rebuilt to lead): their next incarnation keeps both.
     carried_over: BTreeMap<ChannelId, (Seq, Seq)>,
     /// Pulls of followers evicted while waiting for their answer, for their next incarnation to take
-    /// (`ChannelMachine::pull_in_flight`); at most `active_max`, the oldest forgotten first.
+    /// (`ChannelMachine::pull_in_flight`); at most `active_max` (at least `KEPT_PULLS_MIN`), the oldest
+    /// forgotten first.
     pulls_in_flight: FxHashMap<ChannelId, (u64, tidings_channel::machine::PullInFlight)>,
     /// Kept pulls by their numbers, oldest first; may name pulls taken or replaced since.
     pulls_in_flight_order: VecDeque<(ChannelId, u64)>,

@@ -614,6 +614,13 @@ impl ChannelMachine {
         );
     }
 
+    /// `true` while a store read runs to answer a follower's pull (a leader's only). Such a leader is not
+    /// quiescent: evicted meanwhile, the read's answer finds no machine, and the follower waits a pull
+    /// timeout for nothing.
+    pub(super) fn reading_for_a_follower(&self) -> bool {
+        matches!(&self.role, Role::Leader(leader) if leader.progress.values().any(|p| p.reading))
+    }
+
     /// Answers a pull with records from `next_seq` (from the cache, or through a store read).
     fn answer_pull(&mut self, to: NodeId, pull_id: u64, next_seq: Seq, max_bytes: usize) {
         let leader_epoch = self.meta.as_ref().expect("leader has meta").leader_epoch;

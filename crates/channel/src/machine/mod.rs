@@ -449,8 +449,12 @@ impl ChannelMachine {
     /// everything durable, nothing waiting for commit or handoff, and its HW checkpointed (the next
     /// incarnation starts from the checkpoint: an HW ahead of it would go back — seen in the simulator
     /// once replicas were evicted mid-run; an idle replica checkpoints within 1.1 s, see `checkpoint_due_at`).
+    /// A leader reading records for a follower's pull is not quiescent either: evicted then, the read's
+    /// answer is lost, and the follower waits a pull timeout (seen tracing sim seed 560000612, where
+    /// the leaders of a draining node were evicted for room within a millisecond of their activation).
     pub fn is_quiescent(&self) -> bool {
         self.leader_waits_for_nothing()
+            && !self.reading_for_a_follower()
             && self.log.settled()
             && self.handoff_quiet()
             && self.log.hw == self.log.end
