@@ -321,8 +321,8 @@ impl ChannelShard {
     /// activation placed evicts it, or whichever quiescent replica is least recently used), one that
     /// only its checkpoint keeps has the checkpoint hurried for the activation. A follower's place goes
     /// to a leader only while leaders do not fill their share. `true` if anything was placed or
-    /// hurried (the shard has machines to drain again). O(1) a touched replica while activations wait,
-    /// and nothing otherwise.
+    /// hurried (the shard has machines to drain again). While activations wait: O(1) a touched replica,
+    /// and O(waiting) for one that can leave; nothing otherwise.
     pub(super) fn give_freed_places(&mut self, touched: Vec<ChannelId>) -> bool {
         let mut gave = false;
         for channel in touched {

@@ -1028,6 +1028,14 @@ mod tests {
         (shard, log, busy, unanswered)
     }
 
+    /// An append (call `api`) for a returning leader (see `returning_leader`), the channel's.
+    fn append_for_a_returning_leader(shard: &mut ChannelShard, log: &MemoryLog, api: ApiId) -> ChannelId {
+        let returning = returning_leader(shard, log, "returning");
+        let records = vec![AppendRecord { idempotency_key: None, payload: bytes::Bytes::from_static(b"m") }];
+        shard.handle(shard.now, ShardInput::Append { api, channel: returning.clone(), sender: None, records });
+        returning
+    }
+
     /// The appends `outputs` answer, by call.
     fn appends_done(outputs: &[ShardOutput]) -> Vec<(ApiId, bool)> {
         outputs
@@ -1050,10 +1058,7 @@ mod tests {
     #[test]
     fn an_append_for_a_leader_with_no_room_waits_for_the_next_place_freed() {
         let (mut shard, log, busy, unanswered) = a_shard_whose_leaders_share_busy_leaders_hold();
-        let returning = returning_leader(&mut shard, &log, "returning");
-        let records = vec![AppendRecord { idempotency_key: None, payload: bytes::Bytes::from_static(b"m") }];
-        shard
-            .handle(shard.now, ShardInput::Append { api: ApiId(5), channel: returning.clone(), sender: None, records });
+        let returning = append_for_a_returning_leader(&mut shard, &log, ApiId(5));
         let outputs = carry_out_loads_and_floors(&mut shard, &log);
         assert_eq!(appends_done(&outputs), vec![], "neither taken nor refused");
         assert!(shard.is_queued_for_room(&returning) && !shard.channels.contains(&returning));
@@ -1076,10 +1081,7 @@ mod tests {
     #[test]
     fn an_activation_waiting_for_room_past_its_patience_is_refused() {
         let (mut shard, log, _busy, _unanswered) = a_shard_whose_leaders_share_busy_leaders_hold();
-        let returning = returning_leader(&mut shard, &log, "returning");
-        let records = vec![AppendRecord { idempotency_key: None, payload: bytes::Bytes::from_static(b"m") }];
-        shard
-            .handle(shard.now, ShardInput::Append { api: ApiId(6), channel: returning.clone(), sender: None, records });
+        let returning = append_for_a_returning_leader(&mut shard, &log, ApiId(6));
         carry_out_loads_and_floors(&mut shard, &log);
         assert!(shard.is_queued_for_room(&returning));
 
