@@ -150,6 +150,13 @@ pub(super) struct Loading {
     room_patience: Option<Time>,
 }
 
+impl Loading {
+    /// `true` while the activation, its load done, waits for room the way `how` says.
+    fn waits_for_room(&self, how: RoomWait) -> bool {
+        self.waiting_for_room.as_ref().is_some_and(|(_, wait)| *wait == how)
+    }
+}
+
 /// How an activation whose load is done waits for a place among the active replicas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum RoomWait {
@@ -281,7 +288,7 @@ impl ChannelShard {
         let orphaned: Vec<ChannelId> = self
             .loading
             .iter()
-            .filter(|(c, loading)| self.waits_for_room(loading, RoomWait::Hurried) && !awaited.contains(c))
+            .filter(|(c, loading)| loading.waits_for_room(RoomWait::Hurried) && !awaited.contains(c))
             .map(|(c, _)| c.clone())
             .collect();
         for channel in orphaned {
@@ -289,13 +296,9 @@ impl ChannelShard {
         }
     }
 
-    fn waits_for_room(&self, loading: &Loading, how: RoomWait) -> bool {
-        loading.waiting_for_room.as_ref().is_some_and(|(_, wait)| *wait == how)
-    }
-
     /// `true` while `channel`'s activation waits in the room queue.
     pub(super) fn is_queued_for_room(&self, channel: &ChannelId) -> bool {
-        self.loading.get(channel).is_some_and(|loading| self.waits_for_room(loading, RoomWait::Queued))
+        self.loading.get(channel).is_some_and(|loading| loading.waits_for_room(RoomWait::Queued))
     }
 
     /// Files `channel` in the room queue, unless as many activations wait there as the shard has room

@@ -566,6 +566,14 @@ mod tests {
 
     const ME: NodeId = NodeId::new(1);
 
+    /// A shard over a memory log with room for `places` active replicas, on a node of a two-node cluster.
+    fn shard_with_places(places: usize) -> (ChannelShard, Arc<MemoryLog>) {
+        shard_over_memory_log(NodeConfig {
+            active_channels_max: places,
+            ..NodeConfig::new(ME, vec![ME, NodeId::new(2)])
+        })
+    }
+
     /// Channel `name`, its meta known to the shard with `leader` leading.
     fn known(shard: &mut ChannelShard, name: &str, leader: u64) -> ChannelId {
         let channel = ChannelId::new(ChannelType::GROUP, name).unwrap();
@@ -655,8 +663,7 @@ mod tests {
     /// built from it would.
     #[test]
     fn a_replica_with_no_room_to_be_activated_answers_evidence_from_its_stored_state() {
-        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
-        let (mut shard, log) = shard_over_memory_log(config);
+        let (mut shard, log) = shard_with_places(2);
         // A leader whose barrier's persist is never answered: not quiescent, never evicted.
         let busy = known(&mut shard, "busy", 1);
         shard.activate(&busy);
@@ -700,8 +707,7 @@ mod tests {
     /// else starts it, and its channel has no leader meanwhile.
     #[test]
     fn a_leadership_to_start_takes_a_free_place_past_the_leaders_share() {
-        let config = NodeConfig { active_channels_max: 3, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
-        let (mut shard, log) = shard_over_memory_log(config);
+        let (mut shard, log) = shard_with_places(3);
         assert_eq!(super::super::activation::leaders_max(3), 2);
         // Two leaders whose barriers' persists are never answered: not quiescent, never evicted.
         for name in ["busy-1", "busy-2"] {
@@ -786,8 +792,7 @@ mod tests {
     /// at once took one place in turn thousands of times within one millisecond.
     #[test]
     fn a_replica_just_activated_is_not_evicted_for_anothers_room() {
-        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
-        let (mut shard, log) = shard_over_memory_log(config);
+        let (mut shard, log) = shard_with_places(2);
         let followers: Vec<ChannelId> = (0..3).map(|i| known(&mut shard, &format!("f{i}"), 2)).collect();
         for follower in &followers[..2] {
             shard.activate(follower);
@@ -811,8 +816,7 @@ mod tests {
     /// appends came (sim seed 545000024).
     #[test]
     fn a_busy_leader_is_asked_to_leave_its_place_for_a_leader_refused_room() {
-        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
-        let (mut shard, log) = shard_over_memory_log(config);
+        let (mut shard, log) = shard_with_places(2);
         assert_eq!(super::super::activation::leaders_max(2), 1);
         // Busy: its barrier's durable write is not answered yet.
         let busy = known(&mut shard, "busy", 1);
@@ -855,8 +859,7 @@ mod tests {
     /// durable write never lands) takes appends again, and the next refusal asks another busy leader.
     #[test]
     fn a_leader_that_did_not_settle_in_its_patience_hands_the_ask_to_another() {
-        let config = NodeConfig { active_channels_max: 3, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
-        let (mut shard, log) = shard_over_memory_log(config);
+        let (mut shard, log) = shard_with_places(3);
         assert_eq!(super::super::activation::leaders_max(3), 2);
         let busy: Vec<ChannelId> = ["busy-a", "busy-b"]
             .into_iter()
@@ -890,8 +893,7 @@ mod tests {
     /// A shard with room for two replicas, holding two followers that know their records committed
     /// through 3, their store through 1 only: neither may leave memory before a checkpoint.
     fn a_shard_full_of_followers_kept_by_their_checkpoints() -> (ChannelShard, Arc<MemoryLog>, Vec<ChannelId>) {
-        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
-        let (mut shard, log) = shard_over_memory_log(config);
+        let (mut shard, log) = shard_with_places(2);
         let followers: Vec<ChannelId> = ["f0", "f1"]
             .into_iter()
             .map(|name| {
@@ -966,8 +968,7 @@ mod tests {
     /// `TooManyChannels`, as it was while that checkpoint waited to fall due.
     #[test]
     fn an_append_for_a_leader_short_of_room_waits_for_a_hurried_checkpoint() {
-        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
-        let (mut shard, log) = shard_over_memory_log(config);
+        let (mut shard, log) = shard_with_places(2);
         assert_eq!(super::super::activation::leaders_max(2), 1);
         // The one leader's place: a leader whose records committed through 3, its store through 1.
         let held = known(&mut shard, "held", 1);
@@ -1011,8 +1012,7 @@ mod tests {
     /// checkpoint of theirs to hurry.
     fn a_shard_whose_leaders_share_busy_leaders_hold(
     ) -> (ChannelShard, Arc<MemoryLog>, Vec<ChannelId>, Vec<ShardOutput>) {
-        let config = NodeConfig { active_channels_max: 3, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
-        let (mut shard, log) = shard_over_memory_log(config);
+        let (mut shard, log) = shard_with_places(3);
         assert_eq!(super::super::activation::leaders_max(3), 2);
         let mut unanswered = Vec::new();
         let busy = ["busy-1", "busy-2"]
@@ -1132,8 +1132,7 @@ mod tests {
     /// refused for want of a load (sim seed 487000990).
     #[test]
     fn activations_filed_to_retry_take_the_loads_in_turn() {
-        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
-        let (mut shard, log) = shard_over_memory_log(config);
+        let (mut shard, log) = shard_with_places(2);
         // Both places held by leaders whose barriers' persists are never answered: never evicted.
         for name in ["busy-1", "busy-2"] {
             let busy = known(&mut shard, name, 1);
@@ -1205,8 +1204,7 @@ mod tests {
     /// new pull (sim seed 560000612).
     #[test]
     fn a_shard_keeps_the_pulls_of_more_evicted_followers_than_its_places() {
-        let config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
-        let (mut shard, log) = shard_over_memory_log(config);
+        let (mut shard, log) = shard_with_places(2);
         let followers: Vec<ChannelId> = (0..7).map(|i| known(&mut shard, &format!("f{i}"), 2)).collect();
         for follower in &followers {
             shard.activate(follower);
