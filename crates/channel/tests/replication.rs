@@ -243,6 +243,38 @@ fn lagging_follower_is_shrunk_out_of_the_isr_never_below_min_isr() {
 }
 
 #[test]
+fn a_new_leader_keeps_in_the_isr_the_members_holding_what_its_predecessor_may_have_committed() {
+    // Sim seed 564000374: leader 5 committed #6 on itself and node 4 (MinISR 2 of ISR [5, 3, 4]), node 4
+    // took over having heard HW 5 only, and shrank node 5 out while node 3 still lacked #6: by node 4's
+    // HW, it and node 3 held everything committed. ISR [3, 4] then needed one member's evidence, node 3's
+    // won a failover, and #6 was overwritten. Here: node 1 commits a record on itself and node 2 while
+    // node 3 hears nothing from it; node 2 takes over before the HW news reaches it, and node 3's pulls
+    // reach node 2 but no answer comes back.
+    let hw_news_late = MachineConfig { hw_notify_delay: Duration::from_secs(2), ..config() };
+    let mut cluster = Cluster::new(43, 3, 2, quiet(), hw_news_late);
+    cluster.run_for(300);
+    cluster.blocked.insert((node(1), node(3)));
+    let id = cluster.append(node(1), &["committed by node 1"], &[]).unwrap();
+    cluster.run_until_cond(500, |c| matches!(c.outcome(id), Outcome::Acked(_)));
+    let committed = acked(&cluster, id)[0];
+    assert!(cluster.machine(node(2)).hw() < committed, "node 2 is not told yet");
+    assert!(cluster.machine(node(3)).durable_last() < committed, "node 3 lacks it");
+    cluster.crash(node(1));
+    cluster.blocked.insert((node(2), node(3)));
+    assert_eq!(cluster.failover(&[node(1)], None, None), Some(node(2)), "node 2 holds the longest log");
+    // Past the ISR lag bound, node 1 (down) and node 3 (behind) lag; taking out either would leave the
+    // record on fewer than MinISR of the ISR.
+    cluster.run_for(5_000);
+    assert_eq!(cluster.meta.isr.len(), 3, "no member shrunk out: {:?}", cluster.meta.isr);
+    // So a failover without node 2 cannot elect node 3 alone (the invariants check the leader holds
+    // every committed record at every step).
+    cluster.crash(node(2));
+    assert_eq!(cluster.failover(&[node(2)], None, None), None, "node 3's evidence alone is not enough");
+    cluster.run_for(1_000);
+    cluster.check_invariants();
+}
+
+#[test]
 fn a_leader_that_missed_its_committed_shrink_counts_hw_under_every_isr_it_proposed() {
     // Sim seed 241005257: a leader proposed dropping node 3, the slot layer took it (v2: ISR [1, 2]) and
     // the answer never reached the leader. Later, with node 2 cut off and node 3 back, it proposed

@@ -740,3 +740,14 @@ fn a_seed_whose_learners_lost_their_kept_pulls_to_a_small_room_passes() {
     let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(560000612) };
     assert_passes(&run(params));
 }
+
+/// Five nodes, MinISR two of three replicas, one node's disk lost: leader 5 committed #6 on itself and
+/// node 4, node 4 took over having heard HW 5 only and shrank node 5 out of the ISR while node 3 still
+/// lacked #6 — counted by node 4's HW, the two of them held everything committed. A failover then took
+/// node 3's evidence alone (ISR [3, 4], MinISR 2) and overwrote the committed #6 (564000374). A leader's
+/// shrink now counts everything earlier leaders left in its log as possibly committed.
+#[test]
+fn a_seed_whose_new_leader_shrank_out_a_holder_of_its_predecessors_commit_passes() {
+    let params = SimParams { channels: 48, safety_ms: 30_000, ..SimParams::from_seed(564000374) };
+    assert_passes(&run(params));
+}

@@ -841,10 +841,11 @@ impl ChannelMachine {
     }
 
     /// Proposes removing an ISR follower that has not caught up for longer than the lag bound — never
-    /// below MinISR, one proposal at a time, and only if every committed record stays on MinISR of the
-    /// remaining members: with HW at the MinISR-th highest match, a lagging member may sit in the ISR
-    /// below HW, and taking out a member that holds HW instead would leave committed records on fewer
-    /// than MinISR ISR members — too few for a failover's evidence to be sure to include one.
+    /// below MinISR, one proposal at a time, and only if every record that may be committed (through HW
+    /// and through the end of what earlier leaders left) stays on MinISR of the remaining members: with
+    /// HW at the MinISR-th highest match, a lagging member may sit in the ISR below HW, and taking out a
+    /// member that holds HW instead would leave committed records on fewer than MinISR ISR members —
+    /// too few for a failover's evidence to be sure to include one.
     fn maybe_propose_shrink(&mut self) {
         let now = self.now;
         let lag = self.config.isr_lag;
@@ -857,8 +858,15 @@ impl ChannelMachine {
         }
         let matched =
             |n: &NodeId| if *n == me { own } else { leader.progress.get(n).map_or(Seq::new(0), |p| p.match_seq) };
+        // What may be committed: through HW, and everything earlier leaders left in this log, which one of
+        // them may have committed without this leader being told (its HW trails its predecessor's until
+        // its own barrier commits). Counted by HW alone, a new leader shrank out a member holding a
+        // record its predecessor had committed while the member left lacked it: the record was on fewer
+        // than MinISR of the new ISR, a failover's evidence from that member alone sufficed, and it
+        // overwrote the record (sim seed 564000374).
+        let committed_bar = hw.max(Seq::new(leader.barrier_seq.get().saturating_sub(1)));
         let keeps_commits = |out: &NodeId| {
-            let holders = meta.isr.iter().filter(|n| *n != out && matched(n) >= hw).count();
+            let holders = meta.isr.iter().filter(|n| *n != out && matched(n) >= committed_bar).count();
             holders >= usize::from(meta.min_isr)
         };
         let lagging = meta.isr.iter().filter(|n| **n != me).find(|n| {
