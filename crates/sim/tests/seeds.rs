@@ -751,3 +751,12 @@ fn a_seed_whose_new_leader_shrank_out_a_holder_of_its_predecessors_commit_passes
     let params = SimParams { channels: 48, safety_ms: 30_000, ..SimParams::from_seed(564000374) };
     assert_passes(&run(params));
 }
+
+/// Four nodes growing to five, MinISR all three: a transfer's switch was refused because the channel's
+/// hash slot was fenced for the last moments of its migration, and the task ended there with its write
+/// fence standing; the fence was cleared only by a takeover 15 s later, past the healed phase's patience
+/// (565004175). A change refused so is now proposed again once the migration is done.
+#[test]
+fn a_seed_whose_transfer_was_refused_by_a_slot_migrations_fence_passes() {
+    assert_passes(&run(SimParams::from_seed(565004175)));
+}

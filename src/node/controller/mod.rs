@@ -755,6 +755,14 @@ impl Controller {
                 task.step = Step::Gathering;
                 task.next_ask = now + self.config.ask_interval;
             }
+            // The channel's hash slot is fenced for the last moments of its migration: nothing was
+            // applied, and the change can be once the new owner serves the slot. Proposed again as a lost
+            // proposal is (below). Ended here, a transfer left its fence standing until a controller took
+            // the fence over, and its channel took no append meanwhile (sim seed 565004175: 15 s).
+            Ok(Outcome::Refused(Refusal::SlotFenced { .. })) => {
+                *confirming = true;
+                task.next_ask = now + self.config.ask_interval;
+            }
             Ok(Outcome::Refused(refusal)) => {
                 let task = self.tasks.remove(channel).expect("present");
                 self.finish(now, task, Err(TaskError::Refused(refusal)));

@@ -635,6 +635,34 @@ pub(super) mod tests {
         );
     }
 
+    /// A proposal refused because the channel's hash slot is fenced for the end of its migration is
+    /// proposed again once the meta in force shows it was not applied, not ended: ended, a transfer left
+    /// its fence standing until a controller took the fence over (sim seed 565004175: 15 s fenced).
+    #[test]
+    fn a_proposal_refused_while_its_slot_migrates_is_proposed_again() {
+        use super::super::Action;
+        use tidings_slot::fsm::{Outcome, Refusal};
+        let nodes = [n(1), n(2), n(3), n(4)];
+        let config = ControllerConfig { rebalance_leaders_after: None, ..ControllerConfig::default() };
+        let mut controller = Controller::new(config.clone(), n(1), &nodes, 3, 1, Time::ZERO);
+        let now = Time::from_millis(100);
+        for node in &nodes[1..] {
+            controller.heard(*node, now);
+        }
+        let meta = ChannelRuntimeMeta { leader: n(2), ..led_away_from_its_preferred_replica() };
+        controller.start_replace(now, None, meta.clone(), n(3), n(4)).expect("the replacement starts");
+        let Some(Action::Propose { tag, command, .. }) = controller.poll_action() else { panic!("adds the learner") };
+        let fenced = Refusal::SlotFenced { slot: tidings_types::HashSlot::new(7).expect("slot"), to: GroupId::new(2) };
+        controller.proposal_done(now, &meta.channel, tag, Ok(Outcome::Refused(fenced)));
+        assert!(controller.tasks.contains_key(&meta.channel) && controller.reports().is_empty(), "not ended");
+        let later = now + config.ask_interval;
+        controller.task_timer(later, &meta.channel);
+        assert!(matches!(controller.poll_action(), Some(Action::FetchMeta(c)) if c == meta.channel));
+        controller.meta_seen(later, &meta);
+        let Some(Action::Propose { command: again, .. }) = controller.poll_action() else { panic!("proposed again") };
+        assert_eq!(again, command);
+    }
+
     #[test]
     fn a_failed_transfer_back_waits_before_it_is_tried_again() {
         let after = Duration::from_secs(3);
