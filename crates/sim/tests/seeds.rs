@@ -760,3 +760,15 @@ fn a_seed_whose_new_leader_shrank_out_a_holder_of_its_predecessors_commit_passes
 fn a_seed_whose_transfer_was_refused_by_a_slot_migrations_fence_passes() {
     assert_passes(&run(SimParams::from_seed(565004175)));
 }
+
+/// Four nodes, MinISR all three, one drained out (`shrink`), 48 channels at tight limits: a replacement
+/// of the member drained was judged on its leader's log at rest, before that leader had begun its epoch;
+/// activated under the replacement's fence, the leader wrote its barrier and committed it under the old
+/// ISR, with the member being replaced. The new ISR held the barrier on two of three members, a failover
+/// then took the evidence of one without it, and the member holding the barrier as committed could never
+/// follow the new leader (569000206). A replacement now waits for its leader to begin.
+#[test]
+fn a_seed_whose_replacement_switched_before_its_leader_began_passes() {
+    let params = SimParams { channels: 48, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(569000206) };
+    assert_passes(&run(params));
+}

@@ -250,9 +250,12 @@ impl Controller {
 /// activated since it was named, or refused a place — still writes that barrier when it is activated,
 /// fence or not: a switch away from it on evidence of its log without the barrier left the barrier to be
 /// written, and committed, after the switch, at the seq the new leader's own barrier took; the follower
-/// holding the first could never follow the new leader (sim seed 385000231). A transfer, or a replacement
-/// of the leader, waits for it to begin; a failover needs no such wait, as its fence freezes replication
-/// (nothing the old leader writes then commits).
+/// holding the first could never follow the new leader (sim seed 385000231). A transfer or a replacement
+/// waits for it to begin — a replacement that keeps its leader too: the barrier, written under the
+/// fence (which does not freeze replication), committed under the old ISR with the member being
+/// replaced, and the new ISR, judged on the log without it, held it on fewer than MinISR members; a later
+/// failover's evidence then elected a member without it (sim seed 569000206). A failover needs no such
+/// wait, as its fence freezes replication (nothing the old leader writes then commits).
 fn began(leader: &EvidenceReport, meta: &ChannelRuntimeMeta) -> bool {
     leader.last_epoch == meta.leader_epoch
 }
@@ -330,7 +333,8 @@ fn switch_target(
             let leader = evidence.get(&meta.leader);
             let caught_up = match (leader, evidence.get(&to)) {
                 (Some(l), Some(t)) => {
-                    (!leader_moves || (l.pending_appends == 0 && began(l, meta)))
+                    began(l, meta)
+                        && (!leader_moves || l.pending_appends == 0)
                         && l.log_end == l.last_seq
                         && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
                 }
@@ -547,8 +551,8 @@ mod tests {
     }
 
     /// A leader named in leader epoch 3 that has not begun (its log ends in epoch 2: no barrier of its own
-    /// yet) writes that barrier when it is activated, fence or not. A transfer, or a replacement that moves
-    /// the leader, switches only once its evidence shows the leadership begun (sim seed 385000231).
+    /// yet) writes that barrier when it is activated, fence or not. A transfer or a replacement switches
+    /// only once its evidence shows the leadership begun (sim seeds 385000231, 569000206).
     #[test]
     fn a_leader_that_has_not_begun_is_not_switched_away_from() {
         let transfer = TaskKind::Transfer { target: NodeId::new(2) };
@@ -561,12 +565,15 @@ mod tests {
             evidence(&[(1, report(3, 13, 13, true)), (2, report(3, 13, 13, false)), (4, report(3, 13, 13, false))]);
         assert_eq!(switch_target(transfer, &meta(), &begun, &BTreeSet::new()), Some(Ok(NodeId::new(2))));
         assert_eq!(switch_target(moving, &meta(), &begun, &BTreeSet::new()), Some(Ok(NodeId::new(4))));
-        // A replacement that keeps its leader does not wait: the leader's barrier, when it comes, is the
-        // same leader's log going on under the new ISR.
+        // A replacement that keeps its leader waits too: the barrier may commit under the old ISR, with
+        // the member replaced, before the switch does, and be on fewer than MinISR of the new one.
         let keeping = TaskKind::Replace { from: NodeId::new(3), to: NodeId::new(4) };
-        let ready =
+        let not_begun =
             evidence(&[(1, report(2, 12, 12, false)), (2, report(2, 12, 12, false)), (4, report(2, 12, 12, false))]);
-        assert_eq!(switch_target(keeping, &meta(), &ready, &BTreeSet::new()), Some(Ok(NodeId::new(4))));
+        assert_eq!(switch_target(keeping, &meta(), &not_begun, &BTreeSet::new()), Some(Err(TaskBlocked::Draining)));
+        let begun =
+            evidence(&[(1, report(3, 13, 13, false)), (2, report(3, 13, 13, false)), (4, report(3, 13, 13, false))]);
+        assert_eq!(switch_target(keeping, &meta(), &begun, &BTreeSet::new()), Some(Ok(NodeId::new(4))));
     }
 
     #[test]
