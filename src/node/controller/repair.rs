@@ -602,14 +602,9 @@ pub(super) mod tests {
         assert!(matches!(controller.tasks[&meta.channel].kind, TaskKind::Replace { from, .. } if from == n(3)));
     }
 
-    /// A replacement that has fenced nothing yet gives way to a failover at the first repair pass that
-    /// finds its channel's leader down. Before, the pass skipped every channel with a task, and a drain
-    /// asked right after a crash (before the failure detector held the node down) left a channel it
-    /// led without a leader until the replacement's catch-up timed out, two minutes later.
-    #[test]
-    fn a_failover_preempts_a_replacement_still_catching_up_once_the_leader_is_down() {
-        use super::super::Action;
-        use tidings_slot::fsm::Outcome;
+    /// Node 1's controller of four heard nodes (no rebalancing), a replacement of node 3 by node 4 just
+    /// started on a channel node 2 leads (its first proposal waiting in the actions), and when it started.
+    fn replacing_node_3_by_node_4() -> (Controller, ControllerConfig, ChannelRuntimeMeta, Time) {
         let nodes = [n(1), n(2), n(3), n(4)];
         let config = ControllerConfig { rebalance_leaders_after: None, ..ControllerConfig::default() };
         let mut controller = Controller::new(config.clone(), n(1), &nodes, 3, 1, Time::ZERO);
@@ -619,6 +614,18 @@ pub(super) mod tests {
         }
         let meta = ChannelRuntimeMeta { leader: n(2), ..led_away_from_its_preferred_replica() };
         controller.start_replace(now, None, meta.clone(), n(3), n(4)).expect("the replacement starts");
+        (controller, config, meta, now)
+    }
+
+    /// A replacement that has fenced nothing yet gives way to a failover at the first repair pass that
+    /// finds its channel's leader down. Before, the pass skipped every channel with a task, and a drain
+    /// asked right after a crash (before the failure detector held the node down) left a channel it
+    /// led without a leader until the replacement's catch-up timed out, two minutes later.
+    #[test]
+    fn a_failover_preempts_a_replacement_still_catching_up_once_the_leader_is_down() {
+        use super::super::Action;
+        use tidings_slot::fsm::Outcome;
+        let (mut controller, config, meta, now) = replacing_node_3_by_node_4();
         let Some(Action::Propose { tag, .. }) = controller.poll_action() else { panic!("adds the learner") };
         controller.proposal_done(now, &meta.channel, tag, Ok(Outcome::Applied));
         let catching_up = controller.tasks[&meta.channel].meta.clone();
@@ -642,15 +649,7 @@ pub(super) mod tests {
     fn a_proposal_refused_while_its_slot_migrates_is_proposed_again() {
         use super::super::Action;
         use tidings_slot::fsm::{Outcome, Refusal};
-        let nodes = [n(1), n(2), n(3), n(4)];
-        let config = ControllerConfig { rebalance_leaders_after: None, ..ControllerConfig::default() };
-        let mut controller = Controller::new(config.clone(), n(1), &nodes, 3, 1, Time::ZERO);
-        let now = Time::from_millis(100);
-        for node in &nodes[1..] {
-            controller.heard(*node, now);
-        }
-        let meta = ChannelRuntimeMeta { leader: n(2), ..led_away_from_its_preferred_replica() };
-        controller.start_replace(now, None, meta.clone(), n(3), n(4)).expect("the replacement starts");
+        let (mut controller, config, meta, now) = replacing_node_3_by_node_4();
         let Some(Action::Propose { tag, command, .. }) = controller.poll_action() else { panic!("adds the learner") };
         let fenced = Refusal::SlotFenced { slot: tidings_types::HashSlot::new(7).expect("slot"), to: GroupId::new(2) };
         controller.proposal_done(now, &meta.channel, tag, Ok(Outcome::Refused(fenced)));
