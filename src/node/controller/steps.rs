@@ -554,7 +554,7 @@ mod tests {
     /// yet) writes that barrier when it is activated, fence or not. A transfer or a replacement switches
     /// only once its evidence shows the leadership begun (sim seeds 385000231, 569000206).
     #[test]
-    fn a_leader_that_has_not_begun_is_not_switched_away_from() {
+    fn no_transfer_or_replacement_switches_before_its_leader_has_begun() {
         let transfer = TaskKind::Transfer { target: NodeId::new(2) };
         let moving = TaskKind::Replace { from: NodeId::new(1), to: NodeId::new(4) };
         let not_begun =
