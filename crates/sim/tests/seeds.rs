@@ -772,3 +772,17 @@ fn a_seed_whose_replacement_switched_before_its_leader_began_passes() {
     let params = SimParams { channels: 48, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(569000206) };
     assert_passes(&run(params));
 }
+
+/// One node grown to two, its single slot group moved onto the new node (tight limits, 24 channels):
+/// the old node, restarted, numbered its chunked messages from 1 again, and a late chunk of its earlier
+/// start's snapshot transfer was taken into a new one of the same number; the snapshot did not decode,
+/// its install failed, and the replica recorded it as applied anyway. Promoted, it held none of the
+/// group's acknowledged users, memberships or deny lists: a denied sender's appends were acknowledged
+/// (580000053). Transfers are now numbered per start, a snapshot that does not decode is refused as it
+/// comes, and one not installed is never recorded.
+#[test]
+fn a_seed_whose_new_slot_replica_took_a_garbled_snapshot_passes() {
+    let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..drawn(580000053) };
+    assert!(params.grow_possible() && !params.shrink_possible());
+    assert_passes(&run(SimParams { grow: true, ..params }));
+}

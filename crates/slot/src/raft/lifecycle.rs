@@ -4,7 +4,7 @@
 
 use super::effect::{ProposeError, SlotEffect};
 use super::message::SlotBody;
-use super::{guard, removal, MultiRaft};
+use super::{guard, removal, snapshot, MultiRaft};
 use protobuf::Message as _;
 use raft::prelude::{ConfState, Message, MessageType};
 use raft::StateRole;
@@ -16,6 +16,12 @@ impl MultiRaft {
             self.refused_messages += 1;
             return;
         };
+        if message.get_msg_type() == MessageType::MsgSnapshot && !snapshot::decodes(&message.get_snapshot().data) {
+            // Stepped, raft-rs would take the snapshot for the group's state whatever its data: refused
+            // here, the leader sends it again.
+            self.refused_messages += 1;
+            return;
+        }
         if !self.groups.contains_key(&group) && !self.create_on_demand(group, &message) {
             return;
         }

@@ -93,13 +93,19 @@ impl MultiRaft {
             // snapshots past its commit index: they cover every entry held back (module `retiring`).
             group.fsm.forget_records();
             group.held_back.clear();
-            match installed {
-                Ok(installed) => {
-                    group.config_epoch = installed.config_epoch;
-                    self.placed(installed.placements);
-                }
-                Err(error) => tracing::error!(%error, group = %id, "snapshot install failed"),
-            }
+            // Not installed, it must not be recorded as applied either: the replica would go on as if it
+            // held the group's data, and a replica promoted so held none of its acknowledged writes (sim
+            // seed 580000053). The node's slot replicas stop instead (`fail_storage`), as for any write
+            // raft-rs counts on and the store did not take; a restart reads the log as it stands.
+            let installed = installed.map_err(|error| match error {
+                snapshot::InstallError::Store(error) => error,
+                malformed => StoreError::io(
+                    "install slot snapshot",
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, malformed.to_string()),
+                ),
+            })?;
+            group.config_epoch = installed.config_epoch;
+            self.placed(installed.placements);
             batch.apply_snapshot(id, snapshot.get_metadata().clone());
         }
         let entries = ready.take_entries();

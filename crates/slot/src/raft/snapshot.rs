@@ -67,6 +67,11 @@ impl SnapshotSource for SlotSnapshots {
     }
 }
 
+/// `true` if `data` decodes as a slot-group snapshot's data (what [`install`] needs).
+pub(crate) fn decodes(data: &[u8]) -> bool {
+    postcard::from_bytes::<SnapshotData>(data).is_ok()
+}
+
 /// What installing a snapshot changed besides the data.
 pub(crate) struct Installed {
     /// The group's configuration epoch at the snapshot.
