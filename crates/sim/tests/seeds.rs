@@ -21,6 +21,17 @@ fn drawn(seed: u64) -> SimParams {
     SimParams { grow: false, shrink: false, ..SimParams::from_seed(seed) }
 }
 
+/// `seed` as a soak: `channels` busy channels through 30 s of faults (what `--channels N --safety-ms 30000`
+/// runs).
+fn soak(seed: u64, channels: usize) -> SimParams {
+    SimParams { channels, safety_ms: 30_000, ..SimParams::from_seed(seed) }
+}
+
+/// [`soak`] with tight limits forced on (`--tight-limits`).
+fn tight_soak(seed: u64, channels: usize) -> SimParams {
+    SimParams { tight_limits: true, ..soak(seed, channels) }
+}
+
 fn assert_passes(report: &SimReport) {
     assert!(
         report.passed(),
@@ -635,7 +646,7 @@ fn a_seed_whose_removed_slot_voter_knew_no_voter_left_in_its_group_passes() {
 /// the leaders' share (459001175, tight limits drawn).
 #[test]
 fn a_seed_whose_fanning_out_leader_held_its_shards_leader_place_passes() {
-    let params = SimParams { channels: 12, safety_ms: 30_000, ..SimParams::from_seed(459001175) };
+    let params = soak(459001175, 12);
     assert!(params.tight_limits);
     assert_passes(&run(params));
 }
@@ -659,7 +670,7 @@ fn a_seed_whose_fanout_outlasted_the_settling_passes() {
 /// that position hands over first (518000858, tight limits given, a node joining drawn).
 #[test]
 fn a_seed_whose_slot_group_needed_the_vote_of_a_removed_voter_passes() {
-    let params = SimParams { channels: 12, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(518000858) };
+    let params = tight_soak(518000858, 12);
     assert!(params.grow);
     let report = run(params);
     assert_passes(&report);
@@ -674,7 +685,7 @@ fn a_seed_whose_slot_group_needed_the_vote_of_a_removed_voter_passes() {
 /// once and waits for it (487000472, tight limits forced on).
 #[test]
 fn a_seed_whose_places_at_the_cap_changed_hands_once_a_second_passes() {
-    let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(487000472) };
+    let params = tight_soak(487000472, 24);
     assert_passes(&run(params));
 }
 
@@ -685,7 +696,7 @@ fn a_seed_whose_places_at_the_cap_changed_hands_once_a_second_passes() {
 /// at least 16 (536000970, tight limits drawn).
 #[test]
 fn a_seed_whose_refused_follower_found_the_file_of_retries_full_passes() {
-    let params = SimParams { channels: 24, safety_ms: 30_000, ..SimParams::from_seed(536000970) };
+    let params = soak(536000970, 24);
     assert!(params.tight_limits);
     assert_passes(&run(params));
 }
@@ -699,7 +710,7 @@ fn a_seed_whose_refused_follower_found_the_file_of_retries_full_passes() {
 #[test]
 fn seeds_whose_filed_followers_never_got_a_load_pass() {
     for seed in [487000990, 487000435] {
-        let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(seed) };
+        let params = tight_soak(seed, 24);
         assert_passes(&run(params));
     }
 }
@@ -711,7 +722,7 @@ fn seeds_whose_filed_followers_never_got_a_load_pass() {
 /// a few seconds, settles and is evicted (545000024, tight limits forced on).
 #[test]
 fn a_seed_whose_busy_leaders_held_the_leaders_share_passes() {
-    let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(545000024) };
+    let params = tight_soak(545000024, 24);
     assert_passes(&run(params));
 }
 
@@ -725,7 +736,7 @@ fn a_seed_whose_busy_leaders_held_the_leaders_share_passes() {
 #[test]
 fn a_seed_whose_refused_activations_waited_a_round_of_probes_each_passes() {
     for seed in [556000608, 556000003] {
-        let params = SimParams { channels: 48, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(seed) };
+        let params = tight_soak(seed, 48);
         assert_passes(&run(params));
     }
 }
@@ -737,7 +748,7 @@ fn a_seed_whose_refused_activations_waited_a_round_of_probes_each_passes() {
 /// and was ignored; no learner caught up in two minutes (560000612, tight limits forced on).
 #[test]
 fn a_seed_whose_learners_lost_their_kept_pulls_to_a_small_room_passes() {
-    let params = SimParams { channels: 24, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(560000612) };
+    let params = tight_soak(560000612, 24);
     assert_passes(&run(params));
 }
 
@@ -748,7 +759,7 @@ fn a_seed_whose_learners_lost_their_kept_pulls_to_a_small_room_passes() {
 /// shrink now counts everything earlier leaders left in its log as possibly committed.
 #[test]
 fn a_seed_whose_new_leader_shrank_out_a_holder_of_its_predecessors_commit_passes() {
-    let params = SimParams { channels: 48, safety_ms: 30_000, ..SimParams::from_seed(564000374) };
+    let params = soak(564000374, 48);
     assert_passes(&run(params));
 }
 
@@ -769,7 +780,7 @@ fn a_seed_whose_transfer_was_refused_by_a_slot_migrations_fence_passes() {
 /// follow the new leader (569000206). A replacement now waits for its leader to begin.
 #[test]
 fn a_seed_whose_replacement_switched_before_its_leader_began_passes() {
-    let params = SimParams { channels: 48, safety_ms: 30_000, tight_limits: true, ..SimParams::from_seed(569000206) };
+    let params = tight_soak(569000206, 48);
     assert_passes(&run(params));
 }
 
