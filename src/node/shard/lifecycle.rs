@@ -499,6 +499,19 @@ impl ChannelShard {
         }
     }
 
+    /// Forgets the kept pull `response` answers when the answer reaches no replica (its channel is
+    /// out of memory and not activated for it): kept, the pull held the next incarnation back from
+    /// pulling until a pull timeout after it was sent, as if its answer might still come. A follower
+    /// refused room when its leader's records came back on a retry and sent nothing for ~5 s, while its
+    /// leader, whose MinISR was every replica, waited for it with an append and held its shard's one
+    /// leader's place all that time (sim seed 575000392, 48 channels at tight limits).
+    pub(super) fn forget_answered_pull(&mut self, response: &tidings_channel::machine::PullResponse) {
+        if self.pulls_in_flight.get(&response.channel).is_some_and(|(_, pull)| pull.pull_id() == response.pull_id) {
+            // (Its entry stays in the order, which is bounded; popping it then forgets nothing.)
+            self.pulls_in_flight.remove(&response.channel);
+        }
+    }
+
     /// Forgets kept pulls sent a pull timeout ago or more, oldest kept first (at each eviction scan): the
     /// next incarnation would send such a pull again at once, so keeping it saves nothing. Kept until
     /// the cap instead, the pulls of followers evicted idle (each entry also keeps its channel's id
@@ -560,7 +573,7 @@ mod tests {
     use crate::node::core::{ApiId, ApiResult, NodeEffect};
     use std::collections::BTreeSet;
     use std::sync::Arc;
-    use tidings_channel::machine::AppendRecord;
+    use tidings_channel::machine::{AppendRecord, ChannelMessage, PullBody, PullResponse};
     use tidings_store::message::{LogBatch, LogOp, MemoryLog, Record, RecordKind};
     use tidings_types::{ChannelType, Epoch, LeaderEpoch, Seq, Time, WriteFence};
 
@@ -1196,6 +1209,47 @@ mod tests {
         assert!(shard.pulls_in_flight.contains_key(&follower), "not yet a pull timeout old");
         scans(&mut shard, Time::ZERO + timeout + std::time::Duration::from_secs(1));
         assert!(shard.pulls_in_flight.is_empty() && shard.pulls_in_flight_order.is_empty(), "gone");
+    }
+
+    /// An answer to an evicted follower's kept pull that reaches no replica (its activation refused room)
+    /// lets the pull go: the follower's next incarnation pulls at once, rather than a pull timeout after
+    /// the pull answered was sent (sim seed 575000392).
+    #[test]
+    fn an_answer_dropped_for_want_of_room_lets_its_kept_pull_go() {
+        let (mut shard, log) = shard_with_places(2);
+        let follower = known(&mut shard, "answered-while-out", 2);
+        shard.activate(&follower);
+        carry_out_loads_and_floors(&mut shard, &log);
+        let kept = shard.channels.get(&follower).and_then(|m| m.pull_in_flight()).expect("it pulls");
+        let_residence_pass(&mut shard);
+        shard.evict(&follower);
+        // Two followers just activated hold both places (neither may leave for another's room yet), and
+        // as many activations as places wait for room.
+        for name in ["holder-a", "holder-b", "queued-a", "queued-b"] {
+            let other = known(&mut shard, name, 2);
+            shard.activate(&other);
+            carry_out_loads_and_floors(&mut shard, &log);
+        }
+        assert_eq!(shard.channels.len(), 2);
+        assert_eq!(shard.room_queue.len(), 2);
+
+        let record = Record {
+            seq: Seq::new(1),
+            kind: RecordKind::Barrier,
+            leader_epoch: LeaderEpoch::new(2),
+            idempotency_key: None,
+            timestamp_ms: 1,
+            payload: bytes::Bytes::new(),
+        };
+        let body = PullBody::Records { records: vec![record], hw: Seq::new(0), fanned_through: Seq::new(0) };
+        let leader_epoch = LeaderEpoch::new(2);
+        let answer = PullResponse { channel: follower.clone(), pull_id: kept.pull_id(), leader_epoch, body };
+        shard.channel_message(NodeId::new(2), ChannelMessage::PullResponse(answer));
+        assert!(shard.pulls_in_flight.contains_key(&follower), "kept while the answer may still be taken");
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(!shard.channels.contains(&follower) && !shard.is_loading(&follower), "refused room");
+        assert!(shard.to_activate.contains_key(&follower), "to be tried again");
+        assert!(!shard.pulls_in_flight.contains_key(&follower), "nothing answers the kept pull again");
     }
 
     /// A shard keeps the pulls of more evicted followers than it has places (up to `KEPT_PULLS_MIN`): kept

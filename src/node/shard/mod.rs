@@ -705,23 +705,32 @@ impl ChannelShard {
         let active = if news { self.channels.get_used(&channel, now) } else { self.channels.get_marked(&channel) };
         let machine = match active {
             Some(machine) => Some(machine),
-            None if matches!(&message, ChannelMessage::PullResponse(_)) && !news => return,
-            None => {
-                // A leader of a newer epoch speaks to a replica not in memory: the meta held here is
-                // stale (its pushes were lost while the replica was out), and activating under it may
-                // be refused for good — a replica that meta names leader waits for a leader's room,
-                // while the channel's real leader waits for it (sim seed 219001768).
-                if epoch.is_some_and(|e| self.metas.get(&channel).is_some_and(|known| known.meta.leader_epoch < e)) {
-                    self.fetch_meta(&channel);
+            None => match &message {
+                ChannelMessage::PullResponse(response) if !news => return self.forget_answered_pull(response),
+                _ => {
+                    // A leader of a newer epoch speaks to a replica not in memory: the meta held here is
+                    // stale (its pushes were lost while the replica was out), and activating under it may
+                    // be refused for good — a replica that meta names leader waits for a leader's room,
+                    // while the channel's real leader waits for it (sim seed 219001768).
+                    if epoch.is_some_and(|e| self.metas.get(&channel).is_some_and(|known| known.meta.leader_epoch < e))
+                    {
+                        self.fetch_meta(&channel);
+                    }
+                    self.activate(&channel);
+                    if self.is_loading(&channel) {
+                        // Too many parked: dropped, the peer sends it again.
+                        if let Err(activation::Deferred::Message {
+                            message: ChannelMessage::PullResponse(response),
+                            ..
+                        }) = self.park(&channel, activation::Deferred::Message { from, message })
+                        {
+                            self.forget_answered_pull(&response);
+                        }
+                        return;
+                    }
+                    self.machine_mut(&channel)
                 }
-                self.activate(&channel);
-                if self.is_loading(&channel) {
-                    // Too many parked: dropped, the peer sends it again.
-                    let _ = self.park(&channel, activation::Deferred::Message { from, message });
-                    return;
-                }
-                self.machine_mut(&channel)
-            }
+            },
         };
         match machine {
             Some(machine) => {

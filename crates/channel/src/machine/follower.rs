@@ -31,6 +31,11 @@ impl PullInFlight {
     pub fn sent_at(&self) -> Time {
         self.sent_at
     }
+
+    /// The pull's id, which its answer echoes ([`PullResponse::pull_id`]).
+    pub fn pull_id(&self) -> u64 {
+        self.pull_id
+    }
 }
 
 /// Follower-only state.
