@@ -625,11 +625,8 @@ impl ChannelShard {
                     self.route_call(api, channel.clone(), call)
                 }
                 Deferred::Route { api, call } => self.wait_for_meta(api, channel.clone(), call),
-                // Dropped: a pull it answers is not waited for.
-                Deferred::Message { message: ChannelMessage::PullResponse(response), .. } => {
-                    self.forget_answered_pull(&response)
-                }
-                Deferred::Message { .. } | Deferred::Evidence { .. } => {}
+                Deferred::Message { message, .. } => self.drop_message(&message),
+                Deferred::Evidence { .. } => {}
             }
         }
     }

@@ -8,7 +8,7 @@ use crate::node::error::NodeError;
 use crate::node::message::NodeMessage;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_channel::machine::{AppendAborted, ChannelMachine, RoleKind};
+use tidings_channel::machine::{AppendAborted, ChannelMachine, ChannelMessage, RoleKind};
 use tidings_channel::reactor::shrink_if_sparse;
 use tidings_store::message::ChannelLogState;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Time};
@@ -499,13 +499,14 @@ impl ChannelShard {
         }
     }
 
-    /// Forgets the kept pull `response` answers when the answer reaches no replica (its channel is
-    /// out of memory and not activated for it): kept, the pull held the next incarnation back from
+    /// Drops a peer message no replica takes (its channel is out of memory and not activated for it),
+    /// forgetting the kept pull it answers, if any: kept, the pull held the next incarnation back from
     /// pulling until a pull timeout after it was sent, as if its answer might still come. A follower
     /// refused room when its leader's records came back on a retry and sent nothing for ~5 s, while its
     /// leader, whose MinISR was every replica, waited for it with an append and held its shard's one
     /// leader's place all that time (sim seed 575000392, 48 channels at tight limits).
-    pub(super) fn forget_answered_pull(&mut self, response: &tidings_channel::machine::PullResponse) {
+    pub(super) fn drop_message(&mut self, message: &ChannelMessage) {
+        let ChannelMessage::PullResponse(response) = message else { return };
         if self.pulls_in_flight.get(&response.channel).is_some_and(|(_, pull)| pull.pull_id() == response.pull_id) {
             // (Its entry stays in the order, which is bounded; popping it then forgets nothing.)
             self.pulls_in_flight.remove(&response.channel);
@@ -1211,28 +1212,16 @@ mod tests {
         assert!(shard.pulls_in_flight.is_empty() && shard.pulls_in_flight_order.is_empty(), "gone");
     }
 
-    /// An answer to an evicted follower's kept pull that reaches no replica (its activation refused room)
-    /// lets the pull go: the follower's next incarnation pulls at once, rather than a pull timeout after
-    /// the pull answered was sent (sim seed 575000392).
-    #[test]
-    fn an_answer_dropped_for_want_of_room_lets_its_kept_pull_go() {
-        let (mut shard, log) = shard_with_places(2);
-        let follower = known(&mut shard, "answered-while-out", 2);
+    /// A follower of `shard` evicted while its pull waited (the pull kept), and its leader's answer to
+    /// that pull: one record.
+    fn evicted_follower_and_its_answer(shard: &mut ChannelShard, log: &MemoryLog) -> (ChannelId, ChannelMessage) {
+        let follower = known(shard, "answered-while-out", 2);
         shard.activate(&follower);
-        carry_out_loads_and_floors(&mut shard, &log);
+        carry_out_loads_and_floors(shard, log);
         let kept = shard.channels.get(&follower).and_then(|m| m.pull_in_flight()).expect("it pulls");
-        let_residence_pass(&mut shard);
+        let_residence_pass(shard);
         shard.evict(&follower);
-        // Two followers just activated hold both places (neither may leave for another's room yet), and
-        // as many activations as places wait for room.
-        for name in ["holder-a", "holder-b", "queued-a", "queued-b"] {
-            let other = known(&mut shard, name, 2);
-            shard.activate(&other);
-            carry_out_loads_and_floors(&mut shard, &log);
-        }
-        assert_eq!(shard.channels.len(), 2);
-        assert_eq!(shard.room_queue.len(), 2);
-
+        assert!(shard.pulls_in_flight.contains_key(&follower), "kept");
         let record = Record {
             seq: Seq::new(1),
             kind: RecordKind::Barrier,
@@ -1244,11 +1233,45 @@ mod tests {
         let body = PullBody::Records { records: vec![record], hw: Seq::new(0), fanned_through: Seq::new(0) };
         let leader_epoch = LeaderEpoch::new(2);
         let answer = PullResponse { channel: follower.clone(), pull_id: kept.pull_id(), leader_epoch, body };
-        shard.channel_message(NodeId::new(2), ChannelMessage::PullResponse(answer));
+        (follower, ChannelMessage::PullResponse(answer))
+    }
+
+    /// An answer to an evicted follower's kept pull that reaches no replica (its activation refused room)
+    /// lets the pull go: the follower's next incarnation pulls at once, rather than a pull timeout after
+    /// the pull answered was sent (sim seed 575000392).
+    #[test]
+    fn an_answer_dropped_for_want_of_room_lets_its_kept_pull_go() {
+        let (mut shard, log) = shard_with_places(2);
+        let (follower, answer) = evicted_follower_and_its_answer(&mut shard, &log);
+        // Two followers just activated hold both places (neither may leave for another's room yet), and
+        // as many activations as places wait for room.
+        for name in ["holder-a", "holder-b", "queued-a", "queued-b"] {
+            let other = known(&mut shard, name, 2);
+            shard.activate(&other);
+            carry_out_loads_and_floors(&mut shard, &log);
+        }
+        assert_eq!((shard.channels.len(), shard.room_queue.len()), (2, 2));
+
+        shard.channel_message(NodeId::new(2), answer);
         assert!(shard.pulls_in_flight.contains_key(&follower), "kept while the answer may still be taken");
         carry_out_loads_and_floors(&mut shard, &log);
         assert!(!shard.channels.contains(&follower) && !shard.is_loading(&follower), "refused room");
         assert!(shard.to_activate.contains_key(&follower), "to be tried again");
+        assert!(!shard.pulls_in_flight.contains_key(&follower), "nothing answers the kept pull again");
+    }
+
+    /// So does an answer that finds every load taken: the follower is not even loaded for it.
+    #[test]
+    fn an_answer_dropped_for_want_of_a_load_lets_its_kept_pull_go() {
+        let (mut shard, log) = shard_with_places(2);
+        let (follower, answer) = evicted_follower_and_its_answer(&mut shard, &log);
+        for name in ["loading-a", "loading-b"] {
+            let other = known(&mut shard, name, 2);
+            shard.activate(&other);
+        }
+        assert!(shard.loading_full());
+        shard.channel_message(NodeId::new(2), answer);
+        assert!(!shard.is_loading(&follower) && shard.to_activate.contains_key(&follower), "to be tried again");
         assert!(!shard.pulls_in_flight.contains_key(&follower), "nothing answers the kept pull again");
     }
 

@@ -704,45 +704,43 @@ impl ChannelShard {
         // An active replica takes it with one lookup (the hot path at many channels).
         let active = if news { self.channels.get_used(&channel, now) } else { self.channels.get_marked(&channel) };
         let machine = match active {
-            Some(machine) => Some(machine),
-            None => match &message {
-                ChannelMessage::PullResponse(response) if !news => return self.forget_answered_pull(response),
-                _ => {
-                    // A leader of a newer epoch speaks to a replica not in memory: the meta held here is
-                    // stale (its pushes were lost while the replica was out), and activating under it may
-                    // be refused for good — a replica that meta names leader waits for a leader's room,
-                    // while the channel's real leader waits for it (sim seed 219001768).
-                    if epoch.is_some_and(|e| self.metas.get(&channel).is_some_and(|known| known.meta.leader_epoch < e))
+            Some(machine) => machine,
+            // An empty answer brings no evicted replica back.
+            None if matches!(&message, ChannelMessage::PullResponse(_)) && !news => return self.drop_message(&message),
+            None => {
+                // A leader of a newer epoch speaks to a replica not in memory: the meta held here is
+                // stale (its pushes were lost while the replica was out), and activating under it may
+                // be refused for good — a replica that meta names leader waits for a leader's room,
+                // while the channel's real leader waits for it (sim seed 219001768).
+                if epoch.is_some_and(|e| self.metas.get(&channel).is_some_and(|known| known.meta.leader_epoch < e)) {
+                    self.fetch_meta(&channel);
+                }
+                self.activate(&channel);
+                if self.is_loading(&channel) {
+                    // Too many parked: dropped, the peer sends it again.
+                    if let Err(activation::Deferred::Message { message, .. }) =
+                        self.park(&channel, activation::Deferred::Message { from, message })
                     {
-                        self.fetch_meta(&channel);
+                        self.drop_message(&message);
                     }
-                    self.activate(&channel);
-                    if self.is_loading(&channel) {
-                        // Too many parked: dropped, the peer sends it again.
-                        if let Err(activation::Deferred::Message {
-                            message: ChannelMessage::PullResponse(response),
-                            ..
-                        }) = self.park(&channel, activation::Deferred::Message { from, message })
-                        {
-                            self.forget_answered_pull(&response);
-                        }
-                        return;
+                    return;
+                }
+                match self.machine_mut(&channel) {
+                    Some(machine) => machine,
+                    None => {
+                        // Not activated (no room to load, or no meta yet): the peer sends it again.
+                        self.drop_message(&message);
+                        return self.fetch_meta(&channel);
                     }
-                    self.machine_mut(&channel)
                 }
-            },
-        };
-        match machine {
-            Some(machine) => {
-                // Checked against the replica's own meta: no extra lookup on the hot path.
-                let stale = epoch.is_some_and(|e| machine.meta().is_some_and(|m| e < m.leader_epoch));
-                if !stale || !refused_when_stale {
-                    machine.handle_message(now, from, message);
-                }
-                self.counters.stale_messages += u64::from(stale);
             }
-            None => self.fetch_meta(&channel),
+        };
+        // Checked against the replica's own meta: no extra lookup on the hot path.
+        let stale = epoch.is_some_and(|e| machine.meta().is_some_and(|m| e < m.leader_epoch));
+        if !stale || !refused_when_stale {
+            machine.handle_message(now, from, message);
         }
+        self.counters.stale_messages += u64::from(stale);
     }
 
     /// Sends a node message: to a peer as a frame, to this node's core through the loopback.
