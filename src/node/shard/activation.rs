@@ -148,6 +148,9 @@ pub(super) struct Loading {
     /// Until when the activation may wait in `room_queue` (set when it first finds no room and nothing
     /// to hurry; kept across its tries, so a wait is bounded however often it is tried again).
     room_patience: Option<Time>,
+    /// `true` once `room_patience` was lengthened to the end of a leave asked for this leader
+    /// (`ChannelShard::ask_a_leader_to_leave`): once a wait at most, so that it stays bounded.
+    waited_for_a_leave: bool,
 }
 
 impl Loading {
@@ -216,7 +219,15 @@ impl ChannelShard {
         let given_up_at = self.now + LOAD_PATIENCE;
         self.loading.insert(
             channel.clone(),
-            Loading { id, parked, given_up_at, in_flight, waiting_for_room: None, room_patience: None },
+            Loading {
+                id,
+                parked,
+                given_up_at,
+                in_flight,
+                waiting_for_room: None,
+                room_patience: None,
+                waited_for_a_leave: false,
+            },
         );
         if in_flight {
             self.hand_off(job);
@@ -302,17 +313,18 @@ impl ChannelShard {
     }
 
     /// Files `channel` in the room queue, unless as many activations wait there as the shard has room
-    /// for active replicas: `false` then (the activation is refused). The queue may name channels that
-    /// wait no longer (given up, placed another way): those are skipped where it is read, and dropped
-    /// when it grows to the shard's room.
-    fn queue_for_room(&mut self, channel: &ChannelId) -> bool {
-        if self.room_queue.len() >= self.active_max {
+    /// for active replicas (one more for the leader a leave runs for, `asked_for`): `false` then (the
+    /// activation is refused). The queue may name channels that wait no longer (given up, placed
+    /// another way): those are skipped where it is read, and dropped when it grows to the shard's room.
+    fn queue_for_room(&mut self, channel: &ChannelId, asked_for: bool) -> bool {
+        let bound = self.active_max + usize::from(asked_for);
+        if self.room_queue.len() >= bound {
             self.drop_stale_queued();
         }
         if self.room_queue.contains(channel) {
             return true;
         }
-        if self.room_queue.len() >= self.active_max {
+        if self.room_queue.len() >= bound {
             return false;
         }
         self.room_queue.push_back(channel.clone());
@@ -340,7 +352,7 @@ impl ChannelShard {
             if !quiescent && !kept_by_checkpoint {
                 continue;
             }
-            let Some(waiting) = self.next_queued_for(machine.role() == RoleKind::Leader) else { continue };
+            let Some(waiting) = self.next_queued_for(&channel, machine.role() == RoleKind::Leader) else { continue };
             if quiescent {
                 self.room_made(&waiting);
                 gave = true;
@@ -366,10 +378,15 @@ impl ChannelShard {
         self.room_queue = queue.into_iter().filter(|c| self.is_queued_for_room(c)).collect();
     }
 
-    /// Takes out of the room queue the oldest activation a place freed by a leader (`leader_place`) or
-    /// by a follower can take, dropping the entries that wait no longer on the way.
-    fn next_queued_for(&mut self, leader_place: bool) -> Option<ChannelId> {
+    /// Takes out of the room queue the activation to place in `freed`'s place: the leader `freed` was
+    /// asked to leave for, if it waits there; else the oldest activation a place freed by a leader
+    /// (`leader_place`) or by a follower can take, dropping the entries that wait no longer on the way.
+    fn next_queued_for(&mut self, freed: &ChannelId, leader_place: bool) -> Option<ChannelId> {
         self.drop_stale_queued();
+        let asker = self.leaving_for_room.as_ref().filter(|leave| &leave.leaving == freed).map(|leave| &leave.asker);
+        if let Some(position) = asker.and_then(|asker| self.room_queue.iter().position(|c| c == asker)) {
+            return self.room_queue.remove(position);
+        }
         let leaders_max = leaders_max(self.active_max);
         let mut leaders_full = None;
         let position = self.room_queue.iter().position(|c| {
@@ -438,7 +455,8 @@ impl ChannelShard {
         if self.loading.get(&channel).is_none_or(|loading| loading.id != loaded.id) {
             return;
         }
-        let Some(Loading { id, parked, given_up_at, in_flight, room_patience, .. }) = self.loading.remove(&channel)
+        let Some(Loading { id, parked, given_up_at, in_flight, room_patience, mut waited_for_a_leave, .. }) =
+            self.loading.remove(&channel)
         else {
             return;
         };
@@ -508,6 +526,7 @@ impl ChannelShard {
         };
         if refused {
             let now = self.now;
+            let mut patience = room_patience.unwrap_or(now + ROOM_PATIENCE);
             let wait = if let Some(hurried) = self.hurry_one_checkpoint(no_room_to_lead) {
                 // The room is a durable write away: the activation waits for it, its inputs parked
                 // (bounded: one waits per replica hurried, each an active one), rather than refusing
@@ -515,12 +534,15 @@ impl ChannelShard {
                 self.hurried_for.insert(hurried, channel.clone());
                 Some(RoomWait::Hurried)
             } else {
-                if no_room_to_lead {
-                    self.ask_a_leader_to_leave();
+                // A leader short of its share's place has the longest-held one asked to leave for it,
+                // and waits for that place as long as the leave may take (one such wait a shard).
+                let asked = if no_room_to_lead { self.ask_a_leader_to_leave(&channel) } else { None };
+                if let Some(leave_until) = asked.filter(|_| !waited_for_a_leave) {
+                    patience = patience.max(leave_until);
+                    waited_for_a_leave = true;
                 }
                 // Nothing to hurry: it waits, bounded and in order, for the next place a replica frees.
-                (room_patience.is_none_or(|until| now < until) && self.queue_for_room(&channel))
-                    .then_some(RoomWait::Queued)
+                (now < patience && self.queue_for_room(&channel, asked.is_some())).then_some(RoomWait::Queued)
             };
             if let Some(wait) = wait {
                 let mut parked = parked;
@@ -539,7 +561,8 @@ impl ChannelShard {
                     given_up_at,
                     in_flight: false,
                     waiting_for_room: Some((loaded, wait)),
-                    room_patience: Some(room_patience.unwrap_or(now + ROOM_PATIENCE)),
+                    room_patience: Some(patience),
+                    waited_for_a_leave,
                 };
                 self.loading.insert(channel, loading);
                 return;

@@ -364,10 +364,9 @@ pub(crate) struct ChannelShard {
     /// `activation::ROOM_PATIENCE`) for the next place a replica frees (`ChannelShard::give_freed_places`).
     /// May name channels that wait no longer; at most about `active_max` entries.
     room_queue: VecDeque<ChannelId>,
-    /// The leader asked to leave its place of the leaders' share for a leader refused room, and until
-    /// when: it takes no new append meanwhile, so that it settles and may be evicted
+    /// The leader asked to leave its place of the leaders' share for a leader refused room
     /// (`ChannelShard::ask_a_leader_to_leave`). One a shard; it goes with its replica.
-    leaving_for_room: Option<(ChannelId, Time)>,
+    leaving_for_room: Option<lifecycle::LeaveForRoom>,
     /// HW and fanout progress of replicas taken out of memory before they were quiescent (a storage
     /// failure, a follower rebuilt to lead): their next incarnation keeps both.
     carried_over: BTreeMap<ChannelId, (Seq, Seq)>,
