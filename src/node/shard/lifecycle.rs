@@ -8,7 +8,7 @@ use crate::node::error::NodeError;
 use crate::node::message::NodeMessage;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_channel::machine::{AppendAborted, ChannelMachine, ChannelMessage, RoleKind};
+use tidings_channel::machine::{AppendAborted, ChannelMachine, ChannelMessage, PullBody, RoleKind};
 use tidings_channel::reactor::shrink_if_sparse;
 use tidings_store::message::ChannelLogState;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Time};
@@ -208,7 +208,7 @@ impl ChannelShard {
             } else if !meta.as_created() {
                 if meta.leader == me {
                     // A new leadership: tried as long as a leader's start, whatever was filed before.
-                    self.to_activate.remove(&channel);
+                    self.unfile(&channel);
                     self.activate_later(&channel, LEADER_START_TRIES);
                 }
                 // A changed meta may ask something of this replica (a learner to catch up, a new leader
@@ -227,23 +227,56 @@ impl ChannelShard {
     /// Files `channel` to be activated again at the next eviction scans, up to `tries` times (see
     /// `to_activate`). A channel filed already keeps the tries it has left: a retry refused again must
     /// not start its count over. When the file is full, a leadership to start takes the place of a
-    /// follower's retry: a follower is prompted again by its leader's hints and its own pulls, but
+    /// plain follower's retry: a follower is prompted again by its leader's hints and its own pulls, but
     /// nothing else starts a leader, whose barrier, followers' wake-up and fanout of what its
     /// predecessor left wait for it (sim seed 320000242: a replica named leader while both places in
     /// the file held followers' retries was never started, and three committed messages its
-    /// predecessor had handed over never reached a member).
+    /// predecessor had handed over never reached a member). So does a follower its leader waits on
+    /// (`file_awaited_follower`).
     pub(super) fn activate_later(&mut self, channel: &ChannelId, tries: u8) {
+        self.file_retry(channel, tries, false);
+    }
+
+    /// Files (see [`ChannelShard::activate_later`]) a follower that news from its leader — a hint, or
+    /// records — found out of memory and could not activate: that leader has records waiting for it,
+    /// and, its MinISR every replica, commits nothing until it pulls. Its retry takes the place of a
+    /// plain follower's in a full file, as a leadership to start does, and is taken by no other's. A
+    /// leader hints a silent follower once a pull timeout; filed like any other, the retry of a follower
+    /// whose hint was refused for want of a load was soon displaced by a leadership's, and the next
+    /// hint, a pull timeout later, met the loads of the same round of calls: its leader committed
+    /// nothing for 14 s (sim seed 590000525, 48 channels at tight limits).
+    pub(super) fn file_awaited_follower(&mut self, channel: &ChannelId) {
+        let replica = self.metas.get(channel).is_some_and(|known| known.meta.is_replica(self.config.node));
+        if replica && !self.channels.contains(channel) {
+            self.file_retry(channel, REFUSED_ACTIVATION_TRIES, true);
+        }
+    }
+
+    fn file_retry(&mut self, channel: &ChannelId, tries: u8, awaited: bool) {
         if self.to_activate.contains_key(channel) {
+            if awaited {
+                self.awaited_retries.insert(channel.clone());
+            }
             return;
         }
         if self.to_activate.len() >= self.retries_max() {
-            if !self.named_leader(channel) {
+            if !awaited && !self.named_leader(channel) {
                 return;
             }
-            let Some(follower) = self.to_activate.keys().find(|c| !self.named_leader(c)).cloned() else { return };
-            self.to_activate.remove(&follower);
+            let plain = self.to_activate.keys().find(|c| !self.named_leader(c) && !self.awaited_retries.contains(*c));
+            let Some(plain) = plain.cloned() else { return };
+            self.unfile(&plain);
         }
         self.to_activate.insert(channel.clone(), tries);
+        if awaited {
+            self.awaited_retries.insert(channel.clone());
+        }
+    }
+
+    /// Takes `channel` out of the file of activations to try again.
+    pub(super) fn unfile(&mut self, channel: &ChannelId) {
+        self.to_activate.remove(channel);
+        self.awaited_retries.remove(channel);
     }
 
     /// Most activations filed to be tried again (`to_activate`): as many as the shard may keep replicas
@@ -271,7 +304,7 @@ impl ChannelShard {
         }
         for (channel, left) in in_turn {
             if left == 0 || self.channels.contains(&channel) {
-                self.to_activate.remove(&channel);
+                self.unfile(&channel);
             } else if self.loading_full() {
                 continue;
             } else if !self.is_loading(&channel) {
@@ -524,7 +557,14 @@ impl ChannelShard {
     /// leader, whose MinISR was every replica, waited for it with an append and held its shard's one
     /// leader's place all that time (sim seed 575000392, 48 channels at tight limits).
     pub(super) fn drop_message(&mut self, message: &ChannelMessage) {
-        let ChannelMessage::PullResponse(response) = message else { return };
+        let response = match message {
+            ChannelMessage::Hint(hint) => return self.file_awaited_follower(&hint.channel),
+            ChannelMessage::PullResponse(response) => response,
+            ChannelMessage::Pull(_) => return,
+        };
+        if matches!(&response.body, PullBody::Records { records, .. } if !records.is_empty()) {
+            self.file_awaited_follower(&response.channel);
+        }
         if self.pulls_in_flight.get(&response.channel).is_some_and(|(_, pull)| pull.pull_id() == response.pull_id) {
             // (Its entry stays in the order, which is bounded; popping it then forgets nothing.)
             self.pulls_in_flight.remove(&response.channel);
@@ -592,7 +632,7 @@ mod tests {
     use crate::node::core::{ApiId, ApiResult, NodeEffect};
     use std::collections::BTreeSet;
     use std::sync::Arc;
-    use tidings_channel::machine::{AppendRecord, ChannelMessage, PullBody, PullResponse};
+    use tidings_channel::machine::{AppendRecord, ChannelMessage, PullBody, PullHint, PullResponse};
     use tidings_store::message::{LogBatch, LogOp, MemoryLog, Record, RecordKind};
     use tidings_types::{ChannelType, Epoch, LeaderEpoch, Seq, Time, WriteFence};
 
@@ -1327,6 +1367,38 @@ mod tests {
         shard.channel_message(NodeId::new(2), answer);
         assert!(!shard.is_loading(&follower) && shard.to_activate.contains_key(&follower), "to be tried again");
         assert!(!shard.pulls_in_flight.contains_key(&follower), "nothing answers the kept pull again");
+    }
+
+    /// A follower whose leader's hint finds the loads taken and the file of retries full takes the place
+    /// of a plain follower's retry there, and a leadership to start then takes another's, not its
+    /// (sim seed 590000525).
+    #[test]
+    fn a_follower_its_leader_waits_on_takes_a_plain_retrys_place_in_a_full_file() {
+        let (mut shard, _log) = shard_with_places(2);
+        let max = shard.retries_max();
+        let plain: Vec<ChannelId> = (0..max).map(|i| known(&mut shard, &format!("f{i:03}"), 2)).collect();
+        for follower in &plain {
+            shard.activate_later(follower, REFUSED_ACTIVATION_TRIES);
+        }
+        for name in ["loading-a", "loading-b"] {
+            let other = known(&mut shard, name, 2);
+            shard.activate(&other);
+        }
+        assert!(shard.loading_full() && shard.to_activate.len() == max);
+
+        let awaited = known(&mut shard, "awaited", 2);
+        let hint = PullHint { channel: awaited.clone(), leader_epoch: LeaderEpoch::new(2) };
+        shard.channel_message(NodeId::new(2), ChannelMessage::Hint(hint));
+        assert!(!shard.is_loading(&awaited), "no load to be had");
+        assert!(shard.to_activate.contains_key(&awaited), "filed in a plain retry's place");
+        assert_eq!(shard.to_activate.len(), max);
+
+        let leader = known(&mut shard, "leader", 1);
+        shard.activate_later(&leader, LEADER_START_TRIES);
+        assert!(shard.to_activate.contains_key(&leader) && shard.to_activate.contains_key(&awaited));
+        // Taken out of the file, it is a plain retry again should it come back.
+        shard.unfile(&awaited);
+        assert!(shard.awaited_retries.is_empty());
     }
 
     /// A shard keeps the pulls of more evicted followers than it has places (up to `KEPT_PULLS_MIN`): kept

@@ -38,7 +38,7 @@ use super::identity::KnownStorages;
 use super::message::{NodeMessage, RemoteAppendError};
 use crate::frame::{encode, Frame, FrameBody};
 use rustc_hash::FxHashMap;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use tidings_channel::machine::{
     AppendAborted, AppendRecord, ChannelMachine, ChannelMessage, Effect, MachineConfig, PersistToken, ReadToken,
@@ -354,6 +354,9 @@ pub(crate) struct ChannelShard {
     /// again what its predecessor handed over — that no other input may come to prompt). At most
     /// `retries_max` entries.
     to_activate: BTreeMap<ChannelId, u8>,
+    /// The entries of `to_activate` filed for a follower its leader waits on
+    /// (`ChannelShard::file_awaited_follower`): no other retry takes their place.
+    awaited_retries: BTreeSet<ChannelId>,
     /// The entry of `to_activate` tried last: the next scan starts past it.
     retries_from: Option<ChannelId>,
     /// Replicas asked to write the checkpoint that alone kept them in memory, each with the activation
@@ -437,6 +440,7 @@ impl ChannelShard {
             forward_deadlines: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
             to_activate: BTreeMap::new(),
+            awaited_retries: BTreeSet::new(),
             retries_from: None,
             hurried_for: BTreeMap::new(),
             room_queue: VecDeque::new(),

@@ -121,7 +121,7 @@ impl ChannelShard {
         self.resumable.remove(channel);
         self.pulls_in_flight.remove(channel);
         self.cannot_lead.remove(channel);
-        self.to_activate.remove(channel);
+        self.unfile(channel);
         tracing::info!(%channel, node = %self.config.node, "forgetting the log of a replica moved away");
         let token = self.persist_own(channel, LogOp::Forget { version });
         self.forgetting.insert(channel.clone(), Forgetting { token, floor });
