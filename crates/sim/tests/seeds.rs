@@ -797,3 +797,18 @@ fn a_seed_whose_new_slot_replica_took_a_garbled_snapshot_passes() {
     assert!(params.grow_possible() && !params.shrink_possible());
     assert_passes(&run(SimParams { grow: true, ..params }));
 }
+
+/// Forty-eight busy channels at tight limits (one or two places a shard, MinISR every replica). A
+/// follower refused room when its leader's records came kept the pull they answered, and its next
+/// incarnation sent nothing until a pull timeout after that pull, while its leader held its shard's one
+/// leader's place waiting for it (575000392; 569000321 as well). A busy leader asked to leave for a
+/// refused leader gave its place to whichever leader came first, and the one it left for was refused
+/// for 13 s (590000776). A follower whose leader's hints met the loads of each round of calls lost its
+/// retry to a leadership's in the full file of retries, and its leader committed nothing for 14 s
+/// (590000525). 556000511 (two nodes, MinISR both; open since session 42) passes with these.
+#[test]
+fn seeds_whose_replicas_lost_their_turn_at_the_cap_pass() {
+    for seed in [575000392, 569000321, 590000776, 590000525, 556000511] {
+        assert_passes(&run(tight_soak(seed, 48)));
+    }
+}
