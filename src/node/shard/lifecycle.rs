@@ -692,6 +692,18 @@ mod tests {
         leader
     }
 
+    /// The barrier a leader of epoch 2 (the epoch `known` names) writes first, at seq 1.
+    fn first_barrier_of_epoch_2() -> Record {
+        Record {
+            seq: Seq::new(1),
+            kind: RecordKind::Barrier,
+            leader_epoch: LeaderEpoch::new(2),
+            idempotency_key: None,
+            timestamp_ms: 1,
+            payload: bytes::Bytes::new(),
+        }
+    }
+
     /// Moves the shard's time on by [`RESIDENCE_MIN`]: every replica active now may leave for another's
     /// room.
     fn let_residence_pass(shard: &mut ChannelShard) {
@@ -790,14 +802,7 @@ mod tests {
         assert_eq!(shard.leaders_active(), 2);
 
         let returning = known(&mut shard, "returning", 1);
-        let barrier = Record {
-            seq: Seq::new(1),
-            kind: RecordKind::Barrier,
-            leader_epoch: LeaderEpoch::new(2),
-            idempotency_key: None,
-            timestamp_ms: 1,
-            payload: bytes::Bytes::new(),
-        };
+        let barrier = first_barrier_of_epoch_2();
         let ops = vec![LogOp::Append(vec![barrier]), LogOp::CheckpointHw(Seq::new(1))];
         tidings_store::message::MessageLog::commit(&*log, LogBatch::new(returning.clone(), ops)).unwrap();
         try_activation(&mut shard, &log, &returning);
@@ -1316,14 +1321,7 @@ mod tests {
         let_residence_pass(shard);
         shard.evict(&follower);
         assert!(shard.pulls_in_flight.contains_key(&follower), "kept");
-        let record = Record {
-            seq: Seq::new(1),
-            kind: RecordKind::Barrier,
-            leader_epoch: LeaderEpoch::new(2),
-            idempotency_key: None,
-            timestamp_ms: 1,
-            payload: bytes::Bytes::new(),
-        };
+        let record = first_barrier_of_epoch_2();
         let body = PullBody::Records { records: vec![record], hw: Seq::new(0), fanned_through: Seq::new(0) };
         let leader_epoch = LeaderEpoch::new(2);
         let answer = PullResponse { channel: follower.clone(), pull_id: kept.pull_id(), leader_epoch, body };
