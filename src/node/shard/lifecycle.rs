@@ -252,6 +252,8 @@ impl ChannelShard {
         }
     }
 
+    /// Files `channel` to retry (`awaited`: for a follower its leader waits on), making room in a full
+    /// file by unfiling a plain follower's retry when `channel`'s takes precedence.
     fn file_retry(&mut self, channel: &ChannelId, tries: u8, awaited: bool) {
         if self.to_activate.contains_key(channel) {
             if awaited {
