@@ -40,9 +40,13 @@ pub(super) const REFUSED_ACTIVATION_TRIES: u8 = 5;
 /// by the room alone, a shard of three places held three leaders' retries, and a follower's activation
 /// refused meanwhile (its leader's hint came while as many loads as places were out) was not filed: the
 /// hint came again only a pull timeout later, when its leader woke its silent followers, and the leader's
-/// records waited those 5 s (sim seed 536000970, MinISR all three replicas). Retries are one a scan
-/// each, so this bounds the churn they may cause too.
-const RETRIES_MIN: usize = 16;
+/// records waited those 5 s (sim seed 536000970, MinISR all three replicas). Sixteen was too few for a
+/// node keeping the replicas of dozens of busy channels on a few places: the file filled with leaderships
+/// to start and followers their leaders waited on, none of which another retry may displace, and a
+/// follower whose hint came then was not filed, its leader's record waiting out the append timeout
+/// (sim seed 608000435: 48 channels on five nodes, three places a shard). An entry is a channel id and
+/// a count; the loads a scan's retries start are bounded by the room (`loading_full`), not by this.
+const RETRIES_MIN: usize = 64;
 /// How long a leader holds its place of the leaders' share before it may be asked to leave for a leader
 /// refused room (`ChannelShard::ask_a_leader_to_leave`): busy leaders take the places in turns of at
 /// least this.
@@ -298,12 +302,18 @@ impl ChannelShard {
     /// load keeps its tries: taken in name order every scan, with fewer loads to be had than entries
     /// filed, the first few took every load and one late in the file spent its tries refused (sim
     /// seeds 487000990 and 487000435: followers whose leaders waited on them, two places a shard).
+    /// Followers their leaders wait on (`awaited_retries`) are taken first, in the same turn: each is
+    /// what stands between a leader's records and their commit. Taken with the rest, in a file of
+    /// dozens (a node keeping the replicas of 48 busy channels on three places), such a follower's turn
+    /// came some fifteen scans apart, past its leader's append timeout (sim seed 569000321).
     pub(super) fn activate_again(&mut self) {
         let mut in_turn: Vec<(ChannelId, u8)> = self.to_activate.iter().map(|(c, left)| (c.clone(), *left)).collect();
         if let Some(after) = &self.retries_from {
             let past = in_turn.partition_point(|(c, _)| c <= after);
             in_turn.rotate_left(past);
         }
+        // (A stable sort: each kind keeps the turn.)
+        in_turn.sort_by_key(|(c, _)| !self.awaited_retries.contains(c));
         for (channel, left) in in_turn {
             if left == 0 || self.channels.contains(&channel) {
                 self.unfile(&channel);
@@ -1399,6 +1409,61 @@ mod tests {
         // Taken out of the file, it is a plain retry again should it come back.
         shard.unfile(&awaited);
         assert!(shard.awaited_retries.is_empty());
+    }
+
+    /// A shard of three places on a node keeping the replicas of dozens of busy channels files the
+    /// retry of every one of them that is refused: leaderships to start and followers their leaders wait
+    /// on alike. Filed to sixteen, a follower whose hint found the file full of such retries was not
+    /// filed, and its leader's next hint came a pull timeout later (sim seed 608000435).
+    #[test]
+    fn a_shard_of_few_places_files_the_retries_of_dozens_of_awaited_replicas() {
+        let (mut shard, _log) = shard_with_places(3);
+        for name in ["loading-a", "loading-b", "loading-c"] {
+            let other = known(&mut shard, name, 2);
+            shard.activate(&other);
+        }
+        assert!(shard.loading_full());
+        let leaders: Vec<ChannelId> = (0..20).map(|i| known(&mut shard, &format!("l{i:02}"), 1)).collect();
+        for leader in &leaders {
+            shard.activate_later(leader, LEADER_START_TRIES);
+        }
+        let followers: Vec<ChannelId> = (0..28).map(|i| known(&mut shard, &format!("f{i:02}"), 2)).collect();
+        for follower in &followers {
+            let hint = PullHint { channel: follower.clone(), leader_epoch: LeaderEpoch::new(2) };
+            shard.channel_message(NodeId::new(2), ChannelMessage::Hint(hint));
+        }
+        let unfiled: Vec<&ChannelId> =
+            leaders.iter().chain(&followers).filter(|c| !shard.to_activate.contains_key(*c)).collect();
+        assert!(unfiled.is_empty(), "not filed: {unfiled:?}");
+        assert_eq!(shard.awaited_retries.len(), followers.len());
+    }
+
+    /// With one load to be had, a filed follower its leader waits on is tried before the leaderships and
+    /// the plain followers filed before it, whatever the turn.
+    #[test]
+    fn a_follower_its_leader_waits_on_is_retried_before_the_other_filed_activations() {
+        let (mut shard, _log) = shard_with_places(2);
+        let loading: Vec<ChannelId> = ["loading-a", "loading-b"].iter().map(|n| known(&mut shard, n, 2)).collect();
+        for other in &loading {
+            shard.activate(other);
+        }
+        assert!(shard.loading_full());
+        let mut others: Vec<ChannelId> = (0..4).map(|i| known(&mut shard, &format!("a-leader-{i}"), 1)).collect();
+        for leader in &others {
+            shard.activate_later(leader, LEADER_START_TRIES);
+        }
+        others.push(known(&mut shard, "b-follower", 2));
+        shard.activate_later(&others[4], REFUSED_ACTIVATION_TRIES);
+        let awaited = known(&mut shard, "z-awaited", 2);
+        let hint = PullHint { channel: awaited.clone(), leader_epoch: LeaderEpoch::new(2) };
+        shard.channel_message(NodeId::new(2), ChannelMessage::Hint(hint));
+        assert!(shard.awaited_retries.contains(&awaited), "filed as awaited");
+
+        // One load comes back.
+        shard.loading.remove(&loading[0]);
+        shard.activate_again();
+        assert!(shard.is_loading(&awaited), "the awaited follower takes the load");
+        assert!(others.iter().all(|c| !shard.is_loading(c) && shard.to_activate.contains_key(c)));
     }
 
     /// A shard keeps the pulls of more evicted followers than it has places (up to `KEPT_PULLS_MIN`): kept
