@@ -33,6 +33,12 @@ use tidings_types::{NodeId, StorageId};
 /// refuse each other's frames (as a partition between them would): a cluster moves to a new frame
 /// version by restarting its nodes together, not one at a time.
 ///
+/// A new kind of message (a variant added at the end of an enum) leaves every other message's layout
+/// as it was, so it does not bump the version: a build that does not know it refuses each frame carrying
+/// it as [`FrameError::Malformed`] (counted and dropped, as a lost frame is), and whatever waits for
+/// that message from such a peer waits out its own timeout. A rolling restart across such builds
+/// works; one across frame versions is a partition until the last node is restarted.
+///
 /// Version 2: pull answers carry how far the leader's fanout finished (`PullBody::Records::fanned_through`).
 /// Version 3: every frame names the sender's storage identity (`Frame::storage`), a node tells a peer
 /// whose identity it refuses (`NodeMessage::StorageRefused`), and one held back until a majority took
