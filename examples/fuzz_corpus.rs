@@ -174,6 +174,7 @@ fn main() {
         retention_through: Seq::new(0),
         fanned_through: Seq::new(1),
         meta_floor: 0,
+        isr_proposals: Vec::new(),
     };
     let stored_state = stored::StoredState { state, sled_through: Seq::new(2), frames_before: 1, opening: 1 };
     write("stored_records", "state", &stored::state_to_bytes(&stored_state));

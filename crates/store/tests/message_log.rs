@@ -11,7 +11,7 @@ use tidings_store::message::{
     ReadLimits, Record, RecordKind,
 };
 use tidings_store::{FailOp, Keyspace, Kv, MemoryKv, SledKv, StoreError};
-use tidings_types::{ChannelId, ChannelType, LeaderEpoch, Seq};
+use tidings_types::{ChannelId, ChannelType, LeaderEpoch, NodeId, Seq};
 
 const ALL: ReadLimits = ReadLimits { records_max: usize::MAX, bytes_max: usize::MAX };
 
@@ -61,6 +61,8 @@ struct ChannelModel {
     fanned: u64,
     /// The oldest channel meta version the replica may act under.
     meta_floor: u64,
+    /// ISRs proposed from the newest meta version proposed from, in the order they came.
+    isr_proposals: Vec<(u64, Vec<NodeId>)>,
     /// Leader epoch of the last record given up (0: none): the epoch in force while retention leaves no
     /// record, which an append may not go below. Not observable as such, so not compared.
     given_up_epoch: u64,
@@ -68,8 +70,8 @@ struct ChannelModel {
 
 impl PartialEq for ChannelModel {
     fn eq(&self, other: &Self) -> bool {
-        (&self.records, self.hw, self.retention, self.fanned, self.meta_floor)
-            == (&other.records, other.hw, other.retention, other.fanned, other.meta_floor)
+        (&self.records, self.hw, self.retention, self.fanned, self.meta_floor, &self.isr_proposals)
+            == (&other.records, other.hw, other.retention, other.fanned, other.meta_floor, &other.isr_proposals)
     }
 }
 
@@ -103,6 +105,15 @@ impl ChannelModel {
                 *self = ChannelModel { meta_floor: self.meta_floor.max(*version), ..ChannelModel::default() }
             }
             LogOp::RaiseMetaFloor { version } => self.meta_floor = self.meta_floor.max(*version),
+            LogOp::ProposeIsr { from_version, isr } => {
+                let kept_from = self.isr_proposals.first().map_or(0, |(v, _)| *v);
+                if *from_version > kept_from {
+                    self.isr_proposals.clear();
+                }
+                if *from_version >= kept_from && !self.isr_proposals.iter().any(|(_, kept)| kept == isr) {
+                    self.isr_proposals.push((*from_version, isr.clone()));
+                }
+            }
         }
     }
 }
@@ -141,6 +152,12 @@ enum Op {
         ch: usize,
         version: u64,
     },
+    /// The channel's leader proposes one of three ISRs from meta `version`.
+    ProposeIsr {
+        ch: usize,
+        version: u64,
+        which: u64,
+    },
     Sync,
     /// The channel's replica leaves memory (`release_caches`): its caches and staging tail may go, what
     /// it staged must not.
@@ -166,6 +183,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..CHANNELS, 0u8..=100).prop_map(|(ch, fraction)| Op::Fanned { ch, fraction }),
         1 => (0..CHANNELS).prop_map(|ch| Op::Forget { ch }),
         1 => (0..CHANNELS, 1u64..30).prop_map(|(ch, version)| Op::RaiseMetaFloor { ch, version }),
+        1 => (0..CHANNELS, 1u64..8, 1u64..=3).prop_map(|(ch, version, which)| Op::ProposeIsr { ch, version, which }),
         4 => Just(Op::Sync),
         2 => (0..CHANNELS).prop_map(|ch| Op::Release { ch }),
         2 => Just(Op::WriteBehind),
@@ -183,7 +201,8 @@ fn batch_for(op: &Op, tail: &Model) -> Option<LogBatch> {
         | Op::Retention { ch, .. }
         | Op::Fanned { ch, .. }
         | Op::Forget { ch }
-        | Op::RaiseMetaFloor { ch, .. } => *ch,
+        | Op::RaiseMetaFloor { ch, .. }
+        | Op::ProposeIsr { ch, .. } => *ch,
         _ => return None,
     };
     let m = tail.get(&ch).cloned().unwrap_or_default();
@@ -202,6 +221,10 @@ fn batch_for(op: &Op, tail: &Model) -> Option<LogBatch> {
         }
         Op::Forget { .. } => LogOp::Forget { version: 1 + m.meta_floor % 7 },
         Op::RaiseMetaFloor { version, .. } => LogOp::RaiseMetaFloor { version },
+        // Three ISRs at most, within the bound a log keeps from one version.
+        Op::ProposeIsr { version, which, .. } => {
+            LogOp::ProposeIsr { from_version: version, isr: (1..=which).map(NodeId::new).collect() }
+        }
         _ => unreachable!(),
     };
     Some(LogBatch::new(channel(ch), vec![log_op]))
@@ -225,6 +248,7 @@ fn check(log: &impl MessageLog, model: &Model) {
         assert_eq!(state.retention_through.get(), m.retention, "ch{ch} retention");
         assert_eq!(state.fanned_through.get(), m.fanned, "ch{ch} fanned through");
         assert_eq!(state.meta_floor, m.meta_floor, "ch{ch} meta floor");
+        assert_eq!(state.isr_proposals, m.isr_proposals, "ch{ch} ISR proposals");
         let records = log.read(&channel(ch), Seq::new(1), Seq::new(u64::MAX), ALL).unwrap();
         assert_eq!(records, m.records, "ch{ch} records");
         if let Some(last) = m.records.last() {
@@ -261,6 +285,7 @@ fn observe(log: &impl MessageLog) -> Model {
             retention: state.retention_through.get(),
             fanned: state.fanned_through.get(),
             meta_floor: state.meta_floor,
+            isr_proposals: state.isr_proposals,
             ..ChannelModel::default()
         };
         if m != ChannelModel::default() {

@@ -1,9 +1,10 @@
 //! Binary encodings of log batches (journal frames) and channel log state (sled), checked on decode.
 
 use super::record::{decode_records, encode_records, put_varint, Reader};
+use super::state::ISR_PROPOSALS_MAX;
 use super::state::{ChannelLogState, LogBatch, LogOp};
 use super::stored::StoredState;
-use tidings_types::{ChannelId, LeaderEpoch, Seq};
+use tidings_types::{ChannelId, LeaderEpoch, NodeId, Seq};
 
 const OP_APPEND: u8 = 1;
 const OP_TRUNCATE_AFTER: u8 = 2;
@@ -13,6 +14,7 @@ const OP_START_AFTER: u8 = 5;
 const OP_CHECKPOINT_FANNED: u8 = 6;
 const OP_FORGET: u8 = 7;
 const OP_RAISE_META_FLOOR: u8 = 8;
+const OP_PROPOSE_ISR: u8 = 9;
 
 /// Most bytes [`encode_batch`]'s output takes for `batch` (what the journal reserves for the frame).
 pub(crate) fn encoded_batch_len_max(batch: &LogBatch) -> usize {
@@ -24,6 +26,7 @@ pub(crate) fn encoded_batch_len_max(batch: &LogBatch) -> usize {
             // Tag, record count and first seq (varints), the records.
             LogOp::Append(records) => 1 + 10 + 10 + records.iter().map(|r| r.encoded_len()).sum::<usize>(),
             LogOp::StartAfter { .. } => 1 + 16,
+            LogOp::ProposeIsr { isr, .. } => 1 + 8 + 1 + 8 * isr.len(),
             _ => 1 + 8,
         })
         .sum();
@@ -50,8 +53,26 @@ pub(crate) fn encode_batch(batch: &LogBatch, out: &mut Vec<u8>) {
             }
             LogOp::Forget { version } => put_seq(out, OP_FORGET, Seq::new(*version)),
             LogOp::RaiseMetaFloor { version } => put_seq(out, OP_RAISE_META_FLOOR, Seq::new(*version)),
+            LogOp::ProposeIsr { from_version, isr } => {
+                put_seq(out, OP_PROPOSE_ISR, Seq::new(*from_version));
+                put_nodes(out, isr);
+            }
         }
     }
+}
+
+/// A list of node ids: its length (one byte; an ISR is a handful of nodes), then each id.
+fn put_nodes(out: &mut Vec<u8>, nodes: &[NodeId]) {
+    out.push(u8::try_from(nodes.len()).unwrap_or(u8::MAX));
+    for node in nodes.iter().take(usize::from(u8::MAX)) {
+        out.extend_from_slice(&node.get().to_le_bytes());
+    }
+}
+
+/// Decodes [`put_nodes`]'s output.
+fn read_nodes(input: &mut Reader<'_>) -> Option<Vec<NodeId>> {
+    let count = input.u8()?;
+    (0..count).map(|_| input.u64().map(NodeId::new)).collect()
 }
 
 fn put_seq(out: &mut Vec<u8>, tag: u8, seq: Seq) {
@@ -82,6 +103,10 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Option<LogBatch> {
             }
             OP_FORGET => LogOp::Forget { version: input.u64()? },
             OP_RAISE_META_FLOOR => LogOp::RaiseMetaFloor { version: input.u64()? },
+            OP_PROPOSE_ISR => {
+                let from_version = input.u64()?;
+                LogOp::ProposeIsr { from_version, isr: read_nodes(&mut input)? }
+            }
             _ => return None,
         };
         ops.push(op);
@@ -104,10 +129,18 @@ pub(crate) fn encode_state(stored: &StoredState) -> Vec<u8> {
     out.extend_from_slice(&frames_before.to_le_bytes());
     out.extend_from_slice(&opening.to_le_bytes());
     out.extend_from_slice(&state.fanned_through.get().to_le_bytes());
-    // Only a log with a meta floor (a tombstone, or a replica that answered a controller) writes it:
-    // every other state keeps format 4's bytes.
-    if state.meta_floor > 0 {
+    // Only a log with a meta floor (a tombstone, or a replica that answered a controller) or ISR
+    // proposals writes it: every other state keeps format 4's bytes.
+    if state.meta_floor > 0 || !state.isr_proposals.is_empty() {
         out.extend_from_slice(&state.meta_floor.to_le_bytes());
+    }
+    // Only a leader that proposed an ISR writes its proposals: the version once, then each ISR.
+    if let Some((from_version, _)) = state.isr_proposals.first() {
+        out.extend_from_slice(&from_version.to_le_bytes());
+        out.push(u8::try_from(state.isr_proposals.len()).unwrap_or(u8::MAX));
+        for (_, isr) in &state.isr_proposals {
+            put_nodes(&mut out, isr);
+        }
     }
     out
 }
@@ -136,10 +169,22 @@ pub(crate) fn decode_state(bytes: &[u8]) -> Option<StoredState> {
     let fanned_through = Seq::new(if input.is_empty() { 0 } else { input.u64()? });
     // Written before logs kept a meta floor, or by a log without one: 0.
     let meta_floor = if input.is_empty() { 0 } else { input.u64()? };
+    // Written before leaders kept their ISR proposals, or by a log without any: none.
+    let mut isr_proposals = Vec::new();
+    if !input.is_empty() {
+        let from_version = input.u64()?;
+        let count = usize::from(input.u8()?);
+        if count == 0 || count > ISR_PROPOSALS_MAX {
+            return None;
+        }
+        for _ in 0..count {
+            isr_proposals.push((from_version, read_nodes(&mut input)?));
+        }
+    }
     let ordered = epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1);
     let consistent = retention_through <= hw && fanned_through <= hw && hw <= last_seq && sled_through <= last_seq;
     (input.is_empty() && ordered && consistent).then_some(StoredState {
-        state: ChannelLogState { last_seq, epochs, hw, retention_through, fanned_through, meta_floor },
+        state: ChannelLogState { last_seq, epochs, hw, retention_through, fanned_through, meta_floor, isr_proposals },
         sled_through,
         frames_before,
         opening,
@@ -173,6 +218,7 @@ mod tests {
                 LogOp::StartAfter { seq: Seq::new(9), epoch: LeaderEpoch::new(3) },
                 LogOp::Forget { version: 12 },
                 LogOp::RaiseMetaFloor { version: 14 },
+                LogOp::ProposeIsr { from_version: 15, isr: vec![NodeId::new(1), NodeId::new(3)] },
             ],
         )
     }
@@ -200,6 +246,7 @@ mod tests {
             retention_through: Seq::new(2),
             fanned_through: Seq::new(5),
             meta_floor: 0,
+            isr_proposals: Vec::new(),
         };
         let stored = StoredState { state: state.clone(), sled_through: Seq::new(7), frames_before: 12, opening: 4 };
         let bytes = encode_state(&stored);
@@ -225,5 +272,29 @@ mod tests {
         let fanned_past_hw = ChannelLogState { fanned_through: Seq::new(9), ..state };
         assert!(decode_state(&encode_state(&StoredState { state: fanned_past_hw, ..stored })).is_none());
         assert!(decode_state(&bytes[..bytes.len() - 1]).is_none());
+    }
+
+    #[test]
+    fn a_state_with_isr_proposals_round_trips_and_a_cut_one_is_refused() {
+        let isr = |nodes: &[u64]| nodes.iter().copied().map(NodeId::new).collect::<Vec<_>>();
+        let state = ChannelLogState {
+            last_seq: Seq::new(4),
+            epochs: vec![(LeaderEpoch::new(2), Seq::new(1))],
+            hw: Seq::new(3),
+            isr_proposals: vec![(6, isr(&[1, 3])), (6, isr(&[1, 2, 3]))],
+            ..ChannelLogState::default()
+        };
+        let stored = StoredState { state, sled_through: Seq::new(2), frames_before: 1, opening: 0 };
+        let bytes = encode_state(&stored);
+        assert_eq!(decode_state(&bytes), Some(stored.clone()));
+        let without =
+            StoredState { state: ChannelLogState { isr_proposals: Vec::new(), ..stored.state.clone() }, ..stored };
+        // The meta floor (0) is written before them: without them the state reads as one without a floor.
+        let before = encode_state(&without).len();
+        assert_eq!(bytes.len(), before + 8 + 8 + 1 + (1 + 16) + (1 + 24));
+        for cut in before + 8 + 1..bytes.len() {
+            assert!(decode_state(&bytes[..cut]).is_none(), "cut at {cut}");
+        }
+        assert_eq!(decode_state(&bytes[..before]), Some(without));
     }
 }

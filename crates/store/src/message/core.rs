@@ -451,7 +451,10 @@ impl LogCore {
                     entry.older_dirty_after = Some(Seq::default());
                     entry.generation += 1;
                 }
-                LogOp::CheckpointHw(_) | LogOp::CheckpointFanned(_) | LogOp::RaiseMetaFloor { .. } => {}
+                LogOp::CheckpointHw(_)
+                | LogOp::CheckpointFanned(_)
+                | LogOp::RaiseMetaFloor { .. }
+                | LogOp::ProposeIsr { .. } => {}
             }
         }
         Ok(())

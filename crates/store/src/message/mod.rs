@@ -54,7 +54,10 @@ pub use journal::{JournalConfig, JournalLog, JournalStats, WriteBehindThread};
 pub use memory::{LogFailOp, MemoryLog};
 pub use record::{IdempotencyKey, Record, RecordKind, IDEMPOTENCY_KEY_BYTES_MAX};
 pub use staging::{BatchFate, Staged};
-pub use state::{end_of_epoch, note_epoch, ChannelLogState, IdempotentHit, LogBatch, LogOp, LogRefusal, ReadLimits};
+pub use state::{
+    end_of_epoch, note_epoch, ChannelLogState, IdempotentHit, LogBatch, LogOp, LogRefusal, ReadLimits,
+    ISR_PROPOSALS_MAX,
+};
 
 use crate::error::{StoreError, StoreResult};
 use tidings_types::{ChannelId, Seq};

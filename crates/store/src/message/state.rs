@@ -4,7 +4,7 @@
 use super::record::{IdempotencyKey, Record, RecordKind};
 use crate::error::StoreError;
 use std::collections::{BTreeMap, VecDeque};
-use tidings_types::{ChannelId, LeaderEpoch, Seq};
+use tidings_types::{ChannelId, LeaderEpoch, NodeId, Seq};
 
 /// One operation on a channel log. Operations of a batch apply in order, atomically.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,7 +50,19 @@ pub enum LogOp {
         /// The meta version the replica answered under.
         version: u64,
     },
+    /// Records an ISR this replica, leading, proposes from channel meta version `from_version`
+    /// (`ChannelLogState::isr_proposals`), written before the proposal leaves it. Proposals from an
+    /// older version are dropped; one from an older version than those kept changes nothing.
+    ProposeIsr {
+        /// The meta version the proposal is based on (it compares and sets that version).
+        from_version: u64,
+        /// The ISR proposed.
+        isr: Vec<NodeId>,
+    },
 }
+
+/// Most ISRs a log keeps proposed from one meta version ([`LogOp::ProposeIsr`]).
+pub const ISR_PROPOSALS_MAX: usize = 4;
 
 /// Operations on one channel's log, applied atomically and in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,6 +187,14 @@ pub enum LogRefusal {
         /// Byte limit.
         bytes_max: usize,
     },
+    /// A proposed ISR past [`ISR_PROPOSALS_MAX`] kept from one meta version.
+    #[error("{channel}: already {ISR_PROPOSALS_MAX} ISRs proposed from meta version {from_version}")]
+    TooManyIsrProposals {
+        /// The channel.
+        channel: ChannelId,
+        /// The meta version they were proposed from.
+        from_version: u64,
+    },
 }
 
 /// Durable state of one channel log, apart from its records.
@@ -197,6 +217,14 @@ pub struct ChannelLogState {
     /// ([`LogOp::Forget`]), and to the meta a controller's evidence request came under
     /// ([`LogOp::RaiseMetaFloor`]). Kept across every later write (a replica added back by a newer meta).
     pub meta_floor: u64,
+    /// The ISRs this replica proposed, as its channel's leader, from the newest meta version it proposed
+    /// from (at most [`ISR_PROPOSALS_MAX`], all from that one version), each durable before it was
+    /// sent: one of them may be in force without this replica having heard. A leader that comes back
+    /// under that version — evicted, or restarted — counts HW under each of them too, as the
+    /// incarnation that proposed them did: counted under the older ISR alone, a record committed on
+    /// members the proposal left out was on fewer than MinISR of the ISR in force, and a failover's
+    /// evidence from the others lost it.
+    pub isr_proposals: Vec<(u64, Vec<NodeId>)>,
 }
 
 impl ChannelLogState {
@@ -304,7 +332,26 @@ impl ChannelLogState {
                 self.meta_floor = self.meta_floor.max(*version);
                 Ok(())
             }
+            LogOp::ProposeIsr { from_version, isr } => self.propose_isr(channel, *from_version, isr),
         }
+    }
+
+    fn propose_isr(&mut self, channel: &ChannelId, from_version: u64, isr: &[NodeId]) -> Result<(), LogRefusal> {
+        let kept_from = self.isr_proposals.first().map_or(0, |(version, _)| *version);
+        let known = from_version == kept_from && self.isr_proposals.iter().any(|(_, kept)| kept == isr);
+        if from_version < kept_from || known {
+            return Ok(());
+        }
+        if from_version > kept_from {
+            // A proposal from a newer version: the one it is based on is in force, so each proposal
+            // from an older one lost its compare-and-set or is that version.
+            self.isr_proposals.clear();
+        }
+        if self.isr_proposals.len() >= ISR_PROPOSALS_MAX {
+            return Err(LogRefusal::TooManyIsrProposals { channel: channel.clone(), from_version });
+        }
+        self.isr_proposals.push((from_version, isr.to_vec()));
+        Ok(())
     }
 
     fn append(&mut self, channel: &ChannelId, records: &[Record]) -> Result<(), LogRefusal> {
@@ -621,6 +668,33 @@ mod tests {
         let records: Vec<Record> = records.iter().map(|(s, e)| rec(*s, *e)).collect();
         state.apply(&channel(), &LogOp::Append(records)).unwrap();
         state
+    }
+
+    #[test]
+    fn isr_proposals_keep_the_newest_version_s_and_are_bounded() {
+        let (mut state, c) = (ChannelLogState::default(), channel());
+        let isr = |nodes: &[u64]| nodes.iter().copied().map(NodeId::new).collect::<Vec<_>>();
+        let propose = |from_version, nodes: &[u64]| LogOp::ProposeIsr { from_version, isr: isr(nodes) };
+        state.apply(&c, &propose(5, &[1, 2])).unwrap();
+        state.apply(&c, &propose(5, &[1, 3])).unwrap();
+        state.apply(&c, &propose(5, &[1, 2])).unwrap();
+        assert_eq!(state.isr_proposals, vec![(5, isr(&[1, 2])), (5, isr(&[1, 3]))], "one entry an ISR");
+        state.apply(&c, &propose(4, &[1])).unwrap();
+        assert_eq!(state.isr_proposals.len(), 2, "an older version's changes nothing");
+        state.apply(&c, &propose(7, &[1, 2, 3])).unwrap();
+        assert_eq!(state.isr_proposals, vec![(7, isr(&[1, 2, 3]))], "a newer version's replaces them");
+        state.apply(&c, &propose(8, &[1, 2, 3])).unwrap();
+        assert_eq!(state.isr_proposals, vec![(8, isr(&[1, 2, 3]))], "even with the same ISR");
+        state.apply(&c, &propose(7, &[1, 2, 3])).unwrap();
+        assert_eq!(state.isr_proposals, vec![(8, isr(&[1, 2, 3]))]);
+        for nodes in [&[1][..], &[2], &[3]] {
+            state.apply(&c, &propose(8, nodes)).unwrap();
+        }
+        let refused = state.apply(&c, &propose(8, &[4]));
+        assert_eq!(refused, Err(LogRefusal::TooManyIsrProposals { channel: c.clone(), from_version: 8 }));
+        assert_eq!(state.isr_proposals.len(), ISR_PROPOSALS_MAX);
+        state.apply(&c, &LogOp::Forget { version: 9 }).unwrap();
+        assert!(state.isr_proposals.is_empty(), "a forgotten log keeps none");
     }
 
     #[test]
