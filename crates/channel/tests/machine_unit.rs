@@ -6,7 +6,7 @@ use tidings_channel::machine::{
     AppendAborted, AppendError, AppendRecord, AppendRequest, ApplyMetaError, ChannelMachine, ChannelMessage, Effect,
     MachineConfig, PullRequest, RequestId, RoleKind,
 };
-use tidings_store::message::{ChannelLogState, LogLimits, MemoryLog, MessageLog};
+use tidings_store::message::{ChannelLogState, LogLimits, LogOp, MemoryLog, MessageLog};
 use tidings_store::StoreError;
 use tidings_types::{ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, LeaderEpoch, MetaError, NodeId, Seq, Time};
 
@@ -1052,4 +1052,43 @@ fn an_evicted_followers_unanswered_pull_is_taken_over_by_its_next_incarnation() 
     elsewhere.handle_message(t(5), NodeId::new(1), ChannelMessage::PullResponse(answer));
     settle(&mut elsewhere, &log, t(5));
     assert_eq!(elsewhere.durable_last(), Seq::new(4), "nothing taken twice");
+}
+
+/// A leader's ISR proposal leaves it only once its record (`LogOp::ProposeIsr`) is durable in the
+/// leader's log, where its next incarnation — evicted, or restarted — learns of it.
+#[test]
+fn an_isr_proposal_is_sent_only_once_its_record_is_durable() {
+    let log = MemoryLog::new(LogLimits::default());
+    let mut m = machine();
+    m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    settle(&mut m, &log, t(1));
+    let record = LogOp::ProposeIsr { from_version: 1, isr: vec![NodeId::new(1)] };
+    // Node 2 never pulls: past the ISR lag bound the leader proposes to drop it.
+    let mut held = None;
+    let mut now = t(1);
+    while held.is_none() {
+        now = m.poll_timeout().expect("a leader keeps a timer");
+        assert!(now.as_millis() < 60_000, "no shrink proposed");
+        m.handle_timeout(now);
+        while let Some(effect) = m.poll_effect() {
+            match effect {
+                Effect::Persist { token, batch } if batch.ops.contains(&record) => held = Some((token, batch)),
+                Effect::Persist { token, batch } => {
+                    let result = log.commit(batch);
+                    m.handle_persisted(now, token, result);
+                }
+                Effect::ProposeMeta { .. } => panic!("proposed before its record was durable"),
+                _ => {}
+            }
+        }
+    }
+    let (token, batch) = held.expect("the loop ends with it");
+    let result = log.commit(batch);
+    m.handle_persisted(now, token, result);
+    let proposed = settle(&mut m, &log, now).into_iter().find_map(|effect| match effect {
+        Effect::ProposeMeta { expected_version, meta, .. } => Some((expected_version, meta.isr)),
+        _ => None,
+    });
+    assert_eq!(proposed, Some((1, vec![NodeId::new(1)])));
+    assert_eq!(log.state(&channel()).unwrap().isr_proposals, vec![(1, vec![NodeId::new(1)])]);
 }

@@ -307,6 +307,44 @@ fn a_leader_that_missed_its_committed_shrink_counts_hw_under_every_isr_it_propos
 }
 
 #[test]
+fn a_leader_back_under_the_meta_it_proposed_a_shrink_from_counts_hw_under_that_shrink() {
+    // Sim seed 612000817: a leader proposed dropping node 3, the slot layer took it (v2: ISR [1, 2]) and
+    // the answer never reached the leader, which was then evicted and built again under the meta its
+    // node still held (v1: ISR [1, 2, 3]). Its new incarnation knew nothing of the shrink, committed a
+    // record on itself and node 3, and a failover on node 2's evidence (half of the ISR in force) lost
+    // it. The shrink's record in the leader's log (`ChannelLogState::isr_proposals`) tells the next
+    // incarnation.
+    let mut cluster = Cluster::new(47, 3, 2, quiet(), config());
+    cluster.run_for(100);
+    cluster.meta_unheard.insert(node(1));
+    cluster.isolate(node(3), &[node(1), node(2)]);
+    for i in 0..40 {
+        let payload = format!("a{i}");
+        cluster.append(node(1), &[payload.as_str()], &[]).unwrap();
+        cluster.run_for(100);
+    }
+    assert_eq!(cluster.meta.isr, vec![node(1), node(2)], "node 3 shrunk out in the meta in force");
+    let stale = cluster.machine(node(1)).meta().cloned().expect("the leader has a meta");
+    assert_eq!(stale.version, 1, "the leader never heard of the shrink");
+    assert!(cluster.machine(node(1)).durable_state().isr_proposals.iter().any(|(v, isr)| *v == 1 && isr.len() == 2));
+    cluster.run_until_cond(10_000, |c| c.machine(node(1)).is_quiescent());
+    cluster.evict_and_resume_under(node(1), stale);
+    cluster.blocked.clear();
+    cluster.isolate(node(2), &[node(1), node(3)]);
+    let node_2_holds = cluster.machine(node(2)).durable_last();
+    for i in 0..60 {
+        let payload = format!("b{i}");
+        let _ = cluster.append(node(1), &[payload.as_str()], &[]);
+        cluster.run_for(100);
+    }
+    assert!(cluster.machine(node(3)).durable_last() > node_2_holds, "node 3 took records while node 2 was cut off");
+    // With ISR [1, 2] in force and MinISR 2, nothing past what node 2 holds is committed.
+    let hw = cluster.machine(node(1)).hw();
+    assert!(hw <= node_2_holds, "leader HW {hw:?} past node 2's {node_2_holds:?}\n{}", cluster.trace.join("\n"));
+    cluster.check_invariants();
+}
+
+#[test]
 fn a_replica_is_quiescent_only_once_its_hw_is_checkpointed() {
     // An evicted replica comes back from its checkpoint: evicting it with a newer HW in memory would have
     // its HW go back (the simulator saw it once replicas were evicted within a second of a commit).

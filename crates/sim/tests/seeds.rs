@@ -817,3 +817,16 @@ fn seeds_whose_replicas_lost_their_turn_at_the_cap_pass() {
     }
     assert_passes(&run(SimParams { planned_stops: true, ..soak(608000435, 48) }));
 }
+
+/// Forty-eight channels at tight limits on five nodes, one of which loses its disk. A
+/// leader proposed dropping a member from its ISR, was evicted before it heard the shrink commit, and
+/// came back under the meta it had shrunk from: it committed a record on itself and the member left
+/// out, and the failover after its node lost its disk took evidence from the ISR in force and lost
+/// the record (an acknowledged message gone, and its idempotent retry given a second seq). A leader
+/// now writes each ISR proposal to its log before sending it, and its next incarnation counts HW
+/// under it (612000817).
+#[test]
+fn a_seed_whose_evicted_leader_forgot_the_shrink_it_proposed_passes() {
+    let params = SimParams { disk_loss: true, ..tight_soak(612000817, 48) };
+    assert_passes(&run(params));
+}

@@ -77,6 +77,10 @@ pub(super) struct LeaderState {
     /// (sim seed 241005257: a shrink committed unheard, the leader proposed another from the old version,
     /// counted HW under that one alone, and committed records only one member of the ISR in force had).
     pending_isrs: Vec<(u64, Vec<NodeId>)>,
+    /// The last ISR proposed, held until its record (`LogOp::ProposeIsr`) is durable: an incarnation
+    /// that comes after this one (evicted, or restarted) must know of every proposal that may be in
+    /// force, and learns of them from the log (`ChannelLogState::isr_proposals`).
+    unsent_proposal: Option<(ChannelRuntimeMeta, MetaChangeReason)>,
     became_at: Time,
     /// When silent ISR members were last woken by an append that could not be admitted.
     woken_at: Option<Time>,
@@ -88,8 +92,8 @@ pub(super) struct LeaderState {
 
 /// Most ISRs a leader keeps proposed from one meta version (see `LeaderState::pending_isrs`): each
 /// unanswered proposal counts until a newer meta is in force, and a leader that cannot learn one stops
-/// proposing rather than keep more.
-const PENDING_ISRS_MAX: usize = 4;
+/// proposing rather than keep more. As many as its log keeps.
+const PENDING_ISRS_MAX: usize = tidings_store::message::ISR_PROPOSALS_MAX;
 
 /// Silent ISR members are woken at most this often by refused appends.
 const WAKE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
@@ -113,6 +117,7 @@ impl LeaderState {
             reported: Seq::new(0),
             proposal: None,
             pending_isrs: Vec::new(),
+            unsent_proposal: None,
             became_at: now,
             woken_at: None,
             fence_refresh_at: None,
@@ -224,6 +229,14 @@ impl ChannelMachine {
     /// how a successor tells barriers from messages it fans out again without reading them.
     pub(super) fn leader_start(&mut self) {
         let meta = self.meta.as_ref().expect("a leader has meta");
+        // ISRs an earlier incarnation of this leadership proposed from the meta in force (or a newer one)
+        // may be in force unheard: HW counts under them too, as it did for that incarnation.
+        let recorded: Vec<(u64, Vec<NodeId>)> =
+            self.log.durable.isr_proposals.iter().filter(|(version, _)| *version >= meta.version).cloned().collect();
+        if let Some(leader) = self.leader() {
+            leader.pending_isrs = recorded;
+        }
+        let meta = self.meta.as_ref().expect("a leader has meta");
         let inherited_end = self.log.end;
         let epoch_start = self.log.epochs.last().filter(|(epoch, _)| *epoch == meta.leader_epoch).map(|(_, s)| *s);
         let seq = match epoch_start {
@@ -312,6 +325,10 @@ impl ChannelMachine {
             leader.proposal = None;
         }
         leader.pending_isrs.retain(|(version, _)| meta.version <= *version);
+        // A proposal from an older version than the one in force can only lose its compare-and-set.
+        if leader.unsent_proposal.as_ref().is_some_and(|(next, _)| next.version <= meta.version) {
+            leader.unsent_proposal = None;
+        }
         self.leader_recompute_hw();
         self.retention_meta_changed();
     }
@@ -897,13 +914,33 @@ impl ChannelMachine {
         if !known {
             leader.pending_isrs.push(proposed.clone());
         }
-        let (_, isr) = proposed;
+        let (from_version, isr) = proposed;
         leader.proposal = Some((now, meta.version));
         let mut next = meta.clone();
-        next.isr = isr;
+        next.isr = isr.clone();
         next.version += 1;
         next.epoch = next.epoch.next();
-        self.effects.push_back(Effect::ProposeMeta { expected_version: meta.version, meta: Box::new(next), reason });
+        leader.unsent_proposal = Some((next, reason));
+        // Sent once its record is durable (`leader_send_recorded_proposal`): the leader's next
+        // incarnation counts HW under it too (sim seed 612000817: a leader evicted with a shrink out came
+        // back under the meta it shrank from, committed a record on the member the shrink left out, and
+        // a failover on evidence from the ISR in force lost it).
+        self.log.record_isr_proposal(from_version, isr);
+        self.maybe_persist();
+    }
+
+    /// Sends the ISR proposal held for its record, once the record is durable.
+    pub(super) fn leader_send_recorded_proposal(&mut self) {
+        let Role::Leader(leader) = &mut self.role else { return };
+        let recorded = leader.unsent_proposal.as_ref().is_some_and(|(next, _)| {
+            self.log.durable.isr_proposals.iter().any(|(version, isr)| *version + 1 == next.version && *isr == next.isr)
+        });
+        if !recorded {
+            return;
+        }
+        let Some((next, reason)) = leader.unsent_proposal.take() else { return };
+        let expected_version = next.version - 1;
+        self.effects.push_back(Effect::ProposeMeta { expected_version, meta: Box::new(next), reason });
     }
 
     /// Proposes adding a replica to the ISR once it proved, under this leader and epoch, that it holds

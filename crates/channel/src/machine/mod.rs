@@ -131,7 +131,15 @@ pub struct Evidence {
 enum PendingOp {
     Append(Record),
     Truncate(Seq),
-    StartAfter { seq: Seq, epoch: LeaderEpoch },
+    StartAfter {
+        seq: Seq,
+        epoch: LeaderEpoch,
+    },
+    /// An ISR the leader proposes from meta version `from_version`: durable before it is sent.
+    ProposeIsr {
+        from_version: u64,
+        isr: Vec<NodeId>,
+    },
 }
 
 /// The durable append in flight (at most one per channel: batches grow while it runs).
@@ -210,6 +218,10 @@ impl LocalLog {
         self.end = record.seq;
         self.cache.push(record.clone());
         self.unpersisted.push_back(PendingOp::Append(record));
+    }
+
+    fn record_isr_proposal(&mut self, from_version: u64, isr: Vec<NodeId>) {
+        self.unpersisted.push_back(PendingOp::ProposeIsr { from_version, isr });
     }
 
     fn truncate_after(&mut self, seq: Seq) {
@@ -692,7 +704,10 @@ impl ChannelMachine {
                 }
                 self.log.durable = inflight.next;
                 match self.role {
-                    Role::Leader(_) => self.leader_recompute_hw(),
+                    Role::Leader(_) => {
+                        self.leader_send_recorded_proposal();
+                        self.leader_recompute_hw();
+                    }
                     Role::Follower(_) => self.follower_persisted(),
                     Role::None => {}
                 }
@@ -852,6 +867,13 @@ impl ChannelMachine {
                     self.give_up_before_start(&mut ops);
                     ops.push(LogOp::StartAfter { seq, epoch });
                     self.log.unpersisted.pop_front();
+                }
+                PendingOp::ProposeIsr { .. } => {
+                    flush_records(&mut ops, &mut records);
+                    let Some(PendingOp::ProposeIsr { from_version, isr }) = self.log.unpersisted.pop_front() else {
+                        unreachable!()
+                    };
+                    ops.push(LogOp::ProposeIsr { from_version, isr });
                 }
             }
         }

@@ -181,7 +181,20 @@ impl Cluster {
         self.start_incarnation(id, true);
     }
 
+    /// [`Cluster::evict_and_resume`] under `meta` rather than the authoritative one: a runtime whose
+    /// copy of the meta is stale (its pushes lost) builds the next incarnation under it.
+    pub fn evict_and_resume_under(&mut self, id: NodeId, meta: ChannelRuntimeMeta) {
+        assert!(self.machine(id).is_quiescent(), "only a quiescent replica is evicted");
+        self.trace.push(format!("{} evict {id}, resumed under meta v{}", self.now, meta.version));
+        self.start_incarnation_under(id, true, meta);
+    }
+
     fn start_incarnation(&mut self, id: NodeId, resume: bool) {
+        let meta = self.meta.clone();
+        self.start_incarnation_under(id, resume, meta);
+    }
+
+    fn start_incarnation_under(&mut self, id: NodeId, resume: bool, meta: ChannelRuntimeMeta) {
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
         let replica = self.replicas.get_mut(&id).unwrap();
@@ -193,9 +206,9 @@ impl Cluster {
             .unwrap();
         let mut machine = ChannelMachine::new(channel(), id, self.config.clone(), incarnation, self.now, state, recent);
         if resume {
-            machine.resume_leadership(self.meta.leader_epoch);
+            machine.resume_leadership(meta.leader_epoch);
         }
-        machine.handle_meta(self.now, self.meta.clone()).unwrap();
+        machine.handle_meta(self.now, meta).unwrap();
         replica.machine = Some(machine);
         replica.incarnation = incarnation;
         replica.hw_seen = Seq::new(0);
