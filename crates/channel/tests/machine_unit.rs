@@ -603,6 +603,32 @@ fn a_leader_waiting_for_a_commit_is_not_kept_only_by_its_checkpoint() {
 }
 
 #[test]
+fn a_leader_may_leave_memory_with_uncommitted_records_only_once_no_caller_waits_on_it() {
+    let log = MemoryLog::new(LogLimits::default());
+    let mut m = empty_replica(1);
+    // MinISR is the whole ISR: the silent follower is not shrunk out, and nothing commits.
+    let every_replica = ChannelRuntimeMeta { min_isr: 2, ..meta(1, 1, 1) };
+    m.handle_meta(t(1), every_replica).unwrap();
+    settle(&mut m, &log, t(1));
+    m.handle_append(t(2), request(9, &["a"])).unwrap();
+    settle(&mut m, &log, t(2));
+    assert!(!m.can_leave_memory_as_stalled_leader(), "its append's caller waits");
+    // No follower acknowledges: the append times out, and its record stays durable and uncommitted.
+    let timeout = u64::try_from(MachineConfig::default().append_timeout.as_millis()).expect("a timeout of ms");
+    m.handle_timeout(t(3 + timeout));
+    let effects = settle(&mut m, &log, t(3 + timeout));
+    assert!(effects.iter().any(|e| matches!(e, Effect::AppendDone { result: Err(_), .. })), "{effects:?}");
+    assert!(m.hw() < log.state(&channel()).unwrap().last_seq, "records wait for a commit");
+    assert!(!m.is_quiescent());
+    assert!(m.can_leave_memory_as_stalled_leader());
+    // A follower is never one.
+    let mut follower = empty_replica(2);
+    follower.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    settle(&mut follower, &MemoryLog::new(LogLimits::default()), t(1));
+    assert!(!follower.can_leave_memory_as_stalled_leader());
+}
+
+#[test]
 fn standalone_hw_checkpoints_of_replicas_whose_hw_moved_apart_fall_due_together() {
     // Two replicas (of quiet channels) whose HW moved past its checkpoint 44 ms apart, with no records
     // to carry a checkpoint: both write theirs at the same instant, a second after their last one

@@ -830,3 +830,15 @@ fn a_seed_whose_evicted_leader_forgot_the_shrink_it_proposed_passes() {
     let params = SimParams { disk_loss: true, ..tight_soak(612000817, 48) };
     assert_passes(&run(params));
 }
+
+/// Forty-eight channels at tight limits, two places a shard, MinISR every replica. After a crash the
+/// failovers named followers leader in place, and one shard on each of two nodes came to hold only
+/// leaders, each waiting for a follower the other shard had no room for: nineteen channels took no
+/// append through the healed phase. A follower finding no room now takes the place of a leader stalled
+/// with no caller waiting on it (621000689).
+#[test]
+fn a_seed_whose_shards_held_only_leaders_waiting_for_each_other_passes() {
+    let params =
+        SimParams { channels: 48, hurried_timings: true, planned_stops: true, ..SimParams::from_seed(621000689) };
+    assert_passes(&run(params));
+}

@@ -23,10 +23,13 @@ use tidings_types::{ChannelId, ChannelRuntimeMeta, NodeId, Seq, Time};
 /// replica is refused as an activation at the cap is (peer messages dropped, appends `TooManyChannels`).
 const LOADS_IN_FLIGHT_MAX: usize = 1024;
 /// Most leaders a shard keeps active: all but an eighth of its room (at least one place), which only
-/// followers take. Leaders waiting for their followers are not quiescent and cannot be evicted; were
-/// every place of two nodes taken by such leaders, each waiting for a follower the other has no room
-/// to activate, neither would ever commit. Followers can always make room among themselves (see
+/// followers take. Leaders waiting for their followers are not quiescent; were every place of two
+/// nodes taken by such leaders, each waiting for a follower the other has no room to activate,
+/// neither would ever commit. Followers can always make room among themselves (see
 /// `ChannelMachine::can_leave_memory_as_follower`), so the followers those leaders wait for find it.
+/// Leaders named in followers' places can still fill a shard (a failover or transfer names a replica
+/// leader in place): a follower then takes the place of a leader stalled with no caller waiting on it
+/// (`ChannelShard::evict_one_stalled_leader`).
 pub(super) fn leaders_max(active_max: usize) -> usize {
     active_max.saturating_sub((active_max / 8).max(1)).max(1)
 }
@@ -519,10 +522,12 @@ impl ChannelShard {
         let starts_in_free_place =
             leads && log.state.last_epoch() < meta.leader_epoch && self.channels.len() < self.active_max;
         let no_room_to_lead = leads && !starts_in_free_place && leaders_full() && !self.evict_one_leader();
-        // (Evicts for room only when a leader's place is not what is missing.)
+        // (Evicts for room only when a leader's place is not what is missing.) A follower finding none
+        // takes the place of a leader stalled waiting for followers elsewhere, once leaders hold the
+        // followers' reserve too: those followers may be waiting for room that such leaders hold there.
         let refused = no_room_to_lead || {
             let no_room = self.channels.len() >= self.active_max && !self.evict_one();
-            no_room && (leads || !self.followers_place_taken_by_leaders())
+            no_room && (leads || !(self.followers_place_taken_by_leaders() || self.evict_one_stalled_leader()))
         };
         if refused {
             let now = self.now;

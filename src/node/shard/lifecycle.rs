@@ -361,10 +361,12 @@ impl ChannelShard {
     /// recently used follower that can leave memory (`ChannelMachine::can_leave_memory_as_follower`).
     /// O(active) but only at the cap, which idle eviction normally keeps the shard below.
     pub(super) fn evict_one(&mut self) -> bool {
-        if self.evict_least_recent(|m| m.is_quiescent()).is_some() {
+        if self.evict_least_recent(RESIDENCE_MIN, |m| m.is_quiescent()).is_some() {
             return true;
         }
-        let Some(follower) = self.evict_least_recent(|m| m.can_leave_memory_as_follower()) else { return false };
+        let Some(follower) = self.evict_least_recent(RESIDENCE_MIN, |m| m.can_leave_memory_as_follower()) else {
+            return false;
+        };
         // Not quiescent: its leader may be waiting for it to acknowledge records, and nothing here
         // brings it back before the leader's next hint — a pull timeout or two away, and longer while
         // its leader's waiting appends time out and new ones come (sim seed 203000732: a channel whose
@@ -377,7 +379,18 @@ impl ChannelShard {
     /// Makes room for one more active leader when leaders fill their share of the cap
     /// ([`leaders_max`]): evicts the least recently used quiescent leader.
     pub(super) fn evict_one_leader(&mut self) -> bool {
-        self.evict_least_recent(|m| m.role() == RoleKind::Leader && m.is_quiescent()).is_some()
+        self.evict_least_recent(RESIDENCE_MIN, |m| m.role() == RoleKind::Leader && m.is_quiescent()).is_some()
+    }
+
+    /// Makes room for a follower no other replica makes room for: evicts the least recently used
+    /// leader that has held its place for [`LEADER_TURN`] and may leave memory with records not
+    /// committed yet, no caller waiting on it (`ChannelMachine::can_leave_memory_as_stalled_leader`).
+    /// Such a leader usually waits for a follower on another node, and that node's places may all be
+    /// held by leaders waiting for followers here; a follower let in breaks the wait. The leader comes
+    /// back, resuming its leadership, with its followers' next pull or its next append. O(active), at
+    /// the cap only.
+    pub(super) fn evict_one_stalled_leader(&mut self) -> bool {
+        self.evict_least_recent(LEADER_TURN, |m| m.can_leave_memory_as_stalled_leader()).is_some()
     }
 
     /// When an activation finds no room: has the least recently used replica that only a checkpoint not
@@ -482,12 +495,12 @@ impl ChannelShard {
     }
 
     /// Evicts the least recently used replica `evictable` accepts among those that have been in memory
-    /// for [`RESIDENCE_MIN`]; which one, if any.
-    fn evict_least_recent(&mut self, evictable: impl Fn(&ChannelMachine) -> bool) -> Option<ChannelId> {
+    /// for `held` at least; which one, if any.
+    fn evict_least_recent(&mut self, held: Duration, evictable: impl Fn(&ChannelMachine) -> bool) -> Option<ChannelId> {
         let victim = self
             .channels
             .iter()
-            .filter(|(c, m)| evictable(m) && self.resided(c))
+            .filter(|(c, m)| evictable(m) && self.in_memory_for(c, held))
             .min_by_key(|(c, _)| (self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
             .map(|(c, _)| c.clone())?;
         self.evict(&victim);
@@ -1094,6 +1107,71 @@ mod tests {
             .collect();
         assert!(matches!(&done[..], [(ApiId(7), ApiResult::Appended(Ok(_)))]), "{done:?}");
         assert_eq!(shard.counters.refused_activations, 0);
+    }
+
+    /// Channel `name` as [`known`] makes it, but with MinISR both replicas: nothing commits without node 2.
+    fn known_min_isr_all(shard: &mut ChannelShard, name: &str, leader: u64) -> ChannelId {
+        let channel = known(shard, name, leader);
+        shard.metas.get_mut(&channel).expect("just known").meta.min_isr = 2;
+        channel
+    }
+
+    /// Activates `channel` and makes every durable write it asks for land; returns the other outputs.
+    fn activate_and_settle(shard: &mut ChannelShard, log: &MemoryLog, channel: &ChannelId) -> Vec<ShardOutput> {
+        shard.activate(channel);
+        let outputs = carry_out_loads_and_floors(shard, log);
+        answer_persists(shard, log, outputs)
+    }
+
+    /// A follower finding every place and the followers' reserve held by leaders that wait for a
+    /// follower elsewhere takes the place of the least recently used one that no caller waits on, once
+    /// it has held it for a leader's turn; a leader with an append waiting keeps its place. The leader
+    /// evicted keeps its uncommitted records in its log and its epoch to resume. Refused instead, the
+    /// follower waited for good when the other node's places were held the same way (sim seed
+    /// 621000689: two nodes, two places a shard, MinISR every replica).
+    #[test]
+    fn a_follower_takes_the_place_of_a_leader_stalled_waiting_for_followers_elsewhere() {
+        let (mut shard, log) = shard_with_places(2);
+        // Least recently used, but an append waits on it.
+        let busy = known_min_isr_all(&mut shard, "busy", 1);
+        activate_and_settle(&mut shard, &log, &busy);
+        let records = vec![AppendRecord { idempotency_key: None, payload: bytes::Bytes::from_static(b"m") }];
+        shard.handle(shard.now, ShardInput::Append { api: ApiId(1), channel: busy.clone(), sender: None, records });
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        assert_eq!(appends_done(&answer_persists(&mut shard, &log, outputs)), vec![], "waits for node 2");
+        // A leadership started in the place past the leaders' share; its barrier waits for node 2.
+        let_residence_pass(&mut shard);
+        let stalled = known_min_isr_all(&mut shard, "stalled", 1);
+        activate_and_settle(&mut shard, &log, &stalled);
+        // A follower let in past the cap, then named leader in place.
+        let_residence_pass(&mut shard);
+        let named = known_min_isr_all(&mut shard, "named", 2);
+        activate_and_settle(&mut shard, &log, &named);
+        let mut leads_here = shard.metas[&named].meta.clone();
+        (leads_here.version, leads_here.leader, leads_here.leader_epoch) = (4, ME, LeaderEpoch::new(3));
+        shard.learn_meta(leads_here, true);
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        answer_persists(&mut shard, &log, outputs);
+        assert_eq!((shard.channels.len(), shard.leaders_active()), (3, 3));
+        let barrier_only = tidings_store::message::MessageLog::state(&*log, &stalled).unwrap();
+        assert_eq!((barrier_only.last_seq, barrier_only.hw), (Seq::new(1), Seq::new(0)));
+
+        // Within a leader's turn, the follower is refused.
+        let follower = known_min_isr_all(&mut shard, "follower", 2);
+        activate_and_settle(&mut shard, &log, &follower);
+        assert!(!shard.channels.contains(&follower));
+        shard.unfile(&follower);
+        shard.room_queue.clear();
+        shard.loading.clear();
+        // Past it, it takes the stalled leader's place (least recently used of those no caller waits on).
+        let turn_over = shard.now + LEADER_TURN;
+        shard.advance(turn_over);
+        activate_and_settle(&mut shard, &log, &follower);
+        assert!(shard.channels.contains(&follower));
+        assert!(!shard.channels.contains(&stalled));
+        assert!(shard.channels.contains(&busy) && shard.channels.contains(&named));
+        assert_eq!(shard.resumable.get(&stalled), Some(&LeaderEpoch::new(2)), "it resumes its leadership");
+        assert_eq!(tidings_store::message::MessageLog::state(&*log, &stalled).unwrap(), barrier_only);
     }
 
     /// A shard with room for three replicas whose leaders' share (two places) is held by busy leaders,

@@ -224,9 +224,10 @@ impl ChannelMachine {
     }
 
     /// Becoming leader: write the barrier record of this leader epoch. A leadership resumed after an
-    /// eviction (`resume_leadership`) keeps the barrier its epoch started with: the log was quiescent, so
-    /// that barrier is committed, and a leader epoch keeps exactly one barrier, at its start — which is
-    /// how a successor tells barriers from messages it fans out again without reading them.
+    /// eviction (`resume_leadership`) keeps the barrier its epoch started with (committed, unless it
+    /// left memory stalled: then it replicates on as before): a leader epoch keeps exactly one barrier,
+    /// at its start — which is how a successor tells barriers from messages it fans out again without
+    /// reading them. Records past HW then are handed to fanout as a predecessor's once committed.
     pub(super) fn leader_start(&mut self) {
         let meta = self.meta.as_ref().expect("a leader has meta");
         // ISRs an earlier incarnation of this leadership proposed from the meta in force (or a newer one)

@@ -465,11 +465,36 @@ impl ChannelMachine {
     /// answer is lost, and the follower waits a pull timeout (seen tracing sim seed 560000612, where
     /// the leaders of a draining node were evicted for room within a millisecond of their activation).
     pub fn is_quiescent(&self) -> bool {
-        self.leader_waits_for_nothing()
-            && !self.reading_for_a_follower()
+        self.leader_waits_for_nothing() && self.handoff_quiet() && self.log.hw == self.log.end && self.at_rest()
+    }
+
+    /// `true` for a leader that may leave memory with records not committed yet: no caller waits on it
+    /// (no append or retention move: those waiting for the records timed out), nothing it handed to
+    /// fanout is unfinished, nothing is on its way to the store or being read, and its HW and fanout
+    /// progress are checkpointed. Its log holds the uncommitted records durably; the next incarnation
+    /// resumes the leadership from it, replicates them, and hands them to fanout once committed as a
+    /// new leader hands its predecessors' (the handoff slots they reserved go with this incarnation).
+    /// A node out of room evicts such a leader for a follower when nothing else can leave: with every
+    /// place of two nodes held by leaders each waiting for a follower the other had no room for,
+    /// neither committed again (sim seed 621000689, MinISR all three replicas, two places a shard).
+    pub fn can_leave_memory_as_stalled_leader(&self) -> bool {
+        match &self.role {
+            Role::Leader(leader) => {
+                leader.pending.is_empty()
+                    && leader.retention_waits.is_empty()
+                    && self.handoff.is_idle()
+                    && self.at_rest()
+            }
+            _ => false,
+        }
+    }
+
+    /// Nothing of the log on its way to the store or being read for a follower, and HW (and a leader's
+    /// fanout progress) checkpointed: what every replica leaving memory needs (the next incarnation
+    /// starts from the checkpoint: an HW ahead of it would go back).
+    fn at_rest(&self) -> bool {
+        !self.reading_for_a_follower()
             && self.log.settled()
-            && self.handoff_quiet()
-            && self.log.hw == self.log.end
             && self.log.durable.hw >= self.log.hw
             && self.leader_fanned_unwritten(&self.log.durable).is_none()
     }
