@@ -201,7 +201,7 @@ impl ChannelShard {
         }
         if self.loading_full() {
             self.counters.refused_activations += 1;
-            self.activate_later(channel, super::lifecycle::REFUSED_ACTIVATION_TRIES);
+            self.activate_later(channel, super::retries::REFUSED_ACTIVATION_TRIES);
             return;
         }
         self.load(channel, meta, Vec::new());
@@ -576,7 +576,7 @@ impl ChannelShard {
             // A leader refused (its share of the places held by busy leaders) is tried as long as a
             // leader's start: nothing else starts it.
             let tries =
-                if leads { super::lifecycle::LEADER_START_TRIES } else { super::lifecycle::REFUSED_ACTIVATION_TRIES };
+                if leads { super::retries::LEADER_START_TRIES } else { super::retries::REFUSED_ACTIVATION_TRIES };
             self.activate_later(&channel, tries);
             let parked = self.send_evidence_at_rest(&meta, log.state, parked);
             return self.end_parked(&channel, parked, RemoteAppendError::TooManyChannels);

@@ -14,9 +14,12 @@
 mod activation;
 mod calls;
 mod floors;
+mod kept_pulls;
 mod lifecycle;
 mod lookups;
 mod reads;
+mod retries;
+mod room;
 mod senders;
 mod stray;
 #[cfg(test)]
@@ -369,7 +372,7 @@ pub(crate) struct ChannelShard {
     room_queue: VecDeque<ChannelId>,
     /// The leader asked to leave its place of the leaders' share for a leader refused room
     /// (`ChannelShard::ask_a_leader_to_leave`). One a shard; it goes with its replica.
-    leaving_for_room: Option<lifecycle::LeaveForRoom>,
+    leaving_for_room: Option<room::LeaveForRoom>,
     /// HW and fanout progress of replicas taken out of memory before they were quiescent (a storage
     /// failure, a follower rebuilt to lead): their next incarnation keeps both.
     carried_over: BTreeMap<ChannelId, (Seq, Seq)>,
