@@ -629,6 +629,38 @@ fn a_leader_may_leave_memory_with_uncommitted_records_only_once_no_caller_waits_
 }
 
 #[test]
+fn a_stalled_leader_that_may_yet_shrink_its_isr_stays_in_memory_for_the_isr_lag() {
+    // Appends time out well before the ISR lag, so the leader is stalled with no caller waiting while
+    // it may still drop a silent follower on its own: evicted then, each incarnation would judge its
+    // followers from its own start and never drop one.
+    let config = MachineConfig { append_timeout: std::time::Duration::from_secs(2), ..MachineConfig::default() };
+    let isr_lag = u64::try_from(config.isr_lag.as_millis()).expect("a lag of ms");
+    let log = MemoryLog::new(LogLimits::default());
+    let mut m = ChannelMachine::new(channel(), NodeId::new(1), config, 1, t(0), ChannelLogState::default(), vec![]);
+    let three = vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)];
+    let shrinkable = ChannelRuntimeMeta { replicas: three.clone(), isr: three.clone(), min_isr: 2, ..meta(1, 1, 1) };
+    m.handle_meta(t(1), shrinkable.clone()).unwrap();
+    settle(&mut m, &log, t(1));
+    m.handle_append(t(2), request(9, &["a"])).unwrap();
+    settle(&mut m, &log, t(2));
+    m.handle_timeout(t(2_003));
+    let effects = settle(&mut m, &log, t(2_003));
+    assert!(effects.iter().any(|e| matches!(e, Effect::AppendDone { result: Err(_), .. })), "{effects:?}");
+    assert!(!m.can_leave_memory_as_stalled_leader(), "it may yet shrink its ISR");
+    // Past the lag it proposes dropping a silent follower, and stays while the proposal is out.
+    m.handle_timeout(t(2 + isr_lag));
+    let effects = settle(&mut m, &log, t(2 + isr_lag));
+    assert!(effects.iter().any(|e| matches!(e, Effect::ProposeMeta { .. })), "{effects:?}");
+    assert!(!m.can_leave_memory_as_stalled_leader(), "its proposal is out");
+    // The proposal lost to another change (same ISR, newer version): nothing is out, it has led for
+    // the lag, and the records still wait: it may leave.
+    m.handle_meta(t(3 + isr_lag), ChannelRuntimeMeta { version: 2, ..shrinkable }).unwrap();
+    settle(&mut m, &log, t(3 + isr_lag));
+    assert!(m.hw() < log.state(&channel()).unwrap().last_seq, "records wait for a commit");
+    assert!(m.can_leave_memory_as_stalled_leader());
+}
+
+#[test]
 fn standalone_hw_checkpoints_of_replicas_whose_hw_moved_apart_fall_due_together() {
     // Two replicas (of quiet channels) whose HW moved past its checkpoint 44 ms apart, with no records
     // to carry a checkpoint: both write theirs at the same instant, a second after their last one

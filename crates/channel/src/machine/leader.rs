@@ -159,6 +159,13 @@ impl LeaderState {
         [parked, append, wake, isr, proposal, retention].into_iter().flatten().min()
     }
 
+    /// `true` while this leader may yet drop a lagging follower from its ISR on its own: the ISR is
+    /// larger than MinISR and the leader has not led for the ISR lag (each follower's lag is judged
+    /// from the leader's start at the earliest, `maybe_propose_shrink`).
+    pub(super) fn may_yet_shrink_isr(&self, meta: &ChannelRuntimeMeta, config: &MachineConfig, now: Time) -> bool {
+        meta.isr.len() > usize::from(meta.min_isr) && now < self.became_at + config.isr_lag
+    }
+
     /// Each other replica's progress at `now` (see [`ChannelMachine::replica_progress`]).
     pub(super) fn report(&self, meta: &ChannelRuntimeMeta, log_end: Seq, now: Time) -> Vec<ReplicaProgress> {
         self.progress

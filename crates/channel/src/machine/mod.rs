@@ -477,16 +477,18 @@ impl ChannelMachine {
     /// A node out of room evicts such a leader for a follower when nothing else can leave: with every
     /// place of two nodes held by leaders each waiting for a follower the other had no room for,
     /// neither committed again (sim seed 621000689, MinISR all three replicas, two places a shard).
+    /// A leader that may still unblock itself by shrinking its ISR stays: one with no ISR proposal in
+    /// flight leaves only once it cannot shrink (its ISR is its MinISR) or has led for the ISR lag, when
+    /// a follower silent all along would have been shrunk. Each incarnation judges its followers from
+    /// its own start, so a leader evicted sooner, turn after turn, would never drop a dead follower.
     pub fn can_leave_memory_as_stalled_leader(&self) -> bool {
-        match &self.role {
-            Role::Leader(leader) => {
-                leader.pending.is_empty()
-                    && leader.retention_waits.is_empty()
-                    && self.handoff.is_idle()
-                    && self.at_rest()
-            }
-            _ => false,
-        }
+        let (Role::Leader(leader), Some(meta)) = (&self.role, &self.meta) else { return false };
+        leader.pending.is_empty()
+            && leader.retention_waits.is_empty()
+            && leader.proposal.is_none()
+            && !leader.may_yet_shrink_isr(meta, &self.config, self.now)
+            && self.handoff.is_idle()
+            && self.at_rest()
     }
 
     /// Nothing of the log on its way to the store or being read for a follower, and HW (and a leader's
