@@ -110,6 +110,10 @@ pub struct NodeStatus {
     /// Busy leaders asked to take no new append for a few seconds and leave their place for a leader
     /// refused room (one a shard at a time, each after holding its place for a second or more).
     pub leaders_asked_to_leave: u64,
+    /// Leaders that left memory, records not committed yet and no caller waiting on them, for a
+    /// follower that found no other room (its leader elsewhere may be what they wait for); each comes
+    /// back, resuming its leadership, with the next pull or append.
+    pub stalled_leaders_evicted: u64,
     /// Raft messages in accepted frames that the slot layer refused (see `MultiRaft::refused_messages`).
     pub refused_raft_messages: u64,
     /// Channel answers and hints of an older leader epoch than the meta in force (answers refused;
@@ -176,6 +180,7 @@ impl NodeStatus {
         self.refused_activations += shard.counters.refused_activations;
         self.activations_queued_for_room += shard.counters.activations_queued_for_room;
         self.leaders_asked_to_leave += shard.counters.leaders_asked_to_leave;
+        self.stalled_leaders_evicted += shard.counters.stalled_leaders_evicted;
         self.stale_messages += shard.counters.stale_messages;
         self.storage_failures += shard.counters.storage_failures;
         self.channel_metas_held += shard.metas_held;
@@ -215,6 +220,7 @@ impl NodeCore {
             refused_activations: 0,
             activations_queued_for_room: 0,
             leaders_asked_to_leave: 0,
+            stalled_leaders_evicted: 0,
             refused_raft_messages: self.slot.refused_messages(),
             stale_messages: self.slot.stale_messages(),
             storage_failures: 0,

@@ -251,6 +251,8 @@ pub(crate) struct ShardCounters {
     pub(crate) activations_queued_for_room: u64,
     /// Busy leaders asked to take no new append and leave for a leader refused room.
     pub(crate) leaders_asked_to_leave: u64,
+    /// Leaders stalled with no caller waiting that left memory for a follower refused room.
+    pub(crate) stalled_leaders_evicted: u64,
     pub(crate) stale_messages: u64,
     pub(crate) storage_failures: u64,
     pub(crate) loads_given_up: u64,

@@ -76,7 +76,9 @@ impl ChannelShard {
     /// back, resuming its leadership, with its followers' next pull or its next append. O(active), at
     /// the cap only.
     pub(super) fn evict_one_stalled_leader(&mut self) -> bool {
-        self.evict_least_recent(LEADER_TURN, |m| m.can_leave_memory_as_stalled_leader()).is_some()
+        let evicted = self.evict_least_recent(LEADER_TURN, |m| m.can_leave_memory_as_stalled_leader()).is_some();
+        self.counters.stalled_leaders_evicted += u64::from(evicted);
+        evicted
     }
 
     /// When an activation finds no room: has the least recently used replica that only a checkpoint not
@@ -601,6 +603,7 @@ mod tests {
         let follower = known_min_isr_all(&mut shard, "follower", 2);
         activate_and_settle(&mut shard, &log, &follower);
         assert!(!shard.channels.contains(&follower));
+        assert_eq!(shard.counters.stalled_leaders_evicted, 0);
         shard.unfile(&follower);
         shard.room_queue.clear();
         shard.loading.clear();
@@ -610,6 +613,7 @@ mod tests {
         activate_and_settle(&mut shard, &log, &follower);
         assert!(shard.channels.contains(&follower));
         assert!(!shard.channels.contains(&stalled));
+        assert_eq!(shard.counters.stalled_leaders_evicted, 1);
         assert!(shard.channels.contains(&busy) && shard.channels.contains(&named));
         assert_eq!(shard.resumable.get(&stalled), Some(&LeaderEpoch::new(2)), "it resumes its leadership");
         assert_eq!(tidings_store::message::MessageLog::state(&*log, &stalled).unwrap(), barrier_only);
