@@ -842,3 +842,14 @@ fn a_seed_whose_shards_held_only_leaders_waiting_for_each_other_passes() {
         SimParams { channels: 48, hurried_timings: true, planned_stops: true, ..SimParams::from_seed(621000689) };
     assert_passes(&run(params));
 }
+
+/// Forty-eight channels at tight limits, one node and a second joining. The first was drained onto the
+/// joiner, which restarted while its slot replica lagged: its shards read metas from before the moves
+/// (the joiner not a replica), and the replica caught up by a snapshot, which applies no command and
+/// told the shards nothing. Seven channels answered every append `NotReplica` through the healed
+/// phase, and messages their leader had committed never fanned out. A snapshot install now reports
+/// its metas, and the shards refresh those they keep (634000935).
+#[test]
+fn a_seed_whose_shards_kept_metas_a_snapshot_had_replaced_passes() {
+    assert_passes(&run(SimParams { grow: true, ..tight_soak(634000935, 48) }));
+}

@@ -13,7 +13,9 @@ use tidings_slot::model::{Uid, User};
 use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, MultiRaftConfig, ProposalId, ProposeError, ReadId, SlotEffect, SlotMessage};
 use tidings_store::{Kv, MemoryKv, MetaStore, RaftLogStore};
-use tidings_types::{DetRng, GroupId, NodeId, Time};
+use tidings_types::{
+    ChannelId, ChannelRuntimeMeta, ChannelType, DetRng, Epoch, GroupId, LeaderEpoch, NodeId, Seq, Time,
+};
 
 enum Event {
     Deliver { from: NodeId, to: NodeId, message: SlotMessage },
@@ -45,6 +47,8 @@ struct Cluster {
     outcomes: BTreeMap<(NodeId, ProposalId), Result<Outcome, ProposeError>>,
     reads: BTreeMap<(NodeId, ReadId), bool>,
     trace: Vec<String>,
+    /// The channel runtime metas each node's snapshot installs reported, in order.
+    installed_metas: Vec<(NodeId, Vec<ChannelRuntimeMeta>)>,
 }
 
 fn config(node: NodeId) -> MultiRaftConfig {
@@ -88,6 +92,7 @@ impl Cluster {
             outcomes: BTreeMap::new(),
             reads: BTreeMap::new(),
             trace: Vec::new(),
+            installed_metas: Vec::new(),
         };
         for id in ids {
             cluster.nodes.insert(id, Node { driver: None, kv: Arc::new(MemoryKv::new()), incarnation: 0 });
@@ -175,6 +180,7 @@ impl Cluster {
                 SlotEffect::ReadFailed { id: read, .. } => {
                     self.reads.insert((id, read), false);
                 }
+                SlotEffect::MetasInstalled { metas, .. } => self.installed_metas.push((id, metas.to_vec())),
                 SlotEffect::MetaChanged { .. }
                 | SlotEffect::GroupRemoved { .. }
                 | SlotEffect::SlotPlaced { .. }
@@ -406,6 +412,47 @@ fn a_node_down_across_compaction_catches_up_by_snapshot() {
         let uid = Uid::new(format!("u{i}")).unwrap();
         assert!(reader.user(&uid).unwrap().is_some(), "u{i} missing after snapshot catch-up");
     }
+}
+
+/// A snapshot applies no command, so its install reports the channel runtime metas it holds: a node
+/// keeping copies of metas read from its replica refreshes them from these (its shards would
+/// otherwise act on the metas the replica held before).
+#[test]
+fn a_snapshot_install_reports_the_channel_metas_it_holds() {
+    let mut cluster = Cluster::new(4, 3, 1, 3);
+    cluster.run_for(3_000);
+    let group = GroupId::new(1);
+    let leader = cluster.leader_of(group).unwrap();
+    let lagging = (1..=3).map(NodeId::new).find(|n| *n != leader).unwrap();
+    let channel = ChannelId::new(ChannelType::GROUP, "room").unwrap();
+    let created = ChannelRuntimeMeta {
+        channel: channel.clone(),
+        version: 1,
+        leader: NodeId::new(1),
+        replicas: vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)],
+        isr: vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)],
+        min_isr: 2,
+        epoch: Epoch::new(1),
+        leader_epoch: LeaderEpoch::new(1),
+        write_fence: None,
+        retention_through: Seq::new(0),
+    };
+    assert_eq!(cluster.propose_and_wait(leader, Command::CreateRuntimeMeta(created.clone())), Outcome::Applied);
+    cluster.run_for(1_000);
+    cluster.crash(lagging);
+    // An ISR shrink: the meta the lagging replica's copy misses.
+    let moved =
+        ChannelRuntimeMeta { version: 2, isr: vec![NodeId::new(1), NodeId::new(2)], epoch: Epoch::new(2), ..created };
+    let cas = Command::CasRuntimeMeta { expected_version: 1, meta: moved.clone(), proof: None };
+    assert_eq!(cluster.propose_and_wait(leader, cas), Outcome::Applied);
+    for i in 0..80 {
+        cluster.propose_and_wait(leader, put_user(&format!("u{i}"), &"payload".repeat(20)));
+    }
+    assert!(cluster.installed_metas.is_empty());
+    cluster.start(lagging);
+    cluster.run_for(5_000);
+    assert_eq!(cluster.reader(lagging).runtime_meta(&channel).unwrap(), Some(moved.clone()), "caught up");
+    assert_eq!(cluster.installed_metas, vec![(lagging, vec![moved])]);
 }
 
 #[test]

@@ -7,6 +7,8 @@ use crate::frame::FrameBody;
 use crate::node::controller::{ExportQuestion, MigrationProposal};
 use crate::node::error::NodeError;
 use crate::node::message::NodeMessage;
+use crate::node::shard::ShardInput;
+use std::sync::Arc;
 use tidings_slot::command::{Command, RoutingKey};
 use tidings_slot::fsm::{Outcome, Refusal};
 use tidings_slot::model::ChannelInfo;
@@ -298,6 +300,14 @@ impl NodeCore {
                     }
                 }
                 self.learn_meta(meta, true);
+            }
+            SlotEffect::MetasInstalled { metas, .. } => {
+                for meta in metas.iter() {
+                    self.controller.meta_seen(self.now, meta);
+                }
+                for index in 0..self.shards.count() {
+                    self.feed_shard_at(index, ShardInput::MetasInstalled(Arc::clone(&metas)));
+                }
             }
             SlotEffect::Observed { group, observation } => {
                 // A stale or conflicting observation is refused by the router; the newer one stands.

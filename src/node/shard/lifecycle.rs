@@ -176,6 +176,28 @@ impl ChannelShard {
         }
     }
 
+    /// A snapshot replaced one of this node's slot replicas, and with it metas this shard may keep:
+    /// each one of a channel this shard knows or is bringing in (a meta kept, a replica active or
+    /// loading, calls waiting) is learned as if applied here. The others wait in the store for the
+    /// channel's next use: learned, every channel of the snapshot would be activated at once. A
+    /// snapshot applies no command, so nothing else told the shard: a node restarted while its slot
+    /// replica lagged read an old meta that left it out of a channel, its replica caught up by a
+    /// snapshot to the meta that made it the channel's leader, and the shard answered every append
+    /// `NotReplica` from the old one for good — committed messages never fanned out (sim seed
+    /// 634000935). O(metas) a shard, once a snapshot.
+    pub(super) fn learn_installed_metas(&mut self, metas: &[ChannelRuntimeMeta]) {
+        for meta in metas {
+            let channel = &meta.channel;
+            let kept = self.metas.contains_key(channel)
+                || self.channels.contains(channel)
+                || self.is_loading(channel)
+                || self.waiting.contains_key(channel);
+            if kept {
+                self.learn_meta(meta.clone(), true);
+            }
+        }
+    }
+
     /// Ends the forwarded calls of `channel` sent to a node other than `leader` with `LeaderChanged`.
     pub(super) fn abort_forwards(&mut self, channel: &ChannelId, leader: NodeId) {
         let stale: Vec<u64> = self
@@ -282,7 +304,32 @@ mod tests {
     use super::super::{ShardInput, ShardOutput};
     use super::*;
     use tidings_store::message::LogOp;
-    use tidings_types::{LeaderEpoch, Seq, Time, WriteFence};
+    use tidings_types::{ChannelType, LeaderEpoch, Seq, Time, WriteFence};
+
+    /// A snapshot's metas refresh those the shard keeps, and only those: the others stay in the store
+    /// for the channel's next use.
+    #[test]
+    fn a_snapshot_s_metas_refresh_the_metas_the_shard_keeps_and_no_others() {
+        let (mut shard, log) = shard_with_places(4);
+        let kept = known(&mut shard, "kept", 2);
+        let mut newer = shard.metas[&kept].meta.clone();
+        newer.version += 1;
+        newer.leader = ME;
+        newer.leader_epoch = LeaderEpoch::new(3);
+        let unknown = ChannelId::new(ChannelType::GROUP, "unknown").unwrap();
+        let elsewhere = ChannelRuntimeMeta { channel: unknown.clone(), ..newer.clone() };
+        let mut older = newer.clone();
+        older.version -= 2;
+        shard.learn_installed_metas(&[newer.clone(), elsewhere]);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert_eq!(shard.metas[&kept].meta, newer);
+        assert!(shard.metas[&kept].stored_here);
+        assert!(shard.channels.contains(&kept) || shard.is_loading(&kept), "its new leadership starts");
+        assert!(!shard.metas.contains_key(&unknown) && !shard.is_loading(&unknown));
+        // One older than the meta kept changes nothing.
+        shard.learn_installed_metas(&[older]);
+        assert_eq!(shard.metas[&kept].meta, newer);
+    }
 
     /// A replica named leader on a shard whose one leader's place a busy leader holds is not
     /// activated, yet answers a controller's evidence request: from its stored state, as a machine

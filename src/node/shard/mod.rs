@@ -179,6 +179,9 @@ pub(crate) enum ShardInput {
         /// without reading it back first.
         stored_here: bool,
     },
+    /// A snapshot replaced one of this node's slot replicas: the metas it holds, for the shard to
+    /// refresh those it keeps (the same list goes to every shard).
+    MetasInstalled(Arc<Vec<ChannelRuntimeMeta>>),
     /// The channel's slot group holds no meta for it.
     MetaMissing(ChannelId),
     /// A controller on `from` asks this replica for its evidence under the fenced `meta`.
@@ -635,6 +638,7 @@ impl ChannelShard {
                 }
             }
             ShardInput::Meta { meta, stored_here } => self.learn_meta(meta, stored_here),
+            ShardInput::MetasInstalled(metas) => self.learn_installed_metas(&metas),
             ShardInput::MetaMissing(channel) => self.fail_waiting(&channel, |_| true, NodeError::UnknownChannel),
             ShardInput::Evidence { from, task, meta } => self.answer_evidence(from, task, meta),
             ShardInput::Persisted { channel, token, result } => {

@@ -483,6 +483,7 @@ impl World {
                 if std::env::var("SIM_DEBUG").is_ok() {
                     for (id, node) in &self.nodes {
                         let Some(core) = node.core.as_ref() else { continue };
+                        eprintln!("{id} stored meta of {channel}: {:?}", core.reader().runtime_meta(channel));
                         for replica in every_channel_status(core) {
                             eprintln!("{id} replica: {replica:?}");
                         }

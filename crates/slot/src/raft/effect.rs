@@ -113,6 +113,16 @@ pub enum SlotEffect {
         /// `true` if this node leads the group (it pushes the meta to the channel's replicas).
         leader: bool,
     },
+    /// A snapshot replaced what this node held of `group`: the channel runtime metas it holds, every
+    /// one (those changed since the replica's last applied entry among them), applied without the
+    /// commands that made them and so without a [`SlotEffect::MetaChanged`] each. A node keeping
+    /// copies of metas it read from its replica refreshes them from these.
+    MetasInstalled {
+        /// The group whose snapshot was installed.
+        group: GroupId,
+        /// Its channel runtime metas (shared: each of the node's shards reads the same list).
+        metas: std::sync::Arc<Vec<tidings_types::ChannelRuntimeMeta>>,
+    },
     /// What raft status shows of a group changed: publish it in the route table.
     Observed {
         /// The group.

@@ -106,6 +106,10 @@ impl MultiRaft {
             })?;
             group.config_epoch = installed.config_epoch;
             self.placed(installed.placements);
+            if !installed.metas.is_empty() {
+                let metas = std::sync::Arc::new(installed.metas);
+                self.effects.push_back(SlotEffect::MetasInstalled { group: id, metas });
+            }
             batch.apply_snapshot(id, snapshot.get_metadata().clone());
         }
         let entries = ready.take_entries();

@@ -1,13 +1,14 @@
 //! Snapshots of a slot group (an export of its hash slots at its applied index) and the reassembly of
 //! raft messages sent in chunks.
 
+use crate::keys::{Key, Kind};
 use raft::prelude::Snapshot;
 use raft::Storage;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Weak;
 use tidings_store::{MetaSpace, MetaStore, MetaWriteBatch, Placement, RaftLogStore, SnapshotSource, StoreResult};
-use tidings_types::{GroupId, HashSlot, NodeId, Time};
+use tidings_types::{ChannelRuntimeMeta, GroupId, HashSlot, NodeId, Time};
 
 /// The data of a slot-group snapshot.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -78,6 +79,9 @@ pub(crate) struct Installed {
     pub(crate) config_epoch: u64,
     /// Slot placements the group's records in the snapshot imply.
     pub(crate) placements: Vec<(HashSlot, Placement)>,
+    /// The channel runtime metas the snapshot holds: applied here without the commands that made
+    /// them, so whoever keeps copies of them must hear of them (`SlotEffect::MetasInstalled`).
+    pub(crate) metas: Vec<ChannelRuntimeMeta>,
 }
 
 /// Writes a received snapshot's data over everything the node held of the group, with its applied index,
@@ -87,9 +91,16 @@ pub(crate) fn install(meta: &MetaStore, group: GroupId, index: u64, data: &[u8])
     let mut batch = MetaWriteBatch::new();
     batch.clear_group(group);
     let mut placements = Vec::new();
+    let mut metas = Vec::new();
+    let meta_prefix = Key::new(Kind::RuntimeMeta).build();
     for (slot, key, value) in data.entries {
         let space = match slot {
-            Some(slot) => MetaSpace::slot(group, slot),
+            Some(slot) => {
+                if key.starts_with(&meta_prefix) {
+                    metas.push(postcard::from_bytes(&value).map_err(|_| InstallError::Malformed)?);
+                }
+                MetaSpace::slot(group, slot)
+            }
             None => {
                 placements.extend(crate::fsm::migration::placement_in_record(group, &key, &value));
                 MetaSpace::group_records(group)
@@ -102,7 +113,7 @@ pub(crate) fn install(meta: &MetaStore, group: GroupId, index: u64, data: &[u8])
     }
     batch.set_applied(group, index).set_config_epoch(group, data.config_epoch);
     meta.write(&batch).map_err(InstallError::Store)?;
-    Ok(Installed { config_epoch: data.config_epoch, placements })
+    Ok(Installed { config_epoch: data.config_epoch, placements, metas })
 }
 
 /// Why a snapshot could not be installed.
