@@ -13,9 +13,7 @@ use tidings_slot::model::{Uid, User};
 use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, MultiRaftConfig, ProposalId, ProposeError, ReadId, SlotEffect, SlotMessage};
 use tidings_store::{Kv, MemoryKv, MetaStore, RaftLogStore};
-use tidings_types::{
-    ChannelId, ChannelRuntimeMeta, ChannelType, DetRng, Epoch, GroupId, LeaderEpoch, NodeId, Seq, Time,
-};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, ChannelType, DetRng, Epoch, GroupId, NodeId, Time};
 
 enum Event {
     Deliver { from: NodeId, to: NodeId, message: SlotMessage },
@@ -425,18 +423,7 @@ fn a_snapshot_install_reports_the_channel_metas_it_holds() {
     let leader = cluster.leader_of(group).unwrap();
     let lagging = (1..=3).map(NodeId::new).find(|n| *n != leader).unwrap();
     let channel = ChannelId::new(ChannelType::GROUP, "room").unwrap();
-    let created = ChannelRuntimeMeta {
-        channel: channel.clone(),
-        version: 1,
-        leader: NodeId::new(1),
-        replicas: vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)],
-        isr: vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)],
-        min_isr: 2,
-        epoch: Epoch::new(1),
-        leader_epoch: LeaderEpoch::new(1),
-        write_fence: None,
-        retention_through: Seq::new(0),
-    };
+    let created = ChannelRuntimeMeta::created(channel.clone(), vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)], 2);
     assert_eq!(cluster.propose_and_wait(leader, Command::CreateRuntimeMeta(created.clone())), Outcome::Applied);
     cluster.run_for(1_000);
     cluster.crash(lagging);

@@ -23,6 +23,34 @@ impl ChannelRuntimeMeta {
     /// The version a channel's meta is created with; every change goes above it.
     pub const CREATED_VERSION: u64 = 1;
 
+    /// The meta a channel is created with: the first of `replicas` leads, every replica is in the ISR,
+    /// first epochs, no fence, nothing retained.
+    ///
+    /// # Panics
+    /// If `replicas` is empty (a channel has at least one replica).
+    ///
+    /// ```
+    /// use tidings_types::{ChannelId, ChannelRuntimeMeta, ChannelType, NodeId};
+    /// let channel = ChannelId::new(ChannelType::GROUP, "room").unwrap();
+    /// let meta = ChannelRuntimeMeta::created(channel, vec![NodeId::new(2), NodeId::new(1)], 2);
+    /// assert_eq!(meta.leader, NodeId::new(2));
+    /// assert!(meta.as_created() && meta.validate().is_ok());
+    /// ```
+    pub fn created(channel: ChannelId, replicas: Vec<NodeId>, min_isr: u8) -> Self {
+        ChannelRuntimeMeta {
+            channel,
+            version: Self::CREATED_VERSION,
+            leader: replicas[0],
+            isr: replicas.clone(),
+            replicas,
+            min_isr,
+            epoch: Epoch::new(1),
+            leader_epoch: LeaderEpoch::new(1),
+            write_fence: None,
+            retention_through: Seq::new(0),
+        }
+    }
+
     /// `true` while a failover fence freezes replication.
     pub fn replication_frozen(&self) -> bool {
         self.write_fence.is_some_and(|f| f.freeze_replication)
@@ -217,18 +245,8 @@ mod tests {
     use crate::ChannelType;
 
     fn meta() -> ChannelRuntimeMeta {
-        ChannelRuntimeMeta {
-            channel: ChannelId::new(ChannelType::GROUP, "g").unwrap(),
-            version: 1,
-            leader: NodeId::new(1),
-            replicas: vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)],
-            isr: vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)],
-            min_isr: 2,
-            epoch: Epoch::new(1),
-            leader_epoch: LeaderEpoch::new(1),
-            write_fence: None,
-            retention_through: Seq::new(0),
-        }
+        let channel = ChannelId::new(ChannelType::GROUP, "g").unwrap();
+        ChannelRuntimeMeta::created(channel, vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)], 2)
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tidings_slot::fsm::{Outcome, Refusal};
 use tidings_slot::model::ChannelInfo;
 use tidings_slot::raft::{ProposalId, ProposeError, SlotEffect};
 use tidings_store::Placement;
-use tidings_types::{ChannelId, ChannelRuntimeMeta, Epoch, GroupId, HashSlot, LeaderEpoch, NodeId, Seq, Time};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, HashSlot, NodeId, Time};
 
 /// What a metadata proposal of this node is for.
 #[derive(Debug)]
@@ -125,18 +125,7 @@ impl NodeCore {
         self.advance(now);
         let avoided = self.controller.placement_avoided(self.now);
         let replicas = self.config.channel_placement_avoiding(&info.channel, &avoided);
-        let meta = ChannelRuntimeMeta {
-            channel: info.channel.clone(),
-            version: ChannelRuntimeMeta::CREATED_VERSION,
-            leader: replicas[0],
-            isr: replicas.clone(),
-            replicas,
-            min_isr: self.config.channel_min_isr,
-            epoch: Epoch::new(1),
-            leader_epoch: LeaderEpoch::new(1),
-            write_fence: None,
-            retention_through: Seq::new(0),
-        };
+        let meta = ChannelRuntimeMeta::created(info.channel.clone(), replicas, self.config.channel_min_isr);
         if let Err(error) =
             self.propose_for(&Command::CreateChannel(info), ProposalPurpose::CreateChannel { api: id, meta })
         {
