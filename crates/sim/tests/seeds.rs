@@ -853,3 +853,13 @@ fn a_seed_whose_shards_held_only_leaders_waiting_for_each_other_passes() {
 fn a_seed_whose_shards_kept_metas_a_snapshot_had_replaced_passes() {
     assert_passes(&run(SimParams { grow: true, ..tight_soak(634000935, 48) }));
 }
+
+/// Five nodes, MinISR every replica. A member stopped during one leadership came back with a log
+/// longer than the leaders' after two more, in its old epoch; a replacement counted it among the
+/// holders of the leader's log by its length, took out the member that held the commits, and left
+/// them on fewer than MinISR of the new ISR. A failover on the diverged member's evidence alone then
+/// lost them. A holder's log now ends in the leader's last epoch (637002638).
+#[test]
+fn a_seed_whose_replacement_counted_a_diverged_member_as_a_holder_passes() {
+    assert_passes(&run(SimParams { hurried_timings: true, ..SimParams::from_seed(637002638) }));
+}

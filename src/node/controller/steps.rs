@@ -344,11 +344,20 @@ fn switch_target(
             // one of the holders (the leader puts a caught-up learner in the ISR itself), so count
             // the holders rather than assume `to` adds one. The bar is the leader's log end, not its
             // HW: under this fence (which does not freeze) HW may still rise to the log end under the
-            // old ISR before the switch commits.
-            let bar = leader.map_or(tidings_types::Seq::new(u64::MAX), |l| l.log_end);
+            // old ISR before the switch commits. A holder's log ends in the leader's last epoch: one
+            // longer but of an earlier epoch diverged from it and lacks those records. Counted by its
+            // length alone, a member that had missed two leaderships (its log ended past the leader's
+            // in an old epoch) was counted, the replaced member that held the commits left the ISR,
+            // they stood on fewer than MinISR of it, and a failover on that member's evidence alone
+            // lost them (sim seed 637002638: MinISR the whole ISR of three).
+            let holds_through =
+                |e: &EvidenceReport, l: &EvidenceReport| e.last_epoch == l.last_epoch && e.last_seq >= l.log_end;
             let new_isr: BTreeSet<NodeId> =
                 meta.isr.iter().copied().chain(std::iter::once(to)).filter(|n| *n != from).collect();
-            let holders = new_isr.iter().filter(|n| evidence.get(n).is_some_and(|e| e.last_seq >= bar)).count();
+            let holders = new_isr
+                .iter()
+                .filter(|n| matches!((evidence.get(n), leader), (Some(e), Some(l)) if holds_through(e, l)))
+                .count();
             if !caught_up || holders < usize::from(meta.min_isr) || (leader_moves && have < need) {
                 return Some(Err(TaskBlocked::Draining));
             }
@@ -525,6 +534,32 @@ mod tests {
         assert_eq!(switch_target(replace, &meta(), &one_holder, &BTreeSet::new()), Some(Ok(NodeId::new(4))));
         let target_behind = evidence(&[(1, report(3, 12, 12, false)), (4, report(3, 11, 11, false))]);
         assert_eq!(switch_target(replace, &meta(), &target_behind, &BTreeSet::new()), Some(Err(TaskBlocked::Draining)));
+    }
+
+    /// A member whose log is longer than the leader's but ends in an earlier leader epoch diverged from
+    /// it: it holds none of the leader's last epoch, and is no holder (sim seed 637002638).
+    #[test]
+    fn a_replacement_counts_no_member_whose_longer_log_ends_in_an_earlier_epoch() {
+        // MinISR the whole ISR {1, 2, 3}; node 2 is replaced by node 4 (caught up); node 3's log runs to
+        // 14 in leader epoch 2, past the leader's 12 in epoch 3.
+        let every_member = ChannelRuntimeMeta { min_isr: 3, ..meta() };
+        let replace = TaskKind::Replace { from: NodeId::new(2), to: NodeId::new(4) };
+        let diverged = evidence(&[
+            (1, report(3, 12, 12, false)),
+            (2, report(3, 12, 12, false)),
+            (3, report(2, 14, 14, false)),
+            (4, report(3, 12, 12, false)),
+        ]);
+        let blocked = Some(Err(TaskBlocked::Draining));
+        assert_eq!(switch_target(replace, &every_member, &diverged, &BTreeSet::new()), blocked);
+        // Once it has caught up in the leader's epoch it holds the log, and the replacement goes on.
+        let caught_up = evidence(&[
+            (1, report(3, 12, 12, false)),
+            (2, report(3, 12, 12, false)),
+            (3, report(3, 12, 12, false)),
+            (4, report(3, 12, 12, false)),
+        ]);
+        assert_eq!(switch_target(replace, &every_member, &caught_up, &BTreeSet::new()), Some(Ok(NodeId::new(4))));
     }
 
     /// A replacement that keeps its leader switches with the leader's appends still pending (they
