@@ -377,18 +377,30 @@ fn leader_loss_reelects_and_proposals_continue() {
     assert_eq!(reader.user(&Uid::new("bob").unwrap()).unwrap().unwrap().name, "v2");
 }
 
-#[test]
-fn a_node_down_across_compaction_catches_up_by_snapshot() {
+/// One group on three nodes with a leader elected: the cluster, the group, its leader and one of its
+/// followers.
+fn one_group_of_three() -> (Cluster, GroupId, NodeId, NodeId) {
     let mut cluster = Cluster::new(4, 3, 1, 3);
     cluster.run_for(3_000);
     let group = GroupId::new(1);
     let leader = cluster.leader_of(group).unwrap();
-    let lagging = (1..=3).map(NodeId::new).find(|n| *n != leader).unwrap();
-    cluster.crash(lagging);
+    let follower = (1..=3).map(NodeId::new).find(|n| *n != leader).unwrap();
+    (cluster, group, leader, follower)
+}
+
+/// Writes users `u0`..`u79` through `leader`: past the compaction threshold, so a replica down
+/// meanwhile can only catch up by snapshot.
+fn write_past_compaction(cluster: &mut Cluster, leader: NodeId) {
     for i in 0..80 {
-        let uid = format!("u{i}");
-        cluster.propose_and_wait(leader, put_user(&uid, &"payload".repeat(20)));
+        cluster.propose_and_wait(leader, put_user(&format!("u{i}"), &"payload".repeat(20)));
     }
+}
+
+#[test]
+fn a_node_down_across_compaction_catches_up_by_snapshot() {
+    let (mut cluster, group, leader, lagging) = one_group_of_three();
+    cluster.crash(lagging);
+    write_past_compaction(&mut cluster, leader);
     cluster.start(lagging);
     cluster.run_for(5_000);
     let applied = |c: &mut Cluster, n: NodeId| c.driver(n).applied_index(group).unwrap();
@@ -417,11 +429,7 @@ fn a_node_down_across_compaction_catches_up_by_snapshot() {
 /// otherwise act on the metas the replica held before).
 #[test]
 fn a_snapshot_install_reports_the_channel_metas_it_holds() {
-    let mut cluster = Cluster::new(4, 3, 1, 3);
-    cluster.run_for(3_000);
-    let group = GroupId::new(1);
-    let leader = cluster.leader_of(group).unwrap();
-    let lagging = (1..=3).map(NodeId::new).find(|n| *n != leader).unwrap();
+    let (mut cluster, _, leader, lagging) = one_group_of_three();
     let channel = ChannelId::new(ChannelType::GROUP, "room").unwrap();
     let created = ChannelRuntimeMeta::created(channel.clone(), vec![NodeId::new(1), NodeId::new(2), NodeId::new(3)], 2);
     assert_eq!(cluster.propose_and_wait(leader, Command::CreateRuntimeMeta(created.clone())), Outcome::Applied);
@@ -432,9 +440,7 @@ fn a_snapshot_install_reports_the_channel_metas_it_holds() {
         ChannelRuntimeMeta { version: 2, isr: vec![NodeId::new(1), NodeId::new(2)], epoch: Epoch::new(2), ..created };
     let cas = Command::CasRuntimeMeta { expected_version: 1, meta: moved.clone(), proof: None };
     assert_eq!(cluster.propose_and_wait(leader, cas), Outcome::Applied);
-    for i in 0..80 {
-        cluster.propose_and_wait(leader, put_user(&format!("u{i}"), &"payload".repeat(20)));
-    }
+    write_past_compaction(&mut cluster, leader);
     assert!(cluster.installed_metas.is_empty());
     cluster.start(lagging);
     cluster.run_for(5_000);
