@@ -634,11 +634,16 @@ impl Controller {
     }
 
     /// A replacement's new replica reported: fence once it holds what the leader has committed.
+    ///
+    /// Its log must end in the leader's last epoch: records of one epoch come from one leader, so such
+    /// a log is a prefix of the leader's. A longer log ending in an earlier epoch (a member back with
+    /// a suffix no leader committed) has diverged and lacks the committed records; counted by length
+    /// it fenced the channel for a switch that could not pass until the learner truncated.
     fn caught_up(&mut self, now: Time, channel: &ChannelId) {
         let Some(task) = self.tasks.get_mut(channel) else { return };
         let Some(to) = replacement_target(task.kind) else { return };
         let ready = match (task.evidence.get(&task.meta.leader), task.evidence.get(&to)) {
-            (Some(leader), Some(joining)) => joining.last_seq >= leader.hw,
+            (Some(leader), Some(joining)) => joining.last_epoch == leader.last_epoch && joining.last_seq >= leader.hw,
             _ => false,
         };
         if !ready {

@@ -642,6 +642,45 @@ pub(super) mod tests {
         );
     }
 
+    /// A learner whose log is longer than the leader's HW but ends in an earlier epoch has diverged: it
+    /// lacks the committed records, so the replacement waits for it rather than fence the channel for a
+    /// switch that cannot pass. Once its log ends in the leader's epoch at or past HW, the fence goes up.
+    #[test]
+    fn a_replacement_fences_only_once_its_learner_s_log_ends_in_the_leader_s_epoch() {
+        use super::super::report::{EvidenceReport, TaskBlocked};
+        use super::super::Step;
+        use tidings_slot::fsm::Outcome;
+        let (mut controller, _, meta, now) = replacing_node_3_by_node_4();
+        let Some(Action::Propose { tag, .. }) = controller.poll_action() else { panic!("adds the learner") };
+        controller.proposal_done(now, &meta.channel, tag, Ok(Outcome::Applied));
+        while controller.poll_action().is_some() {}
+        let task = &controller.tasks[&meta.channel];
+        assert!(matches!(task.step, Step::CatchingUp));
+        let (id, version) = (task.id, task.meta.version);
+        let report = |epoch: u64, seq: u64| EvidenceReport {
+            last_epoch: LeaderEpoch::new(epoch),
+            last_seq: Seq::new(seq),
+            hw: Seq::new(seq),
+            pending_appends: 0,
+            log_end: Seq::new(seq),
+            drained: false,
+            fenced_by: None,
+        };
+        let proposes_fence = |controller: &mut Controller| {
+            std::iter::from_fn(|| controller.poll_action()).any(|a| matches!(a, Action::Propose { .. }))
+        };
+        controller.evidence(now, n(2), id, &meta.channel, version, report(2, 40));
+        // Back with epoch 1's records through #50, ten past the leader's HW, none of epoch 2's.
+        controller.evidence(now, n(4), id, &meta.channel, version, report(1, 50));
+        assert!(!proposes_fence(&mut controller), "a diverged learner is not caught up");
+        assert_eq!(controller.tasks[&meta.channel].blocked, Some(TaskBlocked::CatchingUp));
+        // Truncated to the common prefix and caught up through the leader's epoch.
+        controller.evidence(now, n(2), id, &meta.channel, version, report(2, 40));
+        controller.evidence(now, n(4), id, &meta.channel, version, report(2, 40));
+        assert!(proposes_fence(&mut controller), "caught up: the fence is proposed");
+        assert_eq!(controller.tasks[&meta.channel].blocked, None);
+    }
+
     /// A proposal refused because the channel's hash slot is fenced for the end of its migration is
     /// proposed again once the meta in force shows it was not applied, not ended: ended, a transfer left
     /// its fence standing until a controller took the fence over (sim seed 565004175: 15 s fenced).
