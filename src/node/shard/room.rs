@@ -73,8 +73,10 @@ impl ChannelShard {
     /// committed yet, no caller waiting on it (`ChannelMachine::can_leave_memory_as_stalled_leader`).
     /// Such a leader usually waits for a follower on another node, and that node's places may all be
     /// held by leaders waiting for followers here; a follower let in breaks the wait. The leader comes
-    /// back, resuming its leadership, with its followers' next pull or its next append. O(active), at
-    /// the cap only.
+    /// back, resuming its leadership, with its followers' next pull or its next append. The pulls it
+    /// had parked go unanswered, as an idle leader's do when it leaves: their senders pull again at
+    /// their pull timeout. An answer now (`NotLeader`) would bring those pulls back at once, to take
+    /// the place again before the follower let in could use it. O(active), at the cap only.
     pub(super) fn evict_one_stalled_leader(&mut self) -> bool {
         let evicted = self.evict_least_recent(LEADER_TURN, |m| m.can_leave_memory_as_stalled_leader()).is_some();
         self.counters.stalled_leaders_evicted += u64::from(evicted);
