@@ -125,6 +125,37 @@ impl ChannelShard {
         self.send_node(leader, message);
     }
 
+    /// The leader a call was forwarded to says it does not lead `channel` (by its meta, it is not the
+    /// leader or holds no replica): the meta that named it here is stale, or its own is. Routed by the
+    /// same meta, every later call went to the same node and was refused the same way until something
+    /// else refreshed the meta — for a node that neither holds a replica nor serves the channel's slot
+    /// group, nothing did (pushes go to replicas). A meta the shard needs for nothing else is let go,
+    /// so the next call waits for the one in force (one fetch for all the calls that wait); an active
+    /// replica's is fetched again. Unless a newer meta came meanwhile (it names another leader).
+    pub(super) fn forget_route(&mut self, channel: &ChannelId, refused_by: NodeId) {
+        if self.metas.get(channel).is_none_or(|known| known.meta.leader != refused_by) {
+            return;
+        }
+        if self.channels.contains(channel) || self.is_loading(channel) || self.waiting.contains_key(channel) {
+            self.fetch_meta(channel);
+        } else {
+            self.metas.remove(channel);
+            tidings_channel::reactor::shrink_if_sparse(&mut self.metas);
+        }
+    }
+
+    /// A call forwarded here, its sender's meta naming this node leader, to a node whose meta does not
+    /// even name it a replica: one of the two metas is stale, and this side asks for the one in force
+    /// (were it this side's, the sender would be refused again after it fetched its own). A replica
+    /// that is not the leader asks nothing: a transfer's forwards reach the old leader by the dozen,
+    /// and a replica's stale meta is found out by its channel's own messages (their leader epochs).
+    pub(super) fn doubt_meta_unless_replica(&mut self, channel: &ChannelId) {
+        let me = self.config.node;
+        if self.metas.get(channel).is_none_or(|known| !known.meta.is_replica(me)) {
+            self.fetch_meta(channel);
+        }
+    }
+
     /// Holds `call` (bounded per channel) until the channel's meta arrives, fetching it.
     pub(super) fn wait_for_meta(&mut self, api: ApiId, channel: ChannelId, call: LeaderCall) {
         let queue = self.waiting.entry(channel.clone()).or_default();
@@ -238,6 +269,16 @@ pub(crate) enum CallOutcome {
 }
 
 impl CallOutcome {
+    /// `true` when the node the call went to does not lead the channel by its meta.
+    pub(super) fn says_not_leading(&self) -> bool {
+        let error = match self {
+            CallOutcome::Appended(Err(error)) => error,
+            CallOutcome::Retained(Err(error)) => error,
+            _ => return false,
+        };
+        matches!(error, RemoteAppendError::NotReplica | RemoteAppendError::Refused(AppendError::NotLeader { .. }))
+    }
+
     /// What the caller gets.
     pub(super) fn into_api_result(self) -> ApiResult {
         match self {

@@ -629,11 +629,15 @@ impl ChannelShard {
             ShardInput::Forwarded { from, id, channel, call } => {
                 // A second copy is dropped: the first one's outcome answers the caller.
                 if self.taken_forwards.first_time(from, id) {
+                    self.doubt_meta_unless_replica(&channel);
                     self.call_locally(CallOrigin::Remote { node: from, id }, &channel, call)
                 }
             }
             ShardInput::Reply { id, outcome } => {
-                if let Some(Forwarded { api, .. }) = self.forwarded.remove(&id) {
+                if let Some(Forwarded { api, channel, leader, .. }) = self.forwarded.remove(&id) {
+                    if outcome.says_not_leading() {
+                        self.forget_route(&channel, leader);
+                    }
                     self.done(api, outcome.into_api_result());
                 }
             }
@@ -993,6 +997,78 @@ mod tests {
         assert!(done, "answered at once, retryable: {outputs:?}");
         assert!(outputs.iter().any(|o| matches!(o, ShardOutput::FetchMeta { channel: c, .. } if *c == channel)));
         assert!(!outputs.iter().any(|o| matches!(o, ShardOutput::Effect(NodeEffect::Send { .. }))), "no forward");
+    }
+
+    /// Node 1's shard knowing `channel` led by `leader` at `version`: replicas 2 and 3 (none here).
+    fn meta_led_by(channel: &ChannelId, leader: u64, version: u64) -> ChannelRuntimeMeta {
+        let replicas = vec![NodeId::new(2), NodeId::new(3)];
+        ChannelRuntimeMeta {
+            version,
+            leader: NodeId::new(leader),
+            ..ChannelRuntimeMeta::created(channel.clone(), replicas, 1)
+        }
+    }
+
+    fn forwards_to(outputs: &[ShardOutput]) -> Vec<NodeId> {
+        outputs
+            .iter()
+            .filter_map(|o| match o {
+                ShardOutput::Effect(NodeEffect::Send { to, .. }) => Some(*to),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A node that holds no replica of a channel and does not serve its slot group hears of no change
+    /// of its leader: its meta, once fetched to route a call, named the old leader for good, and every
+    /// call through it was forwarded there and refused. A refusal that says the leader does not lead
+    /// now lets that meta go, and the next call waits for the one in force and goes to its leader.
+    #[test]
+    fn a_forward_refused_as_not_leading_sends_the_next_call_by_the_meta_in_force() {
+        let config = NodeConfig::new(NodeId::new(1), (1..=3).map(NodeId::new).collect());
+        let mut shard = test_shard(config, Arc::new(tidings_store::message::MemoryLog::new(Default::default())));
+        let channel = ChannelId::new(ChannelType::GROUP, "led-elsewhere-now").unwrap();
+        shard.handle(Time::ZERO, ShardInput::Meta { meta: meta_led_by(&channel, 2, 1), stored_here: false });
+        let append =
+            |api| ShardInput::Append { api: ApiId(api), channel: channel.clone(), sender: None, records: Vec::new() };
+        shard.handle(Time::ZERO, append(7));
+        let outputs: Vec<ShardOutput> = std::iter::from_fn(|| shard.poll_output()).collect();
+        assert_eq!(forwards_to(&outputs), vec![NodeId::new(2)]);
+        let id = *shard.forwarded.keys().next().expect("the forward");
+        let refused = RemoteAppendError::Refused(tidings_channel::machine::AppendError::NotLeader {
+            leader: Some(NodeId::new(3)),
+        });
+        shard.handle(Time::ZERO, ShardInput::Reply { id, outcome: CallOutcome::Appended(Err(refused)) });
+        let outputs: Vec<ShardOutput> = std::iter::from_fn(|| shard.poll_output()).collect();
+        assert!(outputs.iter().any(|o| matches!(o, ShardOutput::Effect(NodeEffect::Done { id: ApiId(7), .. }))));
+        // The next call fetches the meta and waits for it instead of going to node 2 again.
+        shard.handle(Time::ZERO, append(8));
+        let outputs: Vec<ShardOutput> = std::iter::from_fn(|| shard.poll_output()).collect();
+        assert!(forwards_to(&outputs).is_empty(), "not forwarded by the stale meta: {outputs:?}");
+        assert!(outputs.iter().any(|o| matches!(o, ShardOutput::FetchMeta { channel: c, .. } if *c == channel)));
+        shard.handle(Time::ZERO, ShardInput::Meta { meta: meta_led_by(&channel, 3, 2), stored_here: false });
+        let outputs: Vec<ShardOutput> = std::iter::from_fn(|| shard.poll_output()).collect();
+        assert_eq!(forwards_to(&outputs), vec![NodeId::new(3)], "the waiting call goes to the leader in force");
+    }
+
+    /// A call forwarded to a node whose meta does not name it a replica: one of the two metas is
+    /// stale, and the receiver asks for the one in force as it refuses the call. A replica that does
+    /// not lead asks for nothing (its channel's messages correct its meta).
+    #[test]
+    fn a_forward_to_a_node_that_holds_no_replica_by_its_meta_has_it_fetch_the_meta() {
+        let forwarded_to = |node: u64| {
+            let config = NodeConfig::new(NodeId::new(node), (1..=3).map(NodeId::new).collect());
+            let mut shard = test_shard(config, Arc::new(tidings_store::message::MemoryLog::new(Default::default())));
+            let channel = ChannelId::new(ChannelType::GROUP, "led-by-3").unwrap();
+            shard.metas.insert(channel.clone(), KnownMeta { meta: meta_led_by(&channel, 3, 1), stored_here: false });
+            let call = LeaderCall::Append { sender: None, records: Vec::new() };
+            let from = NodeId::new(if node == 1 { 2 } else { 1 });
+            shard.handle(Time::ZERO, ShardInput::Forwarded { from, id: 5, channel: channel.clone(), call });
+            let outputs: Vec<ShardOutput> = std::iter::from_fn(|| shard.poll_output()).collect();
+            outputs.iter().any(|o| matches!(o, ShardOutput::FetchMeta { channel: c, .. } if *c == channel))
+        };
+        assert!(forwarded_to(1), "node 1 holds no replica by its meta: it fetches");
+        assert!(!forwarded_to(2), "node 2 is a follower by its meta: it does not");
     }
 
     #[test]
