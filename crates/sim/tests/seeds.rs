@@ -863,3 +863,14 @@ fn a_seed_whose_shards_kept_metas_a_snapshot_had_replaced_passes() {
 fn a_seed_whose_replacement_counted_a_diverged_member_as_a_holder_passes() {
     assert_passes(&run(SimParams { hurried_timings: true, ..SimParams::from_seed(637002638) }));
 }
+
+/// Four nodes, three replicas a channel. The node holding none of `sim-0` and serving none of its slot
+/// group had fetched its meta once to route an append; no later change of leader reached it (pushes go
+/// to replicas), so it forwarded every append to the old leader, which refused each `NotLeader`,
+/// through the whole healed phase. Found once the probes went through every node (a probe through a
+/// node drawn at random was answered through another). A refusal that says the leader does not lead
+/// now lets the stale route go (652000000; 256 of 3,000 seeds of that batch failed before).
+#[test]
+fn a_seed_whose_node_forwarded_to_a_former_leader_for_good_passes() {
+    assert_passes(&run(SimParams::from_seed(652000000)));
+}

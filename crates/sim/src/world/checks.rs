@@ -291,15 +291,15 @@ impl World {
         }
     }
 
-    /// One append, through a random node, to every channel that has not acknowledged a probe yet.
+    /// One append to every channel through every serving node it has not acknowledged a probe through
+    /// yet (and none waits for): a node whose route to a channel's leader went stale is found out,
+    /// where a probe through a node drawn at random was answered through another.
     pub(super) fn probe(&mut self) {
-        let waiting: BTreeSet<ChannelId> = self.probes.values().map(|(channel, _)| channel.clone()).collect();
-        let ids = self.serving_nodes();
-        for channel in self.channels.clone() {
-            if self.probed.contains(&channel) || waiting.contains(&channel) {
+        let waiting: BTreeSet<(ChannelId, NodeId)> = self.probes.values().cloned().collect();
+        for (channel, node) in self.unprobed() {
+            if waiting.contains(&(channel.clone(), node)) {
                 continue;
             }
-            let node = *self.rng.pick(&ids).expect("nodes");
             let api = self.api();
             let now = self.node_now(node);
             let payload = Bytes::from(format!("probe-{}-{}", self.params.seed, api.0));
@@ -310,6 +310,16 @@ impl World {
                 self.probes.insert(api, (channel, node));
             }
         }
+    }
+
+    /// The channels and serving nodes no probe has been acknowledged through yet.
+    fn unprobed(&self) -> Vec<(ChannelId, NodeId)> {
+        let ids = self.serving_nodes();
+        self.channels
+            .iter()
+            .flat_map(|channel| ids.iter().map(move |node| (channel.clone(), *node)))
+            .filter(|pair| !self.probed.contains(pair))
+            .collect()
     }
 
     pub(super) fn genesis(&self) -> tidings::router::HashToSlot {
@@ -471,8 +481,10 @@ impl World {
         self.check_stray_logs_forgotten();
         self.check_migrations_settled();
         self.oracle.check_answered();
+        let unprobed = self.unprobed();
         for channel in &self.channels {
-            if !self.probed.contains(channel) {
+            let through: Vec<NodeId> = unprobed.iter().filter(|(c, _)| c == channel).map(|(_, n)| *n).collect();
+            if !through.is_empty() {
                 let statuses: Vec<String> = self
                     .nodes
                     .values()
@@ -509,7 +521,7 @@ impl World {
                     })
                     .collect();
                 self.oracle.violation(format!(
-                    "liveness: {channel} takes no append after healing: {statuses:?}, tasks {tasks:?}"
+                    "liveness: {channel} takes no append through {through:?} after healing: {statuses:?}, tasks {tasks:?}"
                 ));
             }
         }

@@ -312,8 +312,9 @@ pub struct World {
     probes: BTreeMap<ApiId, (ChannelId, NodeId)>,
     /// Retention moves asked for and not answered yet: their channel.
     retentions: BTreeMap<ApiId, ChannelId>,
-    /// Channels that acknowledged a probe after healing.
-    probed: BTreeSet<ChannelId>,
+    /// Channels that acknowledged a probe after healing, and through which serving nodes: any node
+    /// may take a channel's append (a node not leading it forwards it), so each must once healed.
+    probed: BTreeSet<(ChannelId, NodeId)>,
     /// Metadata writes in flight: request → the user written.
     user_writes: BTreeMap<ApiId, Uid>,
     /// Users whose write was acknowledged, by slot group.
@@ -889,12 +890,12 @@ impl World {
                     if self.slot_moves.remove(&api) && matches!(result, ApiResult::Meta(Ok(()))) {
                         self.faults.slot_moves_accepted += 1;
                     }
-                    if let Some((channel, _)) = self.probes.remove(&api) {
+                    if let Some((channel, via)) = self.probes.remove(&api) {
                         if std::env::var("SIM_DEBUG").is_ok() {
                             eprintln!("{now:?} probe of {channel} via {id}: {result:?}");
                         }
                         if matches!(result, ApiResult::Appended(Ok(_))) {
-                            self.probed.insert(channel);
+                            self.probed.insert((channel, via));
                         }
                     }
                     if std::env::var("SIM_DEBUG").is_ok() {
