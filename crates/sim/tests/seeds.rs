@@ -667,10 +667,12 @@ fn a_seed_whose_fanout_outlasted_the_settling_passes() {
 /// applied it and destroyed its replica at once; the incoming voter crashed before syncing that commit,
 /// came back joint, and its election needed the destroyed voter for good. A voter that a committed
 /// change takes the vote of now holds the change back until the group releases it, and a leader in
-/// that position hands over first (518000858, tight limits given, a node joining drawn).
+/// that position hands over first (518000858, tight limits given, a node joining drawn). Since session
+/// 49's stale-route fix the run of 12 channels moves no group; the same seed with 13 moves g1 three
+/// times, and runs here (`crates/slot/tests/cluster.rs` keeps the exact case).
 #[test]
 fn a_seed_whose_slot_group_needed_the_vote_of_a_removed_voter_passes() {
-    let params = tight_soak(518000858, 12);
+    let params = tight_soak(518000858, 13);
     assert!(params.grow);
     let report = run(params);
     assert_passes(&report);
