@@ -312,9 +312,15 @@ pub struct World {
     probes: BTreeMap<ApiId, (ChannelId, NodeId)>,
     /// Retention moves asked for and not answered yet: their channel.
     retentions: BTreeMap<ApiId, ChannelId>,
-    /// Channels that acknowledged a probe after healing, and through which serving nodes: any node
-    /// may take a channel's append (a node not leading it forwards it), so each must once healed.
+    /// Channels that acknowledged a probe after healing, and through which serving nodes.
     probed: BTreeSet<(ChannelId, NodeId)>,
+    /// Channels and serving nodes no probe was acknowledged through, whose last probes were refused as
+    /// sent to a node that does not lead the channel: how many in a row, and the last answer. Any node
+    /// may take a channel's append (one not leading it forwards it), so a node still routing there at
+    /// the end has a stale route.
+    misrouted: BTreeMap<(ChannelId, NodeId), (u32, String)>,
+    /// Where the next round's route probes start among those not acknowledged yet.
+    route_cursor: usize,
     /// Metadata writes in flight: request → the user written.
     user_writes: BTreeMap<ApiId, Uid>,
     /// Users whose write was acknowledged, by slot group.
@@ -427,6 +433,8 @@ impl World {
             probes: BTreeMap::new(),
             retentions: BTreeMap::new(),
             probed: BTreeSet::new(),
+            misrouted: BTreeMap::new(),
+            route_cursor: 0,
             user_writes: BTreeMap::new(),
             slot_moves: BTreeSet::new(),
             users_acked: BTreeMap::new(),
@@ -894,9 +902,7 @@ impl World {
                         if std::env::var("SIM_DEBUG").is_ok() {
                             eprintln!("{now:?} probe of {channel} via {id}: {result:?}");
                         }
-                        if matches!(result, ApiResult::Appended(Ok(_))) {
-                            self.probed.insert((channel, via));
-                        }
+                        self.probe_answered(channel, via, &result);
                     }
                     if std::env::var("SIM_DEBUG").is_ok() {
                         if let ApiResult::Appended(Ok(seqs)) = &result {
