@@ -1009,6 +1009,7 @@ mod tests {
         }
     }
 
+    /// The nodes `outputs` send a frame to (the forwards, in these tests), in order.
     fn forwards_to(outputs: &[ShardOutput]) -> Vec<NodeId> {
         outputs
             .iter()
