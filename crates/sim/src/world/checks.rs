@@ -3,9 +3,6 @@
 //! no move or migration left half done).
 
 use super::World;
-
-/// Route probes in flight at most (see `World::route_probes`).
-const ROUTE_PROBES_MAX: usize = 4;
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -15,6 +12,9 @@ use tidings::slot::model::SlotState;
 use tidings::store::message::{MessageLog, ReadLimits, Record};
 use tidings::store::{Kv, MetaStore};
 use tidings::types::{ChannelId, GroupId, HashSlot, NodeId, Seq};
+
+/// Route probes in flight at most (see `World::route_probes`).
+const ROUTE_PROBES_MAX: usize = 4;
 
 impl World {
     /// After healing, no slot-replica move is left half done: every group's leader shows no move target
@@ -323,7 +323,8 @@ impl World {
         let in_flight: BTreeSet<(ChannelId, NodeId)> = self.probes.values().cloned().collect();
         let routing = in_flight.iter().filter(|(channel, _)| self.acknowledged(channel)).count();
         let room = ROUTE_PROBES_MAX.saturating_sub(routing);
-        let misrouted = self.misrouted.keys().filter(|pair| !in_flight.contains(*pair)).cloned();
+        let misrouted =
+            self.misrouted.keys().filter(|pair| self.acknowledged(&pair.0) && !in_flight.contains(*pair)).cloned();
         let ids = self.serving_nodes();
         let unprobed: Vec<(ChannelId, NodeId)> = self
             .channels
