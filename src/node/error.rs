@@ -170,6 +170,7 @@ fn task_remedy(error: &TaskError) -> Remedy {
         | TaskError::Fenced(_)
         | TaskError::MetaChanged
         | TaskError::DrainTimedOut
+        | TaskError::TargetDown(_)
         | TaskError::Preempted => Remedy::Retry,
         _ => Remedy::GiveUp,
     }

@@ -877,3 +877,22 @@ fn a_seed_whose_replacement_counted_a_diverged_member_as_a_holder_passes() {
 fn a_seed_whose_node_forwarded_to_a_former_leader_for_good_passes() {
     assert_passes(&run(SimParams::from_seed(652000000)));
 }
+
+/// Forty-eight channels at tight limits on four nodes, one losing its disk. A replacement's learner
+/// caught up and its leader took it into the ISR, which then stood at MinISR; the learner's node lost
+/// its disk, and the replacement, still catching up, waited for it until its two-minute timeout, the
+/// channel taking no other repair and committing nothing through the healed phase. A replacement still
+/// catching up now ends once its target is down, and the next pass repairs the channel (665000721).
+#[test]
+fn a_seed_whose_replacement_waited_for_a_target_that_was_down_passes() {
+    let params = SimParams {
+        channels: 48,
+        safety_ms: 30_000,
+        clock_skew: true,
+        disk_loss: true,
+        grow: false,
+        planned_stops: true,
+        ..SimParams::from_seed(665000721)
+    };
+    assert_passes(&run(params));
+}

@@ -665,6 +665,13 @@ impl Controller {
             .is_some_and(|t| matches!(t.step, Step::CatchingUp | Step::Proposing { change: Change::AddLearner, .. }))
     }
 
+    /// The target of the replacement running for `channel`, if it has fenced nothing yet (see
+    /// [`Controller::failover_preempts`]) and its target is down: it cannot catch up.
+    pub(super) fn replacement_target_down(&self, channel: &ChannelId, now: Time) -> Option<NodeId> {
+        let to = replacement_target(self.tasks.get(channel)?.kind)?;
+        (self.failover_preempts(channel) && to != self.me && self.is_down(to, now)).then_some(to)
+    }
+
     /// Starts a failover of `meta`'s channel unless a task runs for it; a meta that a failover already
     /// fenced is resumed at evidence gathering.
     pub(crate) fn start_failover(&mut self, now: Time, meta: ChannelRuntimeMeta) {

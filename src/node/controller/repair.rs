@@ -2,7 +2,7 @@
 //! leader is down, replacements of replicas on down or drained nodes, and fences a vanished controller
 //! left behind.
 
-use super::report::TaskKind;
+use super::report::{TaskError, TaskKind};
 use super::{Action, Controller, DrainReport, HandOffReport, FENCES_SEEN_MAX};
 use crate::node::message::NodeMessage;
 use crate::node::rendezvous;
@@ -176,6 +176,14 @@ impl Controller {
             // leader until its catch-up timed out (two minutes by default).
             if leader_down && self.failover_preempts(&meta.channel) {
                 self.start_failover(now, meta);
+            } else if let Some(to) = self.replacement_target_down(&meta.channel, now) {
+                // A replacement still catching up on a target that went down (crashed, or back on an
+                // emptied disk and refused) waited out its catch-up timeout, two minutes by default,
+                // and the channel had no other repair meanwhile: its leader had taken the learner into
+                // the ISR once it caught up, the ISR stood at MinISR with that member down, and nothing
+                // committed (sim seed 665000721). Ended, the next pass repairs the channel afresh.
+                let task = self.tasks.remove(&meta.channel).expect("present");
+                self.finish(now, task, Err(TaskError::TargetDown(to)));
             }
             return;
         }
@@ -639,6 +647,33 @@ pub(super) mod tests {
         assert_eq!(
             (report.kind, report.outcome),
             (TaskKind::Replace { from: n(3), to: n(4) }, Err(TaskError::Preempted))
+        );
+    }
+
+    /// A replacement still catching up ends at the first repair pass that finds its target down: the
+    /// leader may have taken the caught-up learner into an ISR at MinISR, and nothing commits until the
+    /// next pass replaces that member. Waiting out the catch-up timeout kept the channel from any
+    /// repair for two minutes (sim seed 665000721).
+    #[test]
+    fn a_replacement_still_catching_up_ends_once_its_target_is_down() {
+        use super::super::Action;
+        use tidings_slot::fsm::Outcome;
+        let (mut controller, config, meta, now) = replacing_node_3_by_node_4();
+        let Some(Action::Propose { tag, .. }) = controller.poll_action() else { panic!("adds the learner") };
+        controller.proposal_done(now, &meta.channel, tag, Ok(Outcome::Applied));
+        let catching_up = controller.tasks[&meta.channel].meta.clone();
+        controller.consider(now, catching_up.clone());
+        assert!(controller.tasks.contains_key(&meta.channel), "its target is up: it goes on");
+        // The target's node falls silent; the leader's and node 3's are heard.
+        let later = now + config.node_down_after + Duration::from_millis(1);
+        controller.heard(n(2), later);
+        controller.heard(n(3), later);
+        controller.consider(later, catching_up);
+        assert!(!controller.tasks.contains_key(&meta.channel), "ended");
+        let report = controller.reports().pop().expect("the replacement's report");
+        assert_eq!(
+            (report.kind, report.outcome),
+            (TaskKind::Replace { from: n(3), to: n(4) }, Err(TaskError::TargetDown(n(4))))
         );
     }
 

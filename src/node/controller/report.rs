@@ -200,6 +200,9 @@ pub enum TaskError {
     /// leader to drain that asked for the failover (it cannot lead, so it never drains).
     #[error("a failover took precedence")]
     Preempted,
+    /// The replacement's new replica went down before it caught up: the next repair pass starts over.
+    #[error("the new replica {0} went down before it caught up")]
+    TargetDown(NodeId),
     /// Taking the replica out would leave fewer ISR members than MinISR.
     #[error("replacing would leave the ISR below MinISR")]
     BelowMinIsr,
