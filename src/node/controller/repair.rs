@@ -625,18 +625,26 @@ pub(super) mod tests {
         (controller, config, meta, now)
     }
 
-    /// A replacement that has fenced nothing yet gives way to a failover at the first repair pass that
-    /// finds its channel's leader down. Before, the pass skipped every channel with a task, and a drain
-    /// asked right after a crash (before the failure detector held the node down) left a channel it
-    /// led without a leader until the replacement's catch-up timed out, two minutes later.
-    #[test]
-    fn a_failover_preempts_a_replacement_still_catching_up_once_the_leader_is_down() {
+    /// [`replacing_node_3_by_node_4`] once its learner was added: the replacement catches up, under the
+    /// meta returned.
+    fn replacement_catching_up() -> (Controller, ControllerConfig, ChannelRuntimeMeta, Time) {
         use super::super::Action;
         use tidings_slot::fsm::Outcome;
         let (mut controller, config, meta, now) = replacing_node_3_by_node_4();
         let Some(Action::Propose { tag, .. }) = controller.poll_action() else { panic!("adds the learner") };
         controller.proposal_done(now, &meta.channel, tag, Ok(Outcome::Applied));
         let catching_up = controller.tasks[&meta.channel].meta.clone();
+        (controller, config, catching_up, now)
+    }
+
+    /// A replacement that has fenced nothing yet gives way to a failover at the first repair pass that
+    /// finds its channel's leader down. Before, the pass skipped every channel with a task, and a drain
+    /// asked right after a crash (before the failure detector held the node down) left a channel it
+    /// led without a leader until the replacement's catch-up timed out, two minutes later.
+    #[test]
+    fn a_failover_preempts_a_replacement_still_catching_up_once_the_leader_is_down() {
+        let (mut controller, config, catching_up, now) = replacement_catching_up();
+        let meta = catching_up.clone();
         // The leader's node falls silent.
         let later = now + config.node_down_after + Duration::from_millis(1);
         controller.heard(n(3), later);
@@ -656,12 +664,8 @@ pub(super) mod tests {
     /// repair for two minutes (sim seed 665000721).
     #[test]
     fn a_replacement_still_catching_up_ends_once_its_target_is_down() {
-        use super::super::Action;
-        use tidings_slot::fsm::Outcome;
-        let (mut controller, config, meta, now) = replacing_node_3_by_node_4();
-        let Some(Action::Propose { tag, .. }) = controller.poll_action() else { panic!("adds the learner") };
-        controller.proposal_done(now, &meta.channel, tag, Ok(Outcome::Applied));
-        let catching_up = controller.tasks[&meta.channel].meta.clone();
+        let (mut controller, config, catching_up, now) = replacement_catching_up();
+        let meta = catching_up.clone();
         controller.consider(now, catching_up.clone());
         assert!(controller.tasks.contains_key(&meta.channel), "its target is up: it goes on");
         // The target's node falls silent; the leader's and node 3's are heard.
@@ -684,10 +688,7 @@ pub(super) mod tests {
     fn a_replacement_fences_only_once_its_learner_s_log_ends_in_the_leader_s_epoch() {
         use super::super::report::{EvidenceReport, TaskBlocked};
         use super::super::Step;
-        use tidings_slot::fsm::Outcome;
-        let (mut controller, _, meta, now) = replacing_node_3_by_node_4();
-        let Some(Action::Propose { tag, .. }) = controller.poll_action() else { panic!("adds the learner") };
-        controller.proposal_done(now, &meta.channel, tag, Ok(Outcome::Applied));
+        let (mut controller, _, meta, now) = replacement_catching_up();
         while controller.poll_action().is_some() {}
         let task = &controller.tasks[&meta.channel];
         assert!(matches!(task.step, Step::CatchingUp));
