@@ -136,7 +136,7 @@ impl ChannelShard {
         if self.metas.get(channel).is_none_or(|known| known.meta.leader != refused_by) {
             return;
         }
-        if self.channels.contains(channel) || self.is_loading(channel) || self.waiting.contains_key(channel) {
+        if self.uses_meta(channel) {
             self.fetch_meta(channel);
         } else {
             self.metas.remove(channel);

@@ -176,6 +176,12 @@ impl ChannelShard {
         }
     }
 
+    /// `true` while something here needs `channel`'s meta: its replica is active or loading, or calls
+    /// wait for the meta.
+    pub(super) fn uses_meta(&self, channel: &ChannelId) -> bool {
+        self.channels.contains(channel) || self.is_loading(channel) || self.waiting.contains_key(channel)
+    }
+
     /// A snapshot replaced one of this node's slot replicas, and with it metas this shard may keep:
     /// each one of a channel this shard knows or is bringing in (a meta kept, a replica active or
     /// loading, calls waiting) is learned as if applied here. The others wait in the store for the
@@ -188,11 +194,7 @@ impl ChannelShard {
     pub(super) fn learn_installed_metas(&mut self, metas: &[ChannelRuntimeMeta]) {
         for meta in metas {
             let channel = &meta.channel;
-            let kept = self.metas.contains_key(channel)
-                || self.channels.contains(channel)
-                || self.is_loading(channel)
-                || self.waiting.contains_key(channel);
-            if kept {
+            if self.metas.contains_key(channel) || self.uses_meta(channel) {
                 self.learn_meta(meta.clone(), true);
             }
         }
