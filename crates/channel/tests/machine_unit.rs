@@ -1150,3 +1150,51 @@ fn an_isr_proposal_is_sent_only_once_its_record_is_durable() {
     assert_eq!(proposed, Some((1, vec![NodeId::new(1)])));
     assert_eq!(log.state(&channel()).unwrap().isr_proposals, vec![(1, vec![NodeId::new(1)])]);
 }
+
+/// A leader whose only work left is its fanout may leave memory only once fanout progress of its own
+/// is checkpointed: a message it handed off finished and the log says so. Leaving sooner, turn after
+/// turn at a node's cap, each incarnation would start the same message over.
+#[test]
+fn a_leader_only_fanning_out_may_leave_memory_once_its_own_fanout_progress_is_checkpointed() {
+    let log = MemoryLog::new(LogLimits::default());
+    let mut m = empty_replica(1);
+    // The ISR is the leader alone: its appends commit with its own durable write.
+    let alone = ChannelRuntimeMeta { isr: vec![NodeId::new(1)], ..meta(1, 1, 1) };
+    m.handle_meta(t(1), alone).unwrap();
+    settle(&mut m, &log, t(1));
+    m.handle_append(t(2), request(9, &["a", "b"])).unwrap();
+    let effects = settle(&mut m, &log, t(2));
+    let committed: Vec<Seq> = effects
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::Committed { messages, .. } => Some(messages),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(committed, vec![Seq::new(2), Seq::new(3)]);
+    assert!(m.leads_only_fanning_out());
+    // Its HW checkpoint falls due (within ~1.1 s), with fanout progress through its own barrier.
+    m.handle_timeout(t(2_000));
+    settle(&mut m, &log, t(2_000));
+    let stored = log.state(&channel()).unwrap();
+    assert_eq!((stored.hw, stored.fanned_through), (Seq::new(3), Seq::new(1)));
+    assert!(!m.can_leave_memory_fanning_out(), "none of its messages finished fanning out");
+
+    m.fanout_finished(Seq::new(2));
+    assert_eq!(m.fanned_through(), Seq::new(2));
+    assert!(!m.can_leave_memory_fanning_out(), "its progress is not checkpointed yet");
+    m.handle_timeout(t(4_000));
+    settle(&mut m, &log, t(4_000));
+    assert_eq!(log.state(&channel()).unwrap().fanned_through, Seq::new(2));
+    assert!(m.can_leave_memory_fanning_out());
+    assert!(!m.is_quiescent(), "message 3 is still out");
+
+    // A follower never is one, nor a leader with nothing left to fan out.
+    m.fanout_finished(Seq::new(3));
+    assert!(!m.leads_only_fanning_out() && !m.can_leave_memory_fanning_out());
+    let mut follower = empty_replica(2);
+    follower.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    settle(&mut follower, &MemoryLog::new(LogLimits::default()), t(1));
+    assert!(!follower.can_leave_memory_fanning_out());
+}

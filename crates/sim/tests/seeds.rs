@@ -896,3 +896,15 @@ fn a_seed_whose_replacement_waited_for_a_target_that_was_down_passes() {
     };
     assert_passes(&run(params));
 }
+
+/// Tight limits, hurried timings. A node's shard of `sim-0` had two places, both held by leaders whose
+/// only work left was a fanout far behind their commits (at tight limits it finished ~2.5 messages a
+/// second). Such a leader was neither quiescent nor evictable nor asked to leave, so `sim-0`, a third
+/// leader of that shard, was refused room through the whole healed phase. A leader only fanning out
+/// that has held its place a turn and checkpointed fanout progress of its own now leaves for an
+/// activation that finds no other room, handing its unfinished fanout to its next incarnation
+/// (660003161).
+#[test]
+fn a_seed_whose_fanning_out_leaders_held_every_place_of_a_shard_passes() {
+    assert_passes(&run(SimParams { tight_limits: true, hurried_timings: true, ..SimParams::from_seed(660003161) }));
+}

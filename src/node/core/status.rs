@@ -114,6 +114,12 @@ pub struct NodeStatus {
     /// follower that found no other room (its leader elsewhere may be what they wait for); each comes
     /// back, resuming its leadership, with the next pull or append.
     pub stalled_leaders_evicted: u64,
+    /// Leaders whose only work left was fanout, and which had held their place for a second or more,
+    /// that left memory for an activation that found no other room. Each hands its unfinished fanout
+    /// to its next incarnation (the node tries it again at the next eviction scans), which plans again
+    /// every committed message past the fanout progress it checkpointed: a member may get a message
+    /// twice.
+    pub fanning_out_leaders_evicted: u64,
     /// Raft messages in accepted frames that the slot layer refused (see `MultiRaft::refused_messages`).
     pub refused_raft_messages: u64,
     /// Channel answers and hints of an older leader epoch than the meta in force (answers refused;
@@ -181,6 +187,7 @@ impl NodeStatus {
         self.activations_queued_for_room += shard.counters.activations_queued_for_room;
         self.leaders_asked_to_leave += shard.counters.leaders_asked_to_leave;
         self.stalled_leaders_evicted += shard.counters.stalled_leaders_evicted;
+        self.fanning_out_leaders_evicted += shard.counters.fanning_out_leaders_evicted;
         self.stale_messages += shard.counters.stale_messages;
         self.storage_failures += shard.counters.storage_failures;
         self.channel_metas_held += shard.metas_held;
@@ -221,6 +228,7 @@ impl NodeCore {
             activations_queued_for_room: 0,
             leaders_asked_to_leave: 0,
             stalled_leaders_evicted: 0,
+            fanning_out_leaders_evicted: 0,
             refused_raft_messages: self.slot.refused_messages(),
             stale_messages: self.slot.stale_messages(),
             storage_failures: 0,

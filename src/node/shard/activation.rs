@@ -524,11 +524,10 @@ impl ChannelShard {
         let no_room_to_lead = leads && !starts_in_free_place && leaders_full() && !self.evict_one_leader();
         // (Evicts for room only when a leader's place is not what is missing.) A follower finding none
         // takes the place of a leader stalled waiting for followers elsewhere, once leaders hold the
-        // followers' reserve too: those followers may be waiting for room that such leaders hold there.
-        let refused = no_room_to_lead || {
-            let no_room = self.channels.len() >= self.active_max && !self.evict_one();
-            no_room && (leads || !(self.followers_place_taken_by_leaders() || self.evict_one_stalled_leader()))
-        };
+        // followers' reserve too: those followers may be waiting for room that such leaders hold there;
+        // and any activation takes that of a leader only fanning out, once it held its place a turn.
+        let refused = no_room_to_lead
+            || (self.channels.len() >= self.active_max && !self.evict_one() && !self.room_of_last_resort(leads));
         if refused {
             let now = self.now;
             let mut patience = room_patience.unwrap_or(now + ROOM_PATIENCE);

@@ -256,6 +256,9 @@ pub(crate) struct ShardCounters {
     pub(crate) leaders_asked_to_leave: u64,
     /// Leaders stalled with no caller waiting that left memory for a follower refused room.
     pub(crate) stalled_leaders_evicted: u64,
+    /// Leaders only fanning out that left memory for an activation refused room, handing their
+    /// unfinished fanout to their next incarnation.
+    pub(crate) fanning_out_leaders_evicted: u64,
     pub(crate) stale_messages: u64,
     pub(crate) storage_failures: u64,
     pub(crate) loads_given_up: u64,

@@ -4,8 +4,8 @@
 //! room queue an activation waits in is in `activation`.
 
 use super::activation::followers_reserve;
-use super::retries::REFUSED_ACTIVATION_TRIES;
-use super::ChannelShard;
+use super::retries::{LEADER_START_TRIES, REFUSED_ACTIVATION_TRIES};
+use super::{ChannelShard, ShardOutput};
 use std::time::Duration;
 use tidings_channel::machine::{ChannelMachine, RoleKind};
 use tidings_types::{ChannelId, Time};
@@ -59,6 +59,35 @@ impl ChannelShard {
         // MinISR is all of its ISR took no append for the whole healed phase). It comes back when room
         // does, as a refused activation.
         self.activate_later(&follower, REFUSED_ACTIVATION_TRIES);
+        true
+    }
+
+    /// When no replica at rest may leave for an activation (`evict_one`): `true` if it may be placed all
+    /// the same. A follower (`leads` false) is let in past the cap while leaders hold the followers'
+    /// places, or takes a stalled leader's place; any activation takes the place of a leader whose
+    /// only work left is fanout ([`ChannelShard::evict_one_fanning_out_leader`]), last since its
+    /// next incarnation plans that fanout again.
+    pub(super) fn room_of_last_resort(&mut self, leads: bool) -> bool {
+        (!leads && (self.followers_place_taken_by_leaders() || self.evict_one_stalled_leader()))
+            || self.evict_one_fanning_out_leader()
+    }
+
+    /// Evicts the least recently used leader that has held its place for [`LEADER_TURN`] and whose only
+    /// work left is fanout it may hand over (`ChannelMachine::can_leave_memory_fanning_out`): the node
+    /// stops that channel's fanout (`ShardOutput::FanoutHandedOver`) and the replica is filed to come back
+    /// at the next eviction scans, as a leader's start is, since nothing else may prompt it; its next
+    /// incarnation plans again what was not known to finish. Such a leader waits for no follower and
+    /// holds no place of the leaders' share, but it held a place of the shard's room for as long as its
+    /// fanout ran, and a third leader of a shard of two places was refused room for the whole healed
+    /// phase (sim seed 660003161, tight limits). The turn keeps places from changing hands faster than
+    /// a load. O(active), at the cap only.
+    fn evict_one_fanning_out_leader(&mut self) -> bool {
+        let Some(leader) = self.evict_least_recent(LEADER_TURN, |m| m.can_leave_memory_fanning_out()) else {
+            return false;
+        };
+        self.counters.fanning_out_leaders_evicted += 1;
+        self.outputs.push_back(ShardOutput::FanoutHandedOver(leader.clone()));
+        self.activate_later(&leader, LEADER_START_TRIES);
         true
     }
 
@@ -331,6 +360,79 @@ mod tests {
         assert!(shard.channels.contains(&next), "the leaders' share is free");
         assert!(shard.channels.contains(&fanning), "the fanout goes on");
         assert!(!shard.channels.contains(&following), "the quiescent follower made room");
+    }
+
+    /// The messages `outputs` hand to fanout for `channel`, each with whether it is planned again, by
+    /// seq (`answer_persists` does not keep the outputs' order).
+    fn handed_to_fanout(outputs: &[ShardOutput], channel: &ChannelId) -> Vec<(Seq, bool)> {
+        let mut handed: Vec<(Seq, bool)> = outputs
+            .iter()
+            .filter_map(|o| match o {
+                ShardOutput::Committed { channel: c, seq, again, .. } if c == channel => Some((*seq, *again)),
+                _ => None,
+            })
+            .collect();
+        handed.sort();
+        handed
+    }
+
+    /// Two leaders whose only work left is their fanout fill a shard of two places, and a third leader
+    /// comes: it takes the place of the one that has held its place a turn and checkpointed fanout
+    /// progress of its own. That one's fanout stops (handed over), it is filed to come back, and its
+    /// next incarnation plans again every message past the checkpointed progress. Kept in memory, such
+    /// leaders refused the third its place for the whole healed phase (sim seed 660003161).
+    #[test]
+    fn a_leader_only_fanning_out_leaves_its_place_to_a_refused_leader_and_hands_its_fanout_on() {
+        let mut config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        config.fanout_enabled = true;
+        let (mut shard, log) = shard_over_memory_log(config);
+        let fanning: Vec<ChannelId> = ["fan-a", "fan-b"]
+            .into_iter()
+            .map(|name| {
+                let channel = known(&mut shard, name, 1);
+                // An earlier leadership's barrier and three messages, committed; fanout known finished
+                // through the barrier only. The new leadership plans the three again.
+                let checkpoints = vec![LogOp::CheckpointHw(Seq::new(4)), LogOp::CheckpointFanned(Seq::new(1))];
+                store_epoch(&log, &channel, 1, 4, checkpoints);
+                shard.activate(&channel);
+                let outputs = carry_out_loads_and_floors(&mut shard, &log);
+                let outputs = answer_persists(&mut shard, &log, outputs);
+                let again = [2, 3, 4].map(|seq| (Seq::new(seq), true)).to_vec();
+                assert_eq!(handed_to_fanout(&outputs, &channel), again);
+                channel
+            })
+            .collect();
+        // `fan-a` sees message 2 through; `fan-b` nothing. A turn on, their checkpoints are written.
+        shard.handle(shard.now, ShardInput::FanoutFinished { channel: fanning[0].clone(), seq: Seq::new(2) });
+        shard.handle_tick(shard.now + LEADER_TURN * 2);
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        answer_persists(&mut shard, &log, outputs);
+        let stored = |channel: &ChannelId| tidings_store::message::MessageLog::state(&*log, channel).unwrap();
+        assert_eq!((stored(&fanning[0]).hw, stored(&fanning[0]).fanned_through), (Seq::new(5), Seq::new(2)));
+        assert_eq!((stored(&fanning[1]).hw, stored(&fanning[1]).fanned_through), (Seq::new(5), Seq::new(1)));
+        for channel in &fanning {
+            assert!(shard.channels.get(channel).is_some_and(|m| m.leads_only_fanning_out()));
+        }
+        assert_eq!(shard.leaders_holding_share(), 0);
+
+        let refused = returning_leader(&mut shard, &log, "refused");
+        shard.activate(&refused);
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.channels.contains(&refused), "placed");
+        assert!(!shard.channels.contains(&fanning[0]), "in the place of the leader that made progress");
+        assert!(shard.channels.contains(&fanning[1]), "one that saw no message through keeps its place");
+        assert!(outputs.iter().any(|o| matches!(o, ShardOutput::FanoutHandedOver(c) if *c == fanning[0])));
+        assert!(shard.to_activate.contains_key(&fanning[0]), "filed to come back");
+        assert_eq!(shard.counters.fanning_out_leaders_evicted, 1);
+
+        // Back, its next incarnation plans again the messages past its checkpointed progress.
+        shard.evict(&refused);
+        shard.activate(&fanning[0]);
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        let outputs = answer_persists(&mut shard, &log, outputs);
+        assert!(shard.channels.contains(&fanning[0]));
+        let again = [3, 4].map(|seq| (Seq::new(seq), true)).to_vec();
+        assert_eq!(handed_to_fanout(&outputs, &fanning[0]), again);
     }
 
     /// A replica is not evicted for another's room in the instant it came (`RESIDENCE_MIN`): the

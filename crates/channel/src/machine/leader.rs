@@ -67,6 +67,9 @@ pub(super) struct LeaderState {
     pub(super) reserved: VecDeque<Seq>,
     /// HW up to which `Committed` was reported.
     reported: Seq,
+    /// How far fanout was known to have finished when this leadership (incarnation) began: fanout
+    /// progress checkpointed past it is this incarnation's own (`ChannelMachine::can_leave_memory_fanning_out`).
+    fanned_from: Seq,
     /// A meta change proposed and not yet answered: (when, version it was based on).
     pub(super) proposal: Option<(Time, u64)>,
     /// Every ISR this leader proposed from the meta version in force, until a newer meta is (at most
@@ -115,6 +118,7 @@ impl LeaderState {
             pending: VecDeque::new(),
             reserved: VecDeque::new(),
             reported: Seq::new(0),
+            fanned_from: Seq::new(0),
             proposal: None,
             pending_isrs: Vec::new(),
             unsent_proposal: None,
@@ -184,6 +188,11 @@ impl LeaderState {
     /// Every message at or below this seq went to fanout (or was not this leader's to fan out).
     pub(super) fn handed_through(&self) -> Seq {
         self.reported
+    }
+
+    /// See [`LeaderState::fanned_from`].
+    pub(super) fn fanned_from(&self) -> Seq {
+        self.fanned_from
     }
 
     /// The lowest match among every other replica (learners included): records at or below it are needed
@@ -280,6 +289,8 @@ impl ChannelMachine {
             leader.inherited_end = inherited_end;
             leader.barrier_durable = durable_end >= seq;
             leader.reported = handed_through;
+            // A barrier right past it is no message: as good as fanned out already.
+            leader.fanned_from = if handed_through.next() == seq { seq } else { handed_through };
         }
         self.leader_hand_off_committed();
         // Wake every replica: idle or evicted followers start pulling from this leader now.

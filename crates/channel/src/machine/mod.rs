@@ -514,6 +514,25 @@ impl ChannelMachine {
             && !self.handoff_quiet()
     }
 
+    /// `true` for a leader only fanning out ([`ChannelMachine::leads_only_fanning_out`]) that may leave
+    /// memory for another replica's place: nothing of its log on its way to the store or being read for
+    /// a follower, its HW checkpointed, and fanout progress of its own checkpointed — at least one
+    /// message this incarnation handed to fanout finished and is durably known to have. Leaving hands
+    /// its unfinished fanout over to its next incarnation, which plans again every committed message
+    /// past the checkpointed progress (a member may so get a message twice, as after a failover; the
+    /// host drops the second by its seq). Held in memory, such a leader kept a third leader of its
+    /// node's shard out for as long as its fanout ran (sim seed 660003161: two places, both held by
+    /// leaders whose fanout finished ~2.5 messages a second at tight limits). The progress rule keeps
+    /// turns at the cap from starving a message: each incarnation sees one through before it may
+    /// leave, so a message whose fanout takes longer than a turn is not started over for ever.
+    pub fn can_leave_memory_fanning_out(&self) -> bool {
+        let Role::Leader(leader) = &self.role else { return false };
+        self.leads_only_fanning_out()
+            && !self.reading_for_a_follower()
+            && self.log.durable.hw >= self.log.hw
+            && self.log.durable.fanned_through > leader.fanned_from()
+    }
+
     /// `true` when only a checkpoint not written yet keeps this replica in memory: it would be
     /// quiescent (a leader) or free to leave as a follower once its HW (and a leader's fanout progress)
     /// is checkpointed, and no checkpoint is on its way or due already.
