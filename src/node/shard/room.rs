@@ -1,5 +1,6 @@
 //! Room at the cap: which replica leaves memory for another's activation (a quiescent one, a follower
-//! whose state is on disk, a leader stalled with no caller waiting), the leaders' share of the places
+//! whose state is on disk, a leader stalled with no caller waiting, a leader only fanning out that
+//! hands its fanout to its next incarnation), the leaders' share of the places
 //! and the turns busy leaders take in it, and checkpoints hurried so that a replica may leave. The
 //! room queue an activation waits in is in `activation`.
 
