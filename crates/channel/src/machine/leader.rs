@@ -69,7 +69,7 @@ pub(super) struct LeaderState {
     reported: Seq,
     /// How far fanout was known to have finished when this leadership (incarnation) began: fanout
     /// progress checkpointed past it is this incarnation's own (`ChannelMachine::can_leave_memory_fanning_out`).
-    fanned_from: Seq,
+    pub(super) fanned_from: Seq,
     /// A meta change proposed and not yet answered: (when, version it was based on).
     pub(super) proposal: Option<(Time, u64)>,
     /// Every ISR this leader proposed from the meta version in force, until a newer meta is (at most
@@ -188,11 +188,6 @@ impl LeaderState {
     /// Every message at or below this seq went to fanout (or was not this leader's to fan out).
     pub(super) fn handed_through(&self) -> Seq {
         self.reported
-    }
-
-    /// See [`LeaderState::fanned_from`].
-    pub(super) fn fanned_from(&self) -> Seq {
-        self.fanned_from
     }
 
     /// The lowest match among every other replica (learners included): records at or below it are needed

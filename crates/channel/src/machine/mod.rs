@@ -530,7 +530,7 @@ impl ChannelMachine {
         self.leads_only_fanning_out()
             && !self.reading_for_a_follower()
             && self.log.durable.hw >= self.log.hw
-            && self.log.durable.fanned_through > leader.fanned_from()
+            && self.log.durable.fanned_through > leader.fanned_from
     }
 
     /// `true` when only a checkpoint not written yet keeps this replica in memory: it would be
