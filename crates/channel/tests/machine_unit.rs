@@ -1157,28 +1157,7 @@ fn an_isr_proposal_is_sent_only_once_its_record_is_durable() {
 #[test]
 fn a_leader_only_fanning_out_may_leave_memory_once_its_own_fanout_progress_is_checkpointed() {
     let log = MemoryLog::new(LogLimits::default());
-    let mut m = empty_replica(1);
-    // The ISR is the leader alone: its appends commit with its own durable write.
-    let alone = ChannelRuntimeMeta { isr: vec![NodeId::new(1)], ..meta(1, 1, 1) };
-    m.handle_meta(t(1), alone).unwrap();
-    settle(&mut m, &log, t(1));
-    m.handle_append(t(2), request(9, &["a", "b"])).unwrap();
-    let effects = settle(&mut m, &log, t(2));
-    let committed: Vec<Seq> = effects
-        .into_iter()
-        .filter_map(|e| match e {
-            Effect::Committed { messages, .. } => Some(messages),
-            _ => None,
-        })
-        .flatten()
-        .collect();
-    assert_eq!(committed, vec![Seq::new(2), Seq::new(3)]);
-    assert!(m.leads_only_fanning_out());
-    // Its HW checkpoint falls due (within ~1.1 s), with fanout progress through its own barrier.
-    m.handle_timeout(t(2_000));
-    settle(&mut m, &log, t(2_000));
-    let stored = log.state(&channel()).unwrap();
-    assert_eq!((stored.hw, stored.fanned_through), (Seq::new(3), Seq::new(1)));
+    let mut m = leader_alone_fanning_out_two_messages(&log);
     assert!(!m.can_leave_memory_fanning_out(), "none of its messages finished fanning out");
 
     m.fanout_finished(Seq::new(2));
@@ -1197,4 +1176,53 @@ fn a_leader_only_fanning_out_may_leave_memory_once_its_own_fanout_progress_is_ch
     follower.handle_meta(t(1), meta(1, 1, 1)).unwrap();
     settle(&mut follower, &MemoryLog::new(LogLimits::default()), t(1));
     assert!(!follower.can_leave_memory_fanning_out());
+}
+
+/// A leader only fanning out whose own fanout progress is known but not checkpointed is kept from
+/// leaving only by that checkpoint: asked to (`checkpoint_to_leave`, a node out of room), it writes it
+/// at once rather than at its due time, up to ~1.1 s later, and may leave once it lands. With no
+/// progress of its own there is nothing to hurry.
+#[test]
+fn a_leader_only_fanning_out_writes_its_fanout_progress_at_once_when_asked_to_leave() {
+    let log = MemoryLog::new(LogLimits::default());
+    let mut m = leader_alone_fanning_out_two_messages(&log);
+    assert!(!m.kept_fanning_out_only_by_its_checkpoint() && !m.checkpoint_to_leave(t(2_001)));
+    assert!(settle(&mut m, &log, t(2_001)).is_empty(), "nothing written");
+
+    m.fanout_finished(Seq::new(2));
+    assert!(m.kept_fanning_out_only_by_its_checkpoint());
+    assert!(!m.kept_only_by_its_checkpoint(), "message 3 is still out: not at rest after it");
+    assert!(m.checkpoint_to_leave(t(2_002)));
+    settle(&mut m, &log, t(2_002));
+    assert_eq!(log.state(&channel()).unwrap().fanned_through, Seq::new(2));
+    assert!(m.can_leave_memory_fanning_out());
+    assert!(!m.kept_fanning_out_only_by_its_checkpoint() && !m.checkpoint_to_leave(t(2_003)), "written");
+}
+
+/// A leader alone in its ISR that committed messages 2 and 3 (its barrier is 1) and checkpointed its HW,
+/// with both out to fanout: it leads only fanning out.
+fn leader_alone_fanning_out_two_messages(log: &MemoryLog) -> ChannelMachine {
+    let mut m = empty_replica(1);
+    // The ISR is the leader alone: its appends commit with its own durable write.
+    let alone = ChannelRuntimeMeta { isr: vec![NodeId::new(1)], ..meta(1, 1, 1) };
+    m.handle_meta(t(1), alone).unwrap();
+    settle(&mut m, log, t(1));
+    m.handle_append(t(2), request(9, &["a", "b"])).unwrap();
+    let effects = settle(&mut m, log, t(2));
+    let committed: Vec<Seq> = effects
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::Committed { messages, .. } => Some(messages),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(committed, vec![Seq::new(2), Seq::new(3)]);
+    assert!(m.leads_only_fanning_out());
+    // Its HW checkpoint falls due (within ~1.1 s), with fanout progress through its own barrier.
+    m.handle_timeout(t(2_000));
+    settle(&mut m, log, t(2_000));
+    let stored = log.state(&channel()).unwrap();
+    assert_eq!((stored.hw, stored.fanned_through), (Seq::new(3), Seq::new(1)));
+    m
 }

@@ -335,10 +335,12 @@ impl ChannelShard {
     }
 
     /// Hands the places of `touched` replicas (those a drain just went through) that can leave memory now
-    /// to the activations in the room queue, oldest first: a quiescent one makes room at once (the
-    /// activation placed evicts it, or whichever quiescent replica is least recently used), one that
-    /// only its checkpoint keeps has the checkpoint hurried for the activation. A follower's place goes
-    /// to a leader only while leaders do not fill their share. `true` if anything was placed or
+    /// to the activations in the room queue, oldest first: a quiescent one, or a leader only fanning out
+    /// that may hand its fanout over, makes room at once (the activation placed evicts it, or whichever
+    /// replica the same rules pick first: `ChannelShard::may_leave_for_room`), one that only its
+    /// checkpoint keeps has the checkpoint hurried for the activation. A follower's place, or a leader's
+    /// only fanning out (it holds none of the leaders' share), goes to a leader only while leaders do
+    /// not fill their share. `true` if anything was placed or
     /// hurried (the shard has machines to drain again). While activations wait: O(1) a touched replica,
     /// and O(waiting) for one that can leave; nothing otherwise.
     pub(super) fn give_freed_places(&mut self, touched: Vec<ChannelId>) -> bool {
@@ -351,12 +353,13 @@ impl ChannelShard {
             if self.hurried_for.contains_key(&channel) || !self.resided(&channel) {
                 continue;
             }
-            let (quiescent, kept_by_checkpoint) = (machine.is_quiescent(), machine.kept_only_by_its_checkpoint());
-            if !quiescent && !kept_by_checkpoint {
+            let (may_leave, kept_by_checkpoint) = self.may_leave_for_room(&channel, machine);
+            if !may_leave && !kept_by_checkpoint {
                 continue;
             }
-            let Some(waiting) = self.next_queued_for(&channel, machine.role() == RoleKind::Leader) else { continue };
-            if quiescent {
+            let leader_place = machine.role() == RoleKind::Leader && !machine.leads_only_fanning_out();
+            let Some(waiting) = self.next_queued_for(&channel, leader_place) else { continue };
+            if may_leave {
                 self.room_made(&waiting);
                 gave = true;
                 continue;

@@ -83,13 +83,32 @@ impl ChannelShard {
     /// phase (sim seed 660003161, tight limits). The turn keeps places from changing hands faster than
     /// a load. O(active), at the cap only.
     fn evict_one_fanning_out_leader(&mut self) -> bool {
-        let Some(leader) = self.evict_least_recent(LEADER_TURN, |m| m.can_leave_memory_fanning_out()) else {
+        let Some(leader) = self.evict_least_recent(LEADER_TURN, ChannelMachine::can_leave_memory_fanning_out) else {
             return false;
         };
         self.counters.fanning_out_leaders_evicted += 1;
         self.outputs.push_back(ShardOutput::FanoutHandedOver(leader.clone()));
         self.activate_later(&leader, LEADER_START_TRIES);
         true
+    }
+
+    /// Whether `channel`'s replica (`machine`) may leave for an activation waiting for room: at once
+    /// (quiescent, or a leader only fanning out that held its place a turn and may hand its fanout over:
+    /// `evict_one`, `evict_one_fanning_out_leader`), or once only a checkpoint is written (when it
+    /// has resided, or, fanning out, held its place a turn). Read for the replicas a drain went through
+    /// (`give_freed_places`): their places go to the room queue without waiting for the next scan.
+    pub(super) fn may_leave_for_room(&self, channel: &ChannelId, machine: &ChannelMachine) -> (bool, bool) {
+        let turn_held = self.in_memory_for(channel, LEADER_TURN);
+        let now = machine.is_quiescent() || (turn_held && machine.can_leave_memory_fanning_out());
+        let after_checkpoint =
+            machine.kept_only_by_its_checkpoint() || self.fanning_out_kept_only_by_its_checkpoint(channel, machine);
+        (now, after_checkpoint)
+    }
+
+    /// `true` for a leader only fanning out that held its place a turn and that only a checkpoint keeps
+    /// from leaving for another's room (`ChannelMachine::kept_fanning_out_only_by_its_checkpoint`).
+    fn fanning_out_kept_only_by_its_checkpoint(&self, channel: &ChannelId, machine: &ChannelMachine) -> bool {
+        machine.kept_fanning_out_only_by_its_checkpoint() && self.in_memory_for(channel, LEADER_TURN)
     }
 
     /// Makes room for one more active leader when leaders fill their share of the cap
@@ -122,14 +141,20 @@ impl ChannelShard {
     /// 487000472 and 487000441, 24 busy channels on four or five places a node). One per activation
     /// short of room, each a durable write. O(active), at the cap only.
     pub(super) fn hurry_one_checkpoint(&mut self, leaders_only: bool) -> Option<ChannelId> {
+        // A leader only fanning out holds no place of the leaders' share, and is hurried last, since its
+        // fanout is planned again once it leaves (see `room_of_last_resort`).
         let hurried = self
             .channels
             .iter()
-            .filter(|(c, m)| {
-                (!leaders_only || m.role() == RoleKind::Leader) && m.kept_only_by_its_checkpoint() && self.resided(c)
+            .filter_map(|(c, m)| {
+                let at_rest_after = (!leaders_only || m.role() == RoleKind::Leader)
+                    && m.kept_only_by_its_checkpoint()
+                    && self.resided(c);
+                let fanning_out_after = !leaders_only && self.fanning_out_kept_only_by_its_checkpoint(c, m);
+                (at_rest_after || fanning_out_after).then_some((fanning_out_after, c))
             })
-            .min_by_key(|(c, _)| (self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
-            .map(|(c, _)| c.clone())?;
+            .min_by_key(|(fanning_out, c)| (*fanning_out, self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
+            .map(|(_, c)| c.clone())?;
         let now = self.now;
         self.machine_mut(&hurried).is_some_and(|machine| machine.checkpoint_to_leave(now)).then_some(hurried)
     }
@@ -384,30 +409,10 @@ mod tests {
     /// leaders refused the third its place for the whole healed phase (sim seed 660003161).
     #[test]
     fn a_leader_only_fanning_out_leaves_its_place_to_a_refused_leader_and_hands_its_fanout_on() {
-        let mut config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
-        config.fanout_enabled = true;
-        let (mut shard, log) = shard_over_memory_log(config);
-        let fanning: Vec<ChannelId> = ["fan-a", "fan-b"]
-            .into_iter()
-            .map(|name| {
-                let channel = known(&mut shard, name, 1);
-                // An earlier leadership's barrier and three messages, committed; fanout known finished
-                // through the barrier only. The new leadership plans the three again.
-                let checkpoints = vec![LogOp::CheckpointHw(Seq::new(4)), LogOp::CheckpointFanned(Seq::new(1))];
-                store_epoch(&log, &channel, 1, 4, checkpoints);
-                shard.activate(&channel);
-                let outputs = carry_out_loads_and_floors(&mut shard, &log);
-                let outputs = answer_persists(&mut shard, &log, outputs);
-                let again = [2, 3, 4].map(|seq| (Seq::new(seq), true)).to_vec();
-                assert_eq!(handed_to_fanout(&outputs, &channel), again);
-                channel
-            })
-            .collect();
+        let (mut shard, log, fanning) = two_leaders_fanning_out();
         // `fan-a` sees message 2 through; `fan-b` nothing. A turn on, their checkpoints are written.
-        shard.handle(shard.now, ShardInput::FanoutFinished { channel: fanning[0].clone(), seq: Seq::new(2) });
-        shard.handle_tick(shard.now + LEADER_TURN * 2);
-        let outputs = carry_out_loads_and_floors(&mut shard, &log);
-        answer_persists(&mut shard, &log, outputs);
+        finish_fanout_of(&mut shard, &log, &fanning[0], 2);
+        write_checkpoints_a_turn_on(&mut shard, &log);
         let stored = |channel: &ChannelId| tidings_store::message::MessageLog::state(&*log, channel).unwrap();
         assert_eq!((stored(&fanning[0]).hw, stored(&fanning[0]).fanned_through), (Seq::new(5), Seq::new(2)));
         assert_eq!((stored(&fanning[1]).hw, stored(&fanning[1]).fanned_through), (Seq::new(5), Seq::new(1)));
@@ -420,11 +425,7 @@ mod tests {
         shard.activate(&refused);
         let outputs = carry_out_loads_and_floors(&mut shard, &log);
         assert!(shard.channels.contains(&refused), "placed");
-        assert!(!shard.channels.contains(&fanning[0]), "in the place of the leader that made progress");
-        assert!(shard.channels.contains(&fanning[1]), "one that saw no message through keeps its place");
-        assert!(outputs.iter().any(|o| matches!(o, ShardOutput::FanoutHandedOver(c) if *c == fanning[0])));
-        assert!(shard.to_activate.contains_key(&fanning[0]), "filed to come back");
-        assert_eq!(shard.counters.fanning_out_leaders_evicted, 1);
+        assert_handed_over(&shard, &outputs, &fanning);
 
         // Back, its next incarnation plans again the messages past its checkpointed progress.
         shard.evict(&refused);
@@ -434,6 +435,105 @@ mod tests {
         assert!(shard.channels.contains(&fanning[0]));
         let again = [3, 4].map(|seq| (Seq::new(seq), true)).to_vec();
         assert_eq!(handed_to_fanout(&outputs, &fanning[0]), again);
+    }
+
+    /// An activation finding no room while a leader only fanning out has seen a message of its own
+    /// through, not yet checkpointed, has that checkpoint written at once and takes the leader's place
+    /// when it lands. Left to fall due, the checkpoint came up to ~1.1 s later.
+    #[test]
+    fn an_activation_short_of_room_hurries_a_fanning_out_leaders_progress_checkpoint() {
+        let (mut shard, log, fanning) = two_leaders_fanning_out();
+        write_checkpoints_a_turn_on(&mut shard, &log);
+        finish_fanout_of(&mut shard, &log, &fanning[1], 2);
+
+        let waiting = returning_leader(&mut shard, &log, "waiting");
+        shard.activate(&waiting);
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        assert!(!shard.channels.contains(&waiting));
+        assert_eq!(shard.hurried_for.get(&fanning[1]), Some(&waiting), "the one with progress is hurried");
+        let outputs = answer_persists(&mut shard, &log, outputs);
+        assert!(shard.channels.contains(&waiting), "placed once the checkpoint landed");
+        assert_handed_over(&shard, &outputs, &[fanning[1].clone(), fanning[0].clone()]);
+    }
+
+    /// An activation waiting in the room queue takes the place of a leader only fanning out as soon as
+    /// that leader may leave, not at the next eviction scan (up to a second later): whether its fanout
+    /// progress comes once it held its place a turn (its checkpoint is hurried for the activation) or
+    /// before (the checkpoint lands when due, and the place is handed on then).
+    #[test]
+    fn an_activation_waiting_for_room_takes_a_fanning_out_leaders_place_once_it_may_leave() {
+        for progress_before_the_turn in [false, true] {
+            let (mut shard, log, fanning) = two_leaders_fanning_out();
+            // No scan places anything here: only the drains hand places on.
+            shard.next_evict_scan = shard.now + Duration::from_secs(3_600);
+            if progress_before_the_turn {
+                finish_fanout_of(&mut shard, &log, &fanning[0], 2);
+            } else {
+                write_checkpoints_a_turn_on(&mut shard, &log);
+            }
+            let waiting = returning_leader(&mut shard, &log, "waiting");
+            shard.activate(&waiting);
+            carry_out_loads_and_floors(&mut shard, &log);
+            assert!(shard.is_queued_for_room(&waiting), "neither leader may leave yet");
+
+            let outputs = if progress_before_the_turn {
+                write_checkpoints_a_turn_on(&mut shard, &log)
+            } else {
+                finish_fanout_of(&mut shard, &log, &fanning[0], 2)
+            };
+            assert!(shard.channels.contains(&waiting), "placed (progress before the turn: {progress_before_the_turn})");
+            assert_handed_over(&shard, &outputs, &fanning);
+        }
+    }
+
+    /// Two leaders (`fan-a`, `fan-b`) filling a shard of two places, each resuming a leadership whose
+    /// three messages (2 to 4) are committed and known fanned out through the barrier only: their new
+    /// incarnations plan the three again, and fanout answers none of them yet. Their HW checkpoints are
+    /// not written yet.
+    fn two_leaders_fanning_out() -> (ChannelShard, Arc<MemoryLog>, Vec<ChannelId>) {
+        let mut config = NodeConfig { active_channels_max: 2, ..NodeConfig::new(ME, vec![ME, NodeId::new(2)]) };
+        config.fanout_enabled = true;
+        let (mut shard, log) = shard_over_memory_log(config);
+        let fanning = ["fan-a", "fan-b"]
+            .into_iter()
+            .map(|name| {
+                let channel = known(&mut shard, name, 1);
+                let checkpoints = vec![LogOp::CheckpointHw(Seq::new(4)), LogOp::CheckpointFanned(Seq::new(1))];
+                store_epoch(&log, &channel, 1, 4, checkpoints);
+                shard.activate(&channel);
+                let outputs = carry_out_loads_and_floors(&mut shard, &log);
+                let outputs = answer_persists(&mut shard, &log, outputs);
+                let again = [2, 3, 4].map(|seq| (Seq::new(seq), true)).to_vec();
+                assert_eq!(handed_to_fanout(&outputs, &channel), again);
+                channel
+            })
+            .collect();
+        (shard, log, fanning)
+    }
+
+    /// Fanout tells the shard it finished `channel`'s messages through `seq`; the durable writes that
+    /// brings land. Returns the other outputs.
+    fn finish_fanout_of(shard: &mut ChannelShard, log: &MemoryLog, channel: &ChannelId, seq: u64) -> Vec<ShardOutput> {
+        shard.handle(shard.now, ShardInput::FanoutFinished { channel: channel.clone(), seq: Seq::new(seq) });
+        let outputs = carry_out_loads_and_floors(shard, log);
+        answer_persists(shard, log, outputs)
+    }
+
+    /// Two leader turns on, the checkpoints due by then are written; returns the other outputs.
+    fn write_checkpoints_a_turn_on(shard: &mut ChannelShard, log: &MemoryLog) -> Vec<ShardOutput> {
+        shard.handle_tick(shard.now + LEADER_TURN * 2);
+        let outputs = carry_out_loads_and_floors(shard, log);
+        answer_persists(shard, log, outputs)
+    }
+
+    /// Asserts that `fanning[0]` left its place for another, its fanout handed over (among `outputs`)
+    /// and filed to come back, while `fanning[1]` keeps its own.
+    fn assert_handed_over(shard: &ChannelShard, outputs: &[ShardOutput], fanning: &[ChannelId]) {
+        assert!(!shard.channels.contains(&fanning[0]), "in the place of the leader that made progress");
+        assert!(shard.channels.contains(&fanning[1]), "one that saw no message through keeps its place");
+        assert!(outputs.iter().any(|o| matches!(o, ShardOutput::FanoutHandedOver(c) if *c == fanning[0])));
+        assert!(shard.to_activate.contains_key(&fanning[0]), "filed to come back");
+        assert_eq!(shard.counters.fanning_out_leaders_evicted, 1);
     }
 
     /// A replica is not evicted for another's room in the instant it came (`RESIDENCE_MIN`): the

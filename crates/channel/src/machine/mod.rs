@@ -502,14 +502,16 @@ impl ChannelMachine {
     }
 
     /// `true` for a leader whose only unfinished work is its fanout: no append, reservation or
-    /// retention move waits, every record it holds is committed, and nothing is on its way to the
-    /// store. It waits for no follower, so a node need not count it among the leaders whose share of
-    /// the room for active replicas keeps followers' room free (a shard's one leader's place held
-    /// through a long fanout refused every other leader of that shard meanwhile).
+    /// retention move waits, and every record it holds is committed. It waits for no follower, so a
+    /// node need not count it among the leaders whose share of the room for active replicas keeps
+    /// followers' room free (a shard's one leader's place held through a long fanout refused every
+    /// other leader of that shard meanwhile). A write of its own may be on its way to the store (a
+    /// checkpoint, or records a quorum of followers made durable first): that waits for no follower
+    /// either. Counted meanwhile, a leader whose checkpoint was in flight kept a leader waiting for
+    /// room out of another's freed place, with nothing to hand that place on once the write landed.
     pub fn leads_only_fanning_out(&self) -> bool {
         matches!(self.role, Role::Leader(_))
             && self.leader_waits_for_nothing()
-            && self.log.settled()
             && self.log.hw == self.log.end
             && !self.handoff_quiet()
     }
@@ -528,6 +530,7 @@ impl ChannelMachine {
     pub fn can_leave_memory_fanning_out(&self) -> bool {
         let Role::Leader(leader) = &self.role else { return false };
         self.leads_only_fanning_out()
+            && self.log.settled()
             && !self.reading_for_a_follower()
             && self.log.durable.hw >= self.log.hw
             && self.log.durable.fanned_through > leader.fanned_from
@@ -541,22 +544,39 @@ impl ChannelMachine {
             Role::Leader(_) => self.leader_waits_for_nothing() && self.log.hw == self.log.end,
             _ => true,
         };
-        leader_done
+        leader_done && self.log.settled() && self.handoff_quiet() && self.checkpoint_wanted_not_due()
+    }
+
+    /// `true` for a leader only fanning out that only a checkpoint not written yet keeps from leaving
+    /// memory for another replica's place ([`ChannelMachine::can_leave_memory_fanning_out`]): fanout
+    /// progress of its own is known but not durable (or its HW is not), and no checkpoint is on its way
+    /// or due already. Left to fall due, that checkpoint came up to ~1.1 s later, and an activation
+    /// waiting for the place waited as long.
+    pub fn kept_fanning_out_only_by_its_checkpoint(&self) -> bool {
+        let Role::Leader(leader) = &self.role else { return false };
+        self.leads_only_fanning_out()
             && self.log.settled()
-            && self.handoff_quiet()
-            && self.standalone_checkpoint_wanted()
-            && self.log.checkpoint_at.is_none_or(|at| at > self.now)
+            && !self.reading_for_a_follower()
+            && self.fanned_through().min(self.log.hw) > leader.fanned_from
+            && self.checkpoint_wanted_not_due()
+    }
+
+    /// A checkpoint of its own is wanted (`standalone_checkpoint_wanted`) and none is due already.
+    fn checkpoint_wanted_not_due(&self) -> bool {
+        self.standalone_checkpoint_wanted() && self.log.checkpoint_at.is_none_or(|at| at > self.now)
     }
 
     /// Writes now the checkpoint that alone keeps this replica in memory
-    /// ([`ChannelMachine::kept_only_by_its_checkpoint`]) instead of at its due time, up to ~1.1 s away
-    /// (see `checkpoint_due_at`); `false` when that is not what keeps it. A node out of room for active
-    /// replicas asks this of one, and the activation short of room takes its place once the write
-    /// lands: at the cap, waiting for the due time let each place change hands about once a second (sim
-    /// seed 487000472: 24 busy channels on five places a node, some refused for the whole healed phase).
+    /// ([`ChannelMachine::kept_only_by_its_checkpoint`]) or alone keeps a leader only fanning out from
+    /// leaving ([`ChannelMachine::kept_fanning_out_only_by_its_checkpoint`]) instead of at its due time,
+    /// up to ~1.1 s away (see `checkpoint_due_at`); `false` when that is not what keeps it. A node out
+    /// of room for active replicas asks this of one, and the activation short of room takes its place
+    /// once the write lands: at the cap, waiting for the due time let each place change hands about once
+    /// a second (sim seed 487000472: 24 busy channels on five places a node, some refused for the whole
+    /// healed phase).
     pub fn checkpoint_to_leave(&mut self, now: Time) -> bool {
         self.advance(now);
-        if !self.kept_only_by_its_checkpoint() {
+        if !self.kept_only_by_its_checkpoint() && !self.kept_fanning_out_only_by_its_checkpoint() {
             return false;
         }
         self.log.checkpoint_at = Some(self.now);
