@@ -172,6 +172,13 @@ pub(super) enum RoomWait {
     Queued,
 }
 
+/// `true` when `state`'s log holds a message (not a barrier: one starts each epoch) past `seq`, up to its
+/// checkpointed HW.
+fn messages_past(state: &ChannelLogState, seq: Seq) -> bool {
+    let barriers = state.epochs.iter().filter(|(_, start)| *start > seq && *start <= state.hw).count() as u64;
+    state.hw.get().saturating_sub(seq.get()) > barriers
+}
+
 /// Longest an activation waits in the room queue for a freed place before it is refused
 /// `TooManyChannels` as it was before it waited (checked at the eviction scans: up to a scan later).
 /// Refused at once, an activation at the cap was tried again only at the next scan or its sender's
@@ -378,6 +385,43 @@ impl ChannelShard {
         gave
     }
 
+    /// `true` when `channel`'s leader, its log at `state` and `parked` inputs waiting on it, comes back
+    /// only to fan out: it resumes a leadership its log holds (not a start), every record is committed
+    /// and checkpointed, a message past its checkpointed fanout progress is left to fan out, and no
+    /// call waits on it. Once active it leads only
+    /// fanning out (`ChannelMachine::leads_only_fanning_out`) and holds no place of the leaders' share,
+    /// so its activation does not keep to that share: kept to it, the comeback of a fanning-out leader
+    /// evicted for another's room (`evict_one_fanning_out_leader`), or the resume after a restart, had
+    /// a busy leader asked to leave for it when leaders filled their share. An append coming once it is
+    /// active makes it a leader of the share like any other, past the share by one until one leaves
+    /// (followers are let in past the cap meanwhile: `followers_place_taken_by_leaders`).
+    fn comes_back_only_to_fan_out(
+        &self,
+        meta: &ChannelRuntimeMeta,
+        state: &ChannelLogState,
+        parked: &[Deferred],
+    ) -> bool {
+        self.config.fanout_enabled
+            && meta.leader == self.config.node
+            && state.last_epoch() == meta.leader_epoch
+            && state.hw == state.last_seq
+            && messages_past(state, state.fanned_through)
+            && !parked.iter().any(|input| matches!(input, Deferred::Call { .. } | Deferred::Route { .. }))
+    }
+
+    /// `true` when the activation of `channel` needs a place of the leaders' share: its meta names this
+    /// node leader, unless, its load done, it comes back only to fan out (`comes_back_only_to_fan_out`).
+    fn needs_a_leaders_place(&self, channel: &ChannelId) -> bool {
+        let Some(known) = self.metas.get(channel).filter(|known| known.meta.leader == self.config.node) else {
+            return false;
+        };
+        let loaded = self.loading.get(channel).and_then(|loading| match &loading.waiting_for_room {
+            Some((Loaded { outcome: Ok(log), .. }, _)) => Some((&log.state, &loading.parked)),
+            _ => None,
+        });
+        loaded.is_none_or(|(state, parked)| !self.comes_back_only_to_fan_out(&known.meta, state, parked))
+    }
+
     /// Drops the room queue's entries that wait there no longer.
     fn drop_stale_queued(&mut self) {
         let queue = std::mem::take(&mut self.room_queue);
@@ -397,7 +441,7 @@ impl ChannelShard {
         let mut leaders_full = None;
         let position = self.room_queue.iter().position(|c| {
             leader_place
-                || !self.named_leader(c)
+                || !self.needs_a_leaders_place(c)
                 || !*leaders_full.get_or_insert_with(|| self.leaders_holding_share() >= leaders_max)
         })?;
         self.room_queue.remove(position)
@@ -524,7 +568,9 @@ impl ChannelShard {
         // (`followers_place_taken_by_leaders`).
         let starts_in_free_place =
             leads && log.state.last_epoch() < meta.leader_epoch && self.channels.len() < self.active_max;
-        let no_room_to_lead = leads && !starts_in_free_place && leaders_full() && !self.evict_one_leader();
+        let needs_share =
+            leads && !starts_in_free_place && !self.comes_back_only_to_fan_out(&meta, &log.state, &parked);
+        let no_room_to_lead = needs_share && leaders_full() && !self.evict_one_leader();
         // (Evicts for room only when a leader's place is not what is missing.) A follower finding none
         // takes the place of a leader stalled waiting for followers elsewhere, once leaders hold the
         // followers' reserve too: those followers may be waiting for room that such leaders hold there;

@@ -153,7 +153,9 @@ impl ChannelShard {
                 let fanning_out_after = !leaders_only && self.fanning_out_kept_only_by_its_checkpoint(c, m);
                 (at_rest_after || fanning_out_after).then_some((fanning_out_after, c))
             })
-            .min_by_key(|(fanning_out, c)| (*fanning_out, self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone()))
+            .min_by_key(|(fanning_out, c)| {
+                (*fanning_out, self.channels.last_used(c).unwrap_or(Time::ZERO), (*c).clone())
+            })
             .map(|(_, c)| c.clone())?;
         let now = self.now;
         self.machine_mut(&hurried).is_some_and(|machine| machine.checkpoint_to_leave(now)).then_some(hurried)
@@ -484,6 +486,52 @@ mod tests {
             assert!(shard.channels.contains(&waiting), "placed (progress before the turn: {progress_before_the_turn})");
             assert_handed_over(&shard, &outputs, &fanning);
         }
+    }
+
+    /// A leader coming back only to fan out (resuming its leadership with every record committed and
+    /// fanout unfinished, no call waiting on it) takes a free place where busy leaders fill the
+    /// leaders' share, and no busy leader is asked to leave for it: once active it holds no place of
+    /// that share. Waiting for room, it takes the place another leader only fanning out leaves, which a
+    /// leader of the share may not. One with an append waiting keeps to the share.
+    #[test]
+    fn a_leader_coming_back_only_to_fan_out_does_not_keep_to_the_leaders_share() {
+        let (mut shard, log, _busy, _unanswered) = a_shard_whose_leaders_share_busy_leaders_hold();
+        let [with_append, fanning, fanning_later] = ["with-append", "fanning", "fanning-later"].map(|name| {
+            let channel = known(&mut shard, name, 1);
+            let checkpoints = vec![LogOp::CheckpointHw(Seq::new(4)), LogOp::CheckpointFanned(Seq::new(1))];
+            store_epoch(&log, &channel, 2, 4, checkpoints);
+            shard.resumable.insert(channel.clone(), LeaderEpoch::new(2));
+            channel
+        });
+        // The busy leaders have held their places a turn: one may be asked to leave.
+        let turn_over = shard.now + LEADER_TURN;
+        shard.advance(turn_over);
+        shard.activate(&fanning);
+        let outputs = carry_out_loads_and_floors(&mut shard, &log);
+        let outputs = answer_persists(&mut shard, &log, outputs);
+        assert!(shard.channels.contains(&fanning), "placed in the free place");
+        assert_eq!(shard.counters.leaders_asked_to_leave, 0, "no busy leader asked to leave for it");
+        let again = [2, 3, 4].map(|seq| (Seq::new(seq), true)).to_vec();
+        assert_eq!(handed_to_fanout(&outputs, &fanning), again);
+        assert!(shard.channels.get(&fanning).is_some_and(|m| m.leads_only_fanning_out()));
+
+        let records = vec![AppendRecord { idempotency_key: None, payload: bytes::Bytes::from_static(b"m") }];
+        let append = ShardInput::Append { api: ApiId(8), channel: with_append.clone(), sender: None, records };
+        shard.handle(shard.now, append);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(!shard.channels.contains(&with_append) && shard.is_queued_for_room(&with_append));
+        assert_eq!(shard.counters.leaders_asked_to_leave, 1, "a busy leader is asked to leave for this one");
+
+        // With no place free it waits; a turn on, `fanning` sees message 2 through, and its place goes
+        // to the one that waits (its progress checkpoint hurried), not to the leader with an append.
+        shard.activate(&fanning_later);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.is_queued_for_room(&fanning_later));
+        let turn_over = shard.now + LEADER_TURN;
+        shard.advance(turn_over);
+        finish_fanout_of(&mut shard, &log, &fanning, 2);
+        assert!(shard.channels.contains(&fanning_later) && !shard.channels.contains(&fanning));
+        assert!(shard.is_queued_for_room(&with_append));
     }
 
     /// Two leaders (`fan-a`, `fan-b`) filling a shard of two places, each resuming a leadership whose
