@@ -347,9 +347,9 @@ impl ChannelShard {
     /// replica the same rules pick first: `ChannelShard::may_leave_for_room`), one that only its
     /// checkpoint keeps has the checkpoint hurried for the activation. A follower's place, or a leader's
     /// only fanning out (it holds none of the leaders' share), goes to a leader only while leaders do
-    /// not fill their share. `true` if anything was placed or
-    /// hurried (the shard has machines to drain again). While activations wait: O(1) a touched replica,
-    /// and O(waiting) for one that can leave; nothing otherwise.
+    /// not fill their share. `true` if anything was placed or hurried (the shard has machines to drain
+    /// again). While activations wait: O(1) a touched replica, and O(waiting) for one that can leave;
+    /// nothing otherwise.
     pub(super) fn give_freed_places(&mut self, touched: Vec<ChannelId>) -> bool {
         let mut gave = false;
         for channel in touched {
@@ -388,13 +388,13 @@ impl ChannelShard {
     /// `true` when `channel`'s leader, its log at `state` and `parked` inputs waiting on it, comes back
     /// only to fan out: it resumes a leadership its log holds (not a start), every record is committed
     /// and checkpointed, a message past its checkpointed fanout progress is left to fan out, and no
-    /// call waits on it. Once active it leads only
-    /// fanning out (`ChannelMachine::leads_only_fanning_out`) and holds no place of the leaders' share,
-    /// so its activation does not keep to that share: kept to it, the comeback of a fanning-out leader
-    /// evicted for another's room (`evict_one_fanning_out_leader`), or the resume after a restart, had
-    /// a busy leader asked to leave for it when leaders filled their share. An append coming once it is
-    /// active makes it a leader of the share like any other, past the share by one until one leaves
-    /// (followers are let in past the cap meanwhile: `followers_place_taken_by_leaders`).
+    /// call waits on it. Once active it leads only fanning out (`ChannelMachine::leads_only_fanning_out`)
+    /// and holds no place of the leaders' share, so its activation does not keep to that share: kept to
+    /// it, the comeback of a fanning-out leader evicted for another's room (`evict_one_fanning_out_leader`),
+    /// or the resume after a restart, had a busy leader asked to leave for it when leaders filled their
+    /// share. An append coming once it is active makes it a leader of the share like any other, past the
+    /// share by one until one leaves (followers are let in past the cap meanwhile:
+    /// `followers_place_taken_by_leaders`).
     fn comes_back_only_to_fan_out(
         &self,
         meta: &ChannelRuntimeMeta,
