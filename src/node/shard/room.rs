@@ -164,8 +164,9 @@ impl ChannelShard {
     /// When a leader (`asker`) is refused room because busy leaders hold every place of the leaders'
     /// share and none may leave: asks the one that has held its place longest — for [`LEADER_TURN`] at
     /// least — to take no new append for up to [`LEAVING_PATIENCE`], so that it commits what it has,
-    /// settles and leaves, its place going to `asker` first (`asker` waits for it in the room queue,
-    /// `next_queued_for`). Busy leaders kept their places for as long as appends came, and a leader of
+    /// settles and leaves, its place going first to the leader refused first that still waits
+    /// (`next_leader_in_turn`; `asker` when none waited longer; the one it leaves for waits for it in
+    /// the room queue, `next_queued_for`). Busy leaders kept their places for as long as appends came, and a leader of
     /// the same shard was refused `TooManyChannels` all that time (sim seed 545000024: three places, two
     /// held by leaders under steady load; another channel led there took no append through the healed
     /// phase); and the place a leader left for another went to whichever leader came first, while the
@@ -176,10 +177,28 @@ impl ChannelShard {
     /// place, if a leave runs for it. O(active), at the cap only.
     pub(super) fn ask_a_leader_to_leave(&mut self, asker: &ChannelId) -> Option<Time> {
         let now = self.now;
+        self.wait_in_turn(asker);
         // (An ask goes with its replica: `deactivate` drops it.)
         if let Some(leave) = self.leaving_for_room.as_ref().filter(|leave| now < leave.until) {
             return (&leave.asker == asker).then_some(leave.until);
         }
+        // The leave is for the leader refused first. One that does not wait in the room queue (filed
+        // to retry, or loading) has its activation brought on, and asks for itself once loaded.
+        if let Some(in_turn) = self.next_leader_in_turn(asker).filter(|first| first != asker) {
+            if !self.is_queued_for_room(&in_turn) {
+                self.activate(&in_turn);
+            } else if let Some(until) = self.ask_a_leader_to_leave_for(&in_turn) {
+                self.wait_for_a_leave(&in_turn, until);
+            }
+            return None;
+        }
+        self.ask_a_leader_to_leave_for(asker)
+    }
+
+    /// Asks a leader to leave for `asker` (see `ask_a_leader_to_leave`; no leave runs): until when, if
+    /// one was asked.
+    fn ask_a_leader_to_leave_for(&mut self, asker: &ChannelId) -> Option<Time> {
+        let now = self.now;
         // One asked before that did not settle within its patience takes appends again: another is
         // asked first, if there is one.
         let asked_before = self.leaving_for_room.take().map(|leave| leave.leaving);
@@ -195,6 +214,35 @@ impl ChannelShard {
         let until = now + LEAVING_PATIENCE;
         self.leaving_for_room = Some(LeaveForRoom { leaving: longest, until, asker: asker.clone() });
         Some(until)
+    }
+
+    /// Files `leader`, refused room for want of a place of the leaders' share, to be asked a leave for
+    /// in its turn (`leaders_in_turn`), unless it is filed already or the file is full (a leader
+    /// not filed is asked for when it comes first, as every leader was before the file).
+    fn wait_in_turn(&mut self, leader: &ChannelId) {
+        if self.leaders_in_turn.len() < self.retries_max() && !self.leaders_in_turn.contains(leader) {
+            self.leaders_in_turn.push_back(leader.clone());
+        }
+    }
+
+    /// The leader to ask a leave for: the one first refused for want of a place of the leaders' share
+    /// that still waits — `asker`, whose activation asks, or one named leader here, not active, and
+    /// loading or filed to retry; those that wait no longer are dropped on the way. The place went to whichever leader came first once a
+    /// leave was over, and at one leader's place a shard and a dozen leaders refused, one channel
+    /// came first at none of the turns through the healed phase while the others took theirs (sim seed
+    /// 692000063, 48 channels at tight limits). O(waiting), at the cap only.
+    fn next_leader_in_turn(&mut self, asker: &ChannelId) -> Option<ChannelId> {
+        while let Some(first) = self.leaders_in_turn.front() {
+            let waits = first == asker
+                || (self.named_leader(first)
+                    && !self.channels.contains(first)
+                    && (self.is_loading(first) || self.to_activate.contains_key(first)));
+            if waits {
+                return Some(first.clone());
+            }
+            self.leaders_in_turn.pop_front();
+        }
+        None
     }
 
     /// `true` while `channel`'s leader is asked to leave for another's room: it takes no new append.
@@ -976,11 +1024,14 @@ mod tests {
         assert_eq!(shard.counters.refused_activations, 1);
     }
 
-    /// The place a busy leader was asked to leave goes to the leader it was asked to leave for, not to
-    /// one that waited longer: the one it left for found it taken a scan later, and a shard of one
-    /// leader's place turned over three times in 13 s, never to it (sim seed 590000776).
+    /// A busy leader is asked to leave for the leader refused first, whichever leader's activation
+    /// asks, and the place goes to the one it left for: before, the leave was for whichever came first
+    /// once a turn was over, and a channel at a shard of one leader's place came first at none of the
+    /// turns through a healed phase (sim seed 692000063); and the place went to whichever leader came
+    /// first once the leave was over, the one it left for finding it taken a scan later (sim seed
+    /// 590000776).
     #[test]
-    fn the_place_a_leader_leaves_goes_to_the_leader_it_left_for() {
+    fn the_place_a_leader_leaves_goes_to_the_leader_refused_first() {
         let (mut shard, log) = shard_with_places(2);
         let busy = known(&mut shard, "busy", 1);
         shard.activate(&busy);
@@ -997,12 +1048,41 @@ mod tests {
         shard.activate(&asker);
         carry_out_loads_and_floors(&mut shard, &log);
         assert!(shard.is_leaving_for_room(&busy) && shard.is_queued_for_room(&asker));
+        assert_eq!(shard.leaving_for_room.as_ref().map(|leave| &leave.asker), Some(&earlier), "refused first");
 
         let outputs = answer_persists(&mut shard, &log, unanswered);
         answer_persists(&mut shard, &log, outputs);
         assert!(!shard.channels.contains(&busy), "settled, it left");
-        assert!(shard.channels.contains(&asker), "its place went to the leader it left for");
-        assert!(!shard.channels.contains(&earlier));
+        assert!(shard.channels.contains(&earlier), "its place went to the leader it left for");
+        assert!(!shard.channels.contains(&asker) && shard.is_queued_for_room(&asker));
+    }
+
+    /// The leader refused first keeps its turn while it waits only in the file of retries (its wait in
+    /// the room queue over): a leader whose activation comes meanwhile brings that one's on instead of
+    /// asking a leave for itself, and the leave is asked for the first once it is loaded; the place
+    /// goes to it.
+    #[test]
+    fn the_leader_refused_first_keeps_its_turn_while_filed_to_retry() {
+        let (mut shard, log) = shard_with_places(2);
+        let busy = known(&mut shard, "busy", 1);
+        shard.activate(&busy);
+        let unanswered = carry_out_loads_and_floors(&mut shard, &log);
+        let first = returning_leader(&mut shard, &log, "first");
+        shard.activate_later(&first, super::super::retries::LEADER_START_TRIES);
+        shard.wait_in_turn(&first);
+
+        let turn_over = shard.now + LEADER_TURN;
+        shard.advance(turn_over);
+        let later = returning_leader(&mut shard, &log, "later");
+        shard.activate(&later);
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert_eq!(shard.leaving_for_room.as_ref().map(|leave| &leave.asker), Some(&first));
+        assert!(shard.is_queued_for_room(&first) && shard.is_queued_for_room(&later), "both wait");
+
+        let outputs = answer_persists(&mut shard, &log, unanswered);
+        answer_persists(&mut shard, &log, outputs);
+        assert!(shard.channels.contains(&first) && !shard.channels.contains(&later));
+        assert!(shard.leaders_in_turn.iter().all(|c| c != &first), "its turn taken");
     }
 
     /// The room queue holds as many activations as the shard has room for replicas; one more finding no
