@@ -161,20 +161,20 @@ impl ChannelShard {
         self.machine_mut(&hurried).is_some_and(|machine| machine.checkpoint_to_leave(now)).then_some(hurried)
     }
 
-    /// When a leader (`asker`) is refused room because busy leaders hold every place of the leaders'
-    /// share and none may leave: asks the one that has held its place longest — for [`LEADER_TURN`] at
-    /// least — to take no new append for up to [`LEAVING_PATIENCE`], so that it commits what it has,
-    /// settles and leaves, its place going first to the leader refused first that still waits
-    /// (`next_leader_in_turn`; `asker` when none waited longer; the one it leaves for waits for it in
-    /// the room queue, `next_queued_for`). Busy leaders kept their places for as long as appends came, and a leader of
-    /// the same shard was refused `TooManyChannels` all that time (sim seed 545000024: three places, two
-    /// held by leaders under steady load; another channel led there took no append through the healed
-    /// phase); and the place a leader left for another went to whichever leader came first, while the
-    /// one it left for, not in the full room queue, came back a scan later to find it taken — a shard
-    /// of one leader's place, turned over three times in 13 s, never to it (sim seed 590000776, 48
-    /// channels at tight limits). One leader a shard at a time; its appends are refused
-    /// `TooManyChannels` meanwhile, as the waiting leader's were. Until when `asker` may wait for the
-    /// place, if a leave runs for it. O(active), at the cap only.
+    /// When a leader (`asker`) is refused room because busy leaders hold every place of the leaders' share
+    /// and none may leave: asks the one that has held its place longest — for [`LEADER_TURN`] at least — to
+    /// take no new append for up to [`LEAVING_PATIENCE`], so that it commits what it has, settles and
+    /// leaves, its place going first to the leader refused first that still waits (`next_leader_in_turn`;
+    /// `asker` when none waited longer; the one it leaves for waits for it in the room queue,
+    /// `next_queued_for`). Busy leaders kept their places for as long as appends came, and a leader of the
+    /// same shard was refused `TooManyChannels` all that time (sim seed 545000024: three places, two held
+    /// by leaders under steady load; another channel led there took no append through the healed phase);
+    /// and the place a leader left for another went to whichever leader came first, while the one it left
+    /// for, not in the full room queue, came back a scan later to find it taken — a shard of one leader's
+    /// place, turned over three times in 13 s, never to it (sim seed 590000776, 48 channels at tight
+    /// limits). One leader a shard at a time; its appends are refused `TooManyChannels` meanwhile, as the
+    /// waiting leader's were. Until when `asker` may wait for the place, if a leave runs for it. O(active),
+    /// at the cap only.
     pub(super) fn ask_a_leader_to_leave(&mut self, asker: &ChannelId) -> Option<Time> {
         let now = self.now;
         self.wait_in_turn(asker);
@@ -227,10 +227,11 @@ impl ChannelShard {
 
     /// The leader to ask a leave for: the one first refused for want of a place of the leaders' share
     /// that still waits — `asker`, whose activation asks, or one named leader here, not active, and
-    /// loading or filed to retry; those that wait no longer are dropped on the way. The place went to whichever leader came first once a
-    /// leave was over, and at one leader's place a shard and a dozen leaders refused, one channel
-    /// came first at none of the turns through the healed phase while the others took theirs (sim seed
-    /// 692000063, 48 channels at tight limits). O(waiting), at the cap only.
+    /// loading or filed to retry; those that wait no longer are dropped on the way. The leave was for
+    /// whichever leader came first once one was over, and at one leader's place a shard and a dozen
+    /// leaders refused, one channel came first at none of the turns through the healed phase while the
+    /// others took theirs (sim seed 692000063, 48 channels at tight limits). O(waiting), at the cap
+    /// only.
     fn next_leader_in_turn(&mut self, asker: &ChannelId) -> Option<ChannelId> {
         while let Some(first) = self.leaders_in_turn.front() {
             let waits = first == asker
