@@ -383,7 +383,7 @@ pub(crate) struct ChannelShard {
     leaving_for_room: Option<room::LeaveForRoom>,
     /// Leaders refused room for want of a place of the leaders' share, in the order they were first
     /// refused: a leave is asked for the first still waiting (`ChannelShard::next_leader_in_turn`). May
-    /// name channels that wait no longer; at most `retries_max` entries.
+    /// name channels that wait no longer; at most `room::LEADERS_IN_TURN_MAX` entries.
     leaders_in_turn: VecDeque<ChannelId>,
     /// HW and fanout progress of replicas taken out of memory before they were quiescent (a storage
     /// failure, a follower rebuilt to lead): their next incarnation keeps both.

@@ -30,6 +30,11 @@ pub(super) const LEAVING_PATIENCE: Duration = Duration::from_secs(3);
 /// soaks of 24 busy channels. Idle eviction keeps to `channel_idle_evict`.
 pub(super) const RESIDENCE_MIN: Duration = Duration::from_millis(1);
 
+/// Leaders refused room a shard files to take the leaders' places in the order they were refused
+/// (`ChannelShard::next_leader_in_turn`). Past it, a leader is asked for when it comes first. Small, as
+/// each filing and each leader placed meanwhile reads the file through.
+pub(super) const LEADERS_IN_TURN_MAX: usize = 64;
+
 /// A leader asked to leave its place of the leaders' share for a leader refused room: it takes no new
 /// append until `until`, so that it settles and may be evicted, and the place it frees goes to `asker`
 /// first.
@@ -220,7 +225,7 @@ impl ChannelShard {
     /// in its turn (`leaders_in_turn`), unless it is filed already or the file is full (a leader
     /// not filed is asked for when it comes first, as every leader was before the file).
     fn wait_in_turn(&mut self, leader: &ChannelId) {
-        if self.leaders_in_turn.len() < self.retries_max() && !self.leaders_in_turn.contains(leader) {
+        if self.leaders_in_turn.len() < LEADERS_IN_TURN_MAX && !self.leaders_in_turn.contains(leader) {
             self.leaders_in_turn.push_back(leader.clone());
         }
     }
