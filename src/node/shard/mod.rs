@@ -24,6 +24,7 @@ mod senders;
 mod stray;
 #[cfg(test)]
 mod testing;
+mod turns;
 
 pub use activation::ActivationLoad;
 use activation::Loaded;
@@ -380,10 +381,10 @@ pub(crate) struct ChannelShard {
     room_queue: VecDeque<ChannelId>,
     /// The leader asked to leave its place of the leaders' share for a leader refused room
     /// (`ChannelShard::ask_a_leader_to_leave`). One a shard; it goes with its replica.
-    leaving_for_room: Option<room::LeaveForRoom>,
+    leaving_for_room: Option<turns::LeaveForRoom>,
     /// Leaders refused room for want of a place of the leaders' share, in the order they were first
     /// refused: a leave is asked for the first still waiting (`ChannelShard::next_leader_in_turn`). May
-    /// name channels that wait no longer; at most `room::LEADERS_IN_TURN_MAX` entries.
+    /// name channels that wait no longer; at most `turns::LEADERS_IN_TURN_MAX` entries.
     leaders_in_turn: VecDeque<ChannelId>,
     /// HW and fanout progress of replicas taken out of memory before they were quiescent (a storage
     /// failure, a follower rebuilt to lead): their next incarnation keeps both.

@@ -1,6 +1,7 @@
 //! What the unit tests of the shard's modules share: a shard over a memory log, and loads and floor
 //! writes carried out as the node would.
 
+use super::activation::ROOM_PATIENCE;
 use super::room::RESIDENCE_MIN;
 use super::{ChannelShard, KnownMeta, ShardInput, ShardOutput};
 use crate::node::config::NodeConfig;
@@ -102,4 +103,48 @@ pub(super) fn first_barrier_of_epoch_2() -> Record {
 pub(super) fn let_residence_pass(shard: &mut ChannelShard) {
     let now = shard.now + RESIDENCE_MIN;
     shard.advance(now);
+}
+
+/// A channel this node leads whose replica was evicted earlier (its epoch's barrier in its log): it
+/// comes back as a returning leader, which takes no place free past the leaders' share.
+pub(super) fn returning_leader(shard: &mut ChannelShard, log: &MemoryLog, name: &str) -> ChannelId {
+    let leader = known(shard, name, 1);
+    store_epoch(log, &leader, 2, 1, vec![LogOp::CheckpointHw(Seq::new(1))]);
+    shard.resumable.insert(leader.clone(), LeaderEpoch::new(2));
+    leader
+}
+
+/// Tries `channel`'s activation and, when it waits in the room queue, lets its patience pass and tries
+/// it once more: a try that finds no room ends refused (filed to be tried again), as it did before
+/// activations waited for room.
+pub(super) fn try_activation(shard: &mut ChannelShard, log: &MemoryLog, channel: &ChannelId) {
+    shard.activate(channel);
+    carry_out_loads_and_floors(shard, log);
+    if shard.is_queued_for_room(channel) {
+        let patience_over = shard.now + ROOM_PATIENCE;
+        shard.advance(patience_over);
+        shard.retry_queued_for_room();
+        carry_out_loads_and_floors(shard, log);
+    }
+}
+
+/// Answers every durable write among `outputs` and those the answers bring, until none is left;
+/// returns the other outputs.
+pub(super) fn answer_persists(
+    shard: &mut ChannelShard,
+    log: &MemoryLog,
+    mut outputs: Vec<ShardOutput>,
+) -> Vec<ShardOutput> {
+    let mut others = Vec::new();
+    while let Some(output) = outputs.pop() {
+        let ShardOutput::Effect(NodeEffect::Persist { token, batch }) = output else {
+            others.push(output);
+            continue;
+        };
+        let channel = batch.channel.clone();
+        let result = tidings_store::message::MessageLog::commit(log, batch);
+        shard.handle(Time::ZERO, ShardInput::Persisted { channel, token, result });
+        outputs.extend(carry_out_loads_and_floors(shard, log));
+    }
+    others
 }
