@@ -130,7 +130,20 @@ mod tests {
     use super::super::{ShardInput, ShardOutput};
     use super::*;
     use crate::node::core::{ApiId, ApiResult, NodeEffect};
+    use std::sync::Arc;
     use tidings_channel::machine::AppendRecord;
+    use tidings_store::message::MemoryLog;
+
+    /// A shard of two places, one of them its one leader's place (`leaders_max`), held by a busy leader:
+    /// its barrier's durable write (among the outputs returned) is not answered yet.
+    fn one_leader_place_a_busy_leader_holds() -> (ChannelShard, Arc<MemoryLog>, ChannelId, Vec<ShardOutput>) {
+        let (mut shard, log) = shard_with_places(2);
+        assert_eq!(super::super::activation::leaders_max(2), 1);
+        let busy = known(&mut shard, "busy", 1);
+        shard.activate(&busy);
+        let unanswered = carry_out_loads_and_floors(&mut shard, &log);
+        (shard, log, busy, unanswered)
+    }
 
     /// A leader refused room because a busy leader holds the one leader's place has that leader asked
     /// to leave once it held the place for `LEADER_TURN`: it takes no new append meanwhile, settles, and
@@ -138,12 +151,7 @@ mod tests {
     /// appends came (sim seed 545000024).
     #[test]
     fn a_busy_leader_is_asked_to_leave_its_place_for_a_leader_refused_room() {
-        let (mut shard, log) = shard_with_places(2);
-        assert_eq!(super::super::activation::leaders_max(2), 1);
-        // Busy: its barrier's durable write is not answered yet.
-        let busy = known(&mut shard, "busy", 1);
-        shard.activate(&busy);
-        let unanswered = carry_out_loads_and_floors(&mut shard, &log);
+        let (mut shard, log, busy, unanswered) = one_leader_place_a_busy_leader_holds();
         assert!(shard.channels.get(&busy).is_some_and(|m| m.role() == RoleKind::Leader && !m.is_quiescent()));
 
         let waiting = returning_leader(&mut shard, &log, "waiting");
@@ -220,10 +228,7 @@ mod tests {
     /// 590000776).
     #[test]
     fn the_place_a_leader_leaves_goes_to_the_leader_refused_first() {
-        let (mut shard, log) = shard_with_places(2);
-        let busy = known(&mut shard, "busy", 1);
-        shard.activate(&busy);
-        let unanswered = carry_out_loads_and_floors(&mut shard, &log);
+        let (mut shard, log, busy, unanswered) = one_leader_place_a_busy_leader_holds();
         // Refused before the busy leader's turn is over: it waits, and no leader is asked to leave.
         let earlier = returning_leader(&mut shard, &log, "earlier");
         shard.activate(&earlier);
@@ -251,10 +256,7 @@ mod tests {
     /// goes to it.
     #[test]
     fn the_leader_refused_first_keeps_its_turn_while_filed_to_retry() {
-        let (mut shard, log) = shard_with_places(2);
-        let busy = known(&mut shard, "busy", 1);
-        shard.activate(&busy);
-        let unanswered = carry_out_loads_and_floors(&mut shard, &log);
+        let (mut shard, log, busy, unanswered) = one_leader_place_a_busy_leader_holds();
         let first = returning_leader(&mut shard, &log, "first");
         shard.activate_later(&first, super::super::retries::LEADER_START_TRIES);
         shard.wait_in_turn(&first);
@@ -264,6 +266,7 @@ mod tests {
         let later = returning_leader(&mut shard, &log, "later");
         shard.activate(&later);
         carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.is_leaving_for_room(&busy));
         assert_eq!(shard.leaving_for_room.as_ref().map(|leave| &leave.asker), Some(&first));
         assert!(shard.is_queued_for_room(&first) && shard.is_queued_for_room(&later), "both wait");
 
