@@ -622,9 +622,7 @@ fn a_leader_may_leave_memory_with_uncommitted_records_only_once_no_caller_waits_
     assert!(!m.is_quiescent());
     assert!(m.can_leave_memory_as_stalled_leader());
     // A follower is never one.
-    let mut follower = empty_replica(2);
-    follower.handle_meta(t(1), meta(1, 1, 1)).unwrap();
-    settle(&mut follower, &MemoryLog::new(LogLimits::default()), t(1));
+    let follower = settled_follower();
     assert!(!follower.can_leave_memory_as_stalled_leader());
 }
 
@@ -1172,9 +1170,7 @@ fn a_leader_only_fanning_out_may_leave_memory_once_its_own_fanout_progress_is_ch
     // A follower never is one, nor a leader with nothing left to fan out.
     m.fanout_finished(Seq::new(3));
     assert!(!m.leads_only_fanning_out() && !m.can_leave_memory_fanning_out());
-    let mut follower = empty_replica(2);
-    follower.handle_meta(t(1), meta(1, 1, 1)).unwrap();
-    settle(&mut follower, &MemoryLog::new(LogLimits::default()), t(1));
+    let follower = settled_follower();
     assert!(!follower.can_leave_memory_fanning_out());
 }
 
@@ -1225,4 +1221,12 @@ fn leader_alone_fanning_out_two_messages(log: &MemoryLog) -> ChannelMachine {
     let stored = log.state(&channel()).unwrap();
     assert_eq!((stored.hw, stored.fanned_through), (Seq::new(3), Seq::new(1)));
     m
+}
+
+/// Node 2's replica, a follower of node 1 with nothing to pull yet.
+fn settled_follower() -> ChannelMachine {
+    let mut follower = empty_replica(2);
+    follower.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    settle(&mut follower, &MemoryLog::new(LogLimits::default()), t(1));
+    follower
 }
