@@ -1223,7 +1223,7 @@ fn leader_alone_fanning_out_two_messages(log: &MemoryLog) -> ChannelMachine {
     m
 }
 
-/// Node 2's replica, a follower of node 1 with nothing to pull yet.
+/// Node 2's replica made a follower of node 1, its first pull out and never answered.
 fn settled_follower() -> ChannelMachine {
     let mut follower = empty_replica(2);
     follower.handle_meta(t(1), meta(1, 1, 1)).unwrap();
