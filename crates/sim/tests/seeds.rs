@@ -909,19 +909,20 @@ fn a_seed_whose_fanning_out_leaders_held_every_place_of_a_shard_passes() {
     assert_passes(&run(SimParams { tight_limits: true, hurried_timings: true, ..SimParams::from_seed(660003161) }));
 }
 
-/// Forty-eight channels at tight limits; MinISR 2 of two nodes and a third joining (672000080), and
-/// MinISR 3 of five nodes, one removed (692000063). One node led most channels, its shards had one
-/// leader's place each, and the busy leaders took that place in turns — but the turns did not reach
-/// every channel: in 692000063, on a session 51 build before the turn order, `sim-19` came first at
-/// none of them from 18 s to the end of the healed phase at 69 s. A leave is now asked for the leader
-/// refused first (`ChannelShard::next_leader_in_turn`). 672000080 failed on sessions 49 and 50's
-/// code; it passes since this session's first change (a leader only fanning out hands its place on as
-/// soon as it may leave), which moved its trace, so the order is not shown to be what fixed it.
+/// Forty-eight channels at tight limits, where one node's shards have one leader's place each and the
+/// busy leaders take it in turns: MinISR 2 of two nodes and a third joining (672000080), MinISR 3 of
+/// five nodes, one removed (692000063), and MinISR 3 of three nodes with three places each (707000646).
+/// 672000080 failed on sessions 49 and 50's code (two channels got no turn in the healed phase); it
+/// passes since session 51 hands a fanning-out leader's place on as soon as it may leave, which moved its
+/// trace (what fixed it is not isolated). 692000063 failed on that first change alone (`sim-19` got no
+/// turn from 18 s to the end of the healed phase). A turn order by first refusal, tried next, passed both
+/// and failed 707000646 (eleven channels took no append through the healed phase), and was not kept.
 #[test]
 fn seeds_whose_leaders_turns_at_the_cap_missed_a_channel_pass() {
     let joining = SimParams { grow: true, planned_stops: true, ..soak(672000080, 48) };
     let removed = SimParams { shrink: true, planned_stops: true, ..soak(692000063, 48) };
-    for params in [joining, removed] {
+    let three_places = SimParams { clock_skew: true, planned_stops: true, ..tight_soak(707000646, 48) };
+    for params in [joining, removed, three_places] {
         assert_passes(&run(params));
     }
 }

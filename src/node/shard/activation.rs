@@ -317,15 +317,6 @@ impl ChannelShard {
         }
     }
 
-    /// Lets `channel`'s activation, waiting in the room queue, wait until `until` for the place a leave
-    /// asked for it frees, once (as one that asked the leave for itself does in `finish_activation`).
-    pub(super) fn wait_for_a_leave(&mut self, channel: &ChannelId, until: Time) {
-        if let Some(loading) = self.loading.get_mut(channel).filter(|loading| !loading.waited_for_a_leave) {
-            loading.room_patience = Some(loading.room_patience.map_or(until, |patience| patience.max(until)));
-            loading.waited_for_a_leave = true;
-        }
-    }
-
     /// `true` while `channel`'s activation waits in the room queue.
     pub(super) fn is_queued_for_room(&self, channel: &ChannelId) -> bool {
         self.loading.get(channel).is_some_and(|loading| loading.waits_for_room(RoomWait::Queued))
@@ -653,10 +644,6 @@ impl ChannelShard {
     ) {
         // A replica active here: the log is in use, whatever a read begun earlier may answer.
         self.withdraw_stray(channel);
-        // A leader placed has had its turn (see `next_leader_in_turn`).
-        if !self.leaders_in_turn.is_empty() {
-            self.leaders_in_turn.retain(|c| c != channel);
-        }
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
         self.counters.activations += 1;

@@ -382,10 +382,6 @@ pub(crate) struct ChannelShard {
     /// The leader asked to leave its place of the leaders' share for a leader refused room
     /// (`ChannelShard::ask_a_leader_to_leave`). One a shard; it goes with its replica.
     leaving_for_room: Option<turns::LeaveForRoom>,
-    /// Leaders refused room for want of a place of the leaders' share, in the order they were first
-    /// refused: a leave is asked for the first still waiting (`ChannelShard::next_leader_in_turn`). May
-    /// name channels that wait no longer; at most `turns::LEADERS_IN_TURN_MAX` entries.
-    leaders_in_turn: VecDeque<ChannelId>,
     /// HW and fanout progress of replicas taken out of memory before they were quiescent (a storage
     /// failure, a follower rebuilt to lead): their next incarnation keeps both.
     carried_over: BTreeMap<ChannelId, (Seq, Seq)>,
@@ -461,7 +457,6 @@ impl ChannelShard {
             hurried_for: BTreeMap::new(),
             room_queue: VecDeque::new(),
             leaving_for_room: None,
-            leaders_in_turn: VecDeque::new(),
             carried_over: BTreeMap::new(),
             pulls_in_flight: FxHashMap::default(),
             pulls_in_flight_order: VecDeque::new(),
