@@ -6,6 +6,7 @@
 //! the order they came.
 
 use super::calls::LeaderCall;
+use super::room::Leaving;
 use super::{CallOrigin, ChannelShard, KnownMeta, ShardOutput};
 use crate::node::core::{ApiId, NodeEffect};
 use crate::node::error::NodeError;
@@ -360,13 +361,13 @@ impl ChannelShard {
             if self.hurried_for.contains_key(&channel) || !self.resided(&channel) {
                 continue;
             }
-            let (may_leave, kept_by_checkpoint) = self.may_leave_for_room(&channel, machine);
-            if !may_leave && !kept_by_checkpoint {
+            let leaving = self.may_leave_for_room(&channel, machine);
+            if leaving == Leaving::Stays {
                 continue;
             }
             let leader_place = machine.role() == RoleKind::Leader && !machine.leads_only_fanning_out();
             let Some(waiting) = self.next_queued_for(&channel, leader_place) else { continue };
-            if may_leave {
+            if leaving == Leaving::Now {
                 self.room_made(&waiting);
                 gave = true;
                 continue;

@@ -25,6 +25,18 @@ pub(super) const LEADER_TURN: Duration = Duration::from_secs(1);
 /// soaks of 24 busy channels. Idle eviction keeps to `channel_idle_evict`.
 pub(super) const RESIDENCE_MIN: Duration = Duration::from_millis(1);
 
+/// Whether a replica may leave memory for an activation waiting for room
+/// ([`ChannelShard::may_leave_for_room`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Leaving {
+    /// At once: its place may be given.
+    Now,
+    /// Once a checkpoint of its own, hurried, lands.
+    AfterCheckpoint,
+    /// Not for now.
+    Stays,
+}
+
 impl ChannelShard {
     /// Makes room for one activation: evicts the least recently used quiescent replica, else the least
     /// recently used follower that can leave memory (`ChannelMachine::can_leave_memory_as_follower`).
@@ -79,12 +91,17 @@ impl ChannelShard {
     /// `evict_one`, `evict_one_fanning_out_leader`), or once only a checkpoint is written (when it
     /// has resided, or, fanning out, held its place a turn). Read for the replicas a drain went through
     /// (`give_freed_places`): their places go to the room queue without waiting for the next scan.
-    pub(super) fn may_leave_for_room(&self, channel: &ChannelId, machine: &ChannelMachine) -> (bool, bool) {
+    pub(super) fn may_leave_for_room(&self, channel: &ChannelId, machine: &ChannelMachine) -> Leaving {
         let turn_held = self.in_memory_for(channel, LEADER_TURN);
-        let now = machine.is_quiescent() || (turn_held && machine.can_leave_memory_fanning_out());
-        let after_checkpoint =
-            machine.kept_only_by_its_checkpoint() || self.fanning_out_kept_only_by_its_checkpoint(channel, machine);
-        (now, after_checkpoint)
+        if machine.is_quiescent() || (turn_held && machine.can_leave_memory_fanning_out()) {
+            Leaving::Now
+        } else if machine.kept_only_by_its_checkpoint()
+            || self.fanning_out_kept_only_by_its_checkpoint(channel, machine)
+        {
+            Leaving::AfterCheckpoint
+        } else {
+            Leaving::Stays
+        }
     }
 
     /// `true` for a leader only fanning out that held its place a turn and that only a checkpoint keeps
