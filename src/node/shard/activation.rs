@@ -164,6 +164,16 @@ impl Loading {
     }
 }
 
+/// Whether an activation whose load is done found its place among the active replicas
+/// (`ChannelShard::room_for`).
+enum Room {
+    /// There is a place for it now (a replica may have been evicted for it).
+    Made,
+    /// None: it waits or is refused (`ChannelShard::wait_for_room_or_refuse`). `for_a_leader` when a
+    /// place of the leaders' share is what is missing (only a leader is then hurried or asked to leave).
+    Missing { for_a_leader: bool },
+}
+
 /// How an activation whose load is done waits for a place among the active replicas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum RoomWait {
@@ -500,45 +510,74 @@ impl ChannelShard {
     /// A load finished: build the replica from what it read (meta, log state, recent records), then feed
     /// it the inputs parked meanwhile. A load that found nothing to activate (or could not read) ends
     /// them as an activation that failed does: peer messages dropped (the protocols resend), appends
-    /// refused.
+    /// refused. At the cap the activation may wait for room, or be refused (see [`RoomWait`] and
+    /// `ARCHITECTURE.md`, "Room at a node's cap").
     pub(super) fn finish_activation(&mut self, loaded: Loaded) {
         let channel = loaded.channel;
         if self.loading.get(&channel).is_none_or(|loading| loading.id != loaded.id) {
             return;
         }
-        let Some(Loading { id, parked, given_up_at, in_flight, room_patience, mut waited_for_a_leave, .. }) =
-            self.loading.remove(&channel)
-        else {
+        let Some(loading) = self.loading.remove(&channel) else {
             return;
         };
-        if in_flight {
+        if loading.in_flight {
             self.load_ended();
         }
         if let Some(meta) = loaded.meta_read {
             // Asked for because the shard held none; one pushed meanwhile is at least as new.
             self.metas.entry(channel.clone()).or_insert(KnownMeta { meta, stored_here: true });
         }
-        let log = match loaded.outcome {
+        let Some((meta, log, loading)) = self.log_to_activate(&channel, loaded.outcome, loading) else {
+            return;
+        };
+        let leads = meta.leader == self.config.node;
+        match self.room_for(leads, &meta, &log, &loading.parked) {
+            Room::Made => {
+                self.build_machine(&channel, meta, log.state, log.recent);
+                for input in loading.parked {
+                    self.resume(&channel, input);
+                }
+            }
+            Room::Missing { for_a_leader } => {
+                self.wait_for_room_or_refuse(channel, meta, log, loading, leads, for_a_leader)
+            }
+        }
+    }
+
+    /// What a finished load lets this replica be built from: the meta in force and the log it read. `None`
+    /// when the activation ended here: the load failed, the meta names this node no replica or is older
+    /// than the log's floor (the one in force is fetched), or a replica named leader while it loaded as a
+    /// follower needs its recent records (loaded again). The parked inputs were ended or carried on.
+    fn log_to_activate(
+        &mut self,
+        channel: &ChannelId,
+        outcome: Result<LoadedLog, LoadFailure>,
+        loading: Loading,
+    ) -> Option<(ChannelRuntimeMeta, LoadedLog, Loading)> {
+        let log = match outcome {
             Ok(log) => log,
             Err(failure) => {
                 match failure {
-                    LoadFailure::NoMeta => self.fetch_meta(&channel),
+                    LoadFailure::NoMeta => self.fetch_meta(channel),
                     LoadFailure::NotReplica => {}
                     // The replica stays inactive; the next input tries again.
                     LoadFailure::Store(error) => {
                         tracing::warn!(%channel, node = %self.config.node, %error, "channel replica could not load")
                     }
                 }
-                return self.end_parked(&channel, parked, RemoteAppendError::NotReplica);
+                self.end_parked(channel, loading.parked, RemoteAppendError::NotReplica);
+                return None;
             }
         };
-        let Some(meta) = self.metas.get(&channel).map(|known| known.meta.clone()) else {
-            return self.end_parked(&channel, parked, RemoteAppendError::NotReplica);
+        let Some(meta) = self.metas.get(channel).map(|known| known.meta.clone()) else {
+            self.end_parked(channel, loading.parked, RemoteAppendError::NotReplica);
+            return None;
         };
         if !meta.is_replica(self.config.node) {
-            return self.end_parked(&channel, parked, RemoteAppendError::NotReplica);
+            self.end_parked(channel, loading.parked, RemoteAppendError::NotReplica);
+            return None;
         }
-        self.floor_known(&channel, log.state.meta_floor);
+        self.floor_known(channel, log.state.meta_floor);
         if meta.version < log.state.meta_floor {
             // Stale for good here (see `floors`): this replica answered a controller under a newer meta,
             // or its log was forgotten past it (under it the empty log would act as the replica it was,
@@ -546,15 +585,22 @@ impl ChannelShard {
             // switch of leader left behind; the meta in force is fetched, and the calls wait for it.
             let (version, floor) = (meta.version, log.state.meta_floor);
             tracing::info!(%channel, node = %self.config.node, version, floor, "stale meta: fetching the one in force");
-            self.metas.remove(&channel);
-            self.fetch_meta(&channel);
-            return self.end_parked(&channel, parked, RemoteAppendError::Refused(AppendError::NotReady));
+            self.metas.remove(channel);
+            self.fetch_meta(channel);
+            self.end_parked(channel, loading.parked, RemoteAppendError::Refused(AppendError::NotReady));
+            return None;
         }
-        let leads = meta.leader == self.config.node;
-        if leads && log.recent.is_none() {
+        if meta.leader == self.config.node && log.recent.is_none() {
             // Named leader while it loaded as a follower: a leader needs its idempotency window.
-            return self.load(&channel, Some(meta), parked);
+            self.load(channel, Some(meta), loading.parked);
+            return None;
         }
+        Some((meta, log, loading))
+    }
+
+    /// Makes room for the replica about to be built, evicting for it if the cap asks (the order is
+    /// `ARCHITECTURE.md`'s, "Room at a node's cap", steps 1–3), or says what is missing.
+    fn room_for(&mut self, leads: bool, meta: &ChannelRuntimeMeta, log: &LoadedLog, parked: &[Deferred]) -> Room {
         let leaders_max = leaders_max(self.active_max);
         // Counted only when the shard holds that many replicas at all (O(active)).
         let leaders_full = || self.channels.len() >= leaders_max && self.leaders_holding_share() >= leaders_max;
@@ -569,8 +615,7 @@ impl ChannelShard {
         // (`followers_place_taken_by_leaders`).
         let starts_in_free_place =
             leads && log.state.last_epoch() < meta.leader_epoch && self.channels.len() < self.active_max;
-        let needs_share =
-            leads && !starts_in_free_place && !self.comes_back_only_to_fan_out(&meta, &log.state, &parked);
+        let needs_share = leads && !starts_in_free_place && !self.comes_back_only_to_fan_out(meta, &log.state, parked);
         let no_room_to_lead = needs_share && leaders_full() && !self.evict_one_leader();
         // (Evicts for room only when a leader's place is not what is missing.) A follower finding none
         // takes the place of a leader stalled waiting for followers elsewhere, once leaders hold the
@@ -579,61 +624,75 @@ impl ChannelShard {
         let refused = no_room_to_lead
             || (self.channels.len() >= self.active_max && !self.evict_one() && !self.room_of_last_resort(leads));
         if refused {
-            let now = self.now;
-            let mut patience = room_patience.unwrap_or(now + ROOM_PATIENCE);
-            let wait = if let Some(hurried) = self.hurry_one_checkpoint(no_room_to_lead) {
-                // The room is a durable write away: the activation waits for it, its inputs parked
-                // (bounded: one waits per replica hurried, each an active one), rather than refusing
-                // them and leaving a retry to the next eviction scan or its sender.
-                self.hurried_for.insert(hurried, channel.clone());
-                Some(RoomWait::Hurried)
-            } else {
-                // A leader short of its share's place has the longest-held one asked to leave for it,
-                // and waits for that place as long as the leave may take (one such wait a shard).
-                let asked = if no_room_to_lead { self.ask_a_leader_to_leave(&channel) } else { None };
-                if let Some(leave_until) = asked.filter(|_| !waited_for_a_leave) {
-                    patience = patience.max(leave_until);
-                    waited_for_a_leave = true;
-                }
-                // Nothing to hurry: it waits, bounded and in order, for the next place a replica frees.
-                (now < patience && self.queue_for_room(&channel, asked.is_some())).then_some(RoomWait::Queued)
-            };
-            if let Some(wait) = wait {
-                let mut parked = parked;
-                if wait == RoomWait::Queued {
-                    if room_patience.is_none() {
-                        self.counters.activations_queued_for_room += 1;
-                    }
-                    // A controller's request is answered from the log at rest now rather than after the
-                    // wait (see `send_evidence_at_rest`).
-                    parked = self.send_evidence_at_rest(&meta, log.state.clone(), parked);
-                }
-                let loaded = Loaded { channel: channel.clone(), id, meta_read: None, outcome: Ok(log) };
-                let loading = Loading {
-                    id,
-                    parked,
-                    given_up_at,
-                    in_flight: false,
-                    waiting_for_room: Some((loaded, wait)),
-                    room_patience: Some(patience),
-                    waited_for_a_leave,
-                };
-                self.loading.insert(channel, loading);
-                return;
+            Room::Missing { for_a_leader: no_room_to_lead }
+        } else {
+            Room::Made
+        }
+    }
+
+    /// No room was made for `channel`'s replica: it waits for a checkpoint hurried for it, or in the room
+    /// queue while its patience lasts (a leader short of a place of the share having a busy leader asked
+    /// to leave for it); else it is refused `TooManyChannels` and filed to be tried again.
+    /// `for_a_leader`: a place of the leaders' share is what is missing.
+    fn wait_for_room_or_refuse(
+        &mut self,
+        channel: ChannelId,
+        meta: ChannelRuntimeMeta,
+        log: LoadedLog,
+        loading: Loading,
+        leads: bool,
+        for_a_leader: bool,
+    ) {
+        let Loading { id, parked, given_up_at, room_patience, mut waited_for_a_leave, .. } = loading;
+        let now = self.now;
+        let mut patience = room_patience.unwrap_or(now + ROOM_PATIENCE);
+        let wait = if let Some(hurried) = self.hurry_one_checkpoint(for_a_leader) {
+            // The room is a durable write away: the activation waits for it, its inputs parked
+            // (bounded: one waits per replica hurried, each an active one), rather than refusing
+            // them and leaving a retry to the next eviction scan or its sender.
+            self.hurried_for.insert(hurried, channel.clone());
+            Some(RoomWait::Hurried)
+        } else {
+            // A leader short of its share's place has the longest-held one asked to leave for it,
+            // and waits for that place as long as the leave may take (one such wait a shard).
+            let asked = if for_a_leader { self.ask_a_leader_to_leave(&channel) } else { None };
+            if let Some(leave_until) = asked.filter(|_| !waited_for_a_leave) {
+                patience = patience.max(leave_until);
+                waited_for_a_leave = true;
             }
-            self.counters.refused_activations += 1;
-            // A leader refused (its share of the places held by busy leaders) is tried as long as a
-            // leader's start: nothing else starts it.
-            let tries =
-                if leads { super::retries::LEADER_START_TRIES } else { super::retries::REFUSED_ACTIVATION_TRIES };
-            self.activate_later(&channel, tries);
-            let parked = self.send_evidence_at_rest(&meta, log.state, parked);
-            return self.end_parked(&channel, parked, RemoteAppendError::TooManyChannels);
+            // Nothing to hurry: it waits, bounded and in order, for the next place a replica frees.
+            (now < patience && self.queue_for_room(&channel, asked.is_some())).then_some(RoomWait::Queued)
+        };
+        if let Some(wait) = wait {
+            let mut parked = parked;
+            if wait == RoomWait::Queued {
+                if room_patience.is_none() {
+                    self.counters.activations_queued_for_room += 1;
+                }
+                // A controller's request is answered from the log at rest now rather than after the
+                // wait (see `send_evidence_at_rest`).
+                parked = self.send_evidence_at_rest(&meta, log.state.clone(), parked);
+            }
+            let loaded = Loaded { channel: channel.clone(), id, meta_read: None, outcome: Ok(log) };
+            let loading = Loading {
+                id,
+                parked,
+                given_up_at,
+                in_flight: false,
+                waiting_for_room: Some((loaded, wait)),
+                room_patience: Some(patience),
+                waited_for_a_leave,
+            };
+            self.loading.insert(channel, loading);
+            return;
         }
-        self.build_machine(&channel, meta, log.state, log.recent);
-        for input in parked {
-            self.resume(&channel, input);
-        }
+        self.counters.refused_activations += 1;
+        // A leader refused (its share of the places held by busy leaders) is tried as long as a
+        // leader's start: nothing else starts it.
+        let tries = if leads { super::retries::LEADER_START_TRIES } else { super::retries::REFUSED_ACTIVATION_TRIES };
+        self.activate_later(&channel, tries);
+        let parked = self.send_evidence_at_rest(&meta, log.state, parked);
+        self.end_parked(&channel, parked, RemoteAppendError::TooManyChannels);
     }
 
     fn build_machine(
