@@ -926,3 +926,14 @@ fn seeds_whose_leaders_turns_at_the_cap_missed_a_channel_pass() {
         assert_passes(&run(params));
     }
 }
+
+/// Twenty-four channels of MinISR 3 at tight limits with idle eviction at 300 ms: a shard of two places
+/// had its one leader's place taken in turns by three busy leaders, each back in the room queue as it
+/// left, while two other leaders, finding the queue (bounded by the room alone) full, were refused
+/// `TooManyChannels` through the whole healed phase (719000555, session 52). The queue now holds
+/// `ROOM_QUEUE_MIN` activations at least.
+#[test]
+fn a_seed_whose_leaders_found_the_room_queue_full_passes() {
+    let params = SimParams { idle_evict_ms: 300, planned_stops: true, ..tight_soak(719000555, 24) };
+    assert_passes(&run(params));
+}

@@ -198,6 +198,15 @@ fn messages_past(state: &ChannelLogState, seq: Seq) -> bool {
 /// 15 s (sim seed 556000608).
 pub(super) const ROOM_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The fewest activations a shard's room queue holds, however small its room. Bounded by the room
+/// alone, a shard of two places held two waiting leaders, and the busy leaders that took the one
+/// leader's place in turns came back into the queue as each left: three of them went round for the
+/// whole healed phase while two others, finding the queue full, were refused `TooManyChannels` each
+/// time they came (sim seed 719000555: 24 channels of MinISR 3, idle eviction at 300 ms). The file of
+/// retries (`RETRIES_MIN`) and the kept pulls (`KEPT_PULLS_MIN`) have floors for the same reason. A
+/// queued activation holds its load's log state and its parked inputs, each bounded.
+pub(super) const ROOM_QUEUE_MIN: usize = 16;
+
 impl ChannelShard {
     /// Starts activating the local replica of `channel` on first use: a load is asked for when the
     /// meta names this node a replica, or when this node's slot replica may hold a meta the shard does
@@ -334,11 +343,12 @@ impl ChannelShard {
     }
 
     /// Files `channel` in the room queue, unless as many activations wait there as the shard has room
-    /// for active replicas (one more for the leader a leave runs for, `asked_for`): `false` then (the
-    /// activation is refused). The queue may name channels that wait no longer (given up, placed
-    /// another way): those are skipped where it is read, and dropped when it grows to the shard's room.
+    /// for active replicas, or [`ROOM_QUEUE_MIN`] if that is more (one more for the leader a leave runs
+    /// for, `asked_for`): `false` then (the activation is refused). The queue may name channels that wait
+    /// no longer (given up, placed another way): those are skipped where it is read, and dropped when it
+    /// grows to its bound.
     fn queue_for_room(&mut self, channel: &ChannelId, asked_for: bool) -> bool {
-        let bound = self.active_max + usize::from(asked_for);
+        let bound = self.active_max.max(ROOM_QUEUE_MIN) + usize::from(asked_for);
         if self.room_queue.len() >= bound {
             self.drop_stale_queued();
         }

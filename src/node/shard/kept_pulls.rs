@@ -88,6 +88,7 @@ impl ChannelShard {
 
 #[cfg(test)]
 mod tests {
+    use super::super::activation::ROOM_QUEUE_MIN;
     use super::super::testing::*;
     use super::*;
     use crate::node::config::NodeConfig;
@@ -144,13 +145,14 @@ mod tests {
         let (mut shard, log) = shard_with_places(2);
         let (follower, answer) = evicted_follower_and_its_answer(&mut shard, &log);
         // Two followers just activated hold both places (neither may leave for another's room yet), and
-        // as many activations as places wait for room.
-        for name in ["holder-a", "holder-b", "queued-a", "queued-b"] {
-            let other = known(&mut shard, name, 2);
+        // as many activations as the room queue holds wait for room.
+        let queued = (0..ROOM_QUEUE_MIN).map(|i| format!("queued-{i}"));
+        for name in ["holder-a".to_string(), "holder-b".to_string()].into_iter().chain(queued) {
+            let other = known(&mut shard, &name, 2);
             shard.activate(&other);
             carry_out_loads_and_floors(&mut shard, &log);
         }
-        assert_eq!((shard.channels.len(), shard.room_queue.len()), (2, 2));
+        assert_eq!((shard.channels.len(), shard.room_queue.len()), (2, ROOM_QUEUE_MIN));
 
         shard.channel_message(NodeId::new(2), answer);
         assert!(shard.pulls_in_flight.contains_key(&follower), "kept while the answer may still be taken");

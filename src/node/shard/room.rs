@@ -219,7 +219,7 @@ impl ChannelShard {
 
 #[cfg(test)]
 mod tests {
-    use super::super::activation::ROOM_PATIENCE;
+    use super::super::activation::{ROOM_PATIENCE, ROOM_QUEUE_MIN};
     use super::super::testing::*;
     use super::super::{ShardInput, ShardOutput};
     use super::*;
@@ -814,21 +814,26 @@ mod tests {
         assert_eq!(shard.counters.refused_activations, 1);
     }
 
-    /// The room queue holds as many activations as the shard has room for replicas; one more finding no
-    /// room is refused at once. Waiting there, they do not count against the loads: the activation of
-    /// another replica still loads (and may find a place a follower can take past the cap).
+    /// The room queue holds as many activations as the shard has room for replicas, and never fewer than
+    /// `ROOM_QUEUE_MIN`; one more finding no room is refused at once. This shard has three places, so
+    /// the minimum is what bounds it. Waiting there, they do not count against the loads: the activation
+    /// of another replica still loads (and may find a place a follower can take past the cap).
     #[test]
-    fn the_room_queue_is_bounded_by_the_room() {
+    fn the_room_queue_is_bounded_by_the_room_or_its_minimum() {
         let (mut shard, log, _busy, _unanswered) = a_shard_whose_leaders_share_busy_leaders_hold();
-        let leaders: Vec<ChannelId> = (0..4).map(|i| returning_leader(&mut shard, &log, &format!("l{i}"))).collect();
+        assert!(shard.active_max < ROOM_QUEUE_MIN);
+        let leaders: Vec<ChannelId> =
+            (0..=ROOM_QUEUE_MIN).map(|i| returning_leader(&mut shard, &log, &format!("l{i}"))).collect();
         for leader in &leaders {
             shard.activate(leader);
             carry_out_loads_and_floors(&mut shard, &log);
         }
-        let queued: Vec<bool> = leaders.iter().map(|l| shard.is_queued_for_room(l)).collect();
-        assert_eq!(queued, vec![true, true, true, false]);
-        assert_eq!((shard.counters.activations_queued_for_room, shard.counters.refused_activations), (3, 1));
-        assert!(shard.to_activate.contains_key(&leaders[3]));
+        let queued = leaders.iter().filter(|l| shard.is_queued_for_room(l)).count();
+        assert_eq!(queued, ROOM_QUEUE_MIN);
+        assert!(!shard.is_queued_for_room(&leaders[ROOM_QUEUE_MIN]), "the last one finds the queue full");
+        let counted = ROOM_QUEUE_MIN as u64;
+        assert_eq!((shard.counters.activations_queued_for_room, shard.counters.refused_activations), (counted, 1));
+        assert!(shard.to_activate.contains_key(&leaders[ROOM_QUEUE_MIN]));
 
         let follower = known(&mut shard, "follower", 2);
         shard.activate(&follower);
