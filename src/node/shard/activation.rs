@@ -540,17 +540,14 @@ impl ChannelShard {
         let Some((meta, log, loading)) = self.log_to_activate(&channel, loaded.outcome, loading) else {
             return;
         };
-        let leads = meta.leader == self.config.node;
-        match self.room_for(leads, &meta, &log, &loading.parked) {
+        match self.room_for(&meta, &log, &loading.parked) {
             Room::Made => {
                 self.build_machine(&channel, meta, log.state, log.recent);
                 for input in loading.parked {
                     self.resume(&channel, input);
                 }
             }
-            Room::Missing { for_a_leader } => {
-                self.wait_for_room_or_refuse(channel, meta, log, loading, leads, for_a_leader)
-            }
+            Room::Missing { for_a_leader } => self.wait_for_room_or_refuse(channel, meta, log, loading, for_a_leader),
         }
     }
 
@@ -610,7 +607,8 @@ impl ChannelShard {
 
     /// Makes room for the replica about to be built, evicting for it if the cap asks (the order is
     /// `ARCHITECTURE.md`'s, "Room at a node's cap", steps 1–3), or says what is missing.
-    fn room_for(&mut self, leads: bool, meta: &ChannelRuntimeMeta, log: &LoadedLog, parked: &[Deferred]) -> Room {
+    fn room_for(&mut self, meta: &ChannelRuntimeMeta, log: &LoadedLog, parked: &[Deferred]) -> Room {
+        let leads = meta.leader == self.config.node;
         let leaders_max = leaders_max(self.active_max);
         // Counted only when the shard holds that many replicas at all (O(active)).
         let leaders_full = || self.channels.len() >= leaders_max && self.leaders_holding_share() >= leaders_max;
@@ -650,9 +648,9 @@ impl ChannelShard {
         meta: ChannelRuntimeMeta,
         log: LoadedLog,
         loading: Loading,
-        leads: bool,
         for_a_leader: bool,
     ) {
+        let leads = meta.leader == self.config.node;
         let Loading { id, parked, given_up_at, room_patience, mut waited_for_a_leave, .. } = loading;
         let now = self.now;
         let mut patience = room_patience.unwrap_or(now + ROOM_PATIENCE);
