@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use tidings::channel::fanout::DeliveryPlan;
 use tidings::channel::machine::AppendRecord;
 use tidings::mesh::InProcessMesh;
-use tidings::node::TaskKind;
 use tidings::node::{NodeConfig, NodeError, Remedy};
+use tidings::node::{TaskKind, TaskReport};
 use tidings::router::hash_slot;
 use tidings::slot::command::{Command, MemberList};
 use tidings::slot::fsm::{Outcome, Refusal};
@@ -80,26 +80,9 @@ impl FanoutHost for Gateway {
     }
 }
 
-/// How long a restarted node must be up before its channels' leadership comes back to it (see `start`).
+/// How long a restarted node must be up before its channels' leadership comes back to it (see
+/// `Cluster::start_node`).
 const REBALANCE_AFTER: Duration = Duration::from_secs(3);
-
-fn start(
-    id: NodeId,
-    ids: &[NodeId],
-    root: &std::path::Path,
-    mesh: &Arc<InProcessMesh>,
-    gateway: &Arc<Gateway>,
-) -> Arc<Node> {
-    let mut config = NodeConfig::new(id, ids.to_vec());
-    // Channels hand leadership back to their preferred replica once it has been up this long (default
-    // 30 s; shorter here so the demo shows it).
-    config.controller.rebalance_leaders_after = Some(REBALANCE_AFTER);
-    let storage = StorageOptions::new(root.join(format!("node-{id}")));
-    let fanout: Arc<dyn FanoutHost> = gateway.clone();
-    let node = Arc::new(Node::start_with_fanout(config, storage, mesh.transport(id), fanout).expect("node starts"));
-    mesh.attach(&node);
-    node
-}
 
 /// Retries a call while the cluster settles (elections, meta propagation).
 fn retry<T>(what: &str, mut call: impl FnMut() -> Result<T, tidings::node::NodeError>) -> T {
@@ -174,48 +157,121 @@ fn load(node: &Node, channels: &[ChannelId], count: usize, tag: &str) -> (Vec<Ac
     (acked, latencies)
 }
 
+/// The demo's three nodes, their in-process mesh and the host's gateway. Fields drop in declaration
+/// order: the nodes (which flush their stores) before the temp dir that holds their data.
+struct Cluster {
+    nodes: BTreeMap<NodeId, Arc<Node>>,
+    mesh: Arc<InProcessMesh>,
+    gateway: Arc<Gateway>,
+    ids: Vec<NodeId>,
+    root: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts nodes 1 to 3, each on its own directory under a fresh temp dir.
+    fn start() -> Self {
+        let mut cluster = Cluster {
+            nodes: BTreeMap::new(),
+            mesh: InProcessMesh::new(),
+            gateway: Arc::new(Gateway::default()),
+            ids: (1..=3).map(NodeId::new).collect(),
+            root: tempfile::tempdir().expect("temp dir"),
+        };
+        for id in cluster.ids.clone() {
+            cluster.start_node(id);
+        }
+        cluster
+    }
+
+    /// Starts (or restarts, from its directory) node `id` and joins it to the mesh.
+    fn start_node(&mut self, id: NodeId) -> Arc<Node> {
+        let mut config = NodeConfig::new(id, self.ids.clone());
+        // Channels hand leadership back to their preferred replica once it has been up this long (default
+        // 30 s; shorter here so the demo shows it).
+        config.controller.rebalance_leaders_after = Some(REBALANCE_AFTER);
+        let storage = StorageOptions::new(self.root.path().join(format!("node-{id}")));
+        let fanout: Arc<dyn FanoutHost> = self.gateway.clone();
+        let node = Node::start_with_fanout(config, storage, self.mesh.transport(id), fanout).expect("node starts");
+        let node = Arc::new(node);
+        self.mesh.attach(&node);
+        self.nodes.insert(id, Arc::clone(&node));
+        node
+    }
+
+    /// Cuts node `id` off the mesh and shuts it down (its threads joined, its stores flushed).
+    fn stop_node(&mut self, id: NodeId) {
+        self.mesh.detach(id);
+        drop(self.nodes.remove(&id));
+    }
+
+    /// Node 1, through which the load and the metadata writes go.
+    fn first(&self) -> Arc<Node> {
+        Arc::clone(&self.nodes[&self.ids[0]])
+    }
+
+    /// The failovers of channels `old_leader` led, as the running nodes' controllers report them.
+    fn failovers_from(&self, old_leader: NodeId) -> Vec<TaskReport> {
+        self.nodes
+            .values()
+            .flat_map(|n| n.status().map(|s| s.finished_tasks).unwrap_or_default())
+            .filter(|r| r.kind == TaskKind::Failover && r.old_leader == old_leader)
+            .collect()
+    }
+}
+
 fn main() {
-    let root = tempfile::tempdir().expect("temp dir");
-    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
-    let mesh = InProcessMesh::new();
-    let gateway = Arc::new(Gateway::default());
-    let mut nodes: BTreeMap<NodeId, Arc<Node>> =
-        ids.iter().map(|id| (*id, start(*id, &ids, root.path(), &mesh, &gateway))).collect();
-    let first = Arc::clone(&nodes[&ids[0]]);
+    let mut cluster = Cluster::start();
+    let first = cluster.first();
     println!(
         "tidings quickstart: 3 nodes ({} channel reactor thread(s) each), data under {}",
         first.reactors(),
-        root.path().display()
+        cluster.root.path().display()
     );
 
     // Every slot group elects its leader first (a few election timeouts); writes then go straight to work
     // (the retries below only cover what a live cluster may still answer: a leader changing meanwhile).
     let t = Instant::now();
-    for node in nodes.values() {
+    for node in cluster.nodes.values() {
         node.wait_ready(Duration::from_secs(20)).expect("slot groups elect their leaders");
     }
     println!("slot groups ready in {:.2?}", t.elapsed());
 
-    // Metadata through the slot layer: users and channels with subscribers.
+    let channels = create_users_and_channels(&first);
+    let mut acked = load_and_fan_out(&cluster, &channels);
+    let (stopped, led_by_stopped) = (cluster.ids[2], placed_leader(cluster.ids[2], &cluster.ids, &channels));
+    acked.extend(stop_a_node_under_load(&mut cluster, stopped, &channels, &led_by_stopped));
+    restart_and_catch_up(&mut cluster, stopped, &channels, &acked, &led_by_stopped);
+    acked.extend(planned_restart(&mut cluster, &channels));
+    let history = read_back_in_order(&cluster, acked);
+    give_up_older_half(&cluster, history);
+    migrate_a_slot(&first);
+}
+
+/// Metadata through the slot layer: ten users, and [`CHANNELS`] channels with all ten as subscribers.
+fn create_users_and_channels(node: &Node) -> Vec<ChannelId> {
     let t = Instant::now();
     for u in 0..10 {
         let user = User { uid: Uid::new(format!("user-{u}")).expect("uid"), name: format!("User {u}"), banned: false };
-        retry("put user", || first.propose(Command::PutUser(user.clone())));
+        retry("put user", || node.propose(Command::PutUser(user.clone())));
     }
     let channels: Vec<ChannelId> =
         (0..CHANNELS).map(|i| ChannelId::new(ChannelType::GROUP, &format!("room-{i}")).expect("channel id")).collect();
     for channel in &channels {
         let info = ChannelInfo { channel: channel.clone(), flags: ChannelFlags::default() };
-        retry("create channel", || first.create_channel(info.clone()));
+        retry("create channel", || node.create_channel(info.clone()));
         let uids = (0..10).map(|u| Uid::new(format!("user-{u}")).expect("uid")).collect();
         let add = Command::AddMembers { channel: channel.clone(), list: MemberList::Subscribers, uids };
-        retry("add subscribers", || first.propose(add.clone()));
+        retry("add subscribers", || node.propose(add.clone()));
     }
     println!("created 10 users and {CHANNELS} channels (10 subscribers each) in {:.2?}", t.elapsed());
+    channels
+}
 
-    // Load through node 1 (it forwards to each channel's leader).
+/// Load through node 1 (it forwards to each channel's leader), then waits for every committed message to
+/// fan out to its 5 online subscribers (after the commit, off the append path).
+fn load_and_fan_out(cluster: &Cluster, channels: &[ChannelId]) -> Vec<Acked> {
     let t = Instant::now();
-    let (mut acked, latencies) = load(&first, &channels, MESSAGES, "a");
+    let (acked, latencies) = load(&cluster.first(), channels, MESSAGES, "a");
     let elapsed = t.elapsed();
     println!(
         "appended {MESSAGES} messages over {CHANNELS} channels in {elapsed:.2?}: {:.0} msg/s, commit latency p50 {:.2?} p99 {:.2?} p99.9 {:.2?}",
@@ -225,7 +281,7 @@ fn main() {
         percentile(&latencies, 999),
     );
 
-    // Every committed message fans out to its 5 online subscribers (after the commit, off the append path).
+    let gateway = &cluster.gateway;
     let t = Instant::now();
     let expected_deliveries = MESSAGES as u64 * 5;
     while gateway.deliveries.load(Ordering::Relaxed) < expected_deliveries && t.elapsed() < Duration::from_secs(30) {
@@ -238,79 +294,95 @@ fn main() {
         t.elapsed(),
     );
     assert_eq!(gateway.deliveries.load(Ordering::Relaxed), expected_deliveries, "fanout lost or repeated deliveries");
+    acked
+}
 
-    // Stop node 3 under load. The load keeps going through node 1 over every channel; those node 3 led
-    // stall until the controller notices it is gone and fails them over.
-    let stopped = ids[2];
-    let led_by_stopped = placed_leader(stopped, &ids, &channels);
-    let loader = load_in_background(&first, &channels, MESSAGES, "b");
+/// Stops `stopped` under load. The load keeps going through node 1 over every channel; those it led
+/// (`led_by_stopped`) stall until the controller notices it is gone and fails them over. Returns what
+/// was acknowledged meanwhile, after checking it all fanned out.
+fn stop_a_node_under_load(
+    cluster: &mut Cluster,
+    stopped: NodeId,
+    channels: &[ChannelId],
+    led_by_stopped: &[ChannelId],
+) -> Vec<Acked> {
+    let loader = load_in_background(&cluster.first(), channels, MESSAGES, "b");
     std::thread::sleep(Duration::from_millis(200));
-    mesh.detach(stopped);
-    drop(nodes.remove(&stopped));
+    cluster.stop_node(stopped);
     let stopped_at = Instant::now();
     println!("stopped {stopped} under load; it led {} of the {CHANNELS} channels", led_by_stopped.len());
     let (more, _) = loader.join().expect("load thread");
-    let resumed: Vec<Duration> = led_by_stopped
+    let mut resumed: Vec<Duration> = led_by_stopped
         .iter()
         .filter_map(|c| more.iter().filter(|(ch, _, _, at)| ch == c && *at > stopped_at).map(|(.., at)| *at).min())
         .map(|at| at - stopped_at)
         .collect();
-    let mut resumed_sorted = resumed.clone();
-    resumed_sorted.sort();
-    let reports: Vec<_> = nodes
-        .values()
-        .flat_map(|n| n.status().map(|s| s.finished_tasks).unwrap_or_default())
-        .filter(|r| r.kind == TaskKind::Failover && r.old_leader == stopped && r.outcome.is_ok())
-        .collect();
+    resumed.sort();
+    let reports: Vec<TaskReport> = cluster.failovers_from(stopped).into_iter().filter(|r| r.outcome.is_ok()).collect();
     if let Some(report) = reports.first() {
-        let evidence: Vec<String> = report
-            .evidence
-            .iter()
-            .map(|e| format!("{}: epoch {} last {}", e.node, e.last_epoch.get(), e.last_seq))
-            .collect();
-        let (leader, epoch) = report.new_leader.expect("a successful failover names a leader");
-        println!(
-            "failover of {}: old leader {}, evidence [{}], new leader {} in leader epoch {}, task took {:.0?} after detection",
-            report.channel,
-            report.old_leader,
-            evidence.join(", "),
-            leader,
-            epoch.get(),
-            report.finished.since(report.started),
-        );
+        print_failover(report);
     }
     println!(
         "{} failovers; {} messages acknowledged meanwhile; the {} channels {stopped} led took appends again after {:.2?} (median) / {:.2?} (max) — failure detection is {:?}",
         reports.len(),
         more.len(),
         resumed.len(),
-        resumed_sorted.get(resumed_sorted.len() / 2).copied().unwrap_or_default(),
-        resumed_sorted.last().copied().unwrap_or_default(),
-        NodeConfig::new(stopped, ids.clone()).controller.node_down_after,
+        resumed.get(resumed.len() / 2).copied().unwrap_or_default(),
+        resumed.last().copied().unwrap_or_default(),
+        NodeConfig::new(stopped, cluster.ids.clone()).controller.node_down_after,
     );
     assert_eq!(resumed.len(), led_by_stopped.len(), "every channel the stopped node led takes appends again");
     // Fanout is at least once: what the stopped node had not finished, the new leaders plan again.
     let t = Instant::now();
-    while gateway.reached(&more, 5).0 < more.len() && t.elapsed() < Duration::from_secs(30) {
+    while cluster.gateway.reached(&more, 5).0 < more.len() && t.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let (reached, repeats) = gateway.reached(&more, 5);
-    let planned_again: u64 = nodes.values().filter_map(|n| n.status().ok()).map(|s| s.fanout_planned_again).sum();
+    let (reached, repeats) = cluster.gateway.reached(&more, 5);
+    let planned_again: u64 =
+        cluster.nodes.values().filter_map(|n| n.status().ok()).map(|s| s.fanout_planned_again).sum();
     println!(
         "fanout around the stop: {reached} of the {} messages acknowledged meanwhile reached their 5 online subscribers; the new leaders planned {planned_again} again ({repeats} member deliveries repeated)",
         more.len()
     );
     assert_eq!(reached, more.len(), "fanout lost a committed message around the stop");
-    acked.extend(more);
+    more
+}
 
-    // Restart it from its directory and let it catch up.
-    let restarted = start(stopped, &ids, root.path(), &mesh, &gateway);
-    nodes.insert(stopped, Arc::clone(&restarted));
-    let config = NodeConfig::new(stopped, ids.clone());
-    let replicated: Vec<&ChannelId> =
-        channels.iter().filter(|c| config.channel_placement(c).contains(&stopped)).collect();
+/// One failover as its controller reports it: the old leader, the evidence, the new leader and epoch.
+fn print_failover(report: &TaskReport) {
+    let evidence: Vec<String> = report
+        .evidence
+        .iter()
+        .map(|e| format!("{}: epoch {} last {}", e.node, e.last_epoch.get(), e.last_seq))
+        .collect();
+    let (leader, epoch) = report.new_leader.expect("a successful failover names a leader");
+    println!(
+        "failover of {}: old leader {}, evidence [{}], new leader {} in leader epoch {}, task took {:.0?} after detection",
+        report.channel,
+        report.old_leader,
+        evidence.join(", "),
+        leader,
+        epoch.get(),
+        report.finished.since(report.started),
+    );
+}
+
+/// Restarts `stopped` from its directory, shows it catch up on one of its channels and what that
+/// channel's leader reports of it, then waits for the leaderships of `led_by_stopped` to come back.
+fn restart_and_catch_up(
+    cluster: &mut Cluster,
+    stopped: NodeId,
+    channels: &[ChannelId],
+    acked: &[Acked],
+    led_by_stopped: &[ChannelId],
+) {
+    let restarted = cluster.start_node(stopped);
+    let config = NodeConfig::new(stopped, cluster.ids.clone());
     let t = Instant::now();
-    let sample = replicated.first().copied().expect("node 3 replicates some channel");
+    let sample = channels
+        .iter()
+        .find(|c| config.channel_placement(c).contains(&stopped))
+        .expect("node 3 replicates some channel");
     let expected: usize = acked.iter().filter(|(c, ..)| c == sample).count();
     loop {
         // The first read teaches the restarted node the channel's meta; its replica then pulls.
@@ -325,7 +397,7 @@ fn main() {
     // catch up or fall behind).
     let leader = restarted.channel_status(sample).ok().flatten().map(|s| s.leader);
     let progress = leader
-        .and_then(|id| nodes.get(&id))
+        .and_then(|id| cluster.nodes.get(&id))
         .and_then(|node| node.channel_status(sample).ok().flatten())
         .and_then(|status| status.replicas.into_iter().find(|r| r.node == stopped));
     if let Some(p) = progress {
@@ -336,26 +408,23 @@ fn main() {
     }
     // Its channels come back to it: each one's controller (its slot group's leader) transfers the
     // leadership back once the node has been up for `REBALANCE_AFTER`, on its next repair pass.
-    lead_again(&restarted, &led_by_stopped, t);
+    lead_again(&restarted, led_by_stopped, t);
+}
 
-    // A planned restart of node 2 (an upgrade, say), under load: it hands its channel and slot-group
-    // leaderships off to the other nodes first, so its channels keep taking appends through the stop
-    // instead of waiting for failure detection and a failover.
-    let planned = ids[1];
-    let led_by_planned = placed_leader(planned, &ids, &channels);
-    let loader = load_in_background(&first, &channels, MESSAGES / 2, "c");
+/// A planned restart of node 2 (an upgrade, say), under load: it hands its channel and slot-group
+/// leaderships off to the other nodes first, so its channels keep taking appends through the stop
+/// instead of waiting for failure detection and a failover. Returns what was acknowledged meanwhile.
+fn planned_restart(cluster: &mut Cluster, channels: &[ChannelId]) -> Vec<Acked> {
+    let planned = cluster.ids[1];
+    let led_by_planned = placed_leader(planned, &cluster.ids, channels);
+    let loader = load_in_background(&cluster.first(), channels, MESSAGES / 2, "c");
     std::thread::sleep(Duration::from_millis(200));
     let t = Instant::now();
-    let handed_off = nodes[&planned].hand_off_leaderships(Duration::from_secs(20));
+    let handed_off = cluster.nodes[&planned].hand_off_leaderships(Duration::from_secs(20));
     let hand_off_took = t.elapsed();
-    mesh.detach(planned);
-    drop(nodes.remove(&planned));
+    cluster.stop_node(planned);
     let (during, latencies) = loader.join().expect("load thread");
-    let failovers = nodes
-        .values()
-        .flat_map(|n| n.status().map(|s| s.finished_tasks).unwrap_or_default())
-        .filter(|r| r.kind == TaskKind::Failover && r.old_leader == planned)
-        .count();
+    let failovers = cluster.failovers_from(planned).len();
     println!(
         "planned restart of {planned}: handed off the leadership of its {} channels and its slot groups in {hand_off_took:.2?} ({}), then stopped; {failovers} failovers; {} messages acknowledged meanwhile, commit latency p99 {:.2?} max {:.2?}",
         led_by_planned.len(),
@@ -366,30 +435,32 @@ fn main() {
     );
     handed_off.expect("a node with live peers hands off everything it leads");
     assert_eq!(failovers, 0, "a channel handed off before the stop needed a failover");
-    acked.extend(during);
-    let restarted = start(planned, &ids, root.path(), &mesh, &gateway);
-    nodes.insert(planned, Arc::clone(&restarted));
+    let restarted = cluster.start_node(planned);
     // A hand-off keeps the node its channels' preferred replica: they come back as after the crash.
     lead_again(&restarted, &led_by_planned, Instant::now());
+    during
+}
 
-    // Read every acknowledged message back, in order, from a replica of its channel (reads stop at the
-    // HW a replica knows, so each channel is read from the first replica that shows everything).
+/// Reads every acknowledged message back, in order and exactly once, from a replica of its channel
+/// (reads stop at the HW a replica knows, so each channel is read from the first replica that shows
+/// everything). Returns one channel and the seqs acknowledged on it.
+fn read_back_in_order(cluster: &Cluster, acked: Vec<Acked>) -> (ChannelId, Vec<Seq>) {
     let mut by_channel: BTreeMap<ChannelId, Vec<(Seq, Bytes)>> = BTreeMap::new();
     for (channel, seq, payload, _) in acked {
         by_channel.entry(channel).or_default().push((seq, payload));
     }
-    let placement = NodeConfig::new(ids[0], ids.clone());
+    let placement = NodeConfig::new(cluster.ids[0], cluster.ids.clone());
     let mut checked = 0;
     let mut history = None;
     for (channel, mut expected) in by_channel {
         expected.sort();
         if history.is_none() {
-            history = Some((channel.clone(), expected.iter().map(|(seq, _)| *seq).collect::<Vec<_>>()));
+            history = Some((channel.clone(), expected.iter().map(|(seq, _)| *seq).collect()));
         }
         let deadline = Instant::now() + Duration::from_secs(20);
         let got = 'found: loop {
             for replica in placement.channel_placement(&channel).iter() {
-                let Ok(got) = read_all(&nodes[replica], &channel) else { continue };
+                let Ok(got) = read_all(&cluster.nodes[replica], &channel) else { continue };
                 if expected.iter().all(|e| got.contains(e)) {
                     break 'found got;
                 }
@@ -405,20 +476,22 @@ fn main() {
         checked += expected.len();
     }
     println!("read back all {checked} acknowledged messages in order: ok");
+    history.expect("some channel was written")
+}
 
-    // Give up the older half of one channel's history (a retention period, a cleared conversation),
-    // asked of any node: the channel's leader checks the boundary against its HW and makes it the meta;
-    // every replica then reads from past it and trims its store.
-    let (channel, seqs) = history.expect("some channel was written");
+/// Gives up the older half of `channel`'s history (a retention period, a cleared conversation), asked of
+/// node 1: the channel's leader checks the boundary against its HW and makes it the meta; every replica
+/// then reads from past it and trims its store.
+fn give_up_older_half(cluster: &Cluster, (channel, seqs): (ChannelId, Vec<Seq>)) {
     let boundary = seqs[seqs.len() / 2];
     let t = Instant::now();
-    let in_force = retry("give up older records", || nodes[&ids[0]].set_retention(channel.clone(), boundary));
+    let in_force = retry("give up older records", || cluster.first().set_retention(channel.clone(), boundary));
     let took = t.elapsed();
-    let replicas = placement.channel_placement(&channel);
+    let replicas = NodeConfig::new(cluster.ids[0], cluster.ids.clone()).channel_placement(&channel);
     let firsts: Vec<Seq> = replicas
         .iter()
         .map(|replica| {
-            retry("read past the boundary", || match read_all(&nodes[replica], &channel)?.first() {
+            retry("read past the boundary", || match read_all(&cluster.nodes[replica], &channel)?.first() {
                 Some((first, _)) if *first > in_force => Ok(*first),
                 _ => Err(NodeError::Busy(channel.clone())), // this replica has not applied the meta yet
             })
@@ -427,12 +500,9 @@ fn main() {
     println!(
         "gave up {channel} through {in_force} (of {} messages, via {}) in {took:.2?}: reads on its replicas start at {}",
         seqs.len(),
-        ids[0],
+        cluster.ids[0],
         firsts.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
     );
-
-    migrate_a_slot(&first);
-    drop(nodes);
 }
 
 /// The channels placement makes `node` the leader of.
