@@ -82,6 +82,15 @@ fn reads_back_every_acked(reader: &Node, ch: &ChannelId, acked: &[(Seq, String)]
     }
 }
 
+/// Waits (within the `eventually` deadline) until `node`'s replica of `ch` has checkpointed an HW of at
+/// least `seq`: what it reads after a restart of every node, when no leader serves the channel yet.
+fn wait_hw_checkpointed(node: &Node, ch: &ChannelId, seq: Seq) {
+    eventually(|| match node.channel_status(ch)? {
+        Some(status) if status.hw_durable >= seq => Ok(()),
+        _ => Err(NodeError::Busy(ch.clone())),
+    });
+}
+
 fn record(text: &str) -> Vec<AppendRecord> {
     vec![AppendRecord { idempotency_key: None, payload: Bytes::from(text.to_owned()) }]
 }
@@ -368,18 +377,17 @@ fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
         let seq = eventually(|| node.append(ch.clone(), record(&text))?.wait())[0];
         acked.push((seq, text));
     }
-    // Let followers learn the final HW (an idle follower pulls every 2 s) and checkpoint it (within 1 s
-    // when idle), then stop every node
-    // and restart from the data directories. The channel's old leader will not lead its old epoch again
-    // (that takes a failover), so the acknowledged messages are read from a follower, bounded by the HW it
-    // checkpointed.
-    std::thread::sleep(Duration::from_millis(4_000));
+    // Stop every node and restart from the data directories. The channel's old leader will not lead its
+    // old epoch again (that takes a failover), so the acknowledged messages are read from a follower,
+    // bounded by the HW it checkpointed: first let it learn the final HW (an idle follower pulls every
+    // 2 s) and checkpoint it (within about 1 s when idle), as its status shows.
+    let follower = NodeConfig::new(ids[0], ids.clone()).channel_placement(&ch)[1];
+    let index = usize::try_from(follower.get() - 1).unwrap();
+    wait_hw_checkpointed(&nodes[index], &ch, acked.iter().map(|(seq, _)| *seq).max().unwrap());
     ids.iter().for_each(|id| mesh.detach(*id));
     nodes.clear();
     let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
-    let leader = NodeConfig::new(ids[0], ids.clone()).channel_placement(&ch);
-    let reader = &nodes[usize::try_from(leader[1].get() - 1).unwrap()];
-    reads_back_every_acked(reader, &ch, &acked);
+    reads_back_every_acked(&nodes[index], &ch, &acked);
 }
 
 #[test]
@@ -829,11 +837,12 @@ fn records_given_up_through_any_node_stop_being_readable_everywhere_and_stay_giv
     assert_eq!(leader.set_retention(ch.clone(), seqs[1]).unwrap(), boundary);
 
     // After a restart of every node, the boundary holds (it is the channel's meta) and the rest reads back.
-    std::thread::sleep(Duration::from_millis(1_500)); // HW checkpoints of the idle replicas
+    let reader = usize::try_from(placement[1].get() - 1).unwrap();
+    wait_hw_checkpointed(&nodes[reader], &ch, hw);
     ids.iter().for_each(|id| mesh.detach(*id));
     nodes.clear();
     let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
-    let reader = &nodes[usize::try_from(placement[1].get() - 1).unwrap()];
+    let reader = &nodes[reader];
     let read = eventually(|| {
         let read = reader.read(&ch, Seq::new(1), 100)?;
         if read.len() < seqs.len() - 5 {

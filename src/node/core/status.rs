@@ -27,6 +27,9 @@ pub struct ChannelStatus {
     pub isr: Vec<NodeId>,
     /// High watermark.
     pub hw: Seq,
+    /// The high watermark last checkpointed to storage: a restart starts from it. It trails `hw` while
+    /// commits are frequent, and catches up within about a second once the channel is idle.
+    pub hw_durable: Seq,
     /// Last seq of the local log.
     pub log_end: Seq,
     /// Last durable seq.

@@ -934,6 +934,7 @@ fn channel_status(machine: &ChannelMachine, now: Time) -> Option<ChannelStatus> 
         epoch: meta.epoch,
         isr: meta.isr.clone(),
         hw: machine.hw(),
+        hw_durable: machine.durable_state().hw,
         log_end: machine.log_end(),
         durable_last: machine.durable_last(),
         retention_through: meta.retention_through,
