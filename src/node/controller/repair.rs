@@ -29,54 +29,72 @@ impl super::RepairScan {
 }
 
 impl Controller {
-    /// One page of the repair walk over the slots of the groups this node leads.
+    /// One page of the repair walk over the slots of the groups this node leads: a pass starts when the
+    /// last one is done, walks `ControllerConfig::repair_page` metas per step, and when it has walked
+    /// every slot files its reports and schedules the next.
     pub(super) fn repair_step(&mut self, now: Time, slot: &MultiRaft, reader: &SlotReader) {
         if !self.scan.active {
-            let table = slot.table();
-            let led: Vec<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
-            self.scan.slots =
-                led.iter().flat_map(|g| table.slots_of(*g).map(|s| (*g, s)).collect::<Vec<_>>()).collect();
-            self.scan.index = 0;
-            self.scan.cursor = None;
-            self.scan.active = true;
-            self.scan.pass += 1;
-            self.scan.draining.clear();
-            self.scan.drain_left.clear();
-            self.scan.drain_groups.clear();
-            // Every node leaving shows, in every group walked, with nothing left once none of the
-            // pass's channels names it.
-            let walked: BTreeMap<GroupId, usize> = led.iter().map(|group| (*group, 0)).collect();
-            self.scan.hand_offs_left = self.leaving_nodes(now).into_iter().map(|node| (node, walked.clone())).collect();
-            self.scan.rebalances = 0;
-            self.scan.rebalance_due = None;
-            // Every local group's intent, read once: drains are recorded in all of them, so any local copy
-            // tells placement; the led groups' also drive this pass's replacements and drain reports.
-            let mut draining_by_group: BTreeMap<GroupId, Vec<NodeId>> = BTreeMap::new();
-            // The nodes each group's assignment, and any move under way, name: a drained node is still in
-            // a group a move is taking back to it (an abort retargets a move to the assignment, which may
-            // name it), so its drain is not done even while it holds no replica there.
-            let mut named_by_group: BTreeMap<GroupId, Vec<NodeId>> = BTreeMap::new();
-            for group in slot.groups() {
-                match reader.group_intent(group) {
-                    Ok(None) => {
-                        draining_by_group.insert(group, Vec::new());
-                    }
-                    Ok(Some(intent)) => {
-                        let named = intent.desired_peers.iter().chain(intent.target_peers.iter().flatten()).copied();
-                        named_by_group.insert(group, named.collect());
-                        draining_by_group.insert(group, intent.draining);
-                    }
-                    Err(error) => tracing::warn!(%error, %group, "repair: cannot read the group's intent"),
+            self.begin_repair_pass(now, slot, reader);
+        }
+        self.walk_repair_page(now, slot, reader);
+        if self.scan.index >= self.scan.slots.len() {
+            self.finish_repair_pass(now);
+        } else {
+            // Continue on the next tick; pages keep each step short.
+            self.scan.next_pass = now + Duration::from_millis(5);
+        }
+    }
+
+    /// Starts a pass: the slots of the groups led now, and what every local group's intent says of
+    /// drains.
+    fn begin_repair_pass(&mut self, now: Time, slot: &MultiRaft, reader: &SlotReader) {
+        let table = slot.table();
+        let led: Vec<GroupId> = slot.groups().filter(|g| slot.is_leader(*g)).collect();
+        self.scan.slots = led.iter().flat_map(|g| table.slots_of(*g).map(|s| (*g, s)).collect::<Vec<_>>()).collect();
+        self.scan.index = 0;
+        self.scan.cursor = None;
+        self.scan.active = true;
+        self.scan.pass += 1;
+        self.scan.draining.clear();
+        self.scan.drain_left.clear();
+        self.scan.drain_groups.clear();
+        // Every node leaving shows, in every group walked, with nothing left once none of the
+        // pass's channels names it.
+        let walked: BTreeMap<GroupId, usize> = led.iter().map(|group| (*group, 0)).collect();
+        self.scan.hand_offs_left = self.leaving_nodes(now).into_iter().map(|node| (node, walked.clone())).collect();
+        self.scan.rebalances = 0;
+        self.scan.rebalance_due = None;
+        // Every local group's intent, read once: drains are recorded in all of them, so any local copy
+        // tells placement; the led groups' also drive this pass's replacements and drain reports.
+        let mut draining_by_group: BTreeMap<GroupId, Vec<NodeId>> = BTreeMap::new();
+        // The nodes each group's assignment, and any move under way, name: a drained node is still in
+        // a group a move is taking back to it (an abort retargets a move to the assignment, which may
+        // name it), so its drain is not done even while it holds no replica there.
+        let mut named_by_group: BTreeMap<GroupId, Vec<NodeId>> = BTreeMap::new();
+        for group in slot.groups() {
+            match reader.group_intent(group) {
+                Ok(None) => {
+                    draining_by_group.insert(group, Vec::new());
                 }
-            }
-            self.drains_known = draining_by_group.values().flatten().copied().collect();
-            for group in led {
-                let draining = draining_by_group.remove(&group).unwrap_or_default();
-                let members = slot.status(group).map(|s| [s.voters, s.learners].concat()).unwrap_or_default();
-                let named = named_by_group.remove(&group).unwrap_or_default();
-                self.scan.note_drains(group, &draining, &members, &named);
+                Ok(Some(intent)) => {
+                    let named = intent.desired_peers.iter().chain(intent.target_peers.iter().flatten()).copied();
+                    named_by_group.insert(group, named.collect());
+                    draining_by_group.insert(group, intent.draining);
+                }
+                Err(error) => tracing::warn!(%error, %group, "repair: cannot read the group's intent"),
             }
         }
+        self.drains_known = draining_by_group.values().flatten().copied().collect();
+        for group in led {
+            let draining = draining_by_group.remove(&group).unwrap_or_default();
+            let members = slot.status(group).map(|s| [s.voters, s.learners].concat()).unwrap_or_default();
+            let named = named_by_group.remove(&group).unwrap_or_default();
+            self.scan.note_drains(group, &draining, &members, &named);
+        }
+    }
+
+    /// Walks one page of metas from where the pass stands, considering each for repair.
+    fn walk_repair_page(&mut self, now: Time, slot: &MultiRaft, reader: &SlotReader) {
         let mut budget = self.config.repair_page;
         // Whether this node hears a quorum of a group, judged once per group in this step.
         let mut heard: BTreeMap<GroupId, bool> = BTreeMap::new();
@@ -112,39 +130,38 @@ impl Controller {
                 }
             }
         }
-        let done = self.scan.index >= self.scan.slots.len();
-        if done {
-            self.scan.active = false;
-            self.surplus_pass_done();
-            let scan = &mut self.scan;
-            self.drain_reports = scan
-                .drain_left
-                .iter()
-                .map(|(node, left)| DrainReport {
-                    node: *node,
-                    slot_groups: scan.drain_groups.remove(node).unwrap_or_default(),
-                    channel_replicas: *left,
-                })
-                .collect();
-            let hand_offs = std::mem::take(&mut self.scan.hand_offs_left);
-            self.hand_off_reports = hand_offs
-                .iter()
-                .map(|(node, groups)| HandOffReport { node: *node, channels_led: groups.values().sum() })
-                .collect();
-            // Each leaving node learns what is left of its own, group by group: it waits for none.
-            for (node, groups) in hand_offs {
-                let channels_led = groups.into_iter().map(|(g, led)| (g, u32::try_from(led).unwrap_or(u32::MAX)));
-                let message = NodeMessage::HandOffProgress { channels_led: channels_led.collect() };
-                self.actions.push_back(Action::Send { to: node, message });
-            }
-            let busy = !self.down.is_empty() || !self.scan.draining.is_empty() || !self.hand_off_reports.is_empty();
-            let pause = if busy { self.config.repair_interval } else { self.config.repair_idle_interval };
-            let rebalance = self.scan.rebalance_due.map(|due| due.max(now + self.config.repair_interval));
-            self.scan.next_pass = rebalance.map_or(now + pause, |due| due.min(now + pause));
-        } else {
-            // Continue on the next tick; pages keep each step short.
-            self.scan.next_pass = now + Duration::from_millis(5);
+    }
+
+    /// Ends a pass: files the drain and hand-off reports, tells each leaving node what it still leads,
+    /// and schedules the next pass (sooner while nodes are down, draining or leaving).
+    fn finish_repair_pass(&mut self, now: Time) {
+        self.scan.active = false;
+        self.surplus_pass_done();
+        let scan = &mut self.scan;
+        self.drain_reports = scan
+            .drain_left
+            .iter()
+            .map(|(node, left)| DrainReport {
+                node: *node,
+                slot_groups: scan.drain_groups.remove(node).unwrap_or_default(),
+                channel_replicas: *left,
+            })
+            .collect();
+        let hand_offs = std::mem::take(&mut self.scan.hand_offs_left);
+        self.hand_off_reports = hand_offs
+            .iter()
+            .map(|(node, groups)| HandOffReport { node: *node, channels_led: groups.values().sum() })
+            .collect();
+        // Each leaving node learns what is left of its own, group by group: it waits for none.
+        for (node, groups) in hand_offs {
+            let channels_led = groups.into_iter().map(|(g, led)| (g, u32::try_from(led).unwrap_or(u32::MAX)));
+            let message = NodeMessage::HandOffProgress { channels_led: channels_led.collect() };
+            self.actions.push_back(Action::Send { to: node, message });
         }
+        let busy = !self.down.is_empty() || !self.scan.draining.is_empty() || !self.hand_off_reports.is_empty();
+        let pause = if busy { self.config.repair_interval } else { self.config.repair_idle_interval };
+        let rebalance = self.scan.rebalance_due.map(|due| due.max(now + self.config.repair_interval));
+        self.scan.next_pass = rebalance.map_or(now + pause, |due| due.min(now + pause));
     }
 
     /// `true` if this node heard lately from a majority of `group`'s voters, itself included. A slot
