@@ -281,92 +281,102 @@ fn switch_target(
     }
     let need = meta.isr.len() - usize::from(meta.min_isr) + 1;
     let have = evidence.keys().filter(|n| meta.in_isr(**n)).count();
-    let chosen = match kind {
-        TaskKind::Failover => {
-            if have < need {
-                return Some(Err(TaskBlocked::NotEnoughEvidence { have, need }));
-            }
-            // The most advanced log; on a tie one that is not leaving (it would hand the leadership
-            // off again), then the current leader (least churn), then the lowest id.
-            evidence
-                .iter()
-                .max_by_key(|(node, r)| {
-                    let staying = !leaving.contains(*node);
-                    (r.last_epoch, r.last_seq, staying, **node == meta.leader, std::cmp::Reverse(**node))
-                })
-                .map(|(node, _)| *node)
-                .expect("need >= 1 answers")
-        }
+    Some(match kind {
+        TaskKind::Failover if have < need => Err(TaskBlocked::NotEnoughEvidence { have, need }),
+        TaskKind::Failover => Ok(failover_target(meta, evidence, leaving)),
         TaskKind::Transfer { target } | TaskKind::HandOff { target } => {
-            let Some(l) = evidence.get(&meta.leader).filter(|l| began(l, meta) && l.drained && l.pending_appends == 0)
-            else {
-                return Some(Err(TaskBlocked::Draining));
-            };
-            let holds_the_log = |node: &NodeId| {
-                evidence.get(node).is_some_and(|t| (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end))
-            };
-            // A hand-off only needs some staying member to take over: one that holds the whole log
-            // will do when its target lags (an idle follower that missed a hint waits a pull interval).
-            let stand_in = || {
-                let others = meta.isr.iter().filter(|n| **n != meta.leader && !leaving.contains(*n));
-                others.copied().find(holds_the_log)
-            };
-            let chosen = match kind {
-                _ if holds_the_log(&target) => Some(target),
-                TaskKind::HandOff { .. } => stand_in(),
-                _ => None,
-            };
-            match chosen {
-                Some(chosen) if have >= need => chosen,
-                _ => return Some(Err(TaskBlocked::Draining)),
+            let may_stand_in = matches!(kind, TaskKind::HandOff { .. });
+            match hand_over_target(target, may_stand_in, meta, evidence, leaving) {
+                Some(chosen) if have >= need => Ok(chosen),
+                _ => Err(TaskBlocked::Draining),
             }
         }
         TaskKind::Replace { from, to } => {
-            // Only a change of leader needs the evidence quorum (the slot FSM checks it as proof), and
-            // only a leader that hands over waits for its appends: one that stays completes them under
-            // the new ISR. Waiting for them there was waiting for the switch itself when the old ISR had
-            // fewer than MinISR live members, which is when the repair loop replaces a member that is
-            // down: the switch waited until the appends timed out, fencing the channel for drain timeout
-            // after drain timeout (sim seed 365000175). Their records are in the log end the bar below
-            // counts (the fence admits no new ones).
+            // Only a change of leader needs the evidence quorum (the slot FSM checks it as proof).
             let leader_moves = from == meta.leader;
-            let leader = evidence.get(&meta.leader);
-            let caught_up = match (leader, evidence.get(&to)) {
-                (Some(l), Some(t)) => {
-                    began(l, meta)
-                        && (!leader_moves || l.pending_appends == 0)
-                        && l.log_end == l.last_seq
-                        && (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end)
-                }
-                _ => false,
-            };
-            // Every committed record must stay on MinISR members of the new ISR. `to` may already be
-            // one of the holders (the leader puts a caught-up learner in the ISR itself), so count
-            // the holders rather than assume `to` adds one. The bar is the leader's log end, not its
-            // HW: under this fence (which does not freeze) HW may still rise to the log end under the
-            // old ISR before the switch commits. A holder's log ends in the leader's last epoch: one
-            // longer but of an earlier epoch diverged from it and lacks those records. Counted by its
-            // length alone, a member that had missed two leaderships (its log ended past the leader's
-            // in an old epoch) was counted, the replaced member that held the commits left the ISR,
-            // they stood on fewer than MinISR of it, and a failover on that member's evidence alone
-            // lost them (sim seed 637002638: MinISR the whole ISR of three).
-            let holds_through =
-                |e: &EvidenceReport, l: &EvidenceReport| e.last_epoch == l.last_epoch && e.last_seq >= l.log_end;
-            let new_isr: BTreeSet<NodeId> =
-                meta.isr.iter().copied().chain(std::iter::once(to)).filter(|n| *n != from).collect();
-            let holders = new_isr
-                .iter()
-                .filter(|n| matches!((evidence.get(n), leader), (Some(e), Some(l)) if holds_through(e, l)))
-                .count();
-            if !caught_up || holders < usize::from(meta.min_isr) || (leader_moves && have < need) {
-                return Some(Err(TaskBlocked::Draining));
+            if replacement_ready(from, to, meta, evidence) && (!leader_moves || have >= need) {
+                Ok(to)
+            } else {
+                Err(TaskBlocked::Draining)
             }
-            to
         }
         // Neither gathers evidence.
         TaskKind::ClearFence | TaskKind::RemoveLearner { .. } => return None,
-    };
-    Some(Ok(chosen))
+    })
+}
+
+/// A failover's new leader, among replicas that answered (at least one): the most advanced log; on a
+/// tie one that is not `leaving` (it would hand the leadership off again), then the current leader
+/// (least churn), then the lowest id.
+fn failover_target(
+    meta: &ChannelRuntimeMeta,
+    evidence: &BTreeMap<NodeId, EvidenceReport>,
+    leaving: &BTreeSet<NodeId>,
+) -> NodeId {
+    evidence
+        .iter()
+        .max_by_key(|(node, r)| {
+            let staying = !leaving.contains(*node);
+            (r.last_epoch, r.last_seq, staying, **node == meta.leader, std::cmp::Reverse(**node))
+        })
+        .map(|(node, _)| *node)
+        .expect("need >= 1 answers")
+}
+
+/// Who takes over in a transfer or hand-off once the leader has drained: `target` if it holds the
+/// drained leader's whole log; else, if a stand-in `may_stand_in` (a hand-off only needs some staying
+/// member to take over), another ISR member that is not `leaving` and holds it (an idle follower that
+/// missed a hint waits a pull interval). `None` while the leader has not drained, or no one holds it.
+fn hand_over_target(
+    target: NodeId,
+    may_stand_in: bool,
+    meta: &ChannelRuntimeMeta,
+    evidence: &BTreeMap<NodeId, EvidenceReport>,
+    leaving: &BTreeSet<NodeId>,
+) -> Option<NodeId> {
+    let l = evidence.get(&meta.leader).filter(|l| began(l, meta) && l.drained && l.pending_appends == 0)?;
+    let holds_the_log =
+        |node: &NodeId| evidence.get(node).is_some_and(|t| (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end));
+    if holds_the_log(&target) {
+        return Some(target);
+    }
+    let mut others = meta.isr.iter().filter(|n| **n != meta.leader && !leaving.contains(*n));
+    may_stand_in.then(|| others.find(|n| holds_the_log(n)).copied()).flatten()
+}
+
+/// `true` when a replacement of `from` by `to` may switch: the leader's barrier began and `to` holds its
+/// whole log, and every committed record stays on MinISR members of the new ISR. Only a leader that
+/// hands over waits for its appends: one that stays completes them under the new ISR. Waiting for them
+/// there was waiting for the switch itself when the old ISR had fewer than MinISR live members, which
+/// is when the repair loop replaces a member that is down: the switch waited until the appends timed
+/// out, fencing the channel for drain timeout after drain timeout (sim seed 365000175). Their records
+/// are in the log end the bar below counts (the fence admits no new ones).
+fn replacement_ready(
+    from: NodeId,
+    to: NodeId,
+    meta: &ChannelRuntimeMeta,
+    evidence: &BTreeMap<NodeId, EvidenceReport>,
+) -> bool {
+    let leader_moves = from == meta.leader;
+    let Some(l) = evidence.get(&meta.leader) else { return false };
+    let caught_up = began(l, meta)
+        && (!leader_moves || l.pending_appends == 0)
+        && l.log_end == l.last_seq
+        && evidence.get(&to).is_some_and(|t| (t.last_epoch, t.last_seq) == (l.last_epoch, l.log_end));
+    // `to` may already be one of the holders (the leader puts a caught-up learner in the ISR itself),
+    // so count the holders rather than assume `to` adds one. The bar is the leader's log end, not its
+    // HW: under this fence (which does not freeze) HW may still rise to the log end under the old ISR
+    // before the switch commits. A holder's log ends in the leader's last epoch: one longer but of an
+    // earlier epoch diverged from it and lacks those records. Counted by its length alone, a member
+    // that had missed two leaderships (its log ended past the leader's in an old epoch) was counted,
+    // the replaced member that held the commits left the ISR, they stood on fewer than MinISR of it,
+    // and a failover on that member's evidence alone lost them (sim seed 637002638: MinISR the whole
+    // ISR of three).
+    let holds_through = |e: &EvidenceReport| e.last_epoch == l.last_epoch && e.last_seq >= l.log_end;
+    let new_isr: BTreeSet<NodeId> =
+        meta.isr.iter().copied().chain(std::iter::once(to)).filter(|n| *n != from).collect();
+    let holders = new_isr.iter().filter(|n| evidence.get(n).is_some_and(holds_through)).count();
+    caught_up && holders >= usize::from(meta.min_isr)
 }
 
 /// `base`'s next version in the next membership epoch, its replicas changed by `change` (a learner
