@@ -197,22 +197,9 @@ impl Node {
         if storage.durable_workers == 0 {
             return Err(NodeError::Storage(StoreError::BadConfig { what: "durable_workers must be positive" }));
         }
-        // The default number of reactors: one per two cores (the IO workers and the host need the rest).
-        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
-        let config = NodeConfig { reactors: config.reactors_or(cores / 2), ..config };
         let clock = Clock { started: Instant::now() };
-        let boot_nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let mut config = NodeConfig { boot_id: u64::from(boot_nanos.subsec_nanos()) ^ boot_nanos.as_secs(), ..config };
-        // The clock counts from now: records are stamped with the wall clock read here plus that count.
-        config.machine.clock_origin_unix_ms = u64::try_from(boot_nanos.as_millis()).unwrap_or(u64::MAX);
-        std::fs::create_dir_all(&storage.data_dir).map_err(|e| StoreError::io("create data directory", e))?;
-        let kv: Arc<dyn Kv> = Arc::new(SledKv::open(storage.data_dir.join("sled"), storage.sled_cache_bytes)?);
-        let logs = Arc::new(RaftLogStore::open(kv.clone())?);
-        let journal =
-            Arc::new(JournalLog::open(storage.data_dir.join("journal"), kv.clone(), storage.journal.clone())?);
-        if storage.journal_spares_at_start {
-            journal.fill_spares()?;
-        }
+        let config = for_this_start(config);
+        let (kv, logs, journal) = open_stores(&storage)?;
         let write_behind = journal.start_write_behind();
         let log: Arc<dyn MessageLog> = journal.clone();
         let router = Arc::new(Router::new(config.table()));
@@ -836,6 +823,34 @@ fn offer<T, I>(inbox: &Sender<I>, make: impl FnOnce(Completer<T>) -> I) -> Pendi
         Ok(()) => pending,
         Err(refused) => Pending::ready(Err(refused)),
     }
+}
+
+/// `config` as this start runs it: the default number of reactors for this machine (one per two
+/// cores: the IO workers and the host need the rest) unless it names one, a boot id, and the wall clock
+/// read now as the origin of the clock records are stamped with (the runtime's clock counts from now).
+fn for_this_start(config: NodeConfig) -> NodeConfig {
+    let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
+    let boot = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let mut config = NodeConfig {
+        reactors: config.reactors_or(cores / 2),
+        boot_id: u64::from(boot.subsec_nanos()) ^ boot.as_secs(),
+        ..config
+    };
+    config.machine.clock_origin_unix_ms = u64::try_from(boot.as_millis()).unwrap_or(u64::MAX);
+    config
+}
+
+/// Opens (or creates) a node's stores under `storage.data_dir`: the sled metadata store, the raft logs
+/// of its slot groups in it, and the message journal (its spare segments made first if asked).
+fn open_stores(storage: &StorageOptions) -> Result<(Arc<dyn Kv>, Arc<RaftLogStore>, Arc<JournalLog>), NodeError> {
+    std::fs::create_dir_all(&storage.data_dir).map_err(|e| StoreError::io("create data directory", e))?;
+    let kv: Arc<dyn Kv> = Arc::new(SledKv::open(storage.data_dir.join("sled"), storage.sled_cache_bytes)?);
+    let logs = Arc::new(RaftLogStore::open(kv.clone())?);
+    let journal = Arc::new(JournalLog::open(storage.data_dir.join("journal"), kv.clone(), storage.journal.clone())?);
+    if storage.journal_spares_at_start {
+        journal.fill_spares()?;
+    }
+    Ok((kv, logs, journal))
 }
 
 /// Why a blocking call got no answer: the node stopped (the answering end is gone) or the wait ran out.
