@@ -468,8 +468,27 @@ impl World {
     }
 
     /// No acknowledged append lost or changed; replicas agree at every seq at or below their HW; every
-    /// request answered unless its channel waits for a failover.
+    /// acknowledged metadata write kept; every request answered unless its channel waits for a failover;
+    /// every channel live and every route right once healed.
     pub(super) fn final_checks(&mut self) {
+        self.check_channel_logs();
+        self.check_users_kept();
+        self.count_final_faults();
+        self.check_lost_disk_refused();
+        self.check_joined();
+        self.check_slot_replicas();
+        self.check_moves_settled();
+        self.check_drains_finished();
+        self.check_surplus_given_up();
+        self.check_stray_logs_forgotten();
+        self.check_migrations_settled();
+        self.oracle.check_answered();
+        self.check_routes_healed();
+        self.check_channels_live();
+    }
+
+    /// Every channel's replicas, as the newest meta names them, hold every acknowledged append and agree.
+    fn check_channel_logs(&mut self) {
         for channel in self.channels.clone() {
             // The replicas the newest meta names (replacements move them).
             let Some(meta) = self.newest_meta(&channel) else {
@@ -495,11 +514,12 @@ impl World {
             self.oracle.check_leader_complete(&channel, leader, in_memory_end, &logs);
             self.check_senders_and_fanout(&channel, &logs);
         }
-        // Every acknowledged metadata write is on every replica of the group owning its slot once healed.
+    }
+
+    /// Every acknowledged metadata write is on every replica of the group owning its slot once healed.
+    fn check_users_kept(&mut self) {
         let owners: BTreeMap<HashSlot, GroupId> =
             self.users_acked.keys().map(|slot| (*slot, self.owner_of(*slot))).collect();
-        self.faults.slots_migrated +=
-            HashSlot::all().filter(|slot| self.owner_of(*slot) != self.genesis().group_of(*slot)).count() as u64;
         for (slot, uids) in &self.users_acked {
             let group = &owners[slot];
             let members = self.group_members(*group);
@@ -515,6 +535,12 @@ impl World {
                 }
             }
         }
+    }
+
+    /// The run's totals of what only the end shows: slots migrated, learners removed, fanout planned again.
+    fn count_final_faults(&mut self) {
+        self.faults.slots_migrated +=
+            HashSlot::all().filter(|slot| self.owner_of(*slot) != self.genesis().group_of(*slot)).count() as u64;
         if std::env::var("SIM_DEBUG").is_ok() {
             for node in self.nodes.values() {
                 for task in node.core.as_ref().map(|c| c.status().finished_tasks).unwrap_or_default() {
@@ -527,15 +553,10 @@ impl World {
         self.faults.learners_removed += reports.filter(|r| removal(r) && r.outcome.is_ok()).count() as u64;
         self.faults.fanout_planned_again +=
             self.nodes.values().filter_map(|n| n.core.as_ref()).map(|c| c.status().fanout_planned_again).sum::<u64>();
-        self.check_lost_disk_refused();
-        self.check_joined();
-        self.check_slot_replicas();
-        self.check_moves_settled();
-        self.check_drains_finished();
-        self.check_surplus_given_up();
-        self.check_stray_logs_forgotten();
-        self.check_migrations_settled();
-        self.oracle.check_answered();
+    }
+
+    /// No node still forwards a channel's appends to a node that does not lead it.
+    fn check_routes_healed(&mut self) {
         // Twice in a row: one probe may straddle a change of leader (a transfer back to a preferred
         // replica late in the healed phase); a stale route refuses every probe.
         for ((channel, node), (_, answer)) in self.misrouted.iter().filter(|(_, (times, _))| *times >= 2) {
@@ -543,6 +564,10 @@ impl World {
                 "liveness: {node} still forwards {channel}'s appends to a node that does not lead it after healing: {answer}"
             ));
         }
+    }
+
+    /// Every channel takes an append after healing.
+    fn check_channels_live(&mut self) {
         for channel in &self.channels {
             if !self.acknowledged(channel) {
                 let statuses: Vec<String> = self
