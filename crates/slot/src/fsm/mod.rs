@@ -12,14 +12,14 @@ pub mod migration;
 
 use crate::command::{Command, CommandScope, DecodeError, MemberList};
 use crate::keys::{Key, Kind};
-use crate::model::{GroupIntent, SlotMigrationStep, SlotRecord, SlotState, SwitchProof};
+use crate::model::{GroupIntent, SlotMigrationStep, SlotRecord, SlotState, SwitchProof, Uid};
 use intent::{change_intent, IntentChange};
 use migration::SlotMigrationError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tidings_router::{hash_slot, HashToSlot};
 use tidings_store::{MetaSpace, MetaStore, MetaWriteBatch, Placement, StoreResult};
-use tidings_types::{ChannelRuntimeMeta, ConfigEpoch, GroupId, HashSlot, MetaError, NodeId};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, ConfigEpoch, GroupId, HashSlot, MetaError, NodeId};
 
 /// Limits the FSM enforces on commands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,6 +259,16 @@ impl<'a> Overlay<'a> {
         // Cannot fail: model types serialize into memory.
         let bytes = postcard::to_allocvec(value).expect("model value encodes");
         self.put_raw(space, key, Some(bytes));
+    }
+
+    /// Puts `value` at `key` unless something is there already (`AlreadyExists`: a create is not an
+    /// overwrite).
+    fn put_if_absent(&mut self, space: MetaSpace, key: Vec<u8>, value: &impl Serialize) -> StoreResult<Outcome> {
+        if self.get(space, &key)?.is_some() {
+            return Ok(Outcome::AlreadyExists);
+        }
+        self.put(space, key, value);
+        Ok(Outcome::Applied)
     }
 
     fn delete(&mut self, space: MetaSpace, key: Vec<u8>) {
@@ -553,13 +563,7 @@ impl SlotFsm {
                 Outcome::Applied
             }
             CreateChannel(info) => {
-                let key = Key::new(Kind::Channel).channel(&info.channel).build();
-                if overlay.get(space, &key)?.is_some() {
-                    Outcome::AlreadyExists
-                } else {
-                    overlay.put(space, key, info);
-                    Outcome::Applied
-                }
+                overlay.put_if_absent(space, Key::new(Kind::Channel).channel(&info.channel).build(), info)?
             }
             UpdateChannelFlags { channel, flags } => {
                 let key = Key::new(Kind::Channel).channel(channel).build();
@@ -572,27 +576,8 @@ impl SlotFsm {
                 }
             }
             AddMembers { channel, list, uids } | RemoveMembers { channel, list, uids } => {
-                if uids.len() > self.limits.members_per_command_max {
-                    return Ok(Outcome::Refused(Refusal::TooMany {
-                        count: uids.len(),
-                        max: self.limits.members_per_command_max,
-                    }));
-                }
-                let kind = match list {
-                    MemberList::Subscribers => Kind::Subscriber,
-                    MemberList::Allow => Kind::Allow,
-                    MemberList::Deny => Kind::Deny,
-                };
                 let add = matches!(command, AddMembers { .. });
-                for uid in uids {
-                    let key = Key::new(kind).channel(channel).uid(uid).build();
-                    if add {
-                        overlay.put(space, key, &());
-                    } else {
-                        overlay.delete(space, key);
-                    }
-                }
-                Outcome::Applied
+                self.change_members(overlay, space, channel, *list, uids, add)
             }
             PutMembership { uid, channel, membership } => {
                 overlay.put(space, Key::new(Kind::Membership).uid(uid).channel(channel).build(), membership);
@@ -606,17 +591,12 @@ impl SlotFsm {
                 overlay.put(space, Key::new(Kind::CmdBinding).uid(uid).channel(channel).build(), binding);
                 Outcome::Applied
             }
-            CreateRuntimeMeta(meta) => {
-                let key = Key::new(Kind::RuntimeMeta).channel(&meta.channel).build();
-                if let Err(e) = meta.validate() {
-                    Outcome::Refused(Refusal::InvalidMeta(e))
-                } else if overlay.get(space, &key)?.is_some() {
-                    Outcome::AlreadyExists
-                } else {
-                    overlay.put(space, key, meta);
-                    Outcome::Applied
+            CreateRuntimeMeta(meta) => match meta.validate() {
+                Err(e) => Outcome::Refused(Refusal::InvalidMeta(e)),
+                Ok(()) => {
+                    overlay.put_if_absent(space, Key::new(Kind::RuntimeMeta).channel(&meta.channel).build(), meta)?
                 }
-            }
+            },
             CasRuntimeMeta { expected_version, meta, proof } => {
                 self.cas_meta(space, overlay, *expected_version, meta, proof.as_ref())?
             }
@@ -655,6 +635,37 @@ impl SlotFsm {
             }
         };
         Ok(outcome)
+    }
+
+    /// Adds `uids` to (or, unless `add`, removes them from) `channel`'s `list`, at most
+    /// `members_per_command_max` of them in one command.
+    fn change_members(
+        &self,
+        overlay: &mut Overlay<'_>,
+        space: MetaSpace,
+        channel: &ChannelId,
+        list: MemberList,
+        uids: &[Uid],
+        add: bool,
+    ) -> Outcome {
+        let max = self.limits.members_per_command_max;
+        if uids.len() > max {
+            return Outcome::Refused(Refusal::TooMany { count: uids.len(), max });
+        }
+        let kind = match list {
+            MemberList::Subscribers => Kind::Subscriber,
+            MemberList::Allow => Kind::Allow,
+            MemberList::Deny => Kind::Deny,
+        };
+        for uid in uids {
+            let key = Key::new(kind).channel(channel).uid(uid).build();
+            if add {
+                overlay.put(space, key, &());
+            } else {
+                overlay.delete(space, key);
+            }
+        }
+        Outcome::Applied
     }
 
     fn cas_meta(
