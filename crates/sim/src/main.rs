@@ -12,7 +12,9 @@
 //! only with two nodes or more). `--safety-ms N` runs every seed's faults
 //! for N virtual milliseconds instead of the 3–8 s it draws (a soak: faults that pile up, such as epoch
 //! histories, compacted raft logs and many failovers of one channel), `--channels N` gives every seed N
-//! channels instead of the 1–6 it draws (more replicas than tight limits leave room for). A failed
+//! channels instead of the 1–6 it draws (more replicas than tight limits leave room for), `--liveness-ms N`
+//! gives the healed phase N virtual milliseconds instead of 15 s (a channel that takes no append in 15 s
+//! but does in a longer phase waited for a turn; one that never does is stuck). A failed
 //! seed prints the command that replays it, with these flags. `--unsafe-disk-loss-keeps-identity` lets the node that loses its disk
 //! keep its storage identity (the simulator's own check: its peers then cannot refuse it, and the
 //! seeds fail).
@@ -45,6 +47,7 @@ fn params(seed: u64) -> SimParams {
     let channels = arg("--channels").and_then(|n| usize::try_from(n).ok()).filter(|n| *n > 0);
     SimParams {
         safety_ms: arg("--safety-ms").unwrap_or(seeded.safety_ms),
+        liveness_ms: arg("--liveness-ms").unwrap_or(seeded.liveness_ms),
         channels: channels.unwrap_or(seeded.channels),
         metadata_workload: !appends_only,
         idle_evict_ms,

@@ -63,6 +63,9 @@ impl SimReport {
         if params.safety_ms != drawn.safety_ms {
             command.push_str(&format!(" --safety-ms {}", params.safety_ms));
         }
+        if params.liveness_ms != drawn.liveness_ms {
+            command.push_str(&format!(" --liveness-ms {}", params.liveness_ms));
+        }
         if params.channels != drawn.channels {
             command.push_str(&format!(" --channels {}", params.channels));
         }
