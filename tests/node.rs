@@ -388,6 +388,9 @@ fn three_nodes_forward_from_non_leaders_and_survive_a_restart() {
     nodes.clear();
     let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
     reads_back_every_acked(&nodes[index], &ch, &acked);
+    // And the channel takes appends again, after what was acknowledged before.
+    let after = eventually(|| nodes[0].append(ch.clone(), record("after"))?.wait())[0];
+    assert!(acked.iter().all(|(seq, _)| *seq < after), "{after} after {acked:?}");
 }
 
 #[test]
