@@ -324,9 +324,9 @@ fn failover_target(
 }
 
 /// Who takes over in a transfer or hand-off once the leader has drained: `target` if it holds the
-/// drained leader's whole log; else, if a stand-in `may_stand_in` (a hand-off only needs some staying
-/// member to take over), another ISR member that is not `leaving` and holds it (an idle follower that
-/// missed a hint waits a pull interval). `None` while the leader has not drained, or no one holds it.
+/// drained leader's whole log; else, when `may_stand_in` (a hand-off: it only needs some staying member
+/// to take over), another ISR member that is not `leaving` and holds it (an idle follower that missed a
+/// hint waits a pull interval). `None` while the leader has not drained, or no one holds it.
 fn hand_over_target(
     target: NodeId,
     may_stand_in: bool,
@@ -340,8 +340,11 @@ fn hand_over_target(
     if holds_the_log(&target) {
         return Some(target);
     }
+    if !may_stand_in {
+        return None;
+    }
     let mut others = meta.isr.iter().filter(|n| **n != meta.leader && !leaving.contains(*n));
-    may_stand_in.then(|| others.find(|n| holds_the_log(n)).copied()).flatten()
+    others.find(|n| holds_the_log(n)).copied()
 }
 
 /// `true` when a replacement of `from` by `to` may switch: the leader's barrier began and `to` holds its
