@@ -199,7 +199,7 @@ impl Node {
         }
         let clock = Clock { started: Instant::now() };
         let config = for_this_start(config);
-        let (kv, logs, journal) = open_stores(&storage)?;
+        let Stores { kv, logs, journal } = open_stores(&storage)?;
         let write_behind = journal.start_write_behind();
         let log: Arc<dyn MessageLog> = journal.clone();
         let router = Arc::new(Router::new(config.table()));
@@ -840,9 +840,17 @@ fn for_this_start(config: NodeConfig) -> NodeConfig {
     config
 }
 
-/// Opens (or creates) a node's stores under `storage.data_dir`: the sled metadata store, the raft logs
-/// of its slot groups in it, and the message journal (its spare segments made first if asked).
-fn open_stores(storage: &StorageOptions) -> Result<(Arc<dyn Kv>, Arc<RaftLogStore>, Arc<JournalLog>), NodeError> {
+/// A node's stores: the sled metadata store, the raft logs of its slot groups in it, and the message
+/// journal.
+struct Stores {
+    kv: Arc<dyn Kv>,
+    logs: Arc<RaftLogStore>,
+    journal: Arc<JournalLog>,
+}
+
+/// Opens (or creates) a node's stores under `storage.data_dir`, the journal's spare segments made first
+/// if asked.
+fn open_stores(storage: &StorageOptions) -> Result<Stores, NodeError> {
     std::fs::create_dir_all(&storage.data_dir).map_err(|e| StoreError::io("create data directory", e))?;
     let kv: Arc<dyn Kv> = Arc::new(SledKv::open(storage.data_dir.join("sled"), storage.sled_cache_bytes)?);
     let logs = Arc::new(RaftLogStore::open(kv.clone())?);
@@ -850,7 +858,7 @@ fn open_stores(storage: &StorageOptions) -> Result<(Arc<dyn Kv>, Arc<RaftLogStor
     if storage.journal_spares_at_start {
         journal.fill_spares()?;
     }
-    Ok((kv, logs, journal))
+    Ok(Stores { kv, logs, journal })
 }
 
 /// Why a blocking call got no answer: the node stopped (the answering end is gone) or the wait ran out.
