@@ -15,7 +15,7 @@ use super::workers::ReadJob;
 use super::{Clock, STEP_STALL_WARNING};
 use crate::node::shard::{ChannelShard, ShardInput, ShardOutput, ShardStatus};
 use crate::node::{ApiResult, ChannelStatus, NodeEffect, NodeError};
-use crossbeam_channel::{select, Receiver, Sender, TrySendError};
+use crossbeam_channel::{select, Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tidings_channel::machine::{AppendRecord, ChannelMessage, PersistToken, ReadToken};
@@ -30,6 +30,8 @@ pub(super) const MAILBOX_CAPACITY: usize = 65_536;
 const INPUTS_PER_STEP: usize = 1024;
 /// How soon outputs the core thread had no room for are offered again.
 const RETRY: Duration = Duration::from_millis(1);
+/// How long a stopping reactor waits for the checkpoints its replicas write at a clean stop.
+const STOP_CHECKPOINT_WAIT: Duration = Duration::from_secs(2);
 
 /// What a reactor's mailbox carries.
 pub(super) enum ReactorInput {
@@ -88,7 +90,7 @@ impl Reactor {
             let wait = if waiting { RETRY } else { Duration::from_millis(due) };
             select! {
                 recv(mailbox) -> input => match input {
-                    Ok(ReactorInput::Stop) | Err(_) => return,
+                    Ok(ReactorInput::Stop) | Err(_) => return self.stop(completions),
                     Ok(input) => self.handle(input),
                 },
                 recv(completions) -> completion => {
@@ -109,7 +111,7 @@ impl Reactor {
                     self.complete(completion);
                 }
                 match input {
-                    Ok(ReactorInput::Stop) => return,
+                    Ok(ReactorInput::Stop) => return self.stop(completions),
                     Ok(input) => self.handle(input),
                     Err(_) => {}
                 }
@@ -125,6 +127,29 @@ impl Reactor {
             let busy = busy_since.elapsed();
             if busy >= STEP_STALL_WARNING {
                 tracing::warn!(shard = self.shard.index(), ?busy, "reactor busy in one step (storage waits?)");
+            }
+        }
+    }
+
+    /// A clean stop: every active replica writes its checkpoint now (`ChannelShard::checkpoint_for_stop`)
+    /// and the reactor carries the writes out and takes their completions, for at most
+    /// [`STOP_CHECKPOINT_WAIT`]; it then stops whether they all landed or not (a checkpoint spares the
+    /// next start work, nothing more: what is committed is in the logs). Inputs from the mailbox are no
+    /// longer taken.
+    fn stop(&mut self, completions: &Receiver<Completion>) {
+        let deadline = Instant::now() + STOP_CHECKPOINT_WAIT;
+        self.shard.checkpoint_for_stop(self.clock.now());
+        loop {
+            self.carry_out();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.shard.written_out() || left.is_zero() {
+                return;
+            }
+            let wait = if self.not_taken.is_empty() { left } else { RETRY.min(left) };
+            match completions.recv_timeout(wait) {
+                Ok(completion) => self.complete(completion),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
             }
         }
     }

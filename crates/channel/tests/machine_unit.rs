@@ -588,6 +588,37 @@ fn a_replica_kept_only_by_its_checkpoint_writes_it_at_once_when_asked() {
     assert!(!m.kept_only_by_its_checkpoint() && !m.checkpoint_to_leave(t(30)), "nothing keeps it now");
 }
 
+/// A node stopping cleanly asks every active replica for its checkpoint (`checkpoint_now`), and waits
+/// until each is `written_out`.
+#[test]
+fn a_replica_asked_for_its_checkpoint_at_a_stop_writes_it_at_once_and_is_then_written_out() {
+    let (log, mut m) = replica_with_hw_ahead_of_its_checkpoint(2, 0, 3);
+    m.handle_meta(t(10), meta(1, 1, 1)).unwrap();
+    settle(&mut m, &log, t(10));
+    assert!(!m.written_out(), "its HW is ahead of the store's");
+    m.checkpoint_now(t(20));
+    assert!(!m.written_out(), "the checkpoint is on its way");
+    settle(&mut m, &log, t(20));
+    assert_eq!(log.state(&channel()).unwrap().hw, Seq::new(3), "written at 20 ms, not when due");
+    assert!(m.written_out());
+
+    // A leader whose append just committed: the batch that made it durable checkpointed the HW before
+    // the commit, and the ask writes the one after it.
+    let log = MemoryLog::new(LogLimits::default());
+    let mut m = empty_replica(1);
+    m.handle_meta(t(1), meta(1, 1, 1)).unwrap();
+    settle(&mut m, &log, t(1));
+    m.handle_append(t(2), request(9, &["a"])).unwrap();
+    assert!(!m.written_out(), "its record is not durable yet");
+    settle(&mut m, &log, t(2));
+    assert_eq!((m.hw(), log.state(&channel()).unwrap().hw), (Seq::new(2), Seq::new(1)));
+    assert!(!m.written_out(), "its HW is ahead of the store's");
+    m.checkpoint_now(t(3));
+    settle(&mut m, &log, t(3));
+    assert_eq!(log.state(&channel()).unwrap().hw, Seq::new(2));
+    assert!(m.written_out());
+}
+
 #[test]
 fn a_leader_waiting_for_a_commit_is_not_kept_only_by_its_checkpoint() {
     let log = MemoryLog::new(LogLimits::default());

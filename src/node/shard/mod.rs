@@ -548,6 +548,25 @@ impl ChannelShard {
         channel_status(self.channels.get(channel)?, self.now)
     }
 
+    /// A clean stop: every active replica writes now the checkpoint it would write when due (its HW, a
+    /// leader's own fanout progress), so that the next start reads up to what this one knew
+    /// (`ChannelMachine::checkpoint_now`). The writes come out as outputs; [`ChannelShard::written_out`]
+    /// says when they have all landed.
+    pub(crate) fn checkpoint_for_stop(&mut self, now: Time) {
+        self.advance(now);
+        let active: Vec<ChannelId> = self.channels.iter().map(|(channel, _)| channel.clone()).collect();
+        for channel in active {
+            if let Some(machine) = self.machine_mut(&channel) {
+                machine.checkpoint_now(now);
+            }
+        }
+    }
+
+    /// `true` when no active replica has anything waiting to be written (`ChannelMachine::written_out`).
+    pub(crate) fn written_out(&self) -> bool {
+        self.channels.iter().all(|(_, machine)| machine.written_out())
+    }
+
     /// Next output (drains the machines touched since the last call first).
     pub(crate) fn poll_output(&mut self) -> Option<ShardOutput> {
         if self.outputs.is_empty() {

@@ -579,9 +579,33 @@ impl ChannelMachine {
         if !self.kept_only_by_its_checkpoint() && !self.kept_fanning_out_only_by_its_checkpoint() {
             return false;
         }
+        self.checkpoint_at_once();
+        true
+    }
+
+    /// Writes now, whatever keeps this replica in memory, the checkpoint it would write when due: its HW
+    /// and a leader's own fanout progress, past what its store holds (after the write in flight, if
+    /// one is). A node stopping cleanly asks it of every active replica, so that the next start reads
+    /// up to the HW this one knew and plans no fanout again that this one finished; without it, a
+    /// replica's checkpoint trails by up to ~1.1 s (see `checkpoint_due_at`).
+    pub fn checkpoint_now(&mut self, now: Time) {
+        self.advance(now);
+        self.checkpoint_at_once();
+    }
+
+    /// `true` when nothing of this replica waits to be written: no write in flight, no record or
+    /// operation waiting for one, no checkpoint wanted (or its log broke, and nothing more will be).
+    pub fn written_out(&self) -> bool {
+        self.broken
+            || (self.log.persisting.is_none()
+                && self.log.unpersisted.is_empty()
+                && !self.standalone_checkpoint_wanted())
+    }
+
+    /// Makes the checkpoint wanted due now and writes it (once the write in flight lands, if one is).
+    fn checkpoint_at_once(&mut self) {
         self.log.checkpoint_at = Some(self.now);
         self.maybe_persist();
-        true
     }
 
     /// No handoff slot held and nothing handed to fanout unfinished.
