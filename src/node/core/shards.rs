@@ -37,6 +37,29 @@ impl NodeCore {
         }
     }
 
+    /// A clean stop (the host stops this node on purpose): every active channel replica writes now the
+    /// checkpoint it would write when due — its HW, a leader's own fanout progress — so that the next
+    /// start reads up to what this one knew. The writes come out as effects; [`NodeCore::written_out`]
+    /// says when they have all landed. Nothing once the shards are detached: the threaded runtime asks
+    /// each reactor's shard itself.
+    pub fn checkpoint_for_stop(&mut self, now: Time) {
+        self.advance(now);
+        if let Shards::Inline(shards) = &mut self.shards {
+            for shard in shards {
+                shard.checkpoint_for_stop(now);
+            }
+        }
+    }
+
+    /// `true` when no active channel replica of the shards the core drives has anything waiting to be
+    /// written (after [`NodeCore::checkpoint_for_stop`], its checkpoints have landed).
+    pub fn written_out(&self) -> bool {
+        match &self.shards {
+            Shards::Inline(shards) => shards.iter().all(ChannelShard::written_out),
+            Shards::Detached { .. } => true,
+        }
+    }
+
     /// Takes the channel shards out, for a runtime that runs each on its own thread. From then on their
     /// inputs wait in [`NodeCore::poll_shard_input`], and their outputs for the core come back through
     /// [`NodeCore::handle_shard_output`].

@@ -173,6 +173,9 @@ pub struct Faults {
     pub planned_stops: u64,
     /// Planned stops at which the node led nothing any more, idle channels included (`NodeStatus::handed_off`).
     pub stops_handed_off: u64,
+    /// Planned stops whose checkpoints (`NodeCore::checkpoint_for_stop`) had all landed when the node
+    /// stopped.
+    pub stops_written_out: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -204,6 +207,7 @@ impl std::ops::AddAssign for Faults {
         self.nodes_removed += other.nodes_removed;
         self.planned_stops += other.planned_stops;
         self.stops_handed_off += other.stops_handed_off;
+        self.stops_written_out += other.stops_written_out;
     }
 }
 
@@ -256,6 +260,11 @@ enum Event {
     },
     /// `node`, set leaving in its incarnation `incarnation`, stops (`SimParams::planned_stops`).
     PlannedStop {
+        node: NodeId,
+        incarnation: u64,
+    },
+    /// `node`, asked for its checkpoints at its planned stop, goes down (`SimParams::planned_stops`).
+    StopAfterCheckpoints {
         node: NodeId,
         incarnation: u64,
     },
@@ -805,6 +814,7 @@ impl World {
             Event::RemoveOnceDrained => self.remove_once_drained(),
             Event::RestartWithout { node } => self.restart_without(node),
             Event::PlannedStop { node, incarnation } => self.planned_stop(node, incarnation),
+            Event::StopAfterCheckpoints { node, incarnation } => self.stop_after_checkpoints(node, incarnation),
         }
     }
 

@@ -2,7 +2,10 @@
 //! The node is set leaving, so its peers hand off its channel leaderships and it hands off its slot
 //! groups, and it stops (a crash, as every stop here) 0 to 3 s later — before, during or after the
 //! hand-offs finish. The hand-offs then run beside every other fault, and the checks hold them to the
-//! same safety and liveness as everything else.
+//! same safety and liveness as everything else. As the threaded runtime does at a clean stop, the node
+//! is first asked to write its replicas' checkpoints (`NodeCore::checkpoint_for_stop`); it goes down
+//! `STOP_CHECKPOINTS_MS` later, whether they landed or not, having run on meanwhile (so the checkpoints
+//! are written in the middle of whatever it was doing).
 
 use super::{Event, World};
 use std::collections::BTreeMap;
@@ -11,6 +14,10 @@ use tidings::types::{DetRng, NodeId, Time};
 
 /// Longest wait between a node set leaving and its stop, ms.
 const STOP_AFTER_MAX_MS: u64 = 3_000;
+
+/// How long a stopping node has for its checkpoints, ms: several disk delays (at most 3 ms each), so
+/// a write in flight and the checkpoint after it land unless the disk fails them.
+const STOP_CHECKPOINTS_MS: u64 = 20;
 
 /// The planned stops of one run.
 pub(super) struct PlannedStops {
@@ -54,17 +61,32 @@ impl World {
             return;
         };
         self.stops.pending.remove(&id);
-        let Some(core) = self.nodes.get(&id).filter(|n| n.incarnation == incarnation).and_then(|n| n.core.as_ref())
+        let now = self.node_now(id);
+        let Some(core) = self.nodes.get_mut(&id).filter(|n| n.incarnation == incarnation).and_then(|n| n.core.as_mut())
         else {
             return;
         };
         let status = core.status();
+        core.checkpoint_for_stop(now);
         self.faults.planned_stops += 1;
         if status.handed_off() {
             self.faults.stops_handed_off += 1;
         }
         if std::env::var("SIM_DEBUG").is_ok() {
             self.print_stop(id, since, &status);
+        }
+        let at = self.now + Duration::from_millis(STOP_CHECKPOINTS_MS);
+        self.schedule(at, Event::StopAfterCheckpoints { node: id, incarnation });
+    }
+
+    /// The end of a planned stop: node `id` goes down, unless it crashed meanwhile.
+    pub(super) fn stop_after_checkpoints(&mut self, id: NodeId, incarnation: u64) {
+        let Some(core) = self.nodes.get(&id).filter(|n| n.incarnation == incarnation).and_then(|n| n.core.as_ref())
+        else {
+            return;
+        };
+        if core.written_out() {
+            self.faults.stops_written_out += 1;
         }
         self.crash(id);
     }
