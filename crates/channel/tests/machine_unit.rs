@@ -555,6 +555,15 @@ fn replica_with_hw_ahead_of_its_checkpoint(me: u64, created: u64, floor: u64) ->
     (log, m)
 }
 
+/// [`replica_with_hw_ahead_of_its_checkpoint`] as node 2 with HW 3, a follower under a meta since 10 ms,
+/// settled: only its HW checkpoint is left to write.
+fn settled_follower_with_hw_ahead_of_its_checkpoint() -> (MemoryLog, ChannelMachine) {
+    let (log, mut m) = replica_with_hw_ahead_of_its_checkpoint(2, 0, 3);
+    m.handle_meta(t(10), meta(1, 1, 1)).unwrap();
+    settle(&mut m, &log, t(10));
+    (log, m)
+}
+
 #[test]
 fn a_raised_hw_keeps_the_replica_from_eviction_until_it_is_checkpointed() {
     let (log, mut m) = replica_with_hw_ahead_of_its_checkpoint(2, 0, 7);
@@ -573,9 +582,7 @@ fn a_raised_hw_keeps_the_replica_from_eviction_until_it_is_checkpointed() {
 
 #[test]
 fn a_replica_kept_only_by_its_checkpoint_writes_it_at_once_when_asked() {
-    let (log, mut m) = replica_with_hw_ahead_of_its_checkpoint(2, 0, 3);
-    m.handle_meta(t(10), meta(1, 1, 1)).unwrap();
-    settle(&mut m, &log, t(10));
+    let (log, mut m) = settled_follower_with_hw_ahead_of_its_checkpoint();
     assert!(!m.can_leave_memory_as_follower(), "its HW is ahead of the store's");
     assert!(m.kept_only_by_its_checkpoint());
     // Asked at 20 ms, it writes the checkpoint then, not when it falls due (1.1 s).
@@ -592,9 +599,7 @@ fn a_replica_kept_only_by_its_checkpoint_writes_it_at_once_when_asked() {
 /// until each is `written_out`.
 #[test]
 fn a_replica_asked_for_its_checkpoint_at_a_stop_writes_it_at_once_and_is_then_written_out() {
-    let (log, mut m) = replica_with_hw_ahead_of_its_checkpoint(2, 0, 3);
-    m.handle_meta(t(10), meta(1, 1, 1)).unwrap();
-    settle(&mut m, &log, t(10));
+    let (log, mut m) = settled_follower_with_hw_ahead_of_its_checkpoint();
     assert!(!m.written_out(), "its HW is ahead of the store's");
     m.checkpoint_now(t(20));
     assert!(!m.written_out(), "the checkpoint is on its way");
