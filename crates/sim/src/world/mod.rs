@@ -466,11 +466,31 @@ impl World {
 
     /// Runs setup, the safety phase and the liveness phase, then the final checks.
     pub fn run(mut self) -> SimReport {
+        self.set_up();
+        self.faulty_phase();
+        self.healed_phase();
+        self.settle();
+        self.final_checks();
+        let steps = self.now.as_millis();
+        SimReport {
+            acked: self.oracle.acked_count(),
+            delivered: self.fanout_host.count(),
+            unanswered: self.oracle.unanswered(),
+            params: self.params,
+            steps,
+            faults: self.faults,
+            trace_hash: self.trace,
+            violations: self.oracle.into_violations(),
+        }
+    }
+
+    /// Setup, fault-free: the nodes boot and elect, then the channels are created and the senders'
+    /// users and lists written (retried; what is still missing after that is a violation).
+    fn set_up(&mut self) {
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         for id in &ids {
             self.boot(*id);
         }
-        // Setup, fault-free: elections, then the channels.
         self.run_for(2_000);
         let mut created = BTreeSet::new();
         for _ in 0..20 {
@@ -505,7 +525,11 @@ impl World {
             self.oracle.violation("setup: the senders' users and lists were not all written".into());
         }
         self.run_for(1_000);
+    }
 
+    /// The safety phase: client requests and faults for `safety_ms`, longer while a planned shrink is
+    /// still under way.
+    fn faulty_phase(&mut self) {
         self.faulty = true;
         self.safety_ends = self.now + Duration::from_millis(self.params.safety_ms + self.shrink_grace_ms());
         self.requests_on = true;
@@ -517,10 +541,13 @@ impl World {
             self.run_for(100);
         }
         self.faulty = false;
-        // Liveness: everything healed, no new client requests; every request must be answered in time
-        // (an append commits or times out within the leader's append timeout plus the forward slack),
-        // and every channel must take a new append again (the controller fails over channels whose
-        // leader crashed or cannot lead, and clears fences).
+    }
+
+    /// Liveness: everything healed, no new client requests; every request must be answered in time
+    /// (an append commits or times out within the leader's append timeout plus the forward slack),
+    /// and every channel must take a new append again (the controller fails over channels whose
+    /// leader crashed or cannot lead, and clears fences).
+    fn healed_phase(&mut self) {
         self.requests_on = false;
         self.heal();
         let probe_every = 500;
@@ -528,16 +555,21 @@ impl World {
             self.probe();
             self.run_for(probe_every);
         }
-        // Fanout lags the commits under load, and by far with tight limits (a page of one member, a
-        // round trip per page): with nothing new committed, it gets time to finish before the checks
-        // look for messages that never reached their subscribers. And a slot group's followers learn
-        // the last commit with the leader's next heartbeat: the checks compare replicas once they
-        // agree. A drain asked late in the faulty phase may still be moving replicas (a repair pass
-        // may come only an idle interval later, and a replacement waits for its replica to catch up).
-        // A probe sent late in the healed phase may still wait for its answer (an append commits or
-        // times out within its leader's append timeout): it is let finish, so that a request counts as
-        // never answered only once it has waited far longer than any timeout.
-        // Whatever does not settle in time is reported by those checks.
+    }
+
+    /// Time for what lags to settle before the final checks, bounded.
+    ///
+    /// Fanout lags the commits under load, and by far with tight limits (a page of one member, a
+    /// round trip per page): with nothing new committed, it gets time to finish before the checks
+    /// look for messages that never reached their subscribers. And a slot group's followers learn
+    /// the last commit with the leader's next heartbeat: the checks compare replicas once they
+    /// agree. A drain asked late in the faulty phase may still be moving replicas (a repair pass
+    /// may come only an idle interval later, and a replacement waits for its replica to catch up).
+    /// A probe sent late in the healed phase may still wait for its answer (an append commits or
+    /// times out within its leader's append timeout): it is let finish, so that a request counts as
+    /// never answered only once it has waited far longer than any timeout.
+    /// Whatever does not settle in time is reported by those checks.
+    fn settle(&mut self) {
         let (mut settled_ms, mut backlog_low, mut stalled_ms) = (0, usize::MAX, 0);
         loop {
             let backlog = self.fanout_backlog();
@@ -558,18 +590,6 @@ impl World {
             self.run_for(SETTLE_STEP_MS);
             settled_ms += SETTLE_STEP_MS;
             stalled_ms += SETTLE_STEP_MS;
-        }
-        self.final_checks();
-        let steps = self.now.as_millis();
-        SimReport {
-            acked: self.oracle.acked_count(),
-            delivered: self.fanout_host.count(),
-            unanswered: self.oracle.unanswered(),
-            params: self.params,
-            steps,
-            faults: self.faults,
-            trace_hash: self.trace,
-            violations: self.oracle.into_violations(),
         }
     }
 
