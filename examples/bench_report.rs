@@ -24,6 +24,7 @@
 mod support;
 
 use std::fmt::Write as _;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::cluster::{max_rate, paced, Cluster, CLIENTS};
@@ -49,75 +50,111 @@ struct Row {
     note: String,
 }
 
+impl Row {
+    /// A measured rate with its latency figures.
+    fn measured(section: &'static str, scenario: impl Into<String>, figures: Figures, note: String) -> Row {
+        Row { section, scenario: scenario.into(), rate: Some(figures.rate), figures: Some(figures), note }
+    }
+}
+
+/// The run's options, from the command line.
+struct Options {
+    /// `--quick`: 1 instead of 3, a multiplier of the phases' lengths.
+    scale: usize,
+    /// `--max-channels N`: scenarios with more channels are skipped.
+    max_channels: usize,
+}
+
+/// The disk's physical ceiling, which the ratios are taken against.
+struct Disk {
+    /// Records per second, appended and `fdatasync`ed 1,000 at a time.
+    rate: f64,
+    /// The 99th percentile of one `fdatasync`.
+    p99: Duration,
+}
+
+/// What the report has measured so far; each phase adds its rows.
+#[derive(Default)]
+struct Report {
+    rows: Vec<Row>,
+    /// (what, live heap bytes per replica).
+    memory: Vec<(&'static str, f64)>,
+    /// (channels, full rate, half-rate p99).
+    tidings_rates: Vec<(usize, f64, Duration)>,
+    /// (channels, rate) of one raft group per channel.
+    baseline_rates: Vec<(usize, f64)>,
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let quick = std::env::args().any(|a| a == "--quick");
-    let max_channels: usize = flag_value("--max-channels").unwrap_or(100_000);
-    let scale = if quick { 1 } else { 3 };
+    let options =
+        Options { scale: if quick { 1 } else { 3 }, max_channels: flag_value("--max-channels").unwrap_or(100_000) };
     let dir = tempfile::tempdir()?;
     println!("bench_report: {RECORD_BYTES}-byte messages, data in {}", dir.path().display());
-    let mut rows: Vec<Row> = Vec::new();
+    let mut report = Report::default();
+    let disk = report.ceiling(dir.path(), &options)?;
+    report.store(dir.path(), &options)?;
+    report.tidings(dir.path(), &options);
+    report.raft_per_channel(dir.path(), &options);
+    report.print_ratios(&disk);
+    report.print_memory(dir.path());
+    report.write_files(disk.rate / 3.0)?;
+    Ok(())
+}
 
-    // 1. The ceiling.
-    let disk = ceiling(dir.path(), 100 * scale)?;
-    let fair = disk.rate / 3.0;
-    println!("ceiling: {:.0} records/s (ceiling/3 = {fair:.0}), fdatasync p99 {:.2?}", disk.rate, disk.p99);
-    let disk_p99 = disk.p99;
-    rows.push(Row {
-        section: "ceiling",
-        scenario: "append+fdatasync".into(),
-        rate: Some(disk.rate),
-        figures: Some(disk),
-        note: String::new(),
-    });
+impl Report {
+    /// 1. The ceiling: sequential append + `fdatasync`.
+    fn ceiling(&mut self, dir: &Path, options: &Options) -> std::io::Result<Disk> {
+        let disk = ceiling(dir, 100 * options.scale)?;
+        println!(
+            "ceiling: {:.0} records/s (ceiling/3 = {:.0}), fdatasync p99 {:.2?}",
+            disk.rate,
+            disk.rate / 3.0,
+            disk.p99
+        );
+        let measured = Disk { rate: disk.rate, p99: disk.p99 };
+        self.rows.push(Row::measured("ceiling", "append+fdatasync", disk, String::new()));
+        Ok(measured)
+    }
 
-    // 2. The store.
-    let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.path().join("store-sled"), 256 << 20)?);
-    let config = JournalConfig { write_behind_interval: Duration::from_secs(3600), ..JournalConfig::default() };
-    let log = Arc::new(JournalLog::open(dir.path().join("store-journal"), kv, config)?);
-    let channels: Vec<ChannelId> = (0..10_000).map(channel).collect();
-    let mut next = vec![1u64; channels.len()];
-    // As store_bench measures it: spare segments ready, and one untimed pass over the channels first.
-    log.fill_spares()?;
-    journal_run(&log, &channels, &mut next, channels.len().div_ceil(PER_SYNC));
-    let journal = journal_run(&log, &channels, &mut next, 50 * scale);
-    println!("store: journal group commit over 10,000 channels {:.0} records/s", journal.rate);
-    rows.push(Row {
-        section: "store",
-        scenario: "journal 10k channels".into(),
-        rate: Some(journal.rate),
-        figures: Some(journal),
-        note: String::new(),
-    });
-    let background = log.start_write_behind();
-    let sustained = journal_run(&log, &channels, &mut next, SUSTAINED_COMMITS * scale);
-    drop(background);
-    println!("store: sustained with sled write-behind {:.0} records/s", sustained.rate);
-    rows.push(Row {
-        section: "store",
-        scenario: "sustained with write-behind".into(),
-        rate: Some(sustained.rate),
-        figures: Some(sustained),
-        note: String::new(),
-    });
-    let sled = sled_alone(dir.path(), 10 * scale);
-    println!("store: sled alone, key per record {:.0} records/s", sled.rate);
-    rows.push(Row {
-        section: "store",
-        scenario: "sled alone".into(),
-        rate: Some(sled.rate),
-        figures: Some(sled),
-        note: String::new(),
-    });
-    drop(log);
+    /// 2. The store: the journal's group commit, sustained with write-behind, and sled alone.
+    fn store(&mut self, dir: &Path, options: &Options) -> Result<(), Box<dyn std::error::Error>> {
+        let scale = options.scale;
+        let kv: Arc<dyn Kv> = Arc::new(SledKv::open(dir.join("store-sled"), 256 << 20)?);
+        let config = JournalConfig { write_behind_interval: Duration::from_secs(3600), ..JournalConfig::default() };
+        let log = Arc::new(JournalLog::open(dir.join("store-journal"), kv, config)?);
+        let channels: Vec<ChannelId> = (0..10_000).map(channel).collect();
+        let mut next = vec![1u64; channels.len()];
+        // As store_bench measures it: spare segments ready, and one untimed pass over the channels first.
+        log.fill_spares()?;
+        journal_run(&log, &channels, &mut next, channels.len().div_ceil(PER_SYNC));
+        let journal = journal_run(&log, &channels, &mut next, 50 * scale);
+        println!("store: journal group commit over 10,000 channels {:.0} records/s", journal.rate);
+        self.rows.push(Row::measured("store", "journal 10k channels", journal, String::new()));
+        let background = log.start_write_behind();
+        let sustained = journal_run(&log, &channels, &mut next, SUSTAINED_COMMITS * scale);
+        drop(background);
+        println!("store: sustained with sled write-behind {:.0} records/s", sustained.rate);
+        self.rows.push(Row::measured("store", "sustained with write-behind", sustained, String::new()));
+        let sled = sled_alone(dir, 10 * scale);
+        println!("store: sled alone, key per record {:.0} records/s", sled.rate);
+        self.rows.push(Row::measured("store", "sled alone", sled, String::new()));
+        Ok(())
+    }
 
-    // 3. tidings, and 5. memory per active and per evicted channel.
-    let cluster = Cluster::start_with(dir.path(), false, |config| config.channel_idle_evict = Duration::from_secs(5));
-    let mut tidings_rates = Vec::new();
-    let mut memory = Vec::new();
-    for (count, messages) in [(1usize, 20_000usize), (100, 50_000), (10_000, 60_000), (100_000, 100_000)] {
-        if count > max_channels {
-            continue;
+    /// 3. tidings at each channel count, and 5. memory per active and per evicted channel.
+    fn tidings(&mut self, dir: &Path, options: &Options) {
+        let cluster = Cluster::start_with(dir, false, |config| config.channel_idle_evict = Duration::from_secs(5));
+        for (count, messages) in [(1usize, 20_000usize), (100, 50_000), (10_000, 60_000), (100_000, 100_000)] {
+            if count <= options.max_channels {
+                self.tidings_scenario(&cluster, count, messages * options.scale.min(2), options.scale);
+            }
         }
+    }
+
+    /// One tidings scenario: `count` fresh channels, `sent` messages at full rate, then half of that rate
+    /// paced.
+    fn tidings_scenario(&mut self, cluster: &Cluster, count: usize, sent: usize, scale: usize) {
         let channels: Vec<ChannelId> = (0..count)
             .map(|i| ChannelId::new(ChannelType::GROUP, &format!("r{count}-{i}")).expect("channel id"))
             .collect();
@@ -134,7 +171,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         cluster.create(&channels);
         let created = t.elapsed();
-        max_rate(&cluster, &channels, channels.len().max(CLIENTS * 64), 1024);
+        max_rate(cluster, &channels, channels.len().max(CLIENTS * 64), 1024);
         if count == 100_000 {
             // The steady state of this scenario: a channel's next message comes after the eviction bound,
             // so each meets evicted replicas — not however many the warm-up's tail left active (a faster
@@ -145,21 +182,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             cluster.wait_for_write_behind();
             let per = (live().saturating_sub(before)) as f64 / (count * 3) as f64;
             println!("memory: {per:.0} B per active channel replica");
-            memory.push(("per active channel replica", per));
+            self.memory.push(("per active channel replica", per));
         }
         let in_flight = if count == 1 { 256 } else { 2048 };
-        let sent = messages * scale.min(2);
-        let (top, cpu) = with_cpu_per_message(sent, || max_rate(&cluster, &channels, sent, in_flight));
+        let (top, cpu) = with_cpu_per_message(sent, || max_rate(cluster, &channels, sent, in_flight));
         let paced_for = Duration::from_secs(2 * scale as u64);
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // A count of messages sent.
         let sent_half = (top.rate / 2.0 * paced_for.as_secs_f64()) as usize;
-        let (half, cpu_half) =
-            with_cpu_per_message(sent_half, || paced(&cluster, &channels, top.rate / 2.0, paced_for));
+        let (half, cpu_half) = with_cpu_per_message(sent_half, || paced(cluster, &channels, top.rate / 2.0, paced_for));
         println!(
             "tidings {count:>6} channels (created in {created:.1?}): {:>7.0} msg/s ({cpu}), p50 {:.2?} p99 {:.2?} p99.9 {:.2?}; half rate p99 {:.2?}{} ({cpu_half})",
             top.rate, top.p50, top.p99, top.p999, half.p99, half.open_loop_notes()
         );
-        tidings_rates.push((count, top.rate, half.p99));
+        self.tidings_rates.push((count, top.rate, half.p99));
         if count == 100_000 {
             // Wait for idle eviction: (nearly) every replica of these channels leaves memory.
             cluster.wait_until_evicted(3 * 1_000);
@@ -167,91 +202,89 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let per = (live().saturating_sub(before)) as f64 / (count * 3) as f64;
             let held: usize = cluster.nodes.iter().map(|n| n.message_log_stats().channels_in_memory).sum();
             println!("memory: {per:.0} B per evicted idle channel replica ({held} channels left in the message logs' memory)");
-            memory.push(("per evicted idle channel replica", per));
+            self.memory.push(("per evicted idle channel replica", per));
         }
-        rows.push(Row {
-            section: "tidings",
-            scenario: format!("{count} channels"),
-            rate: Some(top.rate),
-            figures: Some(top),
-            note: format!("half-rate p99 {:.2?}{}; {cpu}; at half rate {cpu_half}", half.p99, half.open_loop_notes()),
-        });
+        let note = format!("half-rate p99 {:.2?}{}; {cpu}; at half rate {cpu_half}", half.p99, half.open_loop_notes());
+        self.rows.push(Row::measured("tidings", format!("{count} channels"), top, note));
     }
-    drop(cluster);
 
-    // 4. One raft group per channel; memory per raft group replica.
-    let mut baseline_rates = Vec::new();
-    for (count, messages) in [(1u32, 20_000usize), (100, 50_000), (10_000, 60_000)] {
-        if count as usize > max_channels {
-            continue;
+    /// 4. One raft group per channel; memory per raft group replica.
+    fn raft_per_channel(&mut self, dir: &Path, options: &Options) {
+        for (count, messages) in [(1u32, 20_000usize), (100, 50_000), (10_000, 60_000)] {
+            if count as usize > options.max_channels {
+                continue;
+            }
+            let before = live();
+            let t = Instant::now();
+            let mut baseline = RaftPerChannel::start(dir, count);
+            let started = t.elapsed();
+            if count == 10_000 {
+                let per = (live().saturating_sub(before)) as f64 / (f64::from(count) * 3.0);
+                self.memory.push(("per raft group replica (= per slot group replica)", per));
+            }
+            let in_flight = if count == 1 { 256 } else { 2048 };
+            let sent = messages * options.scale.min(2);
+            let (f, cpu) = with_cpu_per_message(sent, || baseline.run(sent, in_flight));
+            println!(
+                "raft-per-channel {count:>6} groups (elected in {started:.1?}): {:>7.0} msg/s ({cpu}), p50 {:.2?} p99 {:.2?} p99.9 {:.2?}",
+                f.rate, f.p50, f.p99, f.p999
+            );
+            self.baseline_rates.push((count as usize, f.rate));
+            self.rows.push(Row::measured("raft-per-channel", format!("{count} channels"), f, cpu));
         }
-        let before = live();
-        let t = Instant::now();
-        let mut baseline = RaftPerChannel::start(dir.path(), count);
-        let started = t.elapsed();
-        if count == 10_000 {
-            let per = (live().saturating_sub(before)) as f64 / (f64::from(count) * 3.0);
-            memory.push(("per raft group replica (= per slot group replica)", per));
-        }
-        let in_flight = if count == 1 { 256 } else { 2048 };
-        let sent = messages * scale.min(2);
-        let (f, cpu) = with_cpu_per_message(sent, || baseline.run(sent, in_flight));
-        println!(
-            "raft-per-channel {count:>6} groups (elected in {started:.1?}): {:>7.0} msg/s ({cpu}), p50 {:.2?} p99 {:.2?} p99.9 {:.2?}",
-            f.rate, f.p50, f.p99, f.p999
-        );
-        baseline_rates.push((count as usize, f.rate));
-        rows.push(Row {
+        self.rows.push(Row {
             section: "raft-per-channel",
-            scenario: format!("{count} channels"),
-            rate: Some(f.rate),
-            figures: Some(f),
-            note: cpu,
+            scenario: "100000 channels".into(),
+            rate: None,
+            figures: None,
+            note: "not run: 300,000 raft groups on 2 cores".into(),
         });
     }
-    rows.push(Row {
-        section: "raft-per-channel",
-        scenario: "100000 channels".into(),
-        rate: None,
-        figures: None,
-        note: "not run: 300,000 raft groups on 2 cores".into(),
-    });
 
-    // Ratios and targets.
-    println!();
-    for (count, rate, half_p99) in &tidings_rates {
-        let vs_raft = baseline_rates.iter().find(|(c, _)| c == count).map(|(_, r)| rate / r);
+    /// The ratios against the targets.
+    fn print_ratios(&self, disk: &Disk) {
+        println!();
+        let fair = disk.rate / 3.0;
+        for (count, rate, half_p99) in &self.tidings_rates {
+            let vs_raft = self.baseline_rates.iter().find(|(c, _)| c == count).map(|(_, r)| rate / r);
+            println!(
+                "{count:>6} channels: tidings {:>5.1}% of ceiling/3, {} raft-per-channel; half-rate p99 {:.1}x fdatasync p99",
+                100.0 * rate / fair,
+                vs_raft.map_or("-".to_string(), |x| format!("{x:.2}x")),
+                half_p99.as_secs_f64() / disk.p99.as_secs_f64(),
+            );
+        }
+        println!("targets: 10,000 channels >= 25% of ceiling/3 and >= 3x raft-per-channel; 1 channel >= 1x; 100,000 >= half of 10,000; half-rate p99 <= 4x fdatasync p99");
+    }
+
+    /// The memory figures against their targets (and into the CSV).
+    fn print_memory(&mut self, dir: &Path) {
+        for (what, bytes) in &self.memory {
+            println!("memory: {what}: {bytes:.0} bytes of live heap");
+            self.rows.push(Row {
+                section: "memory",
+                scenario: (*what).into(),
+                rate: Some(*bytes),
+                figures: None,
+                note: "bytes".into(),
+            });
+        }
+        println!("targets: evicted idle channel <= 256 B; active channel <= 4 KiB plus configured caches");
         println!(
-            "{count:>6} channels: tidings {:>5.1}% of ceiling/3, {} raft-per-channel; half-rate p99 {:.1}x fdatasync p99",
-            100.0 * rate / fair,
-            vs_raft.map_or("-".to_string(), |x| format!("{x:.2}x")),
-            half_p99.as_secs_f64() / disk_p99.as_secs_f64(),
+            "(the channel figures include what sled's page cache grew by meanwhile, up to its capacity of {} MiB per node: \
+             TIDINGS_SLED_CACHE_MB=2 leaves it out)",
+            env_value::<u64>("TIDINGS_SLED_CACHE_MB").unwrap_or(tidings::StorageOptions::new(dir).sled_cache_bytes >> 20)
         );
     }
-    println!("targets: 10,000 channels >= 25% of ceiling/3 and >= 3x raft-per-channel; 1 channel >= 1x; 100,000 >= half of 10,000; half-rate p99 <= 4x fdatasync p99");
-    for (what, bytes) in &memory {
-        println!("memory: {what}: {bytes:.0} bytes of live heap");
-        rows.push(Row {
-            section: "memory",
-            scenario: (*what).into(),
-            rate: Some(*bytes),
-            figures: None,
-            note: "bytes".into(),
-        });
-    }
-    println!("targets: evicted idle channel <= 256 B; active channel <= 4 KiB plus configured caches");
-    println!(
-        "(the channel figures include what sled's page cache grew by meanwhile, up to its capacity of {} MiB per node: \
-         TIDINGS_SLED_CACHE_MB=2 leaves it out)",
-        env_value::<u64>("TIDINGS_SLED_CACHE_MB")
-            .unwrap_or(tidings::StorageOptions::new(dir.path()).sled_cache_bytes >> 20)
-    );
 
-    write_csv(&rows)?;
-    std::fs::write("bench_report_throughput.svg", throughput_svg(&tidings_rates, &baseline_rates, fair))?;
-    std::fs::write("bench_report_latency.svg", latency_svg(&rows))?;
-    println!("wrote bench_report.csv, bench_report_throughput.svg, bench_report_latency.svg");
-    Ok(())
+    /// The CSV and the two plots, in the current directory.
+    fn write_files(&self, fair: f64) -> std::io::Result<()> {
+        write_csv(&self.rows)?;
+        std::fs::write("bench_report_throughput.svg", throughput_svg(&self.tidings_rates, &self.baseline_rates, fair))?;
+        std::fs::write("bench_report_latency.svg", latency_svg(&self.rows))?;
+        println!("wrote bench_report.csv, bench_report_throughput.svg, bench_report_latency.svg");
+        Ok(())
+    }
 }
 
 fn write_csv(rows: &[Row]) -> std::io::Result<()> {
