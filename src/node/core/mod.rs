@@ -24,7 +24,7 @@ use tidings_slot::query::SlotReader;
 use tidings_slot::raft::{MultiRaft, ProposalId, ReadId};
 use tidings_store::message::{LogBatch, MessageLog, Record};
 use tidings_store::{MetaStore, RaftLogStore, StoreError};
-use tidings_types::{ChannelId, GroupId, NodeId, Seq, StorageId, Time};
+use tidings_types::{ChannelId, GroupId, HashSlot, NodeId, Seq, StorageId, Time};
 
 mod metadata;
 mod operations;
@@ -603,39 +603,12 @@ impl NodeCore {
                 self.controller.evidence(self.now, from, task, &channel, version, report)
             }
             NodeMessage::ExportQuery { from: source, slot, to, epoch } => {
-                if self.slot.is_leader(source) {
-                    let record = self.reader.slot_record(source, slot);
-                    // Anything but a record of this very export (or of its completion) means it was given up.
-                    let exporting = match record {
-                        Ok(Some(r)) => {
-                            r.epoch == epoch
-                                && matches!(r.state,
-                                    SlotState::Exporting { to: t } | SlotState::Fenced { to: t } | SlotState::Gone { to: t }
-                                    if t == to)
-                        }
-                        Ok(None) => false,
-                        Err(_) => return, // cannot tell: say nothing
-                    };
-                    self.send_node(from, NodeMessage::ExportAnswer { from: source, slot, to, epoch, exporting });
-                }
+                self.answer_export_query(from, source, slot, to, epoch);
             }
             NodeMessage::ExportAnswer { from: source, slot, to, epoch, exporting } => {
                 self.migrations.export_answer(source, slot, to, epoch, exporting);
             }
-            NodeMessage::RequestFailover { channel, version } => {
-                // Only the group's leader acts, on the meta its store holds.
-                let group = self.slot.table().group_of_key(channel.route_key());
-                if self.slot.is_leader(group) {
-                    if let Ok(Some(meta)) = self.reader.runtime_meta(&channel) {
-                        if meta.version > version {
-                            // The replica asks under a meta that was replaced (the push was lost): teach it.
-                            self.send_node(from, NodeMessage::MetaPush(meta));
-                        } else if meta.version == version {
-                            self.controller.failover_requested(self.now, from, meta);
-                        }
-                    }
-                }
-            }
+            NodeMessage::RequestFailover { channel, version } => self.failover_asked(from, channel, version),
             NodeMessage::AppendReply { id, result } => {
                 let index = shard_of_id(id, self.shards.count());
                 self.feed_shard_at(index, ShardInput::Reply { id, outcome: CallOutcome::Appended(result) });
@@ -648,6 +621,43 @@ impl NodeCore {
             NodeMessage::SlotReadReply { request, answer } => self.read_answered(from, request, answer),
             NodeMessage::MetaConfirm { request, channel } => self.serve_meta_confirm(from, request, channel),
             NodeMessage::MetaConfirmed { request, channel, meta } => self.meta_confirmed(from, request, channel, meta),
+        }
+    }
+
+    /// A slot migration's target asks whether `source` still exports `slot` to it under `epoch`: only
+    /// the source group's leader answers, from its store.
+    fn answer_export_query(&mut self, from: NodeId, source: GroupId, slot: HashSlot, to: GroupId, epoch: u64) {
+        if !self.slot.is_leader(source) {
+            return;
+        }
+        // Anything but a record of this very export (or of its completion) means it was given up.
+        let exporting = match self.reader.slot_record(source, slot) {
+            Ok(Some(r)) => {
+                r.epoch == epoch
+                    && matches!(r.state,
+                        SlotState::Exporting { to: t } | SlotState::Fenced { to: t } | SlotState::Gone { to: t }
+                        if t == to)
+            }
+            Ok(None) => false,
+            Err(_) => return, // cannot tell: say nothing
+        };
+        self.send_node(from, NodeMessage::ExportAnswer { from: source, slot, to, epoch, exporting });
+    }
+
+    /// A channel replica asks for a failover under meta `version`: only the group's leader acts, on the
+    /// meta its store holds.
+    fn failover_asked(&mut self, from: NodeId, channel: ChannelId, version: u64) {
+        let group = self.slot.table().group_of_key(channel.route_key());
+        if !self.slot.is_leader(group) {
+            return;
+        }
+        if let Ok(Some(meta)) = self.reader.runtime_meta(&channel) {
+            if meta.version > version {
+                // The replica asks under a meta that was replaced (the push was lost): teach it.
+                self.send_node(from, NodeMessage::MetaPush(meta));
+            } else if meta.version == version {
+                self.controller.failover_requested(self.now, from, meta);
+            }
         }
     }
 
