@@ -188,20 +188,7 @@ impl Controller {
         }
         let leader_down = meta.leader != self.me && self.is_down(meta.leader, now);
         if self.tasks.contains_key(&meta.channel) {
-            // A replacement started just before its leader went down (a drain asked right after a crash,
-            // before the failure detector held the node down) would otherwise keep the channel without a
-            // leader until its catch-up timed out (two minutes by default).
-            if leader_down && self.failover_preempts(&meta.channel) {
-                self.start_failover(now, meta);
-            } else if let Some(to) = self.replacement_target_down(&meta.channel, now) {
-                // A replacement still catching up on a target that went down (crashed, or back on an
-                // emptied disk and refused) waited out its catch-up timeout, two minutes by default,
-                // and the channel had no other repair meanwhile: its leader had taken the learner into
-                // the ISR once it caught up, the ISR stood at MinISR with that member down, and nothing
-                // committed (sim seed 665000721). Ended, the next pass repairs the channel afresh.
-                let task = self.tasks.remove(&meta.channel).expect("present");
-                self.finish(now, task, Err(TaskError::TargetDown(to)));
-            }
+            self.consider_beside_task(now, meta, leader_down);
             return;
         }
         if leader_down {
@@ -223,53 +210,78 @@ impl Controller {
         let live = meta.isr.iter().filter(|n| !self.is_down(**n, now)).count();
         // Moving a drained ISR member away needs MinISR live members besides it to hold the records.
         let live_besides_drained = meta.isr.iter().filter(|n| !self.is_down(**n, now) && Some(**n) != drained).count();
-        if live_besides_drained < usize::from(meta.min_isr) {
-            let down = meta.isr.iter().copied().find(|n| self.is_gone(*n, now));
-            // A drained node, when nothing else can take the place (a learner there first, it holds a
-            // copy): the channel commits again, and the drain moves that replica on once another node
-            // can take it.
-            let learner_up = |from: NodeId| {
-                let mut learners = meta.replicas.iter().copied().filter(|n| *n != from && !meta.in_isr(*n));
-                learners.find(|n| !self.is_down(*n, now))
-            };
-            let drained_up = || {
-                let mut key = Vec::new();
-                meta.channel.encode_key(&mut key);
-                let candidates = self.liveness.peers().chain(std::iter::once(self.me));
-                rendezvous::best(&key, candidates.filter(|n| !meta.is_replica(*n) && !self.is_down(*n, now)))
-            };
-            // Never a member already in the ISR (`replacement_for` may give a drained replica up to one of
-            // the channel's other replicas): the ISR must gain a member.
-            let target = |from: NodeId| {
-                let undrained = self.replacement_for(&meta, from, now).filter(|to| !meta.in_isr(*to));
-                undrained.or_else(|| learner_up(from)).or_else(drained_up)
-            };
-            if let Some((from, to)) = down.and_then(|from| Some((from, target(from)?))) {
-                tracing::info!(channel = %meta.channel, %from, %to, "repair: ISR below MinISR, replacing a replica that is down");
-                let _ = self.start_replace(now, None, meta, from, to);
-                return;
-            }
+        if live_besides_drained < usize::from(meta.min_isr) && self.replace_down_isr_member(now, &meta) {
+            return;
         }
         if let Some(from) = drained {
-            // Its replacement takes its ISR place: with fewer than MinISR live members in the new ISR,
-            // the switch could never find every committed record on MinISR of them, and the task would
-            // only fence the channel for its drain timeout, again and again, until the down member is
-            // back, or gone and replaced above (sim seed 363001271: a drained leader whose one other ISR
-            // member had lost its disk).
-            if meta.in_isr(from) && live_besides_drained + 1 < usize::from(meta.min_isr) {
-                return;
-            }
-            // A replica on a drained node moves to a live, undrained node (one task per channel at a time).
-            if let Some(to) = self.replacement_for(&meta, from, now) {
-                tracing::info!(channel = %meta.channel, %from, %to, "repair: moving a replica off a drained node");
-                if let Err(error) = self.start_replace(now, None, meta, from, to) {
-                    tracing::debug!(%error, %from, "repair: drain replacement not started");
-                }
-            }
+            self.move_off_drained(now, meta, from, live_besides_drained);
             return;
         }
         if live >= usize::from(meta.min_isr) && !self.give_up_surplus_replica(now, &meta) {
             self.return_to_preferred_leader(now, meta);
+        }
+    }
+
+    /// A channel with a task in flight: only a failover may preempt it, or its replacement target went
+    /// down.
+    fn consider_beside_task(&mut self, now: Time, meta: ChannelRuntimeMeta, leader_down: bool) {
+        // A replacement started just before its leader went down (a drain asked right after a crash,
+        // before the failure detector held the node down) would otherwise keep the channel without a
+        // leader until its catch-up timed out (two minutes by default).
+        if leader_down && self.failover_preempts(&meta.channel) {
+            self.start_failover(now, meta);
+        } else if let Some(to) = self.replacement_target_down(&meta.channel, now) {
+            // A replacement still catching up on a target that went down (crashed, or back on an
+            // emptied disk and refused) waited out its catch-up timeout, two minutes by default,
+            // and the channel had no other repair meanwhile: its leader had taken the learner into
+            // the ISR once it caught up, the ISR stood at MinISR with that member down, and nothing
+            // committed (sim seed 665000721). Ended, the next pass repairs the channel afresh.
+            let task = self.tasks.remove(&meta.channel).expect("present");
+            self.finish(now, task, Err(TaskError::TargetDown(to)));
+        }
+    }
+
+    /// Too few live ISR members besides a drained one: replaces an ISR member that has been
+    /// down for long with a node that can take its place. Whether a replacement started.
+    fn replace_down_isr_member(&mut self, now: Time, meta: &ChannelRuntimeMeta) -> bool {
+        let Some(from) = meta.isr.iter().copied().find(|n| self.is_gone(*n, now)) else { return false };
+        // Never a member already in the ISR (`replacement_for` may give a drained replica up to one of
+        // the channel's other replicas): the ISR must gain a member. Then a learner that is up (it holds
+        // a copy), then a drained node when nothing else can take the place: the channel commits again,
+        // and the drain moves that replica on once another node can take it.
+        let undrained = self.replacement_for(meta, from, now).filter(|to| !meta.in_isr(*to));
+        let learner_up = || {
+            let mut learners = meta.replicas.iter().copied().filter(|n| *n != from && !meta.in_isr(*n));
+            learners.find(|n| !self.is_down(*n, now))
+        };
+        let drained_up = || {
+            let mut key = Vec::new();
+            meta.channel.encode_key(&mut key);
+            let candidates = self.liveness.peers().chain(std::iter::once(self.me));
+            rendezvous::best(&key, candidates.filter(|n| !meta.is_replica(*n) && !self.is_down(*n, now)))
+        };
+        let Some(to) = undrained.or_else(learner_up).or_else(drained_up) else { return false };
+        tracing::info!(channel = %meta.channel, %from, %to, "repair: ISR below MinISR, replacing a replica that is down");
+        let _ = self.start_replace(now, None, meta.clone(), from, to);
+        true
+    }
+
+    /// Moves the replica on drained node `from` to a live, undrained node (one task per channel at a
+    /// time).
+    fn move_off_drained(&mut self, now: Time, meta: ChannelRuntimeMeta, from: NodeId, live_besides_drained: usize) {
+        // Its replacement takes its ISR place: with fewer than MinISR live members in the new ISR,
+        // the switch could never find every committed record on MinISR of them, and the task would
+        // only fence the channel for its drain timeout, again and again, until the down member is
+        // back, or gone and replaced above (sim seed 363001271: a drained leader whose one other ISR
+        // member had lost its disk).
+        if meta.in_isr(from) && live_besides_drained + 1 < usize::from(meta.min_isr) {
+            return;
+        }
+        if let Some(to) = self.replacement_for(&meta, from, now) {
+            tracing::info!(channel = %meta.channel, %from, %to, "repair: moving a replica off a drained node");
+            if let Err(error) = self.start_replace(now, None, meta, from, to) {
+                tracing::debug!(%error, %from, "repair: drain replacement not started");
+            }
         }
     }
 
