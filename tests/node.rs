@@ -68,6 +68,21 @@ fn eventually<T>(mut f: impl FnMut() -> Result<T, NodeError>) -> T {
     }
 }
 
+/// Waits until every node that replicates the slot group of each of `keys` has applied the metadata
+/// writes acknowledged before this call (a read barrier there); nodes that do not replicate it are
+/// passed over. A channel leader fans out from pages and sender checks read on its own replica, so a
+/// test that needs them current waits here, not for a guessed while.
+fn applied_everywhere(nodes: &[Arc<Node>], keys: &[RouteKey]) {
+    for node in nodes {
+        for key in keys {
+            eventually(|| match node.read_barrier_async(key.clone()).wait() {
+                Err(NodeError::NotServed(_)) => Ok(()),
+                other => other,
+            });
+        }
+    }
+}
+
 /// Reads `ch` from its first seq on `reader` until it holds as many records as `acked` (within the
 /// `eventually` deadline), then checks each acknowledged message is there, at its seq and as sent.
 fn reads_back_every_acked(reader: &Node, ch: &ChannelId, acked: &[(Seq, String)]) {
@@ -602,11 +617,11 @@ fn committed_messages_fan_out_once_to_online_allowed_subscribers_and_senders_are
     let deny =
         Command::AddMembers { channel: ch.clone(), list: MemberList::Deny, uids: vec![Uid::new("user-1").unwrap()] };
     eventually(|| nodes[0].propose(deny.clone()));
-    // Every replica must know the subscribers before the leader plans (pages come from its local store).
-    std::thread::sleep(Duration::from_millis(300));
     let banned = User { uid: Uid::new("user-5").unwrap(), name: "Banned".into(), banned: true };
     eventually(|| nodes[0].propose(Command::PutUser(banned.clone())));
-    std::thread::sleep(Duration::from_millis(300));
+    // Every replica must know the subscribers and the ban before the leader plans (pages and sender
+    // checks come from its local store).
+    applied_everywhere(&nodes, &[RouteKey::Channel(ch.clone()), RouteKey::Uid(banned.uid.clone())]);
     let mut seqs = Vec::new();
     for i in 0..10 {
         seqs.push(eventually(|| nodes[i % 3].append(ch.clone(), record(&format!("m{i}")))?.wait())[0]);
@@ -643,9 +658,11 @@ fn committed_messages_fan_out_once_to_online_allowed_subscribers_and_senders_are
 }
 
 /// One node's gateway: every member online; while `held`, a delivery waits (the node's fanout is stuck)
-/// and is then refused. Deliveries taken go to a log shared by every node's gateway.
+/// and is then refused; once `crashed`, every delivery is refused (a retry cannot slip through while
+/// the node stops). Deliveries taken go to a log shared by every node's gateway.
 struct GateHost {
     held: std::sync::atomic::AtomicBool,
+    crashed: std::sync::atomic::AtomicBool,
     waiting: std::sync::atomic::AtomicBool,
     taken: Arc<parking_lot::Mutex<Vec<(Seq, String)>>>,
 }
@@ -659,9 +676,11 @@ impl FanoutHost for GateHost {
         use std::sync::atomic::Ordering::SeqCst;
         if self.held.load(SeqCst) {
             self.waiting.store(true, SeqCst);
-            while self.held.load(SeqCst) {
+            while self.held.load(SeqCst) && !self.crashed.load(SeqCst) {
                 std::thread::sleep(Duration::from_millis(5));
             }
+        }
+        if self.held.load(SeqCst) || self.crashed.load(SeqCst) {
             return false;
         }
         self.taken.lock().extend(plan.members.iter().map(|m| (plan.message.seq, m.uid.clone())));
@@ -679,8 +698,8 @@ fn a_message_whose_leader_crashed_before_its_fanout_ended_reaches_every_subscrib
     let hosts: Vec<Arc<GateHost>> = ids
         .iter()
         .map(|_| {
-            let (held, waiting) = (false.into(), false.into());
-            Arc::new(GateHost { held, waiting, taken: taken.clone() })
+            let (held, crashed, waiting) = (false.into(), false.into(), false.into());
+            Arc::new(GateHost { held, crashed, waiting, taken: taken.clone() })
         })
         .collect();
     let mut nodes: Vec<Option<Arc<Node>>> = ids
@@ -694,7 +713,8 @@ fn a_message_whose_leader_crashed_before_its_fanout_ended_reaches_every_subscrib
     let subscribers: Vec<Uid> = (0..3).map(|u| Uid::new(format!("user-{u}")).unwrap()).collect();
     let add = Command::AddMembers { channel: ch.clone(), list: MemberList::Subscribers, uids: subscribers };
     eventually(|| node(&nodes, 0).propose(add.clone()));
-    std::thread::sleep(Duration::from_millis(300));
+    // (The clones go at once: the leader's node must stop when the test drops it below.)
+    applied_everywhere(&nodes.iter().flatten().cloned().collect::<Vec<_>>(), &[RouteKey::Channel(ch.clone())]);
     let leader = usize::try_from(NodeConfig::new(ids[0], ids.clone()).channel_placement(&ch)[0].get() - 1).unwrap();
     let other = (leader + 1) % 3;
     hosts[leader].held.store(true, SeqCst);
@@ -708,7 +728,7 @@ fn a_message_whose_leader_crashed_before_its_fanout_ended_reaches_every_subscrib
     std::thread::sleep(Duration::from_millis(1_000));
     // The leader crashes: nothing it sends from now on arrives; its stuck delivery is refused.
     mesh.isolate(ids[leader]);
-    hosts[leader].held.store(false, SeqCst);
+    hosts[leader].crashed.store(true, SeqCst);
     nodes[leader] = None;
     let reached = |taken: &[(Seq, String)]| taken.iter().filter(|(s, _)| *s == seq).count();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -797,7 +817,7 @@ fn five_real_nodes_fan_out_and_check_senders_across_slot_groups() {
     eventually(|| nodes[0].propose(add.clone()));
     let banned = User { uid: Uid::new("user-5").unwrap(), name: "Banned".into(), banned: true };
     eventually(|| nodes[0].propose(Command::PutUser(banned.clone())));
-    std::thread::sleep(Duration::from_millis(300));
+    applied_everywhere(&nodes, &[RouteKey::Channel(ch.clone()), RouteKey::Uid(banned.uid.clone())]);
 
     let leader = usize::try_from(config.channel_placement(&ch)[0].get() - 1).unwrap();
     let seq = eventually(|| nodes[leader].append(ch.clone(), record("to everyone"))?.wait())[0];
