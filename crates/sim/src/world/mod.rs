@@ -372,45 +372,7 @@ impl World {
         let ids: Vec<NodeId> = (1..=params.nodes + u64::from(params.grow)).map(NodeId::new).collect();
         let mut nodes = BTreeMap::new();
         for id in &ids {
-            let mut config = NodeConfig::new(*id, founders.clone());
-            if !founders.contains(id) {
-                // The joiner, configured as the operator's guide says.
-                config.nodes.push(*id);
-                config.join_existing = true;
-            }
-            config.slot_groups = params.slot_groups;
-            config.channel_replicas = params.channel_replicas;
-            config.channel_min_isr = params.min_isr;
-            config.seed = params.seed;
-            config.reactors = params.reactors;
-            config.machine.hw_notify_delay = std::time::Duration::from_millis(params.hw_notify_delay_ms);
-            // The sweep for logs of replicas moved away, within a run's length (by default a pass
-            // every 10 minutes), a few channels a page so that passes page.
-            config.stray_logs = tidings::node::StrayLogConfig {
-                page: 4,
-                page_interval: std::time::Duration::from_millis(100),
-                pass_interval: std::time::Duration::from_secs(1),
-                resume_after: std::time::Duration::from_millis(500),
-            };
-            if params.idle_evict_ms > 0 {
-                config.channel_idle_evict = std::time::Duration::from_millis(params.idle_evict_ms);
-            }
-            if params.rebalance_leaders_ms > 0 {
-                config.controller.rebalance_leaders_after =
-                    Some(std::time::Duration::from_millis(params.rebalance_leaders_ms));
-            }
-            if params.tight_limits {
-                crate::params::tighten(&mut config, params.seed);
-            }
-            if params.hurried_timings {
-                crate::params::hurry(&mut config, params.seed);
-            }
-            if params.disk_loss {
-                // The emptied node never comes back: its ISR places are given to others within the run
-                // (by default a down member is replaced after 30 s, longer than the healed phase).
-                let soon = std::time::Duration::from_secs(3);
-                config.controller.replace_down_after = config.controller.replace_down_after.min(soon);
-            }
+            let config = World::node_config(&params, &founders, *id);
             let kv = Arc::new(MemoryKv::new());
             let log = Arc::new(MemoryLog::new(LogLimits::default()));
             let clock_rate_ppm = clock::NodeClock::skewed_rate(
@@ -462,6 +424,51 @@ impl World {
             removed: None,
             removal_restarts_end: Time::ZERO,
         }
+    }
+
+    /// Node `id`'s configuration for a run of `params`: the cluster of `founders` (a joiner adds itself),
+    /// the run's drawn settings, and the limits and timings its flags cut.
+    fn node_config(params: &SimParams, founders: &[NodeId], id: NodeId) -> NodeConfig {
+        let mut config = NodeConfig::new(id, founders.to_vec());
+        if !founders.contains(&id) {
+            // The joiner, configured as the operator's guide says.
+            config.nodes.push(id);
+            config.join_existing = true;
+        }
+        config.slot_groups = params.slot_groups;
+        config.channel_replicas = params.channel_replicas;
+        config.channel_min_isr = params.min_isr;
+        config.seed = params.seed;
+        config.reactors = params.reactors;
+        config.machine.hw_notify_delay = std::time::Duration::from_millis(params.hw_notify_delay_ms);
+        // The sweep for logs of replicas moved away, within a run's length (by default a pass
+        // every 10 minutes), a few channels a page so that passes page.
+        config.stray_logs = tidings::node::StrayLogConfig {
+            page: 4,
+            page_interval: std::time::Duration::from_millis(100),
+            pass_interval: std::time::Duration::from_secs(1),
+            resume_after: std::time::Duration::from_millis(500),
+        };
+        if params.idle_evict_ms > 0 {
+            config.channel_idle_evict = std::time::Duration::from_millis(params.idle_evict_ms);
+        }
+        if params.rebalance_leaders_ms > 0 {
+            config.controller.rebalance_leaders_after =
+                Some(std::time::Duration::from_millis(params.rebalance_leaders_ms));
+        }
+        if params.tight_limits {
+            crate::params::tighten(&mut config, params.seed);
+        }
+        if params.hurried_timings {
+            crate::params::hurry(&mut config, params.seed);
+        }
+        if params.disk_loss {
+            // The emptied node never comes back: its ISR places are given to others within the run
+            // (by default a down member is replaced after 30 s, longer than the healed phase).
+            let soon = std::time::Duration::from_secs(3);
+            config.controller.replace_down_after = config.controller.replace_down_after.min(soon);
+        }
+        config
     }
 
     /// Runs setup, the safety phase and the liveness phase, then the final checks.
