@@ -906,57 +906,65 @@ impl World {
                         core.handle_fanout(clock.at(now), answer);
                     }
                 }
-                NodeEffect::Done { id: api, result } => {
-                    if let Some(uid) = self.user_writes.remove(&api) {
-                        if matches!(result, ApiResult::Meta(Ok(()))) {
-                            self.users_acked.entry(slot_of_user(&uid)).or_default().push(uid);
-                        }
-                    }
-                    if let Some(expected) = self.barriers.remove(&api) {
-                        // A read barrier covers the key's slot (refused while the slot is fenced).
-                        if matches!(result, ApiResult::Meta(Ok(()))) {
-                            let core = self.nodes[&id].core.as_ref().expect("answered by a live core");
-                            for uid in expected {
-                                if !matches!(core.reader().user(&uid), Ok(Some(_))) {
-                                    let group = core.slot().table().group_of(slot_of_user(&uid));
-                                    self.oracle.violation(format!(
-                                        "{id}: authoritative read misses acknowledged user {} ({group} here: {:?})",
-                                        uid.as_str(),
-                                        core.slot().status(group)
-                                    ));
-                                }
-                            }
-                        }
-                    }
-                    if let ApiResult::Task(Ok(_)) = &result {
-                        self.faults.transfers_done += 1;
-                    }
-                    if let ApiResult::Retained(outcome) = &result {
-                        let channel = self.retentions.remove(&api);
-                        if let (Some(channel), Ok(boundary)) = (channel, outcome) {
-                            self.faults.retention_moves_done += 1;
-                            self.check_retention_within_hw(&channel, *boundary);
-                        }
-                    }
-                    self.drain_answered(api, &result);
-                    if self.slot_moves.remove(&api) && matches!(result, ApiResult::Meta(Ok(()))) {
-                        self.faults.slot_moves_accepted += 1;
-                    }
-                    if let Some((channel, via)) = self.probes.remove(&api) {
-                        if std::env::var("SIM_DEBUG").is_ok() {
-                            eprintln!("{now:?} probe of {channel} via {id}: {result:?}");
-                        }
-                        self.probe_answered(channel, via, &result);
-                    }
-                    if std::env::var("SIM_DEBUG").is_ok() {
-                        if let ApiResult::Appended(Ok(seqs)) = &result {
-                            eprintln!("{now:?} {id} acked {api:?} {seqs:?}");
-                        }
-                    }
-                    self.mix(&api.0.to_le_bytes());
-                    self.mix(format!("{result:?}").as_bytes());
-                    self.oracle.answered(api, result);
-                }
+                NodeEffect::Done { id: api, result } => self.api_done(id, now, api, result),
+            }
+        }
+    }
+
+    /// An API call answered on node `id`: what the workload tracks of it, then the oracle.
+    fn api_done(&mut self, id: NodeId, now: Time, api: ApiId, result: ApiResult) {
+        if let Some(uid) = self.user_writes.remove(&api) {
+            if matches!(result, ApiResult::Meta(Ok(()))) {
+                self.users_acked.entry(slot_of_user(&uid)).or_default().push(uid);
+            }
+        }
+        if let Some(expected) = self.barriers.remove(&api) {
+            // A read barrier covers the key's slot (refused while the slot is fenced).
+            if matches!(result, ApiResult::Meta(Ok(()))) {
+                self.check_barrier_read(id, expected);
+            }
+        }
+        if let ApiResult::Task(Ok(_)) = &result {
+            self.faults.transfers_done += 1;
+        }
+        if let ApiResult::Retained(outcome) = &result {
+            let channel = self.retentions.remove(&api);
+            if let (Some(channel), Ok(boundary)) = (channel, outcome) {
+                self.faults.retention_moves_done += 1;
+                self.check_retention_within_hw(&channel, *boundary);
+            }
+        }
+        self.drain_answered(api, &result);
+        if self.slot_moves.remove(&api) && matches!(result, ApiResult::Meta(Ok(()))) {
+            self.faults.slot_moves_accepted += 1;
+        }
+        if let Some((channel, via)) = self.probes.remove(&api) {
+            if std::env::var("SIM_DEBUG").is_ok() {
+                eprintln!("{now:?} probe of {channel} via {id}: {result:?}");
+            }
+            self.probe_answered(channel, via, &result);
+        }
+        if std::env::var("SIM_DEBUG").is_ok() {
+            if let ApiResult::Appended(Ok(seqs)) = &result {
+                eprintln!("{now:?} {id} acked {api:?} {seqs:?}");
+            }
+        }
+        self.mix(&api.0.to_le_bytes());
+        self.mix(format!("{result:?}").as_bytes());
+        self.oracle.answered(api, result);
+    }
+
+    /// After a read barrier on node `id`, its local reads show every user acknowledged before it.
+    fn check_barrier_read(&mut self, id: NodeId, expected: Vec<Uid>) {
+        let core = self.nodes[&id].core.as_ref().expect("answered by a live core");
+        for uid in expected {
+            if !matches!(core.reader().user(&uid), Ok(Some(_))) {
+                let group = core.slot().table().group_of(slot_of_user(&uid));
+                self.oracle.violation(format!(
+                    "{id}: authoritative read misses acknowledged user {} ({group} here: {:?})",
+                    uid.as_str(),
+                    core.slot().status(group)
+                ));
             }
         }
     }
