@@ -884,6 +884,17 @@ fn a_seed_whose_node_forwarded_to_a_former_leader_for_good_passes() {
     assert_passes(&run(SimParams::from_seed(652000000)));
 }
 
+/// The route check's own flaw: forty-eight channels at tight limits, MinISR all three replicas, a node
+/// joining. At the heal a few channels' leaders could not lead and asked for failovers; the probes sent
+/// meanwhile were refused `NotLeader` through every node, which counted as misrouted, and once the
+/// failovers came and the channels took appends, the route probes' room stayed held by channels waiting
+/// at the cap, so those nodes were never probed again. A refusal counts as misrouted only once its
+/// channel took a probe through some node (757000180).
+#[test]
+fn a_seed_whose_leaderless_channels_refused_probes_through_every_node_passes() {
+    assert_passes(&run(tight_soak(757000180, 48)));
+}
+
 /// Forty-eight channels at tight limits on four nodes, one losing its disk. A replacement's learner
 /// caught up and its leader took it into the ISR, which then stood at MinISR; the learner's node lost
 /// its disk, and the replacement, still catching up, waited for it until its two-minute timeout, the

@@ -365,7 +365,14 @@ impl World {
     }
 
     /// A probe of `channel` through `via` was answered.
+    ///
+    /// A refusal as misrouted counts only once the channel took a probe through some node: before, a
+    /// channel without a leader able to lead (one asking for its failover, the failover still to come)
+    /// refuses through every node alike, and that is the liveness check's to judge, not a stale route
+    /// (757000180: probes refused so while a channel waited for its failover were never probed again
+    /// once it took appends — the route probes' room was held by channels waiting at the cap).
     pub(super) fn probe_answered(&mut self, channel: ChannelId, via: NodeId, result: &ApiResult) {
+        let leader_found = self.acknowledged(&channel);
         let pair = (channel, via);
         let refused_before = self.misrouted.remove(&pair).map_or(0, |(times, _)| times);
         match result {
@@ -375,7 +382,7 @@ impl World {
             ApiResult::Appended(Err(
                 error @ (NodeError::Append(AppendError::NotLeader { .. })
                 | NodeError::Remote(RemoteAppendError::NotReplica)),
-            )) => {
+            )) if leader_found => {
                 self.misrouted.insert(pair, (refused_before + 1, format!("{error:?}")));
             }
             _ => {}
