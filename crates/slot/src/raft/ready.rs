@@ -84,32 +84,7 @@ impl MultiRaft {
         let snapshot: Snapshot = ready.snapshot().clone();
         let snapshot_index = (!snapshot.is_empty()).then(|| snapshot.get_metadata().index);
         if !snapshot.is_empty() {
-            let index = snapshot.get_metadata().index;
-            // The install replaces the group's data in the store: the round's writes go first.
-            self.write_round()?;
-            let installed = snapshot::install(&self.meta, id, index, &snapshot.data);
-            let group = self.groups.get_mut(&id).expect("group exists");
-            // Whatever happened to the store, the FSM reads its records afresh. raft-rs installs only
-            // snapshots past its commit index: they cover every entry held back (module `retiring`).
-            group.fsm.forget_records();
-            group.held_back.clear();
-            // Not installed, it must not be recorded as applied either: the replica would go on as if it
-            // held the group's data, and a replica promoted so held none of its acknowledged writes (sim
-            // seed 580000053). The node's slot replicas stop instead (`fail_storage`), as for any write
-            // raft-rs counts on and the store did not take; a restart reads the log as it stands.
-            let installed = installed.map_err(|error| match error {
-                snapshot::InstallError::Store(error) => error,
-                malformed => StoreError::io(
-                    "install slot snapshot",
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, malformed.to_string()),
-                ),
-            })?;
-            group.config_epoch = installed.config_epoch;
-            self.placed(installed.placements);
-            if !installed.metas.is_empty() {
-                let metas = std::sync::Arc::new(installed.metas);
-                self.effects.push_back(SlotEffect::MetasInstalled { group: id, metas });
-            }
+            self.install_snapshot(id, &snapshot)?;
             batch.apply_snapshot(id, snapshot.get_metadata().clone());
         }
         let entries = ready.take_entries();
@@ -163,6 +138,37 @@ impl MultiRaft {
         }
         self.apply_committed(id, &table, committed)?;
         self.finish_reads(id);
+        Ok(())
+    }
+
+    /// Installs a snapshot a ready carries into the store, before anything of the ready is written.
+    fn install_snapshot(&mut self, id: GroupId, snapshot: &Snapshot) -> Result<(), StoreError> {
+        let index = snapshot.get_metadata().index;
+        // The install replaces the group's data in the store: the round's writes go first.
+        self.write_round()?;
+        let installed = snapshot::install(&self.meta, id, index, &snapshot.data);
+        let group = self.groups.get_mut(&id).expect("group exists");
+        // Whatever happened to the store, the FSM reads its records afresh. raft-rs installs only
+        // snapshots past its commit index: they cover every entry held back (module `retiring`).
+        group.fsm.forget_records();
+        group.held_back.clear();
+        // Not installed, it must not be recorded as applied either: the replica would go on as if it
+        // held the group's data, and a replica promoted so held none of its acknowledged writes (sim
+        // seed 580000053). The node's slot replicas stop instead (`fail_storage`), as for any write
+        // raft-rs counts on and the store did not take; a restart reads the log as it stands.
+        let installed = installed.map_err(|error| match error {
+            snapshot::InstallError::Store(error) => error,
+            malformed => StoreError::io(
+                "install slot snapshot",
+                std::io::Error::new(std::io::ErrorKind::InvalidData, malformed.to_string()),
+            ),
+        })?;
+        group.config_epoch = installed.config_epoch;
+        self.placed(installed.placements);
+        if !installed.metas.is_empty() {
+            let metas = std::sync::Arc::new(installed.metas);
+            self.effects.push_back(SlotEffect::MetasInstalled { group: id, metas });
+        }
         Ok(())
     }
 
