@@ -880,30 +880,7 @@ impl ChannelShard {
                 self.answer(origin, CallOutcome::Retained(result.map_err(RemoteAppendError::Aborted)));
             }
             Effect::Committed { last, messages, inherited, skipped, .. } => {
-                if self.config.fanout_enabled {
-                    if skipped > 0 {
-                        tracing::warn!(%channel, skipped, "a new leader plans again only the most recent of its predecessors' unfinished fanout");
-                        self.counters.fanout_skipped += skipped;
-                    }
-                    for (i, seq) in messages.into_iter().enumerate() {
-                        let sender = self.senders.remove(&(channel.clone(), seq));
-                        let again = i < inherited;
-                        self.outputs.push_back(ShardOutput::Committed { channel: channel.clone(), seq, sender, again });
-                    }
-                    // Senders of retries answered from committed records have no `Committed` of their own.
-                    let stale: Vec<_> = self
-                        .senders
-                        .range((channel.clone(), Seq::new(0))..=(channel.clone(), last))
-                        .map(|(k, _)| k.clone())
-                        .collect();
-                    for key in stale {
-                        self.senders.remove(&key);
-                    }
-                } else if let Some(machine) = self.machine_mut(channel) {
-                    for seq in messages {
-                        machine.fanout_finished(seq);
-                    }
-                }
+                self.committed(channel, last, messages, inherited, skipped);
             }
             Effect::ProposeMeta { expected_version, meta, .. } => {
                 // A refused proposal is retried by the machine after its proposal timeout.
@@ -927,6 +904,35 @@ impl ChannelShard {
                 self.cannot_lead.insert(channel.clone(), self.now);
                 self.counters.storage_failures += 1;
                 self.retire(channel);
+            }
+        }
+    }
+
+    /// Messages committed through `last`: handed to fanout with their senders (the first `inherited`
+    /// as planned again for a predecessor), or marked fanned out when fanout is off.
+    fn committed(&mut self, channel: &ChannelId, last: Seq, messages: Vec<Seq>, inherited: usize, skipped: u64) {
+        if self.config.fanout_enabled {
+            if skipped > 0 {
+                tracing::warn!(%channel, skipped, "a new leader plans again only the most recent of its predecessors' unfinished fanout");
+                self.counters.fanout_skipped += skipped;
+            }
+            for (i, seq) in messages.into_iter().enumerate() {
+                let sender = self.senders.remove(&(channel.clone(), seq));
+                let again = i < inherited;
+                self.outputs.push_back(ShardOutput::Committed { channel: channel.clone(), seq, sender, again });
+            }
+            // Senders of retries answered from committed records have no `Committed` of their own.
+            let stale: Vec<_> = self
+                .senders
+                .range((channel.clone(), Seq::new(0))..=(channel.clone(), last))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in stale {
+                self.senders.remove(&key);
+            }
+        } else if let Some(machine) = self.machine_mut(channel) {
+            for seq in messages {
+                machine.fanout_finished(seq);
             }
         }
     }
