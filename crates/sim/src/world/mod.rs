@@ -16,6 +16,7 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
+use tidings::channel::machine::PersistToken;
 use tidings::frame::FrameError;
 use tidings::node::{carry_out_fanout, ApiId, ApiResult, NodeConfig, NodeCore, NodeEffect};
 use tidings::router::Router;
@@ -225,7 +226,7 @@ enum Event {
     Persisted {
         node: NodeId,
         incarnation: u64,
-        token: tidings::channel::machine::PersistToken,
+        token: PersistToken,
         batch: LogBatch,
     },
     ReadDone {
@@ -766,29 +767,7 @@ impl World {
     fn deliver(&mut self, event: Event) {
         let now = self.now;
         match event {
-            Event::Frame { from, to, bytes } => {
-                if self.cut.contains_key(&(from, to)) {
-                    return;
-                }
-                let local = self.node_now(to);
-                if self.nodes.get(&to).is_none_or(|n| n.core.is_none()) {
-                    return;
-                }
-                // Every frame a node sends is well formed: a refusal here is a bug, but for the frames of a
-                // node back on an empty disk, which its peers must refuse (see `disk_loss`).
-                let must_refuse = self.must_refuse_frame(from, to, &bytes);
-                let Some(core) = self.nodes.get_mut(&to).and_then(|n| n.core.as_mut()) else { return };
-                match core.handle_frame(local, from, &bytes) {
-                    Ok(()) if must_refuse => {
-                        self.oracle.violation(format!("{to} took a frame of {from}, back on an empty disk"));
-                    }
-                    Ok(()) => {}
-                    Err(FrameError::StorageChanged { .. }) if Some(from) == self.lost_disk => {}
-                    Err(error) => self.oracle.violation(format!("{to} refused a frame from {from}: {error}")),
-                }
-                self.mix(&now.as_millis().to_le_bytes());
-                self.mix(&bytes);
-            }
+            Event::Frame { from, to, bytes } => self.deliver_frame(now, from, to, &bytes),
             Event::SlotsSynced { node, incarnation, token } => {
                 let n = self.nodes.get_mut(&node).expect("known node");
                 if n.incarnation != incarnation {
@@ -800,22 +779,7 @@ impl World {
                 }
             }
             Event::Persisted { node, incarnation, token, batch } => {
-                let lying = self.params.unsafe_lying_disk;
-                let n = self.nodes.get_mut(&node).expect("known node");
-                if n.incarnation != incarnation {
-                    return;
-                }
-                let channel = batch.channel.clone();
-                let forgets = batch.ops.iter().any(|op| matches!(op, LogOp::Forget { .. }));
-                let result = if lying { Ok(()) } else { n.log.commit(batch) };
-                if forgets && result.is_ok() {
-                    // The replica's log starts again from nothing: its HW may be lower next time it shows.
-                    self.hw_seen.remove(&(node, channel.clone()));
-                    self.faults.stray_logs_forgotten += 1;
-                }
-                if let Some(core) = n.core.as_mut() {
-                    core.handle_persisted(n.clock.at(now), &channel, token, result);
-                }
+                self.persisted(now, node, incarnation, token, batch)
             }
             Event::ReadDone { node, incarnation, channel, token, from, through, max_bytes } => {
                 self.with_running(node, incarnation, |core, log, at| {
@@ -846,6 +810,51 @@ impl World {
             Event::RestartWithout { node } => self.restart_without(node),
             Event::PlannedStop { node, incarnation } => self.planned_stop(node, incarnation),
             Event::StopAfterCheckpoints { node, incarnation } => self.stop_after_checkpoints(node, incarnation),
+        }
+    }
+
+    /// A frame from `from` reaches `to`, unless the link is cut or `to` is down.
+    fn deliver_frame(&mut self, now: Time, from: NodeId, to: NodeId, bytes: &[u8]) {
+        if self.cut.contains_key(&(from, to)) {
+            return;
+        }
+        let local = self.node_now(to);
+        if self.nodes.get(&to).is_none_or(|n| n.core.is_none()) {
+            return;
+        }
+        // Every frame a node sends is well formed: a refusal here is a bug, but for the frames of a
+        // node back on an empty disk, which its peers must refuse (see `disk_loss`).
+        let must_refuse = self.must_refuse_frame(from, to, bytes);
+        let Some(core) = self.nodes.get_mut(&to).and_then(|n| n.core.as_mut()) else { return };
+        match core.handle_frame(local, from, bytes) {
+            Ok(()) if must_refuse => {
+                self.oracle.violation(format!("{to} took a frame of {from}, back on an empty disk"));
+            }
+            Ok(()) => {}
+            Err(FrameError::StorageChanged { .. }) if Some(from) == self.lost_disk => {}
+            Err(error) => self.oracle.violation(format!("{to} refused a frame from {from}: {error}")),
+        }
+        self.mix(&now.as_millis().to_le_bytes());
+        self.mix(bytes);
+    }
+
+    /// A durable append of `node`'s incarnation lands in its message log (or fails there).
+    fn persisted(&mut self, now: Time, node: NodeId, incarnation: u64, token: PersistToken, batch: LogBatch) {
+        let lying = self.params.unsafe_lying_disk;
+        let n = self.nodes.get_mut(&node).expect("known node");
+        if n.incarnation != incarnation {
+            return;
+        }
+        let channel = batch.channel.clone();
+        let forgets = batch.ops.iter().any(|op| matches!(op, LogOp::Forget { .. }));
+        let result = if lying { Ok(()) } else { n.log.commit(batch) };
+        if forgets && result.is_ok() {
+            // The replica's log starts again from nothing: its HW may be lower next time it shows.
+            self.hw_seen.remove(&(node, channel.clone()));
+            self.faults.stray_logs_forgotten += 1;
+        }
+        if let Some(core) = n.core.as_mut() {
+            core.handle_persisted(n.clock.at(now), &channel, token, result);
         }
     }
 
