@@ -46,6 +46,14 @@ fn main() {
             payload: Bytes::from(format!("message {seq}")),
         })
         .collect();
+    frames(&channel, &meta, &records);
+    commands(&channel, meta);
+    stored_values(&channel, &records);
+    println!("wrote the seed corpus under fuzz/seeds/");
+}
+
+/// Frames of every kind of body, as a node encodes them (`frame_decode`).
+fn frames(channel: &ChannelId, meta: &ChannelRuntimeMeta, records: &[Record]) {
     let hint = ChannelMessage::Hint(PullHint { channel: channel.clone(), leader_epoch: LeaderEpoch::new(2) });
     let bodies = [
         FrameBody::Channel(hint.clone()),
@@ -97,7 +105,7 @@ fn main() {
                 channel: channel.clone(),
                 pull_id: 5,
                 leader_epoch: LeaderEpoch::new(2),
-                body: PullBody::Records { records: records.clone(), hw: Seq::new(2), fanned_through: Seq::new(1) },
+                body: PullBody::Records { records: records.to_vec(), hw: Seq::new(2), fanned_through: Seq::new(1) },
             }),
             ChannelMessage::PullResponse(PullResponse {
                 channel: channel.clone(),
@@ -130,7 +138,10 @@ fn main() {
         let frame = Frame { cluster: 1, from: NodeId::new(2), storage: StorageId::new(0x5eed), body };
         write("frame_decode", &format!("frame-{i}"), &encode(&frame));
     }
+}
 
+/// Slot commands, key-scoped and group-level (`slot_command`).
+fn commands(channel: &ChannelId, meta: ChannelRuntimeMeta) {
     let uid = Uid::new("alice").expect("uid");
     let commands = [
         Command::PutUser(User { uid: uid.clone(), name: "Alice".into(), banned: false }),
@@ -155,18 +166,22 @@ fn main() {
     for (i, command) in commands.iter().enumerate() {
         write("slot_command", &format!("command-{i}"), &command.encode());
     }
+}
 
+/// What the message log stores: a journal batch, a pack of records and a channel state
+/// (`stored_records`).
+fn stored_values(channel: &ChannelId, records: &[Record]) {
     let batch = LogBatch::new(
         channel.clone(),
         vec![
-            LogOp::Append(records.clone()),
+            LogOp::Append(records.to_vec()),
             LogOp::CheckpointHw(Seq::new(2)),
             LogOp::CheckpointFanned(Seq::new(2)),
             LogOp::TruncateAfter(Seq::new(2)),
         ],
     );
     write("stored_records", "batch", &stored::batch_to_bytes(&batch));
-    write("stored_records", "pack", &stored::pack_to_bytes(&records));
+    write("stored_records", "pack", &stored::pack_to_bytes(records));
     let state = ChannelLogState {
         last_seq: Seq::new(3),
         epochs: vec![(LeaderEpoch::new(1), Seq::new(1))],
@@ -178,5 +193,4 @@ fn main() {
     };
     let stored_state = stored::StoredState { state, sled_through: Seq::new(2), frames_before: 1, opening: 1 };
     write("stored_records", "state", &stored::state_to_bytes(&stored_state));
-    println!("wrote the seed corpus under fuzz/seeds/");
 }
