@@ -186,57 +186,70 @@ impl Oracle {
                 self.violation(format!("{channel}: an append from {sender} was acknowledged at {seqs:?}"));
             }
             (Expect::Append { channel, payload, key, floor }, ApiResult::Appended(Ok(seqs))) => {
-                let Some(seq) = seqs.first().copied() else {
-                    self.violation(format!("{channel}: append acknowledged without a seq"));
-                    return;
-                };
-                if let Some(floor) = floor.filter(|floor| seq <= *floor) {
-                    self.violation(format!(
-                        "{channel}: append acknowledged at {seq}, but {floor} was acknowledged before it was submitted"
-                    ));
-                }
-                if let Some(key) = key {
-                    match self.key_seq.get(&(channel.clone(), key.clone())) {
-                        // Keys are remembered for the channel's last `IDEMPOTENCY_WINDOW` seqs; an older key
-                        // may legitimately append again.
-                        // A key whose record was given up (retention) may append again too: the earlier
-                        // of its two records, whichever was acknowledged first (the original append's
-                        // answer may come after its retry's, appended anew past a retention move that
-                        // gave the original up — sim seed 226004206).
-                        Some(first)
-                            if *first != seq
-                                && seq.get().abs_diff(first.get()) < IDEMPOTENCY_WINDOW
-                                && (*first).min(seq)
-                                    > self.retention_asked.get(&channel).copied().unwrap_or_default() =>
-                        {
-                            self.violation(format!(
-                                "{channel}: idempotent retry acknowledged at {seq}, first at {first} (two records)"
-                            ))
-                        }
-                        Some(_) => {}
-                        None => {
-                            self.key_seq.insert((channel.clone(), key), seq);
-                        }
-                    }
-                }
-                if std::env::var("SIM_DEBUG_CHANNEL").is_ok_and(|c| c == channel.to_string()) {
-                    eprintln!("ack {channel} {seq} {api:?} {payload:?}");
-                }
-                let acked = self.acked.entry(channel.clone()).or_default();
-                match acked.get(&seq) {
-                    Some(other) if *other != payload => {
-                        if std::env::var("SIM_DEBUG").is_ok() {
-                            eprintln!("conflict at {seq}: had {other:?}, now {payload:?} (api {api:?})");
-                        }
-                        self.violations.push(format!("{channel}: seq {seq} acknowledged for two payloads"));
-                    }
-                    _ => {
-                        acked.insert(seq, payload);
-                    }
-                }
+                self.append_acknowledged(api, channel, payload, key, floor, &seqs);
             }
             // Refusals and aborts are answers: the client may retry.
             _ => {}
+        }
+    }
+
+    /// An append acknowledged at `seqs`: after any seq acknowledged before it was submitted (`floor`),
+    /// one record per idempotency key within the window, one payload per seq.
+    fn append_acknowledged(
+        &mut self,
+        api: ApiId,
+        channel: ChannelId,
+        payload: Bytes,
+        key: Option<IdempotencyKey>,
+        floor: Option<Seq>,
+        seqs: &[Seq],
+    ) {
+        let Some(seq) = seqs.first().copied() else {
+            self.violation(format!("{channel}: append acknowledged without a seq"));
+            return;
+        };
+        if let Some(floor) = floor.filter(|floor| seq <= *floor) {
+            self.violation(format!(
+                "{channel}: append acknowledged at {seq}, but {floor} was acknowledged before it was submitted"
+            ));
+        }
+        if let Some(key) = key {
+            match self.key_seq.get(&(channel.clone(), key.clone())) {
+                // Keys are remembered for the channel's last `IDEMPOTENCY_WINDOW` seqs; an older key
+                // may legitimately append again.
+                // A key whose record was given up (retention) may append again too: the earlier
+                // of its two records, whichever was acknowledged first (the original append's
+                // answer may come after its retry's, appended anew past a retention move that
+                // gave the original up — sim seed 226004206).
+                Some(first)
+                    if *first != seq
+                        && seq.get().abs_diff(first.get()) < IDEMPOTENCY_WINDOW
+                        && (*first).min(seq) > self.retention_asked.get(&channel).copied().unwrap_or_default() =>
+                {
+                    self.violation(format!(
+                        "{channel}: idempotent retry acknowledged at {seq}, first at {first} (two records)"
+                    ))
+                }
+                Some(_) => {}
+                None => {
+                    self.key_seq.insert((channel.clone(), key), seq);
+                }
+            }
+        }
+        if std::env::var("SIM_DEBUG_CHANNEL").is_ok_and(|c| c == channel.to_string()) {
+            eprintln!("ack {channel} {seq} {api:?} {payload:?}");
+        }
+        let acked = self.acked.entry(channel.clone()).or_default();
+        match acked.get(&seq) {
+            Some(other) if *other != payload => {
+                if std::env::var("SIM_DEBUG").is_ok() {
+                    eprintln!("conflict at {seq}: had {other:?}, now {payload:?} (api {api:?})");
+                }
+                self.violations.push(format!("{channel}: seq {seq} acknowledged for two payloads"));
+            }
+            _ => {
+                acked.insert(seq, payload);
+            }
         }
     }
 
