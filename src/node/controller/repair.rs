@@ -241,8 +241,9 @@ impl Controller {
         }
     }
 
-    /// Too few live ISR members besides a drained one: replaces an ISR member that has been
-    /// down for long with a node that can take its place. Whether a replacement started.
+    /// Called with fewer than MinISR live ISR members (a drained one not counted): replaces an ISR
+    /// member that has been down for long with a node that can take its place. Whether a replacement
+    /// started.
     fn replace_down_isr_member(&mut self, now: Time, meta: &ChannelRuntimeMeta) -> bool {
         let Some(from) = meta.isr.iter().copied().find(|n| self.is_gone(*n, now)) else { return false };
         // Never a member already in the ISR (`replacement_for` may give a drained replica up to one of
