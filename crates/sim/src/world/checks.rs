@@ -42,7 +42,7 @@ impl World {
 
     /// The running core that leads `group`, if any.
     pub(super) fn group_leader(&self, group: GroupId) -> Option<&tidings::node::NodeCore> {
-        self.nodes.values().filter_map(|n| n.core.as_ref()).find(|c| c.slot().is_leader(group))
+        self.running_cores().find(|c| c.slot().is_leader(group))
     }
 
     /// The newest runtime meta of `channel` any running node stores.
@@ -179,7 +179,7 @@ impl World {
 
     /// Whether a running node's controller has a channel task in flight.
     pub(super) fn channel_tasks_running(&self) -> bool {
-        self.nodes.values().filter_map(|n| n.core.as_ref()).any(|core| !core.status().tasks.is_empty())
+        self.running_cores().any(|core| !core.status().tasks.is_empty())
     }
 
     /// After healing, no running node holds the log of a channel whose newest meta does not name it: the
@@ -258,10 +258,9 @@ impl World {
     pub(super) fn check_slot_replicas(&mut self) {
         let table = self.nodes.values().next().expect("nodes").config.table();
         for group in table.groups().collect::<Vec<_>>() {
-            let reconfigured =
-                self.nodes.values().filter_map(|n| n.core.as_ref()).any(|c| {
-                    c.slot().is_leader(group) && c.slot().status(group).is_some_and(|s| s.config_epoch.get() > 0)
-                });
+            let reconfigured = self
+                .running_cores()
+                .any(|c| c.slot().is_leader(group) && c.slot().status(group).is_some_and(|s| s.config_epoch.get() > 0));
             self.faults.slot_groups_reconfigured += u64::from(reconfigured);
             let members = self.group_members(group);
             let mut seen: Vec<(NodeId, u64, u64)> = Vec::new();
@@ -560,11 +559,10 @@ impl World {
                 }
             }
         }
-        let reports = self.nodes.values().filter_map(|n| n.core.as_ref()).flat_map(|c| c.status().finished_tasks);
+        let reports = self.running_cores().flat_map(|c| c.status().finished_tasks);
         let removal = |r: &tidings::node::TaskReport| matches!(r.kind, tidings::node::TaskKind::RemoveLearner { .. });
         self.faults.learners_removed += reports.filter(|r| removal(r) && r.outcome.is_ok()).count() as u64;
-        self.faults.fanout_planned_again +=
-            self.nodes.values().filter_map(|n| n.core.as_ref()).map(|c| c.status().fanout_planned_again).sum::<u64>();
+        self.faults.fanout_planned_again += self.running_cores().map(|c| c.status().fanout_planned_again).sum::<u64>();
     }
 
     /// No node still forwards a channel's appends to a node that does not lead it.

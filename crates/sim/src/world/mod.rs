@@ -605,9 +605,14 @@ impl World {
         }
     }
 
+    /// The cores of the nodes running now.
+    fn running_cores(&self) -> impl Iterator<Item = &NodeCore> {
+        self.nodes.values().filter_map(|n| n.core.as_ref())
+    }
+
     /// Committed messages the live nodes' fanout has not finished.
     fn fanout_backlog(&self) -> usize {
-        self.nodes.values().filter_map(|n| n.core.as_ref()).map(|c| c.status().fanout_backlog).sum()
+        self.running_cores().map(|c| c.status().fanout_backlog).sum()
     }
 
     fn api(&mut self) -> ApiId {

@@ -193,8 +193,7 @@ impl World {
                 eprintln!("  {id}: fanout backlog {}, replica {role:?}", status.fanout_backlog);
             }
         }
-        let abandoned: u64 =
-            self.nodes.values().filter_map(|n| n.core.as_ref()).map(|c| c.status().fanout_pages_abandoned).sum();
+        let abandoned: u64 = self.running_cores().map(|c| c.status().fanout_pages_abandoned).sum();
         if abandoned == 0 {
             self.oracle.violation(format!("{channel}: committed messages {missed:?} never fanned out to {ALLOWED}"));
         }

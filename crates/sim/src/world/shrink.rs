@@ -105,7 +105,7 @@ impl World {
             members_clear && intent_clear
         });
         let channels_clear = self.channels.iter().all(|c| self.newest_meta(c).is_some_and(|m| !m.is_replica(leaving)));
-        let reports_clear = self.nodes.values().filter_map(|n| n.core.as_ref()).all(|c| {
+        let reports_clear = self.running_cores().all(|c| {
             c.status().drains.iter().all(|r| r.node != leaving || (r.slot_groups.is_empty() && r.channel_replicas == 0))
         });
         if !(groups_clear && channels_clear && reports_clear) {
