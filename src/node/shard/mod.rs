@@ -554,6 +554,7 @@ impl ChannelShard {
     /// says when they have all landed.
     pub(crate) fn checkpoint_for_stop(&mut self, now: Time) {
         self.advance(now);
+        // Through `machine_mut`, which marks each replica for the drain that turns its writes into outputs.
         let active: Vec<ChannelId> = self.channels.iter().map(|(channel, _)| channel.clone()).collect();
         for channel in active {
             if let Some(machine) = self.machine_mut(&channel) {
