@@ -7,11 +7,14 @@ use tidings_router::{hash_slot, HashToSlot};
 use tidings_slot::command::{Command, DecodeError, MemberList, COMMAND_VERSION};
 use tidings_slot::fsm::migration::seed_placements;
 use tidings_slot::fsm::{FsmLimits, Outcome, Refusal, SlotFsm};
-use tidings_slot::model::{ChannelFlags, ChannelInfo, Membership, MessageEvent, SwitchProof, Uid, User};
+use tidings_slot::model::{
+    ChannelFlags, ChannelInfo, CmdBinding, Device, Membership, MessageEvent, MigrationPhase, MigrationTask,
+    PluginBinding, SwitchProof, Uid, User,
+};
 use tidings_slot::query::SlotReader;
 use tidings_store::kv::{Direction, KeyRange, KvPair};
 use tidings_store::{FailOp, Keyspace, Kv, KvBatch, MemoryKv, MetaStore, StoreResult};
-use tidings_types::{ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, GroupId, LeaderEpoch, NodeId, Seq};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, ChannelType, Epoch, GroupId, LeaderEpoch, MetaError, NodeId, Seq};
 
 fn uid(s: &str) -> Uid {
     Uid::new(s).unwrap()
@@ -224,6 +227,102 @@ fn event_projection_is_bounded() {
     apply(&fsm, &table, 4, &[event(4)]);
     let kept: Vec<u64> = reader.events(&channel("r"), 10).unwrap().iter().map(|e| e.seq.get()).collect();
     assert_eq!(kept, vec![3, 4]);
+}
+
+/// The records stored by a user's slot or a channel's, written, read back through the reader (which
+/// finds them only in the slot their owner hashes to) and removed again.
+#[test]
+fn every_record_kind_is_read_back_from_its_owner_s_slot_and_removed() {
+    let (_, fsm, reader, table) = setup();
+    let (bob, cmd, room) = (uid("bob"), channel("bob-cmd"), channel("room"));
+    // A record kept in the wrong one of these slots would read back as absent.
+    assert_ne!(hash_slot(bob.as_str().as_bytes()), hash_slot(cmd.route_key()));
+    assert_ne!(hash_slot(bob.as_str().as_bytes()), hash_slot(room.route_key()));
+    let phone = Device { uid: bob.clone(), device_flag: 1, token: "t1".into(), level: 2 };
+    let binding = CmdBinding { ack_seq: Seq::new(7) };
+    let plugin = PluginBinding { uid: bob.clone(), plugin: "bot".into() };
+    let task = MigrationTask { id: 9, channel: room.clone(), phase: MigrationPhase::Fenced, target_leader: None };
+    let flags = ChannelFlags { send_ban: true, large: true, ..ChannelFlags::default() };
+    let outcomes = apply(
+        &fsm,
+        &table,
+        1,
+        &[
+            Command::PutDevice(phone.clone()),
+            Command::AddSystemUid(bob.clone()),
+            Command::PutCmdBinding { uid: bob.clone(), channel: cmd.clone(), binding },
+            Command::PutPluginBinding(plugin.clone()),
+            Command::CreateChannel(ChannelInfo { channel: room.clone(), flags: ChannelFlags::default() }),
+            Command::UpdateChannelFlags { channel: room.clone(), flags },
+            Command::PutMigrationTask(task.clone()),
+            Command::PutMembership { uid: bob.clone(), channel: room.clone(), membership: Membership::default() },
+        ],
+    );
+    assert!(outcomes.iter().all(|o| *o == Outcome::Applied), "{outcomes:?}");
+    assert_eq!(reader.device(&bob, 1).unwrap(), Some(phone));
+    assert_eq!(reader.device(&bob, 2).unwrap(), None);
+    assert!(reader.is_system_uid(&bob).unwrap());
+    assert!(!reader.is_system_uid(&uid("carol")).unwrap());
+    assert_eq!(reader.cmd_binding(&bob, &cmd).unwrap(), Some(binding));
+    assert_eq!(reader.plugin(&bob, "bot").unwrap(), Some(plugin));
+    assert_eq!(reader.channel(&room).unwrap(), Some(ChannelInfo { channel: room.clone(), flags }));
+    assert_eq!(reader.task(&room, 9).unwrap(), Some(task));
+    assert_eq!(reader.membership(&bob, &room).unwrap(), Some(Membership::default()));
+
+    let outcomes = apply(
+        &fsm,
+        &table,
+        9,
+        &[
+            Command::RemoveDevice { uid: bob.clone(), device_flag: 1 },
+            Command::RemoveSystemUid(bob.clone()),
+            Command::RemovePluginBinding { uid: bob.clone(), plugin: "bot".into() },
+            Command::RemoveMigrationTask { channel: room.clone(), id: 9 },
+            Command::RemoveMembership { uid: bob.clone(), channel: room.clone() },
+        ],
+    );
+    assert!(outcomes.iter().all(|o| *o == Outcome::Applied), "{outcomes:?}");
+    assert_eq!(reader.device(&bob, 1).unwrap(), None);
+    assert!(!reader.is_system_uid(&bob).unwrap());
+    assert_eq!(reader.plugin(&bob, "bot").unwrap(), None);
+    assert_eq!(reader.task(&room, 9).unwrap(), None);
+    assert_eq!(reader.membership(&bob, &room).unwrap(), None);
+    // What the removals did not name stays.
+    assert_eq!(reader.cmd_binding(&bob, &cmd).unwrap(), Some(binding));
+    assert_eq!(fsm.applied_index().unwrap(), 13);
+}
+
+/// Commands whose content breaks a rule are refused with the rule, and change nothing.
+#[test]
+fn an_invalid_runtime_meta_and_an_oversized_event_summary_are_refused() {
+    let (_, fsm, reader, table) = setup();
+    let room = channel("room");
+    let mut leaderless = meta(&room, 1, 4, 1);
+    leaderless.isr.truncate(2);
+    let long = "x".repeat(FsmLimits::default().event_summary_bytes_max + 1);
+    let outcomes = apply(
+        &fsm,
+        &table,
+        1,
+        &[
+            Command::CreateRuntimeMeta(leaderless),
+            Command::AppendMessageEvent {
+                channel: room.clone(),
+                event: MessageEvent { seq: Seq::new(1), sender: uid("u"), summary: long.clone() },
+            },
+        ],
+    );
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Refused(Refusal::InvalidMeta(MetaError::LeaderNotInIsr(NodeId::new(4)))),
+            Outcome::Refused(Refusal::SummaryTooLarge { len: long.len(), max: long.len() - 1 }),
+        ]
+    );
+    assert_eq!(reader.runtime_meta(&room).unwrap(), None);
+    assert!(reader.events(&room, 10).unwrap().is_empty());
+    // A refusal is an outcome of the entry, which counts as applied like any other.
+    assert_eq!(fsm.applied_index().unwrap(), 2);
 }
 
 #[test]
