@@ -509,6 +509,29 @@ mod tests {
     }
 
     #[test]
+    fn a_cancelled_channel_s_plans_waiting_for_room_go_and_nothing_of_its_job_stays() {
+        let config = FanoutConfig { plans_in_flight_max: 1, ..FanoutConfig::default() };
+        let mut planner = FanoutPlanner::new(config);
+        let job = planner.submit(message(1), None).unwrap();
+        assert!(matches!(planner.poll_effect(), Some(FanoutEffect::FetchPage { .. })));
+        let member = |uid: &str| Member { uid: uid.into(), left: false, hidden: false, denied: false };
+        planner.handle_page(job, vec![member("a"), member("b"), member("c")], None);
+        assert!(matches!(planner.poll_effect(), Some(FanoutEffect::Locate { .. })));
+        // Three targets, three plans: one goes out, two wait for room.
+        let targets = (1..=3).map(|node| Some(Target { node: NodeId::new(node) })).collect();
+        planner.handle_located(job, targets);
+        let Some(FanoutEffect::Deliver(out)) = planner.poll_effect() else { panic!("one plan goes out") };
+        assert_eq!((planner.poll_effect(), planner.plans_pending()), (None, 3));
+        planner.cancel_channel(&message(1).channel);
+        assert_eq!(planner.plans_pending(), 1, "only the plan with the host is left");
+        // The plan with the host ends as it will; the job reports no end, and nothing of it is kept.
+        planner.handle_delivered(out.id, true);
+        assert_eq!(planner.poll_effect(), None);
+        assert_eq!((planner.plans_pending(), planner.jobs_open()), (0, 0));
+        assert!(planner.plans_open.is_empty() && planner.planned.is_empty());
+    }
+
+    #[test]
     fn several_messages_are_paged_at_once_and_a_channels_next_waits_for_its_previous() {
         let in_channel =
             |name: &str, seq| MessageRef { channel: ChannelId::new(ChannelType::GROUP, name).unwrap(), ..message(seq) };
