@@ -979,3 +979,86 @@ fn a_real_node_back_on_an_emptied_directory_is_refused_until_its_peers_forget_it
         true => Err(NodeError::TimedOut),
     });
 }
+
+/// `Ok` once `condition` holds, else an error `eventually` waits past.
+fn holds(condition: bool) -> Result<(), NodeError> {
+    if condition {
+        Ok(())
+    } else {
+        Err(NodeError::TimedOut)
+    }
+}
+
+/// The operator's calls through a real node's call path (the core tests cover what each does; this
+/// covers the runtime carrying each to the core and its answer back, typed): a channel leadership
+/// transfer, a slot group's preferred leader, a hash slot migrated to the other group with its data,
+/// a drain recorded and stopped, and the refusals of calls that do not fit.
+#[test]
+fn operator_calls_on_real_nodes_reach_the_core_and_answer_with_their_outcome() {
+    use tidings::node::TaskKind;
+    use tidings::slot::fsm::{GroupChangeError, Refusal};
+    use tidings::types::GroupId;
+    let (_dir, _mesh, ids, nodes, ch) = three_nodes_with_channel("operated");
+    let node = |id: NodeId| &nodes[usize::try_from(id.get() - 1).unwrap()];
+    let first = eventually(|| nodes[0].append(ch.clone(), record("before"))?.wait())[0];
+
+    // A channel's leadership, to another ISR member.
+    let leading = eventually(|| {
+        let statuses = nodes.iter().filter_map(|n| n.channel_status(&ch).ok().flatten());
+        statuses.into_iter().find(|s| s.role == tidings::channel::machine::RoleKind::Leader).ok_or(NodeError::Stopped)
+    });
+    let target = *leading.isr.iter().find(|n| **n != leading.leader).unwrap();
+    let report = eventually(|| node(leading.leader).transfer_leader(ch.clone(), target));
+    assert_eq!(report.kind, TaskKind::Transfer { target });
+    assert_eq!(report.new_leader.map(|(leader, _)| leader), Some(target));
+    let second = eventually(|| nodes[0].append(ch.clone(), record("after"))?.wait())[0];
+    reads_back_every_acked(node(target), &ch, &[(first, "before".into()), (second, "after".into())]);
+
+    // A slot group's leadership, to its preferred member.
+    let group = GroupId::new(1);
+    let group_leader = |via: &Node| -> Option<NodeId> {
+        via.status().ok()?.groups.into_iter().find(|g| g.group == group).and_then(|g| g.leader)
+    };
+    let before = eventually(|| group_leader(&nodes[0]).ok_or(NodeError::NotServed(group)));
+    let preferred = *ids.iter().find(|n| **n != before).unwrap();
+    eventually(|| nodes[0].set_preferred_leader(group, Some(preferred)));
+    eventually(|| holds(group_leader(node(preferred)) == Some(preferred)));
+
+    // A hash slot, with a user in it, migrated to the other group.
+    let uid = Uid::new("operated-user").unwrap();
+    let user = User { uid: uid.clone(), name: "moved".into(), banned: false };
+    eventually(|| nodes[1].propose(Command::PutUser(user.clone())));
+    let slot = tidings::router::hash_slot(uid.as_str().as_bytes());
+    let from = nodes[1].routes().hash_to_slot().group_of(slot);
+    let to = if from == group { GroupId::new(2) } else { group };
+    eventually(|| nodes[1].migrate_slot(slot, to));
+    for via in &nodes {
+        eventually(|| holds(via.routes().hash_to_slot().group_of(slot) == to));
+    }
+    let read = eventually(|| nodes[2].authoritative_reader(RouteKey::Uid(uid.clone())));
+    assert_eq!(read.user(&uid).unwrap(), Some(user), "the user moved with its slot");
+
+    // A drain, recorded by every slot group, then stopped.
+    let draining = |via: &Node, group: GroupId| {
+        via.local_reader().group_intent(group).ok().flatten().is_some_and(|intent| intent.draining.contains(&ids[2]))
+    };
+    eventually(|| nodes[0].drain_node(ids[2], true));
+    for group in [GroupId::new(1), GroupId::new(2)] {
+        eventually(|| holds(draining(&nodes[0], group)));
+    }
+    eventually(|| nodes[0].drain_node(ids[2], false));
+    for group in [GroupId::new(1), GroupId::new(2)] {
+        eventually(|| holds(!draining(&nodes[0], group)));
+    }
+
+    // Calls that do not fit are refused with their reason, and change nothing.
+    let refusal = |result: Result<(), NodeError>| match result {
+        Err(NodeError::NotApplied(Outcome::Refused(refusal))) => refusal,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let moved = refusal(nodes[0].move_slot_replica(group, ids[0], ids[1]));
+    assert_eq!(moved, Refusal::GroupChange(GroupChangeError::AlreadyAVoter(ids[1])));
+    assert_eq!(refusal(nodes[0].abort_slot_move(group)), Refusal::GroupChange(GroupChangeError::NoMoveInProgress));
+    assert!(matches!(refusal(nodes[0].abort_slot_migration(slot)), Refusal::Migration(_)), "nothing to abort");
+    assert_eq!(nodes[0].routes().hash_to_slot().group_of(slot), to);
+}
