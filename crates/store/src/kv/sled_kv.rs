@@ -221,6 +221,25 @@ mod tests {
     }
 
     #[test]
+    fn an_open_waits_for_a_closing_database_s_lock_and_then_gives_up_with_the_lock_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = SledKv::open(dir.path(), 8 << 20).unwrap();
+        // Still held after the wait: the lock error, typed as IO.
+        match SledKv::open(dir.path(), 8 << 20) {
+            Err(StoreError::Io { source, .. }) => assert!(is_lock_conflict(&source), "{source}"),
+            other => panic!("a held database opened twice: {:?}", other.map(|_| ())),
+        }
+        // Let go while a second open waits: that open takes it.
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(SledKv::LOCK_WAIT / 4);
+            drop(held);
+        });
+        let kv = SledKv::open(dir.path(), 8 << 20).expect("the open waits for the lock");
+        closer.join().unwrap();
+        kv.sync().unwrap();
+    }
+
+    #[test]
     fn reopen_keeps_synced_data() {
         let dir = tempfile::tempdir().unwrap();
         {
