@@ -1,7 +1,7 @@
 //! Key layout of slot metadata inside a hash slot. Every key starts with a one-byte kind and is built from
 //! self-delimiting segments, so no key of one kind is a prefix of another's and scans by prefix are exact.
 
-use crate::model::Uid;
+use crate::model::{Uid, PLUGIN_NAME_BYTES_MAX};
 use tidings_types::{ChannelId, Seq};
 
 /// Kinds of metadata keys.
@@ -47,8 +47,11 @@ impl Key {
         self
     }
 
+    /// A length-prefixed text segment. Callers refuse longer text first: a longer one would be cut to
+    /// 255 bytes, and two texts alike in those would name the same key.
     pub(crate) fn text(mut self, text: &str) -> Self {
         let bytes = text.as_bytes();
+        debug_assert!(bytes.len() <= usize::from(u8::MAX), "text segment of {} bytes", bytes.len());
         let len = u8::try_from(bytes.len()).unwrap_or(u8::MAX);
         self.0.push(len);
         self.0.extend_from_slice(&bytes[..usize::from(len)]);
@@ -88,4 +91,10 @@ pub(crate) fn read_uid(bytes: &[u8]) -> Option<(Uid, &[u8])> {
     }
     let (uid, rest) = rest.split_at(len);
     Some((Uid::new(std::str::from_utf8(uid).ok()?)?, rest))
+}
+
+/// The key of `uid`'s binding of `plugin`; `None` for a name longer than [`PLUGIN_NAME_BYTES_MAX`],
+/// which no binding can have.
+pub(crate) fn plugin_key(uid: &Uid, plugin: &str) -> Option<Vec<u8>> {
+    (plugin.len() <= PLUGIN_NAME_BYTES_MAX).then(|| Key::new(Kind::Plugin).uid(uid).text(plugin).build())
 }

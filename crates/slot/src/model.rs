@@ -101,12 +101,16 @@ pub struct CmdBinding {
     pub ack_seq: Seq,
 }
 
+/// Longest plugin name, in bytes: the name is a length-prefixed segment of the binding's key. Commands
+/// naming a longer one are refused ([`Refusal::PluginNameTooLong`](crate::fsm::Refusal::PluginNameTooLong)).
+pub const PLUGIN_NAME_BYTES_MAX: usize = 255;
+
 /// A plugin bound to a user (e.g. a bot or an AI handler).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PluginBinding {
     /// The user.
     pub uid: Uid,
-    /// Plugin number (host-defined).
+    /// Plugin number (host-defined), at most [`PLUGIN_NAME_BYTES_MAX`] bytes.
     pub plugin: String,
 }
 

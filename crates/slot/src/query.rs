@@ -6,7 +6,7 @@
 //! reads nothing.
 
 use crate::command::{MemberList, RoutingKey};
-use crate::keys::{read_uid, Key, Kind};
+use crate::keys::{plugin_key, read_uid, Key, Kind};
 use crate::model::{
     ChannelInfo, CmdBinding, Device, GroupIntent, Membership, MessageEvent, MigrationTask, PluginBinding, SlotRecord,
     SlotState, Uid, User,
@@ -290,7 +290,10 @@ impl SlotReader {
 
     /// A plugin binding.
     pub fn plugin(&self, uid: &Uid, plugin: &str) -> StoreResult<Option<PluginBinding>> {
-        self.get(uid_slot(uid), Key::new(Kind::Plugin).uid(uid).text(plugin).build())
+        match plugin_key(uid, plugin) {
+            Some(key) => self.get(uid_slot(uid), key),
+            None => Ok(None),
+        }
     }
 
     /// The channel's recent message events, oldest first (bounded by the FSM).

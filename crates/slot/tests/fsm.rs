@@ -9,7 +9,7 @@ use tidings_slot::fsm::migration::seed_placements;
 use tidings_slot::fsm::{FsmLimits, Outcome, Refusal, SlotFsm};
 use tidings_slot::model::{
     ChannelFlags, ChannelInfo, CmdBinding, Device, Membership, MessageEvent, MigrationPhase, MigrationTask,
-    PluginBinding, SwitchProof, Uid, User,
+    PluginBinding, SwitchProof, Uid, User, PLUGIN_NAME_BYTES_MAX,
 };
 use tidings_slot::query::SlotReader;
 use tidings_store::kv::{Direction, KeyRange, KvPair};
@@ -323,6 +323,31 @@ fn an_invalid_runtime_meta_and_an_oversized_event_summary_are_refused() {
     assert!(reader.events(&room, 10).unwrap().is_empty());
     // A refusal is an outcome of the entry, which counts as applied like any other.
     assert_eq!(fsm.applied_index().unwrap(), 2);
+}
+
+/// A plugin name is a length-prefixed segment of its binding's key: a longer one is refused, never cut
+/// short to the name of another binding.
+#[test]
+fn plugin_names_longer_than_a_key_segment_are_refused_and_touch_no_other_binding() {
+    let (_, fsm, reader, table) = setup();
+    let bob = uid("bob");
+    let longest = "p".repeat(PLUGIN_NAME_BYTES_MAX);
+    let too_long = format!("{longest}x");
+    let kept = PluginBinding { uid: bob.clone(), plugin: longest.clone() };
+    let outcomes = apply(
+        &fsm,
+        &table,
+        1,
+        &[
+            Command::PutPluginBinding(kept.clone()),
+            Command::PutPluginBinding(PluginBinding { uid: bob.clone(), plugin: too_long.clone() }),
+            Command::RemovePluginBinding { uid: bob.clone(), plugin: too_long.clone() },
+        ],
+    );
+    let refused = Outcome::Refused(Refusal::PluginNameTooLong { len: too_long.len(), max: PLUGIN_NAME_BYTES_MAX });
+    assert_eq!(outcomes, vec![Outcome::Applied, refused.clone(), refused]);
+    assert_eq!(reader.plugin(&bob, &longest).unwrap(), Some(kept), "the refused removal left it");
+    assert_eq!(reader.plugin(&bob, &too_long).unwrap(), None, "no binding has a longer name");
 }
 
 #[test]

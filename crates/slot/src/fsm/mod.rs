@@ -11,8 +11,8 @@ mod intent;
 pub mod migration;
 
 use crate::command::{Command, CommandScope, DecodeError, MemberList};
-use crate::keys::{Key, Kind};
-use crate::model::{GroupIntent, SlotMigrationStep, SlotRecord, SlotState, SwitchProof, Uid};
+use crate::keys::{plugin_key, Key, Kind};
+use crate::model::{GroupIntent, SlotMigrationStep, SlotRecord, SlotState, SwitchProof, Uid, PLUGIN_NAME_BYTES_MAX};
 use intent::{change_intent, IntentChange};
 use migration::SlotMigrationError;
 use serde::{Deserialize, Serialize};
@@ -125,6 +125,15 @@ pub enum Refusal {
     /// A change of the group's membership intent that does not fit the intent or membership in force.
     #[error("group membership change refused: {0}")]
     GroupChange(GroupChangeError),
+    // New variants go last: refusals travel between nodes, whose versions differ during an upgrade.
+    /// A plugin name longer than [`PLUGIN_NAME_BYTES_MAX`](crate::model::PLUGIN_NAME_BYTES_MAX).
+    #[error("plugin name of {len} bytes exceeds {max}")]
+    PluginNameTooLong {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
 }
 
 /// Why a change of a slot group's membership intent was refused.
@@ -615,15 +624,20 @@ impl SlotFsm {
                 overlay.delete(space, Key::new(Kind::Task).channel(channel).u64(*id).build());
                 Outcome::Applied
             }
-            PutPluginBinding(binding) => {
-                let key = Key::new(Kind::Plugin).uid(&binding.uid).text(&binding.plugin).build();
-                overlay.put(space, key, binding);
-                Outcome::Applied
-            }
-            RemovePluginBinding { uid, plugin } => {
-                overlay.delete(space, Key::new(Kind::Plugin).uid(uid).text(plugin).build());
-                Outcome::Applied
-            }
+            PutPluginBinding(binding) => match plugin_key(&binding.uid, &binding.plugin) {
+                Some(key) => {
+                    overlay.put(space, key, binding);
+                    Outcome::Applied
+                }
+                None => plugin_name_too_long(&binding.plugin),
+            },
+            RemovePluginBinding { uid, plugin } => match plugin_key(uid, plugin) {
+                Some(key) => {
+                    overlay.delete(space, key);
+                    Outcome::Applied
+                }
+                None => plugin_name_too_long(plugin),
+            },
             AppendMessageEvent { channel, event } => {
                 if event.summary.len() > self.limits.event_summary_bytes_max {
                     let (len, max) = (event.summary.len(), self.limits.event_summary_bytes_max);
@@ -756,4 +770,9 @@ fn check_switch_proof(
         return Err(ProofError::LeaderNotMostAdvanced);
     }
     Ok(())
+}
+
+/// The refusal of a plugin binding command naming `plugin`, too long for a binding's key.
+fn plugin_name_too_long(plugin: &str) -> Outcome {
+    Outcome::Refused(Refusal::PluginNameTooLong { len: plugin.len(), max: PLUGIN_NAME_BYTES_MAX })
 }
