@@ -186,6 +186,9 @@ fn idempotent_retries_return_the_original_seq_even_after_failover() {
     cluster.run_for(100);
     let seqs = acked(&cluster, twice);
     assert_eq!(seqs[0], seqs[1]);
+    // One key on two payloads inside one request: refused whole, its new records with it.
+    let clash = cluster.append(node(1), &["new", "y", "z"], &[None, Some("carol:1"), Some("carol:1")]);
+    assert_eq!(clash, Err(AppendError::IdempotencyConflict));
     // Failover: the new leader knows the key from its own copy of the log.
     cluster.crash(node(1));
     let leader = cluster.failover(&[node(1)], None, None).unwrap();
@@ -193,7 +196,7 @@ fn idempotent_retries_return_the_original_seq_even_after_failover() {
     let after = cluster.append(leader, &["hello"], &[Some("alice:1")]).unwrap();
     cluster.run_for(300);
     assert_eq!(acked(&cluster, after), vec![seq]);
-    assert_eq!(cluster.committed_messages().len(), 2, "no duplicate record");
+    assert_eq!(cluster.committed_messages().len(), 2, "no duplicate record, nothing of the refused request");
 }
 
 #[test]
