@@ -791,6 +791,46 @@ mod tests {
     }
 
     #[test]
+    fn a_config_that_cannot_hold_its_own_batches_is_refused_at_open() {
+        let base = JournalConfig::default();
+        let batch = base.limits.batch_bytes_max;
+        let refused = [
+            JournalConfig { segment_bytes: batch as u64, ..base.clone() },
+            JournalConfig { mem_bytes_max: batch - 1, write_behind_bytes: 0, ..base.clone() },
+            JournalConfig { write_behind_bytes: base.mem_bytes_max + 1, ..base.clone() },
+            JournalConfig { pack_bytes_max: 0, ..base.clone() },
+            JournalConfig { write_behind_batch_channels: 0, ..base.clone() },
+            JournalConfig { write_behind_batch_bytes: 0, ..base.clone() },
+        ];
+        for config in refused {
+            let dir = tempfile::tempdir().unwrap();
+            let kv: Arc<dyn Kv> = Arc::new(MemoryKv::new());
+            let opened = JournalLog::open(dir.path(), Arc::clone(&kv), config.clone());
+            assert!(matches!(opened, Err(StoreError::BadConfig { .. })), "{config:?} opened");
+            assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "{config:?} wrote a file");
+        }
+    }
+
+    #[test]
+    fn a_bookkeeping_key_that_does_not_decode_refuses_the_open_as_corrupt_and_names_the_key() {
+        for key in [CHECKPOINT_KEY, FORMAT_KEY, OPENINGS_KEY] {
+            let (dir, kv, channel, log) = fresh();
+            log.commit(append(&channel, 1)).unwrap();
+            drop(log);
+            let mut batch = KvBatch::new();
+            batch.put(Keyspace::Journal, key.to_vec(), b"???");
+            kv.apply(batch).unwrap();
+            match JournalLog::open(dir.path(), Arc::clone(&kv), JournalConfig::default()) {
+                Err(StoreError::Corrupt { location: CorruptLocation::Kv { keyspace, key: named }, .. }) => {
+                    assert_eq!((keyspace, named.as_slice()), (Keyspace::Journal, key));
+                }
+                Err(other) => panic!("{}: {other}", String::from_utf8_lossy(key)),
+                Ok(_) => panic!("{}: a journal with that key garbled opened", String::from_utf8_lossy(key)),
+            }
+        }
+    }
+
+    #[test]
     fn a_released_channel_keeps_no_staging_tail_once_its_batches_are_applied() {
         let (_dir, _kv, channel, log) = fresh();
         log.stage(append(&channel, 1)).unwrap();
