@@ -229,6 +229,8 @@ fn an_evicted_channel_leaves_the_message_logs_memory_and_comes_back_from_sled() 
         Ok(())
     });
     assert!(node.message_log_stats().channels_dropped >= 1);
+    // Not in memory: the reader thread answers from the HW the store holds.
+    assert_eq!(node.latest(&ch).unwrap(), acked[2]);
     let read = node.read(&ch, Seq::new(1), 10).unwrap();
     let texts: Vec<&[u8]> = read.iter().filter(|r| acked.contains(&r.seq)).map(|r| r.payload.as_ref()).collect();
     assert_eq!(texts, [b"m0", b"m1", b"m2"]);
