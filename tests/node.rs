@@ -38,10 +38,23 @@ fn start_with_host(
     tweak: impl Fn(&mut NodeConfig),
     host: Option<Arc<dyn FanoutHost>>,
 ) -> Arc<Node> {
+    start_with_storage(id, ids, dir, mesh, tweak, |_| {}, host)
+}
+
+fn start_with_storage(
+    id: NodeId,
+    ids: &[NodeId],
+    dir: &std::path::Path,
+    mesh: &Arc<InProcessMesh>,
+    tweak: impl Fn(&mut NodeConfig),
+    tweak_storage: impl Fn(&mut StorageOptions),
+    host: Option<Arc<dyn FanoutHost>>,
+) -> Arc<Node> {
     let mut config = NodeConfig::new(id, ids.to_vec());
     config.slot_groups = 2;
     tweak(&mut config);
-    let storage = StorageOptions::new(dir.join(id.to_string()));
+    let mut storage = StorageOptions::new(dir.join(id.to_string()));
+    tweak_storage(&mut storage);
     let transport = mesh.transport(id);
     let node = Arc::new(
         match host {
@@ -1063,4 +1076,51 @@ fn operator_calls_on_real_nodes_reach_the_core_and_answer_with_their_outcome() {
     assert_eq!(refusal(nodes[0].abort_slot_move(group)), Refusal::GroupChange(GroupChangeError::NoMoveInProgress));
     assert!(matches!(refusal(nodes[0].abort_slot_migration(slot)), Refusal::Migration(_)), "nothing to abort");
     assert_eq!(nodes[0].routes().hash_to_slot().group_of(slot), to);
+}
+
+/// Worker queues of one place each (the durable workers' and the reader thread's): channel batches the
+/// durable queue has no room for wait in their reactors and are offered again (some hundreds of times a
+/// run), and every acknowledged append still reads back on every replica.
+#[test]
+fn appends_held_back_by_full_worker_queues_wait_in_their_reactors_and_none_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+    let tiny = |storage: &mut StorageOptions| {
+        storage.durable_queue_max = 1;
+        storage.read_queue_max = 1;
+    };
+    let nodes: Vec<Arc<Node>> =
+        ids.iter().map(|id| start_with_storage(*id, &ids, dir.path(), &mesh, |_| {}, tiny, None)).collect();
+    let channels: Vec<ChannelId> = (0..24).map(|i| channel(&format!("tiny-{i}"))).collect();
+    for ch in &channels {
+        eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    }
+    // Every channel's appends in flight at once, through every node, so batches meet full queues.
+    let rounds = 5;
+    let mut handles = Vec::new();
+    for round in 0..rounds {
+        for (i, ch) in channels.iter().enumerate() {
+            let text = format!("{i}-{round}");
+            let handle = eventually(|| nodes[(i + round) % 3].append(ch.clone(), record(&text)));
+            handles.push((ch.clone(), text, handle));
+        }
+    }
+    let mut acked: Vec<(ChannelId, Seq, String)> = Vec::new();
+    for (ch, text, handle) in handles {
+        let seq = match handle.wait() {
+            Ok(seqs) => seqs[0],
+            // Refused before it was admitted (a full channel queue): sent again, as a client would.
+            Err(_) => eventually(|| nodes[0].append(ch.clone(), record(&text))?.wait())[0],
+        };
+        acked.push((ch, seq, text));
+    }
+    for ch in &channels {
+        let mine: Vec<(Seq, String)> =
+            acked.iter().filter(|(c, _, _)| c == ch).map(|(_, seq, text)| (*seq, text.clone())).collect();
+        assert_eq!(mine.len(), rounds);
+        for node in &nodes {
+            reads_back_every_acked(node, ch, &mine);
+        }
+    }
 }

@@ -88,6 +88,15 @@ pub struct StorageOptions {
     /// round (the journal runs one sync at a time and lets staging go on meanwhile). A channel has at
     /// most one batch in flight, so its batches never overtake each other. Default 2.
     pub durable_workers: usize,
+    /// Channel batches waiting for the durable-append workers. A reactor whose batch the full queue does
+    /// not take keeps it and offers it again every millisecond (never blocking on the queue); the
+    /// channel's own pending appends fill meanwhile, and new ones get `Busy`. Default 16,384.
+    pub durable_queue_max: usize,
+    /// Jobs waiting for the reader thread: follower pulls the leader cannot answer from memory, API reads
+    /// of records not in memory, activations' loads and sender checks. Over it a pull is dropped (the
+    /// follower pulls again), an API read answers `NodeError::Overloaded`, and a load or a check waits
+    /// in its reactor, offered again every millisecond. Default 4,096.
+    pub read_queue_max: usize,
     /// Zero-fill the journal's spare segments before the node starts serving
     /// ([`JournalLog::fill_spares`]): its first segments then sync as fast as recycled ones (a fresh,
     /// preallocated segment's first writes make each `fdatasync` also commit file-system metadata).
@@ -104,6 +113,8 @@ impl StorageOptions {
             sled_cache_bytes: 64 << 20,
             journal: JournalConfig::default(),
             durable_workers: 2,
+            durable_queue_max: GROUP_COMMIT_MAX * 4,
+            read_queue_max: 4096,
             journal_spares_at_start: false,
         }
     }
@@ -196,8 +207,9 @@ impl Node {
         fanout: Arc<dyn FanoutHost>,
     ) -> Result<Node, NodeError> {
         config.validate().map_err(|what| NodeError::Storage(StoreError::BadConfig { what }))?;
-        if storage.durable_workers == 0 {
-            return Err(NodeError::Storage(StoreError::BadConfig { what: "durable_workers must be positive" }));
+        if storage.durable_workers == 0 || storage.durable_queue_max == 0 || storage.read_queue_max == 0 {
+            let what = "durable_workers, durable_queue_max and read_queue_max must be positive";
+            return Err(NodeError::Storage(StoreError::BadConfig { what }));
         }
         let clock = Clock { started: Instant::now() };
         let config = for_this_start(config);
@@ -215,8 +227,8 @@ impl Node {
         let shards = core.detach_shards();
         let (inbox, inputs) = bounded(INBOX_CAPACITY);
         let (sync_tx, sync_rx) = bounded::<u64>(1024);
-        let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(GROUP_COMMIT_MAX * 4);
-        let (read_tx, read_rx) = bounded::<ReadJob>(4096);
+        let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(storage.durable_queue_max);
+        let (read_tx, read_rx) = bounded::<ReadJob>(storage.read_queue_max);
         // The planner bounds its outstanding requests (plans in flight plus one page or locate per job).
         let (fanout_tx, fanout_rx) = bounded::<FanoutWork>(4096);
         let (mailboxes, mailbox_rx): (Vec<_>, Vec<_>) = shards.iter().map(|_| bounded(MAILBOX_CAPACITY)).unzip();
