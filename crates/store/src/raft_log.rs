@@ -353,18 +353,22 @@ impl RaftLogStore {
         let mut bytes = 0u64;
         for (key, value) in self.kv.scan(Keyspace::RaftEntry, &range, Direction::Forward, count)? {
             let entry = decode_entry(&key, &value)?;
-            if entry.index != low + entries.len() as u64 {
-                return Err(corrupt(Keyspace::RaftEntry, &key, "hole in the raft log"));
+            let expected = low + entries.len() as u64;
+            if entry.index != expected {
+                return Err(corrupt(Keyspace::RaftEntry, &entry_key(group, expected), "hole in the raft log"));
             }
             bytes += u64::from(entry.compute_size());
             // raft-rs's rule: always at least one entry, then stop before exceeding the limit.
             if !entries.is_empty() && max_size.is_some_and(|max| bytes > max) {
-                break;
+                return Ok(entries);
             }
             entries.push(entry);
         }
-        if entries.is_empty() && low < high {
-            return Err(corrupt(Keyspace::RaftEntry, &entry_key(group, low), "entry missing inside the log's range"));
+        // Not cut by the size limit: every entry of the range is there, or the log lost one (a short
+        // answer would read to raft as a size cut, and it would ask again for what never comes).
+        let next = low + entries.len() as u64;
+        if next < high {
+            return Err(corrupt(Keyspace::RaftEntry, &entry_key(group, next), "entry missing inside the log's range"));
         }
         Ok(entries)
     }

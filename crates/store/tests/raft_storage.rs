@@ -245,6 +245,36 @@ fn corrupt_entry_is_a_typed_error_not_data() {
     assert!(s.term(2).is_err());
 }
 
+/// Entries gone from inside the log's range — a hole, its tail, an entry raft asks the term of — are
+/// corruption, typed and naming the missing key; never a shorter answer raft would take for a size cut.
+#[test]
+fn entries_missing_inside_the_log_s_range_are_corruption_naming_the_first_missing() {
+    for (missing, low, high) in [(3u64, 1u64, 6u64), (5, 1, 6), (5, 5, 6)] {
+        let kv = Arc::new(MemoryKv::new());
+        let store = Arc::new(RaftLogStore::open(kv.clone()).unwrap());
+        store.create_group(G1, conf(&[1])).unwrap();
+        let mut batch = RaftLogBatch::new();
+        batch.append(G1, (1..=6).map(|i| entry(i, 1)).collect());
+        store.write(batch).unwrap();
+        let key = [&G1.get().to_be_bytes()[..], &missing.to_be_bytes()].concat();
+        let mut delete = tidings_store::KvBatch::new();
+        delete.delete(tidings_store::Keyspace::RaftEntry, key.clone());
+        kv.apply(delete).unwrap();
+        let s = store.group(G1).unwrap();
+        let err = s.entries(low, high, None, ctx()).unwrap_err();
+        let raft::Error::Store(StorageError::Other(inner)) = err else { panic!("{missing}: unexpected {err:?}") };
+        match inner.downcast_ref::<StoreError>() {
+            Some(StoreError::Corrupt { location: tidings_store::CorruptLocation::Kv { key: named, .. }, .. }) => {
+                assert_eq!(named, &key, "entry {missing} of {low}..{high}");
+            }
+            other => panic!("entry {missing} of {low}..{high}: {other:?}"),
+        }
+        assert!(s.term(missing).is_err(), "the term of missing entry {missing}");
+        // A range short of the missing entry reads whole.
+        assert_eq!(s.entries(1, missing, None, ctx()).unwrap().len() as u64, missing - 1);
+    }
+}
+
 /// Model of one group's log: entries by index, truncation marker, hard state.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Model {
