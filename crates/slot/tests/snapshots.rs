@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tidings_router::HashToSlot;
 use tidings_slot::raft::{MultiRaft, MultiRaftConfig, SlotBody, SlotEffect, SlotMessage};
 use tidings_store::{Kv, MemoryKv, MetaStore, RaftLogStore};
-use tidings_types::{GroupId, NodeId, Time};
+use tidings_types::{GroupId, HashSlot, NodeId, Time};
 
 const GROUP: GroupId = GroupId::new(1);
 
@@ -42,22 +42,28 @@ fn deliver(driver: &mut MultiRaft, message: Message) -> Vec<Message> {
 
 #[test]
 fn a_snapshot_whose_data_does_not_decode_is_refused_and_changes_nothing() {
-    let mut driver = member();
-    let before = (driver.applied_index(GROUP), driver.status(GROUP).map(|s| s.commit));
-    let refused = driver.refused_messages();
-    let mut message = Message::default();
-    message.set_msg_type(MessageType::MsgSnapshot);
-    (message.from, message.to, message.term) = (1, 2, 9);
-    let snapshot = message.mut_snapshot();
-    (snapshot.mut_metadata().index, snapshot.mut_metadata().term) = (50, 8);
-    snapshot.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
-    snapshot.data = vec![0xff; 64].into();
+    // Garbage; and a snapshot's layout (its configuration epoch, then its entries: slot, key, value)
+    // holding a channel runtime meta (its key starts with `r`) whose value is garbage.
+    let garbled_meta =
+        postcard::to_allocvec(&(0u64, vec![(Some(HashSlot::new(0).unwrap()), b"r1".to_vec(), vec![0xff; 9])]));
+    for data in [vec![0xff; 64], garbled_meta.unwrap()] {
+        let mut driver = member();
+        let before = (driver.applied_index(GROUP), driver.status(GROUP).map(|s| s.commit));
+        let refused = driver.refused_messages();
+        let mut message = Message::default();
+        message.set_msg_type(MessageType::MsgSnapshot);
+        (message.from, message.to, message.term) = (1, 2, 9);
+        let snapshot = message.mut_snapshot();
+        (snapshot.mut_metadata().index, snapshot.mut_metadata().term) = (50, 8);
+        snapshot.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
+        snapshot.data = data.into();
 
-    let sent = deliver(&mut driver, message);
-    assert_eq!(driver.refused_messages(), refused + 1, "refused at the door");
-    assert_eq!((driver.applied_index(GROUP), driver.status(GROUP).map(|s| s.commit)), before, "nothing applied");
-    assert!(!driver.storage_failed(), "the replica goes on");
-    assert!(!sent.iter().any(|m| m.get_msg_type() == MessageType::MsgAppendResponse && m.index >= 50), "{sent:?}");
+        let sent = deliver(&mut driver, message);
+        assert_eq!(driver.refused_messages(), refused + 1, "refused at the door");
+        assert_eq!((driver.applied_index(GROUP), driver.status(GROUP).map(|s| s.commit)), before, "nothing applied");
+        assert!(!driver.storage_failed(), "the replica goes on");
+        assert!(!sent.iter().any(|m| m.get_msg_type() == MessageType::MsgAppendResponse && m.index >= 50), "{sent:?}");
+    }
 }
 
 /// Node 1's driver at start `boot_id`, cutting every raft message into chunks of at most 8 bytes.

@@ -68,9 +68,23 @@ impl SnapshotSource for SlotSnapshots {
     }
 }
 
-/// `true` if `data` decodes as a slot-group snapshot's data (what [`install`] needs).
+/// `true` if `data` decodes as a slot-group snapshot's data, the runtime metas in it included:
+/// everything [`install`] decodes.
 pub(crate) fn decodes(data: &[u8]) -> bool {
-    postcard::from_bytes::<SnapshotData>(data).is_ok()
+    parse(data).is_ok()
+}
+
+/// A received snapshot's data and the channel runtime metas it holds, decoded.
+fn parse(data: &[u8]) -> Result<(SnapshotData, Vec<ChannelRuntimeMeta>), InstallError> {
+    let data: SnapshotData = postcard::from_bytes(data).map_err(|_| InstallError::Malformed)?;
+    let meta_prefix = Key::new(Kind::RuntimeMeta).build();
+    let metas = data
+        .entries
+        .iter()
+        .filter(|(slot, key, _)| slot.is_some() && key.starts_with(&meta_prefix))
+        .map(|(_, _, value)| postcard::from_bytes(value).map_err(|_| InstallError::Malformed))
+        .collect::<Result<_, _>>()?;
+    Ok((data, metas))
 }
 
 /// What installing a snapshot changed besides the data.
@@ -87,20 +101,13 @@ pub(crate) struct Installed {
 /// Writes a received snapshot's data over everything the node held of the group, with its applied index,
 /// configuration epoch and the slot placements its records imply, atomically.
 pub(crate) fn install(meta: &MetaStore, group: GroupId, index: u64, data: &[u8]) -> Result<Installed, InstallError> {
-    let data: SnapshotData = postcard::from_bytes(data).map_err(|_| InstallError::Malformed)?;
+    let (data, metas) = parse(data)?;
     let mut batch = MetaWriteBatch::new();
     batch.clear_group(group);
     let mut placements = Vec::new();
-    let mut metas = Vec::new();
-    let meta_prefix = Key::new(Kind::RuntimeMeta).build();
     for (slot, key, value) in data.entries {
         let space = match slot {
-            Some(slot) => {
-                if key.starts_with(&meta_prefix) {
-                    metas.push(postcard::from_bytes(&value).map_err(|_| InstallError::Malformed)?);
-                }
-                MetaSpace::slot(group, slot)
-            }
+            Some(slot) => MetaSpace::slot(group, slot),
             None => {
                 placements.extend(crate::fsm::migration::placement_in_record(group, &key, &value));
                 MetaSpace::group_records(group)
