@@ -144,6 +144,12 @@ pub struct NodeStatus {
     /// Channel replicas being activated: their storage reads handed off (at most 1,024 per shard) or
     /// queued, with the inputs that wait for them.
     pub channels_loading: usize,
+    /// Replicas this node leads, out of memory, filed to start at the next eviction scans (one a second,
+    /// up to a minute) once they find a place: a leadership given to this node while it had no room, or
+    /// a leader that left memory with only fanout to do (`fanning_out_leaders_evicted`). Each one's
+    /// barrier, its followers' wake-up and the fanout of what it or its predecessor left wait for its
+    /// start. Staying above zero: busier channels than places (raise `active_channels_max`).
+    pub leaderships_to_start: usize,
     /// Activations given up because their load was not answered within 30 s since start (their
     /// waiting appends got `Busy`).
     pub loads_given_up: u64,
@@ -195,6 +201,7 @@ impl NodeStatus {
         self.storage_failures += shard.counters.storage_failures;
         self.channel_metas_held += shard.metas_held;
         self.channels_loading += shard.loading;
+        self.leaderships_to_start += shard.leaderships_to_start;
         self.loads_given_up += shard.counters.loads_given_up;
         self.fanout_skipped += shard.counters.fanout_skipped;
         self.stray_logs_forgotten += shard.counters.stray_logs_forgotten;
@@ -238,6 +245,7 @@ impl NodeCore {
             slot_storage_failed: self.slot.storage_failed(),
             channel_metas_held: 0,
             channels_loading: 0,
+            leaderships_to_start: 0,
             loads_given_up: 0,
             fanout_pages_abandoned: self.fanout_pages_abandoned,
             fanout_planned_again: self.fanout_planned_again,

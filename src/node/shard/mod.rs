@@ -282,6 +282,8 @@ pub(crate) struct ShardStatus {
     pub(crate) metas_held: usize,
     /// Replicas waiting for their activation's load.
     pub(crate) loading: usize,
+    /// Leaderships filed to start at the eviction scans (see `NodeStatus::leaderships_to_start`).
+    pub(crate) leaderships_to_start: usize,
 }
 
 /// Who waits for a call (an append, a retention move) the local machine admitted.
@@ -540,6 +542,7 @@ impl ChannelShard {
             counters: self.counters,
             metas_held: self.metas.len(),
             loading: self.loading.len(),
+            leaderships_to_start: self.leaderships_to_start(),
         }
     }
 

@@ -87,6 +87,15 @@ impl ChannelShard {
         self.active_max.max(RETRIES_MIN)
     }
 
+    /// Entries of the file for replicas this shard knows to be their channel's leader, out of memory:
+    /// leaderships waiting for a place to start.
+    pub(super) fn leaderships_to_start(&self) -> usize {
+        self.to_activate
+            .keys()
+            .filter(|channel| !self.channels.contains(*channel) && self.named_leader(channel))
+            .count()
+    }
+
     /// `true` if the meta this shard knows for `channel` names this node its leader.
     pub(super) fn named_leader(&self, channel: &ChannelId) -> bool {
         self.metas.get(channel).is_some_and(|known| known.meta.leader == self.config.node)

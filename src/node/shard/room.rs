@@ -499,6 +499,7 @@ mod tests {
         assert!(shard.channels.contains(&fanning[1]), "one that saw no message through keeps its place");
         assert!(outputs.iter().any(|o| matches!(o, ShardOutput::FanoutHandedOver(c) if *c == fanning[0])));
         assert!(shard.to_activate.contains_key(&fanning[0]), "filed to come back");
+        assert_eq!(shard.status(None, 0).leaderships_to_start, 1, "a leadership waiting to start");
         assert_eq!(shard.counters.fanning_out_leaders_evicted, 1);
     }
 

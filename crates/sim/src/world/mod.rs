@@ -592,6 +592,7 @@ impl World {
                     || self.oracle.unanswered() > 0
                     || !self.slot_replicas_agree()
                     || self.channel_tasks_running()
+                    || self.leaderships_to_start() > 0
                     || !self.drains_left().1.is_empty()
                     || !self.surplus_left().is_empty()
                     || !self.stray_logs_left().is_empty());
@@ -608,6 +609,12 @@ impl World {
     /// The cores of the nodes running now.
     fn running_cores(&self) -> impl Iterator<Item = &NodeCore> {
         self.nodes.values().filter_map(|n| n.core.as_ref())
+    }
+
+    /// Leaderships the live nodes filed to start once they find a place: a leader that left memory
+    /// fanning out plans that fanout again only then.
+    fn leaderships_to_start(&self) -> usize {
+        self.running_cores().map(|c| c.status().leaderships_to_start).sum()
     }
 
     /// Committed messages the live nodes' fanout has not finished.
