@@ -90,10 +90,7 @@ impl ChannelShard {
     /// Entries of the file for replicas this shard knows to be their channel's leader, out of memory:
     /// leaderships waiting for a place to start.
     pub(super) fn leaderships_to_start(&self) -> usize {
-        self.to_activate
-            .keys()
-            .filter(|channel| !self.channels.contains(*channel) && self.named_leader(channel))
-            .count()
+        self.to_activate.keys().filter(|channel| !self.channels.contains(channel) && self.named_leader(channel)).count()
     }
 
     /// `true` if the meta this shard knows for `channel` names this node its leader.
