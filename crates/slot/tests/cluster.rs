@@ -11,7 +11,9 @@ use tidings_slot::command::Command;
 use tidings_slot::fsm::Outcome;
 use tidings_slot::model::{Uid, User};
 use tidings_slot::query::SlotReader;
-use tidings_slot::raft::{MultiRaft, MultiRaftConfig, ProposalId, ProposeError, ReadId, SlotEffect, SlotMessage};
+use tidings_slot::raft::{
+    MembershipChange, MultiRaft, MultiRaftConfig, ProposalId, ProposeError, ReadId, SlotEffect, SlotMessage,
+};
 use tidings_store::{Kv, MemoryKv, MetaStore, RaftLogStore};
 use tidings_types::{ChannelId, ChannelRuntimeMeta, ChannelType, DetRng, Epoch, GroupId, NodeId, Time};
 
@@ -470,6 +472,44 @@ fn whole_cluster_restart_keeps_every_acknowledged_write() {
             assert!(reader.user(&uid).unwrap().is_some(), "node {n} lost r{i}");
         }
     }
+}
+
+/// Each bound of the driver answers with its own typed error, and what it refused changes nothing:
+/// a proposal over `proposal_bytes_max`, one past `pending_proposals_max`, a read past
+/// `pending_reads_max`, and a membership change on a follower (with the leader's hint).
+#[test]
+fn proposals_reads_and_changes_past_their_bounds_are_refused_typed_and_change_nothing() {
+    let (mut cluster, group, leader, follower) = one_group_of_three();
+    let max = config(leader).proposal_bytes_max;
+    let huge = put_user("huge", &"x".repeat(max));
+    assert!(matches!(cluster.propose(leader, huge), Err(ProposeError::TooLarge { max: m, .. }) if m == max));
+
+    let pending_max = config(leader).pending_proposals_max;
+    let now = cluster.now;
+    for i in 0..pending_max {
+        cluster.driver(leader).propose(now, &put_user(&format!("p{i}"), "v")).unwrap();
+    }
+    let past = cluster.driver(leader).propose(now, &put_user("one-too-many", "v"));
+    assert_eq!(past, Err(ProposeError::Busy { group }));
+    let reads_max = config(leader).pending_reads_max;
+    for _ in 0..reads_max {
+        cluster.driver(leader).read_index(now, group).unwrap();
+    }
+    assert_eq!(cluster.driver(leader).read_index(now, group), Err(ProposeError::Busy { group }));
+
+    let learner = MembershipChange::AddLearner(NodeId::new(9));
+    let on_follower = cluster.driver(follower).change_membership(now, group, &learner);
+    assert_eq!(on_follower, Err(ProposeError::NotLeader { group, hint: Some(leader) }));
+
+    cluster.drain(leader);
+    cluster.run_for(3_000);
+    let reader = cluster.reader(leader);
+    assert!(reader.user(&Uid::new(format!("p{}", pending_max - 1)).unwrap()).unwrap().is_some(), "taken ones apply");
+    for refused in ["huge", "one-too-many"] {
+        assert_eq!(reader.user(&Uid::new(refused).unwrap()).unwrap(), None, "{refused}");
+    }
+    let members = cluster.driver(leader).status(group).unwrap();
+    assert_eq!((members.voters.len(), members.learners.len()), (3, 0), "no membership change");
 }
 
 #[test]
