@@ -167,7 +167,9 @@ pub struct NodeStatus {
     pub fanout_skipped: u64,
     /// Committed messages this node's fanout has not finished: waiting for the planner, being paged, or
     /// waiting for their deliveries to end. It grows when fanout lags the commits (slow subscriber
-    /// pages, a slow host); the oldest committed message waits behind all of them.
+    /// pages, a slow host); the oldest committed message waits behind all of them. A leader that left
+    /// memory fanning out takes its unfinished messages with it: they count here again once its next
+    /// incarnation starts (until then it is one of [`NodeStatus::leaderships_to_start`]).
     pub fanout_backlog: usize,
     /// Logs of channel replicas moved off this node (a replacement, a drain, a surplus removal) that
     /// the stray-log sweep forgot, giving their space back (`NodeConfig::stray_logs`).
