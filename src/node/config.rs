@@ -283,6 +283,36 @@ mod tests {
         assert!(none.validate().is_err());
     }
 
+    /// Each rule refuses the configuration that breaks it, with the rule's own message, and the default
+    /// passes them all.
+    #[test]
+    fn each_rule_refuses_the_configuration_that_breaks_it_with_its_own_reason() {
+        let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
+        let base = NodeConfig::new(ids[0], ids.clone());
+        assert_eq!(base.validate(), Ok(()));
+        let broken: [(fn(&mut NodeConfig), &str); 11] = [
+            (|c| c.node = NodeId::new(9), "this node is not among the cluster's nodes"),
+            (|c| c.nodes.push(NodeId::new(0)), "node id 0 is reserved"),
+            (|c| c.founders.push(NodeId::new(0)), "node id 0 is reserved"),
+            (|c| c.slot_replicas = 0, "slot_replicas must be between 1 and the number of founders"),
+            (|c| c.channel_replicas = 4, "channel_replicas must be between 1 and the number of nodes"),
+            (|c| c.channel_min_isr = 4, "channel_min_isr must be between 1 and channel_replicas"),
+            (|c| c.channel_min_isr = 0, "channel_min_isr must be between 1 and channel_replicas"),
+            (
+                |c| c.waiting_appends_max = 0,
+                "active_channels_max, waiting_appends_max and frame_bytes_max must be positive",
+            ),
+            (|c| c.read_bytes_max = 0, "read_records_max and read_bytes_max must be positive"),
+            (|c| c.slot_groups = 0, "slot_groups must be between 1 and 256"),
+            (|c| c.slot_groups = 257, "slot_groups must be between 1 and 256"),
+        ];
+        for (breaks, reason) in broken {
+            let mut config = base.clone();
+            breaks(&mut config);
+            assert_eq!(config.validate(), Err(reason));
+        }
+    }
+
     #[test]
     fn reactors_default_to_the_runtime_choice_and_are_bounded() {
         let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
