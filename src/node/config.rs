@@ -290,7 +290,8 @@ mod tests {
         let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
         let base = NodeConfig::new(ids[0], ids.clone());
         assert_eq!(base.validate(), Ok(()));
-        let broken: [(fn(&mut NodeConfig), &str); 11] = [
+        type Breaks = fn(&mut NodeConfig);
+        let broken: [(Breaks, &str); 11] = [
             (|c| c.node = NodeId::new(9), "this node is not among the cluster's nodes"),
             (|c| c.nodes.push(NodeId::new(0)), "node id 0 is reserved"),
             (|c| c.founders.push(NodeId::new(0)), "node id 0 is reserved"),
