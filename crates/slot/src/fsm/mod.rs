@@ -126,7 +126,7 @@ pub enum Refusal {
     #[error("group membership change refused: {0}")]
     GroupChange(GroupChangeError),
     // New variants go last: refusals travel between nodes, whose versions differ during an upgrade.
-    /// A plugin name longer than [`PLUGIN_NAME_BYTES_MAX`](crate::model::PLUGIN_NAME_BYTES_MAX).
+    /// A plugin name longer than [`PLUGIN_NAME_BYTES_MAX`].
     #[error("plugin name of {len} bytes exceeds {max}")]
     PluginNameTooLong {
         /// Its length.
