@@ -120,6 +120,14 @@ fn wait_hw_checkpointed(node: &Node, ch: &ChannelId, seq: Seq) {
     });
 }
 
+/// The status of `ch`'s leading replica among `nodes`, once one leads (within the `eventually` deadline).
+fn leader_status(nodes: &[Arc<Node>], ch: &ChannelId) -> tidings::node::ChannelStatus {
+    eventually(|| {
+        let statuses = nodes.iter().filter_map(|n| n.channel_status(ch).ok().flatten());
+        statuses.into_iter().find(|s| s.role == tidings::channel::machine::RoleKind::Leader).ok_or(NodeError::Stopped)
+    })
+}
+
 fn record(text: &str) -> Vec<AppendRecord> {
     vec![AppendRecord { idempotency_key: None, payload: Bytes::from(text.to_owned()) }]
 }
@@ -932,10 +940,7 @@ fn a_replica_moved_off_a_real_node_has_its_log_forgotten_there_and_nothing_is_lo
         let text = format!("m{i}");
         acked.push((eventually(|| nodes[0].append(ch.clone(), record(&text))?.wait())[0], text));
     }
-    let leading = eventually(|| {
-        let statuses = nodes.iter().filter_map(|n| n.channel_status(&ch).ok().flatten());
-        statuses.into_iter().find(|s| s.role == tidings::channel::machine::RoleKind::Leader).ok_or(NodeError::Stopped)
-    });
+    let leading = leader_status(&nodes, &ch);
     let from = *leading.isr.iter().find(|n| **n != leading.leader).unwrap();
     let spare = *ids.iter().find(|n| !leading.isr.contains(n)).unwrap();
     let report = eventually(|| node(leading.leader).replace_replica(ch.clone(), from, spare));
@@ -1018,10 +1023,7 @@ fn operator_calls_on_real_nodes_reach_the_core_and_answer_with_their_outcome() {
     let first = eventually(|| nodes[0].append(ch.clone(), record("before"))?.wait())[0];
 
     // A channel's leadership, to another ISR member.
-    let leading = eventually(|| {
-        let statuses = nodes.iter().filter_map(|n| n.channel_status(&ch).ok().flatten());
-        statuses.into_iter().find(|s| s.role == tidings::channel::machine::RoleKind::Leader).ok_or(NodeError::Stopped)
-    });
+    let leading = leader_status(&nodes, &ch);
     let target = *leading.isr.iter().find(|n| **n != leading.leader).unwrap();
     let report = eventually(|| node(leading.leader).transfer_leader(ch.clone(), target));
     assert_eq!(report.kind, TaskKind::Transfer { target });
