@@ -664,6 +664,33 @@ fn enter_joint_replacing(cluster: &mut Cluster, group: GroupId, leader: NodeId, 
     run_until(cluster, 5_000, "the joint configuration", |c| c.driver(leader).status(group).unwrap().joint);
 }
 
+/// A leader never proposes the change that takes its own vote (raft-rs would not step it down): the
+/// joint configuration that removes it is left by a leader that stays, once leadership moved there.
+#[test]
+fn a_leader_refuses_to_leave_the_joint_configuration_that_removes_it_until_leadership_moved() {
+    use tidings_slot::raft::MembershipChange;
+    let mut cluster = Cluster::new(7, 4, 1, 3);
+    cluster.run_for(3_000);
+    let group = GroupId::new(1);
+    let (leader, to) = (cluster.leader_of(group).unwrap(), NodeId::new(1));
+    assert!(!cluster.members(group).contains(&to));
+    enter_joint_replacing(&mut cluster, group, leader, leader, to);
+    let now = cluster.now;
+    let leave = cluster.driver(leader).change_membership(now, group, &MembershipChange::LeaveJoint);
+    assert_eq!(leave, Err(ProposeError::LeaderWouldLeave { group }));
+    cluster.run_for(1_000);
+    assert!(cluster.driver(leader).status(group).unwrap().joint, "still joint");
+    let now = cluster.now;
+    assert!(cluster.driver(leader).transfer_leader(now, group, to));
+    cluster.drain(leader);
+    run_until(&mut cluster, 5_000, "the new leader", |c| c.leader_of(group) == Some(to));
+    let now = cluster.now;
+    cluster.driver(to).change_membership(now, group, &MembershipChange::LeaveJoint).unwrap();
+    cluster.drain(to);
+    run_until(&mut cluster, 5_000, "the joint configuration left", |c| !c.driver(to).status(group).unwrap().joint);
+    assert!(!cluster.driver(to).status(group).unwrap().voters.contains(&leader), "the old leader left");
+}
+
 /// Moves `group`'s voter `from` to `to` under `leader`: a learner that catches up, the joint
 /// configuration, and its end.
 fn replace_voter(cluster: &mut Cluster, group: GroupId, leader: NodeId, from: NodeId, to: NodeId) {
