@@ -27,21 +27,11 @@ fn start(
     mesh: &Arc<InProcessMesh>,
     tweak: impl Fn(&mut NodeConfig),
 ) -> Arc<Node> {
-    start_with_host(id, ids, dir, mesh, tweak, None)
+    start_with(id, ids, dir, mesh, tweak, |_| {}, None)
 }
 
-fn start_with_host(
-    id: NodeId,
-    ids: &[NodeId],
-    dir: &std::path::Path,
-    mesh: &Arc<InProcessMesh>,
-    tweak: impl Fn(&mut NodeConfig),
-    host: Option<Arc<dyn FanoutHost>>,
-) -> Arc<Node> {
-    start_with_storage(id, ids, dir, mesh, tweak, |_| {}, host)
-}
-
-fn start_with_storage(
+/// [`start`] with the storage options tweaked too, and fanout through `host` if one is given.
+fn start_with(
     id: NodeId,
     ids: &[NodeId],
     dir: &std::path::Path,
@@ -630,7 +620,7 @@ fn committed_messages_fan_out_once_to_online_allowed_subscribers_and_senders_are
     let host = Arc::new(RecordingHost::default());
     let nodes: Vec<Arc<Node>> = ids
         .iter()
-        .map(|id| start_with_host(*id, &ids, dir.path(), &mesh, |_| {}, Some(host.clone() as Arc<dyn FanoutHost>)))
+        .map(|id| start_with(*id, &ids, dir.path(), &mesh, |_| {}, |_| {}, Some(host.clone() as Arc<dyn FanoutHost>)))
         .collect();
     let ch = channel("fanout");
     eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
@@ -728,7 +718,7 @@ fn a_message_whose_leader_crashed_before_its_fanout_ended_reaches_every_subscrib
     let mut nodes: Vec<Option<Arc<Node>>> = ids
         .iter()
         .zip(&hosts)
-        .map(|(id, host)| Some(start_with_host(*id, &ids, dir.path(), &mesh, |_| {}, Some(host.clone() as _))))
+        .map(|(id, host)| Some(start_with(*id, &ids, dir.path(), &mesh, |_| {}, |_| {}, Some(host.clone() as _))))
         .collect();
     let node = |nodes: &[Option<Arc<Node>>], i: usize| nodes[i].clone().expect("running");
     let ch = channel("stuck-fanout");
@@ -816,7 +806,7 @@ fn five_real_nodes_fan_out_and_check_senders_across_slot_groups() {
     let tweak = |config: &mut NodeConfig| config.slot_replicas = 3;
     let nodes: Vec<Arc<Node>> = ids
         .iter()
-        .map(|id| start_with_host(*id, &ids, dir.path(), &mesh, tweak, Some(host.clone() as Arc<dyn FanoutHost>)))
+        .map(|id| start_with(*id, &ids, dir.path(), &mesh, tweak, |_| {}, Some(host.clone() as Arc<dyn FanoutHost>)))
         .collect();
     let config = NodeConfig { slot_groups: 2, slot_replicas: 3, ..NodeConfig::new(ids[0], ids.clone()) };
     let members = config.slot_group_members();
@@ -1093,7 +1083,7 @@ fn appends_held_back_by_full_worker_queues_wait_in_their_reactors_and_none_is_lo
         storage.read_queue_max = 1;
     };
     let nodes: Vec<Arc<Node>> =
-        ids.iter().map(|id| start_with_storage(*id, &ids, dir.path(), &mesh, |_| {}, tiny, None)).collect();
+        ids.iter().map(|id| start_with(*id, &ids, dir.path(), &mesh, |_| {}, tiny, None)).collect();
     let channels: Vec<ChannelId> = (0..24).map(|i| channel(&format!("tiny-{i}"))).collect();
     for ch in &channels {
         eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
