@@ -177,11 +177,6 @@ impl World {
             .collect()
     }
 
-    /// Whether a running node's controller has a channel task in flight.
-    pub(super) fn channel_tasks_running(&self) -> bool {
-        self.running_cores().any(|core| !core.status().tasks.is_empty())
-    }
-
     /// After healing, no running node holds the log of a channel whose newest meta does not name it: the
     /// stray-log sweep forgot the logs of replicas moved away (`tidings::node::StrayLogConfig`; a pass a
     /// second here). A replica moved away while its node was down is found once the node is back.

@@ -365,6 +365,19 @@ pub struct World {
     removal_restarts_end: Time,
 }
 
+/// Work the live nodes have in flight, summed over them: what the settle wait waits for besides the
+/// cluster-wide checks.
+#[derive(Default)]
+struct WorkInFlight {
+    /// Committed messages whose fanout has not finished.
+    fanout_backlog: usize,
+    /// Channel tasks (failovers, transfers, replacements) their controllers run: a leadership changing.
+    channel_tasks: usize,
+    /// Leaderships filed to start once they find a place: a leader that left memory fanning out plans
+    /// that fanout again only then.
+    leaderships_to_start: usize,
+}
+
 impl World {
     /// A cluster for `params`, not started.
     pub fn new(params: SimParams) -> World {
@@ -583,7 +596,8 @@ impl World {
     fn settle(&mut self) {
         let (mut settled_ms, mut backlog_low, mut stalled_ms) = (0, usize::MAX, 0);
         loop {
-            let backlog = self.fanout_backlog();
+            let work = self.work_in_flight();
+            let backlog = work.fanout_backlog;
             if backlog < backlog_low {
                 (backlog_low, stalled_ms) = (backlog, 0);
             }
@@ -591,8 +605,8 @@ impl World {
                 && (backlog > 0
                     || self.oracle.unanswered() > 0
                     || !self.slot_replicas_agree()
-                    || self.channel_tasks_running()
-                    || self.leaderships_to_start() > 0
+                    || work.channel_tasks > 0
+                    || work.leaderships_to_start > 0
                     || !self.drains_left().1.is_empty()
                     || !self.surplus_left().is_empty()
                     || !self.stray_logs_left().is_empty());
@@ -611,15 +625,15 @@ impl World {
         self.nodes.values().filter_map(|n| n.core.as_ref())
     }
 
-    /// Leaderships the live nodes filed to start once they find a place: a leader that left memory
-    /// fanning out plans that fanout again only then.
-    fn leaderships_to_start(&self) -> usize {
-        self.running_cores().map(|c| c.status().leaderships_to_start).sum()
-    }
-
-    /// Committed messages the live nodes' fanout has not finished.
-    fn fanout_backlog(&self) -> usize {
-        self.running_cores().map(|c| c.status().fanout_backlog).sum()
+    /// What the live nodes still have in flight, from one status of each.
+    fn work_in_flight(&self) -> WorkInFlight {
+        let mut work = WorkInFlight::default();
+        for status in self.running_cores().map(NodeCore::status) {
+            work.fanout_backlog += status.fanout_backlog;
+            work.channel_tasks += status.tasks.len();
+            work.leaderships_to_start += status.leaderships_to_start;
+        }
+        work
     }
 
     fn api(&mut self) -> ApiId {
