@@ -109,7 +109,21 @@ pub struct NodeConfig {
     /// replica is built on its reactor while its channels wait: listing 100,000 at once would stall
     /// them for tens of milliseconds. Default 1,000.
     pub status_channels_max: usize,
+    /// Capacity of the threaded runtime's core-thread inbox (peers' slot and node frames, metadata and
+    /// operator calls, what the reactors hand the core). Full: inbound frames are dropped and counted
+    /// (`Node::dropped_frames`; raft and the other protocols resend) and API calls get
+    /// `NodeError::Overloaded`. Between 1 and [`QUEUE_CAPACITY_MAX`]; the runtime sets the whole ring
+    /// aside at start. Default 65,536.
+    pub inbox_max: usize,
+    /// Capacity of each reactor's mailbox (API appends, reads and `latest`, peers' channel messages,
+    /// the core's inputs for the shard). Full: peers' channel messages are dropped and counted, API
+    /// calls get `NodeError::Overloaded`, and the core's inputs wait on the core thread and are offered
+    /// again. Between 1 and [`QUEUE_CAPACITY_MAX`]. Default 65,536.
+    pub mailbox_max: usize,
 }
+
+/// Largest `NodeConfig::inbox_max` and `mailbox_max`: 16 Mi places.
+pub const QUEUE_CAPACITY_MAX: usize = 1 << 24;
 
 impl NodeConfig {
     /// A configuration for `node` in a cluster of `nodes`, with defaults: 8 slot groups of up to 3
@@ -139,6 +153,8 @@ impl NodeConfig {
             stray_logs: StrayLogConfig::default(),
             reactors: 0,
             status_channels_max: 1000,
+            inbox_max: 65_536,
+            mailbox_max: 65_536,
             founders: nodes.clone(),
             join_existing: false,
             nodes,
@@ -170,6 +186,10 @@ impl NodeConfig {
         }
         if self.read_records_max == 0 || self.read_bytes_max == 0 {
             return Err("read_records_max and read_bytes_max must be positive");
+        }
+        if !(1..=QUEUE_CAPACITY_MAX).contains(&self.inbox_max) || !(1..=QUEUE_CAPACITY_MAX).contains(&self.mailbox_max)
+        {
+            return Err("inbox_max and mailbox_max must be between 1 and 16,777,216");
         }
         if self.reactors > super::shard::SHARDS_MAX {
             return Err("reactors must be at most 256");
@@ -291,7 +311,7 @@ mod tests {
         let base = NodeConfig::new(ids[0], ids.clone());
         assert_eq!(base.validate(), Ok(()));
         type Breaks = fn(&mut NodeConfig);
-        let broken: [(Breaks, &str); 11] = [
+        let broken: [(Breaks, &str); 14] = [
             (|c| c.node = NodeId::new(9), "this node is not among the cluster's nodes"),
             (|c| c.nodes.push(NodeId::new(0)), "node id 0 is reserved"),
             (|c| c.founders.push(NodeId::new(0)), "node id 0 is reserved"),
@@ -306,6 +326,9 @@ mod tests {
             (|c| c.read_bytes_max = 0, "read_records_max and read_bytes_max must be positive"),
             (|c| c.slot_groups = 0, "slot_groups must be between 1 and 256"),
             (|c| c.slot_groups = 257, "slot_groups must be between 1 and 256"),
+            (|c| c.inbox_max = 0, "inbox_max and mailbox_max must be between 1 and 16,777,216"),
+            (|c| c.mailbox_max = 0, "inbox_max and mailbox_max must be between 1 and 16,777,216"),
+            (|c| c.mailbox_max = QUEUE_CAPACITY_MAX + 1, "inbox_max and mailbox_max must be between 1 and 16,777,216"),
         ];
         for (breaks, reason) in broken {
             let mut config = base.clone();

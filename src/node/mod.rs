@@ -15,7 +15,7 @@ pub(crate) use self::core::first_in_order;
 pub use self::core::{
     ApiId, ApiResult, ChannelStatus, LogPage, LogsListed, NodeCore, NodeEffect, NodeStatus, StrayLogConfig,
 };
-pub use config::NodeConfig;
+pub use config::{NodeConfig, QUEUE_CAPACITY_MAX};
 pub use controller::{
     ControllerConfig, DrainReport, EvidenceEntry, EvidenceReport, HandOffReport, MembershipStep, MigrationPhase,
     Reconcile, SlotMigrationReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus,

@@ -1,6 +1,10 @@
 //! The core thread: owns the `NodeCore` (slot groups, controller, routing, fanout), takes peer frames,
 //! metadata calls and what the reactors hand it, carries out its effects, and passes the inputs of each
 //! channel shard on to that shard's reactor.
+//!
+//! The IO workers answer it on a channel of their own ([`WorkerAnswer`]), never through the bounded
+//! inbox: the core waits (bounded) for room in the slot-sync and fanout queues, and a worker that
+//! waited in turn for room in an inbox that peers' frames keep full would close a cycle that stops both.
 
 use super::calls::{Calls, Io, Reply};
 use super::reactor::ReactorInput;
@@ -10,7 +14,7 @@ use crate::node::shard::{ShardInput, ShardOutput};
 use crate::node::FanoutWork;
 use crate::node::{FanoutAnswer, LogsListed, NodeCore, NodeEffect, NodeStatus};
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{select, Receiver, Sender, TrySendError};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,8 +23,6 @@ use tidings_slot::command::{Command, RoutingKey};
 use tidings_slot::model::ChannelInfo;
 use tidings_types::{ChannelId, GroupId, HashSlot, NodeId};
 
-/// Capacity of the core thread's inbox. Full: inbound frames are dropped, API calls get `Overloaded`.
-pub(super) const INBOX_CAPACITY: usize = 65_536;
 /// Most inputs the core thread takes before it carries out effects.
 const INPUTS_PER_STEP: usize = 1024;
 /// How soon shard inputs a full mailbox did not take are offered again.
@@ -36,16 +38,22 @@ pub(super) enum Input {
     Call { call: Call, reply: Reply },
     /// The node's status (without its shards' part).
     Status { reply: Sender<NodeStatus> },
+    /// What a reactor's shard asks of the core.
+    FromShard(Vec<ShardOutput>),
+    /// The node stops.
+    Stop,
+}
+
+/// What an IO worker answers the core thread. The channel is unbounded and bounded by the work: each
+/// answer is for one piece of work the core handed out through a bounded queue (slot syncs, fanout
+/// work, the reader's jobs), and the core takes every waiting answer before its next inputs.
+pub(super) enum WorkerAnswer {
     /// The slot stores are durable through this sync token.
     SlotsSynced { token: u64 },
     /// A fanout worker's answer.
     Fanout(FanoutAnswer),
     /// The reader thread listed a page of the stray-log sweep.
     LogsListed(LogsListed),
-    /// What a reactor's shard asks of the core.
-    FromShard(Vec<ShardOutput>),
-    /// The node stops.
-    Stop,
 }
 
 /// A call the core thread runs.
@@ -83,26 +91,35 @@ pub(super) struct Shell {
 }
 
 impl Shell {
-    pub(super) fn run(&mut self, inputs: &Receiver<Input>) {
+    pub(super) fn run(&mut self, inputs: &Receiver<Input>, answers: &Receiver<WorkerAnswer>) {
         loop {
             let now = self.clock.now().as_millis();
             let due = self.core.poll_timeout().as_millis().saturating_sub(now).min(100);
             let parked = self.parked.iter().any(|queue| !queue.is_empty());
             let wait = if parked { RETRY } else { Duration::from_millis(due) };
-            match inputs.recv_timeout(wait) {
-                Ok(Input::Stop) | Err(RecvTimeoutError::Disconnected) => return,
-                Ok(input) => {
-                    self.handle(input);
-                    // Take whatever else is queued before carrying out effects: bigger batches.
-                    for _ in 0..INPUTS_PER_STEP {
-                        match inputs.try_recv() {
-                            Ok(Input::Stop) => return,
-                            Ok(input) => self.handle(input),
-                            Err(_) => break,
-                        }
+            select! {
+                recv(answers) -> answer => {
+                    if let Ok(answer) = answer {
+                        self.answered(answer);
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => {}
+                recv(inputs) -> input => match input {
+                    Ok(Input::Stop) | Err(_) => return,
+                    Ok(input) => self.handle(input),
+                },
+                default(wait) => {}
+            }
+            // Every waiting answer, then whatever else is queued before carrying out effects: bigger
+            // batches.
+            for answer in answers.try_iter() {
+                self.answered(answer);
+            }
+            for _ in 0..INPUTS_PER_STEP {
+                match inputs.try_recv() {
+                    Ok(Input::Stop) => return,
+                    Ok(input) => self.handle(input),
+                    Err(_) => break,
+                }
             }
             // Drained first: the timeout is then cheap to ask.
             let busy_since = Instant::now();
@@ -157,9 +174,6 @@ impl Shell {
             Input::Status { reply } => {
                 let _ = reply.send(self.core.status());
             }
-            Input::SlotsSynced { token } => self.core.handle_slots_synced(now, token),
-            Input::Fanout(answer) => self.core.handle_fanout(now, answer),
-            Input::LogsListed(listed) => self.core.handle_logs_listed(now, listed),
             Input::FromShard(outputs) => {
                 for output in outputs {
                     self.core.handle_shard_output(now, output);
@@ -169,11 +183,21 @@ impl Shell {
         }
     }
 
+    fn answered(&mut self, answer: WorkerAnswer) {
+        let now = self.clock.now();
+        match answer {
+            WorkerAnswer::SlotsSynced { token } => self.core.handle_slots_synced(now, token),
+            WorkerAnswer::Fanout(answer) => self.core.handle_fanout(now, answer),
+            WorkerAnswer::LogsListed(listed) => self.core.handle_logs_listed(now, listed),
+        }
+    }
+
     fn carry_out(&mut self) {
         while let Some(effect) = self.core.poll_effect() {
             match self.io.carry_out(effect, &mut self.calls) {
                 None => {}
-                // Bounded wait when the worker is behind: never an unbounded queue.
+                // Bounded wait when the worker is behind: never an unbounded queue. (The workers never
+                // wait on this thread, so the wait ends.)
                 Some(NodeEffect::SyncSlots { token }) => drop(self.sync_tx.send(token)),
                 // Bounded wait when the fanout worker is behind (the planner bounds what it asks for).
                 Some(NodeEffect::Fanout(work)) => drop(self.fanout_tx.send(work)),

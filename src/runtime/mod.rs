@@ -17,8 +17,12 @@
 //! Writes and syncs never run on the core or a reactor thread. Reads do, where the answer is needed at
 //! once: a channel's activation (its log state and recent records), `Node::read`, a sender check against
 //! the local slot replica, and a meta looked up there; they mostly hit sled's and the journal's caches.
-//! Every queue is bounded: a full inbox or mailbox drops inbound frames (the protocols resend) and
-//! refuses API calls with `Overloaded`.
+//! Every queue is bounded: a full inbox or mailbox (`NodeConfig::inbox_max`, `mailbox_max`) drops
+//! inbound frames (the protocols resend) and refuses API calls with `Overloaded`. No thread waits on
+//! another that may wait on it: the core and the reactors offer each other what does not fit again
+//! later, and the workers answer on queues the work they were given bounds (the reactors' completions,
+//! the core's worker answers), so the core's bounded waits for room in the slot-sync and fanout
+//! queues always end.
 #![allow(clippy::disallowed_methods)] // The runtime shell is where the clock is read.
 
 mod calls;
@@ -36,11 +40,11 @@ use crate::node::{
 };
 use bytes::Bytes;
 use calls::{Calls, Io, Reply};
-use core_thread::{Call, Input, Shell, INBOX_CAPACITY};
+use core_thread::{Call, Input, Shell};
 use crossbeam_channel::{bounded, unbounded, RecvTimeoutError, Sender, TrySendError};
 use handle::Completer;
 pub use handle::{AppendHandle, Pending};
-use reactor::{Reactor, ReactorInput, MAILBOX_CAPACITY};
+use reactor::{Reactor, ReactorInput};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -221,25 +225,27 @@ impl Node {
         let (cluster, nodes) = (config.cluster, config.nodes.clone());
         let limits = FrameLimits { frame_bytes_max: config.frame_bytes_max };
         let status_channels_max = config.status_channels_max;
+        let (inbox_max, mailbox_max) = (config.inbox_max, config.mailbox_max);
         let mut core =
             NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), Arc::clone(&router), clock.now())?;
         let gate = FrameGate { cluster, nodes, limits, storages: core.known_storages() };
         let shards = core.detach_shards();
-        let (inbox, inputs) = bounded(INBOX_CAPACITY);
+        let (inbox, inputs) = bounded(inbox_max);
+        let (answer_tx, answers) = unbounded();
         let (sync_tx, sync_rx) = bounded::<u64>(1024);
         let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(storage.durable_queue_max);
         let (read_tx, read_rx) = bounded::<ReadJob>(storage.read_queue_max);
         // The planner bounds its outstanding requests (plans in flight plus one page or locate per job).
         let (fanout_tx, fanout_rx) = bounded::<FanoutWork>(4096);
-        let (mailboxes, mailbox_rx): (Vec<_>, Vec<_>) = shards.iter().map(|_| bounded(MAILBOX_CAPACITY)).unzip();
+        let (mailboxes, mailbox_rx): (Vec<_>, Vec<_>) = shards.iter().map(|_| bounded(mailbox_max)).unzip();
         let (completion_tx, completion_rx): (Vec<_>, Vec<_>) = shards.iter().map(|_| unbounded()).unzip();
         let completions = Completions::new(completion_tx);
         let io = Io { transport, persist_tx, read_tx };
         let dropped_frames = Arc::new(AtomicU64::new(0));
         let mut threads = Vec::new();
         threads.push(spawn("tidings-slot-sync", {
-            let (kv, inbox) = (kv.clone(), inbox.clone());
-            move || slot_sync_worker(&kv, &sync_rx, &inbox)
+            let (kv, answer_tx) = (kv.clone(), answer_tx.clone());
+            move || slot_sync_worker(&kv, &sync_rx, &answer_tx)
         }));
         for _ in 0..storage.durable_workers {
             threads.push(spawn("tidings-durable", {
@@ -248,13 +254,13 @@ impl Node {
             }));
         }
         threads.push(spawn("tidings-reader", {
-            let (log, completions, inbox) = (log.clone(), completions.clone(), inbox.clone());
+            let (log, completions, answer_tx) = (log.clone(), completions.clone(), answer_tx.clone());
             let reader = SlotReader::new(MetaStore::new(kv.clone()));
-            move || reader_worker(log.as_ref(), &reader, &read_rx, &completions, &inbox)
+            move || reader_worker(log.as_ref(), &reader, &read_rx, &completions, &answer_tx)
         }));
         threads.push(spawn("tidings-fanout", {
-            let (reader, inbox) = (SlotReader::new(MetaStore::new(kv.clone())), inbox.clone());
-            move || fanout_worker(&reader, fanout.as_ref(), &fanout_rx, &inbox)
+            let reader = SlotReader::new(MetaStore::new(kv.clone()));
+            move || fanout_worker(&reader, fanout.as_ref(), &fanout_rx, &answer_tx)
         }));
         for ((shard, mailbox), completions) in shards.into_iter().zip(mailbox_rx).zip(completion_rx) {
             let mut reactor = Reactor {
@@ -280,7 +286,7 @@ impl Node {
                 reactors: mailboxes.clone(),
                 dropped_frames: Arc::clone(&dropped_frames),
             };
-            move || shell.run(&inputs)
+            move || shell.run(&inputs, &answers)
         }));
         Ok(Node {
             id,

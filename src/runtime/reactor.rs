@@ -24,8 +24,6 @@ use tidings_store::message::Record;
 use tidings_store::StoreError;
 use tidings_types::{ChannelId, NodeId, Seq};
 
-/// Capacity of a reactor's mailbox. Full: API calls get `Overloaded`, peer channel messages are dropped.
-pub(super) const MAILBOX_CAPACITY: usize = 65_536;
 /// Most inputs a reactor takes before it drains the shard's outputs.
 const INPUTS_PER_STEP: usize = 1024;
 /// How soon outputs the core thread had no room for are offered again.

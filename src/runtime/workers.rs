@@ -1,7 +1,7 @@
 //! The runtime's IO workers: durable appends (group commit across channels), pull reads, the slot
 //! stores' sync, and fanout's host calls. Storage IO runs here, never on the core or a reactor thread.
 
-use super::core_thread::Input;
+use super::core_thread::WorkerAnswer;
 use super::handle::Completer;
 use super::reactor::Completion;
 use super::{GROUP_COMMIT_MAX, ROOM_PATIENCE};
@@ -72,24 +72,24 @@ pub(super) fn fanout_worker(
     reader: &SlotReader,
     host: &dyn FanoutHost,
     work: &Receiver<FanoutWork>,
-    inbox: &Sender<Input>,
+    core: &Sender<WorkerAnswer>,
 ) {
     while let Ok(item) = work.recv() {
         if let Some(answer) = carry_out_fanout(reader, host, item) {
-            if inbox.send(Input::Fanout(answer)).is_err() {
+            if core.send(WorkerAnswer::Fanout(answer)).is_err() {
                 return;
             }
         }
     }
 }
 
-pub(super) fn slot_sync_worker(kv: &Arc<dyn Kv>, tokens: &Receiver<u64>, inbox: &Sender<Input>) {
+pub(super) fn slot_sync_worker(kv: &Arc<dyn Kv>, tokens: &Receiver<u64>, core: &Sender<WorkerAnswer>) {
     while let Ok(first) = tokens.recv() {
         // One fsync covers every sync asked for meanwhile.
         let token = tokens.try_iter().fold(first, u64::max);
         match kv.sync() {
             Ok(()) => {
-                if inbox.send(Input::SlotsSynced { token }).is_err() {
+                if core.send(WorkerAnswer::SlotsSynced { token }).is_err() {
                     return;
                 }
             }
@@ -158,7 +158,7 @@ pub(super) fn reader_worker(
     reader: &SlotReader,
     reads: &Receiver<ReadJob>,
     completions: &Completions,
-    core: &Sender<Input>,
+    core: &Sender<WorkerAnswer>,
 ) {
     while let Ok(job) = reads.recv() {
         match job {
@@ -178,7 +178,7 @@ pub(super) fn reader_worker(
                 let _ = reactor.send(Completion::Answers(answers));
             }
             ReadJob::Logs(page) => {
-                let _ = core.send(Input::LogsListed(page.carry_out(log, reader)));
+                let _ = core.send(WorkerAnswer::LogsListed(page.carry_out(log, reader)));
             }
         }
     }
