@@ -183,3 +183,124 @@ pub(super) fn reader_worker(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::unbounded;
+    use std::time::Duration;
+    use tidings_store::message::{ChannelLogState, IdempotencyKey, IdempotentHit, LogFailOp, LogOp, MemoryLog, Staged};
+    use tidings_store::StoreResult;
+    use tidings_types::{ChannelType, LeaderEpoch};
+
+    fn channel(name: &str) -> ChannelId {
+        ChannelId::new(ChannelType::GROUP, name).expect("channel id")
+    }
+
+    /// A durable append of one record, seq 1, to `name`.
+    fn job(name: &str, id: u64) -> (PersistToken, LogBatch) {
+        let record = Record::message(Seq::new(1), LeaderEpoch::new(1), name.as_bytes().to_vec());
+        let token = PersistToken { incarnation: 1, generation: 1, id };
+        (token, LogBatch::new(channel(name), vec![LogOp::Append(vec![record])]))
+    }
+
+    /// Runs a durable worker over `jobs`, all queued before it starts (so one round, one group commit),
+    /// until the closed queue ends it; returns what it reported, in order.
+    fn one_round(
+        log: &dyn MessageLog,
+        jobs: Vec<(PersistToken, LogBatch)>,
+    ) -> Vec<(ChannelId, Result<(), StoreError>)> {
+        let (queue, taken) = unbounded();
+        for job in jobs {
+            queue.send(job).expect("queue open");
+        }
+        drop(queue);
+        let (reactor, completions) = unbounded();
+        durable_worker(log, &taken, &Completions::new(vec![reactor]));
+        completions
+            .try_iter()
+            .flat_map(|completion| match completion {
+                Completion::Persisted(outcomes) => outcomes.into_iter().map(|(ch, _, result)| (ch, result)),
+                _ => panic!("a durable worker reports only persisted outcomes"),
+            })
+            .collect()
+    }
+
+    fn last_seq(log: &dyn MessageLog, name: &str) -> Seq {
+        log.state(&channel(name)).expect("state").last_seq
+    }
+
+    fn io_failure(result: &Result<(), StoreError>) -> bool {
+        matches!(result, Err(StoreError::Io { .. }))
+    }
+
+    #[test]
+    fn a_failed_sync_fails_every_batch_of_its_round_and_the_next_round_is_durable() {
+        let log = MemoryLog::new(Default::default());
+        log.fail(LogFailOp::Sync, 0, 1);
+        let failed = one_round(&log, vec![job("a", 1), job("b", 2), job("c", 3)]);
+        assert_eq!(failed.len(), 3, "every batch gets an outcome");
+        assert!(failed.iter().all(|(_, result)| io_failure(result)), "{failed:?}");
+        assert!(["a", "b", "c"].iter().all(|name| last_seq(&log, name) == Seq::new(0)), "nothing failed is kept");
+        let durable = one_round(&log, vec![job("a", 4), job("d", 5)]);
+        assert!(durable.iter().all(|(_, result)| result.is_ok()), "{durable:?}");
+        assert_eq!((last_seq(&log, "a"), last_seq(&log, "d")), (Seq::new(1), Seq::new(1)));
+    }
+
+    #[test]
+    fn a_batch_refused_at_staging_fails_alone_and_the_rest_of_the_round_is_durable() {
+        let log = MemoryLog::new(Default::default());
+        log.fail(LogFailOp::Stage, 1, 1);
+        let outcomes = one_round(&log, vec![job("a", 1), job("b", 2), job("c", 3)]);
+        let failed: Vec<&ChannelId> = outcomes.iter().filter(|(_, r)| io_failure(r)).map(|(ch, _)| ch).collect();
+        assert_eq!(failed, [&channel("b")], "{outcomes:?}");
+        assert_eq!(outcomes.len(), 3);
+        assert_eq!(
+            (last_seq(&log, "a"), last_seq(&log, "b"), last_seq(&log, "c")),
+            (Seq::new(1), Seq::new(0), Seq::new(1))
+        );
+    }
+
+    /// A log whose memory table never has room: write-behind cannot write at all.
+    struct NoRoom(MemoryLog);
+
+    impl MessageLog for NoRoom {
+        fn stage(&self, batch: LogBatch) -> StoreResult<Staged> {
+            self.0.stage(batch)
+        }
+        fn sync(&self) -> StoreResult<usize> {
+            self.0.sync()
+        }
+        fn fate(&self, receipt: Staged) -> BatchFate {
+            self.0.fate(receipt)
+        }
+        fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>> {
+            self.0.read(channel, from, through, limits)
+        }
+        fn state(&self, channel: &ChannelId) -> StoreResult<ChannelLogState> {
+            self.0.state(channel)
+        }
+        fn idempotent(&self, channel: &ChannelId, key: &IdempotencyKey) -> StoreResult<Option<IdempotentHit>> {
+            self.0.idempotent(channel, key)
+        }
+        fn release_caches(&self, channel: &ChannelId) {
+            self.0.release_caches(channel);
+        }
+        fn logs_after(&self, after: Option<&ChannelId>, limit: usize) -> StoreResult<Vec<ChannelId>> {
+            self.0.logs_after(after, limit)
+        }
+        fn wait_for_room(&self, patience: Duration) -> StoreResult<()> {
+            assert_eq!(patience, ROOM_PATIENCE);
+            Err(StoreError::Busy { bytes: 64 << 20, limit: 64 << 20 })
+        }
+    }
+
+    #[test]
+    fn batches_that_find_no_room_fail_busy_and_nothing_of_them_is_staged() {
+        let log = NoRoom(MemoryLog::new(Default::default()));
+        let outcomes = one_round(&log, vec![job("a", 1), job("b", 2)]);
+        assert_eq!(outcomes.len(), 2);
+        assert!(outcomes.iter().all(|(_, result)| matches!(result, Err(StoreError::Busy { .. }))), "{outcomes:?}");
+        assert_eq!((last_seq(&log, "a"), last_seq(&log, "b")), (Seq::new(0), Seq::new(0)));
+    }
+}
