@@ -11,7 +11,7 @@ mod message;
 mod rendezvous;
 pub(crate) mod shard;
 
-pub(crate) use self::core::first_in_order;
+pub(crate) use self::core::{fanout_work_max, first_in_order};
 pub use self::core::{
     ApiId, ApiResult, ChannelStatus, LogPage, LogsListed, NodeCore, NodeEffect, NodeStatus, StrayLogConfig,
 };

@@ -199,7 +199,7 @@ impl Shell {
                 // Bounded wait when the worker is behind: never an unbounded queue. (The workers never
                 // wait on this thread, so the wait ends.)
                 Some(NodeEffect::SyncSlots { token }) => drop(self.sync_tx.send(token)),
-                // Bounded wait when the fanout worker is behind (the planner bounds what it asks for).
+                // The queue has room for all the work the core may have handed out (`fanout_work_max`).
                 Some(NodeEffect::Fanout(work)) => drop(self.fanout_tx.send(work)),
                 // A page the reader's full queue does not take is asked again later (the sweep's
                 // patience): never a wait on this thread.

@@ -36,7 +36,8 @@ use crate::node::identity::KnownStorages;
 use crate::node::shard::{shard_of, ShardStatus};
 use crate::node::FanoutWork;
 use crate::node::{
-    ApiResult, ChannelStatus, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeError, NodeStatus, TaskReport,
+    fanout_work_max, ApiResult, ChannelStatus, FanoutHost, NoFanout, NodeConfig, NodeCore, NodeError, NodeStatus,
+    TaskReport, QUEUE_CAPACITY_MAX,
 };
 use bytes::Bytes;
 use calls::{Calls, Io, Reply};
@@ -226,6 +227,9 @@ impl Node {
         let limits = FrameLimits { frame_bytes_max: config.frame_bytes_max };
         let status_channels_max = config.status_channels_max;
         let (inbox_max, mailbox_max) = (config.inbox_max, config.mailbox_max);
+        // Room for all the work the core may have handed out, so the core's wait for room in the fanout
+        // queue (see `core_thread`) never comes but with fanout limits configured past 16 Mi.
+        let fanout_queue_max = fanout_work_max(&config.fanout).min(QUEUE_CAPACITY_MAX);
         let mut core =
             NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), Arc::clone(&router), clock.now())?;
         let gate = FrameGate { cluster, nodes, limits, storages: core.known_storages() };
@@ -235,8 +239,7 @@ impl Node {
         let (sync_tx, sync_rx) = bounded::<u64>(1024);
         let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(storage.durable_queue_max);
         let (read_tx, read_rx) = bounded::<ReadJob>(storage.read_queue_max);
-        // The planner bounds its outstanding requests (plans in flight plus one page or locate per job).
-        let (fanout_tx, fanout_rx) = bounded::<FanoutWork>(4096);
+        let (fanout_tx, fanout_rx) = bounded::<FanoutWork>(fanout_queue_max);
         let (mailboxes, mailbox_rx): (Vec<_>, Vec<_>) = shards.iter().map(|_| bounded(mailbox_max)).unzip();
         let (completion_tx, completion_rx): (Vec<_>, Vec<_>) = shards.iter().map(|_| unbounded()).unzip();
         let completions = Completions::new(completion_tx);

@@ -48,6 +48,14 @@ pub struct FanoutConfig {
     pub attempts_max: u32,
 }
 
+impl FanoutConfig {
+    /// Most requests a planner has outstanding at once: a delivery plan per place in flight, and a page
+    /// or a presence lookup per active job.
+    pub fn requests_max(&self) -> usize {
+        self.plans_in_flight_max.saturating_add(self.jobs_active_max.max(1))
+    }
+}
+
 impl Default for FanoutConfig {
     fn default() -> Self {
         Self {
@@ -438,6 +446,73 @@ mod tests {
             seq: Seq::new(seq),
             sender: Some("u0".into()),
         }
+    }
+
+    /// What a planner asked for and got no answer to yet.
+    #[derive(Debug)]
+    enum Asked {
+        Page(JobId, usize),
+        Locate(JobId, usize),
+        Deliver(u64),
+    }
+
+    /// Answers in a scrambled order (pages of two, the last after three; every member online, on one of
+    /// three nodes; a third of the deliveries refused): what the planner asks for and has no answer to is
+    /// never more than `requests_max`, which the runtime sizes its fanout queue by.
+    #[test]
+    fn outstanding_requests_never_exceed_requests_max() {
+        let config = FanoutConfig {
+            page_size: 2,
+            plan_members_max: 1,
+            plans_in_flight_max: 3,
+            jobs_active_max: 2,
+            ..FanoutConfig::default()
+        };
+        let mut planner = FanoutPlanner::new(config);
+        for (i, name) in ["g", "h", "k", "m", "n", "p"].iter().enumerate() {
+            for seq in 1..=3 {
+                let message = MessageRef { channel: ChannelId::new(ChannelType::GROUP, name).unwrap(), ..message(seq) };
+                let person = (i % 3 == 0).then(|| [format!("{name}-a"), format!("{name}-b")]);
+                planner.submit(message, person).unwrap();
+            }
+        }
+        let (mut asked, mut most, mut state, mut finished) = (Vec::new(), 0, 7_u64, 0);
+        loop {
+            while let Some(effect) = planner.poll_effect() {
+                match effect {
+                    FanoutEffect::FetchPage { job, cursor, .. } => {
+                        let page = cursor.map_or(0, |c| usize::from(c[0]));
+                        asked.push(Asked::Page(job, page));
+                    }
+                    FanoutEffect::Locate { job, uids } => asked.push(Asked::Locate(job, uids.len())),
+                    FanoutEffect::Deliver(plan) => asked.push(Asked::Deliver(plan.id)),
+                    FanoutEffect::Failed(_) => {}
+                    FanoutEffect::Finished { .. } => finished += 1,
+                }
+            }
+            most = most.max(asked.len());
+            assert!(asked.len() <= config.requests_max(), "{} outstanding: {asked:?}", asked.len());
+            if asked.is_empty() {
+                break;
+            }
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let pick = usize::try_from(state >> 33).unwrap() % asked.len();
+            match asked.swap_remove(pick) {
+                Asked::Page(job, page) => {
+                    let member =
+                        |k: usize| Member { uid: format!("u{page}-{k}"), left: false, hidden: false, denied: false };
+                    let next = (page < 2).then(|| vec![u8::try_from(page + 1).unwrap()]);
+                    planner.handle_page(job, vec![member(0), member(1)], next);
+                }
+                Asked::Locate(job, count) => {
+                    let targets = (0..count).map(|k| Some(Target { node: NodeId::new(1 + (k % 3) as u64) })).collect();
+                    planner.handle_located(job, targets);
+                }
+                Asked::Deliver(id) => planner.handle_delivered(id, state % 3 != 0),
+            }
+        }
+        assert_eq!((finished, planner.jobs_open()), (18, 0), "every message's fanout ends");
+        assert_eq!(most, config.requests_max(), "the bound is reached, so the check can fail");
     }
 
     #[test]

@@ -43,6 +43,17 @@ pub(crate) use status::first_in_order;
 pub use status::{ChannelStatus, NodeStatus};
 pub use stray_logs::{LogPage, LogsListed, StrayLogConfig};
 
+/// Most [`NodeEffect::Fanout`] work a core with `fanout` has handed out and not seen answered: its
+/// planner's outstanding requests, the subscriber pages it serves its peers, and a failed plan's report
+/// per place in flight (those have no answer). A runtime whose fanout queue holds this many never makes
+/// the core wait for room in it.
+pub(crate) fn fanout_work_max(fanout: &tidings_channel::fanout::FanoutConfig) -> usize {
+    fanout
+        .requests_max()
+        .saturating_add(fanout.plans_in_flight_max)
+        .saturating_add(remote_reads::PEER_PAGES_SERVING_MAX)
+}
+
 /// Identifies an API call; chosen by the runtime, echoed in [`NodeEffect::Done`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ApiId(pub u64);
