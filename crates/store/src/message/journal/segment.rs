@@ -668,6 +668,43 @@ mod tests {
         assert_eq!(seen[4], b"after");
     }
 
+    /// A bad frame in the middle of the journal, with whole segments after it: everything from it on is
+    /// cut, the later segments' files too (their frames follow a gap and can never be replayed), and new
+    /// frames follow the last good one.
+    #[test]
+    fn a_bad_frame_cuts_every_later_segment_and_new_frames_follow_the_last_good_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = open(dir.path(), Position::ORIGIN, &mut Vec::new());
+        let mut third_end = None;
+        for i in 0..100u32 {
+            let mut body = i.to_le_bytes().to_vec();
+            body.resize(100, 7);
+            journal.append(&body).unwrap();
+            if i == 2 {
+                third_end = Some(journal.position());
+            }
+        }
+        journal.sync().unwrap();
+        assert!(journal.segment_count() > 2, "100 frames of 116 bytes fill several 4 KiB segments");
+        drop(journal);
+        let third_end = third_end.unwrap();
+        assert_eq!(third_end.segment, 1, "the fourth frame is in the first segment");
+        let file = OpenOptions::new().write(true).open(segment_path(dir.path(), 1)).unwrap();
+        file.write_all_at(b"X", third_end.offset + FRAME_HEADER_BYTES + 50).unwrap();
+        drop(file);
+        let mut seen = Vec::new();
+        let mut journal = open(dir.path(), Position::ORIGIN, &mut seen);
+        assert_eq!(seen.len(), 3, "replay stops at the bad frame");
+        assert_eq!(journal.segment_count(), 1, "the later segments are gone from the journal");
+        assert_eq!(list_segments(dir.path()).unwrap().len(), 1, "and from the disk");
+        journal.append(b"after").unwrap();
+        journal.sync().unwrap();
+        drop(journal);
+        let seen = replayed(dir.path(), Position::ORIGIN);
+        assert_eq!(seen.len(), 4);
+        assert_eq!(seen[3], b"after");
+    }
+
     #[test]
     fn frames_appended_while_a_sync_job_writes_follow_its_frames() {
         let dir = tempfile::tempdir().unwrap();
