@@ -257,6 +257,32 @@ mod tests {
         assert!(floor_writes(&outputs).is_empty());
     }
 
+    /// Past `floors_max` the shard forgets the floors of replicas not in memory (a load reads them again
+    /// from the log) and keeps those of active ones; a floor never goes down.
+    #[test]
+    fn floors_past_the_bound_are_forgotten_for_replicas_not_in_memory_first() {
+        let mut config = NodeConfig::new(ME, vec![ME, PEER]);
+        config.active_channels_max = 8;
+        let (mut shard, log) = shard_over_memory_log(config);
+        shard.handle(Time::ZERO, ShardInput::Meta { meta: meta(3, ME, 2, false), stored_here: true });
+        carry_out_loads_and_floors(&mut shard, &log);
+        assert!(shard.channels.contains(&room()), "active");
+        shard.floor_known(&room(), 3);
+        shard.floor_known(&room(), 2);
+        assert_eq!(shard.known_floor(&room()), 3, "never lowered");
+        let idle = |i: usize| ChannelId::new(ChannelType::GROUP, &format!("idle-{i}")).unwrap();
+        let max = shard.floors_max();
+        for i in 1..max {
+            shard.floor_known(&idle(i), 1);
+        }
+        assert_eq!(shard.floors.len(), max);
+        shard.floor_known(&idle(0), 2);
+        assert_eq!(shard.known_floor(&idle(0)), 2, "the new floor is kept");
+        assert_eq!(shard.known_floor(&room()), 3, "an active replica's floor is kept");
+        assert_eq!(shard.known_floor(&idle(1)), 0, "replicas not in memory are forgotten");
+        assert_eq!(shard.floors.len(), 2);
+    }
+
     /// The zombie leader of session 32's known gap: a leader answered a transfer's evidence under the
     /// fenced meta, then restarted while its slot replica held only the meta before the fence. Under
     /// that meta it would lead its epoch again and admit appends its follower, at the fence, would
