@@ -795,6 +795,36 @@ fn a_config_that_would_count_healthy_idle_followers_as_dead_is_refused_at_start(
     assert!(matches!(refused, Some(NodeError::Storage(tidings::store::StoreError::BadConfig { .. }))), "{refused:?}");
 }
 
+/// Storage options and runtime queue sizes that cannot run are refused at start with the rule they
+/// break, and nothing is created in the data directory.
+#[test]
+fn storage_options_and_queue_sizes_that_cannot_run_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = InProcessMesh::new();
+    let id = NodeId::new(1);
+    type Breaks = fn(&mut NodeConfig, &mut StorageOptions);
+    let broken: [(Breaks, &str); 5] = [
+        (|_, s| s.durable_workers = 0, "durable_workers, durable_queue_max and read_queue_max must be positive"),
+        (|_, s| s.durable_queue_max = 0, "durable_workers, durable_queue_max and read_queue_max must be positive"),
+        (|_, s| s.read_queue_max = 0, "durable_workers, durable_queue_max and read_queue_max must be positive"),
+        (|c, _| c.inbox_max = 0, "inbox_max and mailbox_max must be between 1 and 16,777,216"),
+        (
+            |c, _| c.mailbox_max = tidings::node::QUEUE_CAPACITY_MAX + 1,
+            "inbox_max and mailbox_max must be between 1 and 16,777,216",
+        ),
+    ];
+    for (breaks, rule) in broken {
+        let (mut config, mut storage) = (NodeConfig::new(id, vec![id]), StorageOptions::new(dir.path().join("1")));
+        breaks(&mut config, &mut storage);
+        match Node::start(config, storage, mesh.transport(id)) {
+            Err(NodeError::Storage(tidings::store::StoreError::BadConfig { what })) => assert_eq!(what, rule),
+            Err(other) => panic!("{rule}: refused for another reason: {other}"),
+            Ok(_) => panic!("{rule}: started"),
+        }
+        assert!(!dir.path().join("1").exists(), "{rule}: nothing created");
+    }
+}
+
 #[test]
 fn five_real_nodes_fan_out_and_check_senders_across_slot_groups() {
     // Slot groups of three on five nodes: the reads go through the real runtime's paths — a page read
