@@ -57,6 +57,7 @@ fn start_with(
     node
 }
 
+#[track_caller]
 fn eventually<T>(mut f: impl FnMut() -> Result<T, NodeError>) -> T {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -88,6 +89,7 @@ fn applied_everywhere(nodes: &[Arc<Node>], keys: &[RouteKey]) {
 
 /// Reads `ch` from its first seq on `reader` until it holds as many records as `acked` (within the
 /// `eventually` deadline), then checks each acknowledged message is there, at its seq and as sent.
+#[track_caller]
 fn reads_back_every_acked(reader: &Node, ch: &ChannelId, acked: &[(Seq, String)]) {
     let read = eventually(|| {
         let read = reader.read(ch, Seq::new(1), 100)?;
@@ -1100,8 +1102,8 @@ fn operator_calls_on_real_nodes_reach_the_core_and_answer_with_their_outcome() {
     assert_eq!(nodes[0].routes().hash_to_slot().group_of(slot), to);
 }
 
-/// Inboxes and mailboxes of two places: a flood of appends from three threads is refused with the
-/// typed `Overloaded` at once (never queued without bound, never a blocked caller; peers' frames that
+/// Mailboxes of two places and inboxes of sixteen: a flood of appends from three threads is refused with
+/// the typed `Overloaded` at once (never queued without bound, never a blocked caller; peers' frames that
 /// find them full are dropped, and the protocols resend), and everything acknowledged reads back on every
 /// replica. The slot groups still take metadata writes afterwards.
 #[test]
@@ -1110,7 +1112,9 @@ fn full_inboxes_and_mailboxes_refuse_calls_as_overloaded_and_lose_nothing_acknow
     let mesh = InProcessMesh::new();
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
     let tiny = |config: &mut NodeConfig| {
-        config.inbox_max = 2;
+        // Sixteen, not two: a metadata call whose raft message an inbox dropped waits out the 5 s request
+        // timeout, and a few of those on a busy machine outlast the test's patience.
+        config.inbox_max = 16;
         config.mailbox_max = 2;
         // A dropped pull is found out after `pull_timeout`: kept short so the run is.
         config.machine.pull_park = Duration::from_millis(300);

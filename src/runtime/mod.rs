@@ -62,7 +62,7 @@ use tidings_store::message::{
 };
 use tidings_store::{Kv, MetaStore, RaftLogStore, SledKv, StoreError};
 use tidings_types::{ChannelId, GroupId, HashSlot, NodeId, Seq, Time};
-use workers::{durable_worker, fanout_worker, reader_worker, slot_sync_worker, Completions, ReadJob};
+use workers::{Completions, ReadJob, WorkQueues, Workers};
 
 /// How a node sends frames to its peers. Implemented by the host (its network stack).
 pub trait Transport: Send + Sync + 'static {
@@ -123,6 +123,14 @@ impl StorageOptions {
             journal_spares_at_start: false,
         }
     }
+
+    /// Checks the options the runtime reads (the journal checks its own at open).
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if self.durable_workers == 0 || self.durable_queue_max == 0 || self.read_queue_max == 0 {
+            return Err("durable_workers, durable_queue_max and read_queue_max must be positive");
+        }
+        Ok(())
+    }
 }
 
 /// How long a durable-append worker waits for room in the message log's memory table before it fails a
@@ -130,6 +138,9 @@ impl StorageOptions {
 const ROOM_PATIENCE: Duration = Duration::from_secs(30);
 /// Most channel batches one durable-append round stages before its sync.
 const GROUP_COMMIT_MAX: usize = 4096;
+/// Slot-store syncs asked and not yet taken by the slot-sync worker (it takes them all at once, with
+/// one fsync).
+const SYNC_QUEUE_MAX: usize = 1024;
 /// How long an API call waits for its result.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often [`Node::wait_ready`] looks at the slot groups.
@@ -211,11 +222,9 @@ impl Node {
         transport: Arc<dyn Transport>,
         fanout: Arc<dyn FanoutHost>,
     ) -> Result<Node, NodeError> {
-        config.validate().map_err(|what| NodeError::Storage(StoreError::BadConfig { what }))?;
-        if storage.durable_workers == 0 || storage.durable_queue_max == 0 || storage.read_queue_max == 0 {
-            let what = "durable_workers, durable_queue_max and read_queue_max must be positive";
-            return Err(NodeError::Storage(StoreError::BadConfig { what }));
-        }
+        let refused = |what| NodeError::Storage(StoreError::BadConfig { what });
+        config.validate().map_err(refused)?;
+        storage.validate().map_err(refused)?;
         let clock = Clock { started: Instant::now() };
         let config = for_this_start(config);
         let Stores { kv, logs, journal } = open_stores(&storage)?;
@@ -236,35 +245,18 @@ impl Node {
         let shards = core.detach_shards();
         let (inbox, inputs) = bounded(inbox_max);
         let (answer_tx, answers) = unbounded();
-        let (sync_tx, sync_rx) = bounded::<u64>(1024);
+        let (sync_tx, sync_rx) = bounded::<u64>(SYNC_QUEUE_MAX);
         let (persist_tx, persist_rx) = bounded::<(PersistToken, LogBatch)>(storage.durable_queue_max);
         let (read_tx, read_rx) = bounded::<ReadJob>(storage.read_queue_max);
         let (fanout_tx, fanout_rx) = bounded::<FanoutWork>(fanout_queue_max);
         let (mailboxes, mailbox_rx): (Vec<_>, Vec<_>) = shards.iter().map(|_| bounded(mailbox_max)).unzip();
         let (completion_tx, completion_rx): (Vec<_>, Vec<_>) = shards.iter().map(|_| unbounded()).unzip();
-        let completions = Completions::new(completion_tx);
         let io = Io { transport, persist_tx, read_tx };
         let dropped_frames = Arc::new(AtomicU64::new(0));
-        let mut threads = Vec::new();
-        threads.push(spawn("tidings-slot-sync", {
-            let (kv, answer_tx) = (kv.clone(), answer_tx.clone());
-            move || slot_sync_worker(&kv, &sync_rx, &answer_tx)
-        }));
-        for _ in 0..storage.durable_workers {
-            threads.push(spawn("tidings-durable", {
-                let (log, completions, persist_rx) = (log.clone(), completions.clone(), persist_rx.clone());
-                move || durable_worker(log.as_ref(), &persist_rx, &completions)
-            }));
-        }
-        threads.push(spawn("tidings-reader", {
-            let (log, completions, answer_tx) = (log.clone(), completions.clone(), answer_tx.clone());
-            let reader = SlotReader::new(MetaStore::new(kv.clone()));
-            move || reader_worker(log.as_ref(), &reader, &read_rx, &completions, &answer_tx)
-        }));
-        threads.push(spawn("tidings-fanout", {
-            let reader = SlotReader::new(MetaStore::new(kv.clone()));
-            move || fanout_worker(&reader, fanout.as_ref(), &fanout_rx, &answer_tx)
-        }));
+        let queues = WorkQueues { syncs: sync_rx, persists: persist_rx, reads: read_rx, fanout: fanout_rx };
+        let workers =
+            Workers { kv: kv.clone(), log, fanout, completions: Completions::new(completion_tx), answers: answer_tx };
+        let mut threads = workers.spawn(storage.durable_workers, queues);
         for ((shard, mailbox), completions) in shards.into_iter().zip(mailbox_rx).zip(completion_rx) {
             let mut reactor = Reactor {
                 shard,
@@ -918,6 +910,6 @@ impl Drop for Node {
     }
 }
 
-fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
+pub(super) fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
     std::thread::Builder::new().name(name.into()).spawn(body).expect("spawn runtime thread")
 }

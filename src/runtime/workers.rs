@@ -4,17 +4,18 @@
 use super::core_thread::WorkerAnswer;
 use super::handle::Completer;
 use super::reactor::Completion;
-use super::{GROUP_COMMIT_MAX, ROOM_PATIENCE};
+use super::{spawn, GROUP_COMMIT_MAX, ROOM_PATIENCE};
 use crate::node::shard::{shard_of, Lookup, ReadPlan};
 use crate::node::FanoutWork;
 use crate::node::LogPage;
 use crate::node::{carry_out_fanout, FanoutHost};
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use tidings_channel::machine::{PersistToken, ReadToken};
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{BatchFate, LogBatch, MessageLog, ReadLimits, Record};
-use tidings_store::{Kv, StoreError};
+use tidings_store::{Kv, MetaStore, StoreError};
 use tidings_types::{ChannelId, Seq};
 
 /// Batches staged per wait for room in the message log (see [`MessageLog::stage_all`]).
@@ -68,12 +69,55 @@ impl Completions {
     }
 }
 
-pub(super) fn fanout_worker(
-    reader: &SlotReader,
-    host: &dyn FanoutHost,
-    work: &Receiver<FanoutWork>,
-    core: &Sender<WorkerAnswer>,
-) {
+/// What the IO workers share: the stores they read and write, the host's fanout, and where they
+/// answer.
+pub(super) struct Workers {
+    pub(super) kv: Arc<dyn Kv>,
+    pub(super) log: Arc<dyn MessageLog>,
+    pub(super) fanout: Arc<dyn FanoutHost>,
+    pub(super) completions: Completions,
+    pub(super) answers: Sender<WorkerAnswer>,
+}
+
+/// The workers' ends of their queues.
+pub(super) struct WorkQueues {
+    pub(super) syncs: Receiver<u64>,
+    pub(super) persists: Receiver<(PersistToken, LogBatch)>,
+    pub(super) reads: Receiver<ReadJob>,
+    pub(super) fanout: Receiver<FanoutWork>,
+}
+
+impl Workers {
+    /// Starts the slot-sync worker, `durable_workers` durable-append workers, the reader and the fanout
+    /// worker. Each ends when its queue closes.
+    pub(super) fn spawn(self, durable_workers: usize, queues: WorkQueues) -> Vec<JoinHandle<()>> {
+        let Workers { kv, log, fanout, completions, answers } = self;
+        let WorkQueues { syncs, persists, reads, fanout: fanout_work } = queues;
+        let mut threads = Vec::new();
+        threads.push(spawn("tidings-slot-sync", {
+            let (kv, answers) = (kv.clone(), answers.clone());
+            move || slot_sync_worker(&kv, &syncs, &answers)
+        }));
+        for _ in 0..durable_workers {
+            threads.push(spawn("tidings-durable", {
+                let (log, completions, persists) = (log.clone(), completions.clone(), persists.clone());
+                move || durable_worker(log.as_ref(), &persists, &completions)
+            }));
+        }
+        threads.push(spawn("tidings-reader", {
+            let (log, answers) = (log.clone(), answers.clone());
+            let reader = SlotReader::new(MetaStore::new(kv.clone()));
+            move || reader_worker(log.as_ref(), &reader, &reads, &completions, &answers)
+        }));
+        threads.push(spawn("tidings-fanout", {
+            let reader = SlotReader::new(MetaStore::new(kv));
+            move || fanout_worker(&reader, fanout.as_ref(), &fanout_work, &answers)
+        }));
+        threads
+    }
+}
+
+fn fanout_worker(reader: &SlotReader, host: &dyn FanoutHost, work: &Receiver<FanoutWork>, core: &Sender<WorkerAnswer>) {
     while let Ok(item) = work.recv() {
         if let Some(answer) = carry_out_fanout(reader, host, item) {
             if core.send(WorkerAnswer::Fanout(answer)).is_err() {
@@ -83,7 +127,7 @@ pub(super) fn fanout_worker(
     }
 }
 
-pub(super) fn slot_sync_worker(kv: &Arc<dyn Kv>, tokens: &Receiver<u64>, core: &Sender<WorkerAnswer>) {
+fn slot_sync_worker(kv: &Arc<dyn Kv>, tokens: &Receiver<u64>, core: &Sender<WorkerAnswer>) {
     while let Ok(first) = tokens.recv() {
         // One fsync covers every sync asked for meanwhile.
         let token = tokens.try_iter().fold(first, u64::max);
@@ -98,11 +142,7 @@ pub(super) fn slot_sync_worker(kv: &Arc<dyn Kv>, tokens: &Receiver<u64>, core: &
     }
 }
 
-pub(super) fn durable_worker(
-    log: &dyn MessageLog,
-    jobs: &Receiver<(PersistToken, LogBatch)>,
-    completions: &Completions,
-) {
+fn durable_worker(log: &dyn MessageLog, jobs: &Receiver<(PersistToken, LogBatch)>, completions: &Completions) {
     while let Ok(first) = jobs.recv() {
         let mut round = vec![first];
         round.extend(jobs.try_iter().take(GROUP_COMMIT_MAX - 1));
@@ -153,7 +193,7 @@ fn same_failure(error: &StoreError) -> StoreError {
     }
 }
 
-pub(super) fn reader_worker(
+fn reader_worker(
     log: &dyn MessageLog,
     reader: &SlotReader,
     reads: &Receiver<ReadJob>,
