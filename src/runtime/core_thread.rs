@@ -98,11 +98,15 @@ impl Shell {
             let parked = self.parked.iter().any(|queue| !queue.is_empty());
             let wait = if parked { RETRY } else { Duration::from_millis(due) };
             select! {
-                recv(answers) -> answer => {
-                    if let Ok(answer) = answer {
-                        self.answered(answer);
+                recv(answers) -> answer => match answer {
+                    Ok(answer) => self.answered(answer),
+                    // Every worker is gone (they end only when their queues close, or by a panic): no
+                    // sync or fanout would ever be answered again.
+                    Err(_) => {
+                        tracing::error!(node = %self.core.node(), "the IO workers are gone; the core stops");
+                        return;
                     }
-                }
+                },
                 recv(inputs) -> input => match input {
                     Ok(Input::Stop) | Err(_) => return,
                     Ok(input) => self.handle(input),
