@@ -103,6 +103,18 @@ fn reads_back_every_acked(reader: &Node, ch: &ChannelId, acked: &[(Seq, String)]
     }
 }
 
+/// Checks that every node reads back every message of `ch` among `acked` (channel, seq, text); returns
+/// how many there were.
+#[track_caller]
+fn every_node_reads_back(nodes: &[Arc<Node>], ch: &ChannelId, acked: &[(ChannelId, Seq, String)]) -> usize {
+    let mine: Vec<(Seq, String)> =
+        acked.iter().filter(|(c, _, _)| c == ch).map(|(_, seq, text)| (*seq, text.clone())).collect();
+    for node in nodes {
+        reads_back_every_acked(node, ch, &mine);
+    }
+    mine.len()
+}
+
 /// Waits (within the `eventually` deadline) until `node`'s replica of `ch` has checkpointed an HW of at
 /// least `seq`: what it reads after a restart of every node, when no leader serves the channel yet.
 fn wait_hw_checkpointed(node: &Node, ch: &ChannelId, seq: Seq) {
@@ -1162,11 +1174,7 @@ fn full_inboxes_and_mailboxes_refuse_calls_as_overloaded_and_lose_nothing_acknow
     assert!(overloaded > 0, "600 appends into mailboxes of two: some must be refused");
     assert!(!acked.is_empty(), "the flood must not starve every append");
     for ch in &channels {
-        let mine: Vec<(Seq, String)> =
-            acked.iter().filter(|(c, _, _)| c == ch).map(|(_, seq, text)| (*seq, text.clone())).collect();
-        for node in &nodes {
-            reads_back_every_acked(node, ch, &mine);
-        }
+        every_node_reads_back(&nodes, ch, &acked);
     }
     // The slot groups' traffic (raft frames, syncs) went through the same narrow inboxes.
     let after = channel("narrow-after");
@@ -1213,11 +1221,6 @@ fn appends_held_back_by_full_worker_queues_wait_in_their_reactors_and_none_is_lo
         acked.push((ch, seq, text));
     }
     for ch in &channels {
-        let mine: Vec<(Seq, String)> =
-            acked.iter().filter(|(c, _, _)| c == ch).map(|(_, seq, text)| (*seq, text.clone())).collect();
-        assert_eq!(mine.len(), rounds);
-        for node in &nodes {
-            reads_back_every_acked(node, ch, &mine);
-        }
+        assert_eq!(every_node_reads_back(&nodes, ch, &acked), rounds);
     }
 }
