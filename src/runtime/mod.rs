@@ -141,6 +141,9 @@ const GROUP_COMMIT_MAX: usize = 4096;
 /// Slot-store syncs asked and not yet taken by the slot-sync worker (it takes them all at once, with
 /// one fsync).
 const SYNC_QUEUE_MAX: usize = 1024;
+/// Fewest places of the fanout worker's queue (160 hold all the work the default fanout limits hand
+/// out).
+const FANOUT_QUEUE_MIN: usize = 4096;
 /// How long an API call waits for its result.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often [`Node::wait_ready`] looks at the slot groups.
@@ -237,8 +240,9 @@ impl Node {
         let status_channels_max = config.status_channels_max;
         let (inbox_max, mailbox_max) = (config.inbox_max, config.mailbox_max);
         // Room for all the work the core may have handed out, so the core's wait for room in the fanout
-        // queue (see `core_thread`) never comes but with fanout limits configured past 16 Mi.
-        let fanout_queue_max = fanout_work_max(&config.fanout).min(QUEUE_CAPACITY_MAX);
+        // queue (see `core_thread`) never comes but with fanout limits configured past 16 Mi. At least
+        // `FANOUT_QUEUE_MIN` all the same: the count is a reasoned bound, and room is cheap.
+        let fanout_queue_max = fanout_work_max(&config.fanout).clamp(FANOUT_QUEUE_MIN, QUEUE_CAPACITY_MAX);
         let mut core =
             NodeCore::new(config, logs, MetaStore::new(kv.clone()), log.clone(), Arc::clone(&router), clock.now())?;
         let gate = FrameGate { cluster, nodes, limits, storages: core.known_storages() };
