@@ -914,6 +914,6 @@ impl Drop for Node {
     }
 }
 
-pub(super) fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
+fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
     std::thread::Builder::new().name(name.into()).spawn(body).expect("spawn runtime thread")
 }
