@@ -624,6 +624,23 @@ mod tests {
         replayed(dir, checkpoint).iter().map(|b| u32::from_le_bytes(b[..4].try_into().unwrap())).collect()
     }
 
+    /// Overwrites the byte at `offset` of the segment whose first frame is `segment`.
+    fn overwrite_byte(dir: &Path, segment: u64, offset: u64) {
+        let file = OpenOptions::new().write(true).open(segment_path(dir, segment)).unwrap();
+        file.write_all_at(b"X", offset).unwrap();
+    }
+
+    /// Appends a frame to `journal`, opened after a cut that kept `kept` frames, and checks that the
+    /// journal reopened replays the kept frames and then it: nothing of what was cut comes back.
+    fn next_frame_follows_the_cut(mut journal: Journal, dir: &Path, kept: usize) {
+        journal.append(b"after").unwrap();
+        journal.sync().unwrap();
+        drop(journal);
+        let seen = replayed(dir, Position::ORIGIN);
+        assert_eq!(seen.len(), kept + 1);
+        assert_eq!(seen[kept], b"after");
+    }
+
     #[test]
     fn frames_survive_reopen_and_roll_across_segments() {
         let dir = tempfile::tempdir().unwrap();
@@ -652,20 +669,12 @@ mod tests {
         let end = journal.position();
         drop(journal);
         // Tear the last frame: flip a byte of its body.
-        let path = segment_path(dir.path(), 1);
-        let file = OpenOptions::new().write(true).open(&path).unwrap();
-        file.write_all_at(b"X", end.offset - 2).unwrap();
-        drop(file);
+        overwrite_byte(dir.path(), 1, end.offset - 2);
         let mut seen = Vec::new();
-        let mut journal = open(dir.path(), Position::ORIGIN, &mut seen);
+        let journal = open(dir.path(), Position::ORIGIN, &mut seen);
         assert_eq!(seen.len(), 4);
         // New frames continue right after the good ones, and the torn bytes are gone.
-        journal.append(b"after").unwrap();
-        journal.sync().unwrap();
-        drop(journal);
-        let seen = replayed(dir.path(), Position::ORIGIN);
-        assert_eq!(seen.len(), 5);
-        assert_eq!(seen[4], b"after");
+        next_frame_follows_the_cut(journal, dir.path(), 4);
     }
 
     /// A bad frame in the middle of the journal, with whole segments after it: everything from it on is
@@ -689,20 +698,13 @@ mod tests {
         drop(journal);
         let third_end = third_end.unwrap();
         assert_eq!(third_end.segment, 1, "the fourth frame is in the first segment");
-        let file = OpenOptions::new().write(true).open(segment_path(dir.path(), 1)).unwrap();
-        file.write_all_at(b"X", third_end.offset + FRAME_HEADER_BYTES + 50).unwrap();
-        drop(file);
+        overwrite_byte(dir.path(), 1, third_end.offset + FRAME_HEADER_BYTES + 50);
         let mut seen = Vec::new();
-        let mut journal = open(dir.path(), Position::ORIGIN, &mut seen);
+        let journal = open(dir.path(), Position::ORIGIN, &mut seen);
         assert_eq!(seen.len(), 3, "replay stops at the bad frame");
         assert_eq!(journal.segment_count(), 1, "the later segments are gone from the journal");
         assert_eq!(list_segments(dir.path()).unwrap().len(), 1, "and from the disk");
-        journal.append(b"after").unwrap();
-        journal.sync().unwrap();
-        drop(journal);
-        let seen = replayed(dir.path(), Position::ORIGIN);
-        assert_eq!(seen.len(), 4);
-        assert_eq!(seen[3], b"after");
+        next_frame_follows_the_cut(journal, dir.path(), 3);
     }
 
     #[test]
