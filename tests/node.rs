@@ -57,6 +57,12 @@ fn start_with(
     node
 }
 
+/// Creates `ch` through `node`, retrying until the slot group takes it.
+#[track_caller]
+fn create_channel(node: &Node, ch: &ChannelId) {
+    eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+}
+
 #[track_caller]
 fn eventually<T>(mut f: impl FnMut() -> Result<T, NodeError>) -> T {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -151,7 +157,7 @@ fn one_node_with_channel(
     let ids = [NodeId::new(1)];
     let node = start(ids[0], &ids, dir.path(), &mesh, tweak);
     let ch = channel(name);
-    eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    create_channel(&node, &ch);
     (dir, mesh, node, ch)
 }
 
@@ -165,7 +171,7 @@ fn three_nodes_with_channel(
     let ids: Vec<NodeId> = (1..=3).map(NodeId::new).collect();
     let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, |_| {})).collect();
     let ch = channel(name);
-    eventually(|| nodes[1].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    create_channel(&nodes[1], &ch);
     (dir, mesh, ids, nodes, ch)
 }
 
@@ -282,7 +288,7 @@ fn a_node_asked_to_prepare_journal_spares_starts_with_them_and_serves() {
     // Two spares, and a third after one replaced the new journal's preallocated first segment.
     assert_eq!(node.message_log_stats().spares_filled, 3);
     let ch = channel("spared");
-    eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    create_channel(&node, &ch);
     let seqs = eventually(|| node.append(ch.clone(), record("first"))?.wait());
     assert_eq!(node.read(&ch, seqs[0], 1).unwrap()[0].payload, Bytes::from_static(b"first"));
 }
@@ -505,7 +511,7 @@ fn channels_on_several_reactors_take_forwarded_appends_and_show_in_one_status_an
     assert!(nodes.iter().all(|node| node.reactors() == 3));
     let channels: Vec<ChannelId> = (0..12).map(|i| channel(&format!("reactor-{i}"))).collect();
     for ch in &channels {
-        eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+        create_channel(&nodes[0], ch);
     }
     // Through every node: two of three forward to the leader's reactor, whose reply finds the reactor
     // of the forwarding node that holds the caller.
@@ -575,7 +581,7 @@ fn a_flood_gets_typed_busy_errors_not_unbounded_queues() {
         config.machine.handoff_slots = 8;
     });
     let ch = channel("flood");
-    eventually(|| node.create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    create_channel(&node, &ch);
     eventually(|| node.append(ch.clone(), record("warm-up"))?.wait());
     let handles: Vec<_> = (0..200).map(|i| node.append(ch.clone(), record(&format!("f{i}"))).unwrap()).collect();
     let mut busy = 0;
@@ -637,7 +643,7 @@ fn committed_messages_fan_out_once_to_online_allowed_subscribers_and_senders_are
         .map(|id| start_with(*id, &ids, dir.path(), &mesh, |_| {}, |_| {}, Some(host.clone() as Arc<dyn FanoutHost>)))
         .collect();
     let ch = channel("fanout");
-    eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    create_channel(&nodes[0], &ch);
     let uids: Vec<Uid> = (0..6).map(|u| Uid::new(format!("user-{u}")).unwrap()).collect();
     let add = Command::AddMembers { channel: ch.clone(), list: MemberList::Subscribers, uids };
     eventually(|| nodes[0].propose(add.clone()));
@@ -736,7 +742,7 @@ fn a_message_whose_leader_crashed_before_its_fanout_ended_reaches_every_subscrib
         .collect();
     let node = |nodes: &[Option<Arc<Node>>], i: usize| nodes[i].clone().expect("running");
     let ch = channel("stuck-fanout");
-    eventually(|| node(&nodes, 0).create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    create_channel(&node(&nodes, 0), &ch);
     let subscribers: Vec<Uid> = (0..3).map(|u| Uid::new(format!("user-{u}")).unwrap()).collect();
     let add = Command::AddMembers { channel: ch.clone(), list: MemberList::Subscribers, uids: subscribers };
     eventually(|| node(&nodes, 0).propose(add.clone()));
@@ -784,7 +790,7 @@ fn authoritative_metadata_reads_see_acknowledged_writes_and_latest_is_the_hw() {
         assert_eq!(read.user(&uid).unwrap(), Some(user), "round {round}");
     }
     let ch = channel("latest");
-    eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    create_channel(&nodes[0], &ch);
     let mut last = Seq::new(0);
     for i in 0..5 {
         last = eventually(|| nodes[i % 3].append(ch.clone(), record("x"))?.wait())[0];
@@ -868,7 +874,7 @@ fn five_real_nodes_fan_out_and_check_senders_across_slot_groups() {
         .copied()
         .find(|n| !keeps(*n, ch.route_key()) && !keeps(*n, b"user-0"))
         .expect("with groups of three on five nodes, some node keeps neither group");
-    eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    create_channel(&nodes[0], &ch);
     let uids: Vec<Uid> = ["user-0", "user-1", "user-5"].iter().map(|u| Uid::new(*u).unwrap()).collect();
     let add = Command::AddMembers { channel: ch.clone(), list: MemberList::Subscribers, uids };
     eventually(|| nodes[0].propose(add.clone()));
@@ -968,7 +974,7 @@ fn a_replica_moved_off_a_real_node_has_its_log_forgotten_there_and_nothing_is_lo
     let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, quick)).collect();
     let node = |id: NodeId| &nodes[usize::try_from(id.get() - 1).unwrap()];
     let ch = channel("moved-off");
-    eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+    create_channel(&nodes[0], &ch);
     let mut acked = Vec::new();
     for i in 0..20 {
         let text = format!("m{i}");
@@ -1136,7 +1142,7 @@ fn full_inboxes_and_mailboxes_refuse_calls_as_overloaded_and_lose_nothing_acknow
     let nodes: Vec<Arc<Node>> = ids.iter().map(|id| start(*id, &ids, dir.path(), &mesh, tiny)).collect();
     let channels: Vec<ChannelId> = (0..8).map(|i| channel(&format!("narrow-{i}"))).collect();
     for ch in &channels {
-        eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+        create_channel(&nodes[0], ch);
     }
     let floods: Vec<_> = nodes
         .iter()
@@ -1178,7 +1184,7 @@ fn full_inboxes_and_mailboxes_refuse_calls_as_overloaded_and_lose_nothing_acknow
     }
     // The slot groups' traffic (raft frames, syncs) went through the same narrow inboxes.
     let after = channel("narrow-after");
-    eventually(|| nodes[2].create_channel(ChannelInfo { channel: after.clone(), flags: ChannelFlags::default() }));
+    create_channel(&nodes[2], &after);
     let seq = eventually(|| nodes[1].append(after.clone(), record("after"))?.wait())[0];
     reads_back_every_acked(&nodes[0], &after, &[(seq, "after".to_owned())]);
 }
@@ -1199,7 +1205,7 @@ fn appends_held_back_by_full_worker_queues_wait_in_their_reactors_and_none_is_lo
         ids.iter().map(|id| start_with(*id, &ids, dir.path(), &mesh, |_| {}, tiny, None)).collect();
     let channels: Vec<ChannelId> = (0..24).map(|i| channel(&format!("tiny-{i}"))).collect();
     for ch in &channels {
-        eventually(|| nodes[0].create_channel(ChannelInfo { channel: ch.clone(), flags: ChannelFlags::default() }));
+        create_channel(&nodes[0], ch);
     }
     // Every channel's appends in flight at once, through every node, so batches meet full queues.
     let rounds = 5;
