@@ -361,6 +361,44 @@ fn proposals_from_followers_and_non_members_are_forwarded() {
 }
 
 #[test]
+fn a_command_proposed_into_a_group_that_does_not_own_its_slot_commits_there_and_is_refused() {
+    // `propose_in` bypasses the hash-slot table (the benchmark report's raft-per-channel baseline): the
+    // entry commits in the group named, and that group's FSM refuses what is not its slot's.
+    let mut cluster = Cluster::new(3, 3, 2, 3);
+    cluster.run_for(3_000);
+    let owner = cluster.group_of_uid("alice");
+    let other = cluster.groups.iter().map(|(g, _)| *g).find(|g| *g != owner).unwrap();
+    let proposed_in = |cluster: &mut Cluster, group: GroupId| {
+        let leader = cluster.leader_of(group).unwrap();
+        let now = cluster.now;
+        let id = cluster.driver(leader).propose_in(now, group, &put_user("alice", "x")).unwrap();
+        cluster.drain(leader);
+        cluster.run_for(500);
+        cluster.outcomes.get(&(leader, id)).cloned().expect("an outcome")
+    };
+    let refused = proposed_in(&mut cluster, other).unwrap();
+    assert!(
+        matches!(refused, Outcome::Refused(tidings_slot::fsm::Refusal::WrongSlot { owner: o, .. }) if o == owner),
+        "{refused:?}"
+    );
+    assert_eq!(proposed_in(&mut cluster, owner).unwrap(), Outcome::Applied);
+    for n in 1..=3 {
+        let name = cluster.reader(NodeId::new(n)).user(&Uid::new("alice").unwrap()).unwrap().map(|u| u.name);
+        assert_eq!(name.as_deref(), Some("x"), "node {n}");
+    }
+
+    // Only the leader takes it, and a follower names the leader.
+    let leader = cluster.leader_of(other).unwrap();
+    let follower = cluster.members(other).into_iter().find(|n| *n != leader).unwrap();
+    let now = cluster.now;
+    let refused = cluster.driver(follower).propose_in(now, other, &put_user("bob", "y"));
+    assert!(
+        matches!(refused, Err(ProposeError::NotLeader { group, hint: Some(h) }) if group == other && h == leader),
+        "{refused:?}"
+    );
+}
+
+#[test]
 fn leader_loss_reelects_and_proposals_continue() {
     let mut cluster = Cluster::new(3, 3, 2, 3);
     cluster.run_for(3_000);
