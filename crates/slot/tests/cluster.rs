@@ -399,6 +399,38 @@ fn a_command_proposed_into_a_group_that_does_not_own_its_slot_commits_there_and_
 }
 
 #[test]
+fn a_forwarded_proposal_delivered_again_after_a_later_write_does_not_undo_it() {
+    // The network may deliver a message twice (a host transport resending after a reconnect). A forward
+    // from a follower, applied and acknowledged, must not apply again when its copy arrives after a
+    // later acknowledged write to the same key: the later write would be lost.
+    let mut cluster = Cluster::new(4, 3, 1, 3);
+    cluster.run_for(3_000);
+    let group = cluster.group_of_uid("alice");
+    let leader = cluster.leader_of(group).unwrap();
+    let follower = cluster.members(group).into_iter().find(|n| *n != leader).unwrap();
+    let first = put_user("alice", "first");
+    let now = cluster.now;
+    let id = cluster.driver(follower).propose(now, &first).unwrap();
+    cluster.drain(follower);
+    cluster.run_for(500);
+    assert_eq!(cluster.outcomes.get(&(follower, id)).cloned(), Some(Ok(Outcome::Applied)));
+    assert_eq!(cluster.propose_and_wait(leader, put_user("alice", "second")), Outcome::Applied);
+
+    let copy = SlotMessage {
+        group,
+        body: tidings_slot::raft::SlotBody::Forward { origin: follower, id: id.0, command: first.encode() },
+    };
+    let now = cluster.now;
+    cluster.driver(leader).handle_message(now, follower, copy);
+    cluster.drain(leader);
+    cluster.run_for(500);
+    for n in 1..=3 {
+        let name = cluster.reader(NodeId::new(n)).user(&Uid::new("alice").unwrap()).unwrap().map(|u| u.name);
+        assert_eq!(name.as_deref(), Some("second"), "node {n}: the acknowledged write was undone");
+    }
+}
+
+#[test]
 fn leader_loss_reelects_and_proposals_continue() {
     let mut cluster = Cluster::new(3, 3, 2, 3);
     cluster.run_for(3_000);

@@ -19,12 +19,14 @@
 #![deny(missing_docs)]
 
 mod channel;
+mod forwards;
 mod meta;
 mod numeric;
 mod rng;
 mod time;
 
 pub use channel::{ChannelId, ChannelIdError, ChannelType, CHANNEL_ID_BYTES_MAX};
+pub use forwards::TakenForwards;
 pub use meta::{ChannelRuntimeMeta, MetaError, WriteFence};
 pub use numeric::{
     ConfigEpoch, Epoch, GroupId, HashSlot, HashToSlotVersion, LeaderEpoch, NodeId, RouteRevision, Seq, StorageId, Term,

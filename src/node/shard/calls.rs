@@ -7,13 +7,12 @@ use super::{remote_error, CallOrigin, ChannelShard, Forwarded, Waiting, FORWARD_
 use crate::node::core::{ApiId, ApiResult};
 use crate::node::error::NodeError;
 use crate::node::message::{NodeMessage, RemoteAppendError};
-use rustc_hash::FxHashSet;
-use std::collections::VecDeque;
 use tidings_channel::machine::{AppendError, AppendRecord, AppendRequest, RequestId, RetentionRequest};
 use tidings_types::{ChannelId, NodeId, Seq};
 
-/// Forwarded calls a shard remembers having taken (see [`TakenForwards`]): ~40 B each.
-const TAKEN_FORWARDS_MAX: usize = 16_384;
+/// Forwarded calls a shard remembers having taken (see [`TakenForwards`](tidings_types::TakenForwards)):
+/// a copy delivered again later than this many newer forwards is taken again.
+pub(super) const TAKEN_FORWARDS_MAX: usize = 16_384;
 
 /// What an API call asks of a channel's leader.
 #[derive(Debug)]
@@ -47,33 +46,6 @@ impl CallKind {
             CallKind::Append => ApiResult::Appended(Err(error)),
             CallKind::Retain => ApiResult::Retained(Err(error)),
         }
-    }
-}
-
-/// The forwarded calls a shard took lately, by the forwarding node and its id for the call: a frame
-/// delivered twice (a network or a transport that resends) is taken once — taken twice, an append
-/// would commit twice, and the second copy's refusal could reach the caller before the first's
-/// outcome. Bounded: the oldest are forgotten first (a copy later than `TAKEN_FORWARDS_MAX` newer
-/// forwards is taken again).
-#[derive(Debug, Default)]
-pub(super) struct TakenForwards {
-    taken: FxHashSet<(NodeId, u64)>,
-    order: VecDeque<(NodeId, u64)>,
-}
-
-impl TakenForwards {
-    /// `true` the first time the forward `id` of `from` is offered (among the last ones remembered).
-    pub(super) fn first_time(&mut self, from: NodeId, id: u64) -> bool {
-        if !self.taken.insert((from, id)) {
-            return false;
-        }
-        self.order.push_back((from, id));
-        if self.order.len() > TAKEN_FORWARDS_MAX {
-            if let Some(oldest) = self.order.pop_front() {
-                self.taken.remove(&oldest);
-            }
-        }
-        true
     }
 }
 

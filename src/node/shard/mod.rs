@@ -28,7 +28,7 @@ mod turns;
 
 pub use activation::ActivationLoad;
 use activation::Loaded;
-use calls::{CallKind, TakenForwards};
+use calls::{CallKind, TAKEN_FORWARDS_MAX};
 pub(crate) use calls::{CallOutcome, LeaderCall};
 pub use lookups::{Lookup, LookupAnswer};
 pub use reads::ReadPlan;
@@ -55,7 +55,7 @@ use tidings_slot::model::Uid;
 use tidings_slot::query::SlotReader;
 use tidings_store::message::{LogBatch, LogOp, MessageLog, Record};
 use tidings_store::StoreError;
-use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, LeaderEpoch, NodeId, Seq, Time};
+use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, LeaderEpoch, NodeId, Seq, TakenForwards, Time};
 
 /// How long an append waits for its channel's meta before failing with `MetaUnavailable`.
 const META_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -450,7 +450,7 @@ impl ChannelShard {
             retentions: FxHashMap::default(),
             senders: BTreeMap::new(),
             forwarded: BTreeMap::new(),
-            taken_forwards: TakenForwards::default(),
+            taken_forwards: TakenForwards::new(TAKEN_FORWARDS_MAX),
             forward_deadlines: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
             to_activate: BTreeMap::new(),

@@ -10,6 +10,12 @@ use tidings_types::{GroupId, NodeId};
 
 impl MultiRaft {
     pub(super) fn forwarded(&mut self, from: NodeId, group: GroupId, origin: NodeId, id: u64, command: Vec<u8>) {
+        // A copy the network delivers again is dropped, whatever became of the first (the origin hears
+        // that one's answer; a retry is a new proposal with a new id). Proposed again, a write could
+        // apply after a later acknowledged write to the same key and undo it.
+        if !self.taken_forwards.first_time(origin, id) {
+            return;
+        }
         let Some(g) = self.groups.get_mut(&group) else {
             self.send(from, group, SlotBody::NotLeader { id, hint: None });
             return;

@@ -55,7 +55,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use tidings_router::{GroupObservation, HashToSlot};
 use tidings_store::{GroupStorage, MetaStore, MetaWriteBatch, Placement, RaftLogBatch, RaftLogStore, StoreError};
-use tidings_types::{ConfigEpoch, DetRng, GroupId, HashSlot, NodeId, Time};
+use tidings_types::{ConfigEpoch, DetRng, GroupId, HashSlot, NodeId, TakenForwards, Time};
 
 /// What raft status shows of one group on this node (for operators and the controller).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -250,6 +250,8 @@ pub struct MultiRaft {
     snapshots_sent: BTreeMap<(GroupId, NodeId), Time>,
     /// When replicas outside their own configuration next ask whether they are still members.
     next_member_check: Time,
+    /// Proposals other nodes forwarded here lately: a copy delivered again is dropped.
+    taken_forwards: TakenForwards,
 }
 
 /// The genesis table moved forward by every placement the store recorded (and the genesis placements
@@ -267,6 +269,8 @@ fn learned_table(meta: &MetaStore, genesis: &HashToSlot) -> Result<HashToSlot, S
 
 /// Most proposals in one batch entry (the entry's bytes are bounded by `proposal_bytes_max` too).
 const BATCH_PROPOSALS_MAX: usize = 256;
+/// Forwarded proposals a node remembers having taken (see [`TakenForwards`]).
+const FORWARDS_REMEMBERED: usize = 16_384;
 
 /// How often a replica outside its own configuration asks its leader whether it is still a member.
 const MEMBER_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3);
@@ -342,6 +346,7 @@ impl MultiRaft {
             leaving: Vec::new(),
             snapshots_sent: BTreeMap::new(),
             next_member_check: now,
+            taken_forwards: TakenForwards::new(FORWARDS_REMEMBERED),
             config,
         };
         for (group, voters) in groups {
