@@ -120,6 +120,14 @@ pub struct SimParams {
     /// is called off (the node stops leaving). Only with two nodes or more; in a third of those seeds;
     /// its own stream.
     pub planned_stops: bool,
+    /// The second copy of a duplicated frame comes up to 3 s late (`LATE_DUPLICATE_MS`) instead of
+    /// within the delay drawn, and the workload's subscriber changes go to two channels and four users,
+    /// so that a late copy of one can land after a later change to the same pair (the final check holds
+    /// every pair to its last acknowledged change). A late copy rides the connection it was sent on: it
+    /// is dropped if either end restarted meanwhile (a node does not yet tell a frame addressed to an
+    /// earlier start of itself from one to the current start). Off in every seed's own draws (turning
+    /// it on changes a seed's run); `--late-duplicates` turns it on.
+    pub late_duplicates: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
     /// Unsafe, for the simulator's own test: a node that loses its disk (`disk_loss`) keeps its storage
@@ -195,6 +203,7 @@ impl SimParams {
             grow: false,
             shrink: false,
             planned_stops: nodes >= 2 && DetRng::new(seed ^ PLANNED_STOPS_STREAM).range(0, 2) == 0,
+            late_duplicates: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
@@ -268,6 +277,7 @@ impl SimParams {
             grow: false,
             shrink: false,
             planned_stops: false,
+            late_duplicates: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
@@ -281,7 +291,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -321,6 +331,7 @@ impl fmt::Display for SimParams {
             if self.grow { " grow" } else { "" },
             if self.shrink { " shrink" } else { "" },
             if self.planned_stops { " planned-stops" } else { "" },
+            if self.late_duplicates { " late-duplicates" } else { "" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
             if self.unsafe_disk_loss_keeps_identity { " UNSAFE-disk-loss-keeps-identity" } else { "" },
             if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }
@@ -336,6 +347,12 @@ pub(crate) const SHRINK_STREAM: u64 = 0x7368_7269_6e6b_5f6e;
 
 /// The stream `planned_stops`, which crashes are planned stops and when they stop, are drawn from.
 pub(crate) const PLANNED_STOPS_STREAM: u64 = 0x706c_616e_6e65_645f;
+
+/// The stream how late each second copy comes is drawn from (`SimParams::late_duplicates`).
+pub(crate) const LATE_DUPLICATES_STREAM: u64 = 0x6c61_7465_5f64_7570;
+
+/// How late the second copy of a duplicated frame comes at most (`SimParams::late_duplicates`).
+pub(crate) const LATE_DUPLICATE_MS: u64 = 3_000;
 
 /// The stream `grow`, and when the node joins, are drawn from.
 pub(crate) const GROW_STREAM: u64 = 0x6772_6f77_5f6e_6f64;

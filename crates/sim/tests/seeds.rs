@@ -194,6 +194,7 @@ fn a_replay_command_names_each_setting_changed_from_the_draws() {
         channels: drawn.channels + 10,
         tight_limits: !drawn.tight_limits,
         planned_stops: !drawn.planned_stops,
+        late_duplicates: true,
         metadata_workload: false,
         ..drawn.clone()
     };
@@ -202,6 +203,7 @@ fn a_replay_command_names_each_setting_changed_from_the_draws() {
     assert!(command.contains(" --safety-ms 30000"), "{command}");
     assert!(command.contains(&format!(" --channels {}", drawn.channels + 10)), "{command}");
     assert!(command.contains(" --no-metadata"), "{command}");
+    assert!(command.contains(" --late-duplicates"), "{command}");
     let tight = if drawn.tight_limits { " --no-tight-limits" } else { " --tight-limits" };
     assert!(command.contains(tight), "{command}");
     let stops = if drawn.planned_stops { " --no-planned-stops" } else { " --planned-stops" };
@@ -964,4 +966,20 @@ fn a_seed_whose_leaders_found_the_room_queue_full_passes() {
 #[test]
 fn a_seed_whose_leader_left_memory_fanning_out_as_the_run_settled_passes() {
     assert_passes(&run(SimParams { disk_loss: true, shrink: false, ..tight_soak(772000842, 48) }));
+}
+
+/// Late second copies of duplicated frames (`late_duplicates`: up to 3 s late) over a few hot subscriber
+/// pairs. A slot-group leader proposed a forwarded proposal again for each copy it received: a copy of
+/// an acknowledged subscriber change, arriving after a later acknowledged change to the same pair,
+/// undid that later change on every replica (nine of the 1,000 seeds from 793000000, session 58; the
+/// check holding each pair to its last acknowledged change came with them; a tenth, 793000032, left a
+/// slot-replica move unfinished). Leaders now drop a forward they took already (`TakenForwards`), as
+/// channel leaders did.
+#[test]
+fn seeds_whose_late_duplicate_forwards_undid_a_subscriber_change_pass() {
+    for seed in [793000046, 793000407, 793000577, 793000611, 793000631, 793000814, 793000032] {
+        let report = run(SimParams { late_duplicates: true, ..SimParams::from_seed(seed) });
+        assert_passes(&report);
+        assert!(report.faults.subscribers_checked > 0, "seed {seed} checked no subscriber pair");
+    }
 }

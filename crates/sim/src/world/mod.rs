@@ -5,6 +5,7 @@ mod checks;
 mod clock;
 mod disk_loss;
 mod grow;
+mod members;
 mod planned_stops;
 mod senders;
 mod shrink;
@@ -94,6 +95,9 @@ impl SimReport {
         if params.planned_stops != drawn.planned_stops {
             command.push_str(if params.planned_stops { " --planned-stops" } else { " --no-planned-stops" });
         }
+        if params.late_duplicates {
+            command.push_str(" --late-duplicates");
+        }
         command
     }
 }
@@ -177,6 +181,8 @@ pub struct Faults {
     /// Planned stops whose checkpoints (`NodeCore::checkpoint_for_stop`) had all landed when the node
     /// stopped.
     pub stops_written_out: u64,
+    /// (channel, user) subscriber pairs whose last change was known and checked on every replica.
+    pub subscribers_checked: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -209,6 +215,7 @@ impl std::ops::AddAssign for Faults {
         self.planned_stops += other.planned_stops;
         self.stops_handed_off += other.stops_handed_off;
         self.stops_written_out += other.stops_written_out;
+        self.subscribers_checked += other.subscribers_checked;
     }
 }
 
@@ -217,6 +224,9 @@ enum Event {
         from: NodeId,
         to: NodeId,
         bytes: Bytes,
+        /// A late second copy (`SimParams::late_duplicates`): the incarnations of sender and receiver it
+        /// was sent between.
+        late: Option<(u64, u64)>,
     },
     SlotsSynced {
         node: NodeId,
@@ -300,6 +310,8 @@ pub struct World {
     rng: DetRng,
     /// Planned stops under way (`SimParams::planned_stops`).
     stops: planned_stops::PlannedStops,
+    /// How late each second copy of a duplicated frame comes (`SimParams::late_duplicates`).
+    late_duplicates: DetRng,
     now: Time,
     nodes: BTreeMap<NodeId, SimNode>,
     events: BTreeMap<(Time, u64), Event>,
@@ -339,6 +351,8 @@ pub struct World {
     /// Users whose write was acknowledged, by slot group.
     /// Acknowledged user writes, by the hash slot of the uid.
     users_acked: BTreeMap<HashSlot, Vec<Uid>>,
+    /// Subscriber changes asked for (see `members`).
+    member_changes: BTreeMap<ApiId, members::MemberChange>,
     /// Authoritative reads in flight: request → the users acknowledged in its group before it was issued.
     barriers: BTreeMap<ApiId, Vec<Uid>>,
     /// Slot-group replica moves and aborts asked for, waiting for their answer.
@@ -402,6 +416,7 @@ impl World {
         World {
             rng: DetRng::new(params.seed),
             stops: planned_stops::PlannedStops::new(params.seed),
+            late_duplicates: DetRng::new(params.seed ^ crate::params::LATE_DUPLICATES_STREAM),
             params,
             now: Time::ZERO,
             nodes,
@@ -426,6 +441,7 @@ impl World {
             user_writes: BTreeMap::new(),
             slot_moves: BTreeSet::new(),
             users_acked: BTreeMap::new(),
+            member_changes: BTreeMap::new(),
             barriers: BTreeMap::new(),
             fanout_host: Arc::new(senders::RecordingHost::default()),
             lost_disk: None,
@@ -793,7 +809,13 @@ impl World {
     fn deliver(&mut self, event: Event) {
         let now = self.now;
         match event {
-            Event::Frame { from, to, bytes } => self.deliver_frame(now, from, to, &bytes),
+            Event::Frame { from, to, bytes, late } => {
+                // A late copy rides the connection it was sent on, which a restart of either end closes.
+                let incarnation = |id: NodeId| self.nodes.get(&id).map(|n| n.incarnation);
+                if late.is_none_or(|(f, t)| incarnation(from) == Some(f) && incarnation(to) == Some(t)) {
+                    self.deliver_frame(now, from, to, &bytes);
+                }
+            }
             Event::SlotsSynced { node, incarnation, token } => {
                 let n = self.nodes.get_mut(&node).expect("known node");
                 if n.incarnation != incarnation {
@@ -953,6 +975,7 @@ impl World {
                 self.users_acked.entry(slot_of_user(&uid)).or_default().push(uid);
             }
         }
+        self.member_change_answered(api, &result);
         if let Some(expected) = self.barriers.remove(&api) {
             // A read barrier covers the key's slot (refused while the slot is fenced).
             if matches!(result, ApiResult::Meta(Ok(()))) {
@@ -1023,10 +1046,18 @@ impl World {
         } else {
             1
         };
-        for _ in 0..copies {
+        for copy in 0..copies {
             let delay = if self.faulty { self.rng.range(0, self.params.delay_max_ms) } else { 0 };
-            let at = self.now + Duration::from_millis(delay.max(1));
-            self.schedule(at, Event::Frame { from, to, bytes: frame.clone() });
+            // Its own stream: the seed's other draws stay.
+            let late = if copy == 1 && self.params.late_duplicates {
+                self.late_duplicates.range(0, crate::params::LATE_DUPLICATE_MS)
+            } else {
+                0
+            };
+            let at = self.now + Duration::from_millis(delay.max(1) + late);
+            let incarnation = |id: NodeId| self.nodes.get(&id).map_or(u64::MAX, |n| n.incarnation);
+            let late = (late > 0).then(|| (incarnation(from), incarnation(to)));
+            self.schedule(at, Event::Frame { from, to, bytes: frame.clone(), late });
         }
     }
 }

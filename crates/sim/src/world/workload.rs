@@ -114,19 +114,22 @@ impl World {
         let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return };
         if (94..96).contains(&roll) && !acked.is_empty() {
             // Subscriber changes: add or remove a few known users on a channel.
-            let channel =
-                self.channels[usize::try_from(self.rng.below(self.channels.len() as u64)).unwrap_or(0)].clone();
+            // With late duplicates, a few hot pairs: changes to one pair then follow each other closely.
+            let hot = |count: usize, few: usize| if self.params.late_duplicates { count.min(few) } else { count };
+            let (channels, users) = (hot(self.channels.len(), 2), hot(acked.len(), 4));
+            let channel = self.channels[usize::try_from(self.rng.below(channels as u64)).unwrap_or(0)].clone();
             let count = 1 + self.rng.below(3);
-            let uids: Vec<Uid> = (0..count)
-                .map(|_| acked[usize::try_from(self.rng.below(acked.len() as u64)).unwrap_or(0)].clone())
-                .collect();
+            let uids: Vec<Uid> =
+                (0..count).map(|_| acked[usize::try_from(self.rng.below(users as u64)).unwrap_or(0)].clone()).collect();
             let list = MemberList::Subscribers;
-            let command = if roll == 94 {
-                Command::AddMembers { channel, list, uids }
+            let add = roll == 94;
+            let command = if add {
+                Command::AddMembers { channel: channel.clone(), list, uids: uids.clone() }
             } else {
-                Command::RemoveMembers { channel, list, uids }
+                Command::RemoveMembers { channel: channel.clone(), list, uids: uids.clone() }
             };
             core.propose(now, api, command);
+            self.member_change_asked(api, channel, uids, add);
         } else if roll >= 96 || acked.is_empty() {
             let uid = Uid::new(format!("u{}", api.0)).expect("valid uid");
             let user = User { uid: uid.clone(), name: format!("user {}", api.0), banned: false };
