@@ -135,7 +135,8 @@ fn frames(channel: &ChannelId, meta: &ChannelRuntimeMeta, records: &[Record]) {
         }),
     ];
     for (i, body) in bodies.into_iter().enumerate() {
-        let frame = Frame { cluster: 1, from: NodeId::new(2), storage: StorageId::new(0x5eed), body };
+        let frame =
+            Frame { cluster: 1, from: NodeId::new(2), storage: StorageId::new(0x5eed), start: 3, to_start: 4, body };
         write("frame_decode", &format!("frame-{i}"), &encode(&frame));
     }
 }

@@ -4,7 +4,8 @@
 //! looked at.
 //!
 //! Layout: `magic "TD" | version u8 | body length u32 LE | crc32 u32 LE (of the body) | body`, where the
-//! body is the postcard encoding of `(cluster id, sender, sender's storage identity, FrameBody)`.
+//! body is the postcard encoding of `(cluster id, sender, sender's storage identity, sender's start,
+//! receiver's start as the sender knows it, FrameBody)`.
 //!
 //! ```
 //! use tidings::frame::{decode, encode, Frame, FrameBody, FrameLimits};
@@ -13,7 +14,7 @@
 //!
 //! let hint = PullHint { channel: ChannelId::new(ChannelType::GROUP, "g").unwrap(), leader_epoch: LeaderEpoch::new(1) };
 //! let body = FrameBody::Channel(ChannelMessage::Hint(hint));
-//! let frame = Frame { cluster: 7, from: NodeId::new(1), storage: StorageId::new(9), body };
+//! let frame = Frame { cluster: 7, from: NodeId::new(1), storage: StorageId::new(9), start: 3, to_start: 4, body };
 //! let bytes = encode(&frame);
 //! assert_eq!(decode(&bytes, &FrameLimits::default()).unwrap(), frame);
 //! assert!(decode(&bytes[..bytes.len() - 1], &FrameLimits::default()).is_err());
@@ -43,7 +44,9 @@ use tidings_types::{NodeId, StorageId};
 /// Version 3: every frame names the sender's storage identity (`Frame::storage`), a node tells a peer
 /// whose identity it refuses (`NodeMessage::StorageRefused`), and one held back until a majority took
 /// its identity asks for it (`StorageHello`, `StorageAccepted`).
-pub const FRAME_VERSION: u8 = 3;
+/// Version 4: every frame names its sender's start and the receiver's start as the sender last heard
+/// it (`Frame::start`, `Frame::to_start`): a node refuses a frame addressed to an earlier start of it.
+pub const FRAME_VERSION: u8 = 4;
 
 const MAGIC: [u8; 2] = *b"TD";
 const HEADER_BYTES: usize = 2 + 1 + 4 + 4;
@@ -85,6 +88,12 @@ pub struct Frame {
     /// The sender's storage identity: its receivers refuse a node that comes back with another one than
     /// they knew (see `node::identity`).
     pub storage: StorageId,
+    /// The sender's start (its `NodeConfig::boot_id`, 1 for 0).
+    pub start: u64,
+    /// The receiver's start as the sender last heard it, 0 if it has not: a node refuses a frame
+    /// addressed to an earlier start of it, and a forwarded request addressed to none (see
+    /// `node::peer_starts`).
+    pub to_start: u64,
     /// The message.
     pub body: FrameBody,
 }
@@ -161,6 +170,24 @@ pub enum FrameError {
         /// The identity the frame names.
         got: StorageId,
     },
+    /// The frame was sent to an earlier start of this node (a transport held it across this node's
+    /// restart, or sent it again after reconnecting): what it carries was meant for a node that is gone.
+    #[error("frame from {node} addressed to start {addressed} of this node, which is now at start {current}")]
+    EarlierStart {
+        /// The sender.
+        node: NodeId,
+        /// The start the frame names.
+        addressed: u64,
+        /// This node's start.
+        current: u64,
+    },
+    /// A forwarded request from a sender that had not heard from this node since either started: it
+    /// may be a copy of one sent to an earlier start, so it is not taken (its caller retries).
+    #[error("forwarded request from {node} addressed to no start of this node")]
+    UnaddressedForward {
+        /// The sender.
+        node: NodeId,
+    },
 }
 
 impl FrameError {
@@ -178,6 +205,8 @@ impl FrameError {
             FrameError::UnknownNode(_) => "unknown_node",
             FrameError::SenderMismatch { .. } => "sender_mismatch",
             FrameError::StorageChanged { .. } => "storage_changed",
+            FrameError::EarlierStart { .. } => "earlier_start",
+            FrameError::UnaddressedForward { .. } => "unaddressed_forward",
         }
     }
 }
@@ -235,6 +264,17 @@ impl postcard::ser_flavors::Flavor for BehindHeader {
 }
 
 impl FrameBody {
+    /// `true` for a forwarded request a node must take once only: an append or retention move for a
+    /// channel's leader, or a proposal for a slot group's leader.
+    pub(crate) fn is_forward(&self) -> bool {
+        use crate::node::NodeMessage;
+        matches!(
+            self,
+            FrameBody::Node(NodeMessage::AppendForward { .. } | NodeMessage::RetentionForward { .. })
+                | FrameBody::Slot(SlotMessage { body: tidings_slot::raft::SlotBody::Forward { .. }, .. })
+        )
+    }
+
     /// About how many bytes the body takes encoded: its channel messages' own estimates, or a fixed
     /// allowance for the rest (a buffer grows past an estimate that was short).
     fn size_hint(&self) -> usize {
@@ -312,12 +352,16 @@ mod tests {
                 cluster: 1,
                 from: NodeId::new(2),
                 storage: STORAGE,
+                start: 3,
+                to_start: 4,
                 body: FrameBody::Channel(ChannelMessage::Hint(hint)),
             },
             Frame {
                 cluster: 1,
                 from: NodeId::new(3),
                 storage: STORAGE,
+                start: 3,
+                to_start: 4,
                 body: FrameBody::Slot(SlotMessage { group: GroupId::new(4), body: SlotBody::Raft(vec![1, 2, 3]) }),
             },
         ]
@@ -362,6 +406,8 @@ mod tests {
             cluster: 1,
             from: NodeId::new(1),
             storage: STORAGE,
+            start: 3,
+            to_start: 4,
             body: FrameBody::Slot(SlotMessage { group: GroupId::new(1), body: SlotBody::Raft(vec![0; 100]) }),
         });
         assert!(matches!(decode(&big, &limits), Err(FrameError::TooLarge { .. })));

@@ -18,6 +18,8 @@ fn sample() -> Frame {
         cluster: 1,
         from: NodeId::new(2),
         storage: StorageId::new(7),
+        start: 5,
+        to_start: 6,
         body: FrameBody::Channel(ChannelMessage::Pull(pull)),
     }
 }
@@ -51,7 +53,7 @@ fn hint_round_trips() {
     let hint =
         PullHint { channel: ChannelId::new(ChannelType::PERSON, "a@b").unwrap(), leader_epoch: LeaderEpoch::new(1) };
     let body = FrameBody::Channel(ChannelMessage::Hint(hint));
-    let frame = Frame { cluster: 3, from: NodeId::new(1), storage: StorageId::new(7), body };
+    let frame = Frame { cluster: 3, from: NodeId::new(1), storage: StorageId::new(7), start: 5, to_start: 6, body };
     assert_eq!(decode(&encode(&frame), &FrameLimits::default()).unwrap(), frame);
 }
 
@@ -63,6 +65,6 @@ fn a_batch_of_channel_messages_round_trips_in_order() {
         leader_epoch: LeaderEpoch::new(3),
     });
     let body = FrameBody::Channels(vec![hint.clone(), pull, hint]);
-    let frame = Frame { cluster: 3, from: NodeId::new(1), storage: StorageId::new(7), body };
+    let frame = Frame { cluster: 3, from: NodeId::new(1), storage: StorageId::new(7), start: 5, to_start: 6, body };
     assert_eq!(decode(&encode(&frame), &FrameLimits::default()).unwrap(), frame);
 }

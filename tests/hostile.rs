@@ -104,7 +104,7 @@ proptest! {
             if must_refuse {
                 prop_assert!(result.is_err(), "{input:?} was accepted");
             }
-            refused += u64::from(result.is_err());
+            refused += u64::from(result.as_ref().is_err_and(|e| !about_starts(e.kind())));
             cluster.run_for(5);
         }
         // Whatever it was fed, the cluster still takes appends through every node.
@@ -129,9 +129,19 @@ proptest! {
             }
         }
         // Refusals are counted, and every acknowledged message is readable, in order, on every replica.
-        let counted: u64 = (1..=3).map(|n| cluster.core(n).status().refused_frames.values().sum::<u64>()).sum();
+        // Leaving out refusals for a start: a frame resealed with another start in it teaches its
+        // receiver that start of the sender, and the cluster's own frames to the sender are refused
+        // until its next frame teaches the right one again (see `node::peer_starts`).
+        let counted: u64 = (1..=3)
+            .flat_map(|n| cluster.core(n).status().refused_frames)
+            .filter(|(kind, _)| !about_starts(kind))
+            .map(|(_, count)| count)
+            .sum();
         prop_assert_eq!(counted, refused);
-        cluster.run_for(1_000);
+        // Long enough for a follower whose pull answer was refused to pull again: a resealed frame may
+        // have taught its receiver another start of the sender, whose next frame (a ping at the
+        // latest) teaches the right one again.
+        cluster.run_for(5_000);
         for n in 1..=3 {
             let read = read_all(cluster.core(n), &room).unwrap();
             let got: Vec<(Seq, String)> =
@@ -142,4 +152,10 @@ proptest! {
             }
         }
     }
+}
+
+/// `true` for the refusals of a frame meant for another start of its receiver, or a forward meant for
+/// none.
+fn about_starts(kind: &str) -> bool {
+    matches!(kind, "earlier_start" | "unaddressed_forward")
 }

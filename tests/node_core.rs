@@ -112,6 +112,8 @@ fn appends_to_unknown_channels_and_bad_frames_are_refused() {
         cluster: 1,
         from: NodeId::new(9),
         storage: tidings::types::StorageId::new(9),
+        start: 1,
+        to_start: 0,
         body: tidings::frame::FrameBody::Node(tidings::node::NodeMessage::MetaFetch(ghost)),
     });
     assert_eq!(cluster.core(1).handle_frame(now, NodeId::new(9), &frame), Err(FrameError::UnknownNode(NodeId::new(9))));
@@ -129,12 +131,7 @@ fn a_forward_delivered_twice_is_taken_once() {
         sender: None,
         records: vec![(None, Bytes::from_static(b"once"))],
     };
-    let frame = tidings::frame::encode(&tidings::frame::Frame {
-        cluster: 1,
-        from,
-        storage: cluster.core(from.get()).storage_id(),
-        body: tidings::frame::FrameBody::Node(forward),
-    });
+    let frame = forward_frame(&mut cluster, from, leader, forward, |start| start);
     let now = cluster.now;
     for _ in 0..2 {
         cluster.core(leader.get()).handle_frame(now, from, &frame).expect("a valid frame");
@@ -143,6 +140,53 @@ fn a_forward_delivered_twice_is_taken_once() {
     let payloads: Vec<Vec<u8>> =
         read_all(cluster.core(leader.get()), &channel).unwrap().iter().map(|r| r.payload.to_vec()).collect();
     assert_eq!(payloads, vec![b"before".to_vec(), b"once".to_vec()]);
+}
+
+/// The frame `from` sends `to` with `forward`, naming the start of `to` that `address` makes of its
+/// current one (a test forges an earlier start, or none).
+fn forward_frame(
+    cluster: &mut Cluster,
+    from: NodeId,
+    to: NodeId,
+    forward: tidings::node::NodeMessage,
+    address: impl Fn(u64) -> u64,
+) -> Bytes {
+    tidings::frame::encode(&tidings::frame::Frame {
+        cluster: 1,
+        from,
+        storage: cluster.core(from.get()).storage_id(),
+        start: cluster.core(from.get()).start_id(),
+        to_start: address(cluster.core(to.get()).start_id()),
+        body: tidings::frame::FrameBody::Node(forward),
+    })
+}
+
+/// A forwarded append addressed to an earlier start of its leader (a transport held it across the
+/// leader's restart, or sent it again after reconnecting), or to no start, is refused and commits
+/// nothing: the earlier start may have taken it already.
+#[test]
+fn a_forward_addressed_to_an_earlier_start_or_to_none_is_refused() {
+    let (mut cluster, channel, _) = cluster_with_one_message("earlier", |_| {});
+    let leader = cluster.core(1).reader().runtime_meta(&channel).unwrap().expect("stored meta").leader;
+    let from = NodeId::new(if leader.get() == 1 { 2 } else { 1 });
+    let forward = || tidings::node::NodeMessage::AppendForward {
+        id: 78,
+        channel: channel.clone(),
+        sender: None,
+        records: vec![(None, Bytes::from_static(b"never"))],
+    };
+    let now = cluster.now;
+    let earlier = forward_frame(&mut cluster, from, leader, forward(), |start| start + 1);
+    let refused = cluster.core(leader.get()).handle_frame(now, from, &earlier);
+    assert!(matches!(refused, Err(FrameError::EarlierStart { node, .. }) if node == from), "{refused:?}");
+    let unaddressed = forward_frame(&mut cluster, from, leader, forward(), |_| 0);
+    let refused = cluster.core(leader.get()).handle_frame(now, from, &unaddressed);
+    assert_eq!(refused, Err(FrameError::UnaddressedForward { node: from }));
+    assert_eq!(cluster.core(leader.get()).status().refused_frames.get("earlier_start"), Some(&1));
+    cluster.run_for(1_000);
+    let payloads: Vec<Vec<u8>> =
+        read_all(cluster.core(leader.get()), &channel).unwrap().iter().map(|r| r.payload.to_vec()).collect();
+    assert_eq!(payloads, vec![b"before".to_vec()], "nothing of the refused forwards committed");
 }
 
 /// Three nodes evicting replicas idle for 3 s, and `name`, a channel created on node 1 whose first
@@ -436,6 +480,8 @@ fn messages_of_an_older_leadership_are_counted_answers_refused_and_hints_answere
         cluster: 1,
         from: NodeId::new(2),
         storage: cluster.core(2).storage_id(),
+        start: cluster.core(2).start_id(),
+        to_start: cluster.core(3).start_id(),
         body: tidings::frame::FrameBody::Channel(tidings::channel::machine::ChannelMessage::Hint(hint)),
     });
     let now = cluster.now;

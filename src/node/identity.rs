@@ -37,7 +37,8 @@
 //! theirs together while the third is down, which then take each other (beyond what any majority
 //! quorum survives; with the third up, its refusal holds both back: see `Identities::try_release`).
 
-use crate::frame::FrameError;
+use crate::frame::{Frame, FrameBody, FrameError};
+use crate::node::peer_starts::PeerStarts;
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -69,6 +70,8 @@ const REFUSAL_SHOWN_FOR: std::time::Duration = std::time::Duration::from_secs(10
 pub(crate) struct KnownStorages {
     own: StorageId,
     table: RwLock<PeerTable>,
+    /// This node's start and its peers' (see `node::peer_starts`).
+    starts: PeerStarts,
     /// This node is held back until a majority of the cluster took its identity (see
     /// [`Identities::quarantined`]): every inbound frame goes to the core, which takes only identity
     /// messages meanwhile.
@@ -84,11 +87,6 @@ struct PeerTable {
 }
 
 impl KnownStorages {
-    /// This node's storage identity.
-    pub(crate) fn own(&self) -> StorageId {
-        self.own
-    }
-
     /// `true` if `node` is known with identity `storage`.
     pub(crate) fn matches(&self, node: NodeId, storage: StorageId) -> bool {
         self.table.read().known.iter().any(|(n, s)| *n == node && *s == storage)
@@ -104,10 +102,33 @@ impl KnownStorages {
         self.quarantined.load(Ordering::Acquire)
     }
 
+    /// The frame `from` (this node) sends `to`: it names this node's storage identity and start, and
+    /// the start of `to` this node last heard from.
+    pub(crate) fn frame(&self, cluster: u64, from: NodeId, to: NodeId, body: FrameBody) -> Frame {
+        let (start, to_start) = (self.starts.own(), self.starts.of(from, to));
+        Frame { cluster, from, storage: self.own, start, to_start, body }
+    }
+
+    /// This node's start, as its frames name it.
+    pub(crate) fn own_start(&self) -> u64 {
+        self.starts.own()
+    }
+
+    /// Checks that `frame` is addressed to this start of the node, and records its sender's start (see
+    /// `node::peer_starts`).
+    pub(crate) fn accept_start(&self, frame: &Frame) -> Result<(), FrameError> {
+        self.starts.accept(frame)
+    }
+
     /// A table knowing no peer, for the unit tests of the parts that send frames.
     #[cfg(test)]
     pub(crate) fn for_tests() -> Arc<Self> {
-        Arc::new(Self { own: StorageId::new(1), table: RwLock::default(), quarantined: AtomicBool::new(false) })
+        Arc::new(Self {
+            own: StorageId::new(1),
+            table: RwLock::default(),
+            starts: PeerStarts::new(1),
+            quarantined: AtomicBool::new(false),
+        })
     }
 
     /// Refuses `node` as if it had come back with another identity, for unit tests.
@@ -172,7 +193,14 @@ impl Identities {
     /// and the peers' identities it recorded, for a node of a cluster of `nodes` (this one included).
     /// Held back until a majority of them took its identity, unless its directory recorded that
     /// already or it is the cluster's only node.
-    pub(crate) fn open(store: IdentityStore, nodes: usize, now: Time, draw: impl FnOnce() -> u64) -> StoreResult<Self> {
+    /// `boot_id` names this start of the node in its frames (see `node::peer_starts`).
+    pub(crate) fn open(
+        store: IdentityStore,
+        nodes: usize,
+        boot_id: u64,
+        now: Time,
+        draw: impl FnOnce() -> u64,
+    ) -> StoreResult<Self> {
         let own = store.own_or_create(draw)?;
         let known: BTreeMap<NodeId, StorageId> = store.peers()?.into_iter().collect();
         let majority = nodes / 2 + 1;
@@ -183,7 +211,8 @@ impl Identities {
         });
         let table = PeerTable { known: known.iter().map(|(n, s)| (*n, *s)).collect(), refused: Vec::new() };
         let quarantined = AtomicBool::new(quarantine.is_some());
-        let shared = Arc::new(KnownStorages { own, table: RwLock::new(table), quarantined });
+        let starts = PeerStarts::new(boot_id);
+        let shared = Arc::new(KnownStorages { own, table: RwLock::new(table), starts, quarantined });
         Ok(Self {
             store,
             known,
@@ -273,6 +302,11 @@ impl Identities {
     /// The table the runtime's receiving threads check frames against.
     pub(crate) fn shared(&self) -> Arc<KnownStorages> {
         Arc::clone(&self.shared)
+    }
+
+    /// What [`Identities::shared`] hands out, borrowed.
+    pub(crate) fn peers(&self) -> &KnownStorages {
+        &self.shared
     }
 
     /// Decides on a valid frame of `node` naming `storage`: `Ok(true)` to go on with it having recorded
@@ -388,7 +422,7 @@ mod tests {
     use tidings_store::{Kv, MemoryKv};
 
     fn identities(kv: &Arc<MemoryKv>, own: u64) -> Identities {
-        Identities::open(IdentityStore::new(kv.clone()), 3, Time::ZERO, || own).unwrap()
+        Identities::open(IdentityStore::new(kv.clone()), 3, 1, Time::ZERO, || own).unwrap()
     }
 
     const PEER: NodeId = NodeId::new(2);
@@ -461,7 +495,7 @@ mod tests {
         kv.crash();
         assert!(!identities(&kv, 1).quarantined(), "released for good: the directory recorded it");
         // Alone in its cluster, a node is its own majority.
-        let alone = Identities::open(IdentityStore::new(Arc::new(MemoryKv::new())), 1, Time::ZERO, || 5).unwrap();
+        let alone = Identities::open(IdentityStore::new(Arc::new(MemoryKv::new())), 1, 1, Time::ZERO, || 5).unwrap();
         assert!(!alone.quarantined());
     }
 

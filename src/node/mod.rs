@@ -8,6 +8,7 @@ mod error;
 mod fanout;
 pub(crate) mod identity;
 mod message;
+pub(crate) mod peer_starts;
 mod rendezvous;
 pub(crate) mod shard;
 

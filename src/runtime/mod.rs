@@ -66,7 +66,10 @@ use workers::{Completions, ReadJob, WorkQueues, Workers};
 
 /// How a node sends frames to its peers. Implemented by the host (its network stack).
 pub trait Transport: Send + Sync + 'static {
-    /// Sends `frame` to `to` without blocking. Frames may be lost; the protocols resend what matters.
+    /// Sends `frame` to `to` without blocking. Frames may be lost, delayed, reordered or delivered
+    /// twice (a transport may send again what it had in flight when a connection broke, even to the
+    /// peer's next start): the protocols resend what matters, take a forwarded request once per start,
+    /// and refuse a frame addressed to an earlier start of their node.
     fn send(&self, to: NodeId, frame: Bytes);
 }
 
@@ -330,8 +333,13 @@ impl Node {
         let is_member = |node: NodeId| gate.nodes.contains(&node);
         let input = match decode_from(&bytes, from, gate.cluster, is_member, &gate.limits) {
             Err(_) => Input::Frame { from, bytes },
-            // A sender's other identity, or this node held back: the core decides.
-            Ok(frame) if !gate.storages.matches(frame.from, frame.storage) || gate.storages.quarantined() => {
+            // A sender's other identity, this node held back, or a frame addressed to another start of
+            // it: the core decides.
+            Ok(frame)
+                if !gate.storages.matches(frame.from, frame.storage)
+                    || gate.storages.quarantined()
+                    || gate.storages.accept_start(&frame).is_err() =>
+            {
                 Input::Frame { from, bytes }
             }
             Ok(Frame { body: FrameBody::Channel(message), .. }) => return self.to_reactors(from, vec![message]),

@@ -236,9 +236,16 @@ impl Cluster {
                 let now = self.now;
                 // A frame to a node outside the cluster goes nowhere, as with a real transport.
                 if let Some(core) = self.nodes.get_mut(&to).and_then(|n| n.core.as_mut()) {
-                    // Every frame a node sends is valid; only a node back on a new disk is refused.
+                    // Every frame a node sends is valid; only a node back on a new disk is refused, and
+                    // frames meant for an earlier start of their receiver (in flight across its restart),
+                    // or forwards sent before their sender heard from its start.
                     match core.handle_frame(now, from, &frame) {
-                        Ok(()) | Err(FrameError::StorageChanged { .. }) => {}
+                        Ok(())
+                        | Err(
+                            FrameError::StorageChanged { .. }
+                            | FrameError::EarlierStart { .. }
+                            | FrameError::UnaddressedForward { .. },
+                        ) => {}
                         Err(error) => panic!("{from} -> {to}: {error}"),
                     }
                 }
@@ -371,6 +378,8 @@ pub fn deliver(cluster: &mut Cluster, from: u64, to: u64, message: tidings::node
         cluster: 1,
         from: NodeId::new(from),
         storage: cluster.core(from).storage_id(),
+        start: cluster.core(from).start_id(),
+        to_start: cluster.core(to).start_id(),
         body: tidings::frame::FrameBody::Node(message),
     });
     let now = cluster.now;

@@ -123,10 +123,9 @@ pub struct SimParams {
     /// The second copy of a duplicated frame comes up to 3 s late (`LATE_DUPLICATE_MS`) instead of
     /// within the delay drawn, and the workload's subscriber changes go to two channels and four users,
     /// so that a late copy of one can land after a later change to the same pair (the final check holds
-    /// every pair to its last acknowledged change). A late copy rides the connection it was sent on: it
-    /// is dropped if either end restarted meanwhile (a node does not yet tell a frame addressed to an
-    /// earlier start of itself from one to the current start). Off in every seed's own draws (turning
-    /// it on changes a seed's run); `--late-duplicates` turns it on.
+    /// every pair to its last acknowledged change). A late copy may reach a later start of its receiver,
+    /// as from a transport that held it across the restart. Off in every seed's own draws (turning it on
+    /// changes a seed's run); `--late-duplicates` turns it on.
     pub late_duplicates: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,

@@ -983,3 +983,15 @@ fn seeds_whose_late_duplicate_forwards_undid_a_subscriber_change_pass() {
         assert!(report.faults.subscribers_checked > 0, "seed {seed} checked no subscriber pair");
     }
 }
+
+/// Late second copies (`late_duplicates`) reaching a later start of their receiver. A channel leader
+/// remembers the forwarded appends it took for its start only, so a copy held across its restart was
+/// taken again and its message committed twice (nine of the 1,000 seeds from 793000000, session 58).
+/// Frames now name the receiver's start; a node refuses one addressed to an earlier start, and a forward
+/// addressed to none (`node::peer_starts`).
+#[test]
+fn seeds_whose_late_forward_reached_the_next_start_of_its_leader_pass() {
+    for seed in [793000107, 793000215, 793000259, 793000341, 793000362, 793000594] {
+        assert_passes(&run(SimParams { late_duplicates: true, ..SimParams::from_seed(seed) }));
+    }
+}

@@ -12,7 +12,7 @@ use super::message::{NodeMessage, SlotReadAnswer};
 use super::shard::{
     shard_of, shard_of_id, CallOutcome, ChannelShard, LeaderCall, Lookup, LookupAnswer, Served, ShardInput,
 };
-use crate::frame::{decode_from, encode, Frame, FrameBody, FrameError, FrameLimits};
+use crate::frame::{decode_from, encode, FrameBody, FrameError, FrameLimits};
 use bytes::Bytes;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -224,7 +224,7 @@ impl NodeCore {
         raft_config.boot_id = config.boot_id;
         raft_config.cluster = config.nodes.clone();
         let draw = || draw_storage_id(config.seed, config.node, config.boot_id);
-        let identities = Identities::open(meta.identity(), config.nodes.len(), now, draw)?;
+        let identities = Identities::open(meta.identity(), config.nodes.len(), config.boot_id, now, draw)?;
         let slot = MultiRaft::open(raft_config, logs, meta.clone(), config.table(), &members, now)?;
         // Routes start from what this node learned of slot migrations before it stopped.
         let learned = slot.table();
@@ -376,6 +376,8 @@ impl NodeCore {
         self.advance(now);
         let nodes = &self.config.nodes;
         let checked = decode_from(bytes, from, self.config.cluster, |n| nodes.contains(&n), &self.frame_limits)
+            // The sender's start first: a peer refused for its identity is told so at the start it is in.
+            .and_then(|frame| self.identities.peers().accept_start(&frame).map(|()| frame))
             .and_then(|frame| self.check_storage(from, frame.storage).map(|()| frame));
         let frame = match checked {
             Ok(frame) => frame,
@@ -391,6 +393,12 @@ impl NodeCore {
     /// This node's storage identity: every frame it sends names it (see `node::identity`).
     pub fn storage_id(&self) -> StorageId {
         self.identities.own()
+    }
+
+    /// This start of the node as its frames name it (`Frame::start`: its `NodeConfig::boot_id`, 1 for 0);
+    /// a frame addressed to another start of it is refused.
+    pub fn start_id(&self) -> u64 {
+        self.identities.peers().own_start()
     }
 
     /// The storage identities this node knows of its peers, for a runtime that checks frames on other
@@ -688,8 +696,7 @@ impl NodeCore {
         if (!identity && self.identities.quarantined()) || (!refused && self.identities.shared().refuses(to)) {
             return;
         }
-        let (cluster, from, storage) = (self.config.cluster, self.config.node, self.identities.own());
-        let frame = encode(&Frame { cluster, from, storage, body });
+        let frame = encode(&self.identities.peers().frame(self.config.cluster, self.config.node, to, body));
         self.effects.push_back(NodeEffect::Send { to, frame });
     }
 

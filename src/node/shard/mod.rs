@@ -40,7 +40,7 @@ use super::core::{ApiId, ApiResult, ChannelStatus, NodeEffect};
 use super::error::NodeError;
 use super::identity::KnownStorages;
 use super::message::{NodeMessage, RemoteAppendError};
-use crate::frame::{encode, Frame, FrameBody};
+use crate::frame::{encode, FrameBody};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -818,8 +818,7 @@ impl ChannelShard {
         if self.storages.refuses(to) {
             return;
         }
-        let (cluster, from, storage) = (self.config.cluster, self.config.node, self.storages.own());
-        let frame = encode(&Frame { cluster, from, storage, body });
+        let frame = encode(&self.storages.frame(self.config.cluster, self.config.node, to, body));
         self.outputs.push_back(ShardOutput::Effect(NodeEffect::Send { to, frame }));
     }
 
