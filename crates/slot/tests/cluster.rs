@@ -382,10 +382,7 @@ fn a_command_proposed_into_a_group_that_does_not_own_its_slot_commits_there_and_
         "{refused:?}"
     );
     assert_eq!(proposed_in(&mut cluster, owner).unwrap(), Outcome::Applied);
-    for n in 1..=3 {
-        let name = cluster.reader(NodeId::new(n)).user(&Uid::new("alice").unwrap()).unwrap().map(|u| u.name);
-        assert_eq!(name.as_deref(), Some("x"), "node {n}");
-    }
+    assert_eq!(names_of(&cluster, "alice"), [Some("x".to_string()), Some("x".into()), Some("x".into())]);
 
     // Only the leader takes it, and a follower names the leader.
     let leader = cluster.leader_of(other).unwrap();
@@ -424,10 +421,14 @@ fn a_forwarded_proposal_delivered_again_after_a_later_write_does_not_undo_it() {
     cluster.driver(leader).handle_message(now, follower, copy);
     cluster.drain(leader);
     cluster.run_for(500);
-    for n in 1..=3 {
-        let name = cluster.reader(NodeId::new(n)).user(&Uid::new("alice").unwrap()).unwrap().map(|u| u.name);
-        assert_eq!(name.as_deref(), Some("second"), "node {n}: the acknowledged write was undone");
-    }
+    let second = Some("second".to_string());
+    assert_eq!(names_of(&cluster, "alice"), [second.clone(), second.clone(), second], "a write undone");
+}
+
+/// The name each of nodes 1 to 3 holds for user `uid`.
+fn names_of(cluster: &Cluster, uid: &str) -> Vec<Option<String>> {
+    let uid = Uid::new(uid).unwrap();
+    (1..=3).map(|n| cluster.reader(NodeId::new(n)).user(&uid).unwrap().map(|u| u.name)).collect()
 }
 
 #[test]
