@@ -296,6 +296,12 @@ impl Cluster {
         self.table.group_of(hash_slot(uid.as_bytes()))
     }
 
+    /// `group`'s leader and one of its other members.
+    fn leader_and_follower(&self, group: GroupId) -> (NodeId, NodeId) {
+        let leader = self.leader_of(group).expect("a leader");
+        (leader, self.members(group).into_iter().find(|n| *n != leader).expect("a follower"))
+    }
+
     fn members(&self, group: GroupId) -> Vec<NodeId> {
         self.groups.iter().find(|(g, _)| *g == group).unwrap().1.clone()
     }
@@ -385,8 +391,7 @@ fn a_command_proposed_into_a_group_that_does_not_own_its_slot_commits_there_and_
     assert_eq!(names_of(&cluster, "alice"), [Some("x".to_string()), Some("x".into()), Some("x".into())]);
 
     // Only the leader takes it, and a follower names the leader.
-    let leader = cluster.leader_of(other).unwrap();
-    let follower = cluster.members(other).into_iter().find(|n| *n != leader).unwrap();
+    let (leader, follower) = cluster.leader_and_follower(other);
     let now = cluster.now;
     let refused = cluster.driver(follower).propose_in(now, other, &put_user("bob", "y"));
     assert!(
@@ -403,8 +408,7 @@ fn a_forwarded_proposal_delivered_again_after_a_later_write_does_not_undo_it() {
     let mut cluster = Cluster::new(4, 3, 1, 3);
     cluster.run_for(3_000);
     let group = cluster.group_of_uid("alice");
-    let leader = cluster.leader_of(group).unwrap();
-    let follower = cluster.members(group).into_iter().find(|n| *n != leader).unwrap();
+    let (leader, follower) = cluster.leader_and_follower(group);
     let first = put_user("alice", "first");
     let now = cluster.now;
     let id = cluster.driver(follower).propose(now, &first).unwrap();
@@ -894,8 +898,7 @@ fn a_failed_slot_store_write_stops_that_node_s_replicas_and_the_others_go_on() {
     let mut cluster = Cluster::new(9, 3, 1, 3);
     cluster.run_for(3_000);
     let group = cluster.groups[0].0;
-    let leader = cluster.leader_of(group).expect("a leader");
-    let follower = cluster.members(group).into_iter().find(|n| *n != leader).unwrap();
+    let (leader, follower) = cluster.leader_and_follower(group);
     assert_eq!(cluster.propose_and_wait(leader, put_user("before", "x")), Outcome::Applied);
     cluster.run_for(200);
     // The follower's next store write fails: raft-rs already counts it as handed to storage, so the
