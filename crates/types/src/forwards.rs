@@ -32,7 +32,18 @@ pub struct TakenForwards {
     capacity: usize,
 }
 
+impl Default for TakenForwards {
+    /// Remembers the last [`TakenForwards::REMEMBERED`] forwards.
+    fn default() -> Self {
+        Self::new(Self::REMEMBERED)
+    }
+}
+
 impl TakenForwards {
+    /// How many forwards a node's channel shards and slot-group driver each remember: a copy delivered
+    /// again later than this many newer forwards is taken again (~640 KiB at the most).
+    pub const REMEMBERED: usize = 16_384;
+
     /// Remembers the last `capacity` forwards (at least one).
     pub fn new(capacity: usize) -> Self {
         Self { taken: FxHashSet::default(), order: VecDeque::new(), capacity: capacity.max(1) }

@@ -10,10 +10,6 @@ use crate::node::message::{NodeMessage, RemoteAppendError};
 use tidings_channel::machine::{AppendError, AppendRecord, AppendRequest, RequestId, RetentionRequest};
 use tidings_types::{ChannelId, NodeId, Seq};
 
-/// Forwarded calls a shard remembers having taken (see [`TakenForwards`](tidings_types::TakenForwards)):
-/// a copy delivered again later than this many newer forwards is taken again.
-pub(super) const TAKEN_FORWARDS_MAX: usize = 16_384;
-
 /// What an API call asks of a channel's leader.
 #[derive(Debug)]
 pub(crate) enum LeaderCall {

@@ -28,7 +28,7 @@ mod turns;
 
 pub use activation::ActivationLoad;
 use activation::Loaded;
-use calls::{CallKind, TAKEN_FORWARDS_MAX};
+use calls::CallKind;
 pub(crate) use calls::{CallOutcome, LeaderCall};
 pub use lookups::{Lookup, LookupAnswer};
 pub use reads::ReadPlan;
@@ -450,7 +450,7 @@ impl ChannelShard {
             retentions: FxHashMap::default(),
             senders: BTreeMap::new(),
             forwarded: BTreeMap::new(),
-            taken_forwards: TakenForwards::new(TAKEN_FORWARDS_MAX),
+            taken_forwards: TakenForwards::default(),
             forward_deadlines: VecDeque::new(),
             cannot_lead: BTreeMap::new(),
             to_activate: BTreeMap::new(),

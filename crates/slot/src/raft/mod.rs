@@ -269,8 +269,6 @@ fn learned_table(meta: &MetaStore, genesis: &HashToSlot) -> Result<HashToSlot, S
 
 /// Most proposals in one batch entry (the entry's bytes are bounded by `proposal_bytes_max` too).
 const BATCH_PROPOSALS_MAX: usize = 256;
-/// Forwarded proposals a node remembers having taken (see [`TakenForwards`]).
-const FORWARDS_REMEMBERED: usize = 16_384;
 
 /// How often a replica outside its own configuration asks its leader whether it is still a member.
 const MEMBER_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3);
@@ -346,7 +344,7 @@ impl MultiRaft {
             leaving: Vec::new(),
             snapshots_sent: BTreeMap::new(),
             next_member_check: now,
-            taken_forwards: TakenForwards::new(FORWARDS_REMEMBERED),
+            taken_forwards: TakenForwards::default(),
             config,
         };
         for (group, voters) in groups {
