@@ -125,7 +125,10 @@ fn frames(channel: &ChannelId, meta: &ChannelRuntimeMeta, records: &[Record]) {
             id: 10,
             result: Err(RemoteAppendError::Refused(AppendError::NotLeader { leader: Some(NodeId::new(3)) })),
         }),
-        FrameBody::Slot(SlotMessage { group: GroupId::new(2), body: SlotBody::Raft(vec![8, 3, 16, 2]) }),
+        FrameBody::Slot(SlotMessage {
+            group: GroupId::new(2),
+            body: SlotBody::Raft { known_epoch: 3, bytes: vec![8, 3, 16, 2] },
+        }),
         FrameBody::Node(NodeMessage::StorageRefused { known: StorageId::new(77) }),
         FrameBody::Node(NodeMessage::StorageHello),
         FrameBody::Node(NodeMessage::StorageAccepted { storage: StorageId::new(0x5eed) }),

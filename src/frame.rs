@@ -46,7 +46,9 @@ use tidings_types::{NodeId, StorageId};
 /// its identity asks for it (`StorageHello`, `StorageAccepted`).
 /// Version 4: every frame names its sender's start and the receiver's start as the sender last heard
 /// it (`Frame::start`, `Frame::to_start`): a node refuses a frame addressed to an earlier start of it.
-pub const FRAME_VERSION: u8 = 4;
+/// Version 5: slot raft messages name the highest configuration epoch their sending replica knows of
+/// (`SlotBody::known_epoch`): a replica drops answers naming an older one.
+pub const FRAME_VERSION: u8 = 5;
 
 const MAGIC: [u8; 2] = *b"TD";
 const HEADER_BYTES: usize = 2 + 1 + 4 + 4;
@@ -362,7 +364,10 @@ mod tests {
                 storage: STORAGE,
                 start: 3,
                 to_start: 4,
-                body: FrameBody::Slot(SlotMessage { group: GroupId::new(4), body: SlotBody::Raft(vec![1, 2, 3]) }),
+                body: FrameBody::Slot(SlotMessage {
+                    group: GroupId::new(4),
+                    body: SlotBody::Raft { known_epoch: 9, bytes: vec![1, 2, 3] },
+                }),
             },
         ]
     }
@@ -408,7 +413,10 @@ mod tests {
             storage: STORAGE,
             start: 3,
             to_start: 4,
-            body: FrameBody::Slot(SlotMessage { group: GroupId::new(1), body: SlotBody::Raft(vec![0; 100]) }),
+            body: FrameBody::Slot(SlotMessage {
+                group: GroupId::new(1),
+                body: SlotBody::Raft { known_epoch: 0, bytes: vec![0; 100] },
+            }),
         });
         assert!(matches!(decode(&big, &limits), Err(FrameError::TooLarge { .. })));
         assert!(matches!(decode(&good[..good.len() - 1], &limits), Err(FrameError::LengthMismatch { .. })));

@@ -995,3 +995,21 @@ fn seeds_whose_late_forward_reached_the_next_start_of_its_leader_pass() {
         assert_passes(&run(SimParams { late_duplicates: true, ..SimParams::from_seed(seed) }));
     }
 }
+
+/// A slot replica destroyed on its removal had answered an append; a late copy of that answer reached
+/// the leader after the group added the node back, in the same term, and raft-rs took its match index
+/// for the new, empty replica's and ignored the new replica's rejections as stale: the learner never
+/// caught up, and the move waited for good (session 59). Raft messages now name the highest
+/// configuration epoch their sender knows, and answers naming an older one than the receiver knows
+/// are dropped (`SlotBody::known_epoch`).
+#[test]
+fn seeds_whose_late_answer_from_a_destroyed_slot_replica_stalled_its_successor_pass() {
+    assert_passes(&run(SimParams { late_duplicates: true, ..SimParams::from_seed(793000624) }));
+    let hurried = SimParams {
+        late_duplicates: true,
+        tight_limits: true,
+        hurried_timings: true,
+        ..SimParams::from_seed(799001178)
+    };
+    assert_passes(&run(hurried));
+}

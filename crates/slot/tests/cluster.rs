@@ -43,6 +43,10 @@ struct Cluster {
     stalled: BTreeSet<NodeId>,
     /// Leaders' `Removed` answers are lost: removed replicas are never released.
     lose_removals: bool,
+    /// Messages this node sends are also copied to `recorded` (to deliver again later, late).
+    recording: Option<NodeId>,
+    /// Messages `recording` sent, with their receivers.
+    recorded: Vec<(NodeId, SlotMessage)>,
     loss_per_million: u32,
     outcomes: BTreeMap<(NodeId, ProposalId), Result<Outcome, ProposeError>>,
     reads: BTreeMap<(NodeId, ReadId), bool>,
@@ -88,6 +92,8 @@ impl Cluster {
             blocked: BTreeSet::new(),
             stalled: BTreeSet::new(),
             lose_removals: false,
+            recording: None,
+            recorded: Vec::new(),
             loss_per_million: 0,
             outcomes: BTreeMap::new(),
             reads: BTreeMap::new(),
@@ -140,7 +146,7 @@ impl Cluster {
                     if let tidings_slot::raft::SlotBody::Chunk { index, count, .. } = &message.body {
                         self.trace.push(format!("{} chunk {id}->{to} {index}/{count}", self.now));
                     }
-                    if let tidings_slot::raft::SlotBody::Raft(bytes) = &message.body {
+                    if let tidings_slot::raft::SlotBody::Raft { bytes, .. } = &message.body {
                         // A leader's append names an entry it holds: term 0 at an index past 0 means its
                         // raft-rs looked the entry up in a store that did not show it yet.
                         let raft = <raft::prelude::Message as protobuf::Message>::parse_from_bytes(bytes).unwrap();
@@ -151,6 +157,9 @@ impl Cluster {
                             raft.index,
                             message.group
                         );
+                    }
+                    if self.recording == Some(id) {
+                        self.recorded.push((to, message.clone()));
                     }
                     let removal = matches!(message.body, tidings_slot::raft::SlotBody::Removed { .. });
                     if self.blocked.contains(&id)
@@ -1137,4 +1146,73 @@ fn a_voter_holding_back_its_removal_applies_it_once_the_group_adds_it_back() {
     assert!(!status.joint && status.learners.contains(&from), "{status:?}");
     assert!(status.voters.contains(&to));
     assert!(cluster.reader(from).user(&Uid::new("while-held").unwrap()).unwrap().is_some());
+}
+
+/// A replica destroyed on its removal may have answered an append just before: a copy of that answer
+/// arriving after the group added the node back must not count for the new, empty replica. It did:
+/// raft-rs took the old match index for the new replica's and ignored its rejections as stale, so the
+/// learner never caught up (sim seeds 793000624 and 799001178, with late duplicate frames).
+#[test]
+fn a_late_answer_from_a_destroyed_replica_does_not_stall_the_replica_added_back() {
+    use tidings_slot::raft::{MembershipChange, SlotBody};
+    let mut cluster = Cluster::new(7, 4, 1, 3);
+    cluster.run_for(3_000);
+    let group = GroupId::new(1);
+    let node = NodeId::new(1);
+    let leader = cluster.leader_of(group).unwrap();
+    cluster.recording = Some(node);
+    add_caught_up_learner(&mut cluster, group, leader, node);
+    for i in 0..3 {
+        cluster.propose_and_wait(leader, put_user(&format!("a{i}"), "x"));
+    }
+    cluster.run_for(200);
+    let matched = |message: &SlotMessage| match &message.body {
+        SlotBody::Raft { bytes, .. } => {
+            let raft = <raft::prelude::Message as protobuf::Message>::parse_from_bytes(bytes).unwrap();
+            (raft.get_msg_type() == raft::prelude::MessageType::MsgAppendResponse && !raft.reject).then_some(raft.index)
+        }
+        _ => None,
+    };
+    let (old_match, late_answer) = cluster
+        .recorded
+        .iter()
+        .filter(|(to, _)| *to == leader)
+        .filter_map(|(_, message)| matched(message).map(|index| (index, message.clone())))
+        .max_by_key(|(index, _)| *index)
+        .expect("the learner acknowledged appends");
+    cluster.recording = None;
+
+    let now = cluster.now;
+    cluster.driver(leader).change_membership(now, group, &MembershipChange::RemoveLearner(node)).unwrap();
+    cluster.drain(leader);
+    run_until(&mut cluster, 10_000, "the removed replica is destroyed", |c| {
+        !c.driver(node).groups().any(|g| g == group)
+    });
+    // A few writes, fewer than a compaction: the leader still holds the entries after the old match.
+    for i in 0..3 {
+        cluster.propose_and_wait(leader, put_user(&format!("b{i}"), "x"));
+    }
+
+    // Added back while cut off, and the old answer arrives first (same term: no election since).
+    cluster.blocked.insert(node);
+    let now = cluster.now;
+    cluster.driver(leader).change_membership(now, group, &MembershipChange::AddLearner(node)).unwrap();
+    cluster.drain(leader);
+    run_until(&mut cluster, 5_000, "the learner is added back", |c| {
+        c.driver(leader).status(group).unwrap().learners.contains(&node)
+    });
+    let now = cluster.now;
+    let stale_before = cluster.driver(leader).stale_messages();
+    cluster.driver(leader).handle_message(now, node, late_answer);
+    cluster.drain(leader);
+    assert_eq!(cluster.driver(leader).stale_messages(), stale_before + 1, "the late answer is dropped");
+    cluster.blocked.remove(&node);
+
+    run_until(&mut cluster, 10_000, "the replica added back catches up", |c| {
+        let applied = c.driver(leader).applied_index(group).unwrap();
+        let peers = c.driver(leader).status(group).unwrap().peers;
+        let acknowledged = peers.iter().any(|(peer, matched, _)| *peer == node && *matched > old_match);
+        acknowledged && c.driver(node).applied_index(group) == Some(applied)
+    });
+    assert!(cluster.reader(node).user(&Uid::new("b2").unwrap()).unwrap().is_some());
 }

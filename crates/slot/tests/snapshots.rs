@@ -25,13 +25,13 @@ fn member() -> MultiRaft {
 /// Delivers `message` from node 1 and carries out the effects (syncs complete at once); returns the raft
 /// messages the driver sent.
 fn deliver(driver: &mut MultiRaft, message: Message) -> Vec<Message> {
-    let body = SlotBody::Raft(message.write_to_bytes().unwrap());
+    let body = SlotBody::Raft { known_epoch: 0, bytes: message.write_to_bytes().unwrap() };
     driver.handle_message(Time::ZERO, NodeId::new(1), SlotMessage { group: GROUP, body });
     let mut sent = Vec::new();
     while let Some(effect) = driver.poll_effect() {
         match effect {
             SlotEffect::Sync { token } => driver.handle_synced(Time::ZERO, token),
-            SlotEffect::Send { message: SlotMessage { body: SlotBody::Raft(bytes), .. }, .. } => {
+            SlotEffect::Send { message: SlotMessage { body: SlotBody::Raft { bytes, .. }, .. }, .. } => {
                 sent.push(Message::parse_from_bytes(&bytes).unwrap());
             }
             _ => {}

@@ -24,7 +24,7 @@ fn driver(holds_group: bool) -> MultiRaft {
 
 fn deliver(driver: &mut MultiRaft, now: Time, message: Message) -> Vec<Message> {
     let from = NodeId::new(message.from);
-    let body = SlotBody::Raft(message.write_to_bytes().unwrap());
+    let body = SlotBody::Raft { known_epoch: 0, bytes: message.write_to_bytes().unwrap() };
     driver.handle_message(now, from, SlotMessage { group: GROUP, body });
     drain(driver, now)
 }
@@ -35,7 +35,7 @@ fn drain(driver: &mut MultiRaft, now: Time) -> Vec<Message> {
     while let Some(effect) = driver.poll_effect() {
         match effect {
             SlotEffect::Sync { token } => driver.handle_synced(now, token),
-            SlotEffect::Send { message: SlotMessage { body: SlotBody::Raft(bytes), .. }, .. } => {
+            SlotEffect::Send { message: SlotMessage { body: SlotBody::Raft { bytes, .. }, .. }, .. } => {
                 sent.push(Message::parse_from_bytes(&bytes).unwrap());
             }
             _ => {}

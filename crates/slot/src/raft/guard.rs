@@ -40,6 +40,20 @@ pub(crate) fn admissible<S: Storage>(raw: &RawNode<S>, from: u64, me: u64, messa
     }
 }
 
+/// `true` for the message types that answer a request of the receiver. Their sender took the receiver's
+/// known configuration epoch from that request (see `SlotBody::known_epoch`), so an answer naming an
+/// older one comes from a replica that never saw the request: one destroyed since, its answer late.
+pub(crate) fn is_answer(kind: MessageType) -> bool {
+    matches!(
+        kind,
+        MessageType::MsgAppendResponse
+            | MessageType::MsgHeartbeatResponse
+            | MessageType::MsgRequestVoteResponse
+            | MessageType::MsgRequestPreVoteResponse
+            | MessageType::MsgReadIndexResp
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,9 @@ use raft::StateRole;
 use tidings_types::{GroupId, NodeId};
 
 impl MultiRaft {
-    pub(super) fn step_raft(&mut self, from: NodeId, group: GroupId, bytes: &[u8]) {
+    /// Steps a raft message from `from` whose sending replica knew configuration epochs up to
+    /// `known_epoch` into `group`.
+    pub(super) fn step_raft(&mut self, from: NodeId, group: GroupId, known_epoch: u64, bytes: &[u8]) {
         let Ok(message) = Message::parse_from_bytes(bytes) else {
             self.refused_messages += 1;
             return;
@@ -33,6 +35,14 @@ impl MultiRaft {
             self.refused_messages += 1;
             return;
         }
+        if guard::is_answer(message.get_msg_type()) && known_epoch < g.known_epoch {
+            // Perhaps from a replica of `from` destroyed since: see `SlotBody::known_epoch`. A live
+            // replica took this replica's epoch from the request it answers, so only an answer
+            // overtaken by a membership change applied here meanwhile is lost with it.
+            self.stale_messages += 1;
+            return;
+        }
+        g.known_epoch = g.known_epoch.max(known_epoch);
         if message.term != 0 && message.term < g.raw.raft.term {
             self.stale_messages += 1;
         }
@@ -90,7 +100,10 @@ impl MultiRaft {
         // not have when it answered: entries beyond it may add this node back, and the leader may count
         // on this replica's acknowledgement of them. (Raft ids are node ids: an emptied replica that was
         // counted would leave the leader waiting for entries it believes are held.)
-        let stale = config_epoch < g.config_epoch || g.raw.raft.raft_log.last_index() > last_index;
+        // Nor older than an epoch its peers named: a replica the group added back (a leader's probe named
+        // that change's epoch) must not go on a late copy of an earlier `Removed`, or the answers it sent
+        // meanwhile would count for its empty successor (see `SlotBody::known_epoch`).
+        let stale = config_epoch < g.known_epoch || g.raw.raft.raft_log.last_index() > last_index;
         if !stale && !self.leaving.contains(&group) {
             self.leaving.push(group);
         }

@@ -17,9 +17,17 @@ pub struct SlotMessage {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SlotBody {
     /// A raft-rs message (protobuf).
-    Raft(#[serde(with = "serde_bytes_vec")] Vec<u8>),
+    Raft {
+        /// The highest configuration epoch the sending replica knows of (see [`SlotBody::known_epoch`]).
+        known_epoch: u64,
+        /// The encoded message.
+        #[serde(with = "serde_bytes_vec")]
+        bytes: Vec<u8>,
+    },
     /// One chunk of a raft message too large for one frame (a snapshot).
     Chunk {
+        /// The highest configuration epoch the sending replica knows of (see [`SlotBody::known_epoch`]).
+        known_epoch: u64,
         /// Identifies the chunked message among the sender's.
         transfer: u64,
         /// Index of this chunk.
@@ -72,6 +80,25 @@ pub enum SlotBody {
         /// The leader.
         leader: NodeId,
     },
+}
+
+impl SlotBody {
+    /// For a raft message or one of its chunks: the highest configuration epoch (the raft index of a
+    /// committed membership change) the sending replica knows of, from its own log or from its peers'
+    /// messages.
+    ///
+    /// Raft ids are node ids, so a replica destroyed on its removal and the one created when the group
+    /// adds the node back look alike to raft-rs. Any answer the destroyed one sent names an epoch from
+    /// before the change that added the node back; its successor learns that change's epoch (or a later
+    /// one) from the first message it gets. A replica drops answers naming an older epoch than it knows:
+    /// a late copy of one would otherwise count for the new, empty replica (raft-rs took its match
+    /// index and ignored the new replica's rejections as stale: the learner never caught up).
+    pub fn known_epoch(&self) -> Option<u64> {
+        match self {
+            SlotBody::Raft { known_epoch, .. } | SlotBody::Chunk { known_epoch, .. } => Some(*known_epoch),
+            _ => None,
+        }
+    }
 }
 
 /// Serializes `Vec<u8>` as bytes (compact in postcard).

@@ -128,6 +128,9 @@ struct Group {
     election_tick: usize,
     /// Raft index of the membership change in force (0: the bootstrap membership).
     config_epoch: u64,
+    /// The highest configuration epoch this replica knows of: its own, or one its peers' messages named
+    /// (see [`SlotBody::known_epoch`]). Never below `config_epoch`.
+    known_epoch: u64,
     /// The commit index this replica's store holds durably: what a restart comes back with. A leader
     /// sends followers a commit index before its own hard state holding it is synced.
     durable_commit: u64,
@@ -151,6 +154,12 @@ impl Group {
             joint: !conf.voters_outgoing.is_empty(),
             config_epoch: ConfigEpoch::new(self.config_epoch),
         }
+    }
+
+    /// The membership change at `epoch` is in force (applied, or installed by a snapshot).
+    fn set_config_epoch(&mut self, epoch: u64) {
+        self.config_epoch = epoch;
+        self.known_epoch = self.known_epoch.max(epoch);
     }
 
     /// `true` if `node` is in the configuration in force in any role.
@@ -236,7 +245,8 @@ pub struct MultiRaft {
     /// Raft messages from the wire dropped before raft-rs saw them (undecodable, or ones a correct peer
     /// never sends: see `guard`).
     refused_messages: u64,
-    /// Raft messages of an older term than the group's (raft-rs ignores or answers them).
+    /// Raft messages of an older term than the group's (raft-rs ignores or answers them), and answers
+    /// of an older configuration epoch than the group knows (dropped).
     stale_messages: u64,
     /// Proposals of this round, per group this node leads, with the node that hears a refusal: proposed
     /// as batch entries when the round is processed.
@@ -393,6 +403,7 @@ impl MultiRaft {
             election_rng,
             election_tick,
             config_epoch,
+            known_epoch: config_epoch,
             durable_commit,
             held_back: Vec::new(),
         };
@@ -451,7 +462,8 @@ impl MultiRaft {
     }
 
     /// Raft messages received with a term older than their group's current one (raft-rs ignores them or
-    /// answers so their sender steps down; they change no state here).
+    /// answers so their sender steps down; they change no state here), and answers dropped for naming
+    /// an older configuration epoch than their group knows (see [`SlotBody::known_epoch`]).
     pub fn stale_messages(&self) -> u64 {
         self.stale_messages
     }
@@ -712,11 +724,11 @@ impl MultiRaft {
         self.advance(now);
         let group = message.group;
         match message.body {
-            SlotBody::Raft(bytes) => self.step_raft(from, group, &bytes),
-            SlotBody::Chunk { transfer, index, count, bytes } => {
+            SlotBody::Raft { known_epoch, bytes } => self.step_raft(from, group, known_epoch, &bytes),
+            SlotBody::Chunk { known_epoch, transfer, index, count, bytes } => {
                 let chunk = snapshot::Chunk { transfer, index, count, bytes };
                 if let Some(whole) = self.reassembly.add(self.now, from, group, chunk) {
-                    self.step_raft(from, group, &whole);
+                    self.step_raft(from, group, known_epoch, &whole);
                 }
             }
             SlotBody::Forward { origin, id, command } => self.forwarded(from, group, origin, id, command),
@@ -780,10 +792,11 @@ impl MultiRaft {
             let transfer = std::time::Duration::from_micros(bytes / 20);
             self.snapshots_sent.insert((group, to), self.now + self.config.snapshot_ack_timeout + transfer);
         }
+        let known_epoch = self.groups.get(&group).map_or(0, |g| g.known_epoch);
         // Cannot fail: raft-rs messages encode into memory.
         let bytes = message.write_to_bytes().expect("raft message encodes");
         if bytes.len() <= self.config.chunk_bytes {
-            self.send(to, group, SlotBody::Raft(bytes));
+            self.send(to, group, SlotBody::Raft { known_epoch, bytes });
             return;
         }
         let transfer = self.next_transfer;
@@ -792,7 +805,8 @@ impl MultiRaft {
         let count = u32::try_from(chunks.len()).unwrap_or(u32::MAX);
         for (index, chunk) in chunks.into_iter().enumerate() {
             let index = u32::try_from(index).unwrap_or(u32::MAX);
-            self.send(to, group, SlotBody::Chunk { transfer, index, count, bytes: chunk.to_vec() });
+            let bytes = chunk.to_vec();
+            self.send(to, group, SlotBody::Chunk { known_epoch, transfer, index, count, bytes });
         }
     }
 

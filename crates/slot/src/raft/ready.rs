@@ -163,7 +163,7 @@ impl MultiRaft {
                 std::io::Error::new(std::io::ErrorKind::InvalidData, malformed.to_string()),
             ),
         })?;
-        group.config_epoch = installed.config_epoch;
+        group.set_config_epoch(installed.config_epoch);
         self.placed(installed.placements);
         if !installed.metas.is_empty() {
             let metas = std::sync::Arc::new(installed.metas);
@@ -358,7 +358,7 @@ impl MultiRaft {
         // take it as a match and commit past its log (raft-rs panics: sim seed 113003393).
         self.write_round()?;
         let group = self.groups.get_mut(&id).expect("group exists");
-        group.config_epoch = entry.index;
+        group.set_config_epoch(entry.index);
         let conf = membership::entry_conf_change(entry).and_then(|change| group.raw.apply_conf_change(&change).ok());
         if let Some(conf) = conf {
             // Written now, with the round so far: the configuration the FSM records with this entry is
