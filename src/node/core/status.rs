@@ -127,7 +127,9 @@ pub struct NodeStatus {
     pub refused_raft_messages: u64,
     /// Channel answers and hints of an older leader epoch than the meta in force (answers refused;
     /// hints answered with the newer epoch, which sends their stale sender for the meta), plus raft
-    /// messages of an older term (raft-rs ignores or answers those; they change no state).
+    /// messages of an older term (raft-rs ignores or answers those; they change no state) and slot
+    /// raft answers of an older configuration epoch than their group knows (dropped: see
+    /// `SlotBody::known_epoch`).
     pub stale_messages: u64,
     /// Channel replicas rebuilt from their store after a storage failure since start. A rebuilt replica
     /// keeps its HW as far as its log holds it durably; a record committed by the other ISR members but
