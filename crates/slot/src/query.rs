@@ -33,6 +33,8 @@ pub struct SlotReader {
     /// looks its slot's placement up, and a sender check the owner copy of two slots (two store reads
     /// each), where the key itself is one read.
     routes: Mutex<Vec<Option<(u64, SlotRoutes)>>>,
+    /// Set by [`SlotReader::in_copy`]: every key is read from this group's copy of its hash slot.
+    copy: Option<GroupId>,
 }
 
 /// Where one hash slot is read on this node.
@@ -47,7 +49,7 @@ struct SlotRoutes {
 impl Clone for SlotReader {
     /// A reader of the same store with a cache of its own (a clone usually goes to another thread).
     fn clone(&self) -> Self {
-        Self::new(self.store.clone())
+        Self { copy: self.copy, ..Self::new(self.store.clone()) }
     }
 }
 
@@ -55,7 +57,27 @@ impl SlotReader {
     /// Reads `store`.
     pub fn new(store: MetaStore) -> Self {
         // Filled on first use: a reader made for one lookup allocates no cache.
-        Self { store, routes: Mutex::new(Vec::new()) }
+        Self { store, routes: Mutex::new(Vec::new()), copy: None }
+    }
+
+    /// A reader of the same store that reads every key from `copy`'s copy of its hash slot, whatever
+    /// this node's placement names: to compare the replicas of one group, or a group's copy of a slot
+    /// it is importing or exported.
+    ///
+    /// ```
+    /// # use tidings_slot::query::SlotReader;
+    /// # use tidings_slot::model::Uid;
+    /// # use tidings_store::{MemoryKv, MetaStore};
+    /// # use tidings_types::GroupId;
+    /// # use std::sync::Arc;
+    /// let reader = SlotReader::new(MetaStore::new(Arc::new(MemoryKv::new())));
+    /// let uid = Uid::new("alice").unwrap();
+    /// // Nothing placed yet: the node's own routes read nothing, group 2's copy is read as it stands.
+    /// assert_eq!(reader.device(&uid, 1).unwrap(), None);
+    /// assert_eq!(reader.in_copy(GroupId::new(2)).device(&uid, 1).unwrap(), None);
+    /// ```
+    pub fn in_copy(&self, copy: GroupId) -> SlotReader {
+        Self { copy: Some(copy), ..Self::new(self.store.clone()) }
     }
 
     /// The store's [`MetaStore::routes_version`]: reads made while it stayed the same saw no change to
@@ -318,8 +340,12 @@ impl SlotReader {
         Ok(Page { items, cursor: page.next_after })
     }
 
-    /// The group whose copy of `slot` this node reads: its placement.
+    /// The group whose copy of `slot` this node reads: its placement, or the copy [`SlotReader::in_copy`]
+    /// named.
     fn space(&self, slot: HashSlot) -> StoreResult<Option<MetaSpace>> {
+        if let Some(copy) = self.copy {
+            return Ok(Some(MetaSpace::slot(copy, slot)));
+        }
         Ok(self.routes(slot)?.placed.map(|group| MetaSpace::slot(group, slot)))
     }
 

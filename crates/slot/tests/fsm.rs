@@ -663,3 +663,40 @@ fn a_copy_is_the_owner_copy_only_once_this_node_s_replica_applied_its_import() {
     );
     assert_eq!(reader.owner_copy(slot).unwrap(), Some(b));
 }
+
+/// `SlotReader::in_copy` reads one group's copy of a hash slot whatever this node's placement names: a
+/// copy being imported before its commit, and nothing where the group holds no copy.
+#[test]
+fn a_reader_in_a_copy_reads_that_groups_copy_whatever_the_placement_names() {
+    use tidings_slot::model::SlotMigrationStep as Step;
+    let TwoGroups { table, a, b, source, target, reader, .. } = two_groups_on_one_node();
+    let owner = (0..2000)
+        .map(|i| uid(&format!("user-{i}")))
+        .find(|u| table.group_of(hash_slot(u.as_str().as_bytes())) == a)
+        .unwrap();
+    let slot = hash_slot(owner.as_str().as_bytes());
+    let device = Device { uid: owner.clone(), device_flag: 1, token: "t".into(), level: 0 };
+    assert_eq!(step(&source, &table, Command::PutDevice(device.clone())), Outcome::Applied);
+    assert_eq!(reader.in_copy(a).device(&owner, 1).unwrap(), Some(device.clone()));
+    assert_eq!(reader.in_copy(b).device(&owner, 1).unwrap(), None, "group 2 holds no copy of the slot");
+
+    // Group 2 takes a copy; the node's placement still names group 1.
+    let migrate = |group, step| Command::MigrateSlot { group, slot, step };
+    assert_eq!(step(&source, &table, migrate(a, Step::Export { to: b })), Outcome::Applied);
+    let begin = Step::BeginImport { from: a, epoch: 1, attempt: 1 };
+    assert_eq!(step(&target, &table, migrate(b, begin)), Outcome::Applied);
+    let entries = reader.export_slot(a, slot, None, usize::MAX).unwrap().items;
+    let chunk = Step::ImportChunk {
+        from: a,
+        epoch: 1,
+        attempt: 1,
+        entries: entries.into_iter().map(|(k, v)| (k, Some(v))).collect(),
+    };
+    assert_eq!(step(&target, &table, migrate(b, chunk)), Outcome::Applied);
+    let remove = Command::RemoveDevice { uid: owner.clone(), device_flag: 1 };
+    assert_eq!(step(&source, &table, remove), Outcome::Applied);
+
+    assert_eq!(reader.device(&owner, 1).unwrap(), None, "the placement's copy took the removal");
+    assert_eq!(reader.in_copy(a).device(&owner, 1).unwrap(), None);
+    assert_eq!(reader.in_copy(b).device(&owner, 1).unwrap(), Some(device), "the import's copy has not yet");
+}
