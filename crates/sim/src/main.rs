@@ -10,7 +10,9 @@
 //! drained and leaves (`SimParams::shrink`, only where it may), `--planned-stops` /
 //! `--no-planned-stops` for crashes that are planned stops after a hand-off (`SimParams::planned_stops`,
 //! only with two nodes or more); `--late-duplicates` lets second copies of duplicated frames come up
-//! to 3 s late (`SimParams::late_duplicates`, off in every seed's own draws). `--safety-ms N` runs every seed's faults
+//! to 3 s late (`SimParams::late_duplicates`, off in every seed's own draws); `--all-metadata` makes
+//! the workload's member-list changes every kind of per-key metadata write (`SimParams::all_metadata`,
+//! off in every seed's own draws). `--safety-ms N` runs every seed's faults
 //! for N virtual milliseconds instead of the 3–8 s it draws (a soak: faults that pile up, such as epoch
 //! histories, compacted raft logs and many failovers of one channel), `--channels N` gives every seed N
 //! channels instead of the 1–6 it draws (more replicas than tight limits leave room for), `--liveness-ms N`
@@ -46,6 +48,7 @@ fn params(seed: u64) -> SimParams {
     let planned_stops =
         (seeded.planned_stops || flag("--planned-stops") && seeded.nodes >= 2) && !flag("--no-planned-stops");
     let late_duplicates = flag("--late-duplicates");
+    let all_metadata = flag("--all-metadata");
     let channels = arg("--channels").and_then(|n| usize::try_from(n).ok()).filter(|n| *n > 0);
     SimParams {
         safety_ms: arg("--safety-ms").unwrap_or(seeded.safety_ms),
@@ -61,6 +64,7 @@ fn params(seed: u64) -> SimParams {
         shrink,
         planned_stops,
         late_duplicates,
+        all_metadata,
         unsafe_disk_loss_keeps_identity,
         ..seeded
     }

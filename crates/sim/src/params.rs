@@ -127,6 +127,13 @@ pub struct SimParams {
     /// as from a transport that held it across the restart. Off in every seed's own draws (turning it on
     /// changes a seed's run); `--late-duplicates` turns it on.
     pub late_duplicates: bool,
+    /// The workload's member-list changes become every kind of per-key metadata write, drawn alike:
+    /// subscriber, allow and deny lists, devices, memberships, plugin bindings and system uids, each
+    /// put or removed, all held to their last acknowledged change by the final check (`registers`).
+    /// The simulator's own draws send only subscriber changes, and reach the slot FSM's paths for the
+    /// other kinds nowhere else. Off in every seed's own draws (turning it on changes a seed's run);
+    /// `--all-metadata` turns it on.
+    pub all_metadata: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
     /// Unsafe, for the simulator's own test: a node that loses its disk (`disk_loss`) keeps its storage
@@ -203,6 +210,7 @@ impl SimParams {
             shrink: false,
             planned_stops: nodes >= 2 && DetRng::new(seed ^ PLANNED_STOPS_STREAM).range(0, 2) == 0,
             late_duplicates: false,
+            all_metadata: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
@@ -277,6 +285,7 @@ impl SimParams {
             shrink: false,
             planned_stops: false,
             late_duplicates: false,
+            all_metadata: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
@@ -290,7 +299,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -331,6 +340,7 @@ impl fmt::Display for SimParams {
             if self.shrink { " shrink" } else { "" },
             if self.planned_stops { " planned-stops" } else { "" },
             if self.late_duplicates { " late-duplicates" } else { "" },
+            if self.all_metadata { " all-metadata" } else { "" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
             if self.unsafe_disk_loss_keeps_identity { " UNSAFE-disk-loss-keeps-identity" } else { "" },
             if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }

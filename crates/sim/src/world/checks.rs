@@ -479,7 +479,7 @@ impl World {
     pub(super) fn final_checks(&mut self) {
         self.check_channel_logs();
         self.check_users_kept();
-        self.check_subscribers();
+        self.check_registers();
         self.count_final_faults();
         self.check_lost_disk_refused();
         self.check_joined();

@@ -5,8 +5,8 @@ mod checks;
 mod clock;
 mod disk_loss;
 mod grow;
-mod members;
 mod planned_stops;
+mod registers;
 mod senders;
 mod shrink;
 mod workload;
@@ -98,6 +98,9 @@ impl SimReport {
         if params.late_duplicates {
             command.push_str(" --late-duplicates");
         }
+        if params.all_metadata {
+            command.push_str(" --all-metadata");
+        }
         command
     }
 }
@@ -181,8 +184,9 @@ pub struct Faults {
     /// Planned stops whose checkpoints (`NodeCore::checkpoint_for_stop`) had all landed when the node
     /// stopped.
     pub stops_written_out: u64,
-    /// (channel, user) subscriber pairs whose last change was known and checked on every replica.
-    pub subscribers_checked: u64,
+    /// Metadata registers (a user on a channel's list, a device, a membership, a plugin binding, a
+    /// system uid) whose last change was known and checked on every replica (see `registers`).
+    pub registers_checked: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -215,7 +219,7 @@ impl std::ops::AddAssign for Faults {
         self.planned_stops += other.planned_stops;
         self.stops_handed_off += other.stops_handed_off;
         self.stops_written_out += other.stops_written_out;
-        self.subscribers_checked += other.subscribers_checked;
+        self.registers_checked += other.registers_checked;
     }
 }
 
@@ -345,11 +349,10 @@ pub struct World {
     route_cursor: usize,
     /// Metadata writes in flight: request → the user written.
     user_writes: BTreeMap<ApiId, Uid>,
-    /// Users whose write was acknowledged, by slot group.
     /// Acknowledged user writes, by the hash slot of the uid.
     users_acked: BTreeMap<HashSlot, Vec<Uid>>,
-    /// Subscriber changes asked for (see `members`).
-    member_changes: BTreeMap<ApiId, members::MemberChange>,
+    /// Metadata writes the final check follows (see `registers`).
+    register_changes: BTreeMap<ApiId, registers::RegisterChange>,
     /// Authoritative reads in flight: request → the users acknowledged in its group before it was issued.
     barriers: BTreeMap<ApiId, Vec<Uid>>,
     /// Slot-group replica moves and aborts asked for, waiting for their answer.
@@ -438,7 +441,7 @@ impl World {
             user_writes: BTreeMap::new(),
             slot_moves: BTreeSet::new(),
             users_acked: BTreeMap::new(),
-            member_changes: BTreeMap::new(),
+            register_changes: BTreeMap::new(),
             barriers: BTreeMap::new(),
             fanout_host: Arc::new(senders::RecordingHost::default()),
             lost_disk: None,
@@ -971,7 +974,7 @@ impl World {
                 self.users_acked.entry(slot_of_user(&uid)).or_default().push(uid);
             }
         }
-        self.member_change_answered(api, &result);
+        self.register_change_answered(api, &result);
         if let Some(expected) = self.barriers.remove(&api) {
             // A read barrier covers the key's slot (refused while the slot is fenced).
             if matches!(result, ApiResult::Meta(Ok(()))) {

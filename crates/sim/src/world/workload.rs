@@ -7,9 +7,9 @@ use bytes::Bytes;
 use tidings::channel::machine::AppendRecord;
 use tidings::node::ApiId;
 use tidings::slot::command::{Command, MemberList, RoutingKey};
-use tidings::slot::model::{Uid, User};
+use tidings::slot::model::{Device, Membership, PluginBinding, Uid, User};
 use tidings::store::message::IdempotencyKey;
-use tidings::types::{ChannelId, GroupId, HashSlot, NodeId, Seq};
+use tidings::types::{ChannelId, DetRng, GroupId, HashSlot, NodeId, Seq};
 
 impl World {
     /// One client request: an append (half with an idempotency key; some through `append_from` with
@@ -113,23 +113,26 @@ impl World {
         let acked: Vec<Uid> = self.users_acked.values().flatten().cloned().collect();
         let Some(core) = self.nodes.get_mut(&node).and_then(|n| n.core.as_mut()) else { return };
         if (94..96).contains(&roll) && !acked.is_empty() {
-            // Subscriber changes: add or remove a few known users on a channel.
-            // With late duplicates, a few hot pairs: changes to one pair then follow each other closely.
-            let hot = |count: usize, few: usize| if self.params.late_duplicates { count.min(few) } else { count };
+            // Subscriber changes: add or remove a few known users on a channel (every kind of per-key
+            // metadata write with `all_metadata`). With late duplicates, or every kind, a few hot pairs:
+            // changes to one pair then follow each other closely.
+            let few = self.params.late_duplicates || self.params.all_metadata;
+            let hot = |count: usize, at_most: usize| if few { count.min(at_most) } else { count };
             let (channels, users) = (hot(self.channels.len(), 2), hot(acked.len(), 4));
             let channel = self.channels[usize::try_from(self.rng.below(channels as u64)).unwrap_or(0)].clone();
             let count = 1 + self.rng.below(3);
             let uids: Vec<Uid> =
                 (0..count).map(|_| acked[usize::try_from(self.rng.below(users as u64)).unwrap_or(0)].clone()).collect();
-            let list = MemberList::Subscribers;
             let add = roll == 94;
-            let command = if add {
-                Command::AddMembers { channel: channel.clone(), list, uids: uids.clone() }
+            let command = if self.params.all_metadata {
+                any_metadata_write(&mut self.rng, channel, uids, add, api)
+            } else if add {
+                Command::AddMembers { channel, list: MemberList::Subscribers, uids }
             } else {
-                Command::RemoveMembers { channel: channel.clone(), list, uids: uids.clone() }
+                Command::RemoveMembers { channel, list: MemberList::Subscribers, uids }
             };
-            core.propose(now, api, command);
-            self.member_change_asked(api, channel, uids, add);
+            core.propose(now, api, command.clone());
+            self.register_change_asked(api, &command);
         } else if roll >= 96 || acked.is_empty() {
             let uid = Uid::new(format!("u{}", api.0)).expect("valid uid");
             let user = User { uid: uid.clone(), name: format!("user {}", api.0), banned: false };
@@ -211,6 +214,56 @@ impl World {
             _ => return false,
         }
         true
+    }
+}
+
+/// A put (`add`) or a removal of one kind of per-key metadata, drawn (`SimParams::all_metadata`): a
+/// change of one of `channel`'s lists for `uids`, or of the first of `uids`' device, membership of
+/// `channel`, plugin binding or system-uid mark. What it puts comes from the request's id.
+fn any_metadata_write(rng: &mut DetRng, channel: ChannelId, uids: Vec<Uid>, add: bool, api: ApiId) -> Command {
+    let mix = splitmix(api.0 ^ 0x6d65_7461);
+    let uid = uids[0].clone();
+    match rng.below(7) {
+        kind @ 0..=2 => {
+            let list =
+                [MemberList::Subscribers, MemberList::Allow, MemberList::Deny][usize::try_from(kind).unwrap_or(0)];
+            if add {
+                Command::AddMembers { channel, list, uids }
+            } else {
+                Command::RemoveMembers { channel, list, uids }
+            }
+        }
+        3 => {
+            let device_flag = u8::from(mix % 2 == 1);
+            if add {
+                let level = u8::from((mix >> 8) % 2 == 1);
+                Command::PutDevice(Device { uid, device_flag, token: format!("t{}", api.0), level })
+            } else {
+                Command::RemoveDevice { uid, device_flag }
+            }
+        }
+        4 if add => {
+            let read = mix % 50;
+            let membership = Membership {
+                join_seq: Seq::new(read / 2),
+                read_seq: Seq::new(read),
+                deleted_to_seq: Seq::new(read / 3),
+                hidden: (mix >> 8) % 2 == 1,
+                active: (mix >> 9) % 4 != 0,
+            };
+            Command::PutMembership { uid, channel, membership }
+        }
+        4 => Command::RemoveMembership { uid, channel },
+        5 => {
+            let plugin = format!("p{}", mix % 2);
+            if add {
+                Command::PutPluginBinding(PluginBinding { uid, plugin })
+            } else {
+                Command::RemovePluginBinding { uid, plugin }
+            }
+        }
+        _ if add => Command::AddSystemUid(uid),
+        _ => Command::RemoveSystemUid(uid),
     }
 }
 
