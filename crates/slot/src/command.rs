@@ -12,7 +12,7 @@ use tidings_types::{ChannelId, ChannelRuntimeMeta, GroupId, HashSlot, NodeId};
 pub const COMMAND_VERSION: u16 = 3;
 
 /// Which per-channel member list a command changes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum MemberList {
     /// Subscribers (who receives the channel's messages).
     Subscribers,

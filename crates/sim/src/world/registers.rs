@@ -19,8 +19,8 @@ use tidings::types::{ChannelId, Time};
 /// One piece of metadata a command sets whole.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Register {
-    /// `uid` on one of `channel`'s lists (0: subscribers, 1: allow, 2: deny).
-    Member { channel: ChannelId, list: u8, uid: Uid },
+    /// `uid` on one of `channel`'s lists.
+    Member { channel: ChannelId, list: MemberList, uid: Uid },
     /// A user's device of one kind.
     Device { uid: Uid, flag: u8 },
     /// A user's membership state of a channel.
@@ -50,29 +50,10 @@ pub(super) struct RegisterChange {
     acknowledged: Option<Time>,
 }
 
-fn list_number(list: MemberList) -> u8 {
-    match list {
-        MemberList::Subscribers => 0,
-        MemberList::Allow => 1,
-        MemberList::Deny => 2,
-    }
-}
-
-fn list_of(number: u8) -> MemberList {
-    match number {
-        0 => MemberList::Subscribers,
-        1 => MemberList::Allow,
-        _ => MemberList::Deny,
-    }
-}
-
 /// The registers `command` sets, and what it leaves in each; empty for a command not checked.
-pub(super) fn sets_of(command: &Command) -> Vec<(Register, Held)> {
-    let member = |channel: &ChannelId, list, uid: &Uid| Register::Member {
-        channel: channel.clone(),
-        list: list_number(list),
-        uid: uid.clone(),
-    };
+fn sets_of(command: &Command) -> Vec<(Register, Held)> {
+    let member =
+        |channel: &ChannelId, list, uid: &Uid| Register::Member { channel: channel.clone(), list, uid: uid.clone() };
     match command {
         Command::AddMembers { channel, list, uids } => {
             uids.iter().map(|uid| (member(channel, *list, uid), Held::Present(true))).collect()
@@ -122,7 +103,7 @@ impl Register {
     /// What `reader` (one group's copy) shows of the register.
     fn read(&self, reader: &SlotReader) -> StoreResult<Held> {
         Ok(match self {
-            Register::Member { channel, list, uid } => Held::Present(reader.is_member(channel, list_of(*list), uid)?),
+            Register::Member { channel, list, uid } => Held::Present(reader.is_member(channel, *list, uid)?),
             Register::Device { uid, flag } => Held::Device(reader.device(uid, *flag)?),
             Register::Membership { uid, channel } => Held::Membership(reader.membership(uid, channel)?),
             Register::Plugin { uid, plugin } => Held::Present(reader.plugin(uid, plugin)?.is_some()),
