@@ -97,6 +97,7 @@ fn frames(channel: &ChannelId, meta: &ChannelRuntimeMeta, records: &[Record]) {
                 channel: channel.clone(),
                 pull_id: 5,
                 leader_epoch: LeaderEpoch::new(2),
+                epoch: Epoch::new(3),
                 next_seq: Seq::new(1),
                 last_epoch: LeaderEpoch::new(0),
                 max_bytes: 1 << 20,

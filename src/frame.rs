@@ -47,7 +47,9 @@ use tidings_types::{NodeId, StorageId};
 /// Version 4: every frame names its sender's start and the receiver's start as the sender last heard
 /// it (`Frame::start`, `Frame::to_start`): a node refuses a frame addressed to an earlier start of it.
 /// Version 5: slot raft messages name the highest configuration epoch their sending replica knows of
-/// (`SlotBody::known_epoch`): a replica drops answers naming an older one.
+/// (`SlotBody::known_epoch`): a replica drops answers naming an older one; channel pulls name the
+/// membership epoch of their meta (`PullRequest::epoch`): a leader refuses one older than the meta
+/// that added its sender.
 pub const FRAME_VERSION: u8 = 5;
 
 const MAGIC: [u8; 2] = *b"TD";

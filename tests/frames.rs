@@ -3,13 +3,14 @@
 use proptest::prelude::*;
 use tidings::channel::machine::{ChannelMessage, PullHint, PullRequest};
 use tidings::frame::{decode, encode, Frame, FrameBody, FrameLimits};
-use tidings::types::{ChannelId, ChannelType, LeaderEpoch, NodeId, Seq, StorageId};
+use tidings::types::{ChannelId, ChannelType, Epoch, LeaderEpoch, NodeId, Seq, StorageId};
 
 fn sample() -> Frame {
     let pull = PullRequest {
         channel: ChannelId::new(ChannelType::GROUP, "room").unwrap(),
         pull_id: 9,
         leader_epoch: LeaderEpoch::new(2),
+        epoch: Epoch::new(1),
         next_seq: Seq::new(40),
         last_epoch: LeaderEpoch::new(2),
         max_bytes: 1 << 20,

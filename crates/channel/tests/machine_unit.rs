@@ -65,13 +65,19 @@ fn settle(machine: &mut ChannelMachine, log: &MemoryLog, now: Time) -> Vec<Effec
     others
 }
 
-/// A pull (id 1, no byte limit to speak of) from a replica under `leader_epoch`, asking from `next_seq`
-/// with `last_epoch` as the epoch of its last record.
+/// A pull (id 1, no byte limit to speak of) from a replica under `leader_epoch` (and membership epoch 1),
+/// asking from `next_seq` with `last_epoch` as the epoch of its last record.
 fn pull(leader_epoch: u64, next_seq: u64, last_epoch: u64) -> ChannelMessage {
+    pull_under(leader_epoch, 1, next_seq, last_epoch)
+}
+
+/// [`pull`] made under a meta of membership epoch `epoch`.
+fn pull_under(leader_epoch: u64, epoch: u64, next_seq: u64, last_epoch: u64) -> ChannelMessage {
     ChannelMessage::Pull(PullRequest {
         channel: channel(),
         pull_id: 1,
         leader_epoch: LeaderEpoch::new(leader_epoch),
+        epoch: Epoch::new(epoch),
         next_seq: Seq::new(next_seq),
         last_epoch: LeaderEpoch::new(last_epoch),
         max_bytes: 1 << 20,
@@ -1265,4 +1271,58 @@ fn settled_follower() -> ChannelMachine {
     follower.handle_meta(t(1), meta(1, 1, 1)).unwrap();
     settle(&mut follower, &MemoryLog::new(LogLimits::default()), t(1));
     follower
+}
+
+/// A copy of a pull a replica sent before it was taken off the channel, delivered after the replica was
+/// added back (same leader epoch: the leader stayed), claims records the new replica's empty log does
+/// not hold. Taken, it made the leader count the replica caught up, propose it into the ISR, and, once
+/// there, count its claim toward MinISR: records only the leader held were acknowledged. Pulls name the
+/// membership epoch of the meta they are made under, and the leader refuses one older than the meta
+/// that (re)added its sender (`StaleEpoch`: the sender refreshes its meta).
+#[test]
+fn a_pull_from_before_its_replica_left_and_came_back_counts_for_nothing() {
+    use tidings_channel::machine::PullBody;
+    let log = MemoryLog::new(LogLimits::default());
+    let mut m = machine();
+    let with = |version: u64, epoch: u64, replicas: &[u64], isr: &[u64]| {
+        let mut next = meta(1, 1, version);
+        next.epoch = Epoch::new(epoch);
+        next.min_isr = 2;
+        next.replicas = replicas.iter().copied().map(NodeId::new).collect();
+        next.isr = isr.iter().copied().map(NodeId::new).collect();
+        next
+    };
+    // Node 3 a learner; node 2 in the ISR holds only the barrier.
+    m.handle_meta(t(1), with(1, 1, &[1, 2, 3], &[1, 2])).unwrap();
+    settle(&mut m, &log, t(1));
+    m.handle_append(t(2), request(1, &["a", "b", "c", "d"])).unwrap();
+    settle(&mut m, &log, t(2));
+    m.handle_message(t(3), NodeId::new(2), pull_under(1, 1, 2, 1));
+    settle(&mut m, &log, t(3));
+    assert_eq!(m.hw(), Seq::new(1));
+    // The pull node 3 made before it left: through seq 5, under membership epoch 1.
+    let late = pull_under(1, 1, 6, 1);
+
+    // Node 3 leaves and comes back with an empty log.
+    m.handle_meta(t(4), with(2, 2, &[1, 2], &[1, 2])).unwrap();
+    m.handle_meta(t(5), with(3, 3, &[1, 2, 3], &[1, 2])).unwrap();
+    settle(&mut m, &log, t(5));
+    m.handle_message(t(6), NodeId::new(3), late);
+    let effects = settle(&mut m, &log, t(6));
+    let answer = effects.iter().find_map(|e| match e {
+        Effect::Send { message: ChannelMessage::PullResponse(response), .. } => Some(response.body.clone()),
+        _ => None,
+    });
+    assert_eq!(answer, Some(PullBody::StaleEpoch), "{effects:?}");
+    assert!(!effects.iter().any(|e| matches!(e, Effect::ProposeMeta { .. })), "no ISR expansion: {effects:?}");
+
+    // Even in the ISR (say a replacement put it there), the late claim does not count.
+    m.handle_meta(t(7), with(4, 4, &[1, 2, 3], &[1, 2, 3])).unwrap();
+    m.handle_message(t(8), NodeId::new(3), pull_under(1, 1, 6, 1));
+    settle(&mut m, &log, t(8));
+    assert_eq!(m.hw(), Seq::new(1), "records only the leader holds are not committed");
+    // A pull under the meta that added it back counts.
+    m.handle_message(t(9), NodeId::new(3), pull_under(1, 3, 6, 1));
+    settle(&mut m, &log, t(9));
+    assert_eq!(m.hw(), Seq::new(5));
 }

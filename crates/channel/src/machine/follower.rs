@@ -143,7 +143,8 @@ impl ChannelMachine {
         };
         let max_bytes = u32::try_from(self.config.pull_bytes_max).unwrap_or(u32::MAX);
         let Some(meta) = &self.meta else { return };
-        let (channel, leader_epoch, frozen) = (meta.channel.clone(), meta.leader_epoch, meta.replication_frozen());
+        let (channel, leader_epoch, epoch) = (meta.channel.clone(), meta.leader_epoch, meta.epoch);
+        let frozen = meta.replication_frozen();
         let pull_id = self.next_pull_id;
         let Some(follower) = self.follower() else { return };
         if frozen || follower.outstanding.is_some() || !settled || follower.next_pull_at.is_some_and(|at| at > now) {
@@ -153,7 +154,7 @@ impl ChannelMachine {
         follower.outstanding = Some(Outstanding { pull_id, next_seq, sent_at: now });
         let leader = follower.leader;
         self.next_pull_id = self.next_pull_id.wrapping_add(1);
-        let request = PullRequest { channel, pull_id, leader_epoch, next_seq, last_epoch, max_bytes };
+        let request = PullRequest { channel, pull_id, leader_epoch, epoch, next_seq, last_epoch, max_bytes };
         self.send(leader, ChannelMessage::Pull(request));
     }
 

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 use tidings_store::message::{Record, RecordKind};
 use tidings_store::StoreError;
-use tidings_types::{ChannelRuntimeMeta, LeaderEpoch, NodeId, Seq, Time};
+use tidings_types::{ChannelRuntimeMeta, Epoch, LeaderEpoch, NodeId, Seq, Time};
 
 /// What the leader knows of one other replica.
 #[derive(Debug)]
@@ -30,6 +30,10 @@ pub(super) struct Progress {
     idle: bool,
     /// The highest HW this replica was told; a pull is parked only when it already knows the current HW.
     told_hw: Seq,
+    /// The membership epoch of the meta under which this leadership first counted the replica (its
+    /// start's, or the one that added it): an older pull may be a late copy from the replica the node
+    /// held before it left the channel, its log forgotten since, and is refused (`StaleEpoch`).
+    joined: Epoch,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -109,7 +113,8 @@ impl LeaderState {
     }
 
     pub(super) fn new(meta: &ChannelRuntimeMeta, me: NodeId, now: Time) -> Self {
-        let progress = meta.replicas.iter().filter(|n| **n != me).map(|n| (*n, Progress::new(now))).collect();
+        let progress =
+            meta.replicas.iter().filter(|n| **n != me).map(|n| (*n, Progress::new(now, meta.epoch))).collect();
         Self {
             barrier_seq: Seq::new(0),
             inherited_end: Seq::new(0),
@@ -212,9 +217,10 @@ impl LeaderState {
 }
 
 impl Progress {
-    fn new(now: Time) -> Self {
+    fn new(now: Time, joined: Epoch) -> Self {
         // A fresh leader gives every replica one lag period of grace before judging it.
         Progress {
+            joined,
             match_seq: Seq::new(0),
             last_pull_at: now,
             caught_up_at: now,
@@ -333,7 +339,7 @@ impl ChannelMachine {
         let Some(leader) = self.leader() else { return };
         leader.progress.retain(|n, _| meta.is_replica(*n));
         for node in meta.replicas.iter().filter(|n| **n != me) {
-            leader.progress.get_or_insert_with(*node, || Progress::new(now));
+            leader.progress.get_or_insert_with(*node, || Progress::new(now, meta.epoch));
         }
         if leader.proposal.is_some_and(|(_, version)| meta.version > version) {
             leader.proposal = None;
@@ -575,7 +581,12 @@ impl ChannelMachine {
         if meta.replication_frozen() {
             return; // A failover is gathering evidence: count no acknowledgement, send no record.
         }
-        if request.leader_epoch < leader_epoch {
+        let joined = self.leader().and_then(|l| l.progress.get(&from)).map(|p| p.joined);
+        if request.leader_epoch < leader_epoch || joined.is_some_and(|joined| request.epoch < joined) {
+            // Of an older leadership, or made before this leadership counted the replica: possibly a
+            // late copy from the replica the node held before it left the channel and came back, which
+            // claims records its new, empty log does not hold (counted, they made it look caught up,
+            // took it into the ISR and toward MinISR). The follower refreshes its meta.
             self.send(from, respond(PullBody::StaleEpoch));
             return;
         }

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use tidings_store::message::Record;
-use tidings_types::{ChannelId, LeaderEpoch, Seq};
+use tidings_types::{ChannelId, Epoch, LeaderEpoch, Seq};
 
 /// A message between two replicas of `channel`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +50,10 @@ pub struct PullRequest {
     pub pull_id: u64,
     /// The leader epoch of the meta the follower acts under.
     pub leader_epoch: LeaderEpoch,
+    /// The membership epoch of that meta. A leader refuses a pull made under an older one than the
+    /// meta that (re)added the follower to the replicas: it may come from the follower's replica of
+    /// before it left (a late copy), whose log the node has since forgotten.
+    pub epoch: Epoch,
     /// First seq wanted. Everything before it is durable on the follower: this is its acknowledgement.
     pub next_seq: Seq,
     /// Leader epoch of the follower's last record (0 if none).
@@ -101,7 +105,8 @@ pub enum PullBody {
         /// The leader's high watermark.
         hw: Seq,
     },
-    /// The pull was made under another leader epoch; the follower must refresh its meta.
+    /// The pull was made under another leader epoch, or under a membership epoch from before the
+    /// follower (re)joined the replicas; the follower must refresh its meta.
     StaleEpoch,
     /// The answering node is not the leader (anymore).
     NotLeader,
