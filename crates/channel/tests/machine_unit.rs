@@ -1326,3 +1326,32 @@ fn a_pull_from_before_its_replica_left_and_came_back_counts_for_nothing() {
     settle(&mut m, &log, t(9));
     assert_eq!(m.hw(), Seq::new(5));
 }
+
+/// A follower told its pull was made under a meta too old (`StaleEpoch`: a leader refuses one older
+/// than the meta that added the follower) asks for the meta in force and pulls again as soon as a newer
+/// one comes, not after its idle back-off (2 s), which slowed channels at the cap where leaders are
+/// started often.
+#[test]
+fn a_follower_refused_for_an_old_meta_pulls_again_once_a_newer_one_comes() {
+    use tidings_channel::machine::{PullBody, PullResponse};
+    let mut m = machine();
+    let log = MemoryLog::new(LogLimits::default());
+    m.handle_meta(t(1), meta(2, 1, 1)).unwrap();
+    let first = pulls(&settle(&mut m, &log, t(1)));
+    assert_eq!(first.len(), 1);
+    let refusal = PullResponse {
+        channel: channel(),
+        pull_id: first[0],
+        leader_epoch: LeaderEpoch::new(1),
+        body: PullBody::StaleEpoch,
+    };
+    m.handle_message(t(2), NodeId::new(2), ChannelMessage::PullResponse(refusal));
+    let effects = settle(&mut m, &log, t(2));
+    assert!(effects.iter().any(|e| matches!(e, Effect::RefreshMeta)), "{effects:?}");
+    assert!(pulls(&effects).is_empty(), "it waits for the meta");
+    let mut newer = meta(2, 1, 2);
+    newer.epoch = Epoch::new(2);
+    newer.isr = vec![NodeId::new(2)];
+    m.handle_meta(t(5), newer).unwrap();
+    assert_eq!(pulls(&settle(&mut m, &log, t(5))).len(), 1, "the newer meta brings the pull at once");
+}

@@ -50,6 +50,8 @@ pub(super) struct FollowerState {
     pub(super) replaced: Option<Outstanding>,
     /// Do not pull before this time (idle back-off, or after an error); `None`: pull when settled.
     pub(super) next_pull_at: Option<Time>,
+    /// The back-off waits for the meta this replica asked for (`Effect::RefreshMeta`): a newer one ends it.
+    awaiting_meta: bool,
     empty_pulls: u32,
     leader_hw: Seq,
 }
@@ -61,7 +63,15 @@ impl FollowerState {
     }
 
     pub(super) fn new(leader: NodeId, _now: Time) -> Self {
-        Self { leader, outstanding: None, replaced: None, next_pull_at: None, empty_pulls: 0, leader_hw: Seq::new(0) }
+        Self {
+            leader,
+            outstanding: None,
+            replaced: None,
+            next_pull_at: None,
+            awaiting_meta: false,
+            empty_pulls: 0,
+            leader_hw: Seq::new(0),
+        }
     }
 
     pub(super) fn next_timeout(&self, config: &MachineConfig, now: Time) -> Option<Time> {
@@ -340,7 +350,20 @@ impl ChannelMachine {
         let at = self.now + self.config.idle_pull_interval;
         if let Some(follower) = self.follower() {
             follower.next_pull_at = Some(at);
+            follower.awaiting_meta = refresh_meta;
         }
+    }
+
+    /// A newer meta under the same leader: a back-off that waited for it ends (a leader refuses pulls
+    /// made under a meta older than the one that added the follower, and the refresh brings it), and the
+    /// follower pulls if it may (a fence may have been lifted, or set).
+    pub(super) fn follower_meta_changed(&mut self) {
+        if let Some(follower) = self.follower() {
+            if std::mem::take(&mut follower.awaiting_meta) {
+                follower.next_pull_at = None;
+            }
+        }
+        self.follower_maybe_pull();
     }
 
     /// Follower HW = min(own durable end, leader HW); it never goes back.

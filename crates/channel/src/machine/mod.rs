@@ -736,8 +736,7 @@ impl ChannelMachine {
         } else if let Role::Leader(_) = self.role {
             self.leader_meta_changed();
         } else if let Role::Follower(_) = self.role {
-            // A fence may have been lifted (or set): pull if allowed.
-            self.follower_maybe_pull();
+            self.follower_meta_changed();
         }
         self.maybe_persist();
         Ok(())
