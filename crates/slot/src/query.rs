@@ -72,9 +72,11 @@ impl SlotReader {
     /// # use std::sync::Arc;
     /// let reader = SlotReader::new(MetaStore::new(Arc::new(MemoryKv::new())));
     /// let uid = Uid::new("alice").unwrap();
-    /// // Nothing placed yet: the node's own routes read nothing, group 2's copy is read as it stands.
-    /// assert_eq!(reader.device(&uid, 1).unwrap(), None);
-    /// assert_eq!(reader.in_copy(GroupId::new(2)).device(&uid, 1).unwrap(), None);
+    /// // What group 2's copy of alice's hash slot holds on this node, placed there or not (the
+    /// // simulator compares it across the group's replicas).
+    /// let device = reader.in_copy(GroupId::new(2)).device(&uid, 1)?;
+    /// println!("{device:?}");
+    /// # Ok::<(), tidings_store::StoreError>(())
     /// ```
     pub fn in_copy(&self, copy: GroupId) -> SlotReader {
         Self { copy: Some(copy), ..Self::new(self.store.clone()) }
