@@ -11,6 +11,7 @@ use tidings::node::{ApiId, MigrationPhase};
 use tidings::router::hash_slot;
 use tidings::slot::command::{Command, RoutingKey};
 use tidings::slot::model::{SlotMigrationStep, SlotState, Uid, User};
+use tidings::store::{FailOp, Keyspace, MetaSpace};
 use tidings::types::{ChannelId, ChannelType, GroupId, HashSlot, NodeId};
 
 /// A settled 4-node cluster copying slots in small chunks with a pause between steps (the copy takes long
@@ -354,4 +355,48 @@ fn a_fence_that_moves_with_its_slot_is_cleared_soon_by_the_new_group_s_controlle
         c.core(leader).reader().runtime_meta(&channel).unwrap().is_some_and(|m| m.write_fence.is_none())
     });
     assert!(cleared, "the fence that came with the slot is cleared within 8 s");
+}
+
+#[test]
+fn a_migration_whose_source_cannot_read_its_copy_for_a_while_reads_again_and_loses_nothing() {
+    // The source leader's store fails the reads of the slot's copy: three in the copy phase (the
+    // bounded export scans) and three in the marks phase (the reads of each marked key's value). Every
+    // other read and every write of that store keeps working, so the node's raft groups and FSMs run on.
+    let (mut cluster, mut load) = slow_copy_cluster(300, 500);
+    load.run(&mut cluster, 150, 10);
+    let source_leader = cluster.slot_leader(SOURCE).unwrap();
+    let kv = cluster.nodes[&NodeId::new(source_leader)].kv.clone();
+    let copy = MetaSpace::slot(SOURCE, the_slot()).kv_prefix();
+    let report = |c: &mut Cluster| c.core(source_leader).status().slot_migrations.first().cloned();
+    start(&mut cluster, 1);
+    assert!(run_loaded(&mut cluster, &mut load, 20_000, |c| report(c).is_some_and(|r| r.phase == MigrationPhase::Copy)));
+    let copied_before = report(&mut cluster).unwrap().keys_copied;
+    kv.fail_under(FailOp::Scan, Keyspace::Meta, &copy, 0, 3);
+    // The marks phase begins once the fence applied: from then on no write reaches the slot's copy, so a
+    // failed get of it can only be the export's.
+    let marks =
+        run_loaded(&mut cluster, &mut load, 20_000, |c| report(c).is_some_and(|r| r.phase >= MigrationPhase::Marks));
+    assert!(marks, "the export gets past the failed scans");
+    let at_marks = report(&mut cluster).unwrap();
+    assert_eq!(at_marks.read_failures, 3, "each failed scan is counted once: {at_marks:?}");
+    assert!(at_marks.keys_copied > copied_before, "the copy went on from where it was");
+    assert_eq!(at_marks.phase, MigrationPhase::Marks, "the marks phase takes several steps here");
+    kv.fail_under(FailOp::Get, Keyspace::Meta, &copy, 0, 3);
+    let failed_reads = std::cell::Cell::new(0);
+    let done = run_loaded(&mut cluster, &mut load, 40_000, |c| {
+        if let Some(r) = report(c) {
+            failed_reads.set(r.read_failures);
+        }
+        migrated(c, 1)
+    });
+    assert!(done, "the migration completes");
+    assert_eq!(failed_reads.get(), 6, "the three failed gets were counted too");
+    assert_eq!(kv.injected_failures(), 6);
+    for node in 1..=4u64 {
+        assert!(!cluster.core(node).status().slot_storage_failed, "node {node} stopped its slot replicas");
+    }
+    load.write_all(&mut cluster, 10);
+    load.run(&mut cluster, 100, 30);
+    cluster.run_for(3_000);
+    check_moved(&mut cluster, &load);
 }

@@ -4,40 +4,62 @@ use crate::error::{StoreError, StoreResult};
 use std::collections::BTreeMap;
 use std::io;
 
-/// Per operation: how many calls to let through, then how many to fail.
+/// Per target (an operation, perhaps narrowed to some keys): how many matching calls to let through,
+/// then how many to fail.
 #[derive(Debug)]
-pub(crate) struct Failpoints<Op: Ord> {
-    armed: BTreeMap<Op, (u64, u64)>,
+pub(crate) struct Failpoints<Target: Ord> {
+    armed: BTreeMap<Target, (u64, u64)>,
+    injected: u64,
 }
 
-impl<Op: Ord> Default for Failpoints<Op> {
+impl<Target: Ord> Default for Failpoints<Target> {
     fn default() -> Self {
-        Self { armed: BTreeMap::new() }
+        Self { armed: BTreeMap::new(), injected: 0 }
     }
 }
 
-impl<Op: Ord + Copy> Failpoints<Op> {
-    /// Lets the next `after` calls of `op` succeed, then fails the following `times` calls.
-    pub(crate) fn arm(&mut self, op: Op, after: u64, times: u64) {
-        self.armed.insert(op, (after, times));
+impl<Target: Ord> Failpoints<Target> {
+    /// Lets the next `after` calls matching `target` succeed, then fails the following `times` calls.
+    pub(crate) fn arm(&mut self, target: Target, after: u64, times: u64) {
+        self.armed.insert(target, (after, times));
     }
 
     pub(crate) fn clear(&mut self) {
         self.armed.clear();
     }
 
-    /// Counts one call of `op`; an injected IO error if the failpoint says so.
-    pub(crate) fn check(&mut self, op: Op, name: &'static str) -> StoreResult<()> {
-        let Some((after, times)) = self.armed.get_mut(&op) else { return Ok(()) };
-        if *after > 0 {
-            *after -= 1;
+    /// How many calls failed by a failpoint so far.
+    pub(crate) fn injected(&self) -> u64 {
+        self.injected
+    }
+
+    /// Counts one call of exactly `target`; an injected IO error if the failpoint says so.
+    pub(crate) fn check(&mut self, target: &Target, name: &'static str) -> StoreResult<()> {
+        self.check_matching(|armed| armed == target, name)
+    }
+
+    /// Counts one call against every armed target that `matches` it; an injected IO error if any of
+    /// them says so. A target whose failures are spent is disarmed.
+    pub(crate) fn check_matching(&mut self, matches: impl Fn(&Target) -> bool, name: &'static str) -> StoreResult<()> {
+        let mut fail = false;
+        self.armed.retain(|target, (after, times)| {
+            if !matches(target) {
+                return true;
+            }
+            if *after > 0 {
+                *after -= 1;
+                return true;
+            }
+            if *times > 0 {
+                *times -= 1;
+                fail = true;
+            }
+            *times > 0
+        });
+        if !fail {
             return Ok(());
         }
-        if *times == 0 {
-            self.armed.remove(&op);
-            return Ok(());
-        }
-        *times -= 1;
+        self.injected += 1;
         Err(StoreError::io(name, io::Error::other("injected by failpoint")))
     }
 }

@@ -47,14 +47,16 @@ impl MetaSpace {
         self.slot
     }
 
-    fn prefix(&self) -> Vec<u8> {
+    /// The prefix of every key of this space in [`Keyspace::Meta`] (a failpoint of the in-memory store
+    /// can target one space with it: [`crate::MemoryKv::fail_under`]).
+    pub fn kv_prefix(&self) -> Vec<u8> {
         let mut prefix = group_prefix(self.group);
         prefix.extend_from_slice(&self.slot.map_or(GROUP_RECORDS, HashSlot::index).to_be_bytes());
         prefix
     }
 
     fn key(&self, key: &[u8]) -> Vec<u8> {
-        let mut full = self.prefix();
+        let mut full = self.kv_prefix();
         full.extend_from_slice(key);
         full
     }
@@ -463,7 +465,7 @@ impl MetaStore {
         cursor: Option<&ExportCursor>,
         max_bytes: usize,
     ) -> StoreResult<ExportChunk> {
-        self.export_prefix(&space.prefix(), cursor, max_bytes)
+        self.export_prefix(&space.kv_prefix(), cursor, max_bytes)
     }
 
     fn export_prefix(

@@ -66,6 +66,10 @@ pub struct SlotMigrationReport {
     pub phase: MigrationPhase,
     /// Keys sent to the target in this attempt.
     pub keys_copied: u64,
+    /// Reads of the source's copy that failed since this node took the export on. Each makes the step
+    /// wait `ControllerConfig::migration_retry` and read again from where it was; a figure that keeps
+    /// growing points at the source leader's store.
+    pub read_failures: u64,
 }
 
 /// One export in progress.
@@ -84,6 +88,7 @@ struct Export {
     in_flight: bool,
     retry_at: Time,
     keys_copied: u64,
+    read_failures: u64,
 }
 
 /// Drives the exports of the slot groups this node leads.
@@ -162,6 +167,7 @@ impl SlotMigrations {
                 attempt: e.attempt,
                 phase: e.phase,
                 keys_copied: e.keys_copied,
+                read_failures: e.read_failures,
             })
             .collect()
     }
@@ -212,6 +218,7 @@ impl SlotMigrations {
                 Ok(None) => {}
                 Err(error) => {
                     tracing::warn!(%error, %group, slot = %hash_slot, "slot migration: cannot read the slot");
+                    export.read_failures += 1;
                     export.retry_at = now + config.migration_retry;
                 }
             }
@@ -277,6 +284,7 @@ impl SlotMigrations {
                     in_flight: false,
                     retry_at: now,
                     keys_copied: 0,
+                    read_failures: 0,
                 };
                 self.exports.insert((group, hash_slot), export);
             }

@@ -20,6 +20,21 @@ pub enum FailOp {
     Sync,
 }
 
+/// What a failpoint targets: every call of an operation, or only those that touch keys of one keyspace
+/// under one prefix.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct FailTarget {
+    op: FailOp,
+    under: Option<(Keyspace, Vec<u8>)>,
+}
+
+impl FailTarget {
+    /// `true` if a call of `op` that touches `touches` counts against this target.
+    fn matches(&self, op: FailOp, touches: impl Fn(Keyspace, &[u8]) -> bool) -> bool {
+        self.op == op && self.under.as_ref().is_none_or(|(keyspace, prefix)| touches(*keyspace, prefix))
+    }
+}
+
 /// One ordered map per keyspace: lookups borrow the key (no allocation) and compare only key bytes.
 type Map = BTreeMap<Keyspace, BTreeMap<Vec<u8>, Vec<u8>>>;
 
@@ -33,7 +48,7 @@ struct State {
     /// One undo record per batch applied since the last successful sync, oldest first. Rolling them back
     /// yields exactly the durable image, so a sync costs nothing and a crash replays only what it loses.
     unsynced: Vec<Undo>,
-    failpoints: Failpoints<FailOp>,
+    failpoints: Failpoints<FailTarget>,
     syncs: u64,
 }
 
@@ -91,7 +106,34 @@ impl MemoryKv {
 
     /// Lets the next `after` calls of `op` succeed, then fails the following `times` calls.
     pub fn fail(&self, op: FailOp, after: u64, times: u64) {
-        self.state.lock().failpoints.arm(op, after, times);
+        self.state.lock().failpoints.arm(FailTarget { op, under: None }, after, times);
+    }
+
+    /// As [`MemoryKv::fail`], counting only the calls of `op` that touch a key of `keyspace` starting with
+    /// `prefix`: a get of such a key, a scan whose range holds such keys, an apply whose batch writes
+    /// one. A sync touches every key, so a narrowed [`FailOp::Sync`] counts every sync.
+    ///
+    /// Tests use it to fail one reader's reads (a slot migration's export, say) while the rest of the
+    /// store, the raft logs among it, keeps working.
+    ///
+    /// ```
+    /// use tidings_store::{FailOp, Keyspace, Kv, MemoryKv};
+    ///
+    /// let kv = MemoryKv::new();
+    /// kv.fail_under(FailOp::Get, Keyspace::Meta, b"users/", 0, 1);
+    /// assert!(kv.get(Keyspace::Meta, b"channels/1").is_ok(), "another prefix reads");
+    /// assert!(kv.get(Keyspace::Meta, b"users/1").is_err(), "the first read under the prefix fails");
+    /// assert!(kv.get(Keyspace::Meta, b"users/1").is_ok(), "one failure was asked for");
+    /// assert_eq!(kv.injected_failures(), 1);
+    /// ```
+    pub fn fail_under(&self, op: FailOp, keyspace: Keyspace, prefix: &[u8], after: u64, times: u64) {
+        let target = FailTarget { op, under: Some((keyspace, prefix.to_vec())) };
+        self.state.lock().failpoints.arm(target, after, times);
+    }
+
+    /// How many calls a failpoint made fail so far.
+    pub fn injected_failures(&self) -> u64 {
+        self.state.lock().failpoints.injected()
     }
 
     /// Removes every failpoint.
@@ -136,7 +178,8 @@ fn apply_to(map: &mut Map, batch: KvBatch) -> Undo {
 impl Kv for MemoryKv {
     fn get_sealed(&self, keyspace: Keyspace, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
         let mut state = self.state.lock();
-        state.failpoints.check(FailOp::Get, "get")?;
+        let under = |space: Keyspace, prefix: &[u8]| space == keyspace && key.starts_with(prefix);
+        state.failpoints.check_matching(|target| target.matches(FailOp::Get, under), "get")?;
         Ok(state.current.get(&keyspace).and_then(|space| space.get(key)).cloned())
     }
 
@@ -148,7 +191,11 @@ impl Kv for MemoryKv {
         limit: usize,
     ) -> StoreResult<Vec<KvPair>> {
         let mut state = self.state.lock();
-        state.failpoints.check(FailOp::Scan, "scan")?;
+        // The range holds keys under the prefix if it starts among them or the prefix itself is in it.
+        let under = |space: Keyspace, prefix: &[u8]| {
+            space == keyspace && (range.start.starts_with(prefix) || range.contains(prefix))
+        };
+        state.failpoints.check_matching(|target| target.matches(FailOp::Scan, under), "scan")?;
         let Some(space) = state.current.get(&keyspace) else { return Ok(Vec::new()) };
         let in_range = space
             .range::<[u8], _>((std::ops::Bound::Included(range.start.as_slice()), std::ops::Bound::Unbounded))
@@ -165,7 +212,15 @@ impl Kv for MemoryKv {
 
     fn apply(&self, batch: KvBatch) -> StoreResult<()> {
         let mut state = self.state.lock();
-        state.failpoints.check(FailOp::Apply, "apply")?;
+        let under = |space: Keyspace, prefix: &[u8]| {
+            batch.ops().iter().any(|op| {
+                let (keyspace, key) = match op {
+                    KvOp::Put { keyspace, key, .. } | KvOp::Delete { keyspace, key } => (*keyspace, key),
+                };
+                keyspace == space && key.starts_with(prefix)
+            })
+        };
+        state.failpoints.check_matching(|target| target.matches(FailOp::Apply, under), "apply")?;
         let undo = apply_to(&mut state.current, batch);
         state.unsynced.push(undo);
         Ok(())
@@ -177,7 +232,7 @@ impl Kv for MemoryKv {
 
     fn sync(&self) -> StoreResult<()> {
         let mut state = self.state.lock();
-        state.failpoints.check(FailOp::Sync, "sync")?;
+        state.failpoints.check_matching(|target| target.op == FailOp::Sync, "sync")?;
         state.unsynced.clear();
         state.syncs += 1;
         Ok(())
@@ -232,6 +287,40 @@ mod tests {
         assert!(kv.sync().is_err());
         kv.crash();
         assert_eq!(kv.get(Keyspace::Meta, b"a").unwrap(), None, "failed sync made nothing durable");
+    }
+
+    #[test]
+    fn narrowed_failpoints_count_only_calls_that_touch_their_prefix() {
+        let kv = MemoryKv::new();
+        for key in [&b"a/1"[..], b"b/1", b"b/2", b"c/1"] {
+            put(&kv, key, b"v");
+        }
+        let scan = |start: &[u8], end: Option<&[u8]>| {
+            let range = KeyRange { start: start.to_vec(), end: end.map(<[u8]>::to_vec) };
+            kv.scan(Keyspace::Meta, &range, Direction::Forward, 10)
+        };
+        // Scans: one that starts inside the prefix and one that spans it both count; others do not.
+        kv.fail_under(FailOp::Scan, Keyspace::Meta, b"b/", 1, 1);
+        assert!(scan(b"a/", Some(b"a0")).is_ok(), "before the prefix");
+        assert!(scan(b"c/", None).is_ok(), "after the prefix");
+        assert!(scan(b"b/2", None).is_ok(), "starts inside the prefix: the one let through");
+        assert!(matches!(scan(b"a/", None), Err(StoreError::Io { op: "scan", .. })), "spans the prefix");
+        assert_eq!(scan(b"a/", None).unwrap().len(), 4, "the one failure is spent");
+        // Gets and applies, and another keyspace under the same prefix.
+        kv.fail_under(FailOp::Get, Keyspace::Meta, b"b/", 0, u64::MAX);
+        kv.fail_under(FailOp::Apply, Keyspace::Meta, b"c/", 0, 1);
+        assert!(kv.get(Keyspace::Meta, b"a/1").is_ok());
+        assert!(kv.get(Keyspace::Placement, b"b/1").is_ok(), "another keyspace");
+        assert!(kv.get(Keyspace::Meta, b"b/1").is_err() && kv.get(Keyspace::Meta, b"b/2").is_err());
+        put(&kv, b"a/2", b"v");
+        let mut batch = KvBatch::new();
+        batch.put(Keyspace::Meta, b"a/3".to_vec(), b"v");
+        batch.delete(Keyspace::Meta, b"c/1".to_vec());
+        assert!(kv.apply(batch).is_err(), "a batch with one key under the prefix");
+        assert!(kv.get(Keyspace::Meta, b"a/3").unwrap().is_none(), "the failed batch changed nothing");
+        assert_eq!(kv.injected_failures(), 4);
+        kv.clear_failpoints();
+        assert!(kv.get(Keyspace::Meta, b"b/1").is_ok());
     }
 
     #[test]

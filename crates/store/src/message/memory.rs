@@ -63,7 +63,7 @@ impl MemoryLog {
 
 impl MessageLog for MemoryLog {
     fn stage(&self, batch: LogBatch) -> StoreResult<Staged> {
-        self.failpoints.lock().check(LogFailOp::Stage, "stage")?;
+        self.failpoints.lock().check(&LogFailOp::Stage, "stage")?;
         let mut parts = self.core.lock();
         let Parts { staging, visible } = &mut *parts;
         if staging.tails_stale() {
@@ -76,7 +76,7 @@ impl MessageLog for MemoryLog {
 
     fn sync(&self) -> StoreResult<usize> {
         let mut parts = self.core.lock();
-        if let Err(error) = self.failpoints.lock().check(LogFailOp::Sync, "sync") {
+        if let Err(error) = self.failpoints.lock().check(&LogFailOp::Sync, "sync") {
             parts.staging.drop_unsynced();
             return Err(error);
         }
@@ -93,7 +93,7 @@ impl MessageLog for MemoryLog {
     }
 
     fn read(&self, channel: &ChannelId, from: Seq, through: Seq, limits: ReadLimits) -> StoreResult<Vec<Record>> {
-        self.failpoints.lock().check(LogFailOp::Read, "read")?;
+        self.failpoints.lock().check(&LogFailOp::Read, "read")?;
         // Everything readable is in the memory table: nothing is older.
         self.core.lock().visible.read(channel, from, through, limits, |_, _, _, _| Ok(()))
     }
