@@ -14,8 +14,10 @@ use support::Cluster;
 use tidings::channel::fanout::DeliveryPlan;
 use tidings::frame::{decode, FrameBody, FrameLimits};
 use tidings::node::{ApiId, FanoutHost, NodeMessage};
+use tidings::router::hash_slot;
 use tidings::slot::command::{Command, MemberList, RoutingKey};
 use tidings::slot::model::{Uid, User};
+use tidings::store::{FailOp, Keyspace, MetaSpace};
 use tidings::types::{ChannelId, ChannelType, NodeId, Seq};
 
 /// Everyone is online on node 1; records each (seq, uid) delivered.
@@ -486,4 +488,80 @@ fn a_proposal_refused_by_a_contact_outside_its_group_goes_on_to_another_contact(
     cluster.core(asker.get()).propose(now, id, Command::PutUser(user));
     assert!(cluster.run_until(200, |c| c.results.contains_key(&id)), "answered within the turn");
     assert_eq!(cluster.results[&id], "Meta(Ok(()))");
+}
+
+/// Arms `node`'s store to fail its next `times` reads (`op`) of `channel`'s slot group's copy of the
+/// channel's hash slot, where its subscriber and deny lists live; every other read goes on working.
+fn fail_list_reads(cluster: &Cluster, node: NodeId, channel: &ChannelId, op: FailOp, times: u64) {
+    let group = cluster.nodes[&node].config.table().group_of_key(channel.route_key());
+    let space = MetaSpace::slot(group, hash_slot(channel.route_key()));
+    cluster.nodes[&node].kv.fail_under(op, Keyspace::Meta, &space.kv_prefix(), 0, times);
+}
+
+/// What every node's status counts of page reads that failed on its store.
+fn page_read_failures(cluster: &mut Cluster) -> u64 {
+    let ids: Vec<u64> = cluster.nodes.keys().map(|n| n.get()).collect();
+    ids.into_iter().map(|n| cluster.core(n).status().fanout_page_read_failures).sum()
+}
+
+/// A fanout page whose lists the leader's own store fails to read (the list itself, or one member's deny
+/// entry) is read on another node, or on a single node read again after a pause: every allowed
+/// subscriber gets the message, and the denied one does not. Before session 60 a failed list read ended
+/// the message's fanout as though the list had ended, and a failed deny read delivered to the member as
+/// though it were not denied.
+#[test]
+fn a_page_this_node_s_store_cannot_read_is_read_again_and_never_taken_for_a_shorter_or_laxer_list() {
+    let subscribers = ["u0", "u1", "u2", "u3", "u4", "u5", "u6", "u7"];
+    for nodes in [3, 1] {
+        let recorder = Arc::new(Recorder::default());
+        let mut cluster = cluster_of(nodes, &recorder);
+        let channel = ChannelId::new(ChannelType::GROUP, "unreadable").unwrap();
+        cluster.create_channel(1, &channel);
+        subscribe(&mut cluster, &channel, MemberList::Subscribers, &subscribers);
+        subscribe(&mut cluster, &channel, MemberList::Deny, &["u3"]);
+        let leader = cluster.nodes[&NodeId::new(1)].config.channel_placement(&channel)[0];
+        let mut seqs = append_all(&mut cluster, leader.get(), &channel, &["before"]);
+        cluster.run_for(2_000);
+        // The leader's next list scan fails, then its next deny read (a page of three: u3 is on the
+        // second page).
+        fail_list_reads(&cluster, leader, &channel, FailOp::Scan, 1);
+        seqs.extend(append_all(&mut cluster, leader.get(), &channel, &["scan fails"]));
+        cluster.run_for(3_000);
+        fail_list_reads(&cluster, leader, &channel, FailOp::Get, 1);
+        seqs.extend(append_all(&mut cluster, leader.get(), &channel, &["deny read fails"]));
+        cluster.run_for(3_000);
+
+        let kv = &cluster.nodes[&leader].kv;
+        assert_eq!(kv.injected_failures(), 2, "{nodes} nodes: both reads failed");
+        let taken: BTreeSet<(Seq, String)> = recorder.taken.lock().iter().cloned().collect();
+        let expected: BTreeSet<(Seq, String)> = seqs
+            .iter()
+            .flat_map(|seq| subscribers.iter().filter(|u| **u != "u3").map(|u| (*seq, (*u).to_owned())))
+            .collect();
+        assert_eq!(taken, expected, "{nodes} nodes: every allowed subscriber, and only those, for each message");
+        assert_eq!(page_read_failures(&mut cluster), 2, "{nodes} nodes");
+        assert_eq!(abandoned(&mut cluster), 0, "{nodes} nodes");
+    }
+}
+
+/// A node asked for a page by a leader outside the channel's slot group that cannot read it says it
+/// does not serve it, and the leader asks the next node: nothing is delivered from a page read short.
+#[test]
+fn a_page_a_peer_s_store_cannot_read_is_asked_of_the_next_node() {
+    let subscribers = ["a", "b", "c", "d"];
+    let (mut cluster, recorder, channel, leader) = led_outside_its_slot_group(5, false, &subscribers, &[]);
+    // Each node keeping the group fails its next list scan: whichever the leader asks first fails it.
+    let serving = serving_nodes(&cluster, leader, &channel);
+    for node in &serving {
+        fail_list_reads(&cluster, *node, &channel, FailOp::Scan, 1);
+    }
+    let seq = append_all(&mut cluster, leader, &channel, &["hello"])[0];
+    cluster.run_for(3_000);
+    let taken: BTreeSet<(Seq, String)> = recorder.taken.lock().iter().cloned().collect();
+    let expected: BTreeSet<(Seq, String)> = subscribers.iter().map(|u| (seq, (*u).to_owned())).collect();
+    assert_eq!(taken, expected);
+    let failed: u64 = serving.iter().map(|n| cluster.nodes[n].kv.injected_failures()).sum();
+    assert!(failed >= 1, "a serving node's scan failed");
+    assert_eq!(page_read_failures(&mut cluster), failed, "each failed scan is counted where it failed");
+    assert_eq!(abandoned(&mut cluster), 0);
 }

@@ -7,7 +7,8 @@
 use tidings_channel::fanout::{DeliveryPlan, FanoutEffect, JobId, Member};
 use tidings_slot::command::MemberList;
 use tidings_slot::query::SlotReader;
-use tidings_types::{ChannelId, NodeId};
+use tidings_store::StoreResult;
+use tidings_types::{ChannelId, NodeId, Time};
 
 /// The host's side of post-commit fanout: presence (where members are online) and delivery. Called on the
 /// node's fanout worker thread, one call at a time; a slow call slows fanout only (never appends), and the
@@ -45,9 +46,11 @@ impl FanoutHost for NoFanout {
 /// Fanout work for the runtime, carried out off the core thread by [`carry_out_fanout`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum FanoutWork {
-    /// The planner's work for a message this node fans out (`FetchPage`, `Locate`, `Deliver`, `Failed`;
-    /// never `Finished`, which the core handles).
+    /// The planner's work with the host for a message this node fans out (`Locate`, `Deliver`, `Failed`;
+    /// never `FetchPage`, which comes as [`FanoutWork::Page`], nor `Finished`, which the core handles).
     Planner(FanoutEffect),
+    /// A page of subscribers for one of this node's fanout jobs, read from this node's slot replica.
+    Page(PageRead),
     /// A page of `channel`'s subscribers for peer `to`, read from this node's slot replica.
     PeerPage {
         /// The asking node.
@@ -61,6 +64,21 @@ pub enum FanoutWork {
         /// Subscribers at most.
         limit: usize,
     },
+}
+
+/// A subscriber page one of this node's fanout jobs reads from this node's slot replica (see
+/// [`FanoutWork::Page`]). Opaque: [`carry_out_fanout`] reads it, and a read that fails comes back
+/// whole ([`FanoutAnswer::PageUnread`]) so the core asks it again, here or of another node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageRead {
+    pub(crate) job: JobId,
+    pub(crate) channel: ChannelId,
+    pub(crate) cursor: Option<Vec<u8>>,
+    pub(crate) limit: usize,
+    /// Nodes asked for the page so far, and when it was first asked: a read that fails here goes on
+    /// from them, within the page's patience.
+    pub(crate) attempts: u32,
+    pub(crate) since: Time,
 }
 
 /// What carrying out fanout work produced, for [`NodeCore::handle_fanout`](super::NodeCore::handle_fanout).
@@ -89,16 +107,18 @@ pub enum FanoutAnswer {
         /// Taken.
         delivered: bool,
     },
-    /// A page read for a peer ([`FanoutWork::PeerPage`]), to send it.
+    /// This node's slot store could not read a page for one of its jobs ([`FanoutWork::Page`]): the
+    /// core asks for it again.
+    PageUnread(PageRead),
+    /// A page read for a peer ([`FanoutWork::PeerPage`]), to send it (`None`: this node's store could
+    /// not read it, and the peer asks another node).
     PeerPage {
         /// The asking node.
         to: NodeId,
         /// Its request id.
         request: u64,
-        /// The members of the page.
-        members: Vec<Member>,
-        /// Cursor of the next page.
-        next: Option<Vec<u8>>,
+        /// The members of the page and the cursor of the next one, if it could be read.
+        page: Option<(Vec<Member>, Option<Vec<u8>>)>,
     },
 }
 
@@ -107,49 +127,63 @@ pub enum FanoutAnswer {
 pub fn carry_out_fanout(reader: &SlotReader, host: &dyn FanoutHost, work: FanoutWork) -> Option<FanoutAnswer> {
     let work = match work {
         FanoutWork::Planner(work) => work,
+        FanoutWork::Page(read) => {
+            return Some(match subscriber_page(reader, &read.channel, read.cursor.as_deref(), read.limit) {
+                Ok((members, next)) => FanoutAnswer::Page { job: read.job, members, next },
+                Err(error) => {
+                    tracing::warn!(%error, channel = %read.channel, "fanout: a subscriber page could not be read here");
+                    FanoutAnswer::PageUnread(read)
+                }
+            });
+        }
         FanoutWork::PeerPage { to, request, channel, cursor, limit } => {
-            let (members, next) = subscriber_page(reader, &channel, cursor.as_deref(), limit);
-            return Some(FanoutAnswer::PeerPage { to, request, members, next });
+            let page = subscriber_page(reader, &channel, cursor.as_deref(), limit)
+                .map_err(
+                    |error| tracing::warn!(%error, %channel, "fanout: a subscriber page for a peer could not be read"),
+                )
+                .ok();
+            return Some(FanoutAnswer::PeerPage { to, request, page });
         }
     };
     match work {
-        FanoutEffect::FetchPage { job, channel, cursor, limit } => {
-            let (members, next) = subscriber_page(reader, &channel, cursor.as_deref(), limit);
-            Some(FanoutAnswer::Page { job, members, next })
-        }
         FanoutEffect::Locate { job, uids } => Some(FanoutAnswer::Located { job, targets: host.locate(&uids) }),
         FanoutEffect::Deliver(plan) => Some(FanoutAnswer::Delivered { plan: plan.id, delivered: host.deliver(&plan) }),
         FanoutEffect::Failed(plan) => {
             host.delivery_failed(&plan);
             None
         }
-        // The core handles job completion itself; it never hands it out.
-        FanoutEffect::Finished { .. } => None,
+        // The core reads pages through `FanoutWork::Page` and handles job completion itself; it hands
+        // out neither here.
+        FanoutEffect::FetchPage { .. } | FanoutEffect::Finished { .. } => None,
     }
 }
 
 /// A page of `channel`'s subscribers with the state fanout needs (left, hidden, denied), read from the
-/// local slot store.
+/// local slot store, and the cursor of the next page (`None` after the last).
+///
+/// Any read that fails fails the whole page: a member whose deny entry or membership could not be read
+/// is not delivered as though it had none, and a page that could not be listed does not end the
+/// message's fanout as though the list ended there.
 pub fn subscriber_page(
     reader: &SlotReader,
     channel: &ChannelId,
     cursor: Option<&[u8]>,
     limit: usize,
-) -> (Vec<Member>, Option<Vec<u8>>) {
-    let Ok(page) = reader.members(channel, MemberList::Subscribers, cursor, limit) else { return (Vec::new(), None) };
+) -> StoreResult<(Vec<Member>, Option<Vec<u8>>)> {
+    let page = reader.members(channel, MemberList::Subscribers, cursor, limit)?;
     let members = page
         .items
         .into_iter()
         .map(|uid| {
-            let denied = reader.is_member(channel, MemberList::Deny, &uid).unwrap_or(false);
-            let membership = reader.membership(&uid, channel).ok().flatten();
-            Member {
+            let denied = reader.is_member(channel, MemberList::Deny, &uid)?;
+            let membership = reader.membership(&uid, channel)?;
+            Ok(Member {
                 uid: uid.as_str().to_owned(),
-                left: membership.is_some_and(|m| !m.active),
+                left: membership.as_ref().is_some_and(|m| !m.active),
                 hidden: membership.is_some_and(|m| m.hidden),
                 denied,
-            }
+            })
         })
-        .collect();
-    (members, page.cursor)
+        .collect::<StoreResult<_>>()?;
+    Ok((members, page.cursor))
 }

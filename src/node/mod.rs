@@ -22,6 +22,6 @@ pub use controller::{
     Reconcile, SlotMigrationReport, TaskBlocked, TaskError, TaskKind, TaskReport, TaskStatus,
 };
 pub use error::{NodeError, Remedy};
-pub use fanout::{carry_out_fanout, subscriber_page, FanoutAnswer, FanoutHost, FanoutWork, NoFanout};
+pub use fanout::{carry_out_fanout, subscriber_page, FanoutAnswer, FanoutHost, FanoutWork, NoFanout, PageRead};
 pub use message::{FlagQuery, NodeMessage, RemoteAppendError, SlotQuery, SlotReadAnswer};
 pub use shard::{ActivationLoad, Lookup, LookupAnswer, ReadPlan, SenderCheck};

@@ -183,6 +183,8 @@ pub struct NodeCore {
     remote_reads: RemoteReads,
     /// Fanout pages no node served in time (each ended a message's fanout early).
     fanout_pages_abandoned: u64,
+    /// Subscriber pages this node's slot store failed to read (see `NodeStatus`).
+    fanout_page_read_failures: u64,
     /// Committed messages of earlier leaders this node's channel leaders planned again.
     fanout_planned_again: u64,
     /// `append_from` calls waiting for answers from other nodes about their sender.
@@ -271,6 +273,7 @@ impl NodeCore {
             fanout_waiting: VecDeque::new(),
             remote_reads: RemoteReads::default(),
             fanout_pages_abandoned: 0,
+            fanout_page_read_failures: 0,
             fanout_planned_again: 0,
             sender_checks: SenderChecks::default(),
             controller,
@@ -511,12 +514,17 @@ impl NodeCore {
                 self.fanout.handle_located(job, targets);
             }
             FanoutAnswer::Delivered { plan, delivered } => self.fanout.handle_delivered(plan, delivered),
-            FanoutAnswer::PeerPage { to, request, members, next } => {
+            FanoutAnswer::PageUnread(read) => self.page_unread(read),
+            FanoutAnswer::PeerPage { to, request, page } => {
                 self.remote_reads.served();
-                self.send_node(
-                    to,
-                    NodeMessage::SlotReadReply { request, answer: SlotReadAnswer::Page { members, next } },
-                );
+                let answer = match page {
+                    Some((members, next)) => SlotReadAnswer::Page { members, next },
+                    None => {
+                        self.fanout_page_read_failures += 1;
+                        SlotReadAnswer::NotServed
+                    }
+                };
+                self.send_node(to, NodeMessage::SlotReadReply { request, answer });
             }
         }
     }

@@ -122,7 +122,7 @@ impl RemoteReads {
     /// refused it, asking again at once would only make the same answers go round the cluster as fast
     /// as they come back. (Counting its attempt again on its return would skip a node's turn in every
     /// round, so one node would never be asked: sim seed 429006070.)
-    fn defer(&mut self, ask: ReadAsk, until: Time) {
+    pub(super) fn defer(&mut self, ask: ReadAsk, until: Time) {
         self.next_request += 1;
         self.outstanding.insert(self.next_request, Outstanding { ask, to: None, due: until, busy: false });
     }

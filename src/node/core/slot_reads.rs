@@ -1,14 +1,14 @@
 //! The core's side of reads across nodes (see [`super::remote_reads`]): asking for fanout pages and
 //! sender checks, answering peers, and `append_from`'s checks that a shard could not make here.
 
-use super::remote_reads::{in_turn, ReadAsk, ReadNext, ReadPurpose, PAGE_GIVE_UP};
+use super::remote_reads::{in_turn, ReadAsk, ReadNext, ReadPurpose, PAGE_GIVE_UP, READ_BUSY_PAUSE};
 use super::sender_checks::{Question, Verdict};
 use super::{ApiId, NodeCore, NodeEffect};
 use crate::node::error::NodeError;
-use crate::node::fanout::FanoutWork;
+use crate::node::fanout::{FanoutWork, PageRead};
 use crate::node::message::{FlagQuery, NodeMessage, SlotQuery, SlotReadAnswer};
 use crate::node::shard::ShardInput;
-use tidings_channel::fanout::{FanoutEffect, JobId};
+use tidings_channel::fanout::JobId;
 use tidings_channel::machine::AppendRecord;
 use tidings_slot::command::RoutingKey;
 use tidings_slot::model::Uid;
@@ -123,10 +123,15 @@ impl NodeCore {
             (ReadPurpose::FanoutPage(job), SlotQuery::SubscriberPage { channel, cursor, limit })
                 if self.holds_serving_copy(RoutingKey::Channel(channel)) =>
             {
-                let limit = usize::try_from(*limit).unwrap_or(usize::MAX);
-                let (channel, cursor) = (channel.clone(), cursor.clone());
-                let fetch = FanoutEffect::FetchPage { job, channel, cursor, limit };
-                self.effects.push_back(NodeEffect::Fanout(FanoutWork::Planner(fetch)));
+                let read = PageRead {
+                    job,
+                    channel: channel.clone(),
+                    cursor: cursor.clone(),
+                    limit: usize::try_from(*limit).unwrap_or(usize::MAX),
+                    attempts: ask.attempts,
+                    since: ask.since,
+                };
+                self.effects.push_back(NodeEffect::Fanout(FanoutWork::Page(read)));
                 return;
             }
             (ReadPurpose::SenderCheck(check), SlotQuery::Flag(flag)) => {
@@ -145,11 +150,31 @@ impl NodeCore {
         self.ask_read(ask, to);
     }
 
+    /// This node's store could not read a page for one of its fanout jobs: another node is asked for it
+    /// (a round of them that cannot serve it brings it back here after a pause), or, with no other
+    /// node, this one again after a pause; given up once the page's patience has passed, as any page.
+    pub(super) fn page_unread(&mut self, read: PageRead) {
+        self.fanout_page_read_failures += 1;
+        let PageRead { job, channel, cursor, limit, attempts, since } = read;
+        let limit = u32::try_from(limit).unwrap_or(u32::MAX);
+        let query = SlotQuery::SubscriberPage { channel, cursor, limit };
+        let mut ask =
+            ReadAsk { purpose: ReadPurpose::FanoutPage(job), query, attempts, since, give_up_after: PAGE_GIVE_UP };
+        if ask.expired(self.now) {
+            self.read_given_up(ask);
+        } else if self.other_nodes() == 0 {
+            self.remote_reads.defer(ask, self.now + READ_BUSY_PAUSE);
+        } else {
+            ask.attempts += 1;
+            self.ask_read(ask, None);
+        }
+    }
+
     fn read_given_up(&mut self, ask: ReadAsk) {
         match ask.purpose {
             ReadPurpose::FanoutPage(job) => {
                 self.fanout_pages_abandoned += 1;
-                tracing::warn!(query = ?ask.query, "fanout: no node served a subscriber page in time; this message's fanout stops here");
+                tracing::warn!(query = ?ask.query, "fanout: no node served a subscriber page in time (or this node's store could not read it); this message's fanout stops here");
                 self.fanout.handle_page(job, Vec::new(), None);
             }
             ReadPurpose::SenderCheck(check) => {

@@ -155,10 +155,15 @@ pub struct NodeStatus {
     /// Activations given up because their load was not answered within 30 s since start (their
     /// waiting appends got `Busy`).
     pub loads_given_up: u64,
-    /// Subscriber pages this node asked of other nodes (it keeps no replica of their channel's slot
-    /// group) and that no node served within 30 s: each ended one message's fanout early (the message
-    /// stays committed).
+    /// Subscriber pages this node asked for (of other nodes, when it keeps no replica of their channel's
+    /// slot group, or its own store could not read them) and that no node served within 30 s: each
+    /// ended one message's fanout early (the message stays committed).
     pub fanout_pages_abandoned: u64,
+    /// Subscriber pages this node's slot store failed to read, for its own fanout (each is asked of
+    /// another node, or read here again after a pause) or for a peer's (answered as not served, so the
+    /// peer asks another node). A read of a deny entry or a membership that fails fails its page: no
+    /// member is delivered as though it had none.
+    pub fanout_page_read_failures: u64,
     /// Committed messages that leaders on this node fanned out again after taking over their channel:
     /// their predecessor's fanout was not known to have finished them, so some members may get them
     /// twice (fanout is at least once).
@@ -252,6 +257,7 @@ impl NodeCore {
             leaderships_to_start: 0,
             loads_given_up: 0,
             fanout_pages_abandoned: self.fanout_pages_abandoned,
+            fanout_page_read_failures: self.fanout_page_read_failures,
             fanout_planned_again: self.fanout_planned_again,
             fanout_skipped: 0,
             fanout_backlog: self.fanout_waiting.len() + self.fanout.jobs_open(),
