@@ -5,11 +5,14 @@
 mod support;
 
 use bytes::Bytes;
+use std::time::Duration;
 use support::{append_acked, deliver, force_meta, read_all, with_fence, Cluster};
 use tidings::channel::machine::AppendRecord;
 use tidings::node::{NodeConfig, NodeError, NodeMessage, TaskBlocked, TaskError, TaskKind, TaskReport};
+use tidings::router::hash_slot;
 use tidings::slot::model::SwitchProof;
 use tidings::store::message::{IdempotencyKey, MessageLog};
+use tidings::store::{FailOp, Keyspace, MetaSpace};
 use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, NodeId, Seq};
 
 fn channel(name: &str) -> ChannelId {
@@ -377,6 +380,32 @@ fn fences_left_by_a_vanished_controller_are_taken_over_in_every_phase() {
     let mut all_s = sacked;
     all_s.extend(append_acked(&mut cluster, 2, &switched, "u", 2));
     assert_all_readable(&mut cluster, target.get(), &switched, &all_s);
+}
+
+/// The controller cannot read the meta of a channel whose abandoned fence is due for a takeover: the
+/// fence is looked at again a takeover delay later, not forgotten as though it were cleared (before
+/// session 60 it waited for the next repair pass to be seen again, here an hour away).
+#[test]
+fn a_fence_whose_meta_cannot_be_read_at_its_takeover_is_looked_at_again() {
+    let mut cluster = Cluster::with(3, |config| config.controller.repair_idle_interval = Duration::from_secs(3600));
+    cluster.run_for(3_000);
+    let room = channel("unreadable-fence");
+    cluster.create_channel(1, &room);
+    let base = stored_meta(&mut cluster, 1, &room);
+    let group = cluster.nodes[&NodeId::new(1)].config.table().group_of_key(room.route_key());
+    let controller = cluster.slot_leader(group).expect("the group has a leader");
+    force_meta(&mut cluster, 1, &base, with_fence(&base, 778, false), None);
+    // The takeover is due 5 s after the fence was seen (when it was applied): its read of the meta
+    // fails then.
+    cluster.run_for(4_000);
+    let space = MetaSpace::slot(group, hash_slot(room.route_key()));
+    let kv = cluster.nodes[&NodeId::new(controller)].kv.clone();
+    kv.fail_under(FailOp::Get, Keyspace::Meta, &space.kv_prefix(), 0, 1);
+    assert!(stored_meta(&mut cluster, 1, &room).write_fence.is_some(), "not taken over yet");
+    let cleared = cluster.run_until(12_000, |c| stored_meta(c, 1, &room).write_fence.is_none());
+    assert_eq!(kv.injected_failures(), 1, "the takeover's read failed");
+    assert!(cleared, "the fence is cleared a takeover delay after the failed read");
+    assert!(reports(&mut cluster, &room).iter().any(|r| r.kind == TaskKind::ClearFence && r.task == 778));
 }
 
 #[test]

@@ -461,9 +461,19 @@ impl Controller {
             .map(|(c, _)| c.clone())
             .collect();
         for channel in due {
-            let fence =
-                reader.runtime_meta(&channel).ok().flatten().and_then(|meta| meta.write_fence.map(|f| (meta, f)));
-            let Some((meta, fence)) = fence else {
+            let stored = match reader.runtime_meta(&channel) {
+                Ok(stored) => stored,
+                Err(error) => {
+                    // Cannot tell whether the fence still stands: looked at again later, not forgotten
+                    // as though it were cleared.
+                    tracing::warn!(%error, %channel, "controller: cannot read a fenced channel's meta");
+                    if let Some(seen) = self.fences_seen.get_mut(&channel) {
+                        seen.1 = now;
+                    }
+                    continue;
+                }
+            };
+            let Some((meta, fence)) = stored.and_then(|meta| meta.write_fence.map(|f| (meta, f))) else {
                 self.fences_seen.remove(&channel);
                 continue;
             };
