@@ -13,7 +13,7 @@ use tidings::router::hash_slot;
 use tidings::slot::model::SwitchProof;
 use tidings::store::message::{IdempotencyKey, MessageLog};
 use tidings::store::{FailOp, Keyspace, MetaSpace};
-use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, NodeId, Seq};
+use tidings::types::{ChannelId, ChannelRuntimeMeta, ChannelType, GroupId, NodeId, Seq};
 
 fn channel(name: &str) -> ChannelId {
     ChannelId::new(ChannelType::GROUP, name).unwrap()
@@ -406,6 +406,44 @@ fn a_fence_whose_meta_cannot_be_read_at_its_takeover_is_looked_at_again() {
     assert_eq!(kv.injected_failures(), 1, "the takeover's read failed");
     assert!(cleared, "the fence is cleared a takeover delay after the failed read");
     assert!(reports(&mut cluster, &room).iter().any(|r| r.kind == TaskKind::ClearFence && r.task == 778));
+}
+
+/// A slot-group leader whose store fails to list the channels of its group's slots does not report a
+/// drain as further along than it is: a pass that could not read everything files no report, and the
+/// last complete one stands. (Before session 60 the pass counted the channels it could read, so the
+/// report said fewer channel replicas were left on the drained node, down to none.)
+#[test]
+fn a_repair_pass_that_cannot_read_its_slots_does_not_report_a_drain_further_along() {
+    let mut cluster = Cluster::new(3);
+    cluster.run_for(3_000);
+    for i in 0..12 {
+        cluster.create_channel(1, &channel(&format!("drained-{i}")));
+    }
+    // Three nodes, three replicas a channel: the drained node's replicas have nowhere to go.
+    let drained = NodeId::new(3);
+    assert_eq!(cluster.call(1, |core, now, id| core.drain_node(now, id, drained, true)), "Meta(Ok(()))");
+    let report_of = |c: &mut Cluster, n: u64| c.core(n).status().drains.into_iter().find(|r| r.node == drained);
+    let leaders: Vec<(GroupId, u64)> =
+        (1..=4).map(GroupId::new).map(|g| (g, cluster.slot_leader(g).expect("a leader"))).collect();
+    assert!(cluster.run_until(5_000, |c| leaders.iter().all(|(_, l)| report_of(c, *l).is_some())));
+    // The leader whose report counts the most channel replicas stops being able to list its slots.
+    let (group, leader) =
+        *leaders.iter().max_by_key(|(_, l)| report_of(&mut cluster, *l).unwrap().channel_replicas).unwrap();
+    let before = report_of(&mut cluster, leader).unwrap();
+    assert!(before.channel_replicas > 0, "{before:?}");
+    let kv = cluster.nodes[&NodeId::new(leader)].kv.clone();
+    let table = cluster.nodes[&NodeId::new(leader)].config.table();
+    for slot in table.slots_of(group) {
+        kv.fail_under(FailOp::Scan, Keyspace::Meta, &MetaSpace::slot(group, slot).kv_prefix(), 0, u64::MAX);
+    }
+    cluster.run_for(5_000);
+    assert!(kv.injected_failures() > 0, "the passes tried to list the slots");
+    assert_eq!(cluster.slot_leader(group), Some(leader), "still the group's leader");
+    assert_eq!(report_of(&mut cluster, leader), Some(before), "the last complete pass's report stands");
+    // Readable again: the passes are complete and report again.
+    kv.clear_failpoints();
+    cluster.run_for(3_000);
+    assert!(report_of(&mut cluster, leader).is_some_and(|r| r.channel_replicas > 0));
 }
 
 #[test]

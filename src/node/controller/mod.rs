@@ -226,6 +226,10 @@ struct RepairScan {
     /// Channels this pass found led by a leaving node (up), per node and slot group (every group the
     /// pass walks, with 0 where it found none).
     hand_offs_left: BTreeMap<NodeId, BTreeMap<GroupId, usize>>,
+    /// Something this pass should have read it could not: a group's intent or a slot's metas (the
+    /// store failed), or a led group's slots, skipped while this node heard no quorum of it. Its drain
+    /// and hand-off counts would then be short, so the pass files none: the last complete pass's stand.
+    incomplete: bool,
     /// Transfers back to preferred leaders this pass started.
     rebalances: usize,
     /// When a transfer back this pass could not start yet (its preferred replica not up long enough, or

@@ -62,6 +62,7 @@ impl Controller {
         // pass's channels names it.
         let walked: BTreeMap<GroupId, usize> = led.iter().map(|group| (*group, 0)).collect();
         self.scan.hand_offs_left = self.leaving_nodes(now).into_iter().map(|node| (node, walked.clone())).collect();
+        self.scan.incomplete = false;
         self.scan.rebalances = 0;
         self.scan.rebalance_due = None;
         // Every local group's intent, read once: drains are recorded in all of them, so any local copy
@@ -81,7 +82,10 @@ impl Controller {
                     named_by_group.insert(group, named.collect());
                     draining_by_group.insert(group, intent.draining);
                 }
-                Err(error) => tracing::warn!(%error, %group, "repair: cannot read the group's intent"),
+                Err(error) => {
+                    tracing::warn!(%error, %group, "repair: cannot read the group's intent");
+                    self.scan.incomplete = true;
+                }
             }
         }
         self.drains_known = draining_by_group.values().flatten().copied().collect();
@@ -102,6 +106,7 @@ impl Controller {
             let Some((group, hash_slot)) = self.scan.slots.get(self.scan.index).copied() else { break };
             if !*heard.entry(group).or_insert_with(|| self.hears_quorum_of(slot, group, now)) {
                 // This node may be the one cut off: its failure detector's verdicts are not to be acted on.
+                self.scan.incomplete = true;
                 self.scan.index += 1;
                 self.scan.cursor = None;
                 budget -= 1;
@@ -111,6 +116,7 @@ impl Controller {
                 Ok(page) => page,
                 Err(error) => {
                     tracing::warn!(%error, slot = %hash_slot, "repair: cannot read runtime metas; slot skipped");
+                    self.scan.incomplete = true;
                     tidings_slot::query::Page { items: Vec::new(), cursor: None }
                 }
             };
@@ -137,6 +143,21 @@ impl Controller {
     fn finish_repair_pass(&mut self, now: Time) {
         self.scan.active = false;
         self.surplus_pass_done();
+        if !self.scan.incomplete {
+            self.file_progress_reports();
+        }
+        let busy = !self.down.is_empty()
+            || !self.scan.draining.is_empty()
+            || !self.hand_off_reports.is_empty()
+            || self.scan.incomplete;
+        let pause = if busy { self.config.repair_interval } else { self.config.repair_idle_interval };
+        let rebalance = self.scan.rebalance_due.map(|due| due.max(now + self.config.repair_interval));
+        self.scan.next_pass = rebalance.map_or(now + pause, |due| due.min(now + pause));
+    }
+
+    /// Files a complete pass's drain and hand-off reports, and tells each leaving node what it still
+    /// leads, group by group.
+    fn file_progress_reports(&mut self) {
         let scan = &mut self.scan;
         self.drain_reports = scan
             .drain_left
@@ -158,10 +179,6 @@ impl Controller {
             let message = NodeMessage::HandOffProgress { channels_led: channels_led.collect() };
             self.actions.push_back(Action::Send { to: node, message });
         }
-        let busy = !self.down.is_empty() || !self.scan.draining.is_empty() || !self.hand_off_reports.is_empty();
-        let pause = if busy { self.config.repair_interval } else { self.config.repair_idle_interval };
-        let rebalance = self.scan.rebalance_due.map(|due| due.max(now + self.config.repair_interval));
-        self.scan.next_pass = rebalance.map_or(now + pause, |due| due.min(now + pause));
     }
 
     /// `true` if this node heard lately from a majority of `group`'s voters, itself included. A slot
