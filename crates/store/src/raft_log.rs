@@ -580,9 +580,16 @@ impl raft::Storage for GroupStorage {
         let source = self.store.snapshots.read().clone();
         let unavailable = raft::Error::Store(RaftStorageError::SnapshotTemporarilyUnavailable);
         let Some(source) = source else { return Err(unavailable) };
-        match source.snapshot(self.group, request_index).map_err(to_raft)? {
-            Some(snapshot) if snapshot.get_metadata().index >= request_index => Ok(snapshot),
-            _ => Err(unavailable),
+        match source.snapshot(self.group, request_index) {
+            Ok(Some(snapshot)) if snapshot.get_metadata().index >= request_index => Ok(snapshot),
+            Ok(_) => Err(unavailable),
+            // raft-rs takes any other error for a fatal one and panics. A snapshot that could not be
+            // read now is asked for again later (its follower waits meanwhile); the store's error is
+            // logged here, where it is known.
+            Err(error) => {
+                tracing::warn!(%error, group = %self.group, "slot group snapshot could not be read; asked for again later");
+                Err(unavailable)
+            }
         }
     }
 }

@@ -175,6 +175,26 @@ fn snapshot_comes_from_the_source_and_is_never_older_than_requested() {
     assert!(matches!(s.snapshot(6, 2), Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable))));
 }
 
+/// A source whose store cannot read the snapshot now.
+struct UnreadableSnapshot;
+
+impl SnapshotSource for UnreadableSnapshot {
+    fn snapshot(&self, _group: GroupId, _request_index: u64) -> StoreResult<Option<Snapshot>> {
+        Err(StoreError::io("scan", std::io::Error::other("disk hiccup")))
+    }
+}
+
+/// raft-rs panics on any snapshot error but "temporarily unavailable" (simulator seeds 818000259,
+/// 818000796 and 818000971 with `--meta-read-errors`: a failed scan of the exported slots took the
+/// node down).
+#[test]
+fn a_snapshot_the_store_cannot_read_now_is_temporarily_unavailable() {
+    let store = store_with(&[(1, 1)]);
+    let s = store.group(G1).unwrap();
+    store.set_snapshot_source(Arc::new(UnreadableSnapshot));
+    assert!(matches!(s.snapshot(1, 2), Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable))));
+}
+
 #[test]
 fn one_batch_one_sync_for_many_groups() {
     let kv = Arc::new(MemoryKv::new());
