@@ -736,6 +736,37 @@ fn a_replica_moves_through_a_learner_and_joint_consensus_and_the_old_one_is_dest
     assert_eq!(cluster.propose_and_wait(to, put_user("after-restart", "x")), Outcome::Applied);
 }
 
+/// A removed replica whose stored state the store fails to clear leaves memory at once and is destroyed
+/// on a later round. Before session 60 the failure was logged and the stale copy stayed on disk, where
+/// this node's local reads kept finding it (simulator seed 818000485 with `--meta-read-errors`).
+#[test]
+fn a_removed_replica_whose_destruction_fails_is_destroyed_on_a_later_round() {
+    use tidings_slot::command::RoutingKey;
+    use tidings_slot::raft::MembershipChange;
+    use tidings_store::{FailOp, Keyspace, MetaSpace};
+    let (mut cluster, leader, from, _) = four_nodes_in_joint_configuration();
+    let group = GroupId::new(1);
+    let m0 = Uid::new("m0").unwrap();
+    assert!(cluster.reader(from).user(&m0).unwrap().is_some());
+    // The removed replica's first two attempts to clear its metadata fail (the clear scans each space).
+    let slot = hash_slot(RoutingKey::Uid(&m0).bytes());
+    let kv = cluster.nodes[&from].kv.clone();
+    kv.fail_under(FailOp::Scan, Keyspace::Meta, &MetaSpace::slot(group, slot).kv_prefix(), 0, 2);
+    let now = cluster.now;
+    cluster.driver(leader).change_membership(now, group, &MembershipChange::LeaveJoint).unwrap();
+    cluster.drain(leader);
+    run_until(&mut cluster, 10_000, "the removed replica leaves memory", |c| {
+        !c.driver(from).groups().any(|g| g == group)
+    });
+    cluster.run_for(1_000);
+    assert_eq!(kv.injected_failures(), 2, "both attempts failed");
+    assert!(cluster.reader(from).user(&m0).unwrap().is_none(), "its metadata is gone in the end");
+    cluster.crash(from);
+    cluster.start(from);
+    cluster.run_for(2_000);
+    assert!(!cluster.driver(from).groups().any(|g| g == group), "a tombstone keeps the replica away");
+}
+
 /// Adds `to` to `group` as a learner under `leader`, lets it catch up, and enters the joint
 /// configuration that promotes it and removes `from`.
 fn enter_joint_replacing(cluster: &mut Cluster, group: GroupId, leader: NodeId, from: NodeId, to: NodeId) {

@@ -76,7 +76,8 @@ impl MultiRaft {
             MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
         );
         let known = self.genesis.groups().any(|g| g == group);
-        if !from_leader || !known || self.groups.len() >= self.config.groups_max || message.term == 0 {
+        let destroying = self.destroying.contains_key(&group);
+        if !from_leader || !known || destroying || self.groups.len() >= self.config.groups_max || message.term == 0 {
             return false;
         }
         let created = self.logs.create_group(group, ConfState::default()).and_then(|()| self.open_group(group));
@@ -144,20 +145,18 @@ impl MultiRaft {
 
     /// Destroys the replicas of groups this node left: raft state, applied data and its hash slots' metadata
     /// go; a tombstone stops a restart from bringing the replica back.
+    ///
+    /// The replica leaves memory at once; its stored state goes in three idempotent writes. Should one
+    /// fail, all three are tried again next round, and every round until they land: left on disk, the
+    /// stale copy would answer this node's local reads for good (simulator seed 818000485 with
+    /// `--meta-read-errors`: a node's stray-log sweep kept reading, in a copy whose destruction had
+    /// failed, a meta naming it a replica, and never forgot two logs). Until then, a leader that adds
+    /// this node back is refused a new replica (it asks again).
     pub(super) fn destroy_leaving(&mut self) {
         for group in std::mem::take(&mut self.leaving) {
             let Some(g) = self.groups.remove(&group) else { continue };
             let epoch = g.config_epoch;
-            let mut batch = tidings_store::MetaWriteBatch::new();
-            batch.clear_group(group);
-            let destroyed = self
-                .meta
-                .write(&batch)
-                .and_then(|()| self.meta.forget_group(group))
-                .and_then(|()| self.logs.remove_group(group, epoch));
-            if let Err(error) = destroyed {
-                tracing::error!(%error, %group, "cannot destroy a removed slot replica");
-            }
+            self.destroying.insert(group, epoch);
             // Reads of the group fail, also those found ready earlier in this round: the data they would
             // read is gone.
             let gone = ProposeError::UnknownGroup { group };
@@ -172,9 +171,29 @@ impl MultiRaft {
                 self.effects.push_back(SlotEffect::ReadFailed { id: read.id, error: gone.clone() });
             }
             self.awaiting.retain(|a| a.group != group);
-            tracing::info!(%group, epoch, "slot replica destroyed: this node left the group");
             self.effects.push_back(SlotEffect::GroupRemoved { group });
-            self.sync_requested = true;
         }
+        for (group, epoch) in std::mem::take(&mut self.destroying) {
+            match self.destroy_stored(group, epoch) {
+                Ok(()) => {
+                    tracing::info!(%group, epoch, "slot replica destroyed: this node left the group");
+                    self.sync_requested = true;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, %group, "cannot destroy a removed slot replica yet; trying again");
+                    self.destroying.insert(group, epoch);
+                }
+            }
+        }
+    }
+
+    /// Destroys the stored state of `group`'s replica, removed at configuration `epoch`: its hash slots'
+    /// metadata and its records, its applied index and epoch, and its raft log (a tombstone in its place).
+    fn destroy_stored(&self, group: GroupId, epoch: u64) -> Result<(), tidings_store::StoreError> {
+        let mut batch = tidings_store::MetaWriteBatch::new();
+        batch.clear_group(group);
+        self.meta.write(&batch)?;
+        self.meta.forget_group(group)?;
+        self.logs.remove_group(group, epoch)
     }
 }

@@ -255,6 +255,9 @@ pub struct MultiRaft {
     rng: DetRng,
     /// Groups whose membership no longer includes this node: destroyed at the end of the round.
     leaving: Vec<GroupId>,
+    /// Replicas let go of (out of memory) whose stored state could not be destroyed yet, with the
+    /// configuration epoch that removed this node: tried again every round (see `destroy_leaving`).
+    destroying: BTreeMap<GroupId, u64>,
     /// Snapshots sent and not yet acknowledged, per (group, follower): when to give up on them. raft-rs
     /// sends nothing more to a follower while its snapshot is outstanding, and the transport may lose it.
     snapshots_sent: BTreeMap<(GroupId, NodeId), Time>,
@@ -352,6 +355,7 @@ impl MultiRaft {
             rng: DetRng::new(config.seed),
             queued: BTreeMap::new(),
             leaving: Vec::new(),
+            destroying: BTreeMap::new(),
             snapshots_sent: BTreeMap::new(),
             next_member_check: now,
             taken_forwards: TakenForwards::default(),
