@@ -565,3 +565,33 @@ fn a_page_a_peer_s_store_cannot_read_is_asked_of_the_next_node() {
     assert_eq!(page_read_failures(&mut cluster), failed, "each failed scan is counted where it failed");
     assert_eq!(abandoned(&mut cluster), 0);
 }
+
+/// A single node whose store cannot tell, for a moment, whether it serves a subscriber page (the
+/// lookup of the channel's hash slot's placement fails) reads the page again after a pause. Before
+/// session 60 it took that for "not served here", had nobody else to ask, and gave the message's
+/// fanout up at once (simulator seed 818000111 with `--meta-read-errors`).
+#[test]
+fn a_page_whose_serving_copy_cannot_be_looked_up_is_read_again_on_a_single_node() {
+    let recorder = Arc::new(Recorder::default());
+    let mut cluster = cluster_of(1, &recorder);
+    let channel = ChannelId::new(ChannelType::GROUP, "lookup").unwrap();
+    cluster.create_channel(1, &channel);
+    subscribe(&mut cluster, &channel, MemberList::Subscribers, &["a", "b", "c", "d"]);
+    let mut seqs = append_all(&mut cluster, 1, &channel, &["warm"]);
+    cluster.run_for(1_000);
+    // A write to a group's records moves the placements' version on: the next lookup reads the store.
+    let group = tidings::types::GroupId::new(1);
+    let answer = cluster.call(1, |core, now, id| core.set_preferred_leader(now, id, group, Some(NodeId::new(1))));
+    assert_eq!(answer, "Meta(Ok(()))");
+    let kv = cluster.nodes[&NodeId::new(1)].kv.clone();
+    kv.fail_under(FailOp::Get, Keyspace::Placement, &[], 0, 1);
+    seqs.extend(append_all(&mut cluster, 1, &channel, &["looked up"]));
+    cluster.run_for(2_000);
+    assert_eq!(kv.injected_failures(), 1);
+    let taken: BTreeSet<(Seq, String)> = recorder.taken.lock().iter().cloned().collect();
+    let expected: BTreeSet<(Seq, String)> =
+        seqs.iter().flat_map(|seq| ["a", "b", "c", "d"].map(|u| (*seq, u.to_owned()))).collect();
+    assert_eq!(taken, expected);
+    assert_eq!(page_read_failures(&mut cluster), 1);
+    assert_eq!(abandoned(&mut cluster), 0);
+}

@@ -12,6 +12,7 @@ use tidings_channel::fanout::JobId;
 use tidings_channel::machine::AppendRecord;
 use tidings_slot::command::RoutingKey;
 use tidings_slot::model::Uid;
+use tidings_store::StoreError;
 use tidings_types::{ChannelId, GroupId, NodeId};
 
 impl NodeCore {
@@ -30,7 +31,12 @@ impl NodeCore {
     /// enough for a fanout page, which may lag a little but must not come from a copy that moved away or
     /// is still importing.
     pub(super) fn holds_serving_copy(&self, key: RoutingKey<'_>) -> bool {
-        self.serving_copy(key).is_some_and(|group| self.holds_applied(group))
+        self.holds_serving_copy_checked(key).unwrap_or(false)
+    }
+
+    /// [`NodeCore::holds_serving_copy`], with a store that could not tell as an error.
+    fn holds_serving_copy_checked(&self, key: RoutingKey<'_>) -> Result<bool, StoreError> {
+        Ok(self.reader.owner_copy_of(key)?.is_some_and(|group| self.holds_applied(group)))
     }
 
     /// The group whose copy of `key`'s hash slot this node reads, if that copy is the serving one (an
@@ -120,19 +126,28 @@ impl NodeCore {
     /// while the read is asked elsewhere (sim seed 429006070).
     fn read_here_or_ask(&mut self, ask: ReadAsk, to: Option<NodeId>) {
         match (ask.purpose, &ask.query) {
-            (ReadPurpose::FanoutPage(job), SlotQuery::SubscriberPage { channel, cursor, limit })
-                if self.holds_serving_copy(RoutingKey::Channel(channel)) =>
-            {
-                let read = PageRead {
-                    job,
-                    channel: channel.clone(),
-                    cursor: cursor.clone(),
-                    limit: usize::try_from(*limit).unwrap_or(usize::MAX),
-                    attempts: ask.attempts,
-                    since: ask.since,
-                };
-                self.effects.push_back(NodeEffect::Fanout(FanoutWork::Page(read)));
-                return;
+            (ReadPurpose::FanoutPage(job), SlotQuery::SubscriberPage { channel, cursor, limit }) => {
+                let here = self.holds_serving_copy_checked(RoutingKey::Channel(channel));
+                if !matches!(here, Ok(false)) {
+                    let read = PageRead {
+                        job,
+                        channel: channel.clone(),
+                        cursor: cursor.clone(),
+                        limit: usize::try_from(*limit).unwrap_or(usize::MAX),
+                        attempts: ask.attempts,
+                        since: ask.since,
+                    };
+                    match here {
+                        Ok(_) => self.effects.push_back(NodeEffect::Fanout(FanoutWork::Page(read))),
+                        // Whether this node serves the page is unknown: as for a page it could not read
+                        // (a single node, which has nobody else to ask, gave the page up at once).
+                        Err(error) => {
+                            tracing::warn!(%error, "fanout: cannot tell whether this node serves a subscriber page");
+                            self.page_unread(read);
+                        }
+                    }
+                    return;
+                }
             }
             (ReadPurpose::SenderCheck(check), SlotQuery::Flag(flag)) => {
                 if let Some(copy) = self.vouching_copy(flag.routing_key()) {
