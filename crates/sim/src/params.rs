@@ -134,6 +134,14 @@ pub struct SimParams {
     /// other kinds nowhere else. Off in every seed's own draws (turning it on changes a seed's run);
     /// `--all-metadata` turns it on.
     pub all_metadata: bool,
+    /// The nodes' metadata stores fail reads now and then: a get or a scan of the slot metadata
+    /// keyspace, one or two in a row, on a running node, about every 2 virtual seconds in the faulty
+    /// phase (their own stream). Whatever reads them must fail closed: a controller, a fanout page, a
+    /// migration's export, an activation, a sender check, an API read. A slot FSM whose apply cannot
+    /// read stops its node's slot replicas (`MultiRaft::storage_failed`), and the simulator restarts
+    /// such a node, as its operator would. The raft logs' keyspaces are spared: raft-rs takes a failed
+    /// log read for a fatal error. Off in every seed's own draws; `--meta-read-errors` turns it on.
+    pub meta_read_errors: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
     /// Unsafe, for the simulator's own test: a node that loses its disk (`disk_loss`) keeps its storage
@@ -211,6 +219,7 @@ impl SimParams {
             planned_stops: nodes >= 2 && DetRng::new(seed ^ PLANNED_STOPS_STREAM).range(0, 2) == 0,
             late_duplicates: false,
             all_metadata: false,
+            meta_read_errors: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
@@ -286,6 +295,7 @@ impl SimParams {
             planned_stops: false,
             late_duplicates: false,
             all_metadata: false,
+            meta_read_errors: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
@@ -299,7 +309,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -341,6 +351,7 @@ impl fmt::Display for SimParams {
             if self.planned_stops { " planned-stops" } else { "" },
             if self.late_duplicates { " late-duplicates" } else { "" },
             if self.all_metadata { " all-metadata" } else { "" },
+            if self.meta_read_errors { " meta-read-errors" } else { "" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
             if self.unsafe_disk_loss_keeps_identity { " UNSAFE-disk-loss-keeps-identity" } else { "" },
             if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }
@@ -359,6 +370,9 @@ pub(crate) const PLANNED_STOPS_STREAM: u64 = 0x706c_616e_6e65_645f;
 
 /// The stream how late each second copy comes is drawn from (`SimParams::late_duplicates`).
 pub(crate) const LATE_DUPLICATES_STREAM: u64 = 0x6c61_7465_5f64_7570;
+
+/// The stream which metadata stores fail reads, and when, is drawn from (`SimParams::meta_read_errors`).
+pub(crate) const META_READ_ERRORS_STREAM: u64 = 0x6d65_7461_5f72_6561;
 
 /// How late the second copy of a duplicated frame comes at most (`SimParams::late_duplicates`).
 pub(crate) const LATE_DUPLICATE_MS: u64 = 3_000;

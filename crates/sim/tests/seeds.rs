@@ -195,6 +195,7 @@ fn a_replay_command_names_each_setting_changed_from_the_draws() {
         tight_limits: !drawn.tight_limits,
         planned_stops: !drawn.planned_stops,
         late_duplicates: true,
+        meta_read_errors: true,
         metadata_workload: false,
         ..drawn.clone()
     };
@@ -204,6 +205,7 @@ fn a_replay_command_names_each_setting_changed_from_the_draws() {
     assert!(command.contains(&format!(" --channels {}", drawn.channels + 10)), "{command}");
     assert!(command.contains(" --no-metadata"), "{command}");
     assert!(command.contains(" --late-duplicates"), "{command}");
+    assert!(command.contains(" --meta-read-errors"), "{command}");
     let tight = if drawn.tight_limits { " --no-tight-limits" } else { " --tight-limits" };
     assert!(command.contains(tight), "{command}");
     let stops = if drawn.planned_stops { " --no-planned-stops" } else { " --planned-stops" };
@@ -1025,5 +1027,19 @@ fn seeds_with_every_kind_of_metadata_write_hold_each_to_its_last_acknowledged_ch
         let report = run(SimParams { all_metadata: true, ..SimParams::from_seed(seed) });
         assert_passes(&report);
         assert!(report.faults.registers_checked > 0, "seed {seed} checked no register");
+    }
+}
+
+/// Metadata stores that fail reads now and then (`meta_read_errors`), added in session 60. Each seed
+/// failed on that session's first code: 818000111, a single node that could not look up whether it
+/// served a subscriber page gave the message's fanout up at once; 818000259, raft-rs panicked on a
+/// snapshot whose export scan failed; 818000485 and 818001014, a removed slot replica whose destruction
+/// failed stayed on disk, and its stale metas kept the stray-log sweep from forgetting logs.
+#[test]
+fn seeds_whose_metadata_stores_fail_reads_pass() {
+    for seed in [818000111, 818000259, 818000485, 818001014] {
+        let report = run(SimParams { meta_read_errors: true, ..SimParams::from_seed(seed) });
+        assert_passes(&report);
+        assert!(report.faults.meta_read_errors > 0, "seed {seed} failed no read");
     }
 }

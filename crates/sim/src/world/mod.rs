@@ -9,6 +9,7 @@ mod planned_stops;
 mod registers;
 mod senders;
 mod shrink;
+mod store_faults;
 mod workload;
 
 use crate::oracle::Oracle;
@@ -101,6 +102,9 @@ impl SimReport {
         if params.all_metadata {
             command.push_str(" --all-metadata");
         }
+        if params.meta_read_errors {
+            command.push_str(" --meta-read-errors");
+        }
         command
     }
 }
@@ -187,6 +191,10 @@ pub struct Faults {
     /// Metadata registers (a user on a channel's list, a device, a membership, a plugin binding, a
     /// system uid) whose last change was known and checked on every replica (see `registers`).
     pub registers_checked: u64,
+    /// Metadata stores armed to fail reads (`SimParams::meta_read_errors`).
+    pub meta_read_errors: u64,
+    /// Nodes restarted because their slot replicas stopped on a failed store access.
+    pub slot_store_restarts: u64,
 }
 
 impl std::ops::AddAssign for Faults {
@@ -220,6 +228,8 @@ impl std::ops::AddAssign for Faults {
         self.stops_handed_off += other.stops_handed_off;
         self.stops_written_out += other.stops_written_out;
         self.registers_checked += other.registers_checked;
+        self.meta_read_errors += other.meta_read_errors;
+        self.slot_store_restarts += other.slot_store_restarts;
     }
 }
 
@@ -313,6 +323,8 @@ pub struct World {
     stops: planned_stops::PlannedStops,
     /// How late each second copy of a duplicated frame comes (`SimParams::late_duplicates`).
     late_duplicates: DetRng,
+    /// Which metadata stores fail reads, and when (`SimParams::meta_read_errors`).
+    meta_faults: DetRng,
     now: Time,
     nodes: BTreeMap<NodeId, SimNode>,
     events: BTreeMap<(Time, u64), Event>,
@@ -417,6 +429,7 @@ impl World {
             rng: DetRng::new(params.seed),
             stops: planned_stops::PlannedStops::new(params.seed),
             late_duplicates: DetRng::new(params.seed ^ crate::params::LATE_DUPLICATES_STREAM),
+            meta_faults: DetRng::new(params.seed ^ crate::params::META_READ_ERRORS_STREAM),
             params,
             now: Time::ZERO,
             nodes,
@@ -712,6 +725,7 @@ impl World {
         self.cut.clear();
         for node in self.nodes.values() {
             node.log.clear_failpoints();
+            node.kv.clear_failpoints();
         }
         let down: Vec<NodeId> =
             self.nodes.iter().filter(|(id, n)| n.core.is_none() && self.may_start(**id)).map(|(id, _)| *id).collect();
@@ -749,7 +763,9 @@ impl World {
         let now = self.now;
         if self.faulty {
             self.inject_faults();
+            self.inject_meta_read_errors();
         }
+        self.restart_stopped_slot_stores();
         self.cut.retain(|_, heals| *heals > now);
         while let Some(entry) = self.events.first_entry() {
             if entry.key().0 > now {
@@ -848,7 +864,7 @@ impl World {
             Event::RestartWithJoiner { node } => self.restart_with_joiner(node),
             Event::Join => self.join(),
             Event::AskDrain => self.ask_drain(),
-            Event::RemoveOnceDrained => self.remove_once_drained(),
+            Event::RemoveOnceDrained => self.unfaulted(|world| world.remove_once_drained()),
             Event::RestartWithout { node } => self.restart_without(node),
             Event::PlannedStop { node, incarnation } => self.planned_stop(node, incarnation),
             Event::StopAfterCheckpoints { node, incarnation } => self.stop_after_checkpoints(node, incarnation),
@@ -978,7 +994,7 @@ impl World {
         if let Some(expected) = self.barriers.remove(&api) {
             // A read barrier covers the key's slot (refused while the slot is fenced).
             if matches!(result, ApiResult::Meta(Ok(()))) {
-                self.check_barrier_read(id, expected);
+                self.unfaulted(|world| world.check_barrier_read(id, expected));
             }
         }
         if let ApiResult::Task(Ok(_)) = &result {

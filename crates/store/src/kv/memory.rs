@@ -131,6 +131,16 @@ impl MemoryKv {
         self.state.lock().failpoints.arm(target, after, times);
     }
 
+    /// Runs `f` with every failpoint held off: the calls it makes neither fail nor count against a
+    /// failpoint, which stand as they were afterwards (any armed inside `f` are dropped). For a test's
+    /// or a simulator's own reads, which must not take the failures meant for the code under test.
+    pub fn without_failpoints<T>(&self, f: impl FnOnce() -> T) -> T {
+        let held = std::mem::take(&mut self.state.lock().failpoints);
+        let result = f();
+        self.state.lock().failpoints = held;
+        result
+    }
+
     /// How many calls a failpoint made fail so far.
     pub fn injected_failures(&self) -> u64 {
         self.state.lock().failpoints.injected()
@@ -319,6 +329,10 @@ mod tests {
         assert!(kv.apply(batch).is_err(), "a batch with one key under the prefix");
         assert!(kv.get(Keyspace::Meta, b"a/3").unwrap().is_none(), "the failed batch changed nothing");
         assert_eq!(kv.injected_failures(), 4);
+        // Held off for the caller's own reads, and standing again afterwards.
+        assert!(kv.without_failpoints(|| kv.get(Keyspace::Meta, b"b/1")).is_ok());
+        assert!(kv.get(Keyspace::Meta, b"b/1").is_err());
+        assert_eq!(kv.injected_failures(), 5);
         kv.clear_failpoints();
         assert!(kv.get(Keyspace::Meta, b"b/1").is_ok());
     }

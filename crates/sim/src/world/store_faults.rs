@@ -1,0 +1,62 @@
+//! Failed reads of the nodes' metadata stores (`SimParams::meta_read_errors`), the restart of a node
+//! whose slot replicas stopped on one, and the simulator's own reads, which the failures must not reach.
+
+use super::World;
+use tidings::store::{FailOp, Keyspace};
+use tidings::types::NodeId;
+
+/// Chance per virtual millisecond that a running node's metadata store is armed to fail reads: about
+/// one every 2 s.
+const META_READ_ERROR_PPM: u32 = 500;
+
+impl World {
+    /// Now and then arms a running node's metadata store to fail one or two reads (gets or scans of
+    /// the slot metadata keyspace), after letting up to three through. The raft logs' keyspaces are
+    /// spared: raft-rs takes a failed log read for a fatal error.
+    pub(super) fn inject_meta_read_errors(&mut self) {
+        if !self.params.meta_read_errors || !self.meta_faults.chance(META_READ_ERROR_PPM) {
+            return;
+        }
+        let running: Vec<NodeId> = self.nodes.iter().filter(|(_, n)| n.core.is_some()).map(|(id, _)| *id).collect();
+        let Some(id) = self.meta_faults.pick(&running).copied() else { return };
+        let op = if self.meta_faults.chance(500_000) { FailOp::Get } else { FailOp::Scan };
+        let after = self.meta_faults.below(4);
+        let times = 1 + self.meta_faults.below(2);
+        self.nodes[&id].kv.fail_under(op, Keyspace::Meta, &[], after, times);
+        self.faults.meta_read_errors += 1;
+    }
+
+    /// Restarts every running node whose slot replicas stopped on a failed store access
+    /// (`MultiRaft::storage_failed`: they stay stopped until the process restarts), as its operator
+    /// would: a crash, and the restart that follows.
+    pub(super) fn restart_stopped_slot_stores(&mut self) {
+        if !self.params.meta_read_errors {
+            return;
+        }
+        let stopped: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.core.as_ref().is_some_and(|core| core.slot().storage_failed()))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stopped {
+            self.faults.slot_store_restarts += 1;
+            self.crash(id);
+        }
+    }
+
+    /// Runs the simulator's own reads (`f`) with every node's metadata store failpoints held off: a
+    /// check must read what the stores hold, and must not take a failure meant for the nodes.
+    pub(super) fn unfaulted<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        let stores: Vec<_> = self.nodes.values().map(|n| n.kv.clone()).collect();
+        hold_off(&stores, || f(self))
+    }
+}
+
+/// Runs `f` with the failpoints of every store in `stores` held off.
+fn hold_off<T>(stores: &[std::sync::Arc<tidings::store::MemoryKv>], f: impl FnOnce() -> T) -> T {
+    match stores.split_first() {
+        None => f(),
+        Some((first, rest)) => first.without_failpoints(|| hold_off(rest, f)),
+    }
+}
