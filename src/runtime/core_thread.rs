@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidings_slot::command::{Command, RoutingKey};
 use tidings_slot::model::ChannelInfo;
+use tidings_store::StoreError;
 use tidings_types::{ChannelId, GroupId, HashSlot, NodeId};
 
 /// Most inputs the core thread takes before it carries out effects.
@@ -50,6 +51,8 @@ pub(super) enum Input {
 pub(super) enum WorkerAnswer {
     /// The slot stores are durable through this sync token.
     SlotsSynced { token: u64 },
+    /// The metadata store's sync failed.
+    SlotsSyncFailed(StoreError),
     /// A fanout worker's answer.
     Fanout(FanoutAnswer),
     /// The reader thread listed a page of the stray-log sweep.
@@ -191,6 +194,7 @@ impl Shell {
         let now = self.clock.now();
         match answer {
             WorkerAnswer::SlotsSynced { token } => self.core.handle_slots_synced(now, token),
+            WorkerAnswer::SlotsSyncFailed(error) => self.core.handle_slots_sync_failed(now, &error),
             WorkerAnswer::Fanout(answer) => self.core.handle_fanout(now, answer),
             WorkerAnswer::LogsListed(listed) => self.core.handle_logs_listed(now, listed),
         }

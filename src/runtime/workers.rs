@@ -137,7 +137,12 @@ fn slot_sync_worker(kv: &Arc<dyn Kv>, tokens: &Receiver<u64>, core: &Sender<Work
                     return;
                 }
             }
-            Err(error) => tracing::error!(%error, "metadata sync failed; raft will not make progress past it"),
+            Err(error) => {
+                tracing::error!(%error, "metadata sync failed: this node's slot replicas stop until a restart");
+                if core.send(WorkerAnswer::SlotsSyncFailed(error)).is_err() {
+                    return;
+                }
+            }
         }
     }
 }
@@ -285,6 +290,24 @@ mod tests {
         let durable = one_round(&log, vec![job("a", 4), job("d", 5)]);
         assert!(durable.iter().all(|(_, result)| result.is_ok()), "{durable:?}");
         assert_eq!((last_seq(&log, "a"), last_seq(&log, "d")), (Seq::new(1), Seq::new(1)));
+    }
+
+    /// A failed metadata sync is reported, so the core stops its slot replicas: the next sync that
+    /// succeeds must not acknowledge what the failed one covered.
+    #[test]
+    fn a_failed_metadata_sync_is_reported_and_the_next_one_answers_its_token() {
+        let store = Arc::new(tidings_store::MemoryKv::new());
+        store.fail(tidings_store::FailOp::Sync, 0, 1);
+        let kv: Arc<dyn Kv> = store;
+        let (tokens, taken) = unbounded();
+        let (core, answers) = unbounded();
+        tokens.send(1).expect("queue open");
+        let worker = std::thread::spawn(move || slot_sync_worker(&kv, &taken, &core));
+        assert!(matches!(answers.recv().expect("an answer"), WorkerAnswer::SlotsSyncFailed(StoreError::Io { .. })));
+        tokens.send(2).expect("queue open");
+        assert!(matches!(answers.recv().expect("an answer"), WorkerAnswer::SlotsSynced { token: 2 }));
+        drop(tokens);
+        worker.join().expect("the worker ends once its queue closes");
     }
 
     #[test]

@@ -472,6 +472,13 @@ impl NodeCore {
         self.slot.handle_synced(self.now, token);
     }
 
+    /// A [`NodeEffect::SyncSlots`] failed: this node's slot replicas stop until it restarts
+    /// ([`NodeStatus::slot_storage_failed`]); nothing the failed sync covered is ever acknowledged.
+    pub fn handle_slots_sync_failed(&mut self, now: Time, error: &StoreError) {
+        self.advance(now);
+        self.slot.handle_sync_failed(self.now, error);
+    }
+
     /// A durable append of a channel finished.
     pub fn handle_persisted(
         &mut self,

@@ -783,6 +783,16 @@ impl MultiRaft {
         self.dirty = true;
     }
 
+    /// The runtime could not make the writes up to a [`SlotEffect::Sync`] durable: every replica on this
+    /// node stops, as on a failed write (see [`MultiRaft::storage_failed`]). A later sync that succeeds
+    /// proves nothing about the writes the failed one covered, so none of them is ever acknowledged.
+    pub fn handle_sync_failed(&mut self, now: Time, error: &StoreError) {
+        self.advance(now);
+        if !self.storage_failed {
+            self.fail_storage(error, None);
+        }
+    }
+
     fn advance(&mut self, now: Time) {
         debug_assert!(now >= self.now, "time went backwards");
         self.now = self.now.max(now);

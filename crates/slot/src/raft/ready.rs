@@ -63,10 +63,11 @@ impl MultiRaft {
         self.meta.write_all_with(applied.iter().map(|(_, batch)| batch), |applied| self.logs.write_with(logs, applied))
     }
 
-    /// A write to the slot store failed, in `group`'s ready or in the round's write: raft-rs counts
-    /// those writes as handed to storage, so no later sync may declare them persisted. Every replica on
-    /// this node stops here (see `MultiRaft::storage_failed`).
-    fn fail_storage(&mut self, error: &StoreError, group: Option<GroupId>) {
+    /// A write to the slot store failed, in `group`'s ready or in the round's write, or a sync failed:
+    /// raft-rs counts those writes as handed to storage, so no later sync may declare them persisted (a
+    /// disk may drop the pages of a failed sync and report the next one clean). Every replica on this
+    /// node stops here (see `MultiRaft::storage_failed`).
+    pub(super) fn fail_storage(&mut self, error: &StoreError, group: Option<GroupId>) {
         tracing::error!(%error, ?group, "slot store write failed: this node's slot replicas stop until a restart");
         self.storage_failed = true;
         self.round_writes = RaftLogBatch::new();
