@@ -13,7 +13,8 @@
 //! to 3 s late (`SimParams::late_duplicates`, off in every seed's own draws); `--all-metadata` makes
 //! the workload's member-list changes every kind of per-key metadata write (`SimParams::all_metadata`,
 //! off in every seed's own draws); `--meta-read-errors` makes the nodes' metadata stores fail reads
-//! now and then (`SimParams::meta_read_errors`, off in every seed's own draws). `--safety-ms N` runs every seed's faults
+//! now and then (`SimParams::meta_read_errors`, off in every seed's own draws), `--meta-write-errors`
+//! writes and syncs (`SimParams::meta_write_errors`, the same). `--safety-ms N` runs every seed's faults
 //! for N virtual milliseconds instead of the 3–8 s it draws (a soak: faults that pile up, such as epoch
 //! histories, compacted raft logs and many failovers of one channel), `--channels N` gives every seed N
 //! channels instead of the 1–6 it draws (more replicas than tight limits leave room for), `--liveness-ms N`
@@ -51,6 +52,7 @@ fn params(seed: u64) -> SimParams {
     let late_duplicates = flag("--late-duplicates");
     let all_metadata = flag("--all-metadata");
     let meta_read_errors = flag("--meta-read-errors");
+    let meta_write_errors = flag("--meta-write-errors");
     let channels = arg("--channels").and_then(|n| usize::try_from(n).ok()).filter(|n| *n > 0);
     SimParams {
         safety_ms: arg("--safety-ms").unwrap_or(seeded.safety_ms),
@@ -68,6 +70,7 @@ fn params(seed: u64) -> SimParams {
         late_duplicates,
         all_metadata,
         meta_read_errors,
+        meta_write_errors,
         unsafe_disk_loss_keeps_identity,
         ..seeded
     }

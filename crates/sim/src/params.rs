@@ -142,6 +142,13 @@ pub struct SimParams {
     /// such a node, as its operator would. The raft logs' keyspaces are spared: raft-rs takes a failed
     /// log read for a fatal error. Off in every seed's own draws; `--meta-read-errors` turns it on.
     pub meta_read_errors: bool,
+    /// The nodes' metadata stores fail a write (of the slot metadata keyspace: every slot-layer round
+    /// writes its raft logs and FSM changes in one batch with it) or a sync now and then, on a running
+    /// node, about every 5 virtual seconds in the faulty phase (their own stream). Either stops the
+    /// node's slot replicas until a restart, which the simulator then makes: nothing the failed
+    /// operation covered may have been acknowledged. Off in every seed's own draws;
+    /// `--meta-write-errors` turns it on.
+    pub meta_write_errors: bool,
     /// Unsafe, for the simulator's own test: storage acknowledges persists without writing them.
     pub unsafe_lying_disk: bool,
     /// Unsafe, for the simulator's own test: a node that loses its disk (`disk_loss`) keeps its storage
@@ -220,6 +227,7 @@ impl SimParams {
             late_duplicates: false,
             all_metadata: false,
             meta_read_errors: false,
+            meta_write_errors: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
@@ -296,6 +304,7 @@ impl SimParams {
             late_duplicates: false,
             all_metadata: false,
             meta_read_errors: false,
+            meta_write_errors: false,
             unsafe_lying_disk: false,
             unsafe_disk_loss_keeps_identity: false,
             unsafe_unchecked_senders: false,
@@ -309,7 +318,7 @@ impl fmt::Display for SimParams {
             f,
             "SEED={} nodes={} groups={} replicas={} min_isr={} channels={} safety={}ms loss={}ppm dup={}ppm \
              delay<={}ms disk<={}ms crash={}ppm/ms restart={}ms partition={}ppm/ms for {}ms io-errors={}ppm/ms \
-             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
+             requests={}ppm/ms reactors={}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
             self.seed,
             self.nodes,
             self.slot_groups,
@@ -352,6 +361,7 @@ impl fmt::Display for SimParams {
             if self.late_duplicates { " late-duplicates" } else { "" },
             if self.all_metadata { " all-metadata" } else { "" },
             if self.meta_read_errors { " meta-read-errors" } else { "" },
+            if self.meta_write_errors { " meta-write-errors" } else { "" },
             if self.unsafe_lying_disk { " UNSAFE-lying-disk" } else { "" },
             if self.unsafe_disk_loss_keeps_identity { " UNSAFE-disk-loss-keeps-identity" } else { "" },
             if self.unsafe_unchecked_senders { " UNSAFE-unchecked-senders" } else { "" }
@@ -373,6 +383,10 @@ pub(crate) const LATE_DUPLICATES_STREAM: u64 = 0x6c61_7465_5f64_7570;
 
 /// The stream which metadata stores fail reads, and when, is drawn from (`SimParams::meta_read_errors`).
 pub(crate) const META_READ_ERRORS_STREAM: u64 = 0x6d65_7461_5f72_6561;
+
+/// The stream which metadata stores fail writes or syncs, and when, is drawn from
+/// (`SimParams::meta_write_errors`).
+pub(crate) const META_WRITE_ERRORS_STREAM: u64 = 0x6d65_7461_5f77_7269;
 
 /// How late the second copy of a duplicated frame comes at most (`SimParams::late_duplicates`).
 pub(crate) const LATE_DUPLICATE_MS: u64 = 3_000;

@@ -196,6 +196,7 @@ fn a_replay_command_names_each_setting_changed_from_the_draws() {
         planned_stops: !drawn.planned_stops,
         late_duplicates: true,
         meta_read_errors: true,
+        meta_write_errors: true,
         metadata_workload: false,
         ..drawn.clone()
     };
@@ -205,7 +206,7 @@ fn a_replay_command_names_each_setting_changed_from_the_draws() {
     assert!(command.contains(&format!(" --channels {}", drawn.channels + 10)), "{command}");
     assert!(command.contains(" --no-metadata"), "{command}");
     assert!(command.contains(" --late-duplicates"), "{command}");
-    assert!(command.contains(" --meta-read-errors"), "{command}");
+    assert!(command.contains(" --meta-read-errors") && command.contains(" --meta-write-errors"), "{command}");
     let tight = if drawn.tight_limits { " --no-tight-limits" } else { " --tight-limits" };
     assert!(command.contains(tight), "{command}");
     let stops = if drawn.planned_stops { " --no-planned-stops" } else { " --planned-stops" };
@@ -1041,5 +1042,17 @@ fn seeds_whose_metadata_stores_fail_reads_pass() {
         let report = run(SimParams { meta_read_errors: true, ..SimParams::from_seed(seed) });
         assert_passes(&report);
         assert!(report.faults.meta_read_errors > 0, "seed {seed} failed no read");
+    }
+}
+
+/// Metadata stores that fail a write or a sync now and then (`meta_write_errors`), added in session 60
+/// with the rule that a failed sync stops a node's slot replicas as a failed write does: each seed
+/// restarts the node whose replicas stopped, and the run holds every check.
+#[test]
+fn seeds_whose_metadata_stores_fail_writes_and_syncs_pass() {
+    for seed in [820000000, 820000001] {
+        let report = run(SimParams { meta_write_errors: true, ..SimParams::from_seed(seed) });
+        assert_passes(&report);
+        assert!(report.faults.slot_store_restarts > 0, "seed {seed} restarted no node");
     }
 }

@@ -105,6 +105,9 @@ impl SimReport {
         if params.meta_read_errors {
             command.push_str(" --meta-read-errors");
         }
+        if params.meta_write_errors {
+            command.push_str(" --meta-write-errors");
+        }
         command
     }
 }
@@ -193,6 +196,8 @@ pub struct Faults {
     pub registers_checked: u64,
     /// Metadata stores armed to fail reads (`SimParams::meta_read_errors`).
     pub meta_read_errors: u64,
+    /// Metadata stores armed to fail a write or a sync (`SimParams::meta_write_errors`).
+    pub meta_write_errors: u64,
     /// Nodes restarted because their slot replicas stopped on a failed store access.
     pub slot_store_restarts: u64,
 }
@@ -229,6 +234,7 @@ impl std::ops::AddAssign for Faults {
         self.stops_written_out += other.stops_written_out;
         self.registers_checked += other.registers_checked;
         self.meta_read_errors += other.meta_read_errors;
+        self.meta_write_errors += other.meta_write_errors;
         self.slot_store_restarts += other.slot_store_restarts;
     }
 }
@@ -325,6 +331,8 @@ pub struct World {
     late_duplicates: DetRng,
     /// Which metadata stores fail reads, and when (`SimParams::meta_read_errors`).
     meta_faults: DetRng,
+    /// Which metadata stores fail writes or syncs, and when (`SimParams::meta_write_errors`).
+    meta_write_faults: DetRng,
     now: Time,
     nodes: BTreeMap<NodeId, SimNode>,
     events: BTreeMap<(Time, u64), Event>,
@@ -430,6 +438,7 @@ impl World {
             stops: planned_stops::PlannedStops::new(params.seed),
             late_duplicates: DetRng::new(params.seed ^ crate::params::LATE_DUPLICATES_STREAM),
             meta_faults: DetRng::new(params.seed ^ crate::params::META_READ_ERRORS_STREAM),
+            meta_write_faults: DetRng::new(params.seed ^ crate::params::META_WRITE_ERRORS_STREAM),
             params,
             now: Time::ZERO,
             nodes,
@@ -764,6 +773,7 @@ impl World {
         if self.faulty {
             self.inject_faults();
             self.inject_meta_read_errors();
+            self.inject_meta_write_errors();
         }
         self.restart_stopped_slot_stores();
         self.cut.retain(|_, heals| *heals > now);
@@ -831,9 +841,12 @@ impl World {
                 if n.incarnation != incarnation {
                     return;
                 }
-                n.kv.sync().expect("memory kv syncs");
+                let synced = n.kv.sync();
                 if let Some(core) = n.core.as_mut() {
-                    core.handle_slots_synced(n.clock.at(now), token);
+                    match synced {
+                        Ok(()) => core.handle_slots_synced(n.clock.at(now), token),
+                        Err(error) => core.handle_slots_sync_failed(n.clock.at(now), &error),
+                    }
                 }
             }
             Event::Persisted { node, incarnation, token, batch } => {

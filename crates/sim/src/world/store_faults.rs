@@ -1,5 +1,6 @@
-//! Failed reads of the nodes' metadata stores (`SimParams::meta_read_errors`), the restart of a node
-//! whose slot replicas stopped on one, and the simulator's own reads, which the failures must not reach.
+//! Failed reads, writes and syncs of the nodes' metadata stores (`SimParams::meta_read_errors`,
+//! `SimParams::meta_write_errors`), the restart of a node whose slot replicas stopped on one, and the
+//! simulator's own reads, which the failures must not reach.
 
 use super::World;
 use tidings::store::{FailOp, Keyspace};
@@ -8,6 +9,8 @@ use tidings::types::NodeId;
 /// Chance per virtual millisecond that a running node's metadata store is armed to fail reads: about
 /// one every 2 s.
 const META_READ_ERROR_PPM: u32 = 500;
+/// The same for a write or a sync: about one every 5 s (each stops a node's slot replicas).
+const META_WRITE_ERROR_PPM: u32 = 200;
 
 impl World {
     /// Now and then arms a running node's metadata store to fail one or two reads (gets or scans of
@@ -26,11 +29,25 @@ impl World {
         self.faults.meta_read_errors += 1;
     }
 
+    /// Now and then arms a running node's metadata store to fail one write of the slot metadata
+    /// keyspace or one sync, after letting up to three through.
+    pub(super) fn inject_meta_write_errors(&mut self) {
+        if !self.params.meta_write_errors || !self.meta_write_faults.chance(META_WRITE_ERROR_PPM) {
+            return;
+        }
+        let running: Vec<NodeId> = self.nodes.iter().filter(|(_, n)| n.core.is_some()).map(|(id, _)| *id).collect();
+        let Some(id) = self.meta_write_faults.pick(&running).copied() else { return };
+        let op = if self.meta_write_faults.chance(500_000) { FailOp::Apply } else { FailOp::Sync };
+        let after = self.meta_write_faults.below(4);
+        self.nodes[&id].kv.fail_under(op, Keyspace::Meta, &[], after, 1);
+        self.faults.meta_write_errors += 1;
+    }
+
     /// Restarts every running node whose slot replicas stopped on a failed store access
     /// (`MultiRaft::storage_failed`: they stay stopped until the process restarts), as its operator
     /// would: a crash, and the restart that follows.
     pub(super) fn restart_stopped_slot_stores(&mut self) {
-        if !self.params.meta_read_errors {
+        if !self.params.meta_read_errors && !self.params.meta_write_errors {
             return;
         }
         let stopped: Vec<NodeId> = self
