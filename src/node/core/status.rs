@@ -135,7 +135,7 @@ pub struct NodeStatus {
     /// keeps its HW as far as its log holds it durably; a record committed by the other ISR members but
     /// lost here in the failed write comes back from the leader.
     pub storage_failures: u64,
-    /// A write to this node's slot store failed: its slot replicas persist, acknowledge and apply nothing
+    /// A write or a sync of this node's slot store failed: its slot replicas persist, acknowledge and apply nothing
     /// more until the node restarts (see `MultiRaft::storage_failed`); metadata calls through it time out
     /// or go to other nodes.
     pub slot_storage_failed: bool,
