@@ -13,7 +13,7 @@ use std::time::Duration;
 use support::Cluster;
 use tidings::channel::fanout::DeliveryPlan;
 use tidings::frame::{decode, FrameBody, FrameLimits};
-use tidings::node::{ApiId, FanoutHost, NodeMessage};
+use tidings::node::{ApiId, FanoutHost, NodeMessage, NodeStatus};
 use tidings::router::hash_slot;
 use tidings::slot::command::{Command, MemberList, RoutingKey};
 use tidings::slot::model::{Uid, User};
@@ -128,10 +128,15 @@ fn serving_nodes(cluster: &Cluster, leader: u64, channel: &ChannelId) -> Vec<Nod
     config.slot_group_members().into_iter().find(|(g, _)| *g == group).map(|(_, nodes)| nodes).unwrap()
 }
 
+/// `count` of every node's status, summed.
+fn over_nodes(cluster: &mut Cluster, count: impl Fn(&NodeStatus) -> u64) -> u64 {
+    let ids: Vec<u64> = cluster.nodes.keys().map(|n| n.get()).collect();
+    ids.into_iter().map(|n| count(&cluster.core(n).status())).sum()
+}
+
 /// Pages given up, over every node.
 fn abandoned(cluster: &mut Cluster) -> u64 {
-    let ids: Vec<u64> = cluster.nodes.keys().map(|n| n.get()).collect();
-    ids.into_iter().map(|n| cluster.core(n).status().fanout_pages_abandoned).sum()
+    over_nodes(cluster, |status| status.fanout_pages_abandoned)
 }
 
 #[test]
@@ -500,8 +505,7 @@ fn fail_list_reads(cluster: &Cluster, node: NodeId, channel: &ChannelId, op: Fai
 
 /// What every node's status counts of page reads that failed on its store.
 fn page_read_failures(cluster: &mut Cluster) -> u64 {
-    let ids: Vec<u64> = cluster.nodes.keys().map(|n| n.get()).collect();
-    ids.into_iter().map(|n| cluster.core(n).status().fanout_page_read_failures).sum()
+    over_nodes(cluster, |status| status.fanout_page_read_failures)
 }
 
 /// A fanout page whose lists the leader's own store fails to read (the list itself, or one member's deny

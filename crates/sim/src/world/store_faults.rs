@@ -2,9 +2,10 @@
 //! `SimParams::meta_write_errors`), the restart of a node whose slot replicas stopped on one, and the
 //! simulator's own reads, which the failures must not reach.
 
-use super::World;
+use super::{SimNode, World};
+use std::collections::BTreeMap;
 use tidings::store::{FailOp, Keyspace};
-use tidings::types::NodeId;
+use tidings::types::{DetRng, NodeId};
 
 /// Chance per virtual millisecond that a running node's metadata store is armed to fail reads: about
 /// one every 2 s.
@@ -17,30 +18,20 @@ impl World {
     /// the slot metadata keyspace), after letting up to three through. The raft logs' keyspaces are
     /// spared: raft-rs takes a failed log read for a fatal error.
     pub(super) fn inject_meta_read_errors(&mut self) {
-        if !self.params.meta_read_errors || !self.meta_faults.chance(META_READ_ERROR_PPM) {
-            return;
+        let reads = [FailOp::Get, FailOp::Scan];
+        if self.params.meta_read_errors && arm(&mut self.meta_faults, &self.nodes, META_READ_ERROR_PPM, reads, 2) {
+            self.faults.meta_read_errors += 1;
         }
-        let running: Vec<NodeId> = self.nodes.iter().filter(|(_, n)| n.core.is_some()).map(|(id, _)| *id).collect();
-        let Some(id) = self.meta_faults.pick(&running).copied() else { return };
-        let op = if self.meta_faults.chance(500_000) { FailOp::Get } else { FailOp::Scan };
-        let after = self.meta_faults.below(4);
-        let times = 1 + self.meta_faults.below(2);
-        self.nodes[&id].kv.fail_under(op, Keyspace::Meta, &[], after, times);
-        self.faults.meta_read_errors += 1;
     }
 
     /// Now and then arms a running node's metadata store to fail one write of the slot metadata
     /// keyspace or one sync, after letting up to three through.
     pub(super) fn inject_meta_write_errors(&mut self) {
-        if !self.params.meta_write_errors || !self.meta_write_faults.chance(META_WRITE_ERROR_PPM) {
-            return;
+        let writes = [FailOp::Apply, FailOp::Sync];
+        let (rng, ppm) = (&mut self.meta_write_faults, META_WRITE_ERROR_PPM);
+        if self.params.meta_write_errors && arm(rng, &self.nodes, ppm, writes, 1) {
+            self.faults.meta_write_errors += 1;
         }
-        let running: Vec<NodeId> = self.nodes.iter().filter(|(_, n)| n.core.is_some()).map(|(id, _)| *id).collect();
-        let Some(id) = self.meta_write_faults.pick(&running).copied() else { return };
-        let op = if self.meta_write_faults.chance(500_000) { FailOp::Apply } else { FailOp::Sync };
-        let after = self.meta_write_faults.below(4);
-        self.nodes[&id].kv.fail_under(op, Keyspace::Meta, &[], after, 1);
-        self.faults.meta_write_errors += 1;
     }
 
     /// Restarts every running node whose slot replicas stopped on a failed store access
@@ -68,6 +59,22 @@ impl World {
         let stores: Vec<_> = self.nodes.values().map(|n| n.kv.clone()).collect();
         hold_off(&stores, || f(self))
     }
+}
+
+/// With chance `ppm`, arms a running node's metadata store to fail one of `ops` (drawn alike) on the
+/// slot metadata keyspace, 1 to `times_max` calls in a row, after letting up to three through; `true`
+/// if it did.
+fn arm(rng: &mut DetRng, nodes: &BTreeMap<NodeId, SimNode>, ppm: u32, ops: [FailOp; 2], times_max: u64) -> bool {
+    if !rng.chance(ppm) {
+        return false;
+    }
+    let running: Vec<NodeId> = nodes.iter().filter(|(_, n)| n.core.is_some()).map(|(id, _)| *id).collect();
+    let Some(id) = rng.pick(&running).copied() else { return false };
+    let op = if rng.chance(500_000) { ops[0] } else { ops[1] };
+    let after = rng.below(4);
+    let times = if times_max > 1 { 1 + rng.below(times_max) } else { 1 };
+    nodes[&id].kv.fail_under(op, Keyspace::Meta, &[], after, times);
+    true
 }
 
 /// Runs `f` with the failpoints of every store in `stores` held off.
