@@ -539,7 +539,7 @@ impl raft::Storage for GroupStorage {
         low: u64,
         high: u64,
         max_size: impl Into<Option<u64>>,
-        _context: GetEntriesContext,
+        context: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
         let (first, last) = self.with_log(|log| (log.first_index(), log.last.0))?;
         if low < first {
@@ -548,7 +548,17 @@ impl raft::Storage for GroupStorage {
         if high > last + 1 || low > high {
             return Err(raft::Error::Store(RaftStorageError::Unavailable));
         }
-        self.store.read_entries(self.group, low, high, max_size.into()).map_err(to_raft)
+        match self.store.read_entries(self.group, low, high, max_size.into()) {
+            Ok(entries) => Ok(entries),
+            // raft-rs panics on any other error. Entries a leader sends a follower may come later: the
+            // follower's next answer (a heartbeat's, at the latest) makes the leader read them again.
+            // A read for any other purpose (entries to apply, above all) has no later, and stays fatal.
+            Err(error) if context.can_async() => {
+                tracing::warn!(%error, group = %self.group, low, high, "raft log entries could not be read; sent later");
+                Err(raft::Error::Store(RaftStorageError::LogTemporarilyUnavailable))
+            }
+            Err(error) => Err(to_raft(error)),
+        }
     }
 
     fn term(&self, idx: u64) -> raft::Result<u64> {

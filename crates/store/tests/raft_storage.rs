@@ -195,6 +195,25 @@ fn a_snapshot_the_store_cannot_read_now_is_temporarily_unavailable() {
     assert!(matches!(s.snapshot(1, 2), Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable))));
 }
 
+/// Entries a leader sends can come later (raft-rs asks again on the follower's next answer); entries
+/// read for anything else cannot, and the store's error stands.
+#[test]
+fn entries_the_store_cannot_read_now_are_temporarily_unavailable_only_to_a_caller_that_can_wait() {
+    let kv = Arc::new(MemoryKv::new());
+    let store = Arc::new(RaftLogStore::open(kv.clone()).unwrap());
+    store.create_group(G1, conf(&[1])).unwrap();
+    let mut batch = RaftLogBatch::new();
+    batch.append(G1, vec![entry(1, 1), entry(2, 1)]);
+    store.write(batch).unwrap();
+    let s = store.group(G1).unwrap();
+    kv.fail(FailOp::Scan, 0, 2);
+    let unavailable = raft::Error::Store(StorageError::LogTemporarilyUnavailable);
+    assert_eq!(s.entries(1, 3, None, GetEntriesContext::empty(true)), Err(unavailable));
+    let fatal = s.entries(1, 3, None, GetEntriesContext::empty(false)).unwrap_err();
+    assert!(matches!(fatal, raft::Error::Store(StorageError::Other(_))), "{fatal:?}");
+    assert_eq!(s.entries(1, 3, None, GetEntriesContext::empty(false)).unwrap(), vec![entry(1, 1), entry(2, 1)]);
+}
+
 #[test]
 fn one_batch_one_sync_for_many_groups() {
     let kv = Arc::new(MemoryKv::new());
