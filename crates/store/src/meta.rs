@@ -303,12 +303,18 @@ impl MetaStore {
         self.group_u64(group_key(group, Some(CONFIG_EPOCH_TAG)), "config epoch is not 8 bytes")
     }
 
-    /// Forgets `group`'s applied index and configuration epoch (this node no longer holds the group).
-    pub fn forget_group(&self, group: GroupId) -> StoreResult<()> {
-        let mut batch = KvBatch::new();
-        batch.delete(Keyspace::Applied, group_key(group, None));
-        batch.delete(Keyspace::Applied, group_key(group, Some(CONFIG_EPOCH_TAG)));
-        self.kv.apply(batch)
+    /// Forgets this node's replica of `group` (it no longer holds the group): every key of the group's
+    /// spaces, its applied index and its configuration epoch, in one batch that `apply` writes, with
+    /// whatever it adds (the raft log's part: `RaftLogStore::remove_group_with`). A destruction that
+    /// fails leaves the replica whole, never half gone (an applied index over cleared data).
+    pub fn forget_group_with(&self, group: GroupId, apply: impl FnOnce(KvBatch) -> StoreResult<()>) -> StoreResult<()> {
+        let mut batch = MetaWriteBatch::new();
+        batch.clear_group(group);
+        self.write_all_with([&batch], |mut kv_batch| {
+            kv_batch.delete(Keyspace::Applied, group_key(group, None));
+            kv_batch.delete(Keyspace::Applied, group_key(group, Some(CONFIG_EPOCH_TAG)));
+            apply(kv_batch)
+        })
     }
 
     fn group_u64(&self, key: Vec<u8>, detail: &'static str) -> StoreResult<u64> {

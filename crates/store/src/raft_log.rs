@@ -272,8 +272,14 @@ impl RaftLogStore {
     /// Removes every trace of `group` and leaves a tombstone with the configuration epoch that removed
     /// this node (after the node left the group).
     pub fn remove_group(&self, group: GroupId, removed_at_epoch: u64) -> StoreResult<()> {
+        self.remove_group_with(group, removed_at_epoch, KvBatch::new())
+    }
+
+    /// [`RaftLogStore::remove_group`], writing `also` in the same atomic batch (the rest of the
+    /// replica's state: `MetaStore::forget_group_with`).
+    pub fn remove_group_with(&self, group: GroupId, removed_at_epoch: u64, also: KvBatch) -> StoreResult<()> {
         let _writer = self.writer.lock();
-        let mut batch = KvBatch::new();
+        let mut batch = also;
         for keyspace in [Keyspace::RaftEntry, Keyspace::RaftState] {
             let range = KeyRange::prefix(&group_prefix(group));
             for (key, _) in self.kv.scan_sealed(keyspace, &range, Direction::Forward, usize::MAX)? {

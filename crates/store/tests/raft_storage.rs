@@ -13,7 +13,7 @@ use tidings_store::{
     FailOp, Kv, MemoryKv, MetaSpace, MetaStore, MetaWriteBatch, RaftLogBatch, RaftLogStore, SnapshotSource, StoreError,
     StoreResult,
 };
-use tidings_types::GroupId;
+use tidings_types::{GroupId, HashSlot};
 
 const G1: GroupId = GroupId::new(1);
 const G2: GroupId = GroupId::new(2);
@@ -479,6 +479,35 @@ proptest! {
         let path = dir.path().to_path_buf();
         run(&ops, || Arc::new(tidings_store::SledKv::open(&path, 4 << 20).unwrap()), |_| {});
     }
+}
+
+/// A replica's destruction is one write: its metadata, its applied index and its raft log go together,
+/// or, when the write fails, all stay (never an applied index over cleared data).
+#[test]
+fn a_replica_is_destroyed_whole_or_not_at_all() {
+    let kv = Arc::new(MemoryKv::new());
+    let logs = Arc::new(RaftLogStore::open(kv.clone()).unwrap());
+    let meta = MetaStore::new(kv.clone());
+    logs.create_group(G1, conf(&[1])).unwrap();
+    let mut batch = RaftLogBatch::new();
+    batch.append(G1, vec![entry(1, 1)]);
+    logs.write(batch).unwrap();
+    let space = MetaSpace::slot(G1, HashSlot::new(3).unwrap());
+    let mut writes = MetaWriteBatch::new();
+    writes.put(space, b"user".to_vec(), b"x".to_vec());
+    writes.set_applied(G1, 1);
+    meta.write(&writes).unwrap();
+    let destroy = || meta.forget_group_with(G1, |batch| logs.remove_group_with(G1, 7, batch));
+    kv.fail(FailOp::Apply, 0, 1);
+    assert!(destroy().is_err());
+    assert_eq!(meta.get(space, b"user").unwrap(), Some(b"x".to_vec()), "the metadata stays");
+    assert_eq!(meta.applied_index(G1).unwrap(), 1, "the applied index stays");
+    assert_eq!(logs.groups(), vec![G1], "the raft log stays");
+    destroy().unwrap();
+    assert_eq!(meta.get(space, b"user").unwrap(), None);
+    assert_eq!(meta.applied_index(G1).unwrap(), 0);
+    assert!(logs.groups().is_empty());
+    assert_eq!(logs.tombstone(G1), Some(7));
 }
 
 #[test]

@@ -146,8 +146,8 @@ impl MultiRaft {
     /// Destroys the replicas of groups this node left: raft state, applied data and its hash slots' metadata
     /// go; a tombstone stops a restart from bringing the replica back.
     ///
-    /// The replica leaves memory at once; its stored state goes in three idempotent writes. Should one
-    /// fail, all three are tried again next round, and every round until they land: left on disk, the
+    /// The replica leaves memory at once; its stored state goes in one atomic write. Should it fail,
+    /// it is tried again next round, and every round until it lands: left on disk, the
     /// stale copy would answer this node's local reads for good (simulator seed 818000485 with
     /// `--meta-read-errors`: a node's stray-log sweep kept reading, in a copy whose destruction had
     /// failed, a meta naming it a replica, and never forgot two logs). Until then, a leader that adds
@@ -187,13 +187,10 @@ impl MultiRaft {
         }
     }
 
-    /// Destroys the stored state of `group`'s replica, removed at configuration `epoch`: its hash slots'
-    /// metadata and its records, its applied index and epoch, and its raft log (a tombstone in its place).
+    /// Destroys the stored state of `group`'s replica, removed at configuration `epoch`, in one write:
+    /// its hash slots' metadata and its records, its applied index and epoch, and its raft log (a
+    /// tombstone in its place).
     fn destroy_stored(&self, group: GroupId, epoch: u64) -> Result<(), tidings_store::StoreError> {
-        let mut batch = tidings_store::MetaWriteBatch::new();
-        batch.clear_group(group);
-        self.meta.write(&batch)?;
-        self.meta.forget_group(group)?;
-        self.logs.remove_group(group, epoch)
+        self.meta.forget_group_with(group, |batch| self.logs.remove_group_with(group, epoch, batch))
     }
 }
