@@ -37,12 +37,18 @@ fn ctx() -> GetEntriesContext {
 }
 
 fn store_with(entries: &[(u64, u64)]) -> Arc<RaftLogStore> {
-    let store = Arc::new(RaftLogStore::open(Arc::new(MemoryKv::new())).unwrap());
+    kv_and_store_with(entries).1
+}
+
+/// A store whose group `G1` holds `entries` (index, term), and its backend.
+fn kv_and_store_with(entries: &[(u64, u64)]) -> (Arc<MemoryKv>, Arc<RaftLogStore>) {
+    let kv = Arc::new(MemoryKv::new());
+    let store = Arc::new(RaftLogStore::open(kv.clone()).unwrap());
     store.create_group(G1, conf(&[1, 2, 3])).unwrap();
     let mut batch = RaftLogBatch::new();
     batch.append(G1, entries.iter().map(|(i, t)| entry(*i, *t)).collect());
     store.write(batch).unwrap();
-    store
+    (kv, store)
 }
 
 fn is_compacted<T: std::fmt::Debug>(r: raft::Result<T>) -> bool {
@@ -199,12 +205,7 @@ fn a_snapshot_the_store_cannot_read_now_is_temporarily_unavailable() {
 /// read for anything else cannot, and the store's error stands.
 #[test]
 fn entries_the_store_cannot_read_now_are_temporarily_unavailable_only_to_a_caller_that_can_wait() {
-    let kv = Arc::new(MemoryKv::new());
-    let store = Arc::new(RaftLogStore::open(kv.clone()).unwrap());
-    store.create_group(G1, conf(&[1])).unwrap();
-    let mut batch = RaftLogBatch::new();
-    batch.append(G1, vec![entry(1, 1), entry(2, 1)]);
-    store.write(batch).unwrap();
+    let (kv, store) = kv_and_store_with(&[(1, 1), (2, 1)]);
     let s = store.group(G1).unwrap();
     kv.fail(FailOp::Scan, 0, 2);
     let unavailable = raft::Error::Store(StorageError::LogTemporarilyUnavailable);
@@ -269,12 +270,7 @@ fn a_log_write_with_other_changes_is_one_atomic_batch() {
 
 #[test]
 fn corrupt_entry_is_a_typed_error_not_data() {
-    let kv = Arc::new(MemoryKv::new());
-    let store = Arc::new(RaftLogStore::open(kv.clone()).unwrap());
-    store.create_group(G1, conf(&[1])).unwrap();
-    let mut batch = RaftLogBatch::new();
-    batch.append(G1, vec![entry(1, 1), entry(2, 1), entry(3, 1)]);
-    store.write(batch).unwrap();
+    let (kv, store) = kv_and_store_with(&[(1, 1), (2, 1), (3, 1)]);
     let key = [&G1.get().to_be_bytes()[..], &2u64.to_be_bytes()].concat();
     assert!(kv.corrupt(tidings_store::Keyspace::RaftEntry, &key));
     let s = store.group(G1).unwrap();
