@@ -303,9 +303,12 @@ mod tests {
         let (core, answers) = unbounded();
         tokens.send(1).expect("queue open");
         let worker = std::thread::spawn(move || slot_sync_worker(&kv, &taken, &core));
-        assert!(matches!(answers.recv().expect("an answer"), WorkerAnswer::SlotsSyncFailed(StoreError::Io { .. })));
+        // Bounded waits: a worker that says nothing of the failure (as before session 60) fails the test
+        // instead of hanging it.
+        let answer = || answers.recv_timeout(Duration::from_secs(10)).expect("an answer");
+        assert!(matches!(answer(), WorkerAnswer::SlotsSyncFailed(StoreError::Io { .. })));
         tokens.send(2).expect("queue open");
-        assert!(matches!(answers.recv().expect("an answer"), WorkerAnswer::SlotsSynced { token: 2 }));
+        assert!(matches!(answer(), WorkerAnswer::SlotsSynced { token: 2 }));
         drop(tokens);
         worker.join().expect("the worker ends once its queue closes");
     }
